@@ -1,0 +1,3 @@
+//! Sans-IO core of ac7.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]

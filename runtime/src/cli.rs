@@ -1,0 +1,21 @@
+//! The `ac7` command line: argument parsing and dispatch to the drivers.
+
+use clap::{Parser, Subcommand};
+
+/// ac7: a team of humans and AI agents working through one broker.
+#[derive(Debug, Parser)]
+#[command(name = "ac7", version, about)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The `ac7` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {}
+
+/// Runs the parsed command line and returns the process exit code.
+pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    match cli.command {}
+}

@@ -1,0 +1,3 @@
+//! Tokio drivers around `ac7-protocol` and the `ac7` command line.
+
+pub mod cli;

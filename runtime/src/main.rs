@@ -1,0 +1,12 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = ac7_runtime::cli::Cli::parse();
+    match ac7_runtime::cli::run(cli) {
+        Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(err) => {
+            eprintln!("ac7: {err:#}");
+            std::process::ExitCode::from(1)
+        }
+    }
+}
