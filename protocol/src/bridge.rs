@@ -1,0 +1,482 @@
+//! The bridge session: the agent's MCP stdio on one side, the runner's IPC socket on the other.
+//!
+//! ```text
+//!   agent ──stdin──▶ handle_agent_bytes ─┐                ┌─ ToRunner ──▶ socket
+//!                                        ├─ BridgeSession ┤
+//!   runner ─socket─▶ handle_runner_bytes ┘                └─ ToAgent ───▶ stdout
+//! ```
+//!
+//! What the bridge does:
+//! - answers `initialize` (capabilities `experimental: {"claude/channel": {}}` and
+//!   `tools: {listChanged: true}`, the client's protocol version when supported) and `ping` itself;
+//! - forwards every other request as an `mcp_request` under its own monotonic id and answers the
+//!   agent under the agent's original id with the runner's result or error, code included;
+//! - relays `mcp_notification` frames as JSON-RPC notifications;
+//! - drops a pending request when the agent sends `notifications/cancelled` for it;
+//! - answers a request whose frame would exceed the cap with `-32603` without sending it, and a
+//!   malformed agent line with `-32700` / `-32600`;
+//! - tears down once, on the agent's EOF, the runner's `shutdown`, the socket closing, or a
+//!   signal: every pending request is answered with an error, a `shutdown` frame goes to the runner
+//!   when the socket is still usable, and [`BridgeOutput::Exit`] is the last output.
+//!
+//! Every request the agent sends gets exactly one answer, except one it cancelled itself.
+//! The bridge has no timers: a request waits for its answer or for teardown.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::frame::{
+    Decoded, DropReason, Dropped, Frame, FrameDecoder, FrameKind, MAX_FRAME_BYTES, McpRequest,
+    Shutdown, encode_frame,
+};
+use crate::json::RawJson;
+use crate::jsonrpc::{self, INTERNAL_ERROR, INVALID_REQUEST, Id, Message, Outcome, RpcError};
+use crate::line::{Line, LineDecoder};
+use crate::mcp;
+use crate::pending::Pending;
+
+/// Limits and identity of a bridge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BridgeConfig {
+    /// Cap on an IPC frame, newline included (both directions).
+    pub max_frame_bytes: usize,
+    /// Cap on one line from the agent. Larger than the frame cap so that a too-large request can
+    /// still be read and answered under its own id.
+    pub max_agent_line_bytes: usize,
+    /// `serverInfo.version` in the `initialize` result.
+    pub server_version: String,
+}
+
+impl Default for BridgeConfig {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: MAX_FRAME_BYTES,
+            max_agent_line_bytes: 16 * MAX_FRAME_BYTES,
+            server_version: "0.0.0-dev".into(),
+        }
+    }
+}
+
+/// Something for the driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BridgeOutput {
+    /// Write this JSON-RPC line (newline included) to the agent (the bridge's stdout).
+    ToAgent(Vec<u8>),
+    /// Write this IPC frame (newline included) to the runner's socket.
+    ToRunner(Vec<u8>),
+    /// Something worth logging.
+    Event(BridgeEvent),
+    /// Teardown is complete: flush what was written and exit 0. Always the last output.
+    Exit(ExitReason),
+}
+
+/// Why the bridge exits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExitReason {
+    /// The agent closed the bridge's stdin.
+    AgentClosed,
+    /// The runner sent `shutdown`.
+    RunnerShutdown {
+        /// The reason it gave.
+        reason: Option<String>,
+    },
+    /// The runner's socket closed.
+    RunnerClosed,
+    /// The bridge was told to stop (SIGINT/SIGTERM).
+    Terminated,
+}
+
+impl ExitReason {
+    /// A short machine-friendly label (`stdio-closed`, `runner-shutdown`, ...).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::AgentClosed => "stdio-closed",
+            Self::RunnerShutdown { .. } => "runner-shutdown",
+            Self::RunnerClosed => "runner-socket-closed",
+            Self::Terminated => "terminated",
+        }
+    }
+}
+
+/// Things worth logging; none needs an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BridgeEvent {
+    /// A line from the agent was not JSON-RPC; it was answered with an error.
+    AgentLineInvalid {
+        /// Line length in bytes.
+        len: usize,
+        /// The error code sent.
+        code: i64,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A request was forwarded to the runner.
+    Forwarded {
+        /// Bridge correlation id.
+        id: u64,
+        /// MCP method.
+        method: String,
+    },
+    /// A forwarded request was answered (by the runner, or with an error at teardown).
+    Answered {
+        /// Bridge correlation id.
+        id: u64,
+        /// MCP method.
+        method: String,
+        /// Time since it was forwarded.
+        elapsed: Duration,
+        /// Whether the answer was a result (not an error).
+        ok: bool,
+    },
+    /// A request was not sent: its frame would exceed the cap.
+    RequestTooLarge {
+        /// MCP method.
+        method: String,
+        /// Encoded frame length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// The agent cancelled a forwarded request; its late answer will be dropped.
+    Cancelled {
+        /// Bridge correlation id.
+        id: u64,
+    },
+    /// A notification from the agent that the bridge does not act on.
+    AgentNotificationIgnored {
+        /// Its method.
+        method: String,
+    },
+    /// A JSON-RPC response from the agent (the bridge never asks the agent anything).
+    AgentResponseIgnored,
+    /// A line from the runner was dropped.
+    FrameDropped(Dropped),
+    /// A response or error frame for an id that is not pending.
+    Unmatched {
+        /// The id.
+        id: u64,
+    },
+    /// A frame the runner should not send to a bridge.
+    UnexpectedFrame {
+        /// Its kind.
+        kind: FrameKind,
+    },
+    /// An `error` frame from the runner.
+    RunnerError {
+        /// Its message.
+        message: String,
+        /// Its id, if any.
+        id: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Forwarded {
+    agent_id: Id,
+    method: String,
+    since: Instant,
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Relaying,
+    Closed,
+}
+
+/// The bridge's protocol state. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct BridgeSession {
+    config: BridgeConfig,
+    state: State,
+    agent: LineDecoder,
+    runner: FrameDecoder,
+    pending: Pending<Forwarded>,
+    out: VecDeque<BridgeOutput>,
+}
+
+impl BridgeSession {
+    /// A session that has just connected to the runner.
+    pub fn new(config: BridgeConfig) -> Self {
+        Self {
+            agent: LineDecoder::new(config.max_agent_line_bytes),
+            runner: FrameDecoder::new(config.max_frame_bytes),
+            config,
+            state: State::Relaying,
+            pending: Pending::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Bytes read from the agent (stdin).
+    pub fn handle_agent_bytes(&mut self, bytes: &[u8], now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        // Taken out for the loop so lines can be handled in place, without copying them.
+        let mut agent = std::mem::take(&mut self.agent);
+        agent.push(bytes);
+        while let Some(line) = agent.next_line() {
+            self.agent_line(line, now);
+        }
+        self.agent = agent;
+    }
+
+    /// The agent closed stdin: answer what is pending, send `shutdown`, exit.
+    pub fn handle_agent_eof(&mut self, now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        let mut agent = std::mem::take(&mut self.agent);
+        if let Some(line) = agent.finish() {
+            self.agent_line(line, now);
+        }
+        self.close(ExitReason::AgentClosed, now);
+    }
+
+    /// Bytes read from the runner's socket.
+    pub fn handle_runner_bytes(&mut self, bytes: &[u8], now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        self.runner.push(bytes);
+        while let Some(decoded) = self.runner.next() {
+            self.runner_decoded(decoded, now);
+            if self.is_closed() {
+                return;
+            }
+        }
+    }
+
+    /// The runner's socket reached EOF or failed: answer what is pending, exit.
+    pub fn handle_runner_closed(&mut self, now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        if let Some(decoded) = self.runner.finish() {
+            self.runner_decoded(decoded, now);
+        }
+        self.close(ExitReason::RunnerClosed, now);
+    }
+
+    /// SIGINT/SIGTERM: the same teardown as the agent going away.
+    pub fn handle_terminate(&mut self, now: Instant) {
+        self.close(ExitReason::Terminated, now);
+    }
+
+    /// The next thing to do, until `None`.
+    pub fn poll_output(&mut self) -> Option<BridgeOutput> {
+        self.out.pop_front()
+    }
+
+    /// Whether teardown has happened (all further input is ignored).
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    /// Requests forwarded and not yet answered.
+    pub fn pending_len(&self) -> usize {
+        self.pending.len()
+    }
+
+    fn agent_line(&mut self, line: Line<'_>, now: Instant) {
+        let bytes = match line {
+            Line::Oversized { len } => {
+                let detail = format!(
+                    "message of {len} bytes exceeds the {}-byte limit",
+                    self.config.max_agent_line_bytes
+                );
+                self.answer_agent(None, &RpcError::new(INVALID_REQUEST, detail.clone()));
+                self.event(BridgeEvent::AgentLineInvalid {
+                    len,
+                    code: INVALID_REQUEST,
+                    detail,
+                });
+                return;
+            }
+            Line::Complete(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => return,
+            Line::Complete(bytes) => bytes,
+        };
+        match jsonrpc::parse_message(bytes) {
+            Err(invalid) => {
+                let error = invalid.to_error();
+                self.answer_agent(invalid.id(), &error);
+                self.event(BridgeEvent::AgentLineInvalid {
+                    len: bytes.len(),
+                    code: error.code,
+                    detail: error.message,
+                });
+            }
+            Ok(Message::Request(req)) => match req.method.as_str() {
+                mcp::INITIALIZE => {
+                    let result =
+                        mcp::initialize_result(req.params.as_ref(), &self.config.server_version);
+                    self.result_to_agent(&req.id, &result);
+                }
+                mcp::PING => self.result_to_agent(&req.id, &mcp::empty_result()),
+                _ => self.forward(req.id, req.method, req.params, now),
+            },
+            Ok(Message::Notification(n)) if n.method == mcp::CANCELLED => {
+                let Some(agent_id) = mcp::cancelled_request_id(n.params.as_ref()) else {
+                    return;
+                };
+                if let Some(id) = self.pending.find(|f| f.agent_id == agent_id) {
+                    self.pending.remove(id);
+                    self.event(BridgeEvent::Cancelled { id });
+                }
+            }
+            Ok(Message::Notification(n)) => {
+                self.event(BridgeEvent::AgentNotificationIgnored { method: n.method })
+            }
+            Ok(Message::Response(_)) => self.event(BridgeEvent::AgentResponseIgnored),
+        }
+    }
+
+    fn forward(&mut self, agent_id: Id, method: String, params: Option<RawJson>, now: Instant) {
+        let id = self.pending.next_id();
+        let frame = Frame::McpRequest(McpRequest { id, method, params });
+        let mut bytes = Vec::new();
+        let encoded = encode_frame(&frame, &mut bytes, self.config.max_frame_bytes);
+        let Frame::McpRequest(McpRequest { method, .. }) = frame else {
+            unreachable!("built as a request above")
+        };
+        match encoded {
+            Ok(_) => {
+                let inserted = self.pending.insert(Forwarded {
+                    agent_id,
+                    method: method.clone(),
+                    since: now,
+                });
+                debug_assert_eq!(inserted, id);
+                self.out.push_back(BridgeOutput::ToRunner(bytes));
+                self.event(BridgeEvent::Forwarded { id, method });
+            }
+            Err(too_large) => {
+                let message = format!(
+                    "request too large: {} bytes exceeds the {}-byte IPC frame limit",
+                    too_large.len, too_large.max
+                );
+                self.answer_agent(Some(&agent_id), &RpcError::new(INTERNAL_ERROR, message));
+                self.event(BridgeEvent::RequestTooLarge {
+                    method,
+                    len: too_large.len,
+                    max: too_large.max,
+                });
+            }
+        }
+    }
+
+    fn runner_decoded(&mut self, decoded: Decoded, now: Instant) {
+        match decoded {
+            Decoded::Frame(Frame::McpResponse(resp)) => {
+                self.complete(resp.id, resp.outcome, now);
+            }
+            Decoded::Frame(Frame::McpNotification(n)) => {
+                let mut line = Vec::new();
+                jsonrpc::encode_notification(&mut line, &n.method, n.params.as_ref());
+                self.out.push_back(BridgeOutput::ToAgent(line));
+            }
+            Decoded::Frame(Frame::Shutdown(Shutdown { reason })) => {
+                self.close(ExitReason::RunnerShutdown { reason }, now);
+            }
+            Decoded::Frame(Frame::Error(e)) => {
+                if let Some(id) = e.id.filter(|id| self.pending.contains(*id)) {
+                    let error = RpcError::new(INTERNAL_ERROR, e.message.clone());
+                    self.complete(id, Outcome::Error(error), now);
+                }
+                self.event(BridgeEvent::RunnerError {
+                    message: e.message,
+                    id: e.id,
+                });
+            }
+            Decoded::Frame(frame @ Frame::McpRequest(_)) => {
+                self.event(BridgeEvent::UnexpectedFrame { kind: frame.kind() });
+            }
+            Decoded::Dropped(dropped) => {
+                if let DropReason::InvalidFields {
+                    kind: FrameKind::McpResponse,
+                    id: Some(id),
+                    detail,
+                } = &dropped.reason
+                    && self.pending.contains(*id)
+                {
+                    let message = format!("malformed response from the runner: {detail}");
+                    self.complete(
+                        *id,
+                        Outcome::Error(RpcError::new(INTERNAL_ERROR, message)),
+                        now,
+                    );
+                }
+                self.event(BridgeEvent::FrameDropped(dropped));
+            }
+        }
+    }
+
+    fn complete(&mut self, id: u64, outcome: Outcome, now: Instant) {
+        match self.pending.take(id) {
+            Ok(forwarded) => self.answer(id, forwarded, &outcome, now),
+            Err(_) => self.event(BridgeEvent::Unmatched { id }),
+        }
+    }
+
+    fn answer(&mut self, id: u64, forwarded: Forwarded, outcome: &Outcome, now: Instant) {
+        let mut line = Vec::new();
+        jsonrpc::encode_outcome(&mut line, &forwarded.agent_id, outcome);
+        self.out.push_back(BridgeOutput::ToAgent(line));
+        self.event(BridgeEvent::Answered {
+            id,
+            method: forwarded.method,
+            elapsed: now.saturating_duration_since(forwarded.since),
+            ok: matches!(outcome, Outcome::Result(_)),
+        });
+    }
+
+    fn close(&mut self, reason: ExitReason, now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        let why = match &reason {
+            ExitReason::AgentClosed => "the agent closed its MCP connection".to_owned(),
+            ExitReason::RunnerShutdown { reason: Some(r) } => format!("the runner shut down ({r})"),
+            ExitReason::RunnerShutdown { reason: None } => "the runner shut down".to_owned(),
+            ExitReason::RunnerClosed => "the runner closed the connection".to_owned(),
+            ExitReason::Terminated => "the bridge was terminated".to_owned(),
+        };
+        let error = Outcome::Error(RpcError::new(
+            INTERNAL_ERROR,
+            format!("ac7 bridge closing: {why}"),
+        ));
+        for (id, forwarded) in self.pending.fail_all() {
+            self.answer(id, forwarded, &error, now);
+        }
+        if matches!(reason, ExitReason::AgentClosed | ExitReason::Terminated) {
+            let frame = Frame::Shutdown(Shutdown {
+                reason: Some(reason.label().to_owned()),
+            });
+            let mut bytes = Vec::new();
+            if encode_frame(&frame, &mut bytes, self.config.max_frame_bytes).is_ok() {
+                self.out.push_back(BridgeOutput::ToRunner(bytes));
+            }
+        }
+        self.state = State::Closed;
+        self.out.push_back(BridgeOutput::Exit(reason));
+    }
+
+    fn result_to_agent(&mut self, id: &Id, result: &RawJson) {
+        let mut line = Vec::new();
+        jsonrpc::encode_response(&mut line, id, result);
+        self.out.push_back(BridgeOutput::ToAgent(line));
+    }
+
+    fn answer_agent(&mut self, id: Option<&Id>, error: &RpcError) {
+        let mut line = Vec::new();
+        jsonrpc::encode_error(&mut line, id, error);
+        self.out.push_back(BridgeOutput::ToAgent(line));
+    }
+
+    fn event(&mut self, event: BridgeEvent) {
+        self.out.push_back(BridgeOutput::Event(event));
+    }
+}
+
+#[cfg(test)]
+mod tests;
