@@ -37,8 +37,16 @@ impl RawJson {
         serde_json::from_str(self.get())
     }
 
+    /// Keeps a value read from the wire. Line breaks between tokens (a bare `\r` is one to
+    /// Node's readline) are removed here, so a decoded value re-encodes byte for byte.
     pub(crate) fn from_raw(raw: &RawValue) -> Self {
-        Self(raw.to_owned())
+        if memchr::memchr2(b'\n', b'\r', raw.get().as_bytes()).is_none() {
+            return Self(raw.to_owned());
+        }
+        let mut compact = Vec::with_capacity(raw.get().len());
+        strip_whitespace(&mut compact, raw.get().as_bytes());
+        let text = String::from_utf8(compact).expect("removing ASCII whitespace keeps UTF-8");
+        Self::from_text(&text).expect("removing whitespace between tokens keeps JSON valid")
     }
 }
 
@@ -115,15 +123,20 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Appends a raw JSON value with every byte of whitespace outside strings removed when it holds
-/// a line break, so the result is guaranteed to fit on one line. Values without `\n`/`\r` are
-/// copied unchanged (the common, byte-exact case).
+/// a line break (`\n` or `\r`), so the result is guaranteed to stay on one line. Values without
+/// one are copied unchanged (the common, byte-exact case).
 pub(crate) fn write_raw(out: &mut Vec<u8>, raw: &RawJson) {
     let text = raw.get().as_bytes();
     if memchr::memchr2(b'\n', b'\r', text).is_none() {
         out.extend_from_slice(text);
-        return;
+    } else {
+        strip_whitespace(out, text);
     }
-    // Raw line breaks can only be whitespace between tokens (JSON strings cannot hold them).
+}
+
+/// Copies JSON text without the whitespace between tokens. Raw line breaks can only be such
+/// whitespace: JSON strings cannot hold them.
+fn strip_whitespace(out: &mut Vec<u8>, text: &[u8]) {
     let mut in_string = false;
     let mut escaped = false;
     for &b in text {

@@ -430,3 +430,17 @@ proptest! {
         prop_assert_eq!(got, expected);
     }
 }
+
+#[test]
+fn bare_carriage_returns_inside_values_are_removed_on_decode() {
+    // Legal JSON whitespace, but a line break to Node's readline: decoded values never keep it,
+    // so decoding then encoding is stable and byte-exact.
+    let line = b"{\"kind\":\"mcp_notification\",\"method\":\"m\",\"params\":{\"a\":\"x\\r\",\r\"b\":[1,\r2]}}";
+    let frame = decode_frame(line).unwrap();
+    let Frame::McpNotification(n) = &frame else {
+        panic!("{frame:?}")
+    };
+    assert_eq!(n.params.as_ref().unwrap().get(), r#"{"a":"x\r","b":[1,2]}"#);
+    let bytes = encode_frame_vec(&frame, MAX_FRAME_BYTES).unwrap();
+    assert_eq!(decode_frame(&bytes[..bytes.len() - 1]), Ok(frame));
+}

@@ -1,0 +1,511 @@
+//! Oracles for fuzzing: each function interprets arbitrary bytes as input to a protocol machine
+//! and panics when the machine breaks one of its promises. The `fuzz/` targets call these; the
+//! crate's own tests run them on random bytes too.
+//!
+//! Enabled with the `fuzzing` feature (always on in this crate's tests).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession};
+use crate::frame::{Decoded, DropReason, Dropped, FrameDecoder, decode_frame, encode_frame_vec};
+use crate::jsonrpc::{self, Message, Outcome};
+use crate::mcp;
+use crate::runner::{BridgePolicy, ConnId, RunnerConfig, RunnerOutput, RunnerSession};
+
+/// More polls than this after one input means `poll_output` does not terminate.
+const MAX_POLLS: usize = 100_000;
+
+/// Reads fuzzer bytes as a stream of small decisions; zeros once exhausted.
+struct Input<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Input<'a> {
+    fn new(data: &'a [u8]) -> Self {
+        Self { data, pos: 0 }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+
+    fn byte(&mut self) -> u8 {
+        let b = self.data.get(self.pos).copied().unwrap_or(0);
+        self.pos += 1;
+        b
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        if n == 0 {
+            0
+        } else {
+            usize::from(self.byte()) % n
+        }
+    }
+
+    /// Up to `max` raw bytes from the input.
+    fn bytes(&mut self, max: usize) -> &'a [u8] {
+        let len = self.below(max + 1);
+        let start = self.pos.min(self.data.len());
+        let end = (start + len).min(self.data.len());
+        self.pos = end;
+        &self.data[start..end]
+    }
+}
+
+/// `decode`: arbitrary bytes in arbitrary chunks through a [`FrameDecoder`].
+///
+/// Oracles: the buffer never exceeds cap + chunk (and is under the cap once drained); the
+/// outcomes equal decoding the stream line by line (so each complete line yields exactly one
+/// outcome, blank lines none); every decoded frame re-encodes and decodes to the same value.
+pub fn decode_chunks(data: &[u8]) {
+    let mut input = Input::new(data);
+    let cap = 8 + usize::from(input.byte()) * 4;
+    let mut seed = u32::from(input.byte()) | 1;
+    let stream = &data[input.pos.min(data.len())..];
+
+    let mut decoder = FrameDecoder::new(cap);
+    let mut got = Vec::new();
+    let mut rest = stream;
+    while !rest.is_empty() {
+        // xorshift picks chunk sizes from 1 to 2 * cap.
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        let len = (seed as usize % (2 * cap)).clamp(1, rest.len());
+        let (chunk, tail) = rest.split_at(len);
+        rest = tail;
+        decoder.push(chunk);
+        assert!(
+            decoder.buffered_len() <= cap + chunk.len(),
+            "buffer exceeds cap + chunk"
+        );
+        let mut polls = 0;
+        while let Some(decoded) = decoder.next() {
+            got.push(decoded);
+            polls += 1;
+            assert!(polls <= MAX_POLLS);
+        }
+        assert!(
+            decoder.buffered_len() < cap,
+            "drained buffer holds less than the cap"
+        );
+    }
+    got.extend(decoder.finish());
+
+    let mut expected = Vec::new();
+    let mut lines: Vec<&[u8]> = stream.split(|b| *b == b'\n').collect();
+    let tail = lines.pop().unwrap_or_default();
+    for line in lines.into_iter().chain((!tail.is_empty()).then_some(tail)) {
+        if line.len() + 1 > cap {
+            expected.push(Decoded::Dropped(Dropped {
+                len: line.len() + 1,
+                reason: DropReason::Oversized,
+            }));
+            continue;
+        }
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        expected.push(match decode_frame(line) {
+            Ok(frame) => Decoded::Frame(frame),
+            Err(reason) => Decoded::Dropped(Dropped {
+                len: line.len(),
+                reason,
+            }),
+        });
+    }
+    // A final unterminated oversized line reports its length without a newline.
+    if !tail.is_empty()
+        && tail.len() + 1 > cap
+        && let Some(Decoded::Dropped(d)) = expected.last_mut()
+    {
+        d.len = tail.len();
+    }
+    assert_eq!(
+        got, expected,
+        "chunked decoding differs from line-by-line decoding"
+    );
+
+    for decoded in &got {
+        if let Decoded::Frame(frame) = decoded {
+            let bytes = encode_frame_vec(frame, usize::MAX).expect("no cap");
+            assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
+            let again = decode_frame(&bytes[..bytes.len() - 1]).expect("re-encoded frame decodes");
+            assert_eq!(&again, frame, "re-encoded frame decodes to the same value");
+        }
+    }
+}
+
+/// `bridge_session`: an agent and a runner doing arbitrary things to a [`BridgeSession`].
+///
+/// Oracles: every request the agent sends is answered at most once, and exactly once unless it
+/// cancelled it; `Exit` comes once and last; every frame to the runner fits the cap and is one
+/// line; every line to the agent is valid JSON-RPC; `poll_output` terminates.
+pub fn bridge_ops(data: &[u8]) {
+    let mut input = Input::new(data);
+    let max_frame_bytes = 256 + usize::from(input.byte()) * 8;
+    let mut session = BridgeSession::new(BridgeConfig {
+        max_frame_bytes,
+        max_agent_line_bytes: max_frame_bytes * 2,
+        server_version: "fuzz".into(),
+    });
+    let mut now = Instant::now();
+    let mut next_agent_id = 0u64;
+    let mut sent: BTreeSet<String> = BTreeSet::new();
+    let mut cancelled: BTreeSet<String> = BTreeSet::new();
+    let mut answered: BTreeMap<String, usize> = BTreeMap::new();
+    let mut forwarded: Vec<u64> = Vec::new();
+    let mut exited = false;
+    const METHODS: [&str; 5] = [
+        "tools/list",
+        "tools/call",
+        "initialize",
+        "ping",
+        "resources/list",
+    ];
+
+    while !input.is_empty() && !exited {
+        now += Duration::from_micros(u64::from(input.byte()));
+        match input.byte() % 10 {
+            0..=2 => {
+                let id = next_agent_id;
+                next_agent_id += 1;
+                let method = METHODS[input.below(METHODS.len())];
+                let pad = "p".repeat(input.below(4) * max_frame_bytes / 2);
+                let (id_json, key) = if id.is_multiple_of(2) {
+                    (id.to_string(), id.to_string())
+                } else {
+                    (format!("\"s{id}\""), format!("\"s{id}\""))
+                };
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{id_json},\"method\":\"{method}\",\"params\":{{\"name\":\"t\",\"pad\":\"{pad}\"}}}}\n"
+                );
+                sent.insert(key);
+                let split = input.below(line.len() + 1);
+                session.handle_agent_bytes(&line.as_bytes()[..split], now);
+                drain_bridge(
+                    &mut session,
+                    max_frame_bytes,
+                    &mut answered,
+                    &mut forwarded,
+                    &mut exited,
+                );
+                session.handle_agent_bytes(&line.as_bytes()[split..], now);
+            }
+            3 => {
+                let mut garbage = input.bytes(40).to_vec();
+                garbage.retain(|b| *b != b'\n');
+                garbage.push(b'\n');
+                session.handle_agent_bytes(&garbage, now);
+            }
+            4 => {
+                let Some(key) = sent.iter().nth(input.below(sent.len().max(1))).cloned() else {
+                    continue;
+                };
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{{\"requestId\":{key}}}}}\n"
+                );
+                if !answered.contains_key(&key) {
+                    cancelled.insert(key);
+                }
+                session.handle_agent_bytes(line.as_bytes(), now);
+            }
+            5 | 6 => {
+                let id = if forwarded.is_empty() || input.below(4) == 0 {
+                    u64::from(input.byte())
+                } else {
+                    forwarded[input.below(forwarded.len())]
+                };
+                let line = match input.below(4) {
+                    0 => format!("{{\"kind\":\"error\",\"message\":\"no\",\"id\":{id}}}\n"),
+                    1 => format!(
+                        "{{\"kind\":\"mcp_response\",\"id\":{id},\"error\":{{\"code\":-32601,\"message\":\"nf\"}}}}\n"
+                    ),
+                    2 => format!("{{\"kind\":\"mcp_response\",\"id\":{id}}}\n"),
+                    _ => format!(
+                        "{{\"kind\":\"mcp_response\",\"id\":{id},\"result\":{{\"ok\":true}}}}\n"
+                    ),
+                };
+                session.handle_runner_bytes(line.as_bytes(), now);
+            }
+            7 => {
+                let bytes = input.bytes(64);
+                session.handle_runner_bytes(bytes, now);
+            }
+            8 => {
+                let line = "{\"kind\":\"mcp_notification\",\"method\":\"notifications/claude/channel\",\"params\":{\"content\":\"x\",\"meta\":{}}}\n";
+                session.handle_runner_bytes(line.as_bytes(), now);
+            }
+            _ => match input.byte() % 8 {
+                0 => session.handle_agent_eof(now),
+                1 => session.handle_runner_closed(now),
+                2 => session.handle_runner_bytes(b"{\"kind\":\"shutdown\"}\n", now),
+                3 => session.handle_terminate(now),
+                _ => {}
+            },
+        }
+        drain_bridge(
+            &mut session,
+            max_frame_bytes,
+            &mut answered,
+            &mut forwarded,
+            &mut exited,
+        );
+    }
+    if !exited {
+        session.handle_agent_eof(now);
+        drain_bridge(
+            &mut session,
+            max_frame_bytes,
+            &mut answered,
+            &mut forwarded,
+            &mut exited,
+        );
+    }
+    assert!(exited, "the session exits");
+    for (key, count) in answered.iter().filter(|(k, _)| sent.contains(*k)) {
+        assert!(*count == 1, "request {key} answered {count} times");
+    }
+    for key in &sent {
+        if !cancelled.contains(key) {
+            assert!(answered.contains_key(key), "request {key} never answered");
+        }
+    }
+}
+
+fn drain_bridge(
+    session: &mut BridgeSession,
+    max_frame_bytes: usize,
+    answered: &mut BTreeMap<String, usize>,
+    forwarded: &mut Vec<u64>,
+    exited: &mut bool,
+) {
+    let mut polls = 0;
+    while let Some(output) = session.poll_output() {
+        polls += 1;
+        assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+        assert!(!*exited, "output after Exit: {output:?}");
+        match output {
+            BridgeOutput::ToAgent(line) => {
+                assert_eq!(line.last(), Some(&b'\n'));
+                assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+                match jsonrpc::parse_message(&line[..line.len() - 1]) {
+                    Ok(Message::Response(r)) => {
+                        *answered.entry(r.id.as_raw().get().to_owned()).or_default() += 1;
+                    }
+                    // Garbage lines are answered under a null id (which this parser refuses).
+                    Err(jsonrpc::Invalid::Request { id: None, .. })
+                        if line.starts_with(b"{\"jsonrpc\":\"2.0\",\"id\":null,") => {}
+                    Ok(Message::Notification(_)) => {}
+                    other => panic!(
+                        "bridge wrote something that is not a response or notification: {other:?}"
+                    ),
+                }
+            }
+            BridgeOutput::ToRunner(frame) => {
+                assert!(frame.len() <= max_frame_bytes, "frame over the cap");
+                assert_eq!(frame.iter().filter(|b| **b == b'\n').count(), 1);
+                match decode_frame(&frame[..frame.len() - 1]) {
+                    Ok(crate::frame::Frame::McpRequest(req)) => forwarded.push(req.id),
+                    Ok(crate::frame::Frame::Shutdown(_)) => {}
+                    other => panic!("unexpected frame to the runner: {other:?}"),
+                }
+            }
+            BridgeOutput::Event(_) => {}
+            BridgeOutput::Exit(_) => *exited = true,
+        }
+    }
+}
+
+/// `runner_session`: bridges connecting, sending and going away, and an application answering,
+/// in arbitrary order.
+///
+/// Oracles: a request is handed to the application at most once per (connection, id) while in
+/// flight; a response frame goes only to the connection that asked; nothing is transmitted to a
+/// connection after it was closed; every frame fits the cap; at most one bridge is attached;
+/// `respond` never reports misuse for requests the session handed out; `poll_output` terminates.
+pub fn runner_ops(data: &[u8]) {
+    let mut input = Input::new(data);
+    let policy = if input.byte().is_multiple_of(2) {
+        BridgePolicy::DisplaceOld
+    } else {
+        BridgePolicy::RejectNew
+    };
+    let max_frame_bytes = 256 + usize::from(input.byte()) * 8;
+    let mut session = RunnerSession::new(RunnerConfig {
+        policy,
+        max_frame_bytes,
+        max_queued_notifications: 1 + input.below(8),
+    });
+    let mut now = Instant::now();
+    let mut conns: Vec<ConnId> = Vec::new();
+    let mut closed: BTreeSet<ConnId> = BTreeSet::new();
+    let mut app_pending: Vec<(ConnId, u64)> = Vec::new();
+
+    while !input.is_empty() {
+        now += Duration::from_micros(u64::from(input.byte()));
+        match input.byte() % 9 {
+            0 => conns.push(session.handle_connect(now)),
+            1..=3 if !conns.is_empty() => {
+                let conn = conns[input.below(conns.len())];
+                let id = input.below(8);
+                let method = if input.byte().is_multiple_of(2) {
+                    "tools/list"
+                } else {
+                    "tools/call"
+                };
+                let line = format!(
+                    "{{\"kind\":\"mcp_request\",\"id\":{id},\"method\":\"{method}\",\"params\":{{\"name\":\"t\"}}}}\n"
+                );
+                let split = input.below(line.len() + 1);
+                session.handle_bytes(conn, &line.as_bytes()[..split], now);
+                let mut newly_closed = Vec::new();
+                drain_runner(
+                    &mut session,
+                    max_frame_bytes,
+                    &closed,
+                    &mut newly_closed,
+                    &mut app_pending,
+                );
+                closed.extend(newly_closed);
+                session.handle_bytes(conn, &line.as_bytes()[split..], now);
+            }
+            4 if !conns.is_empty() => {
+                let conn = conns[input.below(conns.len())];
+                let bytes = input.bytes(64);
+                session.handle_bytes(conn, bytes, now);
+            }
+            5 | 6 if !app_pending.is_empty() => {
+                let (conn, id) = app_pending.remove(input.below(app_pending.len()));
+                let big = input.byte().is_multiple_of(4);
+                let text = if big {
+                    "r".repeat(max_frame_bytes)
+                } else {
+                    "ok".to_owned()
+                };
+                let outcome = Outcome::Result(mcp::tool_text(&text));
+                session
+                    .respond(conn, id, outcome, now)
+                    .expect("answering a request the session handed out");
+            }
+            7 if !conns.is_empty() => {
+                let conn = conns[input.below(conns.len())];
+                session.handle_closed(conn, now);
+                closed.insert(conn);
+            }
+            8 => match input.byte() % 4 {
+                0 => session.shutdown(Some("bye"), now),
+                _ => session.notify(mcp::CLAUDE_CHANNEL, Some(mcp::tool_text("event")), now),
+            },
+            _ => {}
+        }
+        let mut newly_closed = Vec::new();
+        drain_runner(
+            &mut session,
+            max_frame_bytes,
+            &closed,
+            &mut newly_closed,
+            &mut app_pending,
+        );
+        closed.extend(newly_closed);
+    }
+}
+
+fn drain_runner(
+    session: &mut RunnerSession,
+    max_frame_bytes: usize,
+    closed: &BTreeSet<ConnId>,
+    newly_closed: &mut Vec<ConnId>,
+    app_pending: &mut Vec<(ConnId, u64)>,
+) {
+    let mut polls = 0;
+    let mut asked_here: BTreeMap<ConnId, BTreeSet<u64>> = BTreeMap::new();
+    for (conn, id) in app_pending.iter() {
+        asked_here.entry(*conn).or_default().insert(*id);
+    }
+    while let Some(output) = session.poll_output() {
+        polls += 1;
+        assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+        match output {
+            RunnerOutput::Transmit { conn, bytes } => {
+                assert!(
+                    !closed.contains(&conn) && !newly_closed.contains(&conn),
+                    "transmit to a closed connection"
+                );
+                for line in bytes.split_inclusive(|b| *b == b'\n') {
+                    assert!(line.len() <= max_frame_bytes, "frame over the cap");
+                    assert_eq!(line.last(), Some(&b'\n'));
+                    decode_frame(&line[..line.len() - 1]).expect("the runner writes valid frames");
+                }
+            }
+            RunnerOutput::Close { conn } => newly_closed.push(conn),
+            RunnerOutput::Request(req) => {
+                let ids = asked_here.entry(req.conn).or_default();
+                assert!(
+                    ids.insert(req.id),
+                    "request handed out twice while in flight"
+                );
+                app_pending.push((req.conn, req.id));
+            }
+            RunnerOutput::Event(_) => {}
+        }
+        assert!(
+            session
+                .attached()
+                .is_none_or(|c| !newly_closed.contains(&c))
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::test_support::proptest_config;
+
+    proptest! {
+        #![proptest_config(proptest_config("fuzzing"))]
+
+        #[test]
+        fn decode_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            decode_chunks(&data);
+        }
+
+        #[test]
+        fn decode_oracle_holds_on_frame_like_input(
+            header in proptest::collection::vec(any::<u8>(), 2),
+            lines in proptest::collection::vec(
+                prop_oneof![
+                    Just(r#"{"kind":"mcp_request","id":1,"method":"tools/list"}"#.to_owned()),
+                    Just(r#"{"kind":"mcp_response","id":2,"result":{}}"#.to_owned()),
+                    Just(r#"{"kind":"shutdown"}"#.to_owned()),
+                    Just(r#"{"kind":"mcp_request","id":3}"#.to_owned()),
+                    "[ -~]{0,40}",
+                ],
+                0..20,
+            ),
+        ) {
+            let mut data = header;
+            for line in lines {
+                data.extend_from_slice(line.as_bytes());
+                data.push(b'\n');
+            }
+            decode_chunks(&data);
+        }
+
+        #[test]
+        fn bridge_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            bridge_ops(&data);
+        }
+
+        #[test]
+        fn runner_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            runner_ops(&data);
+        }
+    }
+}
