@@ -9,8 +9,9 @@
 //! - **outputs** come out of `poll_output()`, drained until `None`: bytes to write (tagged with
 //!   where they go), requests for the application, events worth logging, connections to close.
 //!   Every output is queued inside the machine, so inputs may interleave in any order.
-//! - machines with timers also offer `poll_timeout()` / `handle_timeout(now)`; the bridge and
-//!   runner sessions have none (a request waits for its answer or for teardown).
+//! - machines with timers also offer `poll_timeout()` / `handle_timeout(now)` (the objectives
+//!   [`tracker`]); the bridge and runner sessions have none (a request waits for its answer or
+//!   for teardown).
 //!
 //! # The run loop
 //!
@@ -64,6 +65,7 @@
 //! | [`mcp`] | MCP method names, version negotiation, `initialize` and `CallToolResult` shapes |
 //! | [`bridge`] | the bridge session: agent stdio ⇄ runner socket |
 //! | [`runner`] | the runner session: single-bridge policy, requests out, responses and notifications in |
+//! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -78,6 +80,7 @@ pub mod line;
 pub mod mcp;
 pub mod pending;
 pub mod runner;
+pub mod tracker;
 
 #[cfg(test)]
 pub(crate) mod test_support;
