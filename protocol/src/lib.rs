@@ -65,6 +65,7 @@
 //! | [`mcp`] | MCP method names, version negotiation, `initialize` and `CallToolResult` shapes |
 //! | [`bridge`] | the bridge session: agent stdio ⇄ runner socket |
 //! | [`runner`] | the runner session: single-bridge policy, requests out, responses and notifications in |
+//! | [`sse`] | incremental `text/event-stream` parser with a size cap |
 //! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
 #![forbid(unsafe_code)]
@@ -80,6 +81,7 @@ pub mod line;
 pub mod mcp;
 pub mod pending;
 pub mod runner;
+pub mod sse;
 pub mod tracker;
 
 #[cfg(test)]
