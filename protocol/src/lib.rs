@@ -60,6 +60,7 @@
 //! |---|---|
 //! | [`line`] | capped NDJSON line splitting with discard-until-newline (shared by every line dialect) |
 //! | [`frame`] | the five IPC frame kinds, their lenient decoder and capped encoder |
+//! | [`length_prefixed`] | 4-byte big-endian length framing with a 10 MiB cap checked before allocating |
 //! | [`pending`] | the correlation table: monotonic ids, out-of-order answers, `fail_all` |
 //! | [`jsonrpc`] | JSON-RPC 2.0 messages with byte-exact ids, params and results |
 //! | [`mcp`] | MCP method names, version negotiation, `initialize` and `CallToolResult` shapes |
@@ -68,19 +69,24 @@
 //! | [`sse`] | incremental `text/event-stream` parser with a size cap |
 //! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
+//! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
+//! | [`schema`] | the JSON Schema subset tool input schemas use |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod bridge;
+pub mod call_tool;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod json;
 pub mod jsonrpc;
+pub mod length_prefixed;
 pub mod line;
 pub mod mcp;
 pub mod pending;
 pub mod runner;
+pub mod schema;
 pub mod sse;
 pub mod tracker;
 

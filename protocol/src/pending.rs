@@ -57,6 +57,11 @@ impl<T> Pending<T> {
         self.entries.remove(&id)
     }
 
+    /// The context of a pending entry.
+    pub fn get_mut(&mut self, id: u64) -> Option<&mut T> {
+        self.entries.get_mut(&id)
+    }
+
     /// Whether `id` is pending.
     pub fn contains(&self, id: u64) -> bool {
         self.entries.contains_key(&id)

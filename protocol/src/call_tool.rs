@@ -1,0 +1,495 @@
+//! The `call_tool` dialect (seed 001): length-prefixed JSON between a bridge and its parent.
+//!
+//! ```text
+//! bridge → parent  {"method":"call_tool","params":{"name":"echo","arguments":{"text":"hi"}}}
+//! parent → bridge  {"result":{"content":[{"type":"text","text":"hi"}],"isError":false}}
+//! parent → bridge  {"error":{"message":"Unknown tool: nope","type":"ToolNotFoundError"}}
+//! ```
+//!
+//! Strictly one request on the wire per connection. [`CallToolClient`] (the bridge's side) queues
+//! further calls in order, connects lazily on the first call, fails the call in flight with a clear
+//! error when the parent drops, and reconnects for the next one. Correlation is by order, kept in
+//! the shared [`Pending`] table. The parent's side decodes requests with [`decode_call`], which
+//! separates what must close the connection ([`Fatal`]: framing or JSON can no longer be trusted)
+//! from what gets an error reply (unknown method, bad params).
+//!
+//! The tool-schema file the parent writes (0600) for the bridge is [`parse_schema_file`].
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::json::RawJson;
+use crate::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
+use crate::pending::Pending;
+
+/// The only method.
+pub const CALL_TOOL: &str = "call_tool";
+/// `type` of the error for a tool name the parent does not have.
+pub const TOOL_NOT_FOUND: &str = "ToolNotFoundError";
+/// `type` of the error for a malformed request.
+pub const VALUE_ERROR: &str = "ValueError";
+
+/// One entry of the tool-schema file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSchema {
+    /// Tool name.
+    pub name: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub input_schema: Value,
+}
+
+/// The schema file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid tool-schema file: {0}")]
+pub struct SchemaFileError(pub String);
+
+/// Parses the tool-schema file: a JSON array of `{name, description, input_schema}`.
+pub fn parse_schema_file(text: &str) -> Result<Vec<ToolSchema>, SchemaFileError> {
+    let tools: Vec<ToolSchema> =
+        serde_json::from_str(text).map_err(|e| SchemaFileError(e.to_string()))?;
+    let mut seen = std::collections::BTreeSet::new();
+    for tool in &tools {
+        if tool.name.is_empty() {
+            return Err(SchemaFileError("a tool has an empty name".into()));
+        }
+        if !seen.insert(tool.name.as_str()) {
+            return Err(SchemaFileError(format!(
+                "tool '{}' is listed twice",
+                tool.name
+            )));
+        }
+        if !tool.input_schema.is_object() {
+            return Err(SchemaFileError(format!(
+                "tool '{}': input_schema must be an object",
+                tool.name
+            )));
+        }
+    }
+    Ok(tools)
+}
+
+/// The MCP `tools/list` result for these tools: `{"tools":[{name, description, inputSchema}]}`.
+pub fn tools_list_result(tools: &[ToolSchema]) -> RawJson {
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name,
+                "description": t.description,
+                "inputSchema": t.input_schema,
+            })
+        })
+        .collect();
+    RawJson::from_value(&serde_json::json!({ "tools": tools })).expect("JSON values serialize")
+}
+
+/// A `call_tool` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallTool {
+    /// Tool name.
+    pub name: String,
+    /// Arguments object, verbatim.
+    pub arguments: RawJson,
+}
+
+/// The parent's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `{"result": …}`: an MCP `CallToolResult` (`content`, optional `isError`), verbatim.
+    Result(RawJson),
+    /// `{"error": {"message", "type"}}`.
+    Error {
+        /// Actionable description.
+        message: String,
+        /// The exception class name, e.g. `ToolNotFoundError`.
+        error_type: String,
+    },
+}
+
+/// The payload of a request (no length prefix).
+pub fn encode_call(call: &CallTool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(call.arguments.get().len() + call.name.len() + 48);
+    out.extend_from_slice(b"{\"method\":\"call_tool\",\"params\":{\"name\":");
+    crate::json::write_str(&mut out, &call.name);
+    out.extend_from_slice(b",\"arguments\":");
+    crate::json::write_raw(&mut out, &call.arguments);
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// The payload of a reply (no length prefix).
+pub fn encode_reply(reply: &Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    match reply {
+        Reply::Result(result) => {
+            out.extend_from_slice(b"{\"result\":");
+            crate::json::write_raw(&mut out, result);
+            out.push(b'}');
+        }
+        Reply::Error {
+            message,
+            error_type,
+        } => {
+            out.extend_from_slice(b"{\"error\":{\"message\":");
+            crate::json::write_str(&mut out, message);
+            out.extend_from_slice(b",\"type\":");
+            crate::json::write_str(&mut out, error_type);
+            out.extend_from_slice(b"}}");
+        }
+    }
+    out
+}
+
+/// The stream can no longer be trusted: close the connection without answering.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fatal {
+    /// Bad framing.
+    #[error(transparent)]
+    Framing(#[from] LpError),
+    /// The payload is not UTF-8.
+    #[error("payload is not valid UTF-8")]
+    InvalidUtf8,
+    /// The payload is empty.
+    #[error("empty payload")]
+    Empty,
+    /// The payload is not JSON.
+    #[error("payload is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// The payload is JSON but not an object.
+    #[error("payload is not a JSON object")]
+    NotAnObject,
+    /// A reply that is neither `{"result"}` nor `{"error": {message, type}}`, or one nobody asked for.
+    #[error("unexpected reply: {0}")]
+    UnexpectedReply(String),
+}
+
+/// Why a request payload was not a call: close the connection, or answer with an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadRequest {
+    /// Close the connection.
+    Fatal(Fatal),
+    /// Answer with this error reply and keep the connection.
+    Reject(Reply),
+}
+
+fn parse_object(payload: &[u8]) -> Result<serde_json::Map<String, Value>, Fatal> {
+    if payload.is_empty() {
+        return Err(Fatal::Empty);
+    }
+    let text = std::str::from_utf8(payload).map_err(|_| Fatal::InvalidUtf8)?;
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Fatal::NotAnObject),
+        Err(e) => Err(Fatal::InvalidJson(e.to_string())),
+    }
+}
+
+fn reject(message: String) -> BadRequest {
+    BadRequest::Reject(Reply::Error {
+        message,
+        error_type: VALUE_ERROR.to_owned(),
+    })
+}
+
+/// Decodes a request payload on the parent's side.
+pub fn decode_call(payload: &[u8]) -> Result<CallTool, BadRequest> {
+    let mut map = parse_object(payload).map_err(BadRequest::Fatal)?;
+    match map.get("method") {
+        Some(Value::String(m)) if m == CALL_TOOL => {}
+        Some(Value::String(m)) => return Err(reject(format!("Unknown method: {m}"))),
+        Some(other) => return Err(reject(format!("Unknown method: {other}"))),
+        None => return Err(reject("Unknown method: (missing)".into())),
+    }
+    let Some(Value::Object(mut params)) = map.remove("params") else {
+        return Err(reject("Invalid params: expected dict".into()));
+    };
+    let Some(Value::String(name)) = params.remove("name") else {
+        return Err(reject("Invalid tool name: expected string".into()));
+    };
+    let arguments = match params.remove("arguments") {
+        None | Some(Value::Null) => Value::Object(Default::default()),
+        Some(arguments @ Value::Object(_)) => arguments,
+        Some(_) => return Err(reject("Invalid arguments: expected dict".into())),
+    };
+    Ok(CallTool {
+        name,
+        arguments: RawJson::from_value(&arguments).expect("JSON values serialize"),
+    })
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    message: String,
+    #[serde(rename = "type")]
+    error_type: String,
+}
+
+/// Decodes a reply payload on the bridge's side.
+pub fn decode_reply(payload: &[u8]) -> Result<Reply, Fatal> {
+    let mut map = parse_object(payload)?;
+    match (map.remove("result"), map.remove("error")) {
+        (Some(result @ Value::Object(_)), None | Some(Value::Null)) => Ok(Reply::Result(
+            RawJson::from_value(&result).expect("JSON values serialize"),
+        )),
+        (None | Some(Value::Null), Some(error)) => {
+            let error: WireError = serde_json::from_value(error)
+                .map_err(|e| Fatal::UnexpectedReply(format!("bad error object: {e}")))?;
+            Ok(Reply::Error {
+                message: error.message,
+                error_type: error.error_type,
+            })
+        }
+        (Some(_), None | Some(Value::Null)) => {
+            Err(Fatal::UnexpectedReply("result is not an object".into()))
+        }
+        (Some(_), Some(_)) => Err(Fatal::UnexpectedReply("both result and error".into())),
+        (None, None) => Err(Fatal::UnexpectedReply("neither result nor error".into())),
+    }
+}
+
+/// Why a call failed without a reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The request does not fit in a frame; it was never sent.
+    #[error(transparent)]
+    TooLarge(#[from] PayloadTooLarge),
+    /// The connection to the parent could not be made.
+    #[error("cannot connect to the parent: {0}")]
+    ConnectFailed(String),
+    /// The parent dropped the connection while this call was in flight.
+    #[error("the parent closed the connection before replying")]
+    ConnectionLost,
+    /// The parent broke the protocol; the connection was dropped.
+    #[error("protocol error from the parent: {0}")]
+    Protocol(Fatal),
+    /// The client was shut down.
+    #[error("the bridge is shutting down")]
+    Shutdown,
+}
+
+/// Something for the driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientOutput<T> {
+    /// Open the connection; report with `handle_connected` or `handle_connect_failed`.
+    Connect,
+    /// Write these bytes (one frame).
+    Send(Vec<u8>),
+    /// Close the connection (framing was lost); no `handle_closed` is needed for it.
+    Disconnect,
+    /// A call finished.
+    Completed {
+        /// The caller's token.
+        token: T,
+        /// The parent's reply, or why there is none.
+        outcome: Result<Reply, CallError>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Link {
+    Disconnected,
+    Connecting,
+    Connected,
+}
+
+#[derive(Debug, Clone)]
+struct Queued<T> {
+    token: T,
+    frame: Vec<u8>,
+}
+
+/// The bridge's side of the dialect. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct CallToolClient<T> {
+    max_payload_bytes: usize,
+    link: Link,
+    decoder: LpDecoder,
+    calls: Pending<Queued<T>>,
+    in_flight: Option<u64>,
+    out: VecDeque<ClientOutput<T>>,
+}
+
+impl<T> CallToolClient<T> {
+    /// A client not yet connected.
+    pub fn new(max_payload_bytes: usize) -> Self {
+        Self {
+            max_payload_bytes,
+            link: Link::Disconnected,
+            decoder: LpDecoder::new(max_payload_bytes),
+            calls: Pending::new(),
+            in_flight: None,
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Queues a call; it goes on the wire when every earlier one is answered.
+    pub fn call(&mut self, call: &CallTool, token: T) {
+        let mut frame = Vec::new();
+        match length_prefixed::encode(&encode_call(call), &mut frame, self.max_payload_bytes) {
+            Ok(()) => {
+                self.calls.insert(Queued { token, frame });
+                self.pump();
+            }
+            Err(too_large) => self.out.push_back(ClientOutput::Completed {
+                token,
+                outcome: Err(CallError::TooLarge(too_large)),
+            }),
+        }
+    }
+
+    /// The connection is open.
+    pub fn handle_connected(&mut self) {
+        if self.link == Link::Connecting {
+            self.link = Link::Connected;
+            self.decoder = LpDecoder::new(self.max_payload_bytes);
+            self.pump();
+        }
+    }
+
+    /// The connection could not be opened: every queued call fails with the reason.
+    pub fn handle_connect_failed(&mut self, reason: &str) {
+        if self.link != Link::Connecting {
+            return;
+        }
+        self.link = Link::Disconnected;
+        for (_, queued) in self.calls.fail_all() {
+            self.out.push_back(ClientOutput::Completed {
+                token: queued.token,
+                outcome: Err(CallError::ConnectFailed(reason.to_owned())),
+            });
+        }
+    }
+
+    /// Bytes from the parent.
+    pub fn handle_bytes(&mut self, bytes: &[u8]) {
+        if self.link != Link::Connected {
+            return;
+        }
+        self.decoder.push(bytes);
+        loop {
+            match self.decoder.next() {
+                Ok(None) => return,
+                Ok(Some(payload)) => {
+                    let Some(id) = self.in_flight.take() else {
+                        self.drop_link(Fatal::UnexpectedReply("a reply nobody asked for".into()));
+                        return;
+                    };
+                    match decode_reply(&payload) {
+                        Ok(reply) => {
+                            self.complete(id, Ok(reply));
+                            self.pump();
+                        }
+                        Err(fatal) => {
+                            self.in_flight = Some(id);
+                            self.drop_link(fatal);
+                            return;
+                        }
+                    }
+                }
+                Err(error) => {
+                    self.drop_link(Fatal::Framing(error));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The parent closed the connection (ignored unless connected: a connection attempt that
+    /// fails is reported with `handle_connect_failed`).
+    pub fn handle_closed(&mut self) {
+        if self.link != Link::Connected {
+            return;
+        }
+        self.link = Link::Disconnected;
+        if let Some(id) = self.in_flight.take() {
+            let outcome = match self.decoder.finish() {
+                Err(error) => Err(CallError::Protocol(Fatal::Framing(error))),
+                Ok(()) => Err(CallError::ConnectionLost),
+            };
+            self.complete(id, outcome);
+        }
+        self.pump();
+    }
+
+    /// Fails every queued and in-flight call (teardown); the tokens come out as `Completed`.
+    pub fn shutdown(&mut self) {
+        self.in_flight = None;
+        for (_, queued) in self.calls.fail_all() {
+            self.out.push_back(ClientOutput::Completed {
+                token: queued.token,
+                outcome: Err(CallError::Shutdown),
+            });
+        }
+        if self.link != Link::Disconnected {
+            self.link = Link::Disconnected;
+            self.out.push_back(ClientOutput::Disconnect);
+        }
+    }
+
+    /// The next thing to do, until `None`.
+    pub fn poll_output(&mut self) -> Option<ClientOutput<T>> {
+        self.out.pop_front()
+    }
+
+    /// Calls queued or in flight.
+    pub fn pending_len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether a call is on the wire.
+    pub fn is_busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    fn complete(&mut self, id: u64, outcome: Result<Reply, CallError>) {
+        if let Ok(queued) = self.calls.take(id) {
+            self.out.push_back(ClientOutput::Completed {
+                token: queued.token,
+                outcome,
+            });
+        }
+    }
+
+    /// Framing or the reply stream broke: fail the call in flight, close, and reconnect for what
+    /// is still queued.
+    fn drop_link(&mut self, fatal: Fatal) {
+        if let Some(id) = self.in_flight.take() {
+            self.complete(id, Err(CallError::Protocol(fatal)));
+        }
+        self.link = Link::Disconnected;
+        self.out.push_back(ClientOutput::Disconnect);
+        self.pump();
+    }
+
+    fn pump(&mut self) {
+        match self.link {
+            Link::Disconnected if !self.calls.is_empty() => {
+                self.link = Link::Connecting;
+                self.out.push_back(ClientOutput::Connect);
+            }
+            Link::Connected if self.in_flight.is_none() => {
+                let Some(id) = self.calls.ids().next() else {
+                    return;
+                };
+                let frame = std::mem::take(
+                    &mut self
+                        .calls
+                        .get_mut(id)
+                        .expect("the id was just listed")
+                        .frame,
+                );
+                self.in_flight = Some(id);
+                self.out.push_back(ClientOutput::Send(frame));
+            }
+            Link::Disconnected | Link::Connecting | Link::Connected => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
