@@ -30,9 +30,10 @@ use crate::frame::{
     Shutdown, encode_frame,
 };
 use crate::json::RawJson;
-use crate::jsonrpc::{self, INTERNAL_ERROR, INVALID_REQUEST, Id, Message, Outcome, RpcError};
+use crate::jsonrpc::{self, INTERNAL_ERROR, Id, Outcome, RpcError};
 use crate::line::{Line, LineDecoder};
 use crate::mcp;
+use crate::mcp_face::{AgentLine, McpFace, error_line};
 use crate::pending::Pending;
 
 /// Limits and identity of a bridge.
@@ -187,6 +188,7 @@ enum State {
 #[derive(Debug, Clone)]
 pub struct BridgeSession {
     config: BridgeConfig,
+    face: McpFace,
     state: State,
     agent: LineDecoder,
     runner: FrameDecoder,
@@ -200,6 +202,12 @@ impl BridgeSession {
         Self {
             agent: LineDecoder::new(config.max_agent_line_bytes),
             runner: FrameDecoder::new(config.max_frame_bytes),
+            face: McpFace {
+                server_name: mcp::SERVER_NAME.to_owned(),
+                server_version: config.server_version.clone(),
+                capabilities: mcp::AC7_CAPABILITIES.to_owned(),
+                max_line_bytes: config.max_agent_line_bytes,
+            },
             config,
             state: State::Relaying,
             pending: Pending::new(),
@@ -279,55 +287,29 @@ impl BridgeSession {
     }
 
     fn agent_line(&mut self, line: Line<'_>, now: Instant) {
-        let bytes = match line {
-            Line::Oversized { len } => {
-                let detail = format!(
-                    "message of {len} bytes exceeds the {}-byte limit",
-                    self.config.max_agent_line_bytes
-                );
-                self.answer_agent(None, &RpcError::new(INVALID_REQUEST, detail.clone()));
-                self.event(BridgeEvent::AgentLineInvalid {
-                    len,
-                    code: INVALID_REQUEST,
-                    detail,
-                });
-                return;
+        match self.face.classify(line) {
+            AgentLine::Blank => {}
+            AgentLine::Invalid {
+                answer,
+                len,
+                code,
+                detail,
+            } => {
+                self.out.push_back(BridgeOutput::ToAgent(answer));
+                self.event(BridgeEvent::AgentLineInvalid { len, code, detail });
             }
-            Line::Complete(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => return,
-            Line::Complete(bytes) => bytes,
-        };
-        match jsonrpc::parse_message(bytes) {
-            Err(invalid) => {
-                let error = invalid.to_error();
-                self.answer_agent(invalid.id(), &error);
-                self.event(BridgeEvent::AgentLineInvalid {
-                    len: bytes.len(),
-                    code: error.code,
-                    detail: error.message,
-                });
-            }
-            Ok(Message::Request(req)) => match req.method.as_str() {
-                mcp::INITIALIZE => {
-                    let result =
-                        mcp::initialize_result(req.params.as_ref(), &self.config.server_version);
-                    self.result_to_agent(&req.id, &result);
-                }
-                mcp::PING => self.result_to_agent(&req.id, &mcp::empty_result()),
-                _ => self.forward(req.id, req.method, req.params, now),
-            },
-            Ok(Message::Notification(n)) if n.method == mcp::CANCELLED => {
-                let Some(agent_id) = mcp::cancelled_request_id(n.params.as_ref()) else {
-                    return;
-                };
+            AgentLine::Answered(answer) => self.out.push_back(BridgeOutput::ToAgent(answer)),
+            AgentLine::Request(req) => self.forward(req.id, req.method, req.params, now),
+            AgentLine::Cancelled(agent_id) => {
                 if let Some(id) = self.pending.find(|f| f.agent_id == agent_id) {
                     self.pending.remove(id);
                     self.event(BridgeEvent::Cancelled { id });
                 }
             }
-            Ok(Message::Notification(n)) => {
-                self.event(BridgeEvent::AgentNotificationIgnored { method: n.method })
+            AgentLine::Notification(method) => {
+                self.event(BridgeEvent::AgentNotificationIgnored { method })
             }
-            Ok(Message::Response(_)) => self.event(BridgeEvent::AgentResponseIgnored),
+            AgentLine::Response => self.event(BridgeEvent::AgentResponseIgnored),
         }
     }
 
@@ -461,16 +443,8 @@ impl BridgeSession {
         self.out.push_back(BridgeOutput::Exit(reason));
     }
 
-    fn result_to_agent(&mut self, id: &Id, result: &RawJson) {
-        let mut line = Vec::new();
-        jsonrpc::encode_response(&mut line, id, result);
-        self.out.push_back(BridgeOutput::ToAgent(line));
-    }
-
     fn answer_agent(&mut self, id: Option<&Id>, error: &RpcError) {
-        let mut line = Vec::new();
-        jsonrpc::encode_error(&mut line, id, error);
-        self.out.push_back(BridgeOutput::ToAgent(line));
+        self.out.push_back(BridgeOutput::ToAgent(error_line(id, error)));
     }
 
     fn event(&mut self, event: BridgeEvent) {

@@ -84,6 +84,7 @@ pub mod jsonrpc;
 pub mod length_prefixed;
 pub mod line;
 pub mod mcp;
+mod mcp_face;
 pub mod pending;
 pub mod runner;
 pub mod schema;

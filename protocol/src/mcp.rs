@@ -43,9 +43,23 @@ struct InitializeParams {
     protocol_version: Option<String>,
 }
 
-/// The `initialize` result for the given request params:
+/// ac7's server capabilities: channel pushes and a tool list that changes.
+pub const AC7_CAPABILITIES: &str =
+    r#"{"experimental":{"claude/channel":{}},"tools":{"listChanged":true}}"#;
+
+/// The `initialize` result of the ac7 bridge for the given request params:
 /// `{"protocolVersion":…,"capabilities":{"experimental":{"claude/channel":{}},"tools":{"listChanged":true}},"serverInfo":{"name":"ac7","version":…}}`.
 pub fn initialize_result(params: Option<&RawJson>, server_version: &str) -> RawJson {
+    initialize_result_for(params, SERVER_NAME, server_version, AC7_CAPABILITIES)
+}
+
+/// An `initialize` result with the given server name and capabilities (a JSON object's text).
+pub fn initialize_result_for(
+    params: Option<&RawJson>,
+    server_name: &str,
+    server_version: &str,
+    capabilities: &str,
+) -> RawJson {
     let requested = params
         .and_then(|p| p.parse::<InitializeParams>().ok())
         .and_then(|p| p.protocol_version);
@@ -53,10 +67,10 @@ pub fn initialize_result(params: Option<&RawJson>, server_version: &str) -> RawJ
     let mut out = Vec::with_capacity(192);
     out.extend_from_slice(b"{\"protocolVersion\":");
     write_str(&mut out, version);
-    out.extend_from_slice(
-        b",\"capabilities\":{\"experimental\":{\"claude/channel\":{}},\"tools\":{\"listChanged\":true}},\"serverInfo\":{\"name\":",
-    );
-    write_str(&mut out, SERVER_NAME);
+    out.extend_from_slice(b",\"capabilities\":");
+    out.extend_from_slice(capabilities.as_bytes());
+    out.extend_from_slice(b",\"serverInfo\":{\"name\":");
+    write_str(&mut out, server_name);
     out.extend_from_slice(b",\"version\":");
     write_str(&mut out, server_version);
     out.extend_from_slice(b"}}");
