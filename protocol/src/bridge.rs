@@ -444,7 +444,8 @@ impl BridgeSession {
     }
 
     fn answer_agent(&mut self, id: Option<&Id>, error: &RpcError) {
-        self.out.push_back(BridgeOutput::ToAgent(error_line(id, error)));
+        self.out
+            .push_back(BridgeOutput::ToAgent(error_line(id, error)));
     }
 
     fn event(&mut self, event: BridgeEvent) {

@@ -19,8 +19,9 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
-use crate::json::RawJson;
+use crate::json::{RawJson, present};
 use crate::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
 use crate::pending::Pending;
 
@@ -177,16 +178,43 @@ pub enum BadRequest {
     Reject(Reply),
 }
 
-fn parse_object(payload: &[u8]) -> Result<serde_json::Map<String, Value>, Fatal> {
+/// The top-level fields of a payload, kept raw.
+#[derive(Deserialize)]
+struct WirePayload<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct WireParams<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    name: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    arguments: Option<&'a RawValue>,
+}
+
+fn first_byte(raw: &RawValue) -> u8 {
+    raw.get().as_bytes().first().copied().unwrap_or(b' ')
+}
+
+fn parse_payload(payload: &[u8]) -> Result<WirePayload<'_>, Fatal> {
     if payload.is_empty() {
         return Err(Fatal::Empty);
     }
     let text = std::str::from_utf8(payload).map_err(|_| Fatal::InvalidUtf8)?;
-    match serde_json::from_str::<Value>(text) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(Fatal::NotAnObject),
-        Err(e) => Err(Fatal::InvalidJson(e.to_string())),
+    if text.trim_start().as_bytes().first() != Some(&b'{') {
+        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+            Ok(_) => Fatal::NotAnObject,
+            Err(e) => Fatal::InvalidJson(e.to_string()),
+        });
     }
+    serde_json::from_str(text).map_err(|e| Fatal::InvalidJson(e.to_string()))
 }
 
 fn reject(message: String) -> BadRequest {
@@ -196,30 +224,34 @@ fn reject(message: String) -> BadRequest {
     })
 }
 
-/// Decodes a request payload on the parent's side.
+/// Decodes a request payload on the parent's side. The arguments are kept verbatim.
 pub fn decode_call(payload: &[u8]) -> Result<CallTool, BadRequest> {
-    let mut map = parse_object(payload).map_err(BadRequest::Fatal)?;
-    match map.get("method") {
-        Some(Value::String(m)) if m == CALL_TOOL => {}
-        Some(Value::String(m)) => return Err(reject(format!("Unknown method: {m}"))),
-        Some(other) => return Err(reject(format!("Unknown method: {other}"))),
+    let wire = parse_payload(payload).map_err(BadRequest::Fatal)?;
+    let method = wire.method.map(|m| serde_json::from_str::<String>(m.get()));
+    match method {
+        Some(Ok(m)) if m == CALL_TOOL => {}
+        Some(Ok(m)) => return Err(reject(format!("Unknown method: {m}"))),
+        Some(Err(_)) => {
+            let raw = wire.method.map(RawValue::get).unwrap_or_default();
+            return Err(reject(format!("Unknown method: {raw}")));
+        }
         None => return Err(reject("Unknown method: (missing)".into())),
     }
-    let Some(Value::Object(mut params)) = map.remove("params") else {
-        return Err(reject("Invalid params: expected dict".into()));
+    let params = match wire.params {
+        Some(p) if first_byte(p) == b'{' => serde_json::from_str::<WireParams<'_>>(p.get())
+            .map_err(|e| BadRequest::Fatal(Fatal::InvalidJson(e.to_string())))?,
+        _ => return Err(reject("Invalid params: expected dict".into())),
     };
-    let Some(Value::String(name)) = params.remove("name") else {
+    let Some(Ok(name)) = params.name.map(|n| serde_json::from_str::<String>(n.get())) else {
         return Err(reject("Invalid tool name: expected string".into()));
     };
-    let arguments = match params.remove("arguments") {
-        None | Some(Value::Null) => Value::Object(Default::default()),
-        Some(arguments @ Value::Object(_)) => arguments,
+    let arguments = match params.arguments {
+        None => RawJson::from_text("{}").expect("valid JSON"),
+        Some(a) if a.get() == "null" => RawJson::from_text("{}").expect("valid JSON"),
+        Some(a) if first_byte(a) == b'{' => RawJson::from_raw(a),
         Some(_) => return Err(reject("Invalid arguments: expected dict".into())),
     };
-    Ok(CallTool {
-        name,
-        arguments: RawJson::from_value(&arguments).expect("JSON values serialize"),
-    })
+    Ok(CallTool { name, arguments })
 }
 
 #[derive(Deserialize)]
@@ -229,23 +261,23 @@ struct WireError {
     error_type: String,
 }
 
-/// Decodes a reply payload on the bridge's side.
+/// Decodes a reply payload on the bridge's side. A result is kept verbatim.
 pub fn decode_reply(payload: &[u8]) -> Result<Reply, Fatal> {
-    let mut map = parse_object(payload)?;
-    match (map.remove("result"), map.remove("error")) {
-        (Some(result @ Value::Object(_)), None | Some(Value::Null)) => Ok(Reply::Result(
-            RawJson::from_value(&result).expect("JSON values serialize"),
-        )),
-        (None | Some(Value::Null), Some(error)) => {
-            let error: WireError = serde_json::from_value(error)
+    let wire = parse_payload(payload)?;
+    let result = wire.result.filter(|r| r.get() != "null");
+    let error = wire.error.filter(|e| e.get() != "null");
+    match (result, error) {
+        (Some(result), None) if first_byte(result) == b'{' => {
+            Ok(Reply::Result(RawJson::from_raw(result)))
+        }
+        (Some(_), None) => Err(Fatal::UnexpectedReply("result is not an object".into())),
+        (None, Some(error)) => {
+            let error: WireError = serde_json::from_str(error.get())
                 .map_err(|e| Fatal::UnexpectedReply(format!("bad error object: {e}")))?;
             Ok(Reply::Error {
                 message: error.message,
                 error_type: error.error_type,
             })
-        }
-        (Some(_), None | Some(Value::Null)) => {
-            Err(Fatal::UnexpectedReply("result is not an object".into()))
         }
         (Some(_), Some(_)) => Err(Fatal::UnexpectedReply("both result and error".into())),
         (None, None) => Err(Fatal::UnexpectedReply("neither result nor error".into())),

@@ -70,12 +70,14 @@
 //! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
 //! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
+//! | [`call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
 //! | [`schema`] | the JSON Schema subset tool input schemas use |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod bridge;
 pub mod call_tool;
+pub mod call_tool_bridge;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

@@ -49,8 +49,9 @@ fn wire_shapes() {
     assert_eq!(
         decode_reply(br#"{"result": {"content": [{"type": "text", "text": "hello \u00e9"}]}}"#),
         Ok(Reply::Result(raw(
-            r#"{"content":[{"text":"hello é","type":"text"}]}"#
-        )))
+            r#"{"content": [{"type": "text", "text": "hello \u00e9"}]}"#
+        ))),
+        "results pass verbatim"
     );
 }
 
