@@ -71,10 +71,12 @@
 //! | [`json`] | raw JSON kept byte-exact |
 //! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
 //! | [`call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
+//! | [`ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
 //! | [`schema`] | the JSON Schema subset tool input schemas use |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod ash;
 pub mod bridge;
 pub mod call_tool;
 pub mod call_tool_bridge;

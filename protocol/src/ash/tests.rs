@@ -1,0 +1,413 @@
+use std::time::{Duration, Instant};
+
+use super::bridge::{AshBridgeOutput, AshConnection};
+use super::host::{AshHost, Completion, ExecOutcome, HostError, HostOutput, READY_TIMEOUT};
+use super::*;
+use crate::test_support::snapshots;
+
+fn raw(text: &str) -> RawJson {
+    RawJson::from_text(text).unwrap()
+}
+
+#[test]
+fn commands_and_events_round_trip_and_validate() {
+    let query = br#"{"cmd":"query","prompt":"hi","sessionId":"s1","includePartialMessages":true,"model":"sonnet","maxTurns":3}"#;
+    let Command::Query(q) = decode_command(query).unwrap() else {
+        panic!()
+    };
+    assert_eq!(q.prompt, raw(r#""hi""#));
+    assert!(q.include_partial_messages);
+    assert_eq!(q.options.keys().collect::<Vec<_>>(), ["maxTurns", "model"]);
+    let line = command_line(&Command::Query(q.clone()));
+    assert_eq!(
+        decode_command(&line[..line.len() - 1]),
+        Ok(Command::Query(q))
+    );
+    let blocks = br#"{"cmd":"query","prompt":[{"type":"text","text":"hi"}],"sessionId":"s"}"#;
+    assert!(decode_command(blocks).is_ok());
+    assert_eq!(
+        decode_command(br#"{"cmd":"exec","command":"ls"}"#),
+        Ok(Command::Exec {
+            command: "ls".into(),
+            timeout_ms: DEFAULT_EXEC_TIMEOUT_MS
+        })
+    );
+    assert_eq!(
+        decode_command(br#"{"cmd":"interrupt","extra":1}"#),
+        Ok(Command::Interrupt)
+    );
+
+    let invalid = |line: &[u8]| decode_command(line).unwrap_err().0;
+    assert_eq!(
+        invalid(b"nope"),
+        "not valid JSON: expected ident at line 1 column 2"
+    );
+    assert_eq!(invalid(b"[1]"), "not a JSON object");
+    assert_eq!(
+        invalid(br#"{"cmd":"query","sessionId":"s"}"#),
+        "\"prompt\" must be a string or content blocks"
+    );
+    assert_eq!(
+        invalid(br#"{"cmd":"query","prompt":"p"}"#),
+        "\"sessionId\" must be a string"
+    );
+    assert_eq!(
+        invalid(br#"{"cmd":"resume"}"#),
+        "\"sessionId\" must be a string"
+    );
+    assert_eq!(
+        invalid(br#"{"cmd":"exec"}"#),
+        "\"command\" must be a string"
+    );
+    assert_eq!(invalid(br#"{"cmd":"fly"}"#), "unknown command \"fly\"");
+    assert_eq!(
+        invalid(br#"{"cmd":"shutdown","ev":"done"}"#),
+        "has both \"cmd\" and \"ev\""
+    );
+    assert_eq!(
+        invalid(br#"{"cmd":"shutdown","__proto__":{}}"#),
+        "forbidden key \"__proto__\""
+    );
+    assert_eq!(
+        invalid(br#"{"ev":"ready"}"#),
+        "has \"ev\" where \"cmd\" is expected"
+    );
+    assert_eq!(invalid(br#"{"cmd":7}"#), "\"cmd\" must be a string");
+
+    for event in [
+        Event::Ready,
+        Event::Message {
+            data: raw(r#"{"type":"assistant","message":{"content":[]}}"#),
+        },
+        Event::Error {
+            error: "boom".into(),
+        },
+        Event::Done {
+            session_id: "s1".into(),
+        },
+        Event::ExecResult {
+            exit_code: 2,
+            stdout: "a\n".into(),
+            stderr: "".into(),
+        },
+    ] {
+        let line = event_line(&event);
+        assert_eq!(decode_event(&line[..line.len() - 1]), Ok(event));
+    }
+    assert!(decode_event(br#"{"ev":"message"}"#).is_err());
+    assert!(decode_event(br#"{"ev":"done","sessionId":1}"#).is_err());
+}
+
+fn drain(c: &mut AshConnection, t: &mut String) -> Vec<AshBridgeOutput> {
+    let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
+    for o in &out {
+        t.push_str(&match o {
+            AshBridgeOutput::Send(line) => format!("  send < {}", String::from_utf8_lossy(line)),
+            other => format!("  {other:?}\n"),
+        });
+    }
+    out
+}
+
+fn sent(out: &[AshBridgeOutput]) -> Vec<Event> {
+    out.iter()
+        .filter_map(|o| match o {
+            AshBridgeOutput::Send(line) => Some(decode_event(&line[..line.len() - 1]).unwrap()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn bridge_connection_transcript() {
+    let mut c = AshConnection::new();
+    let mut t = String::new();
+    let host = |c: &mut AshConnection, t: &mut String, line: &str| {
+        t.push_str(&format!("host > {line}\n"));
+        c.handle_bytes(format!("{line}\n").as_bytes());
+        drain(c, t)
+    };
+    t.push_str("(connected)\n");
+    assert_eq!(sent(&drain(&mut c, &mut t)), vec![Event::Ready]);
+
+    let out = host(
+        &mut c,
+        &mut t,
+        r#"{"cmd":"query","prompt":"hi","sessionId":"s1"}"#,
+    );
+    assert!(matches!(&out[0], AshBridgeOutput::StartQuery(q) if q.session_id == "s1"));
+    let out = host(
+        &mut c,
+        &mut t,
+        r#"{"cmd":"query","prompt":"again","sessionId":"s2"}"#,
+    );
+    assert!(
+        matches!(&sent(&out)[0], Event::Error { .. }),
+        "one query at a time"
+    );
+    assert!(c.is_busy());
+    t.push_str("(agent prints two messages and ends)\n");
+    c.agent_message(raw(r#"{"type":"assistant"}"#));
+    c.agent_message(raw(r#"{"type":"result","session_id":"s1"}"#));
+    c.agent_finished(Ok(None));
+    let out = drain(&mut c, &mut t);
+    assert_eq!(
+        sent(&out),
+        vec![
+            Event::Message {
+                data: raw(r#"{"type":"assistant"}"#)
+            },
+            Event::Message {
+                data: raw(r#"{"type":"result","session_id":"s1"}"#)
+            },
+            Event::Done {
+                session_id: "s1".into()
+            },
+        ]
+    );
+
+    host(
+        &mut c,
+        &mut t,
+        r#"{"cmd":"query","prompt":"fail","sessionId":"s1"}"#,
+    );
+    t.push_str("(agent fails)\n");
+    c.agent_finished(Err("claude exited with status 1".into()));
+    let out = drain(&mut c, &mut t);
+    assert_eq!(
+        sent(&out),
+        vec![
+            Event::Error {
+                error: "claude exited with status 1".into()
+            },
+            Event::Done {
+                session_id: "s1".into()
+            }
+        ]
+    );
+
+    host(
+        &mut c,
+        &mut t,
+        r#"{"cmd":"query","prompt":"long","sessionId":"s1"}"#,
+    );
+    let out = host(&mut c, &mut t, r#"{"cmd":"interrupt"}"#);
+    assert_eq!(out, vec![AshBridgeOutput::StopAgent]);
+    t.push_str("(agent prints after the interrupt, then dies of the signal)\n");
+    c.agent_message(raw("{}"));
+    c.agent_finished(Err("killed by SIGINT".into()));
+    let out = drain(&mut c, &mut t);
+    assert_eq!(
+        sent(&out),
+        vec![Event::Done {
+            session_id: "s1".into()
+        }],
+        "interrupt: done, no error"
+    );
+    let out = host(&mut c, &mut t, r#"{"cmd":"interrupt"}"#);
+    assert!(out.is_empty(), "interrupt while idle does nothing");
+
+    let out = host(
+        &mut c,
+        &mut t,
+        r#"{"cmd":"exec","command":"echo hi","timeout":500}"#,
+    );
+    assert_eq!(
+        out,
+        vec![AshBridgeOutput::StartExec {
+            command: "echo hi".into(),
+            timeout_ms: 500
+        }]
+    );
+    c.exec_finished(0, "hi\n".into(), String::new());
+    let out = drain(&mut c, &mut t);
+    assert_eq!(
+        sent(&out)[1],
+        Event::Done {
+            session_id: String::new()
+        }
+    );
+
+    let out = host(&mut c, &mut t, r#"{"cmd":"resume","sessionId":"s9"}"#);
+    assert_eq!(
+        out[0],
+        AshBridgeOutput::ResumeSession {
+            session_id: "s9".into()
+        }
+    );
+    host(&mut c, &mut t, "{broken");
+    host(
+        &mut c,
+        &mut t,
+        r#"{"cmd":"query","prompt":"x","sessionId":"s","constructor":1}"#,
+    );
+    let out = host(&mut c, &mut t, r#"{"cmd":"shutdown"}"#);
+    assert_eq!(out, vec![AshBridgeOutput::Shutdown]);
+    snapshots(|| insta::assert_snapshot!("ash_bridge_connection_transcript", t));
+}
+
+#[test]
+fn state_is_per_connection() {
+    let mut a = AshConnection::new();
+    let mut b = AshConnection::new();
+    let mut t = String::new();
+    a.handle_bytes(b"{\"cmd\":\"query\",\"prompt\":\"a\",\"sessionId\":\"sa\"}\n");
+    b.handle_bytes(b"{\"cmd\":\"query\",\"prompt\":\"b\",\"sessionId\":\"sb\"}\n");
+    drain(&mut a, &mut t);
+    drain(&mut b, &mut t);
+    b.handle_bytes(b"{\"cmd\":\"interrupt\"}\n");
+    assert_eq!(drain(&mut b, &mut t), vec![AshBridgeOutput::StopAgent]);
+    assert!(
+        drain(&mut a, &mut t).is_empty(),
+        "an interrupt on one connection never touches another"
+    );
+    a.agent_message(raw("{}"));
+    assert_eq!(sent(&drain(&mut a, &mut t)).len(), 1);
+}
+
+#[test]
+fn utf8_split_across_reads_and_oversized_lines() {
+    let mut c = AshConnection::new();
+    let mut t = String::new();
+    drain(&mut c, &mut t);
+    let line = "{\"cmd\":\"query\",\"prompt\":\"héllo → 😀\",\"sessionId\":\"s\"}\n".as_bytes();
+    for b in line {
+        c.handle_bytes(std::slice::from_ref(b));
+    }
+    let out = drain(&mut c, &mut t);
+    let AshBridgeOutput::StartQuery(q) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(q.prompt, raw("\"héllo → 😀\""));
+
+    let mut c = AshConnection::with_max_line(64);
+    drain(&mut c, &mut t);
+    for _ in 0..1000 {
+        c.handle_bytes(&[b'x'; 100]);
+    }
+    c.handle_bytes(b"\n{\"cmd\":\"interrupt\"}\n");
+    let out = drain(&mut c, &mut t);
+    assert_eq!(
+        sent(&out),
+        vec![Event::Error {
+            error: "command of 100001 bytes exceeds the 64-byte limit".into()
+        }],
+        "dropped with one error; the next command is read normally"
+    );
+}
+
+#[test]
+fn host_waits_for_ready_runs_in_order_and_keeps_errors_with_their_done() {
+    let start = Instant::now();
+    let mut h = AshHost::new(start);
+    let q = |p: &str| {
+        Command::Query(Query {
+            prompt: raw(&format!("\"{p}\"")),
+            session_id: "s".into(),
+            include_partial_messages: false,
+            options: Default::default(),
+        })
+    };
+    h.submit(q("one"), 1);
+    h.submit(
+        Command::Exec {
+            command: "true".into(),
+            timeout_ms: 100,
+        },
+        2,
+    );
+    assert_eq!(h.poll_output(), None, "nothing is sent before ready");
+    h.handle_bytes(b"{\"ev\":\"ready\"}\n", start);
+    assert_eq!(h.poll_output(), Some(HostOutput::Ready));
+    assert_eq!(
+        h.poll_output(),
+        Some(HostOutput::Send(command_line(&q("one"))))
+    );
+    assert_eq!(h.poll_output(), None, "one command at a time");
+    h.handle_bytes(b"{\"ev\":\"message\",\"data\":{\"n\":1}}\n{\"ev\":\"error\",\"error\":\"bad\"}\n{\"ev\":\"done\",\"sessionId\":\"s\"}\n", start);
+    assert_eq!(
+        h.poll_output(),
+        Some(HostOutput::Message {
+            token: 1,
+            data: raw("{\"n\":1}")
+        })
+    );
+    assert_eq!(
+        h.poll_output(),
+        Some(HostOutput::Completed {
+            token: 1,
+            result: Ok(Completion {
+                session_id: "s".into(),
+                error: Some("bad".into()),
+                exec: None
+            })
+        })
+    );
+    assert!(
+        matches!(h.poll_output(), Some(HostOutput::Send(_))),
+        "the exec goes out after done"
+    );
+    h.handle_bytes(b"{\"ev\":\"exec_result\",\"exitCode\":0,\"stdout\":\"\",\"stderr\":\"\"}\n{\"ev\":\"done\",\"sessionId\":\"\"}\n", start);
+    assert_eq!(
+        h.poll_output(),
+        Some(HostOutput::Completed {
+            token: 2,
+            result: Ok(Completion {
+                session_id: String::new(),
+                error: None,
+                exec: Some(ExecOutcome {
+                    exit_code: 0,
+                    stdout: String::new(),
+                    stderr: String::new()
+                })
+            })
+        })
+    );
+    h.submit(q("two"), 3);
+    h.poll_output();
+    h.handle_closed(start);
+    assert_eq!(
+        h.poll_output(),
+        Some(HostOutput::Completed {
+            token: 3,
+            result: Err(HostError::Closed)
+        })
+    );
+}
+
+#[test]
+fn host_gives_up_without_ready() {
+    let start = Instant::now();
+    let mut h = AshHost::new(start);
+    h.submit(
+        Command::Resume {
+            session_id: "s".into(),
+        },
+        7,
+    );
+    assert_eq!(h.poll_timeout(), Some(start + READY_TIMEOUT));
+    h.handle_timeout(start + READY_TIMEOUT - Duration::from_millis(1));
+    assert_eq!(h.poll_output(), None);
+    h.handle_timeout(start + READY_TIMEOUT);
+    assert_eq!(
+        h.poll_output(),
+        Some(HostOutput::Completed {
+            token: 7,
+            result: Err(HostError::ReadyTimeout(READY_TIMEOUT))
+        })
+    );
+    assert_eq!(h.poll_timeout(), None);
+    h.submit(
+        Command::Resume {
+            session_id: "s".into(),
+        },
+        8,
+    );
+    assert!(matches!(
+        h.poll_output(),
+        Some(HostOutput::Completed {
+            token: 8,
+            result: Err(_)
+        })
+    ));
+}
