@@ -7,9 +7,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use crate::ash::{
+    self,
+    bridge::{AshBridgeOutput, AshConnection},
+    host::{AshHost, HostOutput},
+};
 use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession};
 use crate::frame::{Decoded, DropReason, Dropped, FrameDecoder, decode_frame, encode_frame_vec};
+use crate::json::RawJson;
 use crate::jsonrpc::{self, Message, Outcome};
+use crate::length_prefixed::{self, LpDecoder};
 use crate::mcp;
 use crate::runner::{BridgePolicy, ConnId, RunnerConfig, RunnerOutput, RunnerSession};
 
@@ -461,6 +468,250 @@ fn drain_runner(
     }
 }
 
+/// `decode_lp`: arbitrary bytes in arbitrary chunks through an [`LpDecoder`].
+///
+/// Oracles: chunked decoding yields the same payloads and the same fatal error as decoding the
+/// whole stream at once; nothing comes out after a fatal error; each payload re-encodes to exactly
+/// the bytes it came from; a drained decoder holds at most one partial frame.
+pub fn decode_lp(data: &[u8]) {
+    let mut input = Input::new(data);
+    let max = usize::from(input.byte()) * 2;
+    let mut seed = u32::from(input.byte()) | 1;
+    let stream = &data[input.pos.min(data.len())..];
+
+    let run = |chunks: &mut dyn FnMut() -> Option<usize>| {
+        let mut decoder = LpDecoder::new(max);
+        let mut payloads = Vec::new();
+        let mut rest = stream;
+        let mut failure = None;
+        while failure.is_none() && !rest.is_empty() {
+            let len = chunks().unwrap_or(rest.len()).clamp(1, rest.len());
+            let (chunk, tail) = rest.split_at(len);
+            rest = tail;
+            decoder.push(chunk);
+            loop {
+                match decoder.next() {
+                    Ok(Some(payload)) => payloads.push(payload),
+                    Ok(None) => {
+                        assert!(
+                            decoder.buffered_len() < 4 + max,
+                            "more than one partial frame held"
+                        );
+                        break;
+                    }
+                    Err(error) => {
+                        failure = Some(error);
+                        break;
+                    }
+                }
+            }
+        }
+        if failure.is_none() {
+            failure = decoder.finish().err();
+        }
+        (payloads, failure)
+    };
+    let whole = run(&mut || None);
+    let chunked = run(&mut || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        Some(seed as usize % (2 * max + 8))
+    });
+    assert_eq!(whole, chunked, "chunking changed the outcome");
+    let mut reencoded = Vec::new();
+    for payload in &whole.0 {
+        length_prefixed::encode(payload, &mut reencoded, max).expect("a decoded payload fits");
+    }
+    assert_eq!(
+        &stream[..reencoded.len()],
+        &reencoded[..],
+        "payloads re-encode to their bytes"
+    );
+}
+
+/// `ash_bridge`: a host and an agent doing arbitrary things to an [`AshConnection`].
+///
+/// Oracles: `ready` comes first; every line sent is a valid event; at most one turn runs; every
+/// turn the bridge starts ends with exactly one `done` once the agent (or exec) finishes; no
+/// `message` goes out while no query runs; `poll_output` terminates.
+pub fn ash_bridge_ops(data: &[u8]) {
+    let mut input = Input::new(data);
+    let mut conn = AshConnection::with_max_line(64 + usize::from(input.byte()) * 4);
+    let mut running: Option<&'static str> = None;
+    let mut dones_expected = 0usize;
+    let mut dones = 0usize;
+    let mut first = true;
+    const COMMANDS: [&str; 7] = [
+        r#"{"cmd":"query","prompt":"p","sessionId":"s"}"#,
+        r#"{"cmd":"query","prompt":[{"type":"text","text":"p"}],"sessionId":"t","model":"m"}"#,
+        r#"{"cmd":"exec","command":"true","timeout":10}"#,
+        r#"{"cmd":"resume","sessionId":"r"}"#,
+        r#"{"cmd":"interrupt"}"#,
+        r#"{"cmd":"query","sessionId":"s"}"#,
+        r#"{"cmd":"shutdown"}"#,
+    ];
+    loop {
+        let mut polls = 0;
+        while let Some(output) = conn.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match output {
+                AshBridgeOutput::Send(line) => {
+                    let event = ash::decode_event(&line[..line.len() - 1]).expect("valid event");
+                    assert_eq!(first, event == ash::Event::Ready, "ready comes first, once");
+                    first = false;
+                    match event {
+                        ash::Event::Done { .. } => dones += 1,
+                        ash::Event::Message { .. } => {
+                            assert_eq!(running, Some("query"), "message outside a query")
+                        }
+                        _ => {}
+                    }
+                }
+                AshBridgeOutput::StartQuery(_) => {
+                    assert!(running.is_none(), "two turns at once");
+                    running = Some("query");
+                }
+                AshBridgeOutput::StartExec { .. } => {
+                    assert!(running.is_none(), "two turns at once");
+                    running = Some("exec");
+                }
+                AshBridgeOutput::ResumeSession { .. } => dones_expected += 1,
+                AshBridgeOutput::StopAgent | AshBridgeOutput::Shutdown => {}
+            }
+        }
+        if input.is_empty() {
+            break;
+        }
+        match input.byte() % 8 {
+            0..=2 => {
+                let mut line = COMMANDS[input.below(COMMANDS.len())].as_bytes().to_vec();
+                line.push(b'\n');
+                let split = input.below(line.len() + 1);
+                conn.handle_bytes(&line[..split]);
+                conn.handle_bytes(&line[split..]);
+            }
+            3 => conn.handle_bytes(input.bytes(80)),
+            4 => conn.agent_message(RawJson::from_text("{}").expect("valid JSON")),
+            5 if running == Some("query") => {
+                running = None;
+                dones_expected += 1;
+                conn.agent_finished(if input.byte().is_multiple_of(2) {
+                    Ok(None)
+                } else {
+                    Err("x".into())
+                });
+            }
+            6 if running == Some("exec") => {
+                running = None;
+                dones_expected += 1;
+                conn.exec_finished(0, String::new(), String::new());
+            }
+            _ => conn.handle_closed(),
+        }
+    }
+    assert_eq!(
+        dones, dones_expected,
+        "each finished turn ends with exactly one done"
+    );
+}
+
+/// `ash_host`: a bridge sending arbitrary events to an [`AshHost`] while commands are submitted.
+///
+/// Oracles: nothing is sent before `ready`; at most one command is on the wire; every submission
+/// completes at most once, and all of them once the connection closes; `poll_output` terminates.
+pub fn ash_host_ops(data: &[u8]) {
+    let mut input = Input::new(data);
+    let start = Instant::now();
+    let mut now = start;
+    let mut host = AshHost::new(now);
+    let mut submitted = 0u32;
+    let mut completed = BTreeSet::new();
+    let mut on_wire = 0u32;
+    let mut ready = false;
+    const EVENTS: [&str; 7] = [
+        r#"{"ev":"ready"}"#,
+        r#"{"ev":"message","data":{"type":"assistant"}}"#,
+        r#"{"ev":"error","error":"e"}"#,
+        r#"{"ev":"done","sessionId":"s"}"#,
+        r#"{"ev":"exec_result","exitCode":1,"stdout":"","stderr":"x"}"#,
+        r#"{"ev":"done"}"#,
+        r#"{"cmd":"query"}"#,
+    ];
+    loop {
+        let mut polls = 0;
+        while let Some(output) = host.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match output {
+                HostOutput::Send(line) => {
+                    assert!(ready, "sent before ready");
+                    match ash::decode_command(&line[..line.len() - 1]).expect("valid command") {
+                        ash::Command::Interrupt | ash::Command::Shutdown => {}
+                        _ => {
+                            on_wire += 1;
+                            assert!(on_wire <= 1, "two commands on the wire");
+                        }
+                    }
+                }
+                HostOutput::Ready => ready = true,
+                HostOutput::Completed { token, result } => {
+                    assert!(completed.insert(token), "completed twice");
+                    if result.is_ok() {
+                        on_wire = 0;
+                    }
+                }
+                HostOutput::Message { .. } | HostOutput::InvalidEvent(_) => {}
+            }
+        }
+        if input.is_empty() {
+            break;
+        }
+        match input.byte() % 6 {
+            0 | 1 => {
+                let command = match input.byte() % 3 {
+                    0 => ash::Command::Resume {
+                        session_id: "s".into(),
+                    },
+                    1 => ash::Command::Exec {
+                        command: "c".into(),
+                        timeout_ms: 1,
+                    },
+                    _ => ash::Command::Interrupt,
+                };
+                if !matches!(command, ash::Command::Interrupt) {
+                    submitted += 1;
+                    host.submit(command, submitted);
+                } else {
+                    host.submit(command, 0);
+                }
+            }
+            2 | 3 => {
+                let mut line = EVENTS[input.below(EVENTS.len())].as_bytes().to_vec();
+                line.push(b'\n');
+                host.handle_bytes(&line, now);
+            }
+            4 => host.handle_bytes(input.bytes(40), now),
+            _ => {
+                now += Duration::from_secs(u64::from(input.byte() % 12));
+                host.handle_timeout(now);
+            }
+        }
+    }
+    host.handle_closed(now);
+    while let Some(output) = host.poll_output() {
+        if let HostOutput::Completed { token, .. } = output {
+            assert!(completed.insert(token), "completed twice");
+        }
+    }
+    assert_eq!(
+        completed.len() as u32,
+        submitted,
+        "every submission completes"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -506,6 +757,21 @@ mod tests {
         #[test]
         fn runner_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
             runner_ops(&data);
+        }
+
+        #[test]
+        fn decode_lp_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            decode_lp(&data);
+        }
+
+        #[test]
+        fn ash_bridge_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            ash_bridge_ops(&data);
+        }
+
+        #[test]
+        fn ash_host_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            ash_host_ops(&data);
         }
     }
 }

@@ -72,6 +72,7 @@
 //! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
 //! | [`call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
 //! | [`ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
+//! | [`codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
 //! | [`schema`] | the JSON Schema subset tool input schemas use |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -80,6 +81,7 @@ pub mod ash;
 pub mod bridge;
 pub mod call_tool;
 pub mod call_tool_bridge;
+pub mod codex;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;

@@ -1,0 +1,508 @@
+//! The runner's JSON-RPC client for `codex app-server`, with the channel sink that turns broker
+//! events into turns.
+//!
+//! Start-up: `initialize`, then `thread/start` (briefing prose as `developerInstructions`,
+//! `approvalPolicy: "never"`, `sandbox: "danger-full-access"`); [`CodexOutput::Ready`] carries the
+//! thread id, [`CodexOutput::Failed`] the reason either failed. The thread's status (`notLoaded`,
+//! `idle`, `active`, `systemError`) and its active turn are tracked from the `thread/start`
+//! response and from `thread/started`, `thread/status/changed`, `turn/started` and
+//! `turn/completed` notifications. Approval requests from codex are denied
+//! (`{"decision":"deny","action":"cancel"}`); any other server request gets `-32601`.
+//!
+//! The sink ([`CodexClient::push_event`]) takes rendered `<channel>` texts. Events arriving within
+//! [`BUNDLE_WINDOW`] of the first buffered one are joined with `\n` into one text input. A flush
+//! (window elapsed, status changed, shutdown) routes the bundle by the thread's state: `idle` →
+//! `turn/start`; `active` with a known turn → `turn/steer` with `expectedTurnId`; no thread yet,
+//! `notLoaded`, or `active` without a known turn → the events go back to the front of the buffer
+//! and wait; `systemError` → dropped (reported). One delivery is in flight at a time, so the
+//! order of events is the order they were pushed. A `turn/steer` that lost the race with the end
+//! of its turn (`expected active turn`, `no active turn`, `not steerable`) is retried once with the
+//! then-current state (as `turn/start` when idle); nothing is sent twice.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::json::RawJson;
+use crate::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcError};
+use crate::line::{Line, LineDecoder};
+use crate::pending::Pending;
+
+/// How long events are gathered into one input (from the first buffered one).
+pub const BUNDLE_WINDOW: Duration = Duration::from_millis(200);
+
+/// Server requests answered with a denial.
+pub const DENIED_REQUESTS: [&str; 5] = [
+    "item/commandExecution/requestApproval",
+    "item/fileChange/requestApproval",
+    "item/permissions/requestApproval",
+    "item/tool/requestUserInput",
+    "mcpServer/elicitation/request",
+];
+
+const STEER_RACE: [&str; 3] = ["expected active turn", "no active turn", "not steerable"];
+
+/// What the runner asks of codex.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodexConfig {
+    /// `clientInfo.name`.
+    pub client_name: String,
+    /// `clientInfo.version`.
+    pub client_version: String,
+    /// The thread's working directory.
+    pub cwd: String,
+    /// The briefing prose; omitted when empty.
+    pub developer_instructions: String,
+    /// `--model`, if given.
+    pub model: Option<String>,
+}
+
+/// The thread's status as codex reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadStatus {
+    /// Not loaded yet.
+    NotLoaded,
+    /// Waiting for input.
+    Idle,
+    /// Running a turn.
+    Active,
+    /// Broken.
+    SystemError,
+}
+
+/// Something for the driver to do or know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodexOutput {
+    /// Write this line to codex's stdin.
+    Send(Vec<u8>),
+    /// The thread exists; the sink delivers from now on.
+    Ready {
+        /// Its id.
+        thread_id: String,
+    },
+    /// Start-up failed (`initialize` or `thread/start`): tear down.
+    Failed(String),
+    /// Close codex's stdin (after [`CodexClient::shutdown`]).
+    CloseStdin,
+    /// Something worth logging.
+    Event(CodexEvent),
+}
+
+/// Things worth logging.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodexEvent {
+    /// A bundle went out.
+    Delivering {
+        /// `turn/start` or `turn/steer`.
+        method: &'static str,
+        /// Events in it.
+        events: usize,
+    },
+    /// Events that could not be delivered.
+    Dropped {
+        /// How many.
+        events: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The thread's status changed.
+    Status(ThreadStatus),
+    /// A server request was answered (`denied` = with a denial, else `-32601`).
+    ServerRequest {
+        /// Its method.
+        method: String,
+        /// Whether it was an approval we denied.
+        denied: bool,
+    },
+    /// An `error` notification from codex.
+    CodexError(String),
+    /// A line that is not JSON-RPC.
+    Unparseable {
+        /// Its length.
+        len: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Call {
+    Initialize,
+    ThreadStart,
+    Deliver {
+        events: Vec<String>,
+        steer: bool,
+        retried: bool,
+    },
+    Interrupt,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    Initializing,
+    StartingThread,
+    Running,
+    Failed,
+    Closed,
+}
+
+/// The client's state. See the [module docs](self).
+#[derive(Debug, Clone)]
+pub struct CodexClient {
+    config: CodexConfig,
+    phase: Phase,
+    lines: LineDecoder,
+    calls: Pending<Call>,
+    thread_id: Option<String>,
+    status: ThreadStatus,
+    active_turn: Option<String>,
+    buffer: VecDeque<String>,
+    flush_at: Option<Instant>,
+    delivering: bool,
+    out: VecDeque<CodexOutput>,
+}
+
+#[derive(Deserialize)]
+struct StatusWire {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+fn parse_status(value: Option<&Value>) -> Option<ThreadStatus> {
+    let status: StatusWire = serde_json::from_value(value?.clone()).ok()?;
+    Some(match status.kind.as_str() {
+        "notLoaded" => ThreadStatus::NotLoaded,
+        "idle" => ThreadStatus::Idle,
+        "active" => ThreadStatus::Active,
+        "systemError" => ThreadStatus::SystemError,
+        _ => return None,
+    })
+}
+
+impl CodexClient {
+    /// A client for a codex that has just been spawned: `initialize` is its first output.
+    pub fn new(config: CodexConfig, _now: Instant) -> Self {
+        let mut client = Self {
+            config,
+            phase: Phase::Initializing,
+            lines: LineDecoder::new(64 * 1024 * 1024),
+            calls: Pending::new(),
+            thread_id: None,
+            status: ThreadStatus::NotLoaded,
+            active_turn: None,
+            buffer: VecDeque::new(),
+            flush_at: None,
+            delivering: false,
+            out: VecDeque::new(),
+        };
+        let params = json!({"clientInfo": {"name": client.config.client_name, "version": client.config.client_version}});
+        client.request("initialize", &params, Call::Initialize);
+        client
+    }
+
+    /// A rendered `<channel>` event for the agent.
+    pub fn push_event(&mut self, text: String, now: Instant) {
+        if matches!(self.phase, Phase::Closed | Phase::Failed) {
+            self.event(CodexEvent::Dropped {
+                events: 1,
+                reason: "codex is not running".into(),
+            });
+            return;
+        }
+        self.buffer.push_back(text);
+        if self.flush_at.is_none() {
+            self.flush_at = Some(now + BUNDLE_WINDOW);
+        }
+    }
+
+    /// Bytes from codex's stdout.
+    pub fn handle_bytes(&mut self, bytes: &[u8], now: Instant) {
+        let mut lines = std::mem::take(&mut self.lines);
+        lines.push(bytes);
+        while let Some(line) = lines.next_line() {
+            match line {
+                Line::Oversized { len } => self.event(CodexEvent::Unparseable { len }),
+                Line::Complete(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {}
+                Line::Complete(bytes) => match jsonrpc::parse_message(bytes) {
+                    Ok(message) => self.message(message, now),
+                    Err(_) => self.event(CodexEvent::Unparseable { len: bytes.len() }),
+                },
+            }
+        }
+        self.lines = lines;
+    }
+
+    /// When `handle_timeout` is next due (the bundle window).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.flush_at
+    }
+
+    /// Time passed: flushes the bundle when its window is over.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.flush_at.is_some_and(|at| now >= at) {
+            self.flush_at = None;
+            self.flush();
+        }
+    }
+
+    /// Teardown: flush what can be delivered, interrupt the active turn, close stdin.
+    pub fn shutdown(&mut self, _now: Instant) {
+        if matches!(self.phase, Phase::Closed) {
+            return;
+        }
+        self.flush_at = None;
+        self.flush();
+        if let (Some(thread_id), Some(turn_id)) = (self.thread_id.clone(), self.active_turn.clone())
+        {
+            let params = json!({"threadId": thread_id, "turnId": turn_id});
+            self.request("turn/interrupt", &params, Call::Interrupt);
+        }
+        if !self.buffer.is_empty() {
+            let events = self.buffer.len();
+            self.buffer.clear();
+            self.event(CodexEvent::Dropped {
+                events,
+                reason: "shutting down before codex could take them".into(),
+            });
+        }
+        self.phase = Phase::Closed;
+        self.out.push_back(CodexOutput::CloseStdin);
+    }
+
+    /// The next thing to do, until `None`.
+    pub fn poll_output(&mut self) -> Option<CodexOutput> {
+        self.out.pop_front()
+    }
+
+    /// The thread's status.
+    pub fn status(&self) -> ThreadStatus {
+        self.status
+    }
+
+    /// The active turn, if known.
+    pub fn active_turn(&self) -> Option<&str> {
+        self.active_turn.as_deref()
+    }
+
+    /// Events waiting for delivery.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    fn message(&mut self, message: Message, now: Instant) {
+        match message {
+            Message::Response(response) => {
+                let Some(id) = response.id.as_raw().parse::<u64>().ok() else {
+                    return;
+                };
+                let Ok(call) = self.calls.take(id) else {
+                    return;
+                };
+                self.response(call, response.outcome, now);
+            }
+            Message::Request(request) => {
+                let denied = DENIED_REQUESTS.contains(&request.method.as_str());
+                let mut line = Vec::new();
+                if denied {
+                    let result = RawJson::from_text(r#"{"decision":"deny","action":"cancel"}"#)
+                        .expect("valid JSON");
+                    jsonrpc::encode_response(&mut line, &request.id, &result);
+                } else {
+                    let error = RpcError::new(
+                        METHOD_NOT_FOUND,
+                        format!("method not found: {}", request.method),
+                    );
+                    jsonrpc::encode_error(&mut line, Some(&request.id), &error);
+                }
+                self.out.push_back(CodexOutput::Send(line));
+                self.event(CodexEvent::ServerRequest {
+                    method: request.method,
+                    denied,
+                });
+            }
+            Message::Notification(n) => {
+                let params: Value = n
+                    .params
+                    .as_ref()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(Value::Null);
+                match n.method.as_str() {
+                    "thread/started" => {
+                        if let Some(id) = params["thread"]["id"].as_str() {
+                            self.thread_id = Some(id.to_owned());
+                        }
+                        if let Some(status) = parse_status(params["thread"].get("status")) {
+                            self.set_status(status);
+                        }
+                    }
+                    "thread/status/changed" => {
+                        if let Some(status) = parse_status(params.get("status")) {
+                            self.set_status(status);
+                        }
+                    }
+                    "turn/started" => {
+                        if let Some(id) = params["turn"]["id"].as_str() {
+                            self.active_turn = Some(id.to_owned());
+                            // Events waiting for a steerable turn can go now.
+                            self.flush();
+                        }
+                    }
+                    "turn/completed" => self.active_turn = None,
+                    "error" => self.event(CodexEvent::CodexError(params.to_string())),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn response(&mut self, call: Call, outcome: Outcome, _now: Instant) {
+        let result = match outcome {
+            Outcome::Result(result) => Ok(result.parse::<Value>().unwrap_or(Value::Null)),
+            Outcome::Error(error) => Err(error.message),
+        };
+        match call {
+            Call::Initialize => match result {
+                Ok(_) => {
+                    self.phase = Phase::StartingThread;
+                    let mut params = json!({
+                        "cwd": self.config.cwd,
+                        "approvalPolicy": "never",
+                        "sandbox": "danger-full-access",
+                    });
+                    if !self.config.developer_instructions.is_empty() {
+                        params["developerInstructions"] = json!(self.config.developer_instructions);
+                    }
+                    if let Some(model) = &self.config.model {
+                        params["model"] = json!(model);
+                    }
+                    self.request("thread/start", &params, Call::ThreadStart);
+                }
+                Err(message) => self.fail(format!("codex initialize failed: {message}")),
+            },
+            Call::ThreadStart => match result {
+                Ok(result) => {
+                    let Some(id) = result["thread"]["id"].as_str() else {
+                        return self.fail("codex thread/start failed: no thread id".into());
+                    };
+                    self.thread_id = Some(id.to_owned());
+                    self.phase = Phase::Running;
+                    self.out.push_back(CodexOutput::Ready {
+                        thread_id: id.to_owned(),
+                    });
+                    match parse_status(result["thread"].get("status")) {
+                        Some(status) => self.set_status(status),
+                        None => self.flush(),
+                    }
+                }
+                Err(message) => self.fail(format!("codex thread/start failed: {message}")),
+            },
+            Call::Deliver {
+                events,
+                steer,
+                retried,
+            } => {
+                self.delivering = false;
+                match result {
+                    Ok(_) => {}
+                    Err(message)
+                        if steer && !retried && STEER_RACE.iter().any(|s| message.contains(s)) =>
+                    {
+                        self.route(events, true);
+                    }
+                    Err(message) => self.event(CodexEvent::Dropped {
+                        events: events.len(),
+                        reason: message,
+                    }),
+                }
+                if self.flush_at.is_none() {
+                    self.flush();
+                }
+            }
+            Call::Interrupt => {}
+        }
+    }
+
+    fn set_status(&mut self, status: ThreadStatus) {
+        self.status = status;
+        self.event(CodexEvent::Status(status));
+        if status != ThreadStatus::NotLoaded {
+            self.flush();
+        }
+    }
+
+    /// Sends the buffered events if the state allows; one delivery at a time.
+    fn flush(&mut self) {
+        if self.delivering || self.buffer.is_empty() || self.phase != Phase::Running {
+            return;
+        }
+        let events: Vec<String> = self.buffer.drain(..).collect();
+        self.route(events, false);
+    }
+
+    fn route(&mut self, events: Vec<String>, retried: bool) {
+        let thread_id = match (&self.thread_id, self.status) {
+            (None, _) | (_, ThreadStatus::NotLoaded) => return self.rebuffer(events),
+            (Some(_), ThreadStatus::SystemError) => {
+                return self.event(CodexEvent::Dropped {
+                    events: events.len(),
+                    reason: "the codex thread is in systemError".into(),
+                });
+            }
+            (Some(id), ThreadStatus::Idle | ThreadStatus::Active) => id.clone(),
+        };
+        let input = json!([{"type": "text", "text": events.join("\n")}]);
+        let (method, params, steer) = match (self.status, &self.active_turn) {
+            (ThreadStatus::Active, None) => return self.rebuffer(events),
+            (ThreadStatus::Active, Some(turn)) => (
+                "turn/steer",
+                json!({"threadId": thread_id, "input": input, "expectedTurnId": turn}),
+                true,
+            ),
+            _ => (
+                "turn/start",
+                json!({"threadId": thread_id, "input": input}),
+                false,
+            ),
+        };
+        self.event(CodexEvent::Delivering {
+            method,
+            events: events.len(),
+        });
+        self.delivering = true;
+        self.request(
+            method,
+            &params,
+            Call::Deliver {
+                events,
+                steer,
+                retried,
+            },
+        );
+    }
+
+    fn rebuffer(&mut self, events: Vec<String>) {
+        for event in events.into_iter().rev() {
+            self.buffer.push_front(event);
+        }
+    }
+
+    fn request(&mut self, method: &str, params: &Value, call: Call) {
+        let id = self.calls.insert(call);
+        let params = RawJson::from_value(params).expect("JSON values serialize");
+        let mut line = Vec::new();
+        jsonrpc::encode_request(&mut line, &Id::number(id), method, Some(&params));
+        self.out.push_back(CodexOutput::Send(line));
+    }
+
+    fn fail(&mut self, reason: String) {
+        self.phase = Phase::Failed;
+        self.out.push_back(CodexOutput::Failed(reason));
+    }
+
+    fn event(&mut self, event: CodexEvent) {
+        self.out.push_back(CodexOutput::Event(event));
+    }
+}
+
+#[cfg(test)]
+mod tests;
