@@ -1,0 +1,397 @@
+//! `ac7 mcp-bridge`: the process an agent spawns as its MCP server. It relays MCP JSON-RPC
+//! between the agent (its stdin/stdout) and the runner (the Unix socket named by
+//! `AC7_RUNNER_SOCKET`).
+//!
+//! All protocol decisions are made by [`BridgeSession`]; this driver only pumps bytes:
+//!
+//! ```text
+//!   stdin thread ──chunks──▶ handle_agent_bytes / handle_agent_eof ─┐
+//!   socket read  ──────────▶ handle_runner_bytes / handle_runner_closed ─┤ BridgeSession
+//!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┘
+//!        poll_output: ToAgent -> stdout (blocking write + flush), ToRunner -> socket,
+//!                     Event -> stderr log, Exit -> flush and exit 0
+//! ```
+//!
+//! Design notes, chosen for start-up time and memory (see `ac7-bench bridge`):
+//! - a current-thread tokio runtime (no worker pool), created only after the environment check;
+//! - stdin is read by one small dedicated thread into a bounded channel (tokio's stdin would go
+//!   through the blocking pool); the process exits without joining it, since it may be blocked in
+//!   `read`;
+//! - stdout gets plain blocking writes of complete lines followed by a flush, so a slow agent
+//!   applies backpressure;
+//! - after [`BridgeOutput::Exit`] the last writes to the socket are bounded by a short timeout,
+//!   so a runner that stopped reading cannot hold the bridge up.
+
+use std::ffi::OsString;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ac7_protocol::bridge::{BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+
+/// The environment variable the runner sets in the bridge's MCP server entry.
+pub const RUNNER_SOCKET_ENV: &str = "AC7_RUNNER_SOCKET";
+
+/// How long the bridge waits for the runner's socket to accept it.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long teardown waits for the runner to take the bridge's last frames.
+const FINAL_WRITE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Bytes read per `read` call, from stdin and from the socket.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Stdin chunks buffered between the reader thread and the relay (bounds memory to
+/// `STDIN_QUEUE * READ_CHUNK`).
+const STDIN_QUEUE: usize = 8;
+
+/// `ac7 mcp-bridge`: relay MCP between this process's stdio and the runner's socket.
+///
+/// Started by the agent from the MCP server entry a runner writes (`ac7 claude-code`,
+/// `ac7 run -- <cmd>`); the runner passes its socket in `AC7_RUNNER_SOCKET`. Logs go to stderr
+/// as JSON lines, filtered by `AC7_LOG` (default `warn`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct McpBridgeArgs {}
+
+/// Why the bridge could not start relaying.
+#[derive(Debug, thiserror::Error)]
+pub enum BridgeError {
+    /// `AC7_RUNNER_SOCKET` is unset or empty.
+    #[error(
+        "{RUNNER_SOCKET_ENV} is not set (or empty) — the bridge is started by an ac7 runner, not by hand: \
+         run your agent through one (ac7 claude-code, or ac7 run -- <cmd>)"
+    )]
+    NoSocket,
+    /// Connecting to the runner failed.
+    #[error(
+        "failed to connect to runner at {}: {source} (is the runner that set {RUNNER_SOCKET_ENV} still running?)",
+        path.display()
+    )]
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+    /// The runner did not accept within [`CONNECT_TIMEOUT`].
+    #[error(
+        "failed to connect to runner at {}: timeout after {}ms connecting to {}",
+        path.display(),
+        timeout.as_millis(),
+        path.display()
+    )]
+    ConnectTimeout {
+        /// The socket path.
+        path: PathBuf,
+        /// The limit.
+        timeout: Duration,
+    },
+    /// The async runtime or the stdin thread could not be started.
+    #[error("could not start: {0}")]
+    Start(io::Error),
+}
+
+/// Runs `ac7 mcp-bridge` and returns the process exit code: 0 after a normal teardown, 1 when it
+/// could not start (the reason is printed on stderr as one line).
+pub fn run(_args: McpBridgeArgs) -> i32 {
+    match run_bridge(std::env::var_os(RUNNER_SOCKET_ENV)) {
+        Ok(reason) => {
+            tracing::info!(reason = reason.label(), "bridge exiting");
+            0
+        }
+        Err(err) => {
+            eprintln!("ac7 mcp-bridge: {err}");
+            1
+        }
+    }
+}
+
+fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
+    let path = socket
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .ok_or(BridgeError::NoSocket)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(BridgeError::Start)?;
+    runtime.block_on(async {
+        let stream = connect(&path).await?;
+        crate::logging::init();
+        tracing::debug!(path = %path.display(), "connected to runner");
+        let stdin = spawn_stdin_reader().map_err(BridgeError::Start)?;
+        let config = BridgeConfig {
+            server_version: env!("CARGO_PKG_VERSION").to_owned(),
+            ..BridgeConfig::default()
+        };
+        Ok(Relay::new(BridgeSession::new(config), stream)
+            .run(stdin)
+            .await)
+    })
+}
+
+async fn connect(path: &Path) -> Result<UnixStream, BridgeError> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(source)) => Err(BridgeError::Connect {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(_) => Err(BridgeError::ConnectTimeout {
+            path: path.to_owned(),
+            timeout: CONNECT_TIMEOUT,
+        }),
+    }
+}
+
+/// What the stdin thread reports.
+enum StdinInput {
+    Bytes(Vec<u8>),
+    Eof,
+    Failed(io::Error),
+}
+
+/// Reads stdin on a dedicated thread. The thread ends at EOF, on a read error, or when the relay
+/// is gone; the process does not wait for it.
+fn spawn_stdin_reader() -> io::Result<mpsc::Receiver<StdinInput>> {
+    let (tx, rx) = mpsc::channel(STDIN_QUEUE);
+    std::thread::Builder::new()
+        .name("ac7-stdin".into())
+        .stack_size(64 * 1024)
+        .spawn(move || {
+            let mut stdin = io::stdin().lock();
+            let mut buf = vec![0u8; READ_CHUNK];
+            loop {
+                let input = match stdin.read(&mut buf) {
+                    Ok(0) => StdinInput::Eof,
+                    Ok(n) => StdinInput::Bytes(buf[..n].to_vec()),
+                    Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(err) => StdinInput::Failed(err),
+                };
+                let last = !matches!(input, StdinInput::Bytes(_));
+                if tx.blocking_send(input).is_err() || last {
+                    return;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// The event loop: inputs into the session, its outputs to stdout / the socket.
+struct Relay {
+    session: BridgeSession,
+    socket: UnixStream,
+    /// Cleared once a socket write failed or the socket reached EOF.
+    socket_open: bool,
+    /// Cleared once a stdout write failed (the agent is gone).
+    stdout_open: bool,
+    to_agent: Vec<u8>,
+    to_runner: Vec<u8>,
+}
+
+impl Relay {
+    fn new(session: BridgeSession, socket: UnixStream) -> Self {
+        Self {
+            session,
+            socket,
+            socket_open: true,
+            stdout_open: true,
+            to_agent: Vec::new(),
+            to_runner: Vec::new(),
+        }
+    }
+
+    async fn run(mut self, mut stdin: mpsc::Receiver<StdinInput>) -> ExitReason {
+        // Installing the handlers replaces the default "terminate" action, so a signal always
+        // goes through the session's teardown. If they cannot be installed the defaults stay.
+        let mut sigterm = signal(SignalKind::terminate())
+            .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGTERM"))
+            .ok();
+        let mut sigint = signal(SignalKind::interrupt())
+            .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGINT"))
+            .ok();
+        let mut stdin_open = true;
+        let mut buf = vec![0u8; READ_CHUNK];
+        loop {
+            tokio::select! {
+                input = stdin.recv(), if stdin_open => {
+                    let now = Instant::now();
+                    match input {
+                        Some(StdinInput::Bytes(bytes)) => self.session.handle_agent_bytes(&bytes, now),
+                        Some(StdinInput::Failed(err)) => {
+                            tracing::warn!(error = %err, "reading stdin failed; treating it as closed");
+                            stdin_open = false;
+                            self.session.handle_agent_eof(now);
+                        }
+                        Some(StdinInput::Eof) | None => {
+                            stdin_open = false;
+                            self.session.handle_agent_eof(now);
+                        }
+                    }
+                }
+                read = self.socket.read(&mut buf), if self.socket_open => {
+                    let now = Instant::now();
+                    match read {
+                        Ok(0) => {
+                            self.socket_open = false;
+                            self.session.handle_runner_closed(now);
+                        }
+                        Ok(n) => self.session.handle_runner_bytes(&buf[..n], now),
+                        Err(err) => {
+                            tracing::warn!(error = %err, "reading the runner socket failed");
+                            self.socket_open = false;
+                            self.session.handle_runner_closed(now);
+                        }
+                    }
+                }
+                Some(()) = recv_signal(&mut sigterm) => {
+                    tracing::info!("SIGTERM");
+                    self.session.handle_terminate(Instant::now());
+                }
+                Some(()) = recv_signal(&mut sigint) => {
+                    tracing::info!("SIGINT");
+                    self.session.handle_terminate(Instant::now());
+                }
+            }
+            if let Some(reason) = self.pump().await {
+                return reason;
+            }
+        }
+    }
+
+    /// Drains the session's outputs and performs them. Returns the exit reason once the session
+    /// has torn down and everything it wrote has been flushed.
+    async fn pump(&mut self) -> Option<ExitReason> {
+        let mut exit = None;
+        loop {
+            while let Some(output) = self.session.poll_output() {
+                match output {
+                    BridgeOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
+                    BridgeOutput::ToRunner(bytes) => append(&mut self.to_runner, bytes),
+                    BridgeOutput::Event(event) => log_event(&event),
+                    BridgeOutput::Exit(reason) => exit = Some(reason),
+                }
+            }
+            let mut failed = false;
+            if !self.to_runner.is_empty() {
+                let bytes = std::mem::take(&mut self.to_runner);
+                if self.socket_open
+                    && let Err(err) = self.write_socket(&bytes, exit.is_some()).await
+                {
+                    tracing::warn!(error = %err, "writing to the runner socket failed");
+                    self.socket_open = false;
+                    self.session.handle_runner_closed(Instant::now());
+                    failed = true;
+                }
+            }
+            if !self.to_agent.is_empty() {
+                let bytes = std::mem::take(&mut self.to_agent);
+                if self.stdout_open
+                    && let Err(err) = write_stdout(&bytes)
+                {
+                    tracing::warn!(error = %err, "writing to stdout failed; the agent is gone");
+                    self.stdout_open = false;
+                    self.session.handle_agent_eof(Instant::now());
+                    failed = true;
+                }
+            }
+            if !failed {
+                return exit;
+            }
+        }
+    }
+
+    async fn write_socket(&mut self, bytes: &[u8], closing: bool) -> io::Result<()> {
+        if !closing {
+            return self.socket.write_all(bytes).await;
+        }
+        match tokio::time::timeout(FINAL_WRITE_TIMEOUT, self.socket.write_all(bytes)).await {
+            Ok(result) => result,
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the runner did not read the bridge's last frames",
+            )),
+        }
+    }
+}
+
+/// Waits for a signal when its handler is installed; never resolves otherwise.
+async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+    match signal {
+        Some(signal) => signal.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn append(buf: &mut Vec<u8>, bytes: Vec<u8>) {
+    if buf.is_empty() {
+        *buf = bytes;
+    } else {
+        buf.extend_from_slice(&bytes);
+    }
+}
+
+/// One blocking write of complete lines, then a flush: stdout carries only protocol lines.
+fn write_stdout(bytes: &[u8]) -> io::Result<()> {
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(bytes)?;
+    stdout.flush()
+}
+
+fn log_event(event: &BridgeEvent) {
+    match event {
+        BridgeEvent::AgentLineInvalid { len, code, detail } => {
+            tracing::warn!(
+                len,
+                code,
+                detail,
+                "invalid line from the agent answered with an error"
+            );
+        }
+        BridgeEvent::Forwarded { id, method } => {
+            tracing::debug!(id, method, "request forwarded to the runner");
+        }
+        BridgeEvent::Answered {
+            id,
+            method,
+            elapsed,
+            ok,
+        } => {
+            let elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            tracing::debug!(id, method, elapsed_us, ok, "request answered");
+        }
+        BridgeEvent::RequestTooLarge { method, len, max } => {
+            tracing::warn!(
+                method,
+                len,
+                max,
+                "request too large for an IPC frame; answered with an error"
+            );
+        }
+        BridgeEvent::Cancelled { id } => tracing::debug!(id, "request cancelled by the agent"),
+        BridgeEvent::AgentNotificationIgnored { method } => {
+            tracing::debug!(method, "notification from the agent ignored");
+        }
+        BridgeEvent::AgentResponseIgnored => tracing::debug!("response from the agent ignored"),
+        BridgeEvent::FrameDropped(dropped) => {
+            tracing::warn!(len = dropped.len, reason = %dropped.reason, "dropped malformed IPC frame");
+        }
+        BridgeEvent::Unmatched { id } => {
+            tracing::warn!(id, "response for an id that is not pending dropped");
+        }
+        BridgeEvent::UnexpectedFrame { kind } => {
+            tracing::warn!(
+                kind = kind.as_str(),
+                "unexpected frame kind from the runner ignored"
+            );
+        }
+        BridgeEvent::RunnerError { message, id } => {
+            tracing::warn!(message, id, "error frame from the runner");
+        }
+    }
+}
