@@ -5,7 +5,7 @@
 //! All protocol decisions are made by [`BridgeSession`]; this driver only pumps bytes:
 //!
 //! ```text
-//!   stdin thread ──chunks──▶ handle_agent_bytes / handle_agent_eof ─┐
+//!   stdin ─────────────────▶ handle_agent_bytes / handle_agent_eof ─┐
 //!   socket read  ──────────▶ handle_runner_bytes / handle_runner_closed ─┤ BridgeSession
 //!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┘
 //!        poll_output: ToAgent -> stdout (blocking write + flush), ToRunner -> socket,
@@ -14,9 +14,10 @@
 //!
 //! Design notes, chosen for start-up time and memory (see `ac7-bench bridge`):
 //! - a current-thread tokio runtime (no worker pool), created only after the environment check;
-//! - stdin is read by one small dedicated thread into a bounded channel (tokio's stdin would go
-//!   through the blocking pool); the process exits without joining it, since it may be blocked in
-//!   `read`;
+//! - stdin, when it is a pipe or a socket (what agents pass), is read on the runtime thread itself;
+//!   otherwise by one small dedicated thread into a bounded channel (tokio's own stdin would go
+//!   through the blocking pool), which the process does not join at exit, since it may be
+//!   blocked in `read`;
 //! - stdout gets plain blocking writes of complete lines followed by a flush, so a slow agent
 //!   applies backpressure;
 //! - after [`BridgeOutput::Exit`] the last writes to the socket are bounded by a short timeout,
@@ -24,6 +25,8 @@
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -124,14 +127,16 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
         let stream = connect(&path).await?;
         crate::logging::init();
         tracing::debug!(path = %path.display(), "connected to runner");
-        let stdin = spawn_stdin_reader().map_err(BridgeError::Start)?;
+        let mut stdin = AgentStdin::open().map_err(BridgeError::Start)?;
         let config = BridgeConfig {
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             ..BridgeConfig::default()
         };
-        Ok(Relay::new(BridgeSession::new(config), stream)
-            .run(stdin)
-            .await)
+        let reason = Relay::new(BridgeSession::new(config), stream)
+            .run(&mut stdin)
+            .await;
+        stdin.restore();
+        Ok(reason)
     })
 }
 
@@ -149,6 +154,92 @@ async fn connect(path: &Path) -> Result<UnixStream, BridgeError> {
     }
 }
 
+/// The agent's stdin.
+///
+/// Agents give their MCP server a pipe (Node: a socketpair) as stdin; either is read on the
+/// runtime's own thread, which saves a thread hop per request. Anything else (a terminal, a
+/// file) is read by a small dedicated thread. The async readers need `O_NONBLOCK`, which lives
+/// on the open file description shared with whoever else holds it, so
+/// [`restore`](Self::restore) puts blocking mode back before the bridge exits.
+enum AgentStdin {
+    Pipe(tokio::net::unix::pipe::Receiver),
+    Socket(UnixStream),
+    Thread(mpsc::Receiver<StdinInput>),
+}
+
+/// What reading stdin produced.
+enum AgentRead {
+    /// This many bytes, at the start of the read buffer.
+    Data(usize),
+    Eof,
+    Failed(io::Error),
+}
+
+impl AgentStdin {
+    fn open() -> io::Result<Self> {
+        let fd = io::stdin().as_fd().try_clone_to_owned()?;
+        let file_type = std::fs::File::from(fd.try_clone()?).metadata()?.file_type();
+        if file_type.is_fifo() {
+            if let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
+                return Ok(Self::Pipe(pipe));
+            }
+        } else if file_type.is_socket() {
+            let socket = std::os::unix::net::UnixStream::from(fd);
+            if socket.set_nonblocking(true).is_ok() {
+                match UnixStream::from_std(socket) {
+                    Ok(socket) => return Ok(Self::Socket(socket)),
+                    Err(_) => Self::restore_socket_fd(),
+                }
+            }
+        }
+        spawn_stdin_reader().map(Self::Thread)
+    }
+
+    /// Reads the next chunk into `buf` (which must keep its length for the async readers).
+    /// Cancel-safe: nothing is lost when the future is dropped before completing.
+    async fn read(&mut self, buf: &mut Vec<u8>) -> AgentRead {
+        let read = match self {
+            Self::Pipe(pipe) => pipe.read(buf).await,
+            Self::Socket(socket) => socket.read(buf).await,
+            Self::Thread(chunks) => {
+                return match chunks.recv().await {
+                    Some(StdinInput::Bytes(bytes)) => {
+                        let n = bytes.len();
+                        *buf = bytes;
+                        AgentRead::Data(n)
+                    }
+                    Some(StdinInput::Failed(err)) => AgentRead::Failed(err),
+                    Some(StdinInput::Eof) | None => AgentRead::Eof,
+                };
+            }
+        };
+        match read {
+            Ok(0) => AgentRead::Eof,
+            Ok(n) => AgentRead::Data(n),
+            Err(err) => AgentRead::Failed(err),
+        }
+    }
+
+    /// Puts stdin back in blocking mode (the description may outlive this process).
+    fn restore(self) {
+        match self {
+            Self::Pipe(pipe) => drop(pipe.into_blocking_fd()),
+            Self::Socket(socket) => {
+                if let Ok(socket) = socket.into_std() {
+                    let _ = socket.set_nonblocking(false);
+                }
+            }
+            Self::Thread(_) => {}
+        }
+    }
+
+    fn restore_socket_fd() {
+        if let Ok(fd) = io::stdin().as_fd().try_clone_to_owned() {
+            let _ = std::os::unix::net::UnixStream::from(fd).set_nonblocking(false);
+        }
+    }
+}
+
 /// What the stdin thread reports.
 enum StdinInput {
     Bytes(Vec<u8>),
@@ -157,7 +248,7 @@ enum StdinInput {
 }
 
 /// Reads stdin on a dedicated thread. The thread ends at EOF, on a read error, or when the relay
-/// is gone; the process does not wait for it.
+/// is gone; the process does not wait for it (it may be blocked in `read`).
 fn spawn_stdin_reader() -> io::Result<mpsc::Receiver<StdinInput>> {
     let (tx, rx) = mpsc::channel(STDIN_QUEUE);
     std::thread::Builder::new()
@@ -206,7 +297,7 @@ impl Relay {
         }
     }
 
-    async fn run(mut self, mut stdin: mpsc::Receiver<StdinInput>) -> ExitReason {
+    async fn run(mut self, stdin: &mut AgentStdin) -> ExitReason {
         // Installing the handlers replaces the default "terminate" action, so a signal always
         // goes through the session's teardown. If they cannot be installed the defaults stay.
         let mut sigterm = signal(SignalKind::terminate())
@@ -216,19 +307,20 @@ impl Relay {
             .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGINT"))
             .ok();
         let mut stdin_open = true;
+        let mut stdin_buf = vec![0u8; READ_CHUNK];
         let mut buf = vec![0u8; READ_CHUNK];
         loop {
             tokio::select! {
-                input = stdin.recv(), if stdin_open => {
+                input = stdin.read(&mut stdin_buf), if stdin_open => {
                     let now = Instant::now();
                     match input {
-                        Some(StdinInput::Bytes(bytes)) => self.session.handle_agent_bytes(&bytes, now),
-                        Some(StdinInput::Failed(err)) => {
+                        AgentRead::Data(n) => self.session.handle_agent_bytes(&stdin_buf[..n], now),
+                        AgentRead::Failed(err) => {
                             tracing::warn!(error = %err, "reading stdin failed; treating it as closed");
                             stdin_open = false;
                             self.session.handle_agent_eof(now);
                         }
-                        Some(StdinInput::Eof) | None => {
+                        AgentRead::Eof => {
                             stdin_open = false;
                             self.session.handle_agent_eof(now);
                         }

@@ -364,3 +364,95 @@ async fn garbage_oversized_and_unmatched_frames_from_the_runner_are_dropped() {
         let _: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
     }
 }
+
+/// Whether `O_NONBLOCK` is set on the open file description behind `fd`.
+fn is_nonblocking(fd: &impl std::os::fd::AsRawFd) -> bool {
+    // SAFETY: F_GETFL on a valid, open descriptor only reads its flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    assert!(flags >= 0, "fcntl failed");
+    flags & libc::O_NONBLOCK != 0
+}
+
+/// Spawns the bridge with the given stdin, sends `lines` through `write` (if any), and returns
+/// the exit code and every stdout line.
+async fn bridge_with_stdin(
+    socket: &Path,
+    stdin: Stdio,
+    write: Option<(Box<dyn std::io::Write + Send>, &'static str)>,
+) -> (i32, Vec<Value>) {
+    let mut child = tokio::process::Command::new(ac7())
+        .arg("mcp-bridge")
+        .env("AC7_RUNNER_SOCKET", socket)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    if let Some((mut writer, lines)) = write {
+        writer.write_all(lines.as_bytes()).unwrap();
+        // Dropping the writer is the agent's EOF.
+    }
+    let mut lines = BufReader::new(stdout).lines();
+    let mut out = Vec::new();
+    while let Some(line) = within(5, "the bridge's stdout", lines.next_line())
+        .await
+        .unwrap()
+    {
+        out.push(serde_json::from_str(&line).unwrap());
+    }
+    let status = within(5, "the bridge to exit", child.wait()).await.unwrap();
+    (status.code().unwrap_or(-1), out)
+}
+
+const INIT_AND_PING: &str = concat!(
+    r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05"}}"#,
+    "\n",
+    r#"{"jsonrpc":"2.0","id":2,"method":"ping"}"#,
+    "\n",
+);
+
+fn assert_init_and_ping(code: i32, out: &[Value]) {
+    assert_eq!(code, 0);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(out[0]["result"]["protocolVersion"], "2024-11-05");
+    assert_eq!(out[1], json!({"jsonrpc": "2.0", "id": 2, "result": {}}));
+}
+
+#[tokio::test]
+async fn stdin_may_be_a_pipe_a_socket_or_a_file_and_blocking_mode_is_restored() {
+    let dir = tempdir();
+    let runner = start_runner(dir.path(), BridgePolicy::DisplaceOld);
+
+    // A pipe (Python, Rust, most agents).
+    let (reader, writer) = std::io::pipe().unwrap();
+    let kept = reader.try_clone().unwrap();
+    let (code, out) = bridge_with_stdin(
+        &runner.path,
+        Stdio::from(reader),
+        Some((Box::new(writer), INIT_AND_PING)),
+    )
+    .await;
+    assert_init_and_ping(code, &out);
+    assert!(!is_nonblocking(&kept), "the pipe was left non-blocking");
+
+    // A socketpair (Node's child_process).
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let kept = theirs.try_clone().unwrap();
+    let (code, out) = bridge_with_stdin(
+        &runner.path,
+        Stdio::from(std::os::fd::OwnedFd::from(theirs)),
+        Some((Box::new(ours), INIT_AND_PING)),
+    )
+    .await;
+    assert_init_and_ping(code, &out);
+    assert!(!is_nonblocking(&kept), "the socket was left non-blocking");
+
+    // A regular file: read by the fallback thread.
+    let file = dir.path().join("requests.jsonl");
+    std::fs::write(&file, INIT_AND_PING).unwrap();
+    let stdin = std::fs::File::open(&file).unwrap();
+    let (code, out) = bridge_with_stdin(&runner.path, Stdio::from(stdin), None).await;
+    assert_init_and_ping(code, &out);
+}
