@@ -26,7 +26,7 @@
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -160,7 +160,8 @@ async fn connect(path: &Path) -> Result<UnixStream, BridgeError> {
 /// runtime's own thread, which saves a thread hop per request. Anything else (a terminal, a
 /// file) is read by a small dedicated thread. The async readers need `O_NONBLOCK`, which lives
 /// on the open file description shared with whoever else holds it, so
-/// [`restore`](Self::restore) puts blocking mode back before the bridge exits.
+/// [`restore`](Self::restore) puts blocking mode back before the bridge exits; a stdin that is
+/// also the bridge's stdout stays blocking and goes through the thread.
 enum AgentStdin {
     Pipe(tokio::net::unix::pipe::Receiver),
     Socket(UnixStream),
@@ -178,8 +179,18 @@ enum AgentRead {
 impl AgentStdin {
     fn open() -> io::Result<Self> {
         let fd = io::stdin().as_fd().try_clone_to_owned()?;
-        let file_type = std::fs::File::from(fd.try_clone()?).metadata()?.file_type();
-        if file_type.is_fifo() {
+        let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
+        let file_type = meta.file_type();
+        // A stdin that is also stdout (one socket for both) must stay blocking: stdout writes
+        // are plain blocking writes.
+        let shared_with_stdout = io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .and_then(|out| std::fs::File::from(out).metadata())
+            .is_ok_and(|out| out.dev() == meta.dev() && out.ino() == meta.ino());
+        if shared_with_stdout {
+            // Read by the thread below.
+        } else if file_type.is_fifo() {
             if let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
                 return Ok(Self::Pipe(pipe));
             }

@@ -456,3 +456,38 @@ async fn stdin_may_be_a_pipe_a_socket_or_a_file_and_blocking_mode_is_restored() 
     let (code, out) = bridge_with_stdin(&runner.path, Stdio::from(stdin), None).await;
     assert_init_and_ping(code, &out);
 }
+
+#[tokio::test]
+async fn one_socket_as_both_stdin_and_stdout_stays_blocking() {
+    let dir = tempdir();
+    let runner = start_runner(dir.path(), BridgePolicy::DisplaceOld);
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+    let kept = theirs.try_clone().unwrap();
+    let stdout = theirs.try_clone().unwrap();
+    let mut child = tokio::process::Command::new(ac7())
+        .arg("mcp-bridge")
+        .env("AC7_RUNNER_SOCKET", &runner.path)
+        .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+        .stdout(Stdio::from(std::os::fd::OwnedFd::from(stdout)))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    ours.set_nonblocking(true).unwrap();
+    let ours = tokio::net::UnixStream::from_std(ours).unwrap();
+    let (read, mut write) = ours.into_split();
+    write.write_all(INIT_AND_PING.as_bytes()).await.unwrap();
+    let mut lines = BufReader::new(read).lines();
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        let line = within(5, "an answer", lines.next_line())
+            .await
+            .unwrap()
+            .unwrap();
+        out.push(serde_json::from_str::<Value>(&line).unwrap());
+        // While the bridge runs, its stdin (= stdout) is still blocking.
+        assert!(!is_nonblocking(&kept), "stdin/stdout was made non-blocking");
+    }
+    drop(write);
+    let status = within(5, "the bridge to exit", child.wait()).await.unwrap();
+    assert_init_and_ping(status.code().unwrap_or(-1), &out);
+}
