@@ -52,6 +52,16 @@ const READ_CHUNK: usize = 64 * 1024;
 /// `STDIN_QUEUE * READ_CHUNK`).
 const STDIN_QUEUE: usize = 8;
 
+/// Environment and exit codes, shown by `ac7 mcp-bridge --help`.
+pub const HELP_FOOTER: &str = "\
+Environment:
+  AC7_RUNNER_SOCKET  the runner's Unix socket (required; the runner sets it)
+  AC7_LOG            log filter for the JSON lines on stderr: error, warn (default), info, debug, trace
+
+Exit status: 0 when the agent closes stdin, the runner shuts down or goes away, or on SIGINT/SIGTERM
+(every pending request is answered first); 1 when AC7_RUNNER_SOCKET is missing or the runner
+cannot be reached (one line on stderr says why).";
+
 /// `ac7 mcp-bridge`: relay MCP between this process's stdio and the runner's socket.
 ///
 /// Started by the agent from the MCP server entry a runner writes (`ac7 claude-code`,

@@ -18,6 +18,7 @@ pub struct Cli {
 pub enum Command {
     /// The MCP server an agent spawns: relays MCP between its stdio and the runner's socket
     /// (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`.
+    #[command(after_help = crate::bridge::HELP_FOOTER)]
     McpBridge(McpBridgeArgs),
 }
 
