@@ -8,7 +8,7 @@
 //!   stdin ─────────────────▶ handle_agent_bytes / handle_agent_eof ─┐
 //!   socket read  ──────────▶ handle_runner_bytes / handle_runner_closed ─┤ BridgeSession
 //!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┘
-//!        poll_output: ToAgent -> stdout (blocking write + flush), ToRunner -> socket,
+//!        poll_output: ToAgent -> stdout (blocking write + flush), ToRunner -> socket buffer,
 //!                     Event -> stderr log, Exit -> flush and exit 0
 //! ```
 //!
@@ -20,8 +20,9 @@
 //!   blocked in `read`;
 //! - stdout gets plain blocking writes of complete lines followed by a flush, so a slow agent
 //!   applies backpressure;
-//! - after [`BridgeOutput::Exit`] the last writes to the socket are bounded by a short timeout,
-//!   so a runner that stopped reading cannot hold the bridge up.
+//! - socket writes never block the loop (frames wait in a buffer until the socket is writable,
+//!   and stdin is not read while more than 4 MiB wait), so EOF and signals are handled even when
+//!   the runner stopped reading; after [`BridgeOutput::Exit`] the last frames get 250 ms.
 
 use std::ffi::OsString;
 use std::io::{self, Read, Write};
@@ -31,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ac7_protocol::bridge::{BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -295,16 +296,26 @@ fn spawn_stdin_reader() -> io::Result<mpsc::Receiver<StdinInput>> {
 }
 
 /// The event loop: inputs into the session, its outputs to stdout / the socket.
+///
+/// Socket writes never block the loop: frames wait in `to_runner` and go out as the socket
+/// becomes writable, so the agent's EOF and signals are handled even while a runner is not
+/// reading. While more than [`MAX_PENDING_TO_RUNNER`] bytes wait, stdin is not read (the agent
+/// is slowed down rather than buffered without limit).
 struct Relay {
     session: BridgeSession,
     socket: UnixStream,
-    /// Cleared once a socket write failed or the socket reached EOF.
+    /// Cleared once the socket reached EOF or failed.
     socket_open: bool,
     /// Cleared once a stdout write failed (the agent is gone).
     stdout_open: bool,
     to_agent: Vec<u8>,
+    /// Frames for the runner; `to_runner[sent..]` is still to be written.
     to_runner: Vec<u8>,
+    sent: usize,
 }
+
+/// Bytes waiting for the runner above which stdin is not read.
+const MAX_PENDING_TO_RUNNER: usize = 4 * 1024 * 1024;
 
 impl Relay {
     fn new(session: BridgeSession, socket: UnixStream) -> Self {
@@ -315,7 +326,12 @@ impl Relay {
             stdout_open: true,
             to_agent: Vec::new(),
             to_runner: Vec::new(),
+            sent: 0,
         }
+    }
+
+    fn pending_to_runner(&self) -> usize {
+        self.to_runner.len() - self.sent
     }
 
     async fn run(mut self, stdin: &mut AgentStdin) -> ExitReason {
@@ -331,8 +347,10 @@ impl Relay {
         let mut stdin_buf = vec![0u8; READ_CHUNK];
         let mut buf = vec![0u8; READ_CHUNK];
         loop {
+            let read_stdin = stdin_open && self.pending_to_runner() <= MAX_PENDING_TO_RUNNER;
+            let write_socket = self.socket_open && self.pending_to_runner() > 0;
             tokio::select! {
-                input = stdin.read(&mut stdin_buf), if stdin_open => {
+                input = stdin.read(&mut stdin_buf), if read_stdin => {
                     let now = Instant::now();
                     match input {
                         AgentRead::Data(n) => self.session.handle_agent_bytes(&stdin_buf[..n], now),
@@ -347,20 +365,19 @@ impl Relay {
                         }
                     }
                 }
-                read = self.socket.read(&mut buf), if self.socket_open => {
-                    let now = Instant::now();
-                    match read {
-                        Ok(0) => {
-                            self.socket_open = false;
-                            self.session.handle_runner_closed(now);
-                        }
-                        Ok(n) => self.session.handle_runner_bytes(&buf[..n], now),
-                        Err(err) => {
-                            tracing::warn!(error = %err, "reading the runner socket failed");
-                            self.socket_open = false;
-                            self.session.handle_runner_closed(now);
-                        }
+                ready = self.socket.readable(), if self.socket_open => {
+                    match ready.and_then(|()| self.socket.try_read(&mut buf)) {
+                        Ok(0) => self.runner_gone(None),
+                        Ok(n) => self.session.handle_runner_bytes(&buf[..n], Instant::now()),
+                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
+                        Err(err) => self.runner_gone(Some(err)),
                     }
+                }
+                ready = self.socket.writable(), if write_socket => {
+                    if let Err(err) = ready {
+                        self.runner_gone(Some(err));
+                    }
+                    self.write_socket();
                 }
                 Some(()) = recv_signal(&mut sigterm) => {
                     tracing::info!("SIGTERM");
@@ -371,18 +388,46 @@ impl Relay {
                     self.session.handle_terminate(Instant::now());
                 }
             }
-            if let Some(reason) = self.pump().await {
+            if let Some(reason) = self.pump() {
+                self.flush_socket().await;
                 return reason;
             }
         }
     }
 
-    /// Drains the session's outputs and performs them. Returns the exit reason once the session
-    /// has torn down and everything it wrote has been flushed.
-    async fn pump(&mut self) -> Option<ExitReason> {
+    /// The socket reached EOF or failed.
+    fn runner_gone(&mut self, err: Option<io::Error>) {
+        if let Some(err) = err {
+            tracing::warn!(error = %err, "the runner socket failed");
+        }
+        self.socket_open = false;
+        self.session.handle_runner_closed(Instant::now());
+    }
+
+    /// Writes what the socket takes now, without waiting.
+    fn write_socket(&mut self) {
+        while self.socket_open && self.pending_to_runner() > 0 {
+            match self.socket.try_write(&self.to_runner[self.sent..]) {
+                Ok(n) => self.sent += n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => self.runner_gone(Some(err)),
+            }
+        }
+        if self.pending_to_runner() == 0 {
+            self.to_runner.clear();
+            self.sent = 0;
+        }
+    }
+
+    /// Drains the session's outputs and performs them: stdout synchronously, the socket as far as
+    /// it takes bytes now. Returns the exit reason once the session has torn down.
+    fn pump(&mut self) -> Option<ExitReason> {
         let mut exit = None;
         loop {
+            let mut any = false;
             while let Some(output) = self.session.poll_output() {
+                any = true;
                 match output {
                     BridgeOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
                     BridgeOutput::ToRunner(bytes) => append(&mut self.to_runner, bytes),
@@ -390,45 +435,44 @@ impl Relay {
                     BridgeOutput::Exit(reason) => exit = Some(reason),
                 }
             }
-            let mut failed = false;
-            if !self.to_runner.is_empty() {
-                let bytes = std::mem::take(&mut self.to_runner);
-                if self.socket_open
-                    && let Err(err) = self.write_socket(&bytes, exit.is_some()).await
-                {
-                    tracing::warn!(error = %err, "writing to the runner socket failed");
-                    self.socket_open = false;
-                    self.session.handle_runner_closed(Instant::now());
-                    failed = true;
-                }
-            }
-            if !self.to_agent.is_empty() {
-                let bytes = std::mem::take(&mut self.to_agent);
-                if self.stdout_open
-                    && let Err(err) = write_stdout(&bytes)
-                {
-                    tracing::warn!(error = %err, "writing to stdout failed; the agent is gone");
-                    self.stdout_open = false;
-                    self.session.handle_agent_eof(Instant::now());
-                    failed = true;
-                }
-            }
-            if !failed {
+            if !any {
                 return exit;
+            }
+            // A failed write feeds the session (runner closed / agent gone), which queues the
+            // teardown's outputs: the next round performs them.
+            if self.socket_open {
+                self.write_socket();
+            } else {
+                self.to_runner.clear();
+                self.sent = 0;
+            }
+            let bytes = std::mem::take(&mut self.to_agent);
+            if !bytes.is_empty()
+                && self.stdout_open
+                && let Err(err) = write_stdout(&bytes)
+            {
+                tracing::warn!(error = %err, "writing to stdout failed; the agent is gone");
+                self.stdout_open = false;
+                self.session.handle_agent_eof(Instant::now());
             }
         }
     }
 
-    async fn write_socket(&mut self, bytes: &[u8], closing: bool) -> io::Result<()> {
-        if !closing {
-            return self.socket.write_all(bytes).await;
-        }
-        match tokio::time::timeout(FINAL_WRITE_TIMEOUT, self.socket.write_all(bytes)).await {
-            Ok(result) => result,
-            Err(_) => Err(io::Error::new(
-                io::ErrorKind::TimedOut,
-                "the runner did not read the bridge's last frames",
-            )),
+    /// At exit: gives the runner a short time to take the last frames (the `shutdown` frame).
+    async fn flush_socket(&mut self) {
+        let flushed = async {
+            while self.socket_open && self.pending_to_runner() > 0 {
+                match self.socket.writable().await {
+                    Ok(()) => self.write_socket(),
+                    Err(_) => return,
+                }
+            }
+        };
+        if tokio::time::timeout(FINAL_WRITE_TIMEOUT, flushed)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the runner did not read the bridge's last frames");
         }
     }
 }

@@ -491,3 +491,49 @@ async fn one_socket_as_both_stdin_and_stdout_stays_blocking() {
     let status = within(5, "the bridge to exit", child.wait()).await.unwrap();
     assert_init_and_ping(status.code().unwrap_or(-1), &out);
 }
+
+#[tokio::test]
+async fn a_runner_that_stops_reading_does_not_stall_the_bridge() {
+    let dir = tempdir();
+    let path = dir.path().join("deaf.sock");
+    let listener = raw_runner(&path).await;
+    let mut bridge = Bridge::spawn(&path);
+    // Accepted, never read: the socket's buffers fill up.
+    let (_deaf, _) = within(5, "the bridge to connect", listener.accept())
+        .await
+        .unwrap();
+    bridge.initialize().await;
+
+    // ~9 MiB of requests, more than the socket buffers and the bridge's own bound hold.
+    let mut stdin = bridge.take_stdin();
+    let writer = tokio::spawn(async move {
+        let filler = "f".repeat(900 * 1024);
+        for id in 0..10 {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"x","arguments":{{"f":"{filler}"}}}}}}"#
+            );
+            if stdin
+                .write_all(format!("{line}\n").as_bytes())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    });
+    // Let the bridge forward what it can until it is stuck on the deaf runner.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    // SIGTERM is still handled: every request read so far is answered, then exit 0.
+    let pid = libc::pid_t::try_from(bridge.pid()).unwrap();
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (code, rest, stderr) = bridge.exit().await;
+    writer.abort();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!rest.is_empty(), "no request was answered");
+    for answer in &rest {
+        assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    }
+    eprintln!("{} requests answered at teardown", rest.len());
+}

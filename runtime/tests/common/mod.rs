@@ -278,6 +278,11 @@ impl Bridge {
         answer
     }
 
+    /// Takes the bridge's stdin, to write without waiting for the bridge to read.
+    pub fn take_stdin(&mut self) -> ChildStdin {
+        self.stdin.take().expect("stdin is open")
+    }
+
     /// Closes stdin (EOF for the bridge).
     pub fn close_stdin(&mut self) {
         self.stdin.take();
