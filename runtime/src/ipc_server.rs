@@ -19,7 +19,8 @@
 //!
 //! One task owns the session. Each connection has a reader task (bytes into the session, through
 //! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
-//! writer task (frames out, in order). Requests run concurrently, each in its own task; a
+//! writer task (frames out, in order; a bridge that lets more than
+//! [`IpcServerOptions::max_backlog_bytes`] pile up is treated as gone and its connection closed). Requests run concurrently, each in its own task; a
 //! handler that panics is answered with `-32603`. Dropping the [`ServerTask`] (or
 //! [`ServerTask::abort`]) stops everything at once and closes every socket without a `shutdown`
 //! frame, as if the runner died. The socket file is unlinked when the server stops, in every
@@ -31,7 +32,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ac7_protocol::json::RawJson;
@@ -57,6 +58,9 @@ const READ_CHUNK: usize = 64 * 1024;
 /// Chunks in flight from readers to the session task.
 const INBOX_DEPTH: usize = 16;
 
+/// Default for [`IpcServerOptions::max_backlog_bytes`].
+pub const DEFAULT_MAX_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
+
 /// The answer to an MCP request, computed by the application.
 pub trait Handler: Send + Sync + 'static {
     /// Answers one request. Called once per request; the futures run concurrently and may
@@ -75,7 +79,7 @@ where
 }
 
 /// Where and how to serve.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct IpcServerOptions {
     /// The socket path; `None` means [`default_socket_path`].
     pub path: Option<PathBuf>,
@@ -84,6 +88,20 @@ pub struct IpcServerOptions {
     pub session: RunnerConfig,
     /// Receives a copy of every [`RunnerEvent`] (they are also logged).
     pub events: Option<mpsc::UnboundedSender<RunnerEvent>>,
+    /// Bytes that may wait to be written to one connection. A bridge that stops reading until
+    /// more than this is queued for it is treated as gone: its connection is closed.
+    pub max_backlog_bytes: usize,
+}
+
+impl Default for IpcServerOptions {
+    fn default() -> Self {
+        Self {
+            path: None,
+            session: RunnerConfig::default(),
+            events: None,
+            max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
+        }
+    }
 }
 
 /// Why the socket could not be bound.
@@ -284,6 +302,7 @@ impl IpcServer {
             requests: JoinSet::new(),
             request_ids: HashMap::new(),
             events: self.options.events,
+            max_backlog_bytes: self.options.max_backlog_bytes,
             _socket: self.socket,
         };
         let task = tokio::spawn(driver.run());
@@ -487,7 +506,10 @@ enum ConnInput {
 
 struct Conn {
     writer: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes queued for the writer and not yet written.
+    backlog: Arc<AtomicUsize>,
     reader: AbortHandle,
+    write_task: AbortHandle,
 }
 
 /// The task that owns the session.
@@ -504,6 +526,7 @@ struct Driver<H> {
     requests: JoinSet<Outcome>,
     request_ids: HashMap<tokio::task::Id, (ConnId, u64)>,
     events: Option<mpsc::UnboundedSender<RunnerEvent>>,
+    max_backlog_bytes: usize,
     /// Unlinked when the driver ends, however it ends.
     _socket: SocketFile,
 }
@@ -573,11 +596,22 @@ impl<H: Handler> Driver<H> {
         let conn = self.session.handle_connect(Instant::now());
         let (read_half, write_half) = stream.into_split();
         let (writer, queue) = mpsc::unbounded_channel();
-        self.io_tasks.spawn(write_loop(write_half, queue));
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let write_task = self
+            .io_tasks
+            .spawn(write_loop(write_half, queue, Arc::clone(&backlog)));
         let reader = self
             .io_tasks
             .spawn(read_loop(conn, read_half, self.inbox_tx.clone()));
-        self.conns.insert(conn, Conn { writer, reader });
+        self.conns.insert(
+            conn,
+            Conn {
+                writer,
+                backlog,
+                reader,
+                write_task,
+            },
+        );
     }
 
     fn answer(&mut self, done: Result<(tokio::task::Id, Outcome), tokio::task::JoinError>) {
@@ -607,8 +641,22 @@ impl<H: Handler> Driver<H> {
         while let Some(output) = self.session.poll_output() {
             match output {
                 RunnerOutput::Transmit { conn, bytes } => {
-                    if let Some(c) = self.conns.get(&conn) {
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
+                    if queued <= self.max_backlog_bytes {
                         let _ = c.writer.send(bytes);
+                    } else if let Some(c) = self.conns.remove(&conn) {
+                        tracing::warn!(
+                            conn = conn.0,
+                            queued,
+                            max = self.max_backlog_bytes,
+                            "the bridge stopped reading; closing its connection"
+                        );
+                        c.reader.abort();
+                        c.write_task.abort();
+                        self.session.handle_closed(conn, Instant::now());
                     }
                 }
                 RunnerOutput::Close { conn } => {
@@ -661,12 +709,17 @@ async fn read_loop(conn: ConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender<Co
     }
 }
 
-async fn write_loop(mut write: OwnedWriteHalf, mut queue: mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    backlog: Arc<AtomicUsize>,
+) {
     while let Some(bytes) = queue.recv().await {
         if let Err(err) = write.write_all(&bytes).await {
             tracing::debug!(error = %err, "writing to a bridge connection failed");
             return;
         }
+        backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
     }
     let _ = write.shutdown().await;
 }

@@ -25,7 +25,7 @@ fn options(path: &Path, policy: BridgePolicy) -> IpcServerOptions {
             policy,
             ..RunnerConfig::default()
         },
-        events: None,
+        ..IpcServerOptions::default()
     }
 }
 
@@ -251,5 +251,48 @@ async fn notifications_wait_for_a_bridge_then_go_to_it() {
         peer.recv().await.unwrap(),
         json!({"kind": "mcp_notification", "method": "notifications/claude/channel", "params": {"content": "hi", "meta": {"from": "bob"}}})
     );
+    task.abort().await;
+}
+
+#[tokio::test]
+async fn a_bridge_that_stops_reading_is_dropped_once_its_backlog_is_full() {
+    let dir = tempdir();
+    let path = dir.path().join("r.sock");
+    let (events_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let server = IpcServer::bind(IpcServerOptions {
+        max_backlog_bytes: 256 * 1024,
+        events: Some(events_tx),
+        ..options(&path, BridgePolicy::DisplaceOld)
+    })
+    .unwrap();
+    let handle = server.handle();
+    let task = serve(server);
+    // Connected, never reading.
+    let mut deaf = Peer::connect(&path).await;
+    let content = "n".repeat(10 * 1024);
+    for _ in 0..2000 {
+        let params =
+            ac7_protocol::json::RawJson::from_value(&json!({"content": content, "meta": {}}))
+                .unwrap();
+        handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
+    }
+    let reason = within(10, "the runner to drop the deaf bridge", async {
+        loop {
+            if let Some(ac7_protocol::runner::RunnerEvent::Detached { reason, .. }) =
+                events.recv().await
+            {
+                return reason;
+            }
+        }
+    })
+    .await;
+    assert_eq!(reason, ac7_protocol::runner::DetachReason::Closed);
+    // What reaches the peer is bounded by the socket buffers and the backlog, then EOF.
+    let mut received = 0usize;
+    while let Some(frame) = deaf.recv().await {
+        assert_eq!(frame["method"], "notifications/claude/channel");
+        received += 1;
+    }
+    assert!(received < 2000, "all {received} notifications were queued");
     task.abort().await;
 }

@@ -94,6 +94,7 @@ pub fn start_runner(dir: &Path, policy: BridgePolicy) -> Runner {
             ..RunnerConfig::default()
         },
         events: Some(events_tx),
+        ..IpcServerOptions::default()
     })
     .expect("bind the runner socket");
     let path = server.path().to_owned();
