@@ -2,26 +2,41 @@
 //!
 //! Build with `--release`: `cargo run --release --bin ac7-bench -- bridge`.
 
+use std::process::ExitCode;
+
 use ac7_runtime::bench;
 
 const SCENARIOS: &str = "bridge, bridge-roundtrip, bridge-throughput, bridge-spawn, bridge-rss";
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let scenario = std::env::args().nth(1).unwrap_or_default();
-    let report = match scenario.as_str() {
+    let result = match scenario.as_str() {
         "bridge" | "bridge-roundtrip" | "bridge-throughput" | "bridge-spawn" | "bridge-rss" => {
-            use bench::bridge::{Options, Part, run};
-            let parts: &[Part] = match scenario.as_str() {
-                "bridge-roundtrip" => &[Part::Roundtrip],
-                "bridge-throughput" => &[Part::Throughput],
-                "bridge-spawn" => &[Part::Spawn],
-                "bridge-rss" => &[Part::Rss],
-                _ => &[Part::Roundtrip, Part::Throughput, Part::Spawn, Part::Rss],
-            };
-            let options = Options::standard(bench::sibling_binary("ac7")?);
-            serde_json::to_value(run(&scenario, parts, &options)?)?
+            bridge(&scenario)
         }
-        _ => anyhow::bail!("usage: ac7-bench <scenario>; scenarios: {SCENARIOS}"),
+        _ => {
+            eprintln!("usage: ac7-bench <scenario>; scenarios: {SCENARIOS}");
+            return ExitCode::from(2);
+        }
     };
-    bench::print_json(&report)
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("ac7-bench {scenario}: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn bridge(scenario: &str) -> anyhow::Result<()> {
+    use bench::bridge::{Options, Part, run};
+    let parts: &[Part] = match scenario {
+        "bridge-roundtrip" => &[Part::Roundtrip],
+        "bridge-throughput" => &[Part::Throughput],
+        "bridge-spawn" => &[Part::Spawn],
+        "bridge-rss" => &[Part::Rss],
+        _ => &[Part::Roundtrip, Part::Throughput, Part::Spawn, Part::Rss],
+    };
+    let options = Options::standard(bench::sibling_binary("ac7")?);
+    bench::print_json(&run(scenario, parts, &options)?)
 }
