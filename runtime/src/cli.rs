@@ -2,6 +2,8 @@
 
 use clap::{Parser, Subcommand};
 
+use crate::bridge::McpBridgeArgs;
+
 /// ac7: a team of humans and AI agents working through one broker.
 #[derive(Debug, Parser)]
 #[command(name = "ac7", version, about)]
@@ -13,9 +15,16 @@ pub struct Cli {
 
 /// The `ac7` subcommands.
 #[derive(Debug, Subcommand)]
-pub enum Command {}
+pub enum Command {
+    /// The MCP server an agent spawns: relays MCP between its stdio and the runner's socket
+    /// (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`.
+    #[command(after_help = crate::bridge::HELP_FOOTER)]
+    McpBridge(McpBridgeArgs),
+}
 
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    match cli.command {}
+    match cli.command {
+        Command::McpBridge(args) => Ok(crate::bridge::run(args)),
+    }
 }

@@ -1,3 +1,8 @@
 //! Tokio drivers around `ac7-protocol` and the `ac7` command line.
+#![warn(missing_docs)]
 
+pub mod bench;
+pub mod bridge;
 pub mod cli;
+pub mod ipc_server;
+pub mod logging;

@@ -1,0 +1,813 @@
+//! The runner's side of the IPC socket: binds `$TMPDIR/.ac7-runner-<pid>.sock`, accepts
+//! bridges, drives [`RunnerSession`], hands each request to an async application [`Handler`]
+//! and sends its answer back.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ac7_runtime::ipc_server::BindError> {
+//! use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
+//! use ac7_runtime::ipc_server::{IpcServer, IpcServerOptions};
+//!
+//! let server = IpcServer::bind(IpcServerOptions::default())?;
+//! let handle = server.handle(); // notify / shutdown from anywhere
+//! let task = server.serve(|req: ac7_protocol::runner::IncomingRequest| async move {
+//!     Outcome::Error(RpcError::new(METHOD_NOT_FOUND, format!("Method not found: {}", req.method)))
+//! });
+//! handle.notify("notifications/tools/list_changed", None);
+//! task.shutdown(Some("agent-exited")).await;
+//! # Ok(()) }
+//! ```
+//!
+//! One task owns the session. Each connection has a reader task (bytes into the session, through
+//! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
+//! writer task (frames out, in order; a bridge that lets more than
+//! [`IpcServerOptions::max_backlog_bytes`] pile up is treated as gone and its connection closed). Requests run concurrently, each in its own task; a
+//! handler that panics is answered with `-32603`. Dropping the [`ServerTask`] (or
+//! [`ServerTask::abort`]) stops everything at once and closes every socket without a `shutdown`
+//! frame, as if the runner died. The socket file is unlinked when the server stops, in every
+//! case, unless another process has replaced it meanwhile.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ac7_protocol::json::RawJson;
+use ac7_protocol::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
+use ac7_protocol::runner::{
+    ConnId, IncomingRequest, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+
+/// Longest socket path that fits `sockaddr_un.sun_path` (108 bytes on Linux, NUL included).
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+
+/// How long [`ServerTask::shutdown`] lets writers deliver the last frames before closing.
+const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Bytes read per `read` call on a connection.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Chunks in flight from readers to the session task.
+const INBOX_DEPTH: usize = 16;
+
+/// Default for [`IpcServerOptions::max_backlog_bytes`].
+pub const DEFAULT_MAX_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
+
+/// The answer to an MCP request, computed by the application.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one request. Called once per request; the futures run concurrently and may
+    /// finish in any order.
+    fn handle(&self, request: IncomingRequest) -> impl Future<Output = Outcome> + Send + 'static;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(IncomingRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    fn handle(&self, request: IncomingRequest) -> impl Future<Output = Outcome> + Send + 'static {
+        self(request)
+    }
+}
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct IpcServerOptions {
+    /// The socket path; `None` means [`default_socket_path`].
+    pub path: Option<PathBuf>,
+    /// Frame cap, queue bound and single-bridge policy (displace-old by default, reject-new for
+    /// tests).
+    pub session: RunnerConfig,
+    /// Receives a copy of every [`RunnerEvent`] (they are also logged).
+    pub events: Option<mpsc::UnboundedSender<RunnerEvent>>,
+    /// Bytes that may wait to be written to one connection. A bridge that stops reading until
+    /// more than this is queued for it is treated as gone: its connection is closed.
+    pub max_backlog_bytes: usize,
+}
+
+impl Default for IpcServerOptions {
+    fn default() -> Self {
+        Self {
+            path: None,
+            session: RunnerConfig::default(),
+            events: None,
+            max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
+        }
+    }
+}
+
+/// Why the socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The path does not fit in a Unix socket address.
+    #[error(
+        "socket path {} is {len} bytes, more than the {max} a Unix socket allows: \
+         choose a shorter path (or a shorter TMPDIR)",
+        path.display()
+    )]
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A live runner is listening on the path.
+    #[error(
+        "another runner is already listening on {}: stop it, or use another socket path",
+        path.display()
+    )]
+    InUse {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Something that is not a socket exists at the path.
+    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file-system or socket call failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+}
+
+/// `$TMPDIR/.ac7-runner-<pid>.sock` for this process (`/tmp` when `TMPDIR` is unset or empty).
+pub fn default_socket_path() -> PathBuf {
+    socket_path_in(
+        std::env::var_os("TMPDIR").map(PathBuf::from),
+        std::process::id(),
+    )
+}
+
+/// `<dir>/.ac7-runner-<pid>.sock`, with `dir` defaulting to `/tmp` and its repeated or trailing
+/// slashes removed (so there is never a `//`).
+pub fn socket_path_in(dir: Option<PathBuf>, pid: u32) -> PathBuf {
+    let dir = dir
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let dir: PathBuf = dir.components().collect();
+    dir.join(format!(".ac7-runner-{pid}.sock"))
+}
+
+/// A bound socket, not yet serving. See the [module docs](self).
+#[derive(Debug)]
+pub struct IpcServer {
+    listener: std::os::unix::net::UnixListener,
+    socket: SocketFile,
+    options: IpcServerOptions,
+    control_tx: mpsc::UnboundedSender<Control>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+}
+
+/// Sends notifications to the attached bridge and shuts the server down. Cheap to clone; calls
+/// after the server stopped are ignored.
+#[derive(Debug, Clone)]
+pub struct RunnerHandle {
+    control: mpsc::UnboundedSender<Control>,
+}
+
+/// The running server. Dropping it stops the server abruptly, like [`ServerTask::abort`].
+#[derive(Debug)]
+pub struct ServerTask {
+    handle: RunnerHandle,
+    task: tokio::task::JoinHandle<()>,
+    path: PathBuf,
+}
+
+#[derive(Debug)]
+enum Control {
+    Notify {
+        method: String,
+        params: Option<RawJson>,
+    },
+    Shutdown {
+        reason: Option<String>,
+    },
+}
+
+impl IpcServer {
+    /// Binds the socket with mode 0600. Does not need a runtime; serving does.
+    ///
+    /// The socket never exists at its final path with wider permissions: it is bound inside a
+    /// fresh private directory (mode 0700, created next to the final path, so on the same file
+    /// system), chmod-ed to 0600 there, and only then hard-linked into the final path. `link(2)`
+    /// refuses to overwrite, so a path that exists is examined instead: a socket nobody accepts
+    /// on (connection refused) is stale and is removed before linking again; a socket someone
+    /// accepts on belongs to a live runner and binding fails with [`BindError::InUse`]; anything
+    /// that is not a socket is left alone ([`BindError::NotASocket`]). Probing a live socket
+    /// connects to it once, which that runner sees as a bridge that connected and left.
+    pub fn bind(options: IpcServerOptions) -> Result<Self, BindError> {
+        let path = options.path.clone().unwrap_or_else(default_socket_path);
+        let len = path.as_os_str().len();
+        if len > MAX_SOCKET_PATH_BYTES {
+            return Err(BindError::PathTooLong {
+                path,
+                len,
+                max: MAX_SOCKET_PATH_BYTES,
+            });
+        }
+        let parent = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        let private = PrivateDir::create(&parent)?;
+        let staged = private.path.join("s");
+        let listener =
+            std::os::unix::net::UnixListener::bind(&staged).map_err(|source| BindError::Io {
+                op: "bind a socket at",
+                path: staged.clone(),
+                source,
+            })?;
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600)).map_err(
+            |source| BindError::Io {
+                op: "chmod 0600",
+                path: staged.clone(),
+                source,
+            },
+        )?;
+        publish(&staged, &path)?;
+        drop(private);
+        let socket = SocketFile::new(path)?;
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| BindError::Io {
+                op: "configure the socket at",
+                path: socket.path.clone(),
+                source,
+            })?;
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            listener,
+            socket,
+            options,
+            control_tx,
+            control_rx,
+        })
+    }
+
+    /// The socket path (what `AC7_RUNNER_SOCKET` should say).
+    pub fn path(&self) -> &Path {
+        &self.socket.path
+    }
+
+    /// A handle for notifications and shutdown; usable before [`serve`](Self::serve) (what it
+    /// sends is processed once serving starts).
+    pub fn handle(&self) -> RunnerHandle {
+        RunnerHandle {
+            control: self.control_tx.clone(),
+        }
+    }
+
+    /// Starts serving on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn serve<H: Handler>(self, handler: H) -> ServerTask {
+        let handle = self.handle();
+        let path = self.socket.path.clone();
+        let listener = match tokio::net::UnixListener::from_std(self.listener) {
+            Ok(listener) => Some(listener),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot register the runner socket; not accepting");
+                None
+            }
+        };
+        let (inbox_tx, inbox_rx) = mpsc::channel(INBOX_DEPTH);
+        let driver = Driver {
+            session: RunnerSession::new(self.options.session.clone()),
+            listener,
+            handler: Arc::new(handler),
+            inbox_tx,
+            inbox_rx,
+            control: self.control_rx,
+            conns: BTreeMap::new(),
+            io_tasks: JoinSet::new(),
+            requests: JoinSet::new(),
+            request_ids: HashMap::new(),
+            events: self.options.events,
+            max_backlog_bytes: self.options.max_backlog_bytes,
+            _socket: self.socket,
+        };
+        let task = tokio::spawn(driver.run());
+        ServerTask { handle, task, path }
+    }
+}
+
+impl RunnerHandle {
+    /// Sends an MCP notification to the attached bridge (queued, bounded, until one attaches).
+    pub fn notify(&self, method: &str, params: Option<RawJson>) {
+        let _ = self.control.send(Control::Notify {
+            method: method.to_owned(),
+            params,
+        });
+    }
+
+    /// Ends the session: the attached bridge gets `shutdown{reason}` and is closed, the socket is
+    /// unlinked and the server stops.
+    pub fn shutdown(&self, reason: Option<&str>) {
+        let _ = self.control.send(Control::Shutdown {
+            reason: reason.map(str::to_owned),
+        });
+    }
+}
+
+impl ServerTask {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A handle for notifications and shutdown.
+    pub fn handle(&self) -> RunnerHandle {
+        self.handle.clone()
+    }
+
+    /// Shuts down gracefully (see [`RunnerHandle::shutdown`]) and waits until the server stopped.
+    pub async fn shutdown(mut self, reason: Option<&str>) {
+        self.handle.shutdown(reason);
+        let _ = (&mut self.task).await;
+    }
+
+    /// Waits until the server stopped (after a [`RunnerHandle::shutdown`] from elsewhere).
+    pub async fn stopped(mut self) {
+        let _ = (&mut self.task).await;
+    }
+
+    /// Stops at once: every connection closes without a `shutdown` frame (what a bridge sees
+    /// when its runner dies), pending requests are abandoned, the socket file is unlinked.
+    pub async fn abort(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for ServerTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The socket path this server owns, identified by device and inode so that stopping never
+/// unlinks a successor's socket.
+#[derive(Debug)]
+struct SocketFile {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl SocketFile {
+    fn new(path: PathBuf) -> Result<Self, BindError> {
+        let meta = std::fs::symlink_metadata(&path).map_err(|source| BindError::Io {
+            op: "stat",
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            path,
+            dev: meta.dev(),
+            ino: meta.ino(),
+        })
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino);
+        if ours && let Err(err) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %err, "cannot unlink the runner socket");
+        }
+    }
+}
+
+/// A mode-0700 directory that is removed (with its contents) when dropped.
+struct PrivateDir {
+    path: PathBuf,
+}
+
+impl PrivateDir {
+    fn create(parent: &Path) -> Result<Self, BindError> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let pid = std::process::id();
+        loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let path = parent.join(format!(".ac7-{pid}-{n}"));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(Self { path }),
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => {
+                    return Err(BindError::Io {
+                        op: "create a private directory in",
+                        path: parent.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Hard-links the staged socket into `path`, replacing a stale socket and refusing a live one.
+fn publish(staged: &Path, path: &Path) -> Result<(), BindError> {
+    const ATTEMPTS: usize = 4;
+    for _ in 0..ATTEMPTS {
+        let err = match std::fs::hard_link(staged, path) {
+            Ok(()) => return Ok(()),
+            Err(err) => err,
+        };
+        if err.kind() != io::ErrorKind::AlreadyExists {
+            return Err(BindError::Io {
+                op: "link the socket to",
+                path: path.to_owned(),
+                source: err,
+            });
+        }
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(BindError::Io {
+                    op: "stat",
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        if !meta.file_type().is_socket() {
+            return Err(BindError::NotASocket {
+                path: path.to_owned(),
+            });
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(BindError::InUse {
+                    path: path.to_owned(),
+                });
+            }
+            Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::info!(path = %path.display(), "replacing a stale runner socket");
+                match std::fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(BindError::Io {
+                            op: "remove the stale socket",
+                            path: path.to_owned(),
+                            source,
+                        });
+                    }
+                }
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(BindError::Io {
+                    op: "probe the existing socket",
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(BindError::Io {
+        op: "claim",
+        path: path.to_owned(),
+        source: io::Error::other("the path kept being recreated by someone else"),
+    })
+}
+
+enum ConnInput {
+    Bytes(ConnId, Vec<u8>),
+    Closed(ConnId),
+}
+
+struct Conn {
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes queued for the writer and not yet written.
+    backlog: Arc<AtomicUsize>,
+    reader: AbortHandle,
+    write_task: AbortHandle,
+}
+
+/// The task that owns the session.
+struct Driver<H> {
+    session: RunnerSession,
+    listener: Option<tokio::net::UnixListener>,
+    handler: Arc<H>,
+    inbox_tx: mpsc::Sender<ConnInput>,
+    inbox_rx: mpsc::Receiver<ConnInput>,
+    control: mpsc::UnboundedReceiver<Control>,
+    conns: BTreeMap<ConnId, Conn>,
+    /// Readers and writers of every connection: dropped (so aborted) with the driver.
+    io_tasks: JoinSet<()>,
+    requests: JoinSet<Outcome>,
+    request_ids: HashMap<tokio::task::Id, (ConnId, u64)>,
+    events: Option<mpsc::UnboundedSender<RunnerEvent>>,
+    max_backlog_bytes: usize,
+    /// Unlinked when the driver ends, however it ends.
+    _socket: SocketFile,
+}
+
+impl<H: Handler> Driver<H> {
+    async fn run(mut self) {
+        loop {
+            tokio::select! {
+                accepted = accept(self.listener.as_ref()) => match accepted {
+                    Ok(stream) => self.connect(stream),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "accepting a bridge connection failed");
+                        // Typically EMFILE: give the system a moment instead of spinning.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                Some(input) = self.inbox_rx.recv() => {
+                    let now = Instant::now();
+                    match input {
+                        ConnInput::Bytes(conn, bytes) => self.session.handle_bytes(conn, &bytes, now),
+                        ConnInput::Closed(conn) => {
+                            self.session.handle_closed(conn, now);
+                            self.conns.remove(&conn);
+                        }
+                    }
+                }
+                control = self.control.recv() => match control {
+                    Some(Control::Notify { method, params }) => {
+                        self.session.notify(&method, params, Instant::now());
+                    }
+                    Some(Control::Shutdown { reason }) => {
+                        self.session.shutdown(reason.as_deref(), Instant::now());
+                        self.pump();
+                        break;
+                    }
+                    // Unreachable while the ServerTask (which holds a handle) exists.
+                    None => break,
+                },
+                Some(done) = self.requests.join_next_with_id(), if !self.requests.is_empty() => {
+                    self.answer(done);
+                }
+                Some(_) = self.io_tasks.join_next(), if !self.io_tasks.is_empty() => {}
+            }
+            self.pump();
+        }
+        self.finish().await;
+    }
+
+    /// After shutdown: stop accepting and abandon running requests, then give the writers a
+    /// bounded time to deliver the last frames.
+    async fn finish(mut self) {
+        self.listener = None;
+        self.requests.abort_all();
+        for (_, conn) in std::mem::take(&mut self.conns) {
+            conn.reader.abort();
+        }
+        let drained = async { while self.io_tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, drained)
+            .await
+            .is_err()
+        {
+            tracing::warn!("a bridge did not take its last frames in time; closing anyway");
+        }
+    }
+
+    fn connect(&mut self, stream: UnixStream) {
+        let conn = self.session.handle_connect(Instant::now());
+        let (read_half, write_half) = stream.into_split();
+        let (writer, queue) = mpsc::unbounded_channel();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let write_task = self
+            .io_tasks
+            .spawn(write_loop(write_half, queue, Arc::clone(&backlog)));
+        let reader = self
+            .io_tasks
+            .spawn(read_loop(conn, read_half, self.inbox_tx.clone()));
+        self.conns.insert(
+            conn,
+            Conn {
+                writer,
+                backlog,
+                reader,
+                write_task,
+            },
+        );
+    }
+
+    fn answer(&mut self, done: Result<(tokio::task::Id, Outcome), tokio::task::JoinError>) {
+        let (task, outcome) = match done {
+            Ok((task, outcome)) => (task, outcome),
+            Err(err) if err.is_panic() => (
+                err.id(),
+                Outcome::Error(RpcError::new(
+                    INTERNAL_ERROR,
+                    "internal error: the request handler panicked",
+                )),
+            ),
+            Err(err) => {
+                self.request_ids.remove(&err.id());
+                return;
+            }
+        };
+        let Some((conn, id)) = self.request_ids.remove(&task) else {
+            return;
+        };
+        if let Err(misuse) = self.session.respond(conn, id, outcome, Instant::now()) {
+            tracing::error!(error = %misuse, "bug: response rejected by the runner session");
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(output) = self.session.poll_output() {
+            match output {
+                RunnerOutput::Transmit { conn, bytes } => {
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
+                    if queued <= self.max_backlog_bytes {
+                        let _ = c.writer.send(bytes);
+                    } else if let Some(c) = self.conns.remove(&conn) {
+                        tracing::warn!(
+                            conn = conn.0,
+                            queued,
+                            max = self.max_backlog_bytes,
+                            "the bridge stopped reading; closing its connection"
+                        );
+                        c.reader.abort();
+                        c.write_task.abort();
+                        self.session.handle_closed(conn, Instant::now());
+                    }
+                }
+                RunnerOutput::Close { conn } => {
+                    // The writer delivers what is queued, then shuts the socket down.
+                    if let Some(c) = self.conns.remove(&conn) {
+                        c.reader.abort();
+                    }
+                }
+                RunnerOutput::Request(request) => {
+                    let key = (request.conn, request.id);
+                    let handler = Arc::clone(&self.handler);
+                    let task = self
+                        .requests
+                        .spawn(async move { handler.handle(request).await });
+                    self.request_ids.insert(task.id(), key);
+                }
+                RunnerOutput::Event(event) => {
+                    log_event(&event);
+                    if let Some(events) = &self.events {
+                        let _ = events.send(event);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn accept(listener: Option<&tokio::net::UnixListener>) -> io::Result<UnixStream> {
+    match listener {
+        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
+async fn read_loop(conn: ConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender<ConnInput>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let input = match read.read(&mut buf).await {
+            Ok(0) => ConnInput::Closed(conn),
+            Ok(n) => ConnInput::Bytes(conn, buf[..n].to_vec()),
+            Err(err) => {
+                tracing::debug!(conn = conn.0, error = %err, "reading a bridge connection failed");
+                ConnInput::Closed(conn)
+            }
+        };
+        let closed = matches!(input, ConnInput::Closed(_));
+        if inbox.send(input).await.is_err() || closed {
+            return;
+        }
+    }
+}
+
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    backlog: Arc<AtomicUsize>,
+) {
+    while let Some(bytes) = queue.recv().await {
+        if let Err(err) = write.write_all(&bytes).await {
+            tracing::debug!(error = %err, "writing to a bridge connection failed");
+            return;
+        }
+        backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
+    }
+    let _ = write.shutdown().await;
+}
+
+fn log_event(event: &RunnerEvent) {
+    match event {
+        RunnerEvent::Attached { conn, delivered } => {
+            tracing::info!(conn = conn.0, delivered, "bridge attached");
+        }
+        RunnerEvent::Detached {
+            conn,
+            reason,
+            abandoned,
+        } => tracing::info!(conn = conn.0, ?reason, abandoned, "bridge detached"),
+        RunnerEvent::Rejected { conn } => tracing::warn!(conn = conn.0, "bridge refused"),
+        RunnerEvent::FrameDropped { conn, dropped } => tracing::warn!(
+            conn = conn.0,
+            len = dropped.len,
+            reason = %dropped.reason,
+            "dropped malformed IPC frame"
+        ),
+        RunnerEvent::UnexpectedFrame { conn, kind } => tracing::warn!(
+            conn = conn.0,
+            kind = kind.as_str(),
+            "unexpected frame kind from the bridge ignored"
+        ),
+        RunnerEvent::BridgeError { conn, message, id } => {
+            tracing::warn!(conn = conn.0, message, id, "error frame from the bridge");
+        }
+        RunnerEvent::DuplicateRequest { conn, id } => {
+            tracing::warn!(conn = conn.0, id, "duplicate request id refused");
+        }
+        RunnerEvent::Responded {
+            conn,
+            id,
+            method,
+            elapsed,
+        } => {
+            let elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            tracing::debug!(conn = conn.0, id, method, elapsed_us, "request answered");
+        }
+        RunnerEvent::ResponseDropped { conn, id } => {
+            tracing::debug!(conn = conn.0, id, "answer for a departed bridge dropped");
+        }
+        RunnerEvent::ResultTooLarge { conn, id, len, max } => tracing::warn!(
+            conn = conn.0,
+            id,
+            len,
+            max,
+            "result too large for an IPC frame; replaced by an error"
+        ),
+        RunnerEvent::NotificationTooLarge { method, len, max } => {
+            tracing::warn!(
+                method,
+                len,
+                max,
+                "notification too large for an IPC frame; dropped"
+            );
+        }
+        RunnerEvent::NotificationsDropped { count } => {
+            tracing::warn!(count, "notifications dropped (no bridge attached)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_path_has_no_doubled_slash() {
+        assert_eq!(
+            socket_path_in(Some("/tmp/".into()), 42),
+            PathBuf::from("/tmp/.ac7-runner-42.sock")
+        );
+        assert_eq!(
+            socket_path_in(Some("/var//tmp//".into()), 7),
+            PathBuf::from("/var/tmp/.ac7-runner-7.sock")
+        );
+        assert_eq!(
+            socket_path_in(None, 1),
+            PathBuf::from("/tmp/.ac7-runner-1.sock")
+        );
+        assert_eq!(
+            socket_path_in(Some("".into()), 1),
+            PathBuf::from("/tmp/.ac7-runner-1.sock")
+        );
+        let path = socket_path_in(Some("/tmp//".into()), 9);
+        assert!(!path.to_string_lossy().contains("//"), "{}", path.display());
+    }
+}

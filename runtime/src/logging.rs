@@ -1,0 +1,39 @@
+//! Structured logs: one JSON object per line on stderr, level from `AC7_LOG` (default `warn`).
+//!
+//! Stdout is never used: for `ac7 mcp-bridge` it carries the MCP protocol.
+
+use tracing_subscriber::EnvFilter;
+
+/// The environment variable holding the log filter (`error`, `warn`, `info`, `debug`, `trace`,
+/// or any `tracing-subscriber` directive such as `ac7_runtime::bridge=debug`).
+pub const LOG_ENV: &str = "AC7_LOG";
+
+/// The filter used when `AC7_LOG` is unset or empty.
+pub const DEFAULT_LEVEL: &str = "warn";
+
+/// Installs the global subscriber writing JSON lines to stderr. Does nothing if one is already
+/// installed (tests, or a second call).
+pub fn init() {
+    let configured = std::env::var(LOG_ENV).ok().filter(|v| !v.trim().is_empty());
+    let (filter, invalid) = match configured.as_deref().map(EnvFilter::try_new) {
+        None => (EnvFilter::new(DEFAULT_LEVEL), None),
+        Some(Ok(filter)) => (filter, None),
+        Some(Err(err)) => (EnvFilter::new(DEFAULT_LEVEL), Some(err)),
+    };
+    let installed = tracing_subscriber::fmt()
+        .json()
+        .flatten_event(true)
+        .with_current_span(false)
+        .with_span_list(false)
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init()
+        .is_ok();
+    if let (true, Some(err)) = (installed, invalid) {
+        tracing::warn!(
+            value = configured.as_deref().unwrap_or_default(),
+            error = %err,
+            "{LOG_ENV} is not a valid log filter; using {DEFAULT_LEVEL}"
+        );
+    }
+}
