@@ -1,0 +1,2 @@
+//! Benchmark harness shared by the `ac7-bench` scenarios.
+pub mod broker;
