@@ -14,13 +14,13 @@ use serde_json::{Map, Value, json};
 #[derive(Debug, Clone, Args)]
 pub struct OperatorConn {
     /// Broker URL.
-    #[arg(long, env = "AC7_URL", default_value = "http://127.0.0.1:8717")]
+    #[arg(long, env = "AC7_URL", default_value = "http://127.0.0.1:8717", global = true)]
     pub url: String,
     /// Bearer token.
-    #[arg(long, env = "AC7_TOKEN", hide_env_values = true)]
+    #[arg(long, env = "AC7_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
     /// Print the broker's JSON instead of text.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub json: bool,
 }
 
