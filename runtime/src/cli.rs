@@ -47,5 +47,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("AC7_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -14,7 +14,12 @@ use serde_json::{Map, Value, json};
 #[derive(Debug, Clone, Args)]
 pub struct OperatorConn {
     /// Broker URL.
-    #[arg(long, env = "AC7_URL", default_value = "http://127.0.0.1:8717", global = true)]
+    #[arg(
+        long,
+        env = "AC7_URL",
+        default_value = "http://127.0.0.1:8717",
+        global = true
+    )]
     pub url: String,
     /// Bearer token.
     #[arg(long, env = "AC7_TOKEN", hide_env_values = true, global = true)]
@@ -155,12 +160,28 @@ struct Client {
 
 impl Client {
     fn new(conn: &OperatorConn) -> anyhow::Result<Client> {
-        let token = conn.token.clone().filter(|t| !t.is_empty()).context("no token: set AC7_TOKEN or pass --token")?;
-        let http = reqwest::Client::builder().timeout(std::time::Duration::from_secs(30)).build()?;
-        Ok(Client { http, base: conn.url.trim_end_matches('/').to_owned(), token })
+        let token = conn
+            .token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .context("no token: set AC7_TOKEN or pass --token")?;
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()?;
+        Ok(Client {
+            http,
+            base: conn.url.trim_end_matches('/').to_owned(),
+            token,
+        })
     }
 
-    async fn call(&self, method: Method, path: &str, query: &[(&str, String)], body: Option<Value>) -> anyhow::Result<Value> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
         let mut req = self
             .http
             .request(method.clone(), format!("{}{path}", self.base))
@@ -170,12 +191,20 @@ impl Client {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().await.with_context(|| format!("cannot reach the broker at {} (is `ac7 serve` running?)", self.base))?;
+        let resp = req.send().await.with_context(|| {
+            format!(
+                "cannot reach the broker at {} (is `ac7 serve` running?)",
+                self.base
+            )
+        })?;
         let status = resp.status();
         let text = resp.text().await?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if !status.is_success() {
-            let msg = value.get("error").and_then(Value::as_str).map_or_else(|| text.clone(), str::to_owned);
+            let msg = value
+                .get("error")
+                .and_then(Value::as_str)
+                .map_or_else(|| text.clone(), str::to_owned);
             bail!("{method} {path} failed ({}): {msg}", status.as_u16());
         }
         Ok(value)
@@ -183,7 +212,10 @@ impl Client {
 }
 
 fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
-    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(f)
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
 }
 
 /// Formats epoch ms as `YYYY-MM-DD HH:MM:SS UTC`.
@@ -200,13 +232,21 @@ pub fn format_ts(ms: i64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[allow(clippy::print_stdout)]
 fn out(conn: &OperatorConn, value: &Value, text: impl FnOnce(&Value) -> String) {
     if conn.json {
-        println!("{}", serde_json::to_string_pretty(value).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
     } else {
         println!("{}", text(value));
     }
@@ -224,13 +264,20 @@ pub fn push(args: PushArgs) -> anyhow::Result<i32> {
     }
     let mut data = Map::new();
     for kv in &args.data {
-        let (k, v) = kv.split_once('=').with_context(|| format!("--data {kv:?}: expected KEY=VALUE"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--data {kv:?}: expected KEY=VALUE"))?;
         data.insert(k.to_owned(), Value::String(v.to_owned()));
     }
     let result = block_on(async {
         if let Some(slug) = &args.channel {
-            let ch = client.call(Method::GET, &format!("/channels/{slug}"), &[], None).await?;
-            let id = ch.pointer("/channel/id").and_then(Value::as_str).context("broker returned no channel id")?;
+            let ch = client
+                .call(Method::GET, &format!("/channels/{slug}"), &[], None)
+                .await?;
+            let id = ch
+                .pointer("/channel/id")
+                .and_then(Value::as_str)
+                .context("broker returned no channel id")?;
             data.insert("thread".into(), Value::String(format!("chan:{id}")));
         }
         let mut body = json!({"body": args.body, "data": data});
@@ -248,9 +295,15 @@ pub fn push(args: PushArgs) -> anyhow::Result<i32> {
     out(&args.conn, &result, |v| {
         format!(
             "sent {} (live={}, targets={})",
-            v.pointer("/message/id").and_then(Value::as_str).unwrap_or("?"),
-            v.pointer("/delivery/live").and_then(Value::as_u64).unwrap_or(0),
-            v.pointer("/delivery/targets").and_then(Value::as_u64).unwrap_or(0)
+            v.pointer("/message/id")
+                .and_then(Value::as_str)
+                .unwrap_or("?"),
+            v.pointer("/delivery/live")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            v.pointer("/delivery/targets")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
         )
     });
     Ok(0)
@@ -262,17 +315,31 @@ pub fn roster(conn: OperatorConn) -> anyhow::Result<i32> {
     let v = block_on(client.call(Method::GET, "/roster", &[], None))?;
     out(&conn, &v, |v| {
         let empty = Vec::new();
-        let presence = v.get("connected").and_then(Value::as_array).unwrap_or(&empty);
+        let presence = v
+            .get("connected")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty);
         let mut lines = Vec::new();
-        for t in v.get("teammates").and_then(Value::as_array).unwrap_or(&empty) {
+        for t in v
+            .get("teammates")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty)
+        {
             let name = s(t, "name");
             let connected = presence
                 .iter()
                 .find(|p| s(p, "name") == name)
                 .and_then(|p| p.get("connected").and_then(Value::as_u64))
                 .unwrap_or(0);
-            let state = if connected > 0 { format!("connected={connected}") } else { "offline".into() };
-            let role = t.pointer("/role/title").and_then(Value::as_str).unwrap_or("");
+            let state = if connected > 0 {
+                format!("connected={connected}")
+            } else {
+                "offline".into()
+            };
+            let role = t
+                .pointer("/role/title")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             lines.push(format!("- {name} [{role}] {state}"));
         }
         lines.join("\n")
@@ -282,9 +349,21 @@ pub fn roster(conn: OperatorConn) -> anyhow::Result<i32> {
 
 fn message_line(m: &Value) -> String {
     let from = m.get("from").and_then(Value::as_str).unwrap_or("?");
-    let to = m.get("to").and_then(Value::as_str).map(|t| format!(" → {t}")).unwrap_or_default();
-    let title = m.get("title").and_then(Value::as_str).map(|t| format!(" [{t}]")).unwrap_or_default();
-    format!("{} {from}{to}{title}: {}", format_ts(m.get("ts").and_then(Value::as_i64).unwrap_or(0)), s(m, "body"))
+    let to = m
+        .get("to")
+        .and_then(Value::as_str)
+        .map(|t| format!(" → {t}"))
+        .unwrap_or_default();
+    let title = m
+        .get("title")
+        .and_then(Value::as_str)
+        .map(|t| format!(" [{t}]"))
+        .unwrap_or_default();
+    format!(
+        "{} {from}{to}{title}: {}",
+        format_ts(m.get("ts").and_then(Value::as_i64).unwrap_or(0)),
+        s(m, "body")
+    )
 }
 
 /// `ac7 history`.
@@ -305,12 +384,20 @@ pub fn history(args: HistoryArgs) -> anyhow::Result<i32> {
     }
     let v = block_on(client.call(Method::GET, "/history", &q, None))?;
     out(&args.conn, &v, |v| {
-        let msgs = v.get("messages").and_then(Value::as_array).cloned().unwrap_or_default();
+        let msgs = v
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         if msgs.is_empty() {
             return "(no messages)".into();
         }
         // Oldest first reads naturally in a terminal.
-        msgs.iter().rev().map(message_line).collect::<Vec<_>>().join("\n")
+        msgs.iter()
+            .rev()
+            .map(message_line)
+            .collect::<Vec<_>>()
+            .join("\n")
     });
     Ok(0)
 }
@@ -344,8 +431,18 @@ pub fn objectives(args: ObjectivesArgs) -> anyhow::Result<i32> {
                 }
                 client.call(Method::GET, "/objectives", &q, None).await
             }
-            ObjectivesAction::View { id } => client.call(Method::GET, &format!("/objectives/{}", enc(&id)), &[], None).await,
-            ObjectivesAction::Create { title, outcome, assignee, body, watchers } => {
+            ObjectivesAction::View { id } => {
+                client
+                    .call(Method::GET, &format!("/objectives/{}", enc(&id)), &[], None)
+                    .await
+            }
+            ObjectivesAction::Create {
+                title,
+                outcome,
+                assignee,
+                body,
+                watchers,
+            } => {
                 let mut b = json!({"title": title, "outcome": outcome, "assignee": assignee, "watchers": watchers});
                 if let Some(body) = body {
                     b["body"] = json!(body);
@@ -360,25 +457,58 @@ pub fn objectives(args: ObjectivesArgs) -> anyhow::Result<i32> {
                 if let Some(r) = reason {
                     b["blockReason"] = json!(r);
                 }
-                client.call(Method::PATCH, &format!("/objectives/{}", enc(&id)), &[], Some(b)).await
+                client
+                    .call(
+                        Method::PATCH,
+                        &format!("/objectives/{}", enc(&id)),
+                        &[],
+                        Some(b),
+                    )
+                    .await
             }
             ObjectivesAction::Complete { id, result } => {
-                client.call(Method::POST, &format!("/objectives/{}/complete", enc(&id)), &[], Some(json!({"result": result}))).await
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/complete", enc(&id)),
+                        &[],
+                        Some(json!({"result": result})),
+                    )
+                    .await
             }
             ObjectivesAction::Cancel { id, reason } => {
                 let b = reason.map_or_else(|| json!({}), |r| json!({"reason": r}));
-                client.call(Method::POST, &format!("/objectives/{}/cancel", enc(&id)), &[], Some(b)).await
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/cancel", enc(&id)),
+                        &[],
+                        Some(b),
+                    )
+                    .await
             }
             ObjectivesAction::Reassign { id, to, note } => {
                 let mut b = json!({"to": to});
                 if let Some(n) = note {
                     b["note"] = json!(n);
                 }
-                client.call(Method::POST, &format!("/objectives/{}/reassign", enc(&id)), &[], Some(b)).await
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/reassign", enc(&id)),
+                        &[],
+                        Some(b),
+                    )
+                    .await
             }
             ObjectivesAction::Watchers { id, add, remove } => {
                 client
-                    .call(Method::POST, &format!("/objectives/{}/watchers", enc(&id)), &[], Some(json!({"add": add, "remove": remove})))
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/watchers", enc(&id)),
+                        &[],
+                        Some(json!({"add": add, "remove": remove})),
+                    )
                     .await
             }
         }
@@ -388,7 +518,11 @@ pub fn objectives(args: ObjectivesArgs) -> anyhow::Result<i32> {
             if list.is_empty() {
                 return "(no objectives)".into();
             }
-            return list.iter().map(objective_line).collect::<Vec<_>>().join("\n");
+            return list
+                .iter()
+                .map(objective_line)
+                .collect::<Vec<_>>()
+                .join("\n");
         }
         if let Some(o) = v.get("objective") {
             let mut text = objective_line(o);
@@ -401,7 +535,12 @@ pub fn objectives(args: ObjectivesArgs) -> anyhow::Result<i32> {
             if let Some(r) = o.get("result").and_then(Value::as_str) {
                 text.push_str(&format!("\n  result: {r}"));
             }
-            for e in v.get("events").and_then(Value::as_array).into_iter().flatten() {
+            for e in v
+                .get("events")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 text.push_str(&format!(
                     "\n  {} {} {} {}",
                     format_ts(e.get("ts").and_then(Value::as_i64).unwrap_or(0)),

@@ -1,6 +1,8 @@
 //! The real `ac7` binary: `serve` start-up from a team config, durability across
 //! `kill -9`, the operator CLI against a running broker, and offline member admin.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -34,7 +36,7 @@ impl Drop for Served {
 
 /// Starts `ac7 serve` on a free port and waits for its "listening" line.
 fn serve(db: &Path, extra: &[&str]) -> Served {
-    let mut child = Command::new(AC7)
+    let child = Command::new(AC7)
         .args(["serve", "--db"])
         .arg(db)
         .args(["--port", "0"])
@@ -44,7 +46,13 @@ fn serve(db: &Path, extra: &[&str]) -> Served {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
+    // Owned by `Served` at once, so the child is killed and reaped on every path.
+    let mut served = Served {
+        child,
+        url: String::new(),
+        tokens: Vec::new(),
+    };
+    let stdout = served.child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
@@ -54,15 +62,19 @@ fn serve(db: &Path, extra: &[&str]) -> Served {
             }
         }
     });
-    let mut tokens = Vec::new();
     loop {
-        let line = rx.recv_timeout(Duration::from_secs(20)).expect("ac7 serve did not report listening");
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("ac7 serve did not report listening");
         if let Some(url) = line.strip_prefix("ac7 broker listening on ") {
-            return Served { child, url: url.to_owned(), tokens };
+            served.url = url.to_owned();
+            return served;
         }
         let parts: Vec<&str> = line.split_whitespace().collect();
         if parts.len() == 2 && parts[1].starts_with("ac7_") {
-            tokens.push((parts[0].to_owned(), parts[1].to_owned()));
+            served
+                .tokens
+                .push((parts[0].to_owned(), parts[1].to_owned()));
         }
     }
 }
@@ -72,7 +84,10 @@ fn token<'a>(s: &'a Served, who: &str) -> &'a str {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -83,13 +98,20 @@ async fn kill_9_loses_nothing_acknowledged() {
     std::fs::write(&cfg, TEAM).unwrap();
 
     // no team and no config: a clear error, non-zero exit
-    let out = Command::new(AC7).args(["serve", "--port", "0", "--db"]).arg(dir.path().join("empty.db")).output().unwrap();
+    let out = Command::new(AC7)
+        .args(["serve", "--port", "0", "--db"])
+        .arg(dir.path().join("empty.db"))
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("has no team yet"));
 
     let mut s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
     assert_eq!(s.tokens.len(), 2);
-    let (director, builder) = (token(&s, "director").to_owned(), token(&s, "builder").to_owned());
+    let (director, builder) = (
+        token(&s, "director").to_owned(),
+        token(&s, "builder").to_owned(),
+    );
     let http = client();
 
     // Acknowledged writes from several concurrent clients.
@@ -107,7 +129,12 @@ async fn kill_9_loses_nothing_acknowledged() {
                     .await
                     .unwrap();
                 assert_eq!(r.status().as_u16(), 200);
-                ids.push(r.json::<Value>().await.unwrap()["message"]["id"].as_str().unwrap().to_owned());
+                ids.push(
+                    r.json::<Value>().await.unwrap()["message"]["id"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                );
             }
             ids
         }));
@@ -127,7 +154,10 @@ async fn kill_9_loses_nothing_acknowledged() {
         .await
         .unwrap();
     let r = http
-        .post(format!("{}/fs/write?path=/builder/keep.txt&mime=text/plain", s.url))
+        .post(format!(
+            "{}/fs/write?path=/builder/keep.txt&mime=text/plain",
+            s.url
+        ))
         .bearer_auth(&builder)
         .body("kept")
         .send()
@@ -140,7 +170,10 @@ async fn kill_9_loses_nothing_acknowledged() {
     s.child.wait().unwrap();
 
     let s2 = serve(&db, &[]);
-    assert!(s2.tokens.is_empty(), "tokens are printed only when the team is created");
+    assert!(
+        s2.tokens.is_empty(),
+        "tokens are printed only when the team is created"
+    );
     let hist: Value = http
         .get(format!("{}/history?limit=1000", s2.url))
         .bearer_auth(&builder)
@@ -150,10 +183,17 @@ async fn kill_9_loses_nothing_acknowledged() {
         .json()
         .await
         .unwrap();
-    let have: std::collections::HashSet<&str> =
-        hist["messages"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap()).collect();
+    let have: std::collections::HashSet<&str> = hist["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
     for id in &acked {
-        assert!(have.contains(id.as_str()), "acknowledged message {id} was lost");
+        assert!(
+            have.contains(id.as_str()),
+            "acknowledged message {id} was lost"
+        );
     }
     let id = obj["id"].as_str().unwrap();
     let view: Value = http
@@ -180,21 +220,55 @@ async fn kill_9_loses_nothing_acknowledged() {
 }
 
 fn ac7(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(AC7).args(args).env("AC7_URL", url).env("AC7_TOKEN", token).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(AC7)
+        .args(args)
+        .env("AC7_URL", url)
+        .env("AC7_TOKEN", token)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[tokio::test]
 async fn operator_cli_against_a_running_broker() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ac7.db");
-    let s = serve(&db, &["--team-name", "flags-team", "--directive", "From flags.", "--member", "director:lead:admin", "--member", "builder:engineer"]);
-    let (url, director, builder) = (s.url.clone(), token(&s, "director").to_owned(), token(&s, "builder").to_owned());
+    let s = serve(
+        &db,
+        &[
+            "--team-name",
+            "flags-team",
+            "--directive",
+            "From flags.",
+            "--member",
+            "director:lead:admin",
+            "--member",
+            "builder:engineer",
+        ],
+    );
+    let (url, director, builder) = (
+        s.url.clone(),
+        token(&s, "director").to_owned(),
+        token(&s, "builder").to_owned(),
+    );
     let run = move |tok: &str, args: &[&str]| ac7(&url, tok, args);
 
-    let (ok, out, err) = run(&director, &["push", "--body", "hello", "--to", "builder", "--title", "t", "--level", "notice", "--data", "k=v"]);
+    let (ok, out, err) = run(
+        &director,
+        &[
+            "push", "--body", "hello", "--to", "builder", "--title", "t", "--level", "notice",
+            "--data", "k=v",
+        ],
+    );
     assert!(ok, "{err}");
-    assert!(out.starts_with("sent ") && out.contains("targets=1"), "{out}");
+    assert!(
+        out.starts_with("sent ") && out.contains("targets=1"),
+        "{out}"
+    );
     let (ok, out, _) = run(&director, &["push", "--body", "all hands", "--broadcast"]);
     assert!(ok, "{out}");
     let (ok, _, err) = run(&director, &["push", "--body", "x", "--to", "nobody"]);
@@ -209,35 +283,101 @@ async fn operator_cli_against_a_running_broker() {
 
     let (ok, out, _) = run(&builder, &["roster"]);
     assert!(ok);
-    assert!(out.contains("- director [lead] offline") && out.contains("- builder [engineer] offline"), "{out}");
+    assert!(
+        out.contains("- director [lead] offline") && out.contains("- builder [engineer] offline"),
+        "{out}"
+    );
     let (ok, out, _) = run(&builder, &["history"]);
     assert!(ok);
-    assert!(out.contains("director → builder [t]: hello") && out.contains("director: all hands"), "{out}");
+    assert!(
+        out.contains("director → builder [t]: hello") && out.contains("director: all hands"),
+        "{out}"
+    );
     let (ok, out, _) = run(&builder, &["history", "--json", "--limit", "1"]);
     assert!(ok);
     let v: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["messages"].as_array().unwrap().len(), 1);
 
-    let (ok, out, _) = run(&director, &["objectives", "create", "--title", "Ship", "--outcome", "shipped", "--assignee", "builder", "--json"]);
+    let (ok, out, _) = run(
+        &director,
+        &[
+            "objectives",
+            "create",
+            "--title",
+            "Ship",
+            "--outcome",
+            "shipped",
+            "--assignee",
+            "builder",
+            "--json",
+        ],
+    );
     assert!(ok);
-    let id = serde_json::from_str::<Value>(&out).unwrap()["id"].as_str().unwrap().to_owned();
-    let (ok, _, err) = run(&builder, &["objectives", "create", "--title", "x", "--outcome", "y", "--assignee", "builder"]);
+    let id = serde_json::from_str::<Value>(&out).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (ok, _, err) = run(
+        &builder,
+        &[
+            "objectives",
+            "create",
+            "--title",
+            "x",
+            "--outcome",
+            "y",
+            "--assignee",
+            "builder",
+        ],
+    );
     assert!(!ok);
-    assert!(err.contains("requires the objectives.create permission"), "{err}");
+    assert!(
+        err.contains("requires the objectives.create permission"),
+        "{err}"
+    );
     let (ok, out, _) = run(&builder, &["objectives", "list"]);
-    assert!(ok && out.contains(&id) && out.contains("[active] Ship"), "{out}");
-    let (ok, out, _) = run(&builder, &["objectives", "update", &id, "--status", "blocked", "--reason", "waiting"]);
+    assert!(
+        ok && out.contains(&id) && out.contains("[active] Ship"),
+        "{out}"
+    );
+    let (ok, out, _) = run(
+        &builder,
+        &[
+            "objectives",
+            "update",
+            &id,
+            "--status",
+            "blocked",
+            "--reason",
+            "waiting",
+        ],
+    );
     assert!(ok && out.contains("[blocked]"), "{out}");
-    let (ok, _, _) = run(&builder, &["objectives", "update", &id, "--status", "active"]);
+    let (ok, _, _) = run(
+        &builder,
+        &["objectives", "update", &id, "--status", "active"],
+    );
     assert!(ok);
-    let (ok, _, _) = run(&director, &["objectives", "watchers", &id, "--add", "director"]);
+    let (ok, _, _) = run(
+        &director,
+        &["objectives", "watchers", &id, "--add", "director"],
+    );
     assert!(ok, "a no-op watcher change succeeds");
-    let (ok, _, err) = run(&director, &["objectives", "reassign", &id, "--to", "builder"]);
+    let (ok, _, err) = run(
+        &director,
+        &["objectives", "reassign", &id, "--to", "builder"],
+    );
     assert!(!ok && err.contains("already assigned"), "{err}");
-    let (ok, out, _) = run(&builder, &["objectives", "complete", &id, "--result", "done it"]);
+    let (ok, out, _) = run(
+        &builder,
+        &["objectives", "complete", &id, "--result", "done it"],
+    );
     assert!(ok && out.contains("[done]"), "{out}");
     let (ok, out, _) = run(&builder, &["objectives", "view", &id]);
-    assert!(ok && out.contains("result: done it") && out.contains("completed"), "{out}");
+    assert!(
+        ok && out.contains("result: done it") && out.contains("completed"),
+        "{out}"
+    );
     let (ok, _, err) = run(&director, &["objectives", "cancel", &id]);
     assert!(!ok && err.contains("is already done"), "{err}");
 }
@@ -250,13 +390,33 @@ fn offline_member_admin() {
     std::fs::write(&cfg, TEAM).unwrap();
     drop(serve(&db, &["--team-config", cfg.to_str().unwrap()]));
     let member = |args: &[&str]| {
-        let out = Command::new(AC7).arg("member").args(args).arg("--db").arg(&db).output().unwrap();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        let out = Command::new(AC7)
+            .arg("member")
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (ok, out, _) = member(&["list"]);
     assert!(ok);
-    assert!(out.starts_with("director\tdirector\tteam.manage,members.manage"), "{out}");
-    let (ok, out, _) = member(&["add", "scout", "--role", "scout", "--permissions", "operator"]);
+    assert!(
+        out.starts_with("director\tdirector\tteam.manage,members.manage"),
+        "{out}"
+    );
+    let (ok, out, _) = member(&[
+        "add",
+        "scout",
+        "--role",
+        "scout",
+        "--permissions",
+        "operator",
+    ]);
     assert!(ok);
     let scout_token = out.trim().to_owned();
     assert!(scout_token.starts_with("ac7_") && scout_token.len() == 47);
@@ -275,14 +435,34 @@ fn offline_member_admin() {
 
     // the rotated token works against a restarted broker; the old one does not
     let s = serve(&db, &[]);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     rt.block_on(async {
         let http = client();
-        let r = http.get(format!("{}/briefing", s.url)).bearer_auth(&rotated).send().await.unwrap();
+        let r = http
+            .get(format!("{}/briefing", s.url))
+            .bearer_auth(&rotated)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 200);
         let v: Value = r.json().await.unwrap();
-        assert_eq!(v["permissions"], json!(["objectives.create", "objectives.cancel", "objectives.reassign"]));
-        let r = http.get(format!("{}/briefing", s.url)).bearer_auth(&scout_token).send().await.unwrap();
+        assert_eq!(
+            v["permissions"],
+            json!([
+                "objectives.create",
+                "objectives.cancel",
+                "objectives.reassign"
+            ])
+        );
+        let r = http
+            .get(format!("{}/briefing", s.url))
+            .bearer_auth(&scout_token)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status().as_u16(), 401);
     });
     drop(s);

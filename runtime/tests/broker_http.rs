@@ -1,6 +1,8 @@
 //! HTTP tests against a real broker: auth, protocol header, briefing, roster,
 //! push, history, bad input, team and member administration.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
 mod broker_support;
 
 use broker_support::start_broker;
@@ -14,15 +16,36 @@ async fn health_and_auth_errors() {
     assert_eq!(r.json["status"], "ok");
 
     let r = b.raw("GET", "/briefing", None, None).await;
-    assert_eq!((r.status, r.json.clone()), (401, json!({"error": "missing credentials"})));
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (401, json!({"error": "missing credentials"}))
+    );
 
-    let resp = b.http.get(format!("{}/briefing", b.url)).header("authorization", "Bearer ").send().await.unwrap();
+    let resp = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .header("authorization", "Bearer ")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
-    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"error": "missing bearer token"}));
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"error": "missing bearer token"})
+    );
 
-    let resp = b.http.get(format!("{}/briefing", b.url)).bearer_auth("ac7_not_a_real_token").send().await.unwrap();
+    let resp = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .bearer_auth("ac7_not_a_real_token")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
-    assert_eq!(resp.json::<serde_json::Value>().await.unwrap(), json!({"error": "unknown token"}));
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"error": "unknown token"})
+    );
 
     let resp = b
         .http
@@ -48,7 +71,13 @@ async fn health_and_auth_errors() {
     assert_eq!(resp.status().as_u16(), 200);
 
     // every authenticated route refuses a missing token
-    for (m, p) in [("GET", "/roster"), ("POST", "/push"), ("GET", "/history"), ("GET", "/objectives"), ("GET", "/fs/ls")] {
+    for (m, p) in [
+        ("GET", "/roster"),
+        ("POST", "/push"),
+        ("GET", "/history"),
+        ("GET", "/objectives"),
+        ("GET", "/fs/ls"),
+    ] {
         assert_eq!(b.raw(m, p, None, None).await.status, 401, "{m} {p}");
     }
 }
@@ -82,11 +111,14 @@ async fn briefing_and_roster_shapes() {
     snap!("roster", r.json);
 
     // busy is reported while fresh
-    let r = b.post("/presence/busy", "builder", json!({"busy": true})).await;
+    let r = b
+        .post("/presence/busy", "builder", json!({"busy": true}))
+        .await;
     assert_eq!(r.status, 204);
     let r = b.get("/roster", "director").await;
     assert_eq!(r.json["connected"][1]["busy"], true);
-    b.post("/presence/busy", "builder", json!({"busy": false})).await;
+    b.post("/presence/busy", "builder", json!({"busy": false}))
+        .await;
     let r = b.get("/roster", "director").await;
     assert!(r.json["connected"][1].get("busy").is_none());
 }
@@ -107,46 +139,110 @@ async fn push_stamps_strips_and_validates() {
     assert_eq!(r.json["delivery"], json!({"live": 0, "targets": 1}));
     snap!("push_dm", r.json);
 
-    let r = b.post("/push", "director", json!({"body": "hello team", "title": "broadcast test", "level": "info"})).await;
+    let r = b
+        .post(
+            "/push",
+            "director",
+            json!({"body": "hello team", "title": "broadcast test", "level": "info"}),
+        )
+        .await;
     assert_eq!(r.json["delivery"]["targets"], 3);
     snap!("push_broadcast", r.json);
 
-    let r = b.post("/push", "builder", json!({"to": "nobody", "body": "x"})).await;
-    assert_eq!((r.status, r.json.clone()), (404, json!({"error": "no such agent: nobody"})));
+    let r = b
+        .post("/push", "builder", json!({"to": "nobody", "body": "x"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (404, json!({"error": "no such agent: nobody"}))
+    );
 
     let r = b.post("/push", "builder", json!({"to": "reviewer"})).await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json["error"], "invalid push payload");
     assert!(r.json["details"].is_array());
 
-    let r = b.post("/push", "builder", json!({"body": "x", "level": "loud"})).await;
-    assert_eq!((r.status, r.json["error"].clone()), (400, json!("invalid push payload")));
+    let r = b
+        .post("/push", "builder", json!({"body": "x", "level": "loud"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("invalid push payload"))
+    );
 
-    let r = b.raw("POST", "/push", Some("builder"), Some(b"not json".to_vec())).await;
+    let r = b
+        .raw("POST", "/push", Some("builder"), Some(b"not json".to_vec()))
+        .await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json["error"], "invalid push payload");
-    assert_eq!(r.json["details"][0]["message"], "Invalid input: expected object, received null");
+    assert_eq!(
+        r.json["details"][0]["message"],
+        "Invalid input: expected object, received null"
+    );
 
     let r = b.post("/push", "builder", json!({"body": ""})).await;
     assert_eq!(r.status, 400);
-    let r = b.post("/push", "builder", json!({"body": "x".repeat(65_537)})).await;
+    let r = b
+        .post("/push", "builder", json!({"body": "x".repeat(65_537)}))
+        .await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json["details"][0]["code"], "too_big");
-    let r = b.post("/push", "builder", json!({"body": "x", "title": "t".repeat(201)})).await;
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "title": "t".repeat(201)}),
+        )
+        .await;
     assert_eq!(r.status, 400);
-    let r = b.post("/push", "builder", json!({"to": "bad name", "body": "x"})).await;
+    let r = b
+        .post("/push", "builder", json!({"to": "bad name", "body": "x"}))
+        .await;
     assert_eq!(r.status, 400);
 
     // thread validation
-    let r = b.post("/push", "builder", json!({"body": "x", "data": {"thread": "dm"}})).await;
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "data": {"thread": "dm"}}),
+        )
+        .await;
     assert_eq!(r.status, 400);
-    let r = b.post("/push", "builder", json!({"body": "x", "data": {"thread": 5}})).await;
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "data": {"thread": 5}}),
+        )
+        .await;
     assert_eq!(r.status, 400);
-    let r = b.post("/push", "builder", json!({"body": "x", "data": {"thread": "chan:nope"}})).await;
-    assert_eq!((r.status, r.json["error"].clone()), (404, json!("no such channel: nope")));
-    let r = b.post("/push", "builder", json!({"body": "x", "data": {"thread": "obj:nope"}})).await;
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "data": {"thread": "chan:nope"}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (404, json!("no such channel: nope"))
+    );
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "data": {"thread": "obj:nope"}}),
+        )
+        .await;
     assert_eq!(r.status, 404);
-    let r = b.post("/push", "builder", json!({"body": "general", "data": {"thread": "chan:general"}})).await;
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "general", "data": {"thread": "chan:general"}}),
+        )
+        .await;
     assert_eq!(r.status, 200);
 }
 
@@ -163,19 +259,46 @@ async fn body_over_the_limit_is_413() {
 async fn history_visibility_and_params() {
     let b = start_broker().await;
     b.push("director", json!({"body": "hello team"})).await;
-    b.push("director", json!({"to": "builder", "body": "please build X"})).await;
-    b.push("builder", json!({"to": "reviewer", "body": "ready for review"})).await;
-    b.push("builder", json!({"to": "builder", "body": "note to self"})).await;
+    b.push(
+        "director",
+        json!({"to": "builder", "body": "please build X"}),
+    )
+    .await;
+    b.push(
+        "builder",
+        json!({"to": "reviewer", "body": "ready for review"}),
+    )
+    .await;
+    b.push("builder", json!({"to": "builder", "body": "note to self"}))
+        .await;
     // a channel only builder is in
     let r = b.post("/channels", "builder", json!({"slug": "dev"})).await;
     let chan = r.json["id"].as_str().unwrap().to_owned();
-    b.push("builder", json!({"body": "channel msg", "data": {"thread": format!("chan:{chan}")}})).await;
+    b.push(
+        "builder",
+        json!({"body": "channel msg", "data": {"thread": format!("chan:{chan}")}}),
+    )
+    .await;
 
     let bodies = |r: &broker_support::Resp| -> Vec<String> {
-        r.json["messages"].as_array().unwrap().iter().map(|m| m["body"].as_str().unwrap().to_owned()).collect()
+        r.json["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap().to_owned())
+            .collect()
     };
     let r = b.get("/history", "builder").await;
-    assert_eq!(bodies(&r), vec!["channel msg", "note to self", "ready for review", "please build X", "hello team"]);
+    assert_eq!(
+        bodies(&r),
+        vec![
+            "channel msg",
+            "note to self",
+            "ready for review",
+            "please build X",
+            "hello team"
+        ]
+    );
     let r = b.get("/history", "reviewer").await;
     // reviewer is not in #dev and not party to director->builder
     assert_eq!(bodies(&r), vec!["ready for review", "hello team"]);
@@ -188,11 +311,17 @@ async fn history_visibility_and_params() {
     let r = b.get("/history?channel=dev", "builder").await;
     assert_eq!(bodies(&r), vec!["channel msg"]);
     let r = b.get("/history?channel=dev", "reviewer").await;
-    assert_eq!((r.status, r.json.clone()), (403, json!({"error": "not a member of this channel"})));
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (403, json!({"error": "not a member of this channel"}))
+    );
     let r = b.get("/history?channel=zzz", "reviewer").await;
     assert_eq!(r.status, 404);
     let r = b.get("/history?before=abc", "director").await;
-    assert_eq!((r.status, r.json.clone()), (400, json!({"error": "invalid `before` parameter"})));
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (400, json!({"error": "invalid `before` parameter"}))
+    );
     let r = b.get("/history?with=bad%20name", "director").await;
     assert_eq!(r.status, 400);
     assert_eq!(r.json["error"], "`with` must be a valid name");
@@ -214,35 +343,117 @@ async fn team_members_and_tokens() {
     let r = b.get("/members", "director").await;
     assert_eq!(r.json["members"][0]["instructions"], "");
 
-    let r = b.post("/members", "builder", json!({"name": "scout", "role": {"title": "scout"}, "permissions": []})).await;
-    assert_eq!((r.status, r.json.clone()), (403, json!({"error": "creating members requires the members.manage permission"})));
-    let r = b.post("/members", "director", json!({"name": "bad name!", "role": {"title": "x"}})).await;
-    assert_eq!((r.status, r.json["error"].clone()), (400, json!("invalid member payload")));
+    let r = b
+        .post(
+            "/members",
+            "builder",
+            json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "creating members requires the members.manage permission"})
+        )
+    );
+    let r = b
+        .post(
+            "/members",
+            "director",
+            json!({"name": "bad name!", "role": {"title": "x"}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("invalid member payload"))
+    );
     let r = b
         .post("/members", "director", json!({"name": "scout", "role": {"title": "scout", "description": "Scouts."}, "instructions": "look around", "permissions": ["operator"]}))
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    assert_eq!(r.json["member"]["permissions"], json!(["objectives.create", "objectives.cancel", "objectives.reassign"]));
+    assert_eq!(
+        r.json["member"]["permissions"],
+        json!([
+            "objectives.create",
+            "objectives.cancel",
+            "objectives.reassign"
+        ])
+    );
     let scout_token = r.json["token"].as_str().unwrap().to_owned();
     assert!(scout_token.starts_with("ac7_") && scout_token.len() == 47);
     snap!("member_created", r.json);
-    let r = b.post("/members", "director", json!({"name": "scout", "role": {"title": "x"}, "permissions": []})).await;
+    let r = b
+        .post(
+            "/members",
+            "director",
+            json!({"name": "scout", "role": {"title": "x"}, "permissions": []}),
+        )
+        .await;
     assert_eq!(r.status, 409);
-    let r = b.post("/members", "director", json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]})).await;
+    let r = b
+        .post(
+            "/members",
+            "director",
+            json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]}),
+        )
+        .await;
     assert_eq!(r.status, 400);
-    assert!(r.json["error"].as_str().unwrap().contains("unknown permission or preset 'boss'"));
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown permission or preset 'boss'")
+    );
 
     // the new member can authenticate, appears in the roster and can receive DMs
-    let resp = b.http.get(format!("{}/briefing", b.url)).bearer_auth(&scout_token).send().await.unwrap();
+    let resp = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .bearer_auth(&scout_token)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    assert_eq!(b.get("/roster", "builder").await.json["connected"].as_array().unwrap().len(), 4);
-    b.push("builder", json!({"to": "scout", "body": "hi"})).await;
+    assert_eq!(
+        b.get("/roster", "builder").await.json["connected"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+    b.push("builder", json!({"to": "scout", "body": "hi"}))
+        .await;
 
-    let r = b.call("PATCH", "/members/scout", "director", Some(json!({"instructions": "new"}))).await;
-    assert_eq!((r.status, r.json["instructions"].clone()), (200, json!("new")));
-    let r = b.call("PATCH", "/members/director", "director", Some(json!({"permissions": []}))).await;
+    let r = b
+        .call(
+            "PATCH",
+            "/members/scout",
+            "director",
+            Some(json!({"instructions": "new"})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["instructions"].clone()),
+        (200, json!("new"))
+    );
+    let r = b
+        .call(
+            "PATCH",
+            "/members/director",
+            "director",
+            Some(json!({"permissions": []})),
+        )
+        .await;
     assert_eq!(r.status, 409);
-    let r = b.call("PATCH", "/members/ghost", "director", Some(json!({"instructions": "x"}))).await;
+    let r = b
+        .call(
+            "PATCH",
+            "/members/ghost",
+            "director",
+            Some(json!({"instructions": "x"})),
+        )
+        .await;
     assert_eq!(r.status, 404);
 
     // tokens: self may list/rotate, others may not
@@ -251,35 +462,131 @@ async fn team_members_and_tokens() {
     let r = b.get("/members/builder/tokens", "reviewer").await;
     assert_eq!(r.status, 403);
     let old = b.token("builder").to_owned();
-    let r = b.post("/members/builder/rotate-token", "builder", json!({})).await;
+    let r = b
+        .post("/members/builder/rotate-token", "builder", json!({}))
+        .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json["tokenInfo"]["origin"], "rotate");
     let new = r.json["token"].as_str().unwrap().to_owned();
-    let resp = b.http.get(format!("{}/briefing", b.url)).bearer_auth(&old).send().await.unwrap();
+    let resp = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .bearer_auth(&old)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 401);
-    let resp = b.http.get(format!("{}/briefing", b.url)).bearer_auth(&new).send().await.unwrap();
+    let resp = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .bearer_auth(&new)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
 
     let r = b.get("/members/scout/tokens", "director").await;
     let tid = r.json["tokens"][0]["id"].as_str().unwrap().to_owned();
-    assert_eq!(b.call("DELETE", "/members/scout/tokens/nope", "director", None).await.status, 404);
-    assert_eq!(b.call("DELETE", &format!("/members/scout/tokens/{tid}"), "director", None).await.status, 204);
+    assert_eq!(
+        b.call("DELETE", "/members/scout/tokens/nope", "director", None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        b.call(
+            "DELETE",
+            &format!("/members/scout/tokens/{tid}"),
+            "director",
+            None
+        )
+        .await
+        .status,
+        204
+    );
 
-    assert_eq!(b.call("DELETE", "/members/director", "director", None).await.status, 409);
-    assert_eq!(b.call("DELETE", "/members/scout", "reviewer", None).await.status, 403);
-    assert_eq!(b.call("DELETE", "/members/scout", "director", None).await.status, 204);
-    assert_eq!(b.post("/push", "reviewer", json!({"to": "scout", "body": "x"})).await.status, 404);
+    assert_eq!(
+        b.call("DELETE", "/members/director", "director", None)
+            .await
+            .status,
+        409
+    );
+    assert_eq!(
+        b.call("DELETE", "/members/scout", "reviewer", None)
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        b.call("DELETE", "/members/scout", "director", None)
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        b.post("/push", "reviewer", json!({"to": "scout", "body": "x"}))
+            .await
+            .status,
+        404
+    );
 
     // team edits and presets
-    assert_eq!(b.call("PATCH", "/team", "reviewer", Some(json!({"name": "x"}))).await.status, 403);
-    assert_eq!(b.call("PATCH", "/team", "director", Some(json!({}))).await.status, 400);
-    let r = b.call("PATCH", "/team", "director", Some(json!({"directive": "New directive."}))).await;
+    assert_eq!(
+        b.call("PATCH", "/team", "reviewer", Some(json!({"name": "x"})))
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        b.call("PATCH", "/team", "director", Some(json!({})))
+            .await
+            .status,
+        400
+    );
+    let r = b
+        .call(
+            "PATCH",
+            "/team",
+            "director",
+            Some(json!({"directive": "New directive."})),
+        )
+        .await;
     assert_eq!(r.json["team"]["directive"], "New directive.");
-    let r = b.call("PUT", "/team/presets/qa", "director", Some(json!({"permissions": ["objectives.watch"]}))).await;
-    assert_eq!(r.json, json!({"preset": {"name": "qa", "permissions": ["objectives.watch"]}}));
-    assert_eq!(b.call("PUT", "/team/presets/qa", "director", Some(json!({"permissions": ["admin"]}))).await.status, 400);
+    let r = b
+        .call(
+            "PUT",
+            "/team/presets/qa",
+            "director",
+            Some(json!({"permissions": ["objectives.watch"]})),
+        )
+        .await;
+    assert_eq!(
+        r.json,
+        json!({"preset": {"name": "qa", "permissions": ["objectives.watch"]}})
+    );
+    assert_eq!(
+        b.call(
+            "PUT",
+            "/team/presets/qa",
+            "director",
+            Some(json!({"permissions": ["admin"]}))
+        )
+        .await
+        .status,
+        400
+    );
     let r = b.get("/team/presets", "reviewer").await;
     assert_eq!(r.json["presets"]["qa"], json!(["objectives.watch"]));
-    assert_eq!(b.call("DELETE", "/team/presets/qa", "director", None).await.status, 200);
-    assert_eq!(b.call("DELETE", "/team/presets/qa", "director", None).await.status, 404);
+    assert_eq!(
+        b.call("DELETE", "/team/presets/qa", "director", None)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        b.call("DELETE", "/team/presets/qa", "director", None)
+            .await
+            .status,
+        404
+    );
 }

@@ -1,6 +1,8 @@
 //! The live stream: SSE and WebSocket delivery, visibility, keepalive,
 //! `Last-Event-ID` replay, and a slow subscriber being cut loose.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
 mod broker_support;
 
 use std::time::Duration;
@@ -12,7 +14,10 @@ use serde_json::json;
 async fn subscribe_errors() {
     let b = start_broker().await;
     let r = b.get("/subscribe", "builder").await;
-    assert_eq!((r.status, r.json.clone()), (400, json!({"error": "name query parameter is required"})));
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (400, json!({"error": "name query parameter is required"}))
+    );
     let r = b.get("/subscribe?name=reviewer", "builder").await;
     assert_eq!(r.status, 403);
     assert_eq!(
@@ -28,43 +33,85 @@ async fn sse_delivers_what_the_member_may_see() {
     let b = start_broker().await;
     let mut builder = b.sse("builder", None).await;
     let mut reviewer = b.sse("reviewer", None).await;
-    assert_eq!(b.get("/roster", "director").await.json["connected"][1]["connected"], 1);
+    assert_eq!(
+        b.get("/roster", "director").await.json["connected"][1]["connected"],
+        1
+    );
 
-    let dm = b.post("/push", "director", json!({"to": "builder", "body": "please build X"})).await;
+    let dm = b
+        .post(
+            "/push",
+            "director",
+            json!({"to": "builder", "body": "please build X"}),
+        )
+        .await;
     assert_eq!(dm.json["delivery"], json!({"live": 1, "targets": 1}));
     let got = builder.next_message().await;
     assert_eq!(got, dm.json["message"]);
     snap!("sse_dm_frame", got);
 
-    b.push("director", json!({"body": "hello team", "title": "broadcast test"})).await;
+    b.push(
+        "director",
+        json!({"body": "hello team", "title": "broadcast test"}),
+    )
+    .await;
     assert_eq!(builder.next_message().await["body"], "hello team");
     assert_eq!(reviewer.next_message().await["body"], "hello team");
 
     // self-echo reaches the sender; the DM target gets it too
-    b.push("builder", json!({"to": "reviewer", "body": "ready for review"})).await;
+    b.push(
+        "builder",
+        json!({"to": "reviewer", "body": "ready for review"}),
+    )
+    .await;
     assert_eq!(builder.next_message().await["body"], "ready for review");
     assert_eq!(reviewer.next_message().await["body"], "ready for review");
 
     // a DM between others is invisible
-    b.push("director", json!({"to": "reviewer", "body": "secret"})).await;
+    b.push("director", json!({"to": "reviewer", "body": "secret"}))
+        .await;
     assert_eq!(reviewer.next_message().await["body"], "secret");
     builder.expect_silence(200).await;
 
     // channel posts go to channel members only
-    let chan = b.post("/channels", "reviewer", json!({"slug": "qa"})).await.json["id"].as_str().unwrap().to_owned();
-    let r = b.post("/push", "reviewer", json!({"body": "qa only", "data": {"thread": format!("chan:{chan}")}})).await;
+    let chan = b
+        .post("/channels", "reviewer", json!({"slug": "qa"}))
+        .await
+        .json["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = b
+        .post(
+            "/push",
+            "reviewer",
+            json!({"body": "qa only", "data": {"thread": format!("chan:{chan}")}}),
+        )
+        .await;
     assert_eq!(r.json["delivery"], json!({"live": 1, "targets": 1}));
     assert_eq!(reviewer.next_message().await["body"], "qa only");
     builder.expect_silence(200).await;
-    let r = b.post("/push", "builder", json!({"body": "x", "data": {"thread": format!("chan:{chan}")}})).await;
-    assert_eq!((r.status, r.json["error"].clone()), (403, json!("not a member of this channel")));
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "data": {"thread": format!("chan:{chan}")}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (403, json!("not a member of this channel"))
+    );
 }
 
 #[tokio::test]
 async fn sse_keepalive_comment() {
     let b = start_with(|c| c.keepalive = Duration::from_millis(100)).await;
     let mut s = b.sse("builder", None).await;
-    let block = tokio::time::timeout(Duration::from_secs(5), s.next_block()).await.unwrap().unwrap();
+    let block = tokio::time::timeout(Duration::from_secs(5), s.next_block())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(block.starts_with(':'), "expected a comment, got {block:?}");
 }
 
@@ -79,27 +126,45 @@ async fn websocket_delivers_one_message_per_text_frame() {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let sent = b.push("director", json!({"to": "builder", "body": "please build X", "data": {"k": "v"}})).await;
+    let sent = b
+        .push(
+            "director",
+            json!({"to": "builder", "body": "please build X", "data": {"k": "v"}}),
+        )
+        .await;
     assert_eq!(ws.next_message().await, sent);
     let sent = b.push("reviewer", json!({"body": "broadcast"})).await;
     assert_eq!(ws.next_message().await, sent);
-    b.push("director", json!({"to": "reviewer", "body": "not for builder"})).await;
-    let sent = b.push("director", json!({"to": "builder", "body": "last"})).await;
+    b.push(
+        "director",
+        json!({"to": "reviewer", "body": "not for builder"}),
+    )
+    .await;
+    let sent = b
+        .push("director", json!({"to": "builder", "body": "last"}))
+        .await;
     assert_eq!(ws.next_message().await, sent);
 }
 
 #[tokio::test]
 async fn last_event_id_replays_visible_messages_then_goes_live() {
     let b = start_broker().await;
-    let first = b.push("director", json!({"to": "builder", "body": "first"})).await;
-    let a = b.push("director", json!({"to": "builder", "body": "a"})).await;
-    b.push("director", json!({"to": "reviewer", "body": "hidden"})).await;
+    let first = b
+        .push("director", json!({"to": "builder", "body": "first"}))
+        .await;
+    let a = b
+        .push("director", json!({"to": "builder", "body": "a"}))
+        .await;
+    b.push("director", json!({"to": "reviewer", "body": "hidden"}))
+        .await;
     let c = b.push("reviewer", json!({"body": "c"})).await;
 
     let mut s = b.sse("builder", first["id"].as_str()).await;
     assert_eq!(s.next_message().await, a);
     assert_eq!(s.next_message().await, c);
-    let live = b.push("director", json!({"to": "builder", "body": "live"})).await;
+    let live = b
+        .push("director", json!({"to": "builder", "body": "live"}))
+        .await;
     assert_eq!(s.next_message().await, live);
 
     // WebSocket honours Last-Event-ID too
@@ -110,7 +175,11 @@ async fn last_event_id_replays_visible_messages_then_goes_live() {
     // query-parameter form, and an unknown id replays nothing
     let resp = b
         .http
-        .get(format!("{}/subscribe?name=builder&lastEventId={}", b.url, c["id"].as_str().unwrap()))
+        .get(format!(
+            "{}/subscribe?name=builder&lastEventId={}",
+            b.url,
+            c["id"].as_str().unwrap()
+        ))
         .bearer_auth(b.token("builder"))
         .send()
         .await
@@ -180,19 +249,34 @@ async fn slow_subscriber_is_disconnected_and_catches_up_by_replay() {
     });
     let mut sent = Vec::new();
     for _ in 0..total {
-        sent.push(b.push("director", json!({"body": body})).await["id"].as_str().unwrap().to_owned());
+        sent.push(
+            b.push("director", json!({"body": body})).await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
     }
     // the fast reader got everything, in order
     assert_eq!(fast_task.await.unwrap(), sent);
     // the slow one was cut off: it drains what it had, then its stream ends
     let mut got = Vec::new();
-    while let Some(block) = tokio::time::timeout(Duration::from_secs(5), slow.next_block()).await.unwrap() {
+    while let Some(block) = tokio::time::timeout(Duration::from_secs(5), slow.next_block())
+        .await
+        .unwrap()
+    {
         if let Some(id) = block.lines().find_map(|l| l.strip_prefix("id: ")) {
             got.push(id.to_owned());
         }
     }
-    assert!(got.len() < total, "the slow subscriber should have been disconnected");
-    assert_eq!(got[..], sent[..got.len()], "what it got is a prefix, in order");
+    assert!(
+        got.len() < total,
+        "the slow subscriber should have been disconnected"
+    );
+    assert_eq!(
+        got[..],
+        sent[..got.len()],
+        "what it got is a prefix, in order"
+    );
     // reconnecting with Last-Event-ID replays the rest
     let mut again = b.sse("builder", got.last().map(String::as_str)).await;
     for id in &sent[got.len()..] {

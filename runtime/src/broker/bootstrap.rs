@@ -52,16 +52,22 @@ pub fn validate_team(team: &Team) -> Result<(), String> {
 /// Checks member fields against the API limits.
 pub fn validate_member(name: &str, role: &Role, instructions: &str) -> Result<(), String> {
     if !is_valid_name(name) {
-        return Err(format!("member name {name:?} must be 1-128 characters of A-Z a-z 0-9 . _ -"));
+        return Err(format!(
+            "member name {name:?} must be 1-128 characters of A-Z a-z 0-9 . _ -"
+        ));
     }
     if !(1..=64).contains(&role.title.chars().count()) {
         return Err(format!("member {name}: role title must be 1-64 characters"));
     }
     if role.description.chars().count() > 512 {
-        return Err(format!("member {name}: role description must be at most 512 characters"));
+        return Err(format!(
+            "member {name}: role description must be at most 512 characters"
+        ));
     }
     if instructions.chars().count() > 8192 {
-        return Err(format!("member {name}: instructions must be at most 8192 characters"));
+        return Err(format!(
+            "member {name}: instructions must be at most 8192 characters"
+        ));
     }
     Ok(())
 }
@@ -72,7 +78,8 @@ pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>,
     let mut presets = default_presets();
     presets.extend(config.team.permission_presets.clone());
     for (name, leaves) in &presets {
-        ac7_protocol::permission::resolve_preset(name, leaves).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        ac7_protocol::permission::resolve_preset(name, leaves)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
     }
     let team = Team {
         name: config.team.name.clone(),
@@ -87,10 +94,16 @@ pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>,
     let mut records = Vec::new();
     for m in &config.members {
         validate_member(&m.name, &m.role, &m.instructions).map_err(ConfigError::Invalid)?;
-        let permissions = resolve(&m.permissions, &team.permission_presets, &format!("member '{}'", m.name))
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let permissions = resolve(
+            &m.permissions,
+            &team.permission_presets,
+            &format!("member '{}'", m.name),
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         if records.iter().any(|r: &MemberRecord| r.name == m.name) {
-            return Err(ConfigError::Invalid(format!("member '{}' is listed twice", m.name)).into());
+            return Err(
+                ConfigError::Invalid(format!("member '{}' is listed twice", m.name)).into(),
+            );
         }
         records.push(MemberRecord {
             name: m.name.clone(),
@@ -122,12 +135,21 @@ pub fn add_member(
     now: i64,
 ) -> Result<IssuedToken, StoreError> {
     if !team::member_insert(conn, record, now)? {
-        return Err(StoreError::Corrupt(format!("member '{}' already exists", record.name)));
+        return Err(StoreError::Corrupt(format!(
+            "member '{}' already exists",
+            record.name
+        )));
     }
-    let home = FsPath::parse(&format!("/{}", record.name)).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    fs::ensure_dir(conn, &home, &record.name, now).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let (token, _) = team::token_issue(conn, &record.name, "initial", "bootstrap", created_by, now)?;
-    Ok(IssuedToken { name: record.name.clone(), token })
+    let home = FsPath::parse(&format!("/{}", record.name))
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    fs::ensure_dir(conn, &home, &record.name, now)
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let (token, _) =
+        team::token_issue(conn, &record.name, "initial", "bootstrap", created_by, now)?;
+    Ok(IssuedToken {
+        name: record.name.clone(),
+        token,
+    })
 }
 
 /// Whether removing `members.manage` from (or deleting) `name` would leave no admin.

@@ -64,7 +64,13 @@ pub fn general(boot_time: i64) -> Channel {
 }
 
 fn channel_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Channel> {
-    Ok(Channel { id: r.get(0)?, slug: r.get(1)?, created_by: r.get(2)?, created_at: r.get(3)?, archived_at: r.get(4)? })
+    Ok(Channel {
+        id: r.get(0)?,
+        slug: r.get(1)?,
+        created_by: r.get(2)?,
+        created_at: r.get(3)?,
+        archived_at: r.get(4)?,
+    })
 }
 
 const COLS: &str = "id, slug, created_by, created_at, archived_at";
@@ -87,13 +93,19 @@ pub fn by_id(conn: &Connection, id: &str) -> Result<Option<Channel>, StoreError>
 
 /// Non-archived channels, newest first.
 pub fn list_active(conn: &Connection) -> Result<Vec<Channel>, StoreError> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {COLS} FROM channels WHERE archived_at IS NULL ORDER BY created_at DESC, rowid DESC"))?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM channels WHERE archived_at IS NULL ORDER BY created_at DESC, rowid DESC"
+    ))?;
     Ok(stmt.query_map([], channel_row)?.collect::<Result<_, _>>()?)
 }
 
 /// Creates a channel with `creator` as admin.
-pub fn create(conn: &Connection, slug: &str, creator: &str, now: i64) -> Result<Channel, StoreError> {
+pub fn create(
+    conn: &Connection,
+    slug: &str,
+    creator: &str,
+    now: i64,
+) -> Result<Channel, StoreError> {
     let ch = Channel {
         id: uuid::Uuid::new_v4().to_string(),
         slug: slug.to_owned(),
@@ -117,7 +129,10 @@ pub fn rename(conn: &Connection, id: &str, slug: &str) -> Result<(), StoreError>
 
 /// Archives a channel.
 pub fn archive(conn: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
-    conn.execute("UPDATE channels SET archived_at = ?2 WHERE id = ?1", params![id, now])?;
+    conn.execute(
+        "UPDATE channels SET archived_at = ?2 WHERE id = ?1",
+        params![id, now],
+    )?;
     Ok(())
 }
 
@@ -128,27 +143,43 @@ pub fn members(conn: &Connection, id: &str) -> Result<Vec<ChannelMember>, StoreE
          ORDER BY CASE role WHEN 'admin' THEN 0 ELSE 1 END, joined_at, seq",
     )?;
     let rows = stmt.query_map([id], |r| {
-        Ok(ChannelMember { channel_id: r.get(0)?, member_name: r.get(1)?, role: r.get(2)?, joined_at: r.get(3)? })
+        Ok(ChannelMember {
+            channel_id: r.get(0)?,
+            member_name: r.get(1)?,
+            role: r.get(2)?,
+            joined_at: r.get(3)?,
+        })
     })?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
 /// Member names of a channel.
 pub fn member_names(conn: &Connection, id: &str) -> Result<BTreeSet<String>, StoreError> {
-    let mut stmt = conn.prepare_cached("SELECT member_name FROM channel_members WHERE channel_id = ?1")?;
-    Ok(stmt.query_map([id], |r| r.get::<_, String>(0))?.collect::<Result<_, _>>()?)
+    let mut stmt =
+        conn.prepare_cached("SELECT member_name FROM channel_members WHERE channel_id = ?1")?;
+    Ok(stmt
+        .query_map([id], |r| r.get::<_, String>(0))?
+        .collect::<Result<_, _>>()?)
 }
 
 /// The role of `name` in the channel, if a member.
 pub fn role_of(conn: &Connection, id: &str, name: &str) -> Result<Option<String>, StoreError> {
     Ok(conn
-        .prepare_cached("SELECT role FROM channel_members WHERE channel_id = ?1 AND member_name = ?2")?
+        .prepare_cached(
+            "SELECT role FROM channel_members WHERE channel_id = ?1 AND member_name = ?2",
+        )?
         .query_row([id, name], |r| r.get(0))
         .optional()?)
 }
 
 /// Adds a member row.
-pub fn add_member(conn: &Connection, id: &str, name: &str, role: &str, now: i64) -> Result<(), StoreError> {
+pub fn add_member(
+    conn: &Connection,
+    id: &str,
+    name: &str,
+    role: &str,
+    now: i64,
+) -> Result<(), StoreError> {
     conn.execute(
         "INSERT INTO channel_members (channel_id, member_name, role, joined_at, seq)
          VALUES (?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(seq), 0) + 1 FROM channel_members))",
@@ -159,6 +190,9 @@ pub fn add_member(conn: &Connection, id: &str, name: &str, role: &str, now: i64)
 
 /// Removes a member row.
 pub fn remove_member(conn: &Connection, id: &str, name: &str) -> Result<(), StoreError> {
-    conn.execute("DELETE FROM channel_members WHERE channel_id = ?1 AND member_name = ?2", [id, name])?;
+    conn.execute(
+        "DELETE FROM channel_members WHERE channel_id = ?1 AND member_name = ?2",
+        [id, name],
+    )?;
     Ok(())
 }

@@ -51,22 +51,41 @@ pub struct ServeArgs {
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
     let mut parts = spec.splitn(3, ':');
     let name = parts.next().unwrap_or_default().to_owned();
-    let title = parts.next().filter(|t| !t.is_empty()).unwrap_or("member").to_owned();
+    let title = parts
+        .next()
+        .filter(|t| !t.is_empty())
+        .unwrap_or("member")
+        .to_owned();
     let permissions = parts
         .next()
-        .map(|p| p.split(',').filter(|s| !s.is_empty()).map(str::to_owned).collect())
+        .map(|p| {
+            p.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     if name.is_empty() {
         bail!("--member {spec:?}: the name is missing (expected NAME[:ROLE[:PERMS]])");
     }
-    Ok(MemberSection { name, role: Role { title, description: String::new() }, instructions: String::new(), permissions })
+    Ok(MemberSection {
+        name,
+        role: Role {
+            title,
+            description: String::new(),
+        },
+        instructions: String::new(),
+        permissions,
+    })
 }
 
 fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
     if let Some(path) = &args.team_config {
         return Ok(Some(TeamConfig::load(path)?));
     }
-    let Some(name) = &args.team_name else { return Ok(None) };
+    let Some(name) = &args.team_name else {
+        return Ok(None);
+    };
     if args.members.is_empty() {
         bail!("--team-name needs at least one --member NAME[:ROLE[:PERMS]]");
     }
@@ -77,7 +96,11 @@ fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
             context: args.context.clone(),
             permission_presets: Default::default(),
         },
-        members: args.members.iter().map(|m| parse_member_flag(m)).collect::<anyhow::Result<_>>()?,
+        members: args
+            .members
+            .iter()
+            .map(|m| parse_member_flag(m))
+            .collect::<anyhow::Result<_>>()?,
     }))
 }
 
@@ -88,7 +111,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     if args.max_file_bytes > HARD_CAP {
         bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
     }
-    let store = Store::open(&args.db, args.sync).with_context(|| format!("opening database {}", args.db.display()))?;
+    let store = Store::open(&args.db, args.sync)
+        .with_context(|| format!("opening database {}", args.db.display()))?;
     let has_team = store.with(|conn| team::team_get(conn))?.is_some();
     if has_team {
         if args.team_config.is_some() || args.team_name.is_some() {
@@ -102,7 +126,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             );
         };
         let issued = bootstrap::bootstrap(&store, &config)?;
-        println!("created team '{}' in {}", config.team.name, args.db.display());
+        println!(
+            "created team '{}' in {}",
+            config.team.name,
+            args.db.display()
+        );
         println!("bearer tokens (shown once; only their SHA-256 is stored):");
         let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
         for i in issued {
@@ -123,7 +151,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                     .and_then(|mut a| a.next().context("host resolved to no address"))
             })
             .with_context(|| format!("bad --host {}", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
         let broker = super::start(config, listener).await?;
         println!("ac7 broker listening on http://{}", broker.addr);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -192,7 +222,10 @@ pub struct MemberFields {
 #[allow(clippy::print_stdout)]
 pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
     if !args.db.exists() {
-        bail!("no database at {} (start `ac7 serve --db {0}` with a team config first)", args.db.display());
+        bail!(
+            "no database at {} (start `ac7 serve --db {0}` with a team config first)",
+            args.db.display()
+        );
     }
     let store = Store::open(&args.db, SyncMode::Normal)?;
     store.with(|conn| -> anyhow::Result<i32> {

@@ -94,8 +94,13 @@ pub enum ConfigError {
 impl TeamConfig {
     /// Reads and parses a file.
     pub fn load(path: &Path) -> Result<TeamConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        serde_json::from_str(&text).map_err(|source| ConfigError::Parse { path: path.display().to_string(), source })
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.display().to_string(),
+            source,
+        })
     }
 }

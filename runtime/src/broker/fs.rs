@@ -110,7 +110,10 @@ impl FsError {
         match self {
             FsError::NotFound(_) => 404,
             FsError::Forbidden(_) => 403,
-            FsError::Exists(_) | FsError::NotADirectory(_) | FsError::IsADirectory(_) | FsError::NotEmpty(_) => 409,
+            FsError::Exists(_)
+            | FsError::NotADirectory(_)
+            | FsError::IsADirectory(_)
+            | FsError::NotEmpty(_) => 409,
             FsError::InvalidInput(_) => 400,
             FsError::TooLarge { .. } => 413,
             FsError::Store(_) => 500,
@@ -137,7 +140,9 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FsEntry> {
         name: r.get(1)?,
         kind: r.get(2)?,
         owner: r.get(3)?,
-        size: r.get::<_, Option<i64>>(4)?.map(|s| u64::try_from(s).unwrap_or(0)),
+        size: r
+            .get::<_, Option<i64>>(4)?
+            .map(|s| u64::try_from(s).unwrap_or(0)),
         mime_type: r.get(5)?,
         hash: r.get(6)?,
         created_at: r.get(7)?,
@@ -159,13 +164,16 @@ pub fn children(conn: &Connection, dir: &FsPath) -> Result<Vec<FsEntry>, StoreEr
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {COLS} FROM fs_entries WHERE parent = ?1 ORDER BY CASE kind WHEN 'directory' THEN 0 ELSE 1 END, name"
     ))?;
-    Ok(stmt.query_map([dir.as_str()], row)?.collect::<Result<_, _>>()?)
+    Ok(stmt
+        .query_map([dir.as_str()], row)?
+        .collect::<Result<_, _>>()?)
 }
 
 /// Every file, newest first.
 pub fn all_files(conn: &Connection) -> Result<Vec<FsEntry>, StoreError> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {COLS} FROM fs_entries WHERE kind = 'file' ORDER BY updated_at DESC, path"))?;
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM fs_entries WHERE kind = 'file' ORDER BY updated_at DESC, path"
+    ))?;
     Ok(stmt.query_map([], row)?.collect::<Result<_, _>>()?)
 }
 
@@ -174,7 +182,10 @@ pub fn shared_with(conn: &Connection, member: &str) -> Result<Vec<FsEntry>, Stor
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT {} FROM fs_entries e JOIN fs_grants g ON g.path = e.path
          WHERE g.member_name = ?1 AND e.kind = 'file' ORDER BY e.updated_at DESC, e.path",
-        COLS.split(", ").map(|c| format!("e.{c}")).collect::<Vec<_>>().join(", ")
+        COLS.split(", ")
+            .map(|c| format!("e.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     ))?;
     Ok(stmt.query_map([member], row)?.collect::<Result<_, _>>()?)
 }
@@ -190,13 +201,20 @@ pub fn has_grant(conn: &Connection, path: &FsPath, member: &str) -> Result<bool,
 
 /// Grants `member` read access to `path`.
 pub fn grant(conn: &Connection, path: &str, member: &str, now: i64) -> Result<(), StoreError> {
-    conn.prepare_cached("INSERT OR IGNORE INTO fs_grants (path, member_name, granted_at) VALUES (?1, ?2, ?3)")?
-        .execute(params![path, member, now])?;
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO fs_grants (path, member_name, granted_at) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![path, member, now])?;
     Ok(())
 }
 
 /// Creates `dir` and any missing ancestors as directories. Fails if something on the way is a file.
-pub fn ensure_dir(conn: &Connection, dir: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
+pub fn ensure_dir(
+    conn: &Connection,
+    dir: &FsPath,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
     let mut chain = dir.ancestors();
     chain.push(dir.clone());
     let mut last = None;
@@ -221,14 +239,28 @@ fn insert_dir(conn: &Connection, p: &FsPath, actor: &str, now: i64) -> Result<Fs
 }
 
 /// `mkdir`: with `recursive`, creates missing parents; without, the parent must exist.
-pub fn mkdir(conn: &Connection, p: &FsPath, recursive: bool, actor: &str, now: i64) -> Result<FsEntry, FsError> {
+pub fn mkdir(
+    conn: &Connection,
+    p: &FsPath,
+    recursive: bool,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
     if let Some(existing) = get(conn, p)? {
-        return if existing.is_dir() && recursive { Ok(existing) } else { Err(FsError::Exists(p.to_string())) };
+        return if existing.is_dir() && recursive {
+            Ok(existing)
+        } else {
+            Err(FsError::Exists(p.to_string()))
+        };
     }
     let parent = p.parent().unwrap_or_else(FsPath::root);
     if !recursive && !parent.is_root() {
         match get(conn, &parent)? {
-            None => return Err(FsError::NotFound(format!("parent does not exist: {parent}"))),
+            None => {
+                return Err(FsError::NotFound(format!(
+                    "parent does not exist: {parent}"
+                )));
+            }
             Some(e) if !e.is_dir() => return Err(FsError::NotADirectory(parent.to_string())),
             Some(_) => {}
         }
@@ -246,8 +278,10 @@ fn blob_ref(conn: &Connection, hash: &str, data: &[u8]) -> Result<(), StoreError
 }
 
 fn blob_unref(conn: &Connection, hash: &str) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?1")?.execute([hash])?;
-    conn.prepare_cached("DELETE FROM blobs WHERE hash = ?1 AND refcount <= 0")?.execute([hash])?;
+    conn.prepare_cached("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?1")?
+        .execute([hash])?;
+    conn.prepare_cached("DELETE FROM blobs WHERE hash = ?1 AND refcount <= 0")?
+        .execute([hash])?;
     Ok(())
 }
 
@@ -262,7 +296,17 @@ pub fn write(
     now: i64,
 ) -> Result<(FsEntry, bool), FsError> {
     let hash = sha256_hex(data);
-    place(conn, p, &hash, Some(data), data.len() as u64, mime, collide, actor, now)
+    place(
+        conn,
+        p,
+        &hash,
+        Some(data),
+        data.len() as u64,
+        mime,
+        collide,
+        actor,
+        now,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -278,7 +322,9 @@ fn place(
     now: i64,
 ) -> Result<(FsEntry, bool), FsError> {
     let parent = p.parent().filter(|q| !q.is_root()).ok_or_else(|| {
-        FsError::InvalidInput(format!("cannot write {p}: files must live inside a home or objective directory"))
+        FsError::InvalidInput(format!(
+            "cannot write {p}: files must live inside a home or objective directory"
+        ))
     })?;
     ensure_dir(conn, &parent, actor, now)?;
     let mut target = p.clone();
@@ -305,7 +351,8 @@ fn place(
                         "UPDATE fs_entries SET size = ?2, mime = ?3, hash = ?4, updated_at = ?5 WHERE path = ?1",
                     )?
                     .execute(params![target.as_str(), size as i64, mime, hash, now])?;
-                    let entry = get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
+                    let entry =
+                        get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
                     return Ok((entry, false));
                 }
                 Collide::Suffix => {}
@@ -315,7 +362,9 @@ fn place(
         if n > 10_000 {
             return Err(FsError::Exists(p.to_string()));
         }
-        target = p.with_suffix(n).map_err(|e| FsError::InvalidInput(e.to_string()))?;
+        target = p
+            .with_suffix(n)
+            .map_err(|e| FsError::InvalidInput(e.to_string()))?;
         renamed = true;
     }
     add_blob(conn, hash, data)?;
@@ -332,9 +381,13 @@ fn add_blob(conn: &Connection, hash: &str, data: Option<&[u8]>) -> Result<(), Fs
     match data {
         Some(d) => blob_ref(conn, hash, d)?,
         None => {
-            let n = conn.prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?.execute([hash])?;
+            let n = conn
+                .prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?
+                .execute([hash])?;
             if n != 1 {
-                return Err(FsError::InvalidInput(format!("attachment is corrupt: blob {hash} is missing")));
+                return Err(FsError::InvalidInput(format!(
+                    "attachment is corrupt: blob {hash} is missing"
+                )));
             }
         }
     }
@@ -342,19 +395,47 @@ fn add_blob(conn: &Connection, hash: &str, data: Option<&[u8]>) -> Result<(), Fs
 }
 
 /// Copies a file entry to `to` (suffixing on collision), sharing its blob.
-pub fn copy(conn: &Connection, from: &FsEntry, to: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
-    let hash = from.hash.clone().ok_or_else(|| FsError::IsADirectory(from.path.clone()))?;
-    let mime = from.mime_type.clone().unwrap_or_else(|| "application/octet-stream".into());
-    Ok(place(conn, to, &hash, None, from.size.unwrap_or(0), &mime, Collide::Suffix, actor, now)?.0)
+pub fn copy(
+    conn: &Connection,
+    from: &FsEntry,
+    to: &FsPath,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    let hash = from
+        .hash
+        .clone()
+        .ok_or_else(|| FsError::IsADirectory(from.path.clone()))?;
+    let mime = from
+        .mime_type
+        .clone()
+        .unwrap_or_else(|| "application/octet-stream".into());
+    Ok(place(
+        conn,
+        to,
+        &hash,
+        None,
+        from.size.unwrap_or(0),
+        &mime,
+        Collide::Suffix,
+        actor,
+        now,
+    )?
+    .0)
 }
 
 /// Reads a file's bytes.
 pub fn read(conn: &Connection, entry: &FsEntry) -> Result<Vec<u8>, FsError> {
-    let hash = entry.hash.as_deref().ok_or_else(|| FsError::IsADirectory(entry.path.clone()))?;
+    let hash = entry
+        .hash
+        .as_deref()
+        .ok_or_else(|| FsError::IsADirectory(entry.path.clone()))?;
     conn.prepare_cached("SELECT data FROM blobs WHERE hash = ?1")?
         .query_row([hash], |r| r.get::<_, Vec<u8>>(0))
         .optional()?
-        .ok_or_else(|| FsError::InvalidInput(format!("file is corrupt (missing content): {}", entry.path)))
+        .ok_or_else(|| {
+            FsError::InvalidInput(format!("file is corrupt (missing content): {}", entry.path))
+        })
 }
 
 /// Removes a file, or a directory (non-empty only with `recursive`).
@@ -366,7 +447,8 @@ pub fn remove(conn: &Connection, p: &FsPath, recursive: bool) -> Result<(), FsEr
             let mut stmt = conn.prepare_cached(
                 "SELECT path, hash FROM fs_entries WHERE substr(path, 1, length(?1)) = ?1",
             )?;
-            stmt.query_map([&prefix], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<Result<_, _>>()?
+            stmt.query_map([&prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?
         };
         if !below.is_empty() && !recursive {
             return Err(FsError::NotEmpty(p.to_string()));
@@ -379,8 +461,10 @@ pub fn remove(conn: &Connection, p: &FsPath, recursive: bool) -> Result<(), FsEr
 }
 
 fn delete_entry(conn: &Connection, path: &str, hash: Option<&str>) -> Result<(), FsError> {
-    conn.prepare_cached("DELETE FROM fs_entries WHERE path = ?1")?.execute([path])?;
-    conn.prepare_cached("DELETE FROM fs_grants WHERE path = ?1")?.execute([path])?;
+    conn.prepare_cached("DELETE FROM fs_entries WHERE path = ?1")?
+        .execute([path])?;
+    conn.prepare_cached("DELETE FROM fs_grants WHERE path = ?1")?
+        .execute([path])?;
     if let Some(h) = hash {
         blob_unref(conn, h)?;
     }
@@ -388,18 +472,28 @@ fn delete_entry(conn: &Connection, path: &str, hash: Option<&str>) -> Result<(),
 }
 
 /// Moves a file (directories are refused). Grants follow the file.
-pub fn rename(conn: &Connection, from: &FsPath, to: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
-    let entry = get(conn, from)?.ok_or_else(|| FsError::NotFound(format!("no such path: {from}")))?;
+pub fn rename(
+    conn: &Connection,
+    from: &FsPath,
+    to: &FsPath,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    let entry =
+        get(conn, from)?.ok_or_else(|| FsError::NotFound(format!("no such path: {from}")))?;
     if entry.is_dir() {
-        return Err(FsError::InvalidInput("directory move is not supported yet".into()));
+        return Err(FsError::InvalidInput(
+            "directory move is not supported yet".into(),
+        ));
     }
     if get(conn, to)?.is_some() {
         return Err(FsError::Exists(to.to_string()));
     }
-    let parent = to
-        .parent()
-        .filter(|q| !q.is_root())
-        .ok_or_else(|| FsError::InvalidInput(format!("cannot move to {to}: files must live inside a directory")))?;
+    let parent = to.parent().filter(|q| !q.is_root()).ok_or_else(|| {
+        FsError::InvalidInput(format!(
+            "cannot move to {to}: files must live inside a directory"
+        ))
+    })?;
     ensure_dir(conn, &parent, actor, now)?;
     conn.prepare_cached(
         "UPDATE fs_entries SET path = ?2, parent = ?3, name = ?4, owner = ?5, updated_at = ?6 WHERE path = ?1",
@@ -412,7 +506,11 @@ pub fn rename(conn: &Connection, from: &FsPath, to: &FsPath, actor: &str, now: i
 
 /// Number of stored blobs and the sum of their reference counts (for tests and diagnostics).
 pub fn blob_stats(conn: &Connection) -> Result<(i64, i64), StoreError> {
-    Ok(conn.query_row("SELECT COUNT(*), COALESCE(SUM(refcount), 0) FROM blobs", [], |r| Ok((r.get(0)?, r.get(1)?)))?)
+    Ok(conn.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(refcount), 0) FROM blobs",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?)
 }
 
 #[cfg(test)]
@@ -429,8 +527,26 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         store.with(|conn| {
             ensure_dir(conn, &p("/a"), "a", 1).unwrap();
-            write(conn, &p("/a/x.txt"), b"same", "text/plain", Collide::Error, "a", 2).unwrap();
-            let (e, renamed) = write(conn, &p("/a/x.txt"), b"same", "text/plain", Collide::Suffix, "a", 3).unwrap();
+            write(
+                conn,
+                &p("/a/x.txt"),
+                b"same",
+                "text/plain",
+                Collide::Error,
+                "a",
+                2,
+            )
+            .unwrap();
+            let (e, renamed) = write(
+                conn,
+                &p("/a/x.txt"),
+                b"same",
+                "text/plain",
+                Collide::Suffix,
+                "a",
+                3,
+            )
+            .unwrap();
             assert!(renamed);
             assert_eq!(e.path, "/a/x-1.txt");
             assert_eq!(blob_stats(conn).unwrap(), (1, 2));
@@ -438,7 +554,16 @@ mod tests {
             copy(conn, &src, &p("/objectives/o1/x.txt"), "a", 4).unwrap();
             assert_eq!(blob_stats(conn).unwrap(), (1, 3));
             // overwrite with new content: old blob loses one ref, new blob appears
-            write(conn, &p("/a/x.txt"), b"other", "text/plain", Collide::Overwrite, "a", 5).unwrap();
+            write(
+                conn,
+                &p("/a/x.txt"),
+                b"other",
+                "text/plain",
+                Collide::Overwrite,
+                "a",
+                5,
+            )
+            .unwrap();
             assert_eq!(blob_stats(conn).unwrap(), (2, 3));
             remove(conn, &p("/a/x-1.txt"), false).unwrap();
             remove(conn, &p("/objectives/o1"), true).unwrap();
@@ -453,26 +578,58 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         store.with(|conn| {
             ensure_dir(conn, &p("/a"), "a", 1).unwrap();
-            assert!(matches!(mkdir(conn, &p("/a/b/c"), false, "a", 1), Err(FsError::NotFound(_))));
+            assert!(matches!(
+                mkdir(conn, &p("/a/b/c"), false, "a", 1),
+                Err(FsError::NotFound(_))
+            ));
             mkdir(conn, &p("/a/b/c"), true, "a", 1).unwrap();
-            assert!(matches!(remove(conn, &p("/a/b"), false), Err(FsError::NotEmpty(_))));
+            assert!(matches!(
+                remove(conn, &p("/a/b"), false),
+                Err(FsError::NotEmpty(_))
+            ));
             write(conn, &p("/a/f"), b"1", "text/plain", Collide::Error, "a", 1).unwrap();
             assert!(matches!(
-                write(conn, &p("/a/f/g"), b"1", "text/plain", Collide::Error, "a", 1),
+                write(
+                    conn,
+                    &p("/a/f/g"),
+                    b"1",
+                    "text/plain",
+                    Collide::Error,
+                    "a",
+                    1
+                ),
                 Err(FsError::NotADirectory(_))
             ));
             assert!(matches!(
-                write(conn, &p("/a/b"), b"1", "text/plain", Collide::Overwrite, "a", 1),
+                write(
+                    conn,
+                    &p("/a/b"),
+                    b"1",
+                    "text/plain",
+                    Collide::Overwrite,
+                    "a",
+                    1
+                ),
                 Err(FsError::IsADirectory(_))
             ));
-            assert!(matches!(write(conn, &p("/top"), b"1", "t", Collide::Error, "a", 1), Err(FsError::InvalidInput(_))));
-            let names: Vec<_> = children(conn, &p("/a")).unwrap().into_iter().map(|e| e.name).collect();
+            assert!(matches!(
+                write(conn, &p("/top"), b"1", "t", Collide::Error, "a", 1),
+                Err(FsError::InvalidInput(_))
+            ));
+            let names: Vec<_> = children(conn, &p("/a"))
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
             assert_eq!(names, vec!["b", "f"]);
             grant(conn, "/a/f", "bob", 2).unwrap();
             let moved = rename(conn, &p("/a/f"), &p("/a/g"), "a", 3).unwrap();
             assert_eq!(moved.updated_at, 3);
             assert!(has_grant(conn, &p("/a/g"), "bob").unwrap());
-            assert!(matches!(rename(conn, &p("/a/b"), &p("/a/z"), "a", 3), Err(FsError::InvalidInput(_))));
+            assert!(matches!(
+                rename(conn, &p("/a/b"), &p("/a/z"), "a", 3),
+                Err(FsError::InvalidInput(_))
+            ));
         });
     }
 }

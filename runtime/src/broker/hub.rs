@@ -85,7 +85,10 @@ pub struct Subscription {
 impl Hub {
     /// A hub whose subscriber queues hold `capacity` frames.
     pub fn new(capacity: usize) -> Hub {
-        Hub { inner: Mutex::new(Inner::default()), capacity: capacity.max(1) }
+        Hub {
+            inner: Mutex::new(Inner::default()),
+            capacity: capacity.max(1),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -99,7 +102,13 @@ impl Hub {
             .members
             .entry(name.to_owned())
             .and_modify(|e| e.role = role.clone())
-            .or_insert(Entry { created_at: now, last_seen: now, busy_until: 0, role, subs: Vec::new() });
+            .or_insert(Entry {
+                created_at: now,
+                last_seen: now,
+                busy_until: 0,
+                role,
+                subs: Vec::new(),
+            });
     }
 
     /// Removes a member and closes its subscribers.
@@ -126,7 +135,11 @@ impl Hub {
         let entry = inner.members.get_mut(name)?;
         entry.last_seen = now;
         entry.subs.push(Sub { id, tx });
-        Some(Subscription { name: name.to_owned(), id, rx })
+        Some(Subscription {
+            name: name.to_owned(),
+            id,
+            rx,
+        })
     }
 
     /// Deregisters a subscriber.
@@ -142,17 +155,22 @@ impl Hub {
         let mut live = 0;
         let mut deliver_to = |entry: &mut Entry| {
             entry.last_seen = now;
-            entry.subs.retain(|sub| match sub.tx.try_send(Arc::clone(frame)) {
-                Ok(()) => {
-                    live += 1;
-                    true
-                }
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    tracing::warn!(subscriber = sub.id, "subscriber queue full; disconnecting it (it can replay on reconnect)");
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
+            entry
+                .subs
+                .retain(|sub| match sub.tx.try_send(Arc::clone(frame)) {
+                    Ok(()) => {
+                        live += 1;
+                        true
+                    }
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        tracing::warn!(
+                            subscriber = sub.id,
+                            "subscriber queue full; disconnecting it (it can replay on reconnect)"
+                        );
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
         };
         match audience {
             Audience::Everyone => inner.members.values_mut().for_each(&mut deliver_to),
@@ -182,7 +200,11 @@ impl Hub {
     }
 
     /// Presence entries for `names` (in that order) as of `now`.
-    pub fn presence<'a>(&self, names: impl IntoIterator<Item = &'a str>, now: i64) -> Vec<Presence> {
+    pub fn presence<'a>(
+        &self,
+        names: impl IntoIterator<Item = &'a str>,
+        now: i64,
+    ) -> Vec<Presence> {
         let inner = self.lock();
         names
             .into_iter()
@@ -206,11 +228,17 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn role() -> Role {
-        Role { title: "t".into(), description: String::new() }
+        Role {
+            title: "t".into(),
+            description: String::new(),
+        }
     }
 
     fn frame(id: &str) -> Arc<Frame> {
-        Arc::new(Frame { id: id.into(), json: "{}".into() })
+        Arc::new(Frame {
+            id: id.into(),
+            json: "{}".into(),
+        })
     }
 
     #[test]
@@ -228,8 +256,17 @@ mod tests {
         // the slow one got its two frames, then its stream ends
         assert_eq!(slow.rx.try_recv().unwrap().id, "0");
         assert_eq!(slow.rx.try_recv().unwrap().id, "1");
-        assert!(matches!(slow.rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)));
-        assert_eq!(hub.presence(["a", "b"], 1).iter().map(|p| p.connected).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(matches!(
+            slow.rx.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        ));
+        assert_eq!(
+            hub.presence(["a", "b"], 1)
+                .iter()
+                .map(|p| p.connected)
+                .collect::<Vec<_>>(),
+            vec![0, 1]
+        );
     }
 
     #[test]
@@ -239,7 +276,11 @@ mod tests {
         hub.register_member("b", role(), 0);
         let mut a = hub.subscribe("a", 0).unwrap();
         let mut b = hub.subscribe("b", 0).unwrap();
-        let live = hub.deliver(&Audience::Only(BTreeSet::from(["a".to_owned(), "ghost".to_owned()])), &frame("x"), 5);
+        let live = hub.deliver(
+            &Audience::Only(BTreeSet::from(["a".to_owned(), "ghost".to_owned()])),
+            &frame("x"),
+            5,
+        );
         assert_eq!(live, 1);
         assert!(a.rx.try_recv().is_ok());
         assert!(b.rx.try_recv().is_err());

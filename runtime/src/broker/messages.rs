@@ -53,9 +53,14 @@ impl Membership for ViewerScope {
 }
 
 /// Loads `viewer`'s memberships.
-pub fn viewer_scope(conn: &Connection, viewer: &str, manager: bool) -> Result<ViewerScope, StoreError> {
+pub fn viewer_scope(
+    conn: &Connection,
+    viewer: &str,
+    manager: bool,
+) -> Result<ViewerScope, StoreError> {
     let mut channels = HashSet::new();
-    let mut stmt = conn.prepare_cached("SELECT channel_id FROM channel_members WHERE member_name = ?1")?;
+    let mut stmt =
+        conn.prepare_cached("SELECT channel_id FROM channel_members WHERE member_name = ?1")?;
     for row in stmt.query_map([viewer], |r| r.get::<_, String>(0))? {
         channels.insert(row?);
     }
@@ -69,7 +74,11 @@ pub fn viewer_scope(conn: &Connection, viewer: &str, manager: bool) -> Result<Vi
             objectives.insert(row?);
         }
     }
-    Ok(ViewerScope { channels, objectives, manager })
+    Ok(ViewerScope {
+        channels,
+        objectives,
+        manager,
+    })
 }
 
 /// Which slice of history to read.
@@ -106,7 +115,11 @@ pub fn history(
             let mut stmt = conn.prepare_cached(
                 "SELECT json FROM messages WHERE thread = ?1 AND to_name IS NULL AND ts < ?2 ORDER BY seq DESC LIMIT ?3",
             )?;
-            for json in stmt.query_map(params![format!("chan:{id}"), before, limit as i64], |r| r.get(0))? {
+            for json in stmt
+                .query_map(params![format!("chan:{id}"), before, limit as i64], |r| {
+                    r.get(0)
+                })?
+            {
                 push(json?)?;
             }
         }
@@ -125,7 +138,9 @@ pub fn history(
                  AND ((to_name = ?1 AND from_name = ?2) OR (to_name = ?2 AND from_name = ?1))
                  ORDER BY seq DESC LIMIT ?4",
             )?;
-            for json in stmt.query_map(params![viewer, other, before, limit as i64], |r| r.get(0))? {
+            for json in
+                stmt.query_map(params![viewer, other, before, limit as i64], |r| r.get(0))?
+            {
                 push(json?)?;
             }
         }
@@ -135,7 +150,9 @@ pub fn history(
             )?;
             let mut rows = stmt.query([before])?;
             while let Some(row) = rows.next()? {
-                if visible(viewer, scope, row.get(1)?, row.get(2)?, row.get(3)?) && !push(row.get(0)?)? {
+                if visible(viewer, scope, row.get(1)?, row.get(2)?, row.get(3)?)
+                    && !push(row.get(0)?)?
+                {
                     break;
                 }
             }
@@ -147,7 +164,12 @@ pub fn history(
 /// The messages `viewer` may see that were logged after `last_id`, oldest first,
 /// at most [`REPLAY_LIMIT`] (the newest ones when there are more). An unknown
 /// `last_id` replays nothing.
-pub fn replay_after(conn: &Connection, viewer: &str, scope: &ViewerScope, last_id: &str) -> Result<Vec<Message>, StoreError> {
+pub fn replay_after(
+    conn: &Connection,
+    viewer: &str,
+    scope: &ViewerScope,
+    last_id: &str,
+) -> Result<Vec<Message>, StoreError> {
     let Some(seq) = conn
         .prepare_cached("SELECT seq FROM messages WHERE id = ?1")?
         .query_row([last_id], |r| r.get::<_, i64>(0))
@@ -155,8 +177,9 @@ pub fn replay_after(conn: &Connection, viewer: &str, scope: &ViewerScope, last_i
     else {
         return Ok(Vec::new());
     };
-    let mut stmt =
-        conn.prepare_cached("SELECT json, to_name, from_name, thread FROM messages WHERE seq > ?1 ORDER BY seq DESC")?;
+    let mut stmt = conn.prepare_cached(
+        "SELECT json, to_name, from_name, thread FROM messages WHERE seq > ?1 ORDER BY seq DESC",
+    )?;
     let mut rows = stmt.query([seq])?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
@@ -171,7 +194,13 @@ pub fn replay_after(conn: &Connection, viewer: &str, scope: &ViewerScope, last_i
     Ok(out)
 }
 
-fn visible(viewer: &str, scope: &ViewerScope, to: Option<String>, from: Option<String>, thread: Option<String>) -> bool {
+fn visible(
+    viewer: &str,
+    scope: &ViewerScope,
+    to: Option<String>,
+    from: Option<String>,
+    thread: Option<String>,
+) -> bool {
     let route = match (to, thread) {
         (Some(to), _) => Route::Direct { to },
         (None, Some(t)) => match ac7_protocol::message::Thread::parse(&t) {

@@ -15,8 +15,8 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod fs;
-pub mod hub;
 mod http;
+pub mod hub;
 pub mod messages;
 pub mod objectives;
 pub mod publish;
@@ -73,7 +73,9 @@ pub enum StartError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The database has no team yet.
-    #[error("the database {0} has no team yet: start with --team-config FILE (or --team-name and --member) to create one")]
+    #[error(
+        "the database {0} has no team yet: start with --team-config FILE (or --team-name and --member) to create one"
+    )]
     NoTeam(PathBuf),
     /// The listener could not be created.
     #[error("cannot listen: {0}")]
@@ -96,9 +98,16 @@ pub struct AppState {
 
 impl AppState {
     /// A fresh objective id (unique in the store; the caller holds the store lock).
-    pub(crate) fn next_objective_id(&self, conn: &rusqlite::Connection, now: i64) -> Result<String, StoreError> {
+    pub(crate) fn next_objective_id(
+        &self,
+        conn: &rusqlite::Connection,
+        now: i64,
+    ) -> Result<String, StoreError> {
         loop {
-            let n = self.objective_counter.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
+            let n = self
+                .objective_counter
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
             let id = ac7_protocol::objective::format_id(u64::try_from(now).unwrap_or(0), n);
             if !objectives::exists(conn, &id)? {
                 return Ok(id);
@@ -133,17 +142,24 @@ impl RunningBroker {
             let _ = tx.send(());
         }
         self.state.hub.close_all();
-        self.task.await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 
     /// Waits until the server stops on its own (it only does on error).
     pub async fn wait(self) -> std::io::Result<()> {
-        self.task.await.unwrap_or_else(|e| Err(std::io::Error::other(e)))
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
     }
 }
 
 /// Opens the store (which must hold a team) and serves on `listener`.
-pub async fn start(config: BrokerConfig, listener: TcpListener) -> Result<RunningBroker, StartError> {
+pub async fn start(
+    config: BrokerConfig,
+    listener: TcpListener,
+) -> Result<RunningBroker, StartError> {
     let store = Store::open(&config.db_path, config.sync)?;
     let boot_time = now_ms();
     let hub = Hub::new(config.queue_capacity);
@@ -156,7 +172,13 @@ pub async fn start(config: BrokerConfig, listener: TcpListener) -> Result<Runnin
     for m in members {
         hub.register_member(&m.name, m.role, boot_time);
     }
-    let state = Arc::new(AppState { store, hub, config, boot_time, objective_counter: AtomicU16::new(0) });
+    let state = Arc::new(AppState {
+        store,
+        hub,
+        config,
+        boot_time,
+        objective_counter: AtomicU16::new(0),
+    });
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));
     let (tx, rx) = oneshot::channel::<()>();
@@ -168,5 +190,10 @@ pub async fn start(config: BrokerConfig, listener: TcpListener) -> Result<Runnin
             .await
     });
     tracing::info!(%addr, "ac7 broker listening");
-    Ok(RunningBroker { addr, state, shutdown: Some(tx), task })
+    Ok(RunningBroker {
+        addr,
+        state,
+        shutdown: Some(tx),
+        task,
+    })
 }

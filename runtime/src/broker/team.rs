@@ -72,7 +72,11 @@ pub struct MemberView<'a> {
 impl MemberRecord {
     /// As a `Teammate`.
     pub fn teammate(&self) -> Teammate<'_> {
-        Teammate { name: &self.name, role: &self.role, permissions: self.permissions }
+        Teammate {
+            name: &self.name,
+            role: &self.role,
+            permissions: self.permissions,
+        }
     }
 
     /// As a `Member`.
@@ -113,11 +117,21 @@ pub fn team_get(conn: &Connection) -> Result<Option<Team>, StoreError> {
     let row = conn
         .prepare_cached("SELECT name, directive, context, presets FROM team WHERE id = 1")?
         .query_row([], |r| {
-            Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?))
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
         })
         .optional()?;
     row.map(|(name, directive, context, presets)| {
-        Ok(Team { name, directive, context, permission_presets: serde_json::from_str(&presets)? })
+        Ok(Team {
+            name,
+            directive,
+            context,
+            permission_presets: serde_json::from_str(&presets)?,
+        })
     })
     .transpose()
 }
@@ -132,7 +146,9 @@ pub fn team_put(conn: &Connection, team: &Team, now: i64) -> Result<(), StoreErr
     Ok(())
 }
 
-fn member_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, String, String, String)> {
+fn member_from_row(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, String, String, String, String)> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
 }
 
@@ -151,18 +167,21 @@ const MEMBER_COLS: &str = "name, role_title, role_description, instructions, per
 
 /// Every member, in creation order.
 pub fn members_list(conn: &Connection) -> Result<Vec<MemberRecord>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {MEMBER_COLS} FROM members ORDER BY seq"))?;
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {MEMBER_COLS} FROM members ORDER BY seq"))?;
     let rows = stmt.query_map([], member_from_row)?;
     rows.map(|r| decode_member(r?)).collect()
 }
 
 /// One member by name.
 pub fn member_get(conn: &Connection, name: &str) -> Result<Option<MemberRecord>, StoreError> {
-    conn.prepare_cached(&format!("SELECT {MEMBER_COLS} FROM members WHERE name = ?1"))?
-        .query_row([name], member_from_row)
-        .optional()?
-        .map(decode_member)
-        .transpose()
+    conn.prepare_cached(&format!(
+        "SELECT {MEMBER_COLS} FROM members WHERE name = ?1"
+    ))?
+    .query_row([name], member_from_row)
+    .optional()?
+    .map(decode_member)
+    .transpose()
 }
 
 /// Whether a member exists.
@@ -206,7 +225,10 @@ pub fn member_delete(conn: &Connection, name: &str) -> Result<bool, StoreError> 
 pub fn managers(conn: &Connection) -> Result<Vec<String>, StoreError> {
     Ok(members_list(conn)?
         .into_iter()
-        .filter(|m| m.permissions.contains(ac7_protocol::permission::Permission::MembersManage))
+        .filter(|m| {
+            m.permissions
+                .contains(ac7_protocol::permission::Permission::MembersManage)
+        })
         .map(|m| m.name)
         .collect())
 }
@@ -220,7 +242,8 @@ pub fn token_issue(
     created_by: Option<&str>,
     now: i64,
 ) -> Result<(String, TokenInfo), StoreError> {
-    let token = tokens::generate().map_err(|e| StoreError::Corrupt(format!("no entropy for a token: {e}")))?;
+    let token = tokens::generate()
+        .map_err(|e| StoreError::Corrupt(format!("no entropy for a token: {e}")))?;
     let info = TokenInfo {
         id: uuid::Uuid::new_v4().to_string(),
         member_name: member.to_owned(),
@@ -239,7 +262,10 @@ pub fn token_issue(
 }
 
 /// Looks a token up by its hash: `(token id, member name, expires_at)`.
-pub fn token_lookup(conn: &Connection, hash: &str) -> Result<Option<(String, String, Option<i64>)>, StoreError> {
+pub fn token_lookup(
+    conn: &Connection,
+    hash: &str,
+) -> Result<Option<(String, String, Option<i64>)>, StoreError> {
     Ok(conn
         .prepare_cached("SELECT id, member_name, expires_at FROM tokens WHERE hash = ?1")?
         .query_row([hash], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -275,7 +301,10 @@ pub fn tokens_list(conn: &Connection, member: &str) -> Result<Vec<TokenInfo>, St
 
 /// Deletes a member's token; `false` if there is no such token for that member.
 pub fn token_delete(conn: &Connection, member: &str, id: &str) -> Result<bool, StoreError> {
-    Ok(conn.execute("DELETE FROM tokens WHERE id = ?1 AND member_name = ?2", [id, member])? == 1)
+    Ok(conn.execute(
+        "DELETE FROM tokens WHERE id = ?1 AND member_name = ?2",
+        [id, member],
+    )? == 1)
 }
 
 /// Revokes every token of `member`.

@@ -36,7 +36,11 @@ mod tests {
         let t = generate().unwrap();
         assert!(t.starts_with("ac7_"));
         assert_eq!(t.len(), 4 + 43);
-        assert!(t[4..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+        assert!(
+            t[4..]
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
         assert_ne!(generate().unwrap(), t);
     }
 

@@ -1,6 +1,6 @@
 //! Shared helpers for the broker integration tests: a real broker on 127.0.0.1
 //! (random port) with a three-member team, an HTTP helper, SSE and WebSocket clients.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -48,7 +48,10 @@ pub async fn start_with(tweak: impl FnOnce(&mut BrokerConfig)) -> TestBroker {
         url: format!("http://{}", broker.addr),
         tokens: issued.into_iter().map(|i| (i.name, i.token)).collect(),
         broker,
-        http: reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap(),
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
         dir,
     }
 }
@@ -65,8 +68,16 @@ impl TestBroker {
         &self.tokens[who]
     }
 
-    pub async fn raw(&self, method: &str, path: &str, who: Option<&str>, body: Option<Vec<u8>>) -> Resp {
-        let mut req = self.http.request(method.parse().unwrap(), format!("{}{path}", self.url));
+    pub async fn raw(
+        &self,
+        method: &str,
+        path: &str,
+        who: Option<&str>,
+        body: Option<Vec<u8>>,
+    ) -> Resp {
+        let mut req = self
+            .http
+            .request(method.parse().unwrap(), format!("{}{path}", self.url));
         if let Some(w) = who {
             req = req.bearer_auth(self.token(w));
         }
@@ -78,11 +89,22 @@ impl TestBroker {
         let headers = resp.headers().clone();
         let text = resp.text().await.unwrap();
         let json = serde_json::from_str(&text).unwrap_or(Value::Null);
-        Resp { status, json, text, headers }
+        Resp {
+            status,
+            json,
+            text,
+            headers,
+        }
     }
 
     pub async fn call(&self, method: &str, path: &str, who: &str, body: Option<Value>) -> Resp {
-        self.raw(method, path, Some(who), body.map(|b| serde_json::to_vec(&b).unwrap())).await
+        self.raw(
+            method,
+            path,
+            Some(who),
+            body.map(|b| serde_json::to_vec(&b).unwrap()),
+        )
+        .await
     }
 
     pub async fn get(&self, path: &str, who: &str) -> Resp {
@@ -100,7 +122,14 @@ impl TestBroker {
         r.json["message"].clone()
     }
 
-    pub async fn write_file(&self, who: &str, path: &str, mime: &str, bytes: &[u8], collide: Option<&str>) -> Resp {
+    pub async fn write_file(
+        &self,
+        who: &str,
+        path: &str,
+        mime: &str,
+        bytes: &[u8],
+        collide: Option<&str>,
+    ) -> Resp {
         let mut q = vec![("path", path.to_owned()), ("mime", mime.to_owned())];
         if let Some(c) = collide {
             q.push(("collide", c.to_owned()));
@@ -117,7 +146,12 @@ impl TestBroker {
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
         let text = resp.text().await.unwrap();
-        Resp { status, json: serde_json::from_str(&text).unwrap_or(Value::Null), text, headers }
+        Resp {
+            status,
+            json: serde_json::from_str(&text).unwrap_or(Value::Null),
+            text,
+            headers,
+        }
     }
 
     pub async fn sse(&self, who: &str, last_event_id: Option<&str>) -> SseClient {
@@ -132,17 +166,32 @@ impl TestBroker {
         }
         let resp = req.send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 200);
-        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
-        SseClient { stream: Box::pin(resp.bytes_stream()), buf: String::new() }
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        SseClient {
+            stream: Box::pin(resp.bytes_stream()),
+            buf: String::new(),
+        }
     }
 
     pub async fn ws(&self, who: &str, last_event_id: Option<&str>) -> WsClient {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let url = format!("{}/subscribe?name={who}", self.url.replace("http://", "ws://"));
+        let url = format!(
+            "{}/subscribe?name={who}",
+            self.url.replace("http://", "ws://")
+        );
         let mut req = url.into_client_request().unwrap();
-        req.headers_mut().insert("authorization", format!("Bearer {}", self.token(who)).parse().unwrap());
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", self.token(who)).parse().unwrap(),
+        );
         if let Some(id) = last_event_id {
-            req.headers_mut().insert("last-event-id", id.parse().unwrap());
+            req.headers_mut()
+                .insert("last-event-id", id.parse().unwrap());
         }
         let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
         WsClient { ws }
@@ -157,7 +206,8 @@ pub struct SseEvent {
     pub data: String,
 }
 
-type ByteStream = std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>;
+type ByteStream =
+    std::pin::Pin<Box<dyn futures_util::Stream<Item = reqwest::Result<axum::body::Bytes>> + Send>>;
 
 pub struct SseClient {
     stream: ByteStream,
@@ -167,7 +217,9 @@ pub struct SseClient {
 impl SseClient {
     /// The next event (skipping keepalive comments); panics after 5 s.
     pub async fn next_event(&mut self) -> SseEvent {
-        tokio::time::timeout(Duration::from_secs(5), self.next_inner()).await.expect("no SSE event within 5 s")
+        tokio::time::timeout(Duration::from_secs(5), self.next_inner())
+            .await
+            .expect("no SSE event within 5 s")
     }
 
     /// The next raw block (events and comments), or None at end of stream.
@@ -188,7 +240,11 @@ impl SseClient {
     async fn next_inner(&mut self) -> SseEvent {
         loop {
             let block = self.next_block().await.expect("SSE stream ended");
-            let mut ev = SseEvent { id: None, event: None, data: String::new() };
+            let mut ev = SseEvent {
+                id: None,
+                event: None,
+                data: String::new(),
+            };
             let mut any = false;
             for line in block.lines() {
                 if let Some(v) = line.strip_prefix("id:") {
@@ -223,7 +279,9 @@ impl SseClient {
 }
 
 pub struct WsClient {
-    pub ws: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+    pub ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
 }
 
 impl WsClient {
@@ -238,7 +296,9 @@ impl WsClient {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(5), fut).await.expect("no WS frame within 5 s")
+        tokio::time::timeout(Duration::from_secs(5), fut)
+            .await
+            .expect("no WS frame within 5 s")
     }
 }
 
@@ -249,13 +309,19 @@ pub fn redact(v: &Value) -> Value {
             m.iter()
                 .map(|(k, v)| {
                     let red = match k.as_str() {
-                        "id" | "objectiveId" | "objective_id" | "channelId" | "ts" | "createdAt" | "updatedAt"
-                        | "lastSeen" | "joinedAt" | "completedAt" | "archivedAt"
+                        "id" | "objectiveId" | "objective_id" | "channelId" | "ts"
+                        | "createdAt" | "updatedAt" | "lastSeen" | "joinedAt" | "completedAt"
+                        | "archivedAt"
                             if !v.is_null() && v.as_str() != Some("general") =>
                         {
                             json!(format!("[{k}]"))
                         }
-                        "thread" if v.as_str().is_some_and(|t| t.starts_with("obj:") || (t.starts_with("chan:") && t != "chan:general")) => {
+                        "thread"
+                            if v.as_str().is_some_and(|t| {
+                                t.starts_with("obj:")
+                                    || (t.starts_with("chan:") && t != "chan:general")
+                            }) =>
+                        {
                             json!("[thread]")
                         }
                         "token" if v.is_string() => json!("[token]"),
@@ -272,7 +338,12 @@ pub fn redact(v: &Value) -> Value {
             let first = lines.next().unwrap_or("");
             let head = first.rsplit_once(' ').map_or(first, |(h, _)| h);
             let rest: Vec<&str> = lines.collect();
-            json!(std::iter::once(format!("{head} [id]")).chain(rest.into_iter().map(str::to_owned)).collect::<Vec<_>>().join("\n"))
+            json!(
+                std::iter::once(format!("{head} [id]"))
+                    .chain(rest.into_iter().map(str::to_owned))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
         }
         other => other.clone(),
     }

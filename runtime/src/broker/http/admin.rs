@@ -10,25 +10,39 @@ use serde_json::{Value, json};
 use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
 use crate::broker::bootstrap::{self, add_member, is_last_admin, validate_member};
 use crate::broker::db::StoreError;
-use crate::broker::team::{self, MemberRecord, Role, Team};
 use crate::broker::now_ms;
+use crate::broker::team::{self, MemberRecord, Role, Team};
 
 fn load_team(conn: &rusqlite::Connection) -> Result<Team, ApiError> {
-    team::team_get(conn)?.ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no team configured"))
+    team::team_get(conn)?
+        .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no team configured"))
 }
 
-pub(super) async fn team_get(State(state): State<Shared>, _caller: Caller) -> Result<Response, ApiError> {
+pub(super) async fn team_get(
+    State(state): State<Shared>,
+    _caller: Caller,
+) -> Result<Response, ApiError> {
     let team = state.store.with(|conn| load_team(conn))?;
     Ok(reply(StatusCode::OK, &json!({"team": team})))
 }
 
-pub(super) async fn team_patch(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
-    ApiError::require(caller.permissions, Permission::TeamManage, "updating the team")?;
+pub(super) async fn team_patch(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    ApiError::require(
+        caller.permissions,
+        Permission::TeamManage,
+        "updating the team",
+    )?;
     let v: serde_json::Map<String, Value> = parse_json(&body, "team")?;
     let field = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_owned);
     let (name, directive, context) = (field("name"), field("directive"), field("context"));
     if name.is_none() && directive.is_none() && context.is_none() {
-        return Err(ApiError::bad_request("no fields to update (name, directive, context)"));
+        return Err(ApiError::bad_request(
+            "no fields to update (name, directive, context)",
+        ));
     }
     state.store.with(|conn| {
         let mut team = load_team(conn)?;
@@ -47,9 +61,15 @@ pub(super) async fn team_patch(State(state): State<Shared>, caller: Caller, Body
     })
 }
 
-pub(super) async fn presets_list(State(state): State<Shared>, _caller: Caller) -> Result<Response, ApiError> {
+pub(super) async fn presets_list(
+    State(state): State<Shared>,
+    _caller: Caller,
+) -> Result<Response, ApiError> {
     let team = state.store.with(|conn| load_team(conn))?;
-    Ok(reply(StatusCode::OK, &json!({"presets": team.permission_presets})))
+    Ok(reply(
+        StatusCode::OK,
+        &json!({"presets": team.permission_presets}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -63,21 +83,40 @@ pub(super) async fn preset_put(
     Path(name): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    ApiError::require(caller.permissions, Permission::TeamManage, "editing presets")?;
+    ApiError::require(
+        caller.permissions,
+        Permission::TeamManage,
+        "editing presets",
+    )?;
     let b: PresetBody = parse_json(&body, "preset")?;
-    Issues::default().len("name", &name, 1, 64).count("permissions", b.permissions.len(), 32).finish("preset")?;
-    let set = permission::resolve_preset(&name, &b.permissions).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Issues::default()
+        .len("name", &name, 1, 64)
+        .count("permissions", b.permissions.len(), 32)
+        .finish("preset")?;
+    let set = permission::resolve_preset(&name, &b.permissions)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let leaves: Vec<String> = set.names().into_iter().map(str::to_owned).collect();
     state.store.with(|conn| {
         let mut team = load_team(conn)?;
         team.permission_presets.insert(name.clone(), leaves.clone());
         team::team_put(conn, &team, now_ms())?;
-        Ok(reply(StatusCode::OK, &json!({"preset": {"name": name, "permissions": leaves}})))
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"preset": {"name": name, "permissions": leaves}}),
+        ))
     })
 }
 
-pub(super) async fn preset_delete(State(state): State<Shared>, caller: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
-    ApiError::require(caller.permissions, Permission::TeamManage, "deleting presets")?;
+pub(super) async fn preset_delete(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    ApiError::require(
+        caller.permissions,
+        Permission::TeamManage,
+        "deleting presets",
+    )?;
     state.store.with(|conn| {
         let mut team = load_team(conn)?;
         if team.permission_presets.remove(&name).is_none() {
@@ -85,11 +124,17 @@ pub(super) async fn preset_delete(State(state): State<Shared>, caller: Caller, P
         }
         team::team_put(conn, &team, now_ms())?;
         // Members hold resolved leaves, so nothing changes for them; report none.
-        Ok(reply(StatusCode::OK, &json!({"deleted": name, "referencedBy": []})))
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"deleted": name, "referencedBy": []}),
+        ))
     })
 }
 
-pub(super) async fn members_list(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
+pub(super) async fn members_list(
+    State(state): State<Shared>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
     let members = state.store.with(|conn| team::members_list(conn))?;
     let body = if caller.has(Permission::MembersManage) {
         json!({"members": members.iter().map(MemberRecord::view).collect::<Vec<_>>()})
@@ -108,28 +153,51 @@ pub(super) struct CreateMember {
     permissions: Vec<String>,
 }
 
-pub(super) async fn members_create(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn members_create(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     if !caller.has(Permission::MembersManage) {
-        return Err(ApiError::forbidden("creating members requires the members.manage permission"));
+        return Err(ApiError::forbidden(
+            "creating members requires the members.manage permission",
+        ));
     }
     let b: CreateMember = parse_json(&body, "member")?;
     validate_member(&b.name, &b.role, &b.instructions).map_err(ApiError::bad_request)?;
     let now = now_ms();
     let (record, token) = state.store.with(|conn| -> Result<_, ApiError> {
         let team = load_team(conn)?;
-        let permissions = permission::resolve(&b.permissions, &team.permission_presets, &format!("member '{}'", b.name))
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let permissions = permission::resolve(
+            &b.permissions,
+            &team.permission_presets,
+            &format!("member '{}'", b.name),
+        )
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if team::member_exists(conn, &b.name)? {
-            return Err(ApiError::conflict(format!("member '{}' already exists", b.name)));
+            return Err(ApiError::conflict(format!(
+                "member '{}' already exists",
+                b.name
+            )));
         }
-        let record = MemberRecord { name: b.name.clone(), role: b.role.clone(), instructions: b.instructions.clone(), permissions };
+        let record = MemberRecord {
+            name: b.name.clone(),
+            role: b.role.clone(),
+            instructions: b.instructions.clone(),
+            permissions,
+        };
         let tx = conn.transaction().map_err(StoreError::from)?;
         let issued = add_member(&tx, &record, Some(&caller.name), now)?;
         tx.commit().map_err(StoreError::from)?;
         Ok((record, issued.token))
     })?;
-    state.hub.register_member(&record.name, record.role.clone(), now);
-    Ok(reply(StatusCode::OK, &json!({"member": record.teammate(), "token": token})))
+    state
+        .hub
+        .register_member(&record.name, record.role.clone(), now);
+    Ok(reply(
+        StatusCode::OK,
+        &json!({"member": record.teammate(), "token": token}),
+    ))
 }
 
 #[derive(Deserialize)]
@@ -148,14 +216,21 @@ pub(super) async fn member_update(
     Path(name): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    ApiError::require(caller.permissions, Permission::MembersManage, "updating members")?;
+    ApiError::require(
+        caller.permissions,
+        Permission::MembersManage,
+        "updating members",
+    )?;
     let b: UpdateMember = parse_json(&body, "member update")?;
     if b.role.is_none() && b.instructions.is_none() && b.permissions.is_none() {
-        return Err(ApiError::bad_request("no fields to update (role, instructions, permissions)"));
+        return Err(ApiError::bad_request(
+            "no fields to update (role, instructions, permissions)",
+        ));
     }
     let record = state.store.with(|conn| -> Result<_, ApiError> {
         let team = load_team(conn)?;
-        let mut m = team::member_get(conn, &name)?.ok_or_else(|| ApiError::not_found(format!("no such member: {name}")))?;
+        let mut m = team::member_get(conn, &name)?
+            .ok_or_else(|| ApiError::not_found(format!("no such member: {name}")))?;
         if let Some(role) = b.role {
             m.role = role;
         }
@@ -163,8 +238,9 @@ pub(super) async fn member_update(
             m.instructions = i;
         }
         if let Some(p) = b.permissions {
-            let perms = permission::resolve(&p, &team.permission_presets, &format!("member '{name}'"))
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let perms =
+                permission::resolve(&p, &team.permission_presets, &format!("member '{name}'"))
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
             if !perms.contains(Permission::MembersManage) && is_last_admin(conn, &name)? {
                 return Err(ApiError::conflict(
                     "cannot remove members.manage from the last admin — promote someone else first",
@@ -176,18 +252,30 @@ pub(super) async fn member_update(
         team::member_update(conn, &m)?;
         Ok(m)
     })?;
-    state.hub.register_member(&record.name, record.role.clone(), now_ms());
+    state
+        .hub
+        .register_member(&record.name, record.role.clone(), now_ms());
     Ok(reply(StatusCode::OK, &record.view()))
 }
 
-pub(super) async fn member_delete(State(state): State<Shared>, caller: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
-    ApiError::require(caller.permissions, Permission::MembersManage, "removing members")?;
+pub(super) async fn member_delete(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    ApiError::require(
+        caller.permissions,
+        Permission::MembersManage,
+        "removing members",
+    )?;
     state.store.with(|conn| {
         if !team::member_exists(conn, &name)? {
             return Err(ApiError::not_found(format!("no such member: {name}")));
         }
         if is_last_admin(conn, &name)? {
-            return Err(ApiError::conflict("cannot remove the last admin — promote someone else first"));
+            return Err(ApiError::conflict(
+                "cannot remove the last admin — promote someone else first",
+            ));
         }
         let tx = conn.transaction().map_err(StoreError::from)?;
         team::member_delete(&tx, &name)?;
@@ -208,7 +296,11 @@ fn self_or_manager(caller: &Caller, name: &str) -> Result<(), ApiError> {
     }
 }
 
-pub(super) async fn rotate_token(State(state): State<Shared>, caller: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub(super) async fn rotate_token(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
     state.store.with(|conn| {
         if !team::member_exists(conn, &name)? {
@@ -216,13 +308,27 @@ pub(super) async fn rotate_token(State(state): State<Shared>, caller: Caller, Pa
         }
         let tx = conn.transaction().map_err(StoreError::from)?;
         team::tokens_revoke_all(&tx, &name)?;
-        let (token, info) = team::token_issue(&tx, &name, "rotated", "rotate", Some(&caller.name), now_ms())?;
+        let (token, info) = team::token_issue(
+            &tx,
+            &name,
+            "rotated",
+            "rotate",
+            Some(&caller.name),
+            now_ms(),
+        )?;
         tx.commit().map_err(StoreError::from)?;
-        Ok(reply(StatusCode::OK, &json!({"token": token, "tokenInfo": info})))
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"token": token, "tokenInfo": info}),
+        ))
     })
 }
 
-pub(super) async fn tokens_list(State(state): State<Shared>, caller: Caller, Path(name): Path<String>) -> Result<Response, ApiError> {
+pub(super) async fn tokens_list(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
     let tokens = state.store.with(|conn| team::tokens_list(conn, &name))?;
     Ok(reply(StatusCode::OK, &json!({"tokens": tokens})))
@@ -240,7 +346,9 @@ pub(super) async fn token_delete(
             return Err(ApiError::not_found("no such token"));
         }
         if tokens.len() == 1 && is_last_admin(conn, &name)? {
-            return Err(ApiError::conflict("cannot revoke the last token of the last admin"));
+            return Err(ApiError::conflict(
+                "cannot revoke the last token of the last admin",
+            ));
         }
         team::token_delete(conn, &name, &id)?;
         Ok(StatusCode::NO_CONTENT.into_response())

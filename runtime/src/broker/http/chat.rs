@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 
 use ac7_protocol::message::{
-    self, Attachment, Audience, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload, Route, Thread,
+    self, Attachment, Audience, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload,
+    Route, Thread,
 };
 use ac7_protocol::objective::{self as obj_rules, Action};
 use ac7_protocol::permission::Permission;
@@ -22,10 +23,16 @@ use crate::broker::team::{self, MemberRecord, Team};
 use crate::broker::{channels, fs, now_ms, objectives};
 
 pub(super) async fn healthz() -> Response {
-    reply(StatusCode::OK, &json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}))
+    reply(
+        StatusCode::OK,
+        &json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}),
+    )
 }
 
-pub(super) async fn briefing(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
+pub(super) async fn briefing(
+    State(state): State<Shared>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
     state.store.with(|conn| {
         let team = team::team_get(conn)?.unwrap_or_else(|| Team {
             name: String::new(),
@@ -80,7 +87,10 @@ fn compose_briefing(me: &MemberRecord, team: &Team, members: &[MemberRecord]) ->
     lines.push(if me.role.description.trim().is_empty() {
         format!("Your role here: {}", me.role.title)
     } else {
-        format!("Your role here: {} — {}", me.role.title, me.role.description)
+        format!(
+            "Your role here: {} — {}",
+            me.role.title, me.role.description
+        )
     });
     lines.push(String::new());
     lines.push(format!("Team: {}", team.name));
@@ -96,10 +106,17 @@ fn compose_briefing(me: &MemberRecord, team: &Team, members: &[MemberRecord]) ->
     }
     let others: Vec<&MemberRecord> = members.iter().filter(|m| m.name != me.name).collect();
     if !others.is_empty() {
-        let width = others.iter().map(|m| m.name.chars().count()).max().unwrap_or(0);
+        let width = others
+            .iter()
+            .map(|m| m.name.chars().count())
+            .max()
+            .unwrap_or(0);
         lines.push("Teammates on the net:".into());
         for m in others {
-            lines.push(format!("  {:<width$} — {}: {}", m.name, m.role.title, m.role.description));
+            lines.push(format!(
+                "  {:<width$} — {}: {}",
+                m.name, m.role.title, m.role.description
+            ));
         }
         lines.push(String::new());
     }
@@ -125,10 +142,21 @@ fn compose_briefing(me: &MemberRecord, team: &Team, members: &[MemberRecord]) ->
     lines.join("\n")
 }
 
-pub(super) async fn roster(State(state): State<Shared>, _caller: Caller) -> Result<Response, ApiError> {
+pub(super) async fn roster(
+    State(state): State<Shared>,
+    _caller: Caller,
+) -> Result<Response, ApiError> {
     let members = state.store.with(|conn| team::members_list(conn))?;
-    let connected = state.hub.presence(members.iter().map(|m| m.name.as_str()), now_ms());
-    Ok(reply(StatusCode::OK, &Roster { teammates: members.iter().map(MemberRecord::teammate).collect(), connected }))
+    let connected = state
+        .hub
+        .presence(members.iter().map(|m| m.name.as_str()), now_ms());
+    Ok(reply(
+        StatusCode::OK,
+        &Roster {
+            teammates: members.iter().map(MemberRecord::teammate).collect(),
+            connected,
+        },
+    ))
 }
 
 #[derive(Deserialize)]
@@ -139,9 +167,16 @@ pub(super) struct BusyBody {
 /// How long a busy report lasts without a refresh.
 const BUSY_TTL_MS: i64 = 30_000;
 
-pub(super) async fn busy(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn busy(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     let b: BusyBody = parse_json(&body, "busy")?;
-    state.hub.set_busy(&caller.name, if b.busy { now_ms() + BUSY_TTL_MS } else { 0 });
+    state.hub.set_busy(
+        &caller.name,
+        if b.busy { now_ms() + BUSY_TTL_MS } else { 0 },
+    );
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -154,19 +189,28 @@ pub(super) fn canonical_attachments(
 ) -> Result<Vec<Attachment>, ApiError> {
     let mut out = Vec::with_capacity(given.len());
     for a in given {
-        let path = FsPath::parse(&a.path).map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
-        let entry = fs::get(conn, &path)?.ok_or_else(|| ApiError::bad_request(format!("attachment not found: {path}")))?;
+        let path = FsPath::parse(&a.path)
+            .map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
+        let entry = fs::get(conn, &path)?
+            .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {path}")))?;
         if entry.is_dir() {
-            return Err(ApiError::bad_request(format!("attachment is a directory: {path}")));
+            return Err(ApiError::bad_request(format!(
+                "attachment is a directory: {path}"
+            )));
         }
         if !super::fs::can_read(conn, caller, &path)? {
-            return Err(ApiError::forbidden(format!("no access to attachment: {path}")));
+            return Err(ApiError::forbidden(format!(
+                "no access to attachment: {path}"
+            )));
         }
         out.push(Attachment {
             path: entry.path.clone(),
             name: entry.name.clone(),
             size: entry.size.unwrap_or(0),
-            mime_type: entry.mime_type.clone().unwrap_or_else(|| "application/octet-stream".into()),
+            mime_type: entry
+                .mime_type
+                .clone()
+                .unwrap_or_else(|| "application/octet-stream".into()),
         });
     }
     Ok(out)
@@ -180,7 +224,9 @@ pub(super) fn grant_attachments(
     now: i64,
 ) -> Result<(), ApiError> {
     for a in attachments {
-        let Ok(path) = FsPath::parse(&a.path) else { continue };
+        let Ok(path) = FsPath::parse(&a.path) else {
+            continue;
+        };
         let owner = match path.scope() {
             Scope::Home { member } => Some(member.to_owned()),
             Scope::Root | Scope::ObjectivesRoot | Scope::Objective { .. } => None,
@@ -194,12 +240,20 @@ pub(super) fn grant_attachments(
     Ok(())
 }
 
-pub(super) async fn push(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn push(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     let payload: PushPayload = parse_json(&body, "push")?;
     Issues::default()
         .len("body", &payload.body, 1, MAX_BODY_CHARS)
         .opt_len("title", payload.title.as_deref(), 0, MAX_TITLE_CHARS)
-        .count("attachments", payload.attachments.as_ref().map_or(0, Vec::len), MAX_ATTACHMENTS)
+        .count(
+            "attachments",
+            payload.attachments.as_ref().map_or(0, Vec::len),
+            MAX_ATTACHMENTS,
+        )
         .finish("push")?;
     if let Some(to) = &payload.to
         && !message::is_valid_name(to)
@@ -217,7 +271,8 @@ pub(super) async fn push(State(state): State<Shared>, caller: Caller, Body(body)
             return Err(ApiError::not_found(format!("no such agent: {to}")));
         }
         let thread_members = thread_members(conn, &caller, &thread)?;
-        let attachments = canonical_attachments(conn, &caller, payload.attachments.as_deref().unwrap_or(&[]))?;
+        let attachments =
+            canonical_attachments(conn, &caller, payload.attachments.as_deref().unwrap_or(&[]))?;
         let route = Route::of(payload.to.as_deref(), &data);
         let audience = message::audience(Some(&caller.name), &route, &thread_members);
         let targets = match &route {
@@ -226,7 +281,9 @@ pub(super) async fn push(State(state): State<Shared>, caller: Caller, Body(body)
             Route::Channel(_) | Route::Objective(_) => thread_members.len(),
             Route::Unroutable => 0,
         };
-        let tx = conn.transaction().map_err(crate::broker::db::StoreError::from)?;
+        let tx = conn
+            .transaction()
+            .map_err(crate::broker::db::StoreError::from)?;
         let (msg, frame) = publish::log(
             &tx,
             Draft {
@@ -242,24 +299,35 @@ pub(super) async fn push(State(state): State<Shared>, caller: Caller, Body(body)
         )?;
         if !msg.attachments.is_empty() {
             let recipients = match &audience {
-                Audience::Everyone => team::members_list(&tx)?.into_iter().map(|m| m.name).collect(),
+                Audience::Everyone => team::members_list(&tx)?
+                    .into_iter()
+                    .map(|m| m.name)
+                    .collect(),
                 Audience::Only(names) => names.clone(),
             };
             grant_attachments(&tx, &msg.attachments, &recipients, now)?;
         }
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
         let live = publish::deliver(&state, &audience, &frame, now);
-        Ok(reply(StatusCode::OK, &json!({"delivery": {"live": live, "targets": targets}, "message": msg})))
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"delivery": {"live": live, "targets": targets}, "message": msg}),
+        ))
     })
 }
 
 /// Validates a thread for posting by `caller` and returns its member list
 /// (empty for the general channel).
-fn thread_members(conn: &Connection, caller: &Caller, thread: &Thread) -> Result<BTreeSet<String>, ApiError> {
+fn thread_members(
+    conn: &Connection,
+    caller: &Caller,
+    thread: &Thread,
+) -> Result<BTreeSet<String>, ApiError> {
     match thread {
         Thread::General => Ok(BTreeSet::new()),
         Thread::Channel(id) => {
-            let ch = channels::by_id(conn, id)?.ok_or_else(|| ApiError::not_found(format!("no such channel: {id}")))?;
+            let ch = channels::by_id(conn, id)?
+                .ok_or_else(|| ApiError::not_found(format!("no such channel: {id}")))?;
             if ch.archived_at.is_some() {
                 return Err(ApiError::new(StatusCode::GONE, "channel is archived"));
             }
@@ -270,11 +338,15 @@ fn thread_members(conn: &Connection, caller: &Caller, thread: &Thread) -> Result
             Ok(members)
         }
         Thread::Objective(id) => {
-            let o = objectives::get(conn, id)?.ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
+            let o = objectives::get(conn, id)?
+                .ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
             obj_rules::authorize(&o, &caller.name, caller.permissions, Action::Discuss)
                 .map_err(|e| ApiError::forbidden(e.0))?;
             let managers = team::managers(conn)?;
-            Ok(obj_rules::thread_members(&o, managers.iter().map(String::as_str)))
+            Ok(obj_rules::thread_members(
+                &o,
+                managers.iter().map(String::as_str),
+            ))
         }
     }
 }
@@ -297,10 +369,13 @@ pub(super) async fn history(
     if let Some(w) = &with
         && !message::is_valid_name(w)
     {
-        return Err(ApiError::bad_request("`with` must be a valid name").with("details", json!([super::name_issue("")])));
+        return Err(ApiError::bad_request("`with` must be a valid name")
+            .with("details", json!([super::name_issue("")])));
     }
     if with.is_some() && channel.is_some() {
-        return Err(ApiError::bad_request("`with` and `channel` are mutually exclusive"));
+        return Err(ApiError::bad_request(
+            "`with` and `channel` are mutually exclusive",
+        ));
     }
     let limit = q
         .limit
@@ -321,7 +396,8 @@ pub(super) async fn history(
             (None, Some(c)) => {
                 let ch = match channels::by_slug(conn, &c)? {
                     Some(ch) => ch,
-                    None => channels::by_id(conn, &c)?.ok_or_else(|| ApiError::not_found(format!("no such channel: {c}")))?,
+                    None => channels::by_id(conn, &c)?
+                        .ok_or_else(|| ApiError::not_found(format!("no such channel: {c}")))?,
                 };
                 if channels::role_of(conn, &ch.id, &caller.name)?.is_none() {
                     return Err(ApiError::forbidden("not a member of this channel"));
@@ -330,7 +406,8 @@ pub(super) async fn history(
             }
             (None, None) => Feed::All,
         };
-        let scope = messages::viewer_scope(conn, &caller.name, caller.has(Permission::MembersManage))?;
+        let scope =
+            messages::viewer_scope(conn, &caller.name, caller.has(Permission::MembersManage))?;
         let msgs = messages::history(conn, &caller.name, &scope, &feed, before, limit)?;
         Ok(reply(StatusCode::OK, &json!({"messages": msgs})))
     })

@@ -28,22 +28,35 @@ fn forbidden(msg: String) -> ApiError {
 }
 
 fn parse_path(raw: &[u8]) -> Result<FsPath, ApiError> {
-    FsPath::from_bytes(raw).map_err(|e| fs_err(StatusCode::BAD_REQUEST, format!("invalid path: {e}"), "invalid_input"))
+    FsPath::from_bytes(raw).map_err(|e| {
+        fs_err(
+            StatusCode::BAD_REQUEST,
+            format!("invalid path: {e}"),
+            "invalid_input",
+        )
+    })
 }
 
 fn required_path(uri: &Uri, key: &str) -> Result<FsPath, ApiError> {
     match query_bytes(uri.query(), key) {
         Some(raw) if !raw.is_empty() => parse_path(&raw),
-        _ => Err(ApiError::bad_request(format!("`{key}` query parameter is required"))),
+        _ => Err(ApiError::bad_request(format!(
+            "`{key}` query parameter is required"
+        ))),
     }
 }
 
 fn is_objective_member(conn: &Connection, id: &str, name: &str) -> Result<bool, ApiError> {
-    Ok(objectives::get(conn, id)?.is_some_and(|o| ac7_protocol::objective::is_thread_member(&o, name, false)))
+    Ok(objectives::get(conn, id)?
+        .is_some_and(|o| ac7_protocol::objective::is_thread_member(&o, name, false)))
 }
 
 /// Whether `caller` owns `path` (may write, delete, move, list there).
-pub(crate) fn can_write(conn: &Connection, caller: &Caller, path: &FsPath) -> Result<bool, ApiError> {
+pub(crate) fn can_write(
+    conn: &Connection,
+    caller: &Caller,
+    path: &FsPath,
+) -> Result<bool, ApiError> {
     if caller.has(Permission::MembersManage) {
         return Ok(true);
     }
@@ -55,11 +68,19 @@ pub(crate) fn can_write(conn: &Connection, caller: &Caller, path: &FsPath) -> Re
 }
 
 /// Whether `caller` may read `path`: ownership or a grant.
-pub(crate) fn can_read(conn: &Connection, caller: &Caller, path: &FsPath) -> Result<bool, ApiError> {
+pub(crate) fn can_read(
+    conn: &Connection,
+    caller: &Caller,
+    path: &FsPath,
+) -> Result<bool, ApiError> {
     Ok(can_write(conn, caller, path)? || store::has_grant(conn, path, &caller.name)?)
 }
 
-pub(super) async fn ls(State(state): State<Shared>, caller: Caller, uri: Uri) -> Result<Response, ApiError> {
+pub(super) async fn ls(
+    State(state): State<Shared>,
+    caller: Caller,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     let path = match query_bytes(uri.query(), "path") {
         Some(raw) if !raw.is_empty() => parse_path(&raw)?,
         _ => FsPath::root(),
@@ -70,14 +91,22 @@ pub(super) async fn ls(State(state): State<Shared>, caller: Caller, uri: Uri) ->
             if caller.has(Permission::MembersManage) {
                 all
             } else {
-                all.into_iter().filter(|e| e.path.trim_start_matches('/') == caller.name).collect()
+                all.into_iter()
+                    .filter(|e| e.path.trim_start_matches('/') == caller.name)
+                    .collect()
             }
         } else {
             if !can_write(conn, &caller, &path)? {
                 return Err(forbidden(format!("cannot list {path}")));
             }
             match store::get(conn, &path)? {
-                Some(e) if !e.is_dir() => return Err(fs_err(StatusCode::CONFLICT, format!("not a directory: {path}"), "not_a_directory")),
+                Some(e) if !e.is_dir() => {
+                    return Err(fs_err(
+                        StatusCode::CONFLICT,
+                        format!("not a directory: {path}"),
+                        "not_a_directory",
+                    ));
+                }
                 Some(_) => store::children(conn, &path)?,
                 None => Vec::new(),
             }
@@ -86,35 +115,52 @@ pub(super) async fn ls(State(state): State<Shared>, caller: Caller, uri: Uri) ->
     })
 }
 
-pub(super) async fn stat(State(state): State<Shared>, caller: Caller, uri: Uri) -> Result<Response, ApiError> {
+pub(super) async fn stat(
+    State(state): State<Shared>,
+    caller: Caller,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     let path = required_path(&uri, "path")?;
     if path.is_root() {
-        return Err(fs_err(StatusCode::BAD_REQUEST, "cannot stat /", "invalid_input"));
+        return Err(fs_err(
+            StatusCode::BAD_REQUEST,
+            "cannot stat /",
+            "invalid_input",
+        ));
     }
     state.store.with(|conn| {
         if !can_read(conn, &caller, &path)? {
             return Err(forbidden(format!("cannot stat {path}")));
         }
-        let entry = store::get(conn, &path)?.ok_or_else(|| ApiError::not_found(format!("no such path: {path}")))?;
+        let entry = store::get(conn, &path)?
+            .ok_or_else(|| ApiError::not_found(format!("no such path: {path}")))?;
         Ok(reply(StatusCode::OK, &json!({"entry": entry})))
     })
 }
 
-pub(super) async fn read(State(state): State<Shared>, caller: Caller, uri: Uri) -> Result<Response, ApiError> {
+pub(super) async fn read(
+    State(state): State<Shared>,
+    caller: Caller,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     let raw = uri.path().strip_prefix("/fs/read").unwrap_or("");
     let path = parse_path(&super::percent_decode_with(raw, false))?;
     let (entry, bytes) = state.store.with(|conn| -> Result<_, ApiError> {
         if !can_read(conn, &caller, &path)? {
             return Err(forbidden(format!("cannot stat {path}")));
         }
-        let entry = store::get(conn, &path)?.ok_or_else(|| FsError::NotFound(format!("no such path: {path}")))?;
+        let entry = store::get(conn, &path)?
+            .ok_or_else(|| FsError::NotFound(format!("no such path: {path}")))?;
         if entry.is_dir() {
             return Err(FsError::IsADirectory(path.to_string()).into());
         }
         let bytes = store::read(conn, &entry)?;
         Ok((entry, bytes))
     })?;
-    let mime = entry.mime_type.as_deref().unwrap_or("application/octet-stream");
+    let mime = entry
+        .mime_type
+        .as_deref()
+        .unwrap_or("application/octet-stream");
     let mut resp = bytes.into_response();
     let headers = resp.headers_mut();
     headers.insert(
@@ -125,39 +171,65 @@ pub(super) async fn read(State(state): State<Shared>, caller: Caller, uri: Uri) 
     Ok(resp)
 }
 
-pub(super) async fn write(State(state): State<Shared>, caller: Caller, uri: Uri, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn write(
+    State(state): State<Shared>,
+    caller: Caller,
+    uri: Uri,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     let path = required_path(&uri, "path")?;
-    let mime = match query_bytes(uri.query(), "mime").map(|m| String::from_utf8_lossy(&m).into_owned()) {
-        Some(m) if !m.is_empty() && m.len() <= 255 => m,
-        _ => return Err(ApiError::bad_request("`mime` query parameter is required")),
-    };
+    let mime =
+        match query_bytes(uri.query(), "mime").map(|m| String::from_utf8_lossy(&m).into_owned()) {
+            Some(m) if !m.is_empty() && m.len() <= 255 => m,
+            _ => return Err(ApiError::bad_request("`mime` query parameter is required")),
+        };
     let collide = match query_bytes(uri.query(), "collide").as_deref() {
         None | Some(b"") | Some(b"error") => Collide::Error,
         Some(b"overwrite") => Collide::Overwrite,
         Some(b"suffix") => Collide::Suffix,
-        Some(_) => return Err(fs_err(StatusCode::BAD_REQUEST, "`collide` must be error, overwrite or suffix", "invalid_input")),
+        Some(_) => {
+            return Err(fs_err(
+                StatusCode::BAD_REQUEST,
+                "`collide` must be error, overwrite or suffix",
+                "invalid_input",
+            ));
+        }
     };
     let limit = state.config.max_file_bytes;
     if body.len() as u64 > limit {
-        return Err(FsError::TooLarge { size: body.len() as u64, limit }.into());
+        return Err(FsError::TooLarge {
+            size: body.len() as u64,
+            limit,
+        }
+        .into());
     }
     let state2 = state.clone();
     let now = now_ms();
     // Large bodies: hash and store off the async workers.
-    let result = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         state2.store.with(|conn| -> Result<_, ApiError> {
             if !can_write(conn, &caller, &path)? {
                 return Err(forbidden(format!("cannot write to {path}")));
             }
-            let tx = conn.transaction().map_err(crate::broker::db::StoreError::from)?;
-            let (entry, renamed) = store::write(&tx, &path, &body, &mime, collide, &caller.name, now)?;
+            let tx = conn
+                .transaction()
+                .map_err(crate::broker::db::StoreError::from)?;
+            let (entry, renamed) =
+                store::write(&tx, &path, &body, &mime, collide, &caller.name, now)?;
             tx.commit().map_err(crate::broker::db::StoreError::from)?;
-            Ok(reply(StatusCode::OK, &json!({"entry": entry, "renamed": renamed})))
+            Ok(reply(
+                StatusCode::OK,
+                &json!({"entry": entry, "renamed": renamed}),
+            ))
         })
     })
     .await
-    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("write task failed: {e}")))?;
-    result
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("write task failed: {e}"),
+        )
+    })?
 }
 
 #[derive(Deserialize)]
@@ -167,31 +239,50 @@ pub(super) struct MkdirBody {
     recursive: bool,
 }
 
-pub(super) async fn mkdir(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn mkdir(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     let b: MkdirBody = parse_json(&body, "mkdir")?;
     let path = parse_path(b.path.as_bytes())?;
     state.store.with(|conn| {
         if path.is_root() || !can_write(conn, &caller, &path)? {
             return Err(forbidden(format!("cannot mkdir {path}")));
         }
-        let tx = conn.transaction().map_err(crate::broker::db::StoreError::from)?;
+        let tx = conn
+            .transaction()
+            .map_err(crate::broker::db::StoreError::from)?;
         let entry = store::mkdir(&tx, &path, b.recursive, &caller.name, now_ms())?;
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
         Ok(reply(StatusCode::OK, &json!({"entry": entry})))
     })
 }
 
-pub(super) async fn rm(State(state): State<Shared>, caller: Caller, uri: Uri) -> Result<Response, ApiError> {
+pub(super) async fn rm(
+    State(state): State<Shared>,
+    caller: Caller,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     let path = required_path(&uri, "path")?;
-    let recursive = matches!(query_bytes(uri.query(), "recursive").as_deref(), Some(b"true") | Some(b"1"));
+    let recursive = matches!(
+        query_bytes(uri.query(), "recursive").as_deref(),
+        Some(b"true") | Some(b"1")
+    );
     state.store.with(|conn| {
         if !can_write(conn, &caller, &path)? {
             return Err(forbidden(format!("cannot remove {path}")));
         }
         if path.segments().count() < 2 {
-            return Err(fs_err(StatusCode::BAD_REQUEST, format!("cannot remove top-level directory {path}"), "invalid_input"));
+            return Err(fs_err(
+                StatusCode::BAD_REQUEST,
+                format!("cannot remove top-level directory {path}"),
+                "invalid_input",
+            ));
         }
-        let tx = conn.transaction().map_err(crate::broker::db::StoreError::from)?;
+        let tx = conn
+            .transaction()
+            .map_err(crate::broker::db::StoreError::from)?;
         store::remove(&tx, &path, recursive)?;
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
         Ok(StatusCode::NO_CONTENT.into_response())
@@ -204,7 +295,11 @@ pub(super) struct MvBody {
     to: String,
 }
 
-pub(super) async fn mv(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn mv(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     let b: MvBody = parse_json(&body, "mv")?;
     let from = parse_path(b.from.as_bytes())?;
     let to = parse_path(b.to.as_bytes())?;
@@ -215,21 +310,30 @@ pub(super) async fn mv(State(state): State<Shared>, caller: Caller, Body(body): 
         if !can_write(conn, &caller, &to)? {
             return Err(forbidden(format!("cannot write to {to}")));
         }
-        let tx = conn.transaction().map_err(crate::broker::db::StoreError::from)?;
+        let tx = conn
+            .transaction()
+            .map_err(crate::broker::db::StoreError::from)?;
         let entry = store::rename(&tx, &from, &to, &caller.name, now_ms())?;
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
         Ok(reply(StatusCode::OK, &json!({"entry": entry})))
     })
 }
 
-pub(super) async fn shared(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
-    let entries = state.store.with(|conn| store::shared_with(conn, &caller.name))?;
+pub(super) async fn shared(
+    State(state): State<Shared>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
+    let entries = state
+        .store
+        .with(|conn| store::shared_with(conn, &caller.name))?;
     Ok(reply(StatusCode::OK, &json!({"entries": entries})))
 }
 
 pub(super) async fn all(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
     if !caller.has(Permission::MembersManage) {
-        return Err(forbidden("admin permission required to list all files".into()));
+        return Err(forbidden(
+            "admin permission required to list all files".into(),
+        ));
     }
     let entries = state.store.with(|conn| store::all_files(conn))?;
     Ok(reply(StatusCode::OK, &json!({"entries": entries})))

@@ -42,20 +42,40 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/subscribe", get(subscribe::subscribe))
         .route("/presence/busy", post(chat::busy))
         .route("/channels", get(channels::list).post(channels::create))
-        .route("/channels/{slug}", get(channels::view).patch(channels::rename).delete(channels::archive))
+        .route(
+            "/channels/{slug}",
+            get(channels::view)
+                .patch(channels::rename)
+                .delete(channels::archive),
+        )
         .route("/channels/{slug}/members", post(channels::add_member))
-        .route("/channels/{slug}/members/{name}", delete(channels::remove_member))
-        .route("/objectives", get(objectives::list).post(objectives::create))
-        .route("/objectives/{id}", get(objectives::view).patch(objectives::update))
+        .route(
+            "/channels/{slug}/members/{name}",
+            delete(channels::remove_member),
+        )
+        .route(
+            "/objectives",
+            get(objectives::list).post(objectives::create),
+        )
+        .route(
+            "/objectives/{id}",
+            get(objectives::view).patch(objectives::update),
+        )
         .route("/objectives/{id}/complete", post(objectives::complete))
         .route("/objectives/{id}/cancel", post(objectives::cancel))
         .route("/objectives/{id}/reassign", post(objectives::reassign))
-        .route("/objectives/{id}/watchers", post(objectives::watchers).patch(objectives::watchers))
+        .route(
+            "/objectives/{id}/watchers",
+            post(objectives::watchers).patch(objectives::watchers),
+        )
         .route("/objectives/{id}/discuss", post(objectives::discuss))
         .route("/fs/ls", get(fs::ls))
         .route("/fs/stat", get(fs::stat))
         .route("/fs/read/{*path}", get(fs::read))
-        .route("/fs/write", post(fs::write).layer(DefaultBodyLimit::max(file_limit)))
+        .route(
+            "/fs/write",
+            post(fs::write).layer(DefaultBodyLimit::max(file_limit)),
+        )
         .route("/fs/mkdir", post(fs::mkdir))
         .route("/fs/rm", delete(fs::rm))
         .route("/fs/mv", post(fs::mv))
@@ -63,9 +83,18 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/fs/all", get(fs::all))
         .route("/team", get(admin::team_get).patch(admin::team_patch))
         .route("/team/presets", get(admin::presets_list))
-        .route("/team/presets/{name}", axum::routing::put(admin::preset_put).delete(admin::preset_delete))
-        .route("/members", get(admin::members_list).post(admin::members_create))
-        .route("/members/{name}", axum::routing::patch(admin::member_update).delete(admin::member_delete))
+        .route(
+            "/team/presets/{name}",
+            axum::routing::put(admin::preset_put).delete(admin::preset_delete),
+        )
+        .route(
+            "/members",
+            get(admin::members_list).post(admin::members_create),
+        )
+        .route(
+            "/members/{name}",
+            axum::routing::patch(admin::member_update).delete(admin::member_delete),
+        )
         .route("/members/{name}/rotate-token", post(admin::rotate_token))
         .route("/members/{name}/tokens", get(admin::tokens_list))
         .route("/members/{name}/tokens/{id}", delete(admin::token_delete))
@@ -77,11 +106,17 @@ pub(crate) fn router(state: Shared) -> Router {
 }
 
 async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, format!("no such route: {method} {}", uri.path()))
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such route: {method} {}", uri.path()),
+    )
 }
 
 async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, format!("method {method} is not allowed on {}", uri.path()))
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
 }
 
 /// Rejects an `X-AC7-Protocol` header other than `1`.
@@ -120,7 +155,11 @@ impl serde::Serialize for ApiError {
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, msg: impl Into<String>) -> ApiError {
-        ApiError { status, error: msg.into(), extras: Vec::new() }
+        ApiError {
+            status,
+            error: msg.into(),
+            extras: Vec::new(),
+        }
     }
 
     pub(crate) fn with(mut self, key: &str, value: Value) -> ApiError {
@@ -150,15 +189,22 @@ impl ApiError {
 
     /// `{"error": "invalid <thing> payload", "details": [...]}`.
     pub(crate) fn invalid(thing: &str, details: Vec<Value>) -> ApiError {
-        ApiError::bad_request(format!("invalid {thing} payload")).with("details", Value::Array(details))
+        ApiError::bad_request(format!("invalid {thing} payload"))
+            .with("details", Value::Array(details))
     }
 
     /// Requires `perm`, naming it in the 403.
-    pub(crate) fn require(perms: PermissionSet, perm: Permission, doing: &str) -> Result<(), ApiError> {
+    pub(crate) fn require(
+        perms: PermissionSet,
+        perm: Permission,
+        doing: &str,
+    ) -> Result<(), ApiError> {
         if perms.contains(perm) {
             Ok(())
         } else {
-            Err(ApiError::forbidden(format!("{doing} requires the {perm} permission")))
+            Err(ApiError::forbidden(format!(
+                "{doing} requires the {perm} permission"
+            )))
         }
     }
 }
@@ -172,7 +218,10 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         tracing::error!(error = %e, "store failure");
-        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("internal error: {e}"))
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal error: {e}"),
+        )
     }
 }
 
@@ -202,13 +251,19 @@ impl Caller {
 impl FromRequestParts<Shared> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Shared,
+    ) -> Result<Self, Self::Rejection> {
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
             return Err(ApiError::unauthorized("missing credentials"));
         };
         let value = value.to_str().unwrap_or("");
         // "Bearer" with nothing after it (proxies trim the trailing space) is an empty token.
-        let Some(token) = value.strip_prefix("Bearer").filter(|rest| rest.is_empty() || rest.starts_with(' ')) else {
+        let Some(token) = value
+            .strip_prefix("Bearer")
+            .filter(|rest| rest.is_empty() || rest.starts_with(' '))
+        else {
             return Err(ApiError::unauthorized("missing credentials"));
         };
         let token = token.trim();
@@ -225,7 +280,10 @@ impl FromRequestParts<Shared> for Caller {
                 return Err(ApiError::unauthorized("unknown token"));
             }
             match team::member_get(conn, &member)? {
-                Some(m) => Ok(Caller { name: m.name, permissions: m.permissions }),
+                Some(m) => Ok(Caller {
+                    name: m.name,
+                    permissions: m.permissions,
+                }),
                 None => {
                     team::token_delete_id(conn, &token_id)?;
                     Err(ApiError::unauthorized("token references unknown member"))
@@ -249,7 +307,9 @@ impl<S: Send + Sync> FromRequest<S> for Body {
                 "request body is larger than this server accepts",
             )
             .with("code", json!("too_large"))),
-            Err(e) => Err(ApiError::bad_request(format!("could not read request body: {e}"))),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "could not read request body: {e}"
+            ))),
         }
     }
 }
@@ -281,7 +341,10 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8], thing: &str) -> Resul
         ));
     }
     serde_json::from_value(value).map_err(|e| {
-        ApiError::invalid(thing, vec![json!({"code": "invalid_type", "path": [], "message": e.to_string()})])
+        ApiError::invalid(
+            thing,
+            vec![json!({"code": "invalid_type", "path": [], "message": e.to_string()})],
+        )
     })
 }
 
@@ -308,7 +371,13 @@ impl Issues {
     }
 
     /// Checks an optional string.
-    pub(crate) fn opt_len(&mut self, path: &str, s: Option<&str>, min: usize, max: usize) -> &mut Self {
+    pub(crate) fn opt_len(
+        &mut self,
+        path: &str,
+        s: Option<&str>,
+        min: usize,
+        max: usize,
+    ) -> &mut Self {
         if let Some(s) = s {
             self.len(path, s, min, max);
         }
@@ -336,13 +405,18 @@ impl Issues {
 
     /// Adds a custom issue.
     pub(crate) fn custom(&mut self, msg: &str) -> &mut Self {
-        self.0.push(json!({"code": "custom", "path": [], "message": msg}));
+        self.0
+            .push(json!({"code": "custom", "path": [], "message": msg}));
         self
     }
 
     /// `Err(invalid <thing> payload)` if any issue was found.
     pub(crate) fn finish(&mut self, thing: &str) -> Result<(), ApiError> {
-        if self.0.is_empty() { Ok(()) } else { Err(ApiError::invalid(thing, std::mem::take(&mut self.0))) }
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(thing, std::mem::take(&mut self.0)))
+        }
     }
 }
 
@@ -362,16 +436,29 @@ pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Respon
 
 /// `Content-Disposition: inline; filename="…"` with control characters, `"` and `\` replaced by `_`.
 pub(crate) fn inline_disposition(name: &str) -> HeaderValue {
-    let clean: String = name.chars().map(|c| if c.is_control() || c == '"' || c == '\\' { '_' } else { c }).collect();
-    HeaderValue::from_str(&format!("inline; filename=\"{clean}\"")).unwrap_or(HeaderValue::from_static("inline"))
+    let clean: String = name
+        .chars()
+        .map(|c| {
+            if c.is_control() || c == '"' || c == '\\' {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    HeaderValue::from_str(&format!("inline; filename=\"{clean}\""))
+        .unwrap_or(HeaderValue::from_static("inline"))
 }
 
 /// The percent-decoded bytes of query parameter `key` (first occurrence).
 pub(crate) fn query_bytes(query: Option<&str>, key: &str) -> Option<Vec<u8>> {
-    query?.split('&').filter(|p| !p.is_empty()).find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(k) == key.as_bytes()).then(|| percent_decode(v))
-    })
+    query?
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k) == key.as_bytes()).then(|| percent_decode(v))
+        })
 }
 
 /// Decodes `%XX` escapes and `+` (as a space); malformed escapes are kept literally.
@@ -388,7 +475,9 @@ pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
         match bytes[i] {
             b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 3 <= bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => {
                         out.push(b);

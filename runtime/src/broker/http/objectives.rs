@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use ac7_protocol::message::{self, Attachment, Audience, LogLevel, Route};
 use ac7_protocol::objective::{
-    self as rules, Action, Change, MAX_BODY_CHARS, MAX_DISCUSS_CHARS, MAX_OUTCOME_CHARS, MAX_REASON_CHARS,
-    MAX_RESULT_CHARS, MAX_TITLE_CHARS, MAX_WATCHERS, NewObjective, Objective, ObjectiveEvent, Status,
+    self as rules, Action, Change, MAX_BODY_CHARS, MAX_DISCUSS_CHARS, MAX_OUTCOME_CHARS,
+    MAX_REASON_CHARS, MAX_RESULT_CHARS, MAX_TITLE_CHARS, MAX_WATCHERS, NewObjective, Objective,
+    ObjectiveEvent, Status,
 };
 use ac7_protocol::permission::Permission;
 use ac7_protocol::vfs::FsPath;
@@ -34,7 +35,11 @@ pub(super) struct ListQuery {
     status: Option<String>,
 }
 
-pub(super) async fn list(State(state): State<Shared>, caller: Caller, Query(q): Query<ListQuery>) -> Result<Response, ApiError> {
+pub(super) async fn list(
+    State(state): State<Shared>,
+    caller: Caller,
+    Query(q): Query<ListQuery>,
+) -> Result<Response, ApiError> {
     let status = match q.status.as_deref().filter(|s| !s.is_empty()) {
         None => None,
         Some(s) => Some(Status::parse(s).ok_or_else(|| {
@@ -51,16 +56,33 @@ pub(super) async fn list(State(state): State<Shared>, caller: Caller, Query(q): 
     if let Some(a) = &assignee
         && !message::is_valid_name(a)
     {
-        return Err(ApiError::bad_request("invalid query").with("details", json!([super::name_issue("assignee")])));
+        return Err(ApiError::bad_request("invalid query")
+            .with("details", json!([super::name_issue("assignee")])));
     }
     let objectives = state.store.with(|conn| -> Result<_, ApiError> {
         if caller.has(Permission::ObjectivesCreate) {
-            Ok(store::list(conn, &ListFilter { assignee: assignee.as_deref(), status, participant: None })?)
+            Ok(store::list(
+                conn,
+                &ListFilter {
+                    assignee: assignee.as_deref(),
+                    status,
+                    participant: None,
+                },
+            )?)
         } else {
             if assignee.as_ref().is_some_and(|a| *a != caller.name) {
-                return Err(ApiError::forbidden("members without objectives.create may only list their own objectives"));
+                return Err(ApiError::forbidden(
+                    "members without objectives.create may only list their own objectives",
+                ));
             }
-            Ok(store::list(conn, &ListFilter { assignee: None, status, participant: Some(&caller.name) })?)
+            Ok(store::list(
+                conn,
+                &ListFilter {
+                    assignee: None,
+                    status,
+                    participant: Some(&caller.name),
+                },
+            )?)
         }
     })?;
     Ok(reply(StatusCode::OK, &json!({"objectives": objectives})))
@@ -71,10 +93,15 @@ fn load(conn: &Connection, id: &str) -> Result<Objective, ApiError> {
 }
 
 fn authorize(obj: &Objective, caller: &Caller, action: Action) -> Result<(), ApiError> {
-    rules::authorize(obj, &caller.name, caller.permissions, action).map_err(|e| ApiError::forbidden(e.0))
+    rules::authorize(obj, &caller.name, caller.permissions, action)
+        .map_err(|e| ApiError::forbidden(e.0))
 }
 
-pub(super) async fn view(State(state): State<Shared>, caller: Caller, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub(super) async fn view(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     state.store.with(|conn| {
         let obj = load(conn, &id)?;
         authorize(&obj, &caller, Action::View)?;
@@ -84,7 +111,13 @@ pub(super) async fn view(State(state): State<Shared>, caller: Caller, Path(id): 
             objective: Objective,
             events: Vec<ObjectiveEvent>,
         }
-        Ok(reply(StatusCode::OK, &View { objective: obj, events }))
+        Ok(reply(
+            StatusCode::OK,
+            &View {
+                objective: obj,
+                events,
+            },
+        ))
     })
 }
 
@@ -100,7 +133,11 @@ fn log_events(
     let mut out = Vec::with_capacity(events.len());
     for ev in events {
         let recipients = rules::event_recipients(obj, ev, managers.iter().map(String::as_str));
-        let audience = message::audience(Some(&ev.actor), &Route::Objective(obj.id.clone()), &recipients);
+        let audience = message::audience(
+            Some(&ev.actor),
+            &Route::Objective(obj.id.clone()),
+            &recipients,
+        );
         let (_, frame) = publish::log(
             conn,
             Draft {
@@ -138,7 +175,11 @@ pub(super) struct CreateBody {
     attachments: Option<Vec<Attachment>>,
 }
 
-pub(super) async fn create(State(state): State<Shared>, caller: Caller, Body(body): Body) -> Result<Response, ApiError> {
+pub(super) async fn create(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
     if !caller.has(Permission::ObjectivesCreate) {
         return Err(ApiError::forbidden(rules::CREATE_FORBIDDEN));
     }
@@ -151,7 +192,11 @@ pub(super) async fn create(State(state): State<Shared>, caller: Caller, Body(bod
         .opt_len("body", b.body.as_deref(), 0, MAX_BODY_CHARS)
         .name("assignee", &b.assignee)
         .count("watchers", watchers.len(), MAX_WATCHERS)
-        .count("attachments", b.attachments.as_ref().map_or(0, Vec::len), message::MAX_ATTACHMENTS);
+        .count(
+            "attachments",
+            b.attachments.as_ref().map_or(0, Vec::len),
+            message::MAX_ATTACHMENTS,
+        );
     for w in &watchers {
         issues.name("watchers", w);
     }
@@ -159,7 +204,10 @@ pub(super) async fn create(State(state): State<Shared>, caller: Caller, Body(bod
     let now = now_ms();
     state.store.with(|conn| {
         if !team::member_exists(conn, &b.assignee)? {
-            return Err(ApiError::bad_request(format!("unknown assignee: {}", b.assignee)));
+            return Err(ApiError::bad_request(format!(
+                "unknown assignee: {}",
+                b.assignee
+            )));
         }
         for w in &watchers {
             if !team::member_exists(conn, w)? {
@@ -172,7 +220,8 @@ pub(super) async fn create(State(state): State<Shared>, caller: Caller, Body(bod
         let mut attachments = Vec::with_capacity(given.len());
         for a in &given {
             let src = FsPath::parse(&a.path).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let entry = fs::get(&tx, &src)?.ok_or_else(|| ApiError::bad_request(format!("attachment not found: {src}")))?;
+            let entry = fs::get(&tx, &src)?
+                .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {src}")))?;
             let dest = FsPath::parse(&format!("/objectives/{id}"))
                 .and_then(|d| d.join(src.name()))
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -181,7 +230,9 @@ pub(super) async fn create(State(state): State<Shared>, caller: Caller, Body(bod
                 path: copied.path,
                 name: copied.name,
                 size: copied.size.unwrap_or(0),
-                mime_type: copied.mime_type.unwrap_or_else(|| "application/octet-stream".into()),
+                mime_type: copied
+                    .mime_type
+                    .unwrap_or_else(|| "application/octet-stream".into()),
             });
         }
         let (obj, events) = rules::create(
@@ -221,7 +272,10 @@ fn mutate(
         authorize(&obj, caller, action)?;
         check(conn)?;
         let events = rules::apply(&mut obj, &caller.name, change, now).map_err(|e| {
-            ApiError::new(StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST), e.to_string())
+            ApiError::new(
+                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
+                e.to_string(),
+            )
         })?;
         let tx = conn.transaction().map_err(StoreError::from)?;
         store::update(&tx, &obj, &events)?;
@@ -255,7 +309,12 @@ pub(super) async fn update(
     if b.status.is_none() && b.block_reason.is_none() {
         issues.custom("update must include at least one of: status, blockReason");
     }
-    issues.opt_len("blockReason", b.block_reason.as_deref(), 0, MAX_REASON_CHARS);
+    issues.opt_len(
+        "blockReason",
+        b.block_reason.as_deref(),
+        0,
+        MAX_REASON_CHARS,
+    );
     let status = match b.status.as_deref() {
         None => None,
         Some("active") => Some(Status::Active),
@@ -263,13 +322,25 @@ pub(super) async fn update(
         Some(_) => {
             return Err(ApiError::invalid(
                 "update",
-                vec![json!({"code": "invalid_value", "values": ["active", "blocked"], "path": ["status"],
-                    "message": "Invalid option: expected one of \"active\"|\"blocked\""})],
+                vec![
+                    json!({"code": "invalid_value", "values": ["active", "blocked"], "path": ["status"],
+                    "message": "Invalid option: expected one of \"active\"|\"blocked\""}),
+                ],
             ));
         }
     };
     issues.finish("update")?;
-    mutate(&state, &caller, &id, Action::Update, no_check, Change::Update { status, block_reason: b.block_reason })
+    mutate(
+        &state,
+        &caller,
+        &id,
+        Action::Update,
+        no_check,
+        Change::Update {
+            status,
+            block_reason: b.block_reason,
+        },
+    )
 }
 
 #[derive(Deserialize)]
@@ -284,8 +355,17 @@ pub(super) async fn complete(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let b: CompleteBody = parse_json(&body, "complete")?;
-    Issues::default().len("result", &b.result, 1, MAX_RESULT_CHARS).finish("complete")?;
-    mutate(&state, &caller, &id, Action::Complete, no_check, Change::Complete { result: b.result })
+    Issues::default()
+        .len("result", &b.result, 1, MAX_RESULT_CHARS)
+        .finish("complete")?;
+    mutate(
+        &state,
+        &caller,
+        &id,
+        Action::Complete,
+        no_check,
+        Change::Complete { result: b.result },
+    )
 }
 
 #[derive(Deserialize, Default)]
@@ -302,8 +382,17 @@ pub(super) async fn cancel(
 ) -> Result<Response, ApiError> {
     // An empty or unparseable body means "no reason".
     let b: CancelBody = serde_json::from_slice(&body).unwrap_or_default();
-    Issues::default().opt_len("reason", b.reason.as_deref(), 0, MAX_REASON_CHARS).finish("cancel")?;
-    mutate(&state, &caller, &id, Action::Cancel, no_check, Change::Cancel { reason: b.reason })
+    Issues::default()
+        .opt_len("reason", b.reason.as_deref(), 0, MAX_REASON_CHARS)
+        .finish("cancel")?;
+    mutate(
+        &state,
+        &caller,
+        &id,
+        Action::Cancel,
+        no_check,
+        Change::Cancel { reason: b.reason },
+    )
 }
 
 #[derive(Deserialize)]
@@ -320,12 +409,29 @@ pub(super) async fn reassign(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let b: ReassignBody = parse_json(&body, "reassign")?;
-    Issues::default().name("to", &b.to).opt_len("note", b.note.as_deref(), 0, MAX_REASON_CHARS).finish("reassign")?;
+    Issues::default()
+        .name("to", &b.to)
+        .opt_len("note", b.note.as_deref(), 0, MAX_REASON_CHARS)
+        .finish("reassign")?;
     let to = b.to.clone();
     let check = move |conn: &Connection| {
-        if team::member_exists(conn, &to)? { Ok(()) } else { Err(ApiError::bad_request(format!("unknown assignee: {to}"))) }
+        if team::member_exists(conn, &to)? {
+            Ok(())
+        } else {
+            Err(ApiError::bad_request(format!("unknown assignee: {to}")))
+        }
     };
-    mutate(&state, &caller, &id, Action::Reassign, check, Change::Reassign { to: b.to, note: b.note })
+    mutate(
+        &state,
+        &caller,
+        &id,
+        Action::Reassign,
+        check,
+        Change::Reassign {
+            to: b.to,
+            note: b.note,
+        },
+    )
 }
 
 #[derive(Deserialize)]
@@ -349,7 +455,9 @@ pub(super) async fn watchers(
     if add.is_empty() && remove.is_empty() {
         issues.custom("must include at least one of: add, remove");
     }
-    issues.count("add", add.len(), MAX_WATCHERS).count("remove", remove.len(), MAX_WATCHERS);
+    issues
+        .count("add", add.len(), MAX_WATCHERS)
+        .count("remove", remove.len(), MAX_WATCHERS);
     for n in add.iter().chain(&remove) {
         issues.name("watchers", n);
     }
@@ -363,7 +471,14 @@ pub(super) async fn watchers(
         }
         Ok(())
     };
-    mutate(&state, &caller, &id, Action::Watchers, check, Change::Watchers { add, remove })
+    mutate(
+        &state,
+        &caller,
+        &id,
+        Action::Watchers,
+        check,
+        Change::Watchers { add, remove },
+    )
 }
 
 #[derive(Deserialize)]
@@ -385,16 +500,25 @@ pub(super) async fn discuss(
     Issues::default()
         .len("body", &b.body, 1, MAX_DISCUSS_CHARS)
         .opt_len("title", b.title.as_deref(), 0, message::MAX_TITLE_CHARS)
-        .count("attachments", b.attachments.as_ref().map_or(0, Vec::len), message::MAX_ATTACHMENTS)
+        .count(
+            "attachments",
+            b.attachments.as_ref().map_or(0, Vec::len),
+            message::MAX_ATTACHMENTS,
+        )
         .finish("discuss")?;
     let now = now_ms();
     state.store.with(|conn| {
         let obj = load(conn, &id)?;
         authorize(&obj, &caller, Action::Discuss)?;
-        let attachments = canonical_attachments(conn, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
+        let attachments =
+            canonical_attachments(conn, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
         let managers = team::managers(conn)?;
         let members = rules::thread_members(&obj, managers.iter().map(String::as_str));
-        let audience = message::audience(Some(&caller.name), &Route::Objective(obj.id.clone()), &members);
+        let audience = message::audience(
+            Some(&caller.name),
+            &Route::Objective(obj.id.clone()),
+            &members,
+        );
         let tx = conn.transaction().map_err(StoreError::from)?;
         let (msg, frame) = publish::log(
             &tx,

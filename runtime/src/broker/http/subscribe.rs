@@ -45,7 +45,10 @@ fn query_param(query: Option<&str>, key: &str) -> Option<String> {
     super::query_bytes(query, key).map(|b| String::from_utf8_lossy(&b).into_owned())
 }
 
-pub(super) async fn subscribe(State(state): State<Shared>, req: Request) -> Result<Response, ApiError> {
+pub(super) async fn subscribe(
+    State(state): State<Shared>,
+    req: Request,
+) -> Result<Response, ApiError> {
     let (mut parts, _body) = req.into_parts();
     let caller = Caller::from_request_parts(&mut parts, &state).await?;
     let query = parts.uri.query();
@@ -84,7 +87,11 @@ pub(super) async fn subscribe(State(state): State<Shared>, req: Request) -> Resu
     let (replay, sub) = state.store.with(|conn| -> Result<_, ApiError> {
         let replay = match &last_id {
             Some(id) => {
-                let scope = messages::viewer_scope(conn, &caller.name, caller.has(Permission::MembersManage))?;
+                let scope = messages::viewer_scope(
+                    conn,
+                    &caller.name,
+                    caller.has(Permission::MembersManage),
+                )?;
                 messages::replay_after(conn, &caller.name, &scope, id)?
             }
             None => Vec::new(),
@@ -106,10 +113,16 @@ pub(super) async fn subscribe(State(state): State<Shared>, req: Request) -> Resu
         let json = serde_json::to_string(&m).map_err(crate::broker::db::StoreError::from)?;
         frames.push(Arc::new(Frame { id: m.id, json }));
     }
-    let guard = Guard { state: Arc::clone(&state), name: sub.name, id: sub.id };
+    let guard = Guard {
+        state: Arc::clone(&state),
+        name: sub.name,
+        id: sub.id,
+    };
     let keepalive = state.config.keepalive;
     match upgrade {
-        Some(ws) => Ok(ws.on_upgrade(move |socket| run_socket(socket, frames, sub.rx, guard, keepalive))),
+        Some(ws) => {
+            Ok(ws.on_upgrade(move |socket| run_socket(socket, frames, sub.rx, guard, keepalive)))
+        }
         None => Ok(Sse::new(sse_stream(frames, sub.rx, guard))
             .keep_alive(KeepAlive::new().interval(keepalive))
             .into_response()),
@@ -125,9 +138,12 @@ fn sse_stream(
         let frame = rx.recv().await?;
         Some((frame, (rx, guard)))
     });
-    stream::iter(replay)
-        .chain(live)
-        .map(|f| Ok(Event::default().id(f.id.clone()).event("message").data(f.json.clone())))
+    stream::iter(replay).chain(live).map(|f| {
+        Ok(Event::default()
+            .id(f.id.clone())
+            .event("message")
+            .data(f.json.clone()))
+    })
 }
 
 async fn run_socket(
@@ -138,7 +154,11 @@ async fn run_socket(
     keepalive: std::time::Duration,
 ) {
     for f in replay {
-        if socket.send(WsMessage::Text(f.json.clone().into())).await.is_err() {
+        if socket
+            .send(WsMessage::Text(f.json.clone().into()))
+            .await
+            .is_err()
+        {
             return;
         }
     }
