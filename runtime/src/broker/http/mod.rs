@@ -293,14 +293,28 @@ impl FromRequestParts<Shared> for Caller {
     }
 }
 
-/// A request body read to the end, with the size cap turned into a JSON 413.
+/// How long a client may take to send its request body.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A request body read to the end, with the size cap turned into a JSON 413 and a
+/// body that does not arrive within [`BODY_TIMEOUT`] turned into a JSON 408.
 pub(crate) struct Body(pub(crate) Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Bytes::from_request(req, state).await {
+        let Ok(read) = tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(req, state)).await
+        else {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request body not received within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ));
+        };
+        match read {
             Ok(b) => Ok(Body(b)),
             Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
