@@ -241,10 +241,10 @@ async fn sse_loop(
         buf.push_str(&String::from_utf8_lossy(&chunk?));
         while let Some(i) = buf.find("\n\n") {
             let block: String = buf.drain(..i + 2).collect();
-            if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: ")) {
-                if !on_message(data) {
-                    return Ok(());
-                }
+            if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: "))
+                && !on_message(data)
+            {
+                return Ok(());
             }
         }
     }
