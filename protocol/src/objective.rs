@@ -1083,6 +1083,7 @@ mod tests {
         assert!(authorize(&obj, "stranger", create, Action::View).is_ok());
         let manage: PermissionSet = [Permission::MembersManage].into_iter().collect();
         assert!(authorize(&obj, "admin", manage, Action::Discuss).is_ok());
+        assert!(authorize(&obj, "admin", manage, Action::View).is_ok());
         assert_eq!(
             authorize(&obj, "stranger", none, Action::Discuss)
                 .unwrap_err()
