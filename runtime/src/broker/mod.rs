@@ -8,6 +8,43 @@
 //! [`objectives`] and [`fs`] are the store per concern; [`hub`] is the
 //! in-process fanout; `http` holds the routes; [`bootstrap`] creates a team
 //! from a [`config::TeamConfig`]; [`cli`] holds the `serve` and `member` commands.
+//!
+//! # Behaviour where the spec is silent (or where we chose differently)
+//!
+//! - **Ordering.** A push is logged and fanned out under the one store lock, so
+//!   every subscriber sees messages in log order; `Last-Event-ID` replay and the
+//!   live tail join without a gap or a duplicate.
+//! - **Replay.** `Last-Event-ID` header, or `lastEventId` query parameter (SSE and
+//!   WebSocket). At most 1,000 messages, the newest ones; an unknown id replays nothing.
+//! - **Slow subscribers.** Each has a 1,024-frame queue; when it is full the
+//!   subscriber is dropped (SSE stream ends; WebSocket closes with 1013) and the
+//!   client reconnects with `Last-Event-ID`.
+//! - **Keepalive.** SSE `:` comment, WebSocket ping, every 15 s.
+//! - **Reserved `data` keys** (`from`, `ts`, `msg_id`, `level`, `title`, `target`,
+//!   `ts_ms`) are stripped on `/push`. `data.thread` must be absent, `chan:<id>` or
+//!   `obj:<id>` (400 otherwise); posting to a channel needs membership, to an
+//!   objective thread needs thread membership (403).
+//! - **Visibility.** `/history`, replay and live fanout share one rule
+//!   (`ac7_protocol::message::matches_viewer`): DMs to their two parties, general
+//!   to all, channel posts to members, objective threads to thread members; a
+//!   sender always sees their own messages. ac7's default feed leaks channel and
+//!   objective posts to everyone; ours does not (DECISIONS.md).
+//! - **Attachment grants** go to the message's audience (DM recipient, channel
+//!   members, objective thread members, or everyone for general), not to every
+//!   member as ac7 does for channel posts.
+//! - **Objectives.** `members.manage` holders may view any objective (they are
+//!   implicit thread members); objective members may list `/objectives/<id>`.
+//!   `objectives.reassign` or `members.manage` may reassign. Lifecycle pushes are
+//!   committed with the change, then fanned out before the response is sent.
+//! - **Files.** Content lives in SQLite, keyed by SHA-256 with a reference count,
+//!   written in the same transaction as the entry. Top-level directories (homes,
+//!   `/objectives`) cannot be removed. `lastUsedAt` of tokens is not tracked.
+//! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
+//!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
+//!   inner `data` maps come out sorted (key order carries no meaning).
+//! - **Not implemented:** the "session online" notice, device-code enrollment,
+//!   TOTP sessions and cookies, activity upload/streams (all out of scope for the
+//!   runner with `--no-trace`).
 
 pub mod bootstrap;
 pub mod channels;
