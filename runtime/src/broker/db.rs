@@ -5,6 +5,10 @@
 //! committed transaction survives a crash of the broker process (`kill -9`): the
 //! WAL frames are in the OS page cache as soon as `COMMIT` returns. `--sync full`
 //! additionally fsyncs the WAL on every commit, which also survives power loss.
+//!
+//! The file is opened in exclusive locking mode: one process owns it (no file
+//! locks per transaction, no shared-memory index). A second `ac7 serve`, or
+//! `ac7 member …` while the broker runs, is refused with [`StoreError::Busy`].
 
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
@@ -23,6 +27,9 @@ pub enum StoreError {
     /// A stored value broke an invariant.
     #[error("corrupt store: {0}")]
     Corrupt(String),
+    /// Another process holds the database.
+    #[error("the database {0} is in use by another process (is `ac7 serve` running on it?)")]
+    Busy(String),
 }
 
 /// How hard SQLite syncs on commit.
@@ -46,7 +53,17 @@ impl Store {
     /// Opens (creating if needed) the database at `path` and applies the schema.
     pub fn open(path: &Path, sync: SyncMode) -> Result<Store, StoreError> {
         let conn = Connection::open(path)?;
-        Store::init(conn, sync)
+        Store::init(conn, sync).map_err(|e| match e {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
+                if matches!(
+                    f.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                StoreError::Busy(path.display().to_string())
+            }
+            other => other,
+        })
     }
 
     /// An in-memory store (for tests of store functions).
@@ -55,7 +72,8 @@ impl Store {
     }
 
     fn init(conn: Connection, sync: SyncMode) -> Result<Store, StoreError> {
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.busy_timeout(std::time::Duration::from_secs(2))?;
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(
             None,
@@ -66,6 +84,8 @@ impl Store {
             },
         )?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // Take the exclusive lock now, so a second process fails at start, not later.
+        conn.execute_batch("BEGIN EXCLUSIVE; COMMIT;")?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
             conn: Mutex::new(conn),

@@ -131,9 +131,67 @@ pub struct AppState {
     /// When this process started (epoch ms).
     pub boot_time: i64,
     objective_counter: AtomicU16,
+    auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
 }
 
+/// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
+#[derive(Debug, Clone)]
+pub(crate) struct CachedAuth {
+    pub(crate) name: String,
+    pub(crate) permissions: ac7_protocol::permission::PermissionSet,
+    at: std::time::Instant,
+}
+
+/// How long a resolved token is trusted without asking the store again. The HTTP
+/// admin endpoints clear the cache at once; changes made offline with `ac7 member`
+/// (which needs the broker stopped) cannot race it.
+const AUTH_CACHE_TTL: Duration = Duration::from_secs(5);
+
 impl AppState {
+    /// The cached resolution of a token hash, if fresh.
+    pub(crate) fn cached_auth(&self, hash: &str) -> Option<CachedAuth> {
+        let cache = self
+            .auth_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cache
+            .get(hash)
+            .filter(|c| c.at.elapsed() < AUTH_CACHE_TTL)
+            .cloned()
+    }
+
+    /// Remembers a token resolution.
+    pub(crate) fn remember_auth(
+        &self,
+        hash: String,
+        name: String,
+        permissions: ac7_protocol::permission::PermissionSet,
+    ) {
+        let mut cache = self
+            .auth_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.len() > 10_000 {
+            cache.clear();
+        }
+        cache.insert(
+            hash,
+            CachedAuth {
+                name,
+                permissions,
+                at: std::time::Instant::now(),
+            },
+        );
+    }
+
+    /// Forgets every cached token (after any member or token change).
+    pub(crate) fn forget_auth(&self) {
+        self.auth_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+
     /// A fresh objective id (unique in the store; the caller holds the store lock).
     pub(crate) fn next_objective_id(
         &self,
@@ -215,6 +273,7 @@ pub async fn start(
         config,
         boot_time,
         objective_counter: AtomicU16::new(0),
+        auth_cache: Default::default(),
     });
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));

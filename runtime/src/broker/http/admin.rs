@@ -191,6 +191,7 @@ pub(super) async fn members_create(
         tx.commit().map_err(StoreError::from)?;
         Ok((record, issued.token))
     })?;
+    state.forget_auth();
     state
         .hub
         .register_member(&record.name, record.role.clone(), now);
@@ -252,6 +253,7 @@ pub(super) async fn member_update(
         team::member_update(conn, &m)?;
         Ok(m)
     })?;
+    state.forget_auth();
     state
         .hub
         .register_member(&record.name, record.role.clone(), now_ms());
@@ -282,6 +284,7 @@ pub(super) async fn member_delete(
         tx.commit().map_err(StoreError::from)?;
         Ok(())
     })?;
+    state.forget_auth();
     state.hub.remove_member(&name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -308,6 +311,7 @@ pub(super) async fn rotate_token(
         }
         let tx = conn.transaction().map_err(StoreError::from)?;
         team::tokens_revoke_all(&tx, &name)?;
+        state.forget_auth();
         let (token, info) = team::token_issue(
             &tx,
             &name,
@@ -351,6 +355,7 @@ pub(super) async fn token_delete(
             ));
         }
         team::token_delete(conn, &name, &id)?;
+        state.forget_auth();
         Ok(StatusCode::NO_CONTENT.into_response())
     })
 }

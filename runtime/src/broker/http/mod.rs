@@ -271,8 +271,14 @@ impl FromRequestParts<Shared> for Caller {
             return Err(ApiError::unauthorized("missing bearer token"));
         }
         let hash = tokens::sha256_hex(token.as_bytes());
+        if let Some(c) = state.cached_auth(&hash) {
+            return Ok(Caller {
+                name: c.name,
+                permissions: c.permissions,
+            });
+        }
         let now = super::now_ms();
-        state.store.with(|conn| {
+        let caller = state.store.with(|conn| {
             let Some((token_id, member, expires)) = team::token_lookup(conn, &hash)? else {
                 return Err(ApiError::unauthorized("unknown token"));
             };
@@ -289,7 +295,9 @@ impl FromRequestParts<Shared> for Caller {
                     Err(ApiError::unauthorized("token references unknown member"))
                 }
             }
-        })
+        })?;
+        state.remember_auth(hash, caller.name.clone(), caller.permissions);
+        Ok(caller)
     }
 }
 
