@@ -283,3 +283,77 @@ async fn slow_subscriber_is_disconnected_and_catches_up_by_replay() {
         assert_eq!(again.next_message().await["id"].as_str().unwrap(), id);
     }
 }
+
+/// For a pseudo-random mix of DMs, broadcasts, channel posts and objective-thread
+/// posts, what each member received live is exactly what `/history` shows them.
+#[tokio::test]
+async fn history_matches_live_delivery_for_every_member() {
+    let b = start_broker().await;
+    let members = ["director", "builder", "reviewer"];
+    let mut streams = Vec::new();
+    for m in members {
+        streams.push(b.sse(m, None).await);
+    }
+    let chan = b
+        .post("/channels", "builder", json!({"slug": "dev"}))
+        .await
+        .json["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    b.post(
+        "/channels/dev/members",
+        "builder",
+        json!({"member": "director"}),
+    )
+    .await;
+    let obj = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "t", "outcome": "o", "assignee": "reviewer"}),
+        )
+        .await
+        .json["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // deterministic pseudo-random choices (no clock, no OS randomness)
+    let mut seed: u64 = 0x5eed;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let mut sent = 0;
+    while sent < 40 {
+        let from = members[next(3) as usize];
+        let body = match next(4) {
+            0 => json!({"to": members[next(3) as usize], "body": format!("dm {sent}")}),
+            1 => json!({"body": format!("general {sent}")}),
+            2 => {
+                json!({"body": format!("chan {sent}"), "data": {"thread": format!("chan:{chan}")}})
+            }
+            _ => json!({"body": format!("obj {sent}"), "data": {"thread": format!("obj:{obj}")}}),
+        };
+        // builder/director are in #dev; director (admin) and reviewer (assignee) in the objective thread
+        if b.post("/push", from, body).await.status == 200 {
+            sent += 1;
+        }
+    }
+    for (i, m) in members.iter().enumerate() {
+        let history = b.get("/history?limit=1000", m).await.json["messages"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let mut live = Vec::new();
+        for _ in 0..history.len() {
+            live.push(streams[i].next_message().await);
+        }
+        streams[i].expect_silence(100).await;
+        let mut history = history;
+        history.reverse();
+        assert_eq!(live, history, "live and history differ for {m}");
+    }
+}

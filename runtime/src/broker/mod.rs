@@ -277,6 +277,12 @@ pub async fn start(
     });
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));
+    // Live frames are small and latency matters: no Nagle delay.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
