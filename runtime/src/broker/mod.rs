@@ -59,6 +59,7 @@ pub mod objectives;
 pub mod publish;
 pub mod team;
 pub mod tokens;
+pub mod writer;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -131,6 +132,8 @@ pub struct AppState {
     /// When this process started (epoch ms).
     pub boot_time: i64,
     objective_counter: AtomicU16,
+    /// The group-commit writer for `/push`.
+    pub(crate) writer: writer::Writer,
     auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
 }
 
@@ -267,7 +270,9 @@ pub async fn start(
     for m in members {
         hub.register_member(&m.name, m.role, boot_time);
     }
+    let (writer, queue) = writer::channel();
     let state = Arc::new(AppState {
+        writer,
         store,
         hub,
         config,
@@ -275,6 +280,7 @@ pub async fn start(
         objective_counter: AtomicU16::new(0),
         auth_cache: Default::default(),
     });
+    writer::spawn(queue, Arc::downgrade(&state))?;
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));
     // Live frames are small and latency matters: no Nagle delay.

@@ -1,15 +1,17 @@
 //! Logging a message and fanning it out, in one critical section so live
 //! delivery follows the log's order exactly (which `Last-Event-ID` replay relies on).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ac7_protocol::message::{Attachment, Audience, LogLevel, Message};
+use ac7_protocol::vfs::{FsPath, Scope};
 use rusqlite::Connection;
 use serde_json::{Map, Value};
 
 use super::db::StoreError;
 use super::hub::Frame;
-use super::{AppState, messages};
+use super::{AppState, fs, messages};
 
 /// A message about to be logged.
 #[derive(Debug, Clone)]
@@ -57,4 +59,28 @@ pub fn log(conn: &Connection, draft: Draft, now: i64) -> Result<(Message, Arc<Fr
 /// Hands a committed frame to the live subscribers; returns how many took it.
 pub fn deliver(state: &AppState, audience: &Audience, frame: &Arc<Frame>, now: i64) -> usize {
     state.hub.deliver(audience, frame, now)
+}
+
+/// Grants read access to `attachments` to every recipient except the file's owner.
+pub fn grant_attachments(
+    conn: &Connection,
+    attachments: &[Attachment],
+    recipients: &BTreeSet<String>,
+    now: i64,
+) -> Result<(), StoreError> {
+    for a in attachments {
+        let Ok(path) = FsPath::parse(&a.path) else {
+            continue;
+        };
+        let owner = match path.scope() {
+            Scope::Home { member } => Some(member.to_owned()),
+            Scope::Root | Scope::ObjectivesRoot | Scope::Objective { .. } => None,
+        };
+        for r in recipients {
+            if owner.as_deref() != Some(r.as_str()) {
+                fs::grant(conn, &a.path, r, now)?;
+            }
+        }
+    }
+    Ok(())
 }

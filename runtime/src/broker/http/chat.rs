@@ -3,12 +3,11 @@
 use std::collections::BTreeSet;
 
 use ac7_protocol::message::{
-    self, Attachment, Audience, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload,
-    Route, Thread,
+    self, Attachment, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload, Route, Thread,
 };
 use ac7_protocol::objective::{self as obj_rules, Action};
 use ac7_protocol::permission::Permission;
-use ac7_protocol::vfs::{FsPath, Scope};
+use ac7_protocol::vfs::FsPath;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -18,7 +17,7 @@ use serde_json::json;
 
 use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
 use crate::broker::messages::{self, Feed};
-use crate::broker::publish::{self, Draft};
+use crate::broker::publish::Draft;
 use crate::broker::team::{self, MemberRecord, Team};
 use crate::broker::{channels, fs, now_ms, objectives};
 
@@ -216,30 +215,6 @@ pub(super) fn canonical_attachments(
     Ok(out)
 }
 
-/// Grants read access to attachments for every recipient except the file's owner.
-pub(super) fn grant_attachments(
-    conn: &Connection,
-    attachments: &[Attachment],
-    recipients: &BTreeSet<String>,
-    now: i64,
-) -> Result<(), ApiError> {
-    for a in attachments {
-        let Ok(path) = FsPath::parse(&a.path) else {
-            continue;
-        };
-        let owner = match path.scope() {
-            Scope::Home { member } => Some(member.to_owned()),
-            Scope::Root | Scope::ObjectivesRoot | Scope::Objective { .. } => None,
-        };
-        for r in recipients {
-            if owner.as_deref() != Some(r.as_str()) {
-                fs::grant(conn, &a.path, r, now)?;
-            }
-        }
-    }
-    Ok(())
-}
-
 pub(super) async fn push(
     State(state): State<Shared>,
     caller: Caller,
@@ -264,56 +239,49 @@ pub(super) async fn push(
     message::strip_reserved(&mut data);
     let thread = Thread::from_data(&data).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let now = now_ms();
-    state.store.with(|conn| {
-        if let Some(to) = &payload.to
-            && !team::member_exists(conn, to)?
-        {
-            return Err(ApiError::not_found(format!("no such agent: {to}")));
-        }
-        let thread_members = thread_members(conn, &caller, &thread)?;
-        let attachments =
-            canonical_attachments(conn, &caller, payload.attachments.as_deref().unwrap_or(&[]))?;
-        let route = Route::of(payload.to.as_deref(), &data);
-        let audience = message::audience(Some(&caller.name), &route, &thread_members);
-        let targets = match &route {
-            Route::Direct { .. } => 1,
-            Route::General => state.hub.member_count(),
-            Route::Channel(_) | Route::Objective(_) => thread_members.len(),
-            Route::Unroutable => 0,
-        };
-        let tx = conn
-            .transaction()
-            .map_err(crate::broker::db::StoreError::from)?;
-        let (msg, frame) = publish::log(
-            &tx,
-            Draft {
-                to: payload.to.clone(),
-                from: caller.name.clone(),
-                title: payload.title.clone(),
-                body: payload.body.clone(),
-                level: payload.level.unwrap_or_default(),
-                data,
-                attachments,
-            },
-            now,
-        )?;
-        if !msg.attachments.is_empty() {
-            let recipients = match &audience {
-                Audience::Everyone => team::members_list(&tx)?
-                    .into_iter()
-                    .map(|m| m.name)
-                    .collect(),
-                Audience::Only(names) => names.clone(),
-            };
-            grant_attachments(&tx, &msg.attachments, &recipients, now)?;
-        }
-        tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        let live = publish::deliver(&state, &audience, &frame, now);
-        Ok(reply(
-            StatusCode::OK,
-            &json!({"delivery": {"live": live, "targets": targets}, "message": msg}),
-        ))
-    })
+    // Presence entries mirror the member table (the broker owns the database).
+    if let Some(to) = &payload.to
+        && !state.hub.has_member(to)
+    {
+        return Err(ApiError::not_found(format!("no such agent: {to}")));
+    }
+    let given = payload.attachments.unwrap_or_default();
+    let (thread_members, attachments) = if thread == Thread::General && given.is_empty() {
+        (BTreeSet::new(), Vec::new())
+    } else {
+        state.store.with(|conn| -> Result<_, ApiError> {
+            Ok((
+                thread_members(conn, &caller, &thread)?,
+                canonical_attachments(conn, &caller, &given)?,
+            ))
+        })?
+    };
+    let route = Route::of(payload.to.as_deref(), &data);
+    let audience = message::audience(Some(&caller.name), &route, &thread_members);
+    let targets = match &route {
+        Route::Direct { .. } => 1,
+        Route::General => state.hub.member_count(),
+        Route::Channel(_) | Route::Objective(_) => thread_members.len(),
+        Route::Unroutable => 0,
+    };
+    let draft = Draft {
+        to: payload.to,
+        from: caller.name,
+        title: payload.title,
+        body: payload.body,
+        level: payload.level.unwrap_or_default(),
+        data,
+        attachments,
+    };
+    let (msg, live) = state
+        .writer
+        .push(draft, audience, now)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(reply(
+        StatusCode::OK,
+        &json!({"delivery": {"live": live, "targets": targets}, "message": msg}),
+    ))
 }
 
 /// Validates a thread for posting by `caller` and returns its member list

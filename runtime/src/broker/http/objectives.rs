@@ -21,11 +21,12 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::chat::{canonical_attachments, grant_attachments};
+use super::chat::canonical_attachments;
 use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
 use crate::broker::db::StoreError;
 use crate::broker::hub::Frame;
 use crate::broker::objectives::{self as store, ListFilter};
+use crate::broker::publish::grant_attachments;
 use crate::broker::publish::{self, Draft};
 use crate::broker::{AppState, fs, now_ms, team};
 
