@@ -69,6 +69,10 @@
 //! | [`sse`] | incremental `text/event-stream` parser with a size cap |
 //! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
+//! | [`message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
+//! | [`objective`] | the objective lifecycle (active ⇄ blocked → done / cancelled) and who may do what |
+//! | [`permission`] | the seven leaf permissions and preset expansion |
+//! | [`vfs`] | shared file space paths: normalisation and traversal rejection |
 //! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
 //! | [`call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
 //! | [`ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
@@ -91,11 +95,15 @@ pub mod length_prefixed;
 pub mod line;
 pub mod mcp;
 mod mcp_face;
+pub mod message;
+pub mod objective;
 pub mod pending;
+pub mod permission;
 pub mod runner;
 pub mod schema;
 pub mod sse;
 pub mod tracker;
+pub mod vfs;
 
 #[cfg(test)]
 pub(crate) mod test_support;

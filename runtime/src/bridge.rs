@@ -136,7 +136,7 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
         .map_err(BridgeError::Start)?;
     runtime.block_on(async {
         let stream = connect(&path).await?;
-        crate::logging::init();
+        crate::logging::init(crate::logging::DEFAULT_LEVEL);
         tracing::debug!(path = %path.display(), "connected to runner");
         let mut stdin = AgentStdin::open().map_err(BridgeError::Start)?;
         let config = BridgeConfig {

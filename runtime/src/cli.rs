@@ -3,6 +3,8 @@
 use clap::{Parser, Subcommand};
 
 use crate::bridge::McpBridgeArgs;
+use crate::broker::cli::{MemberArgs, ServeArgs};
+use crate::operator::{HistoryArgs, ObjectivesArgs, OperatorConn, PushArgs};
 
 /// ac7: a team of humans and AI agents working through one broker.
 #[derive(Debug, Parser)]
@@ -20,11 +22,33 @@ pub enum Command {
     /// (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`.
     #[command(after_help = crate::bridge::HELP_FOOTER)]
     McpBridge(McpBridgeArgs),
+    /// Run the broker.
+    Serve(ServeArgs),
+    /// Administer members offline, against the database file.
+    Member(MemberArgs),
+    /// Send a message through a running broker.
+    Push(PushArgs),
+    /// Show the team and who is connected.
+    Roster(OperatorConn),
+    /// Show message history.
+    History(HistoryArgs),
+    /// List, view and manage objectives.
+    Objectives(ObjectivesArgs),
 }
 
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
+    if !matches!(cli.command, Command::McpBridge(_)) {
+        // The bridge sets up its own logging once connected (stdout is its protocol).
+        crate::logging::init("info");
+    }
     match cli.command {
         Command::McpBridge(args) => Ok(crate::bridge::run(args)),
+        Command::Serve(args) => crate::broker::cli::serve(args),
+        Command::Member(args) => crate::broker::cli::member(args),
+        Command::Push(args) => crate::operator::push(args),
+        Command::Roster(conn) => crate::operator::roster(conn),
+        Command::History(args) => crate::operator::history(args),
+        Command::Objectives(args) => crate::operator::objectives(args),
     }
 }

@@ -3,6 +3,8 @@
 
 pub mod bench;
 pub mod bridge;
+pub mod broker;
 pub mod cli;
 pub mod ipc_server;
 pub mod logging;
+pub mod operator;

@@ -1,4 +1,5 @@
-//! Structured logs: one JSON object per line on stderr, level from `AC7_LOG` (default `warn`).
+//! Structured logs: one JSON object per line on stderr, level from `AC7_LOG` (the default
+//! depends on the command: `warn` for the bridge, `info` for the broker and operator verbs).
 //!
 //! Stdout is never used: for `ac7 mcp-bridge` it carries the MCP protocol.
 
@@ -8,17 +9,18 @@ use tracing_subscriber::EnvFilter;
 /// or any `tracing-subscriber` directive such as `ac7_runtime::bridge=debug`).
 pub const LOG_ENV: &str = "AC7_LOG";
 
-/// The filter used when `AC7_LOG` is unset or empty.
+/// The bridge's filter when `AC7_LOG` is unset or empty: quiet unless something goes wrong.
 pub const DEFAULT_LEVEL: &str = "warn";
 
-/// Installs the global subscriber writing JSON lines to stderr. Does nothing if one is already
-/// installed (tests, or a second call).
-pub fn init() {
+/// Installs the global subscriber writing JSON lines to stderr, with `default_level` when
+/// `AC7_LOG` is unset or invalid. Does nothing if one is already installed (tests, or a second
+/// call).
+pub fn init(default_level: &str) {
     let configured = std::env::var(LOG_ENV).ok().filter(|v| !v.trim().is_empty());
     let (filter, invalid) = match configured.as_deref().map(EnvFilter::try_new) {
-        None => (EnvFilter::new(DEFAULT_LEVEL), None),
+        None => (EnvFilter::new(default_level), None),
         Some(Ok(filter)) => (filter, None),
-        Some(Err(err)) => (EnvFilter::new(DEFAULT_LEVEL), Some(err)),
+        Some(Err(err)) => (EnvFilter::new(default_level), Some(err)),
     };
     let installed = tracing_subscriber::fmt()
         .json()
@@ -33,7 +35,7 @@ pub fn init() {
         tracing::warn!(
             value = configured.as_deref().unwrap_or_default(),
             error = %err,
-            "{LOG_ENV} is not a valid log filter; using {DEFAULT_LEVEL}"
+            "{LOG_ENV} is not a valid log filter; using {default_level}"
         );
     }
 }

@@ -1,11 +1,75 @@
-//! Helpers for the `ac7-bench` binary: percentiles, peak RSS of a process, JSON output.
+//! The `ac7-bench` harness: the scenario dispatcher and the measurement helpers every scenario
+//! shares (percentiles, peak RSS of a process, JSON output). Benchmarks are measurements, never
+//! assertions: each scenario prints one JSON object on stdout.
 //!
-//! Benchmarks are measurements, never assertions: each scenario prints one JSON object.
+//! ```text
+//! cargo run --release --bin ac7-bench -- bridge           # all four bridge figures
+//! cargo run --release --bin ac7-bench -- bridge-roundtrip # tools/list and tools/call p50/p99
+//! cargo run --release --bin ac7-bench -- bridge-throughput | bridge-spawn | bridge-rss
+//! cargo run --release --bin ac7-bench -- broker-push      # durable pushes/s, 16 clients
+//! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
+//! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
+//! ```
 
 pub mod bridge;
+pub mod broker;
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+
+use serde_json::Value;
+
+/// The scenarios `ac7-bench` knows.
+pub const SCENARIOS: &[&str] = &[
+    "bridge",
+    "bridge-roundtrip",
+    "bridge-throughput",
+    "bridge-spawn",
+    "bridge-rss",
+    "broker-push",
+    "broker-delivery",
+    "broker-rss",
+];
+
+/// Runs the scenario named by `args[0]`; returns the process exit code.
+pub fn run(args: &[String]) -> anyhow::Result<i32> {
+    match args.first().map(String::as_str) {
+        Some(
+            scenario @ ("bridge" | "bridge-roundtrip" | "bridge-throughput" | "bridge-spawn"
+            | "bridge-rss"),
+        ) => {
+            use bridge::{Options, Part};
+            let parts: &[Part] = match scenario {
+                "bridge-roundtrip" => &[Part::Roundtrip],
+                "bridge-throughput" => &[Part::Throughput],
+                "bridge-spawn" => &[Part::Spawn],
+                "bridge-rss" => &[Part::Rss],
+                _ => &[Part::Roundtrip, Part::Throughput, Part::Spawn, Part::Rss],
+            };
+            let options = Options::standard(sibling_binary("ac7")?);
+            print_json(&bridge::run(scenario, parts, &options)?)?;
+            Ok(0)
+        }
+        Some("broker-push") => emit(&broker::push()?),
+        Some("broker-delivery") => emit(&broker::delivery()?),
+        Some("broker-rss") => emit(&broker::rss()?),
+        Some(broker::CHILD_ARG) => broker::child_main(&args[1..]),
+        other => anyhow::bail!(
+            "unknown scenario {:?}; expected one of: {}",
+            other.unwrap_or(""),
+            SCENARIOS.join(", ")
+        ),
+    }
+}
+
+/// A scenario's result: key -> value, printed as one JSON object (sorted keys).
+pub type Report = BTreeMap<&'static str, Value>;
+
+fn emit(report: &Report) -> anyhow::Result<i32> {
+    print_json(report)?;
+    Ok(0)
+}
 
 /// Latency summary of a set of samples, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -37,8 +101,8 @@ impl Latency {
     }
 }
 
-/// The `p`-th percentile (nearest rank) of sorted `samples`.
-pub fn percentile(sorted: &[Duration], p: f64) -> Option<Duration> {
+/// The `p`-th percentile (0–100, nearest rank) of sorted `samples`; `None` when empty.
+pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
@@ -52,25 +116,31 @@ pub fn median(samples: &mut [Duration]) -> Option<Duration> {
     percentile(samples, 50.0)
 }
 
+/// A field (in KiB) of `/proc/<pid>/status` (this process when `None`), e.g. `VmHWM` (peak RSS)
+/// or `VmRSS`.
+pub fn proc_status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/status"),
+        None => "/proc/self/status".to_owned(),
+    };
+    let text = std::fs::read_to_string(path).ok()?;
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
+        rest.trim().trim_end_matches("kB").trim().parse().ok()
+    })
+}
+
 /// Peak resident set size (`VmHWM`) of a live process, in KiB.
 pub fn peak_rss_kib(pid: u32) -> Option<u64> {
-    status_field_kib(pid, "VmHWM:")
+    proc_status_kib(Some(pid), "VmHWM")
 }
 
 /// Current resident set size (`VmRSS`) of a live process, in KiB.
 pub fn rss_kib(pid: u32) -> Option<u64> {
-    status_field_kib(pid, "VmRSS:")
+    proc_status_kib(Some(pid), "VmRSS")
 }
 
-fn status_field_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix(field))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
-/// The `ac7` binary next to the running executable (`target/<profile>/ac7`).
+/// A binary next to the running executable (`target/<profile>/<name>`).
 pub fn sibling_binary(name: &str) -> std::io::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
@@ -112,10 +182,11 @@ mod tests {
         assert_eq!(l.p99_us, 99.0);
         assert_eq!(l.min_us, 1.0);
         assert_eq!(l.max_us, 100.0);
-        assert_eq!(percentile(&[], 50.0), None);
-        let one = [Duration::from_micros(7)];
-        assert_eq!(percentile(&one, 99.0), Some(Duration::from_micros(7)));
-        assert_eq!(percentile(&one, 0.0), Some(Duration::from_micros(7)));
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 100.0), Some(100));
+        assert_eq!(percentile(&v, 0.0), Some(1));
+        assert_eq!(percentile::<u64>(&[], 50.0), None);
+        assert_eq!(percentile(&[7u64], 99.0), Some(7));
     }
 
     #[test]
@@ -125,5 +196,6 @@ mod tests {
         let now = rss_kib(pid).unwrap();
         let peak = peak_rss_kib(pid).unwrap();
         assert!(peak >= now && now > 0, "peak {peak} now {now}");
+        assert!(proc_status_kib(None, "VmRSS").is_some());
     }
 }

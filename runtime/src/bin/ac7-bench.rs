@@ -1,42 +1,14 @@
 //! `ac7-bench <scenario>`: runs one benchmark scenario and prints one JSON object on stdout.
-//!
-//! Build with `--release`: `cargo run --release --bin ac7-bench -- bridge`.
+//! Build with `--release`: `cargo run --release --bin ac7-bench -- bridge` (scenarios: see
+//! `ac7_runtime::bench`).
 
-use std::process::ExitCode;
-
-use ac7_runtime::bench;
-
-const SCENARIOS: &str = "bridge, bridge-roundtrip, bridge-throughput, bridge-spawn, bridge-rss";
-
-fn main() -> ExitCode {
-    let scenario = std::env::args().nth(1).unwrap_or_default();
-    let result = match scenario.as_str() {
-        "bridge" | "bridge-roundtrip" | "bridge-throughput" | "bridge-spawn" | "bridge-rss" => {
-            bridge(&scenario)
-        }
-        _ => {
-            eprintln!("usage: ac7-bench <scenario>; scenarios: {SCENARIOS}");
-            return ExitCode::from(2);
-        }
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match ac7_runtime::bench::run(&args) {
+        Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(err) => {
-            eprintln!("ac7-bench {scenario}: {err:#}");
-            ExitCode::FAILURE
+            eprintln!("ac7-bench: {err:#}");
+            std::process::ExitCode::from(1)
         }
     }
-}
-
-fn bridge(scenario: &str) -> anyhow::Result<()> {
-    use bench::bridge::{Options, Part, run};
-    let parts: &[Part] = match scenario {
-        "bridge-roundtrip" => &[Part::Roundtrip],
-        "bridge-throughput" => &[Part::Throughput],
-        "bridge-spawn" => &[Part::Spawn],
-        "bridge-rss" => &[Part::Rss],
-        _ => &[Part::Roundtrip, Part::Throughput, Part::Spawn, Part::Rss],
-    };
-    let options = Options::standard(bench::sibling_binary("ac7")?);
-    bench::print_json(&run(scenario, parts, &options)?)
 }

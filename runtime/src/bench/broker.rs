@@ -1,0 +1,383 @@
+//! Broker scenarios. The broker runs as a child process (this same binary with
+//! a hidden argument), so its memory is measured on its own and the clients'
+//! work does not count against it. Both share the machine's cores.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+use super::{Report, percentile, proc_status_kib};
+use crate::broker::bootstrap::bootstrap;
+use crate::broker::config::{MemberSection, TeamConfig, TeamSection};
+use crate::broker::db::{Store, SyncMode};
+use crate::broker::team::Role;
+use crate::broker::{BrokerConfig, start};
+
+/// The hidden argument that makes `ac7-bench` run a broker.
+pub const CHILD_ARG: &str = "__broker-child";
+
+const CLIENTS: usize = 16;
+const PUSHES_PER_CLIENT: usize = 2_000;
+const SUBSCRIBERS: usize = 10;
+const DELIVERY_MESSAGES: usize = 2_000;
+
+/// Runs a broker on `args[0]` (db path) and prints `listening <addr>`.
+#[allow(clippy::print_stdout)]
+pub fn child_main(args: &[String]) -> anyhow::Result<i32> {
+    let db = PathBuf::from(args.first().context("db path required")?);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let broker = start(BrokerConfig::new(db), listener).await?;
+        println!("listening {}", broker.addr);
+        broker.wait().await?;
+        Ok::<_, anyhow::Error>(0)
+    })
+}
+
+/// A broker child process with its team tokens; killed and its files removed on drop.
+struct BrokerChild {
+    child: Child,
+    url: String,
+    tokens: Vec<(String, String)>,
+    dir: PathBuf,
+}
+
+impl BrokerChild {
+    fn spawn(members: usize) -> anyhow::Result<BrokerChild> {
+        let dir = std::env::temp_dir().join(format!(
+            "ac7-bench-{}-{}",
+            std::process::id(),
+            crate::broker::now_ms()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let db = dir.join("bench.db");
+        let mut config = TeamConfig {
+            team: TeamSection {
+                name: "bench".into(),
+                directive: "Measure the broker.".into(),
+                context: String::new(),
+                permission_presets: Default::default(),
+            },
+            members: vec![MemberSection {
+                name: "director".into(),
+                role: Role {
+                    title: "director".into(),
+                    description: String::new(),
+                },
+                instructions: String::new(),
+                permissions: vec!["admin".into()],
+            }],
+        };
+        for i in 0..members {
+            config.members.push(MemberSection {
+                name: format!("m{i}"),
+                role: Role {
+                    title: "agent".into(),
+                    description: String::new(),
+                },
+                instructions: String::new(),
+                permissions: Vec::new(),
+            });
+        }
+        let tokens = {
+            let store = Store::open(&db, SyncMode::Normal)?;
+            bootstrap(&store, &config)?
+                .into_iter()
+                .map(|t| (t.name, t.token))
+                .collect()
+        };
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .arg(CHILD_ARG)
+            .arg(&db)
+            .env("AC7_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().context("no child stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("broker child did not start: {line:?}");
+        };
+        Ok(BrokerChild {
+            url: format!("http://{addr}"),
+            child,
+            tokens,
+            dir,
+        })
+    }
+
+    fn token(&self, name: &str) -> &str {
+        self.tokens
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or("", |(_, t)| t)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for BrokerChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(64)
+        .build()?)
+}
+
+fn rt() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// `CLIENTS` tasks each pushing `per_client` DMs; returns (elapsed, sorted ack latencies in µs).
+async fn push_load(b: &BrokerChild, per_client: usize) -> anyhow::Result<(Duration, Vec<u64>)> {
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let http = client()?;
+        let url = format!("{}/push", b.url);
+        let token = b.token("director").to_owned();
+        let to = format!("m{}", c % 10);
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per_client);
+            for i in 0..per_client {
+                let t = Instant::now();
+                let r = http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .json(&json!({"to": to, "body": format!("client {c} message {i}")}))
+                    .send()
+                    .await?;
+                if !r.status().is_success() {
+                    bail!("push failed: {}", r.status());
+                }
+                r.bytes().await?;
+                lat.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+            }
+            Ok::<_, anyhow::Error>(lat)
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    let elapsed = started.elapsed();
+    all.sort_unstable();
+    Ok((elapsed, all))
+}
+
+/// Durable push throughput with 16 concurrent clients.
+pub fn push() -> anyhow::Result<Report> {
+    let b = BrokerChild::spawn(10)?;
+    let (elapsed, lat) = rt()?.block_on(async {
+        push_load(&b, 100).await?; // warm-up
+        push_load(&b, PUSHES_PER_CLIENT).await
+    })?;
+    let total = CLIENTS * PUSHES_PER_CLIENT;
+    let mut r = Report::new();
+    r.insert("scenario", json!("broker-push"));
+    r.insert("clients", json!(CLIENTS));
+    r.insert("pushes", json!(total));
+    r.insert(
+        "pushes_per_sec",
+        json!((total as f64 / elapsed.as_secs_f64()).round()),
+    );
+    r.insert("ack_p50_us", json!(percentile(&lat, 50.0)));
+    r.insert("ack_p99_us", json!(percentile(&lat, 99.0)));
+    r.insert(
+        "broker_peak_rss_kib",
+        json!(proc_status_kib(Some(b.pid()), "VmHWM")),
+    );
+    r.insert(
+        "durability",
+        json!("each push committed to SQLite (WAL, synchronous=NORMAL) before its 200"),
+    );
+    Ok(r)
+}
+
+/// Opens an SSE subscription and calls `on_message(data)` for each message event.
+async fn sse_loop(
+    http: reqwest::Client,
+    url: String,
+    token: String,
+    ready: Arc<AtomicU64>,
+    mut on_message: impl FnMut(&str) -> bool + Send + 'static,
+) -> anyhow::Result<()> {
+    let resp = http
+        .get(url)
+        .bearer_auth(token)
+        .header("accept", "text/event-stream")
+        .send()
+        .await?;
+    if !resp.status().is_success() {
+        bail!("subscribe failed: {}", resp.status());
+    }
+    ready.fetch_add(1, Ordering::SeqCst);
+    let mut stream = resp.bytes_stream();
+    let mut buf = String::new();
+    while let Some(chunk) = stream.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk?));
+        while let Some(i) = buf.find("\n\n") {
+            let block: String = buf.drain(..i + 2).collect();
+            if let Some(data) = block.lines().find_map(|l| l.strip_prefix("data: "))
+                && !on_message(data)
+            {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Push -> SSE delivery latency to 10 subscribers.
+pub fn delivery() -> anyhow::Result<Report> {
+    let b = BrokerChild::spawn(SUBSCRIBERS)?;
+    let samples = rt()?.block_on(async {
+        let sent: Arc<Vec<AtomicU64>> =
+            Arc::new((0..DELIVERY_MESSAGES).map(|_| AtomicU64::new(0)).collect());
+        let origin = Instant::now();
+        let ready = Arc::new(AtomicU64::new(0));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+        let mut subs = Vec::new();
+        for i in 0..SUBSCRIBERS {
+            let name = format!("m{i}");
+            let url = format!("{}/subscribe?name={name}", b.url);
+            let (sent, tx) = (Arc::clone(&sent), tx.clone());
+            let mut seen = 0;
+            subs.push(tokio::spawn(sse_loop(
+                client()?,
+                url,
+                b.token(&name).to_owned(),
+                Arc::clone(&ready),
+                move |data| {
+                    let now = origin.elapsed().as_micros() as u64;
+                    let seq = serde_json::from_str::<Value>(data)
+                        .ok()
+                        .and_then(|v| v.pointer("/data/seq").and_then(Value::as_u64));
+                    if let Some(seq) = seq
+                        && let Some(at) = sent.get(seq as usize)
+                    {
+                        let _ = tx.send(now.saturating_sub(at.load(Ordering::SeqCst)));
+                        seen += 1;
+                    }
+                    seen < DELIVERY_MESSAGES
+                },
+            )));
+        }
+        drop(tx);
+        while ready.load(Ordering::SeqCst) < SUBSCRIBERS as u64 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let http = client()?;
+        let url = format!("{}/push", b.url);
+        for seq in 0..DELIVERY_MESSAGES {
+            let body = serde_json::to_vec(&json!({"body": "tick", "data": {"seq": seq}}))?;
+            sent[seq].store(origin.elapsed().as_micros() as u64, Ordering::SeqCst);
+            let r = http
+                .post(&url)
+                .bearer_auth(b.token("director"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await?;
+            r.bytes().await?;
+            // Space the pushes out so each one is measured on its own, not queued behind the last.
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        let mut samples = Vec::new();
+        let deadline = tokio::time::sleep(Duration::from_secs(30));
+        tokio::pin!(deadline);
+        while samples.len() < SUBSCRIBERS * DELIVERY_MESSAGES {
+            tokio::select! {
+                s = rx.recv() => match s { Some(s) => samples.push(s), None => break },
+                () = &mut deadline => break,
+            }
+        }
+        for s in subs {
+            s.abort();
+        }
+        samples.sort_unstable();
+        Ok::<_, anyhow::Error>(samples)
+    })?;
+    let mut r = Report::new();
+    r.insert("scenario", json!("broker-delivery"));
+    r.insert("subscribers", json!(SUBSCRIBERS));
+    r.insert("messages", json!(DELIVERY_MESSAGES));
+    r.insert("deliveries", json!(samples.len()));
+    r.insert("delivery_p50_us", json!(percentile(&samples, 50.0)));
+    r.insert("delivery_p99_us", json!(percentile(&samples, 99.0)));
+    r.insert(
+        "broker_peak_rss_kib",
+        json!(proc_status_kib(Some(b.pid()), "VmHWM")),
+    );
+    Ok(r)
+}
+
+/// Idle RSS after start, and peak RSS under push load with 10 live subscribers.
+pub fn rss() -> anyhow::Result<Report> {
+    let b = BrokerChild::spawn(SUBSCRIBERS)?;
+    std::thread::sleep(Duration::from_millis(1_000));
+    let idle_rss = proc_status_kib(Some(b.pid()), "VmRSS");
+    let idle_peak = proc_status_kib(Some(b.pid()), "VmHWM");
+    let elapsed = rt()?.block_on(async {
+        let ready = Arc::new(AtomicU64::new(0));
+        let mut subs = Vec::new();
+        for i in 0..SUBSCRIBERS {
+            let name = format!("m{i}");
+            let url = format!("{}/subscribe?name={name}", b.url);
+            subs.push(tokio::spawn(sse_loop(
+                client()?,
+                url,
+                b.token(&name).to_owned(),
+                Arc::clone(&ready),
+                |_| true,
+            )));
+        }
+        while ready.load(Ordering::SeqCst) < SUBSCRIBERS as u64 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let (elapsed, _) = push_load(&b, PUSHES_PER_CLIENT).await?;
+        for s in subs {
+            s.abort();
+        }
+        Ok::<_, anyhow::Error>(elapsed)
+    })?;
+    let mut r = Report::new();
+    r.insert("scenario", json!("broker-rss"));
+    r.insert("idle_rss_kib", json!(idle_rss));
+    r.insert("idle_peak_rss_kib", json!(idle_peak));
+    r.insert(
+        "loaded_peak_rss_kib",
+        json!(proc_status_kib(Some(b.pid()), "VmHWM")),
+    );
+    r.insert("loaded_pushes", json!(CLIENTS * PUSHES_PER_CLIENT));
+    r.insert("loaded_seconds", json!(elapsed.as_secs_f64()));
+    r.insert(
+        "bench_client_peak_rss_kib",
+        json!(super::peak_rss_kib(std::process::id())),
+    );
+    Ok(r)
+}

@@ -1,0 +1,164 @@
+//! Creating a team in an empty database, and the member administration shared by
+//! the HTTP API and the offline `ac7 member` commands.
+
+use ac7_protocol::message::is_valid_name;
+use ac7_protocol::permission::{Permission, PermissionSet, default_presets, resolve};
+use ac7_protocol::vfs::FsPath;
+use rusqlite::Connection;
+
+use super::config::{ConfigError, TeamConfig};
+use super::db::{Store, StoreError};
+use super::team::{self, MemberRecord, Role, Team};
+use super::{fs, now_ms};
+
+/// A member created with its one-time plaintext token.
+#[derive(Debug, Clone)]
+pub struct IssuedToken {
+    /// Member name.
+    pub name: String,
+    /// The bearer token (shown once).
+    pub token: String,
+}
+
+/// Why bootstrapping failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    /// Bad config.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A team already exists.
+    #[error("the database already has a team ({0}); not creating another")]
+    AlreadyHasTeam(String),
+}
+
+/// Checks team fields against the API limits.
+pub fn validate_team(team: &Team) -> Result<(), String> {
+    let n = |s: &str| s.chars().count();
+    if !(1..=128).contains(&n(&team.name)) {
+        return Err("team name must be 1-128 characters".into());
+    }
+    if !(1..=512).contains(&n(&team.directive)) {
+        return Err("team directive must be 1-512 characters".into());
+    }
+    if n(&team.context) > 4096 {
+        return Err("team context must be at most 4096 characters".into());
+    }
+    Ok(())
+}
+
+/// Checks member fields against the API limits.
+pub fn validate_member(name: &str, role: &Role, instructions: &str) -> Result<(), String> {
+    if !is_valid_name(name) {
+        return Err(format!(
+            "member name {name:?} must be 1-128 characters of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    if !(1..=64).contains(&role.title.chars().count()) {
+        return Err(format!("member {name}: role title must be 1-64 characters"));
+    }
+    if role.description.chars().count() > 512 {
+        return Err(format!(
+            "member {name}: role description must be at most 512 characters"
+        ));
+    }
+    if instructions.chars().count() > 8192 {
+        return Err(format!(
+            "member {name}: instructions must be at most 8192 characters"
+        ));
+    }
+    Ok(())
+}
+
+/// Creates the team and members of `config` in `store` and returns each member's token.
+pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>, BootstrapError> {
+    let now = now_ms();
+    let mut presets = default_presets();
+    presets.extend(config.team.permission_presets.clone());
+    for (name, leaves) in &presets {
+        ac7_protocol::permission::resolve_preset(name, leaves)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    }
+    let team = Team {
+        name: config.team.name.clone(),
+        directive: config.team.directive.clone(),
+        context: config.team.context.clone(),
+        permission_presets: presets,
+    };
+    validate_team(&team).map_err(ConfigError::Invalid)?;
+    if config.members.is_empty() {
+        return Err(ConfigError::Invalid("at least one member is required".into()).into());
+    }
+    let mut records = Vec::new();
+    for m in &config.members {
+        validate_member(&m.name, &m.role, &m.instructions).map_err(ConfigError::Invalid)?;
+        let permissions = resolve(
+            &m.permissions,
+            &team.permission_presets,
+            &format!("member '{}'", m.name),
+        )
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if records.iter().any(|r: &MemberRecord| r.name == m.name) {
+            return Err(
+                ConfigError::Invalid(format!("member '{}' is listed twice", m.name)).into(),
+            );
+        }
+        records.push(MemberRecord {
+            name: m.name.clone(),
+            role: m.role.clone(),
+            instructions: m.instructions.clone(),
+            permissions,
+        });
+    }
+    store.with(|conn| {
+        let tx = conn.transaction().map_err(StoreError::from)?;
+        if let Some(existing) = team::team_get(&tx)? {
+            return Err(BootstrapError::AlreadyHasTeam(existing.name));
+        }
+        team::team_put(&tx, &team, now)?;
+        let mut issued = Vec::new();
+        for r in &records {
+            issued.push(add_member(&tx, r, None, now)?);
+        }
+        tx.commit().map_err(StoreError::from)?;
+        Ok(issued)
+    })
+}
+
+/// Inserts a member (the name must be free), creates its home, issues its first token.
+pub fn add_member(
+    conn: &Connection,
+    record: &MemberRecord,
+    created_by: Option<&str>,
+    now: i64,
+) -> Result<IssuedToken, StoreError> {
+    if !team::member_insert(conn, record, now)? {
+        return Err(StoreError::Corrupt(format!(
+            "member '{}' already exists",
+            record.name
+        )));
+    }
+    let home = FsPath::parse(&format!("/{}", record.name))
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    fs::ensure_dir(conn, &home, &record.name, now)
+        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let (token, _) =
+        team::token_issue(conn, &record.name, "initial", "bootstrap", created_by, now)?;
+    Ok(IssuedToken {
+        name: record.name.clone(),
+        token,
+    })
+}
+
+/// Whether removing `members.manage` from (or deleting) `name` would leave no admin.
+pub fn is_last_admin(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    let managers = team::managers(conn)?;
+    Ok(managers.len() == 1 && managers[0] == name)
+}
+
+/// Whether `perms` holds `members.manage`.
+pub fn is_manager(perms: PermissionSet) -> bool {
+    perms.contains(Permission::MembersManage)
+}

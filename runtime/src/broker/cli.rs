@@ -1,0 +1,297 @@
+//! `ac7 serve` and the offline `ac7 member …` administration.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use ac7_protocol::permission::{self, Permission};
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+
+use super::bootstrap::{self, add_member, is_last_admin, validate_member};
+use super::config::{MemberSection, TeamConfig, TeamSection};
+use super::db::{Store, StoreError, SyncMode};
+use super::team::{self, MemberRecord, Role};
+use super::{BrokerConfig, now_ms};
+
+/// `ac7 serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// SQLite database file (created if missing).
+    #[arg(long, default_value = "./ac7.db", env = "AC7_DB")]
+    pub db: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, default_value_t = 8717)]
+    pub port: u16,
+    /// Team config (JSON) used to create the team when the database has none.
+    #[arg(long)]
+    pub team_config: Option<PathBuf>,
+    /// Team name, to create a team from flags instead of a file.
+    #[arg(long, requires = "directive")]
+    pub team_name: Option<String>,
+    /// Team directive (with --team-name).
+    #[arg(long)]
+    pub directive: Option<String>,
+    /// Team context (with --team-name).
+    #[arg(long, default_value = "")]
+    pub context: String,
+    /// A member, with --team-name: `NAME[:ROLE[:PERM,PERM…]]` (repeatable). Permissions may name presets (`admin`, `operator`).
+    #[arg(long = "member", value_name = "NAME[:ROLE[:PERMS]]")]
+    pub members: Vec<String>,
+    /// Largest file accepted by `POST /fs/write`, in bytes (hard cap 1 GiB).
+    #[arg(long, default_value_t = 25 * 1024 * 1024)]
+    pub max_file_bytes: u64,
+    /// `normal` survives a broker crash; `full` also fsyncs every commit (survives power loss).
+    #[arg(long, value_enum, default_value_t = SyncMode::Normal)]
+    pub sync: SyncMode,
+}
+
+fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
+    let mut parts = spec.splitn(3, ':');
+    let name = parts.next().unwrap_or_default().to_owned();
+    let title = parts
+        .next()
+        .filter(|t| !t.is_empty())
+        .unwrap_or("member")
+        .to_owned();
+    let permissions = parts
+        .next()
+        .map(|p| {
+            p.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    if name.is_empty() {
+        bail!("--member {spec:?}: the name is missing (expected NAME[:ROLE[:PERMS]])");
+    }
+    Ok(MemberSection {
+        name,
+        role: Role {
+            title,
+            description: String::new(),
+        },
+        instructions: String::new(),
+        permissions,
+    })
+}
+
+fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
+    if let Some(path) = &args.team_config {
+        return Ok(Some(TeamConfig::load(path)?));
+    }
+    let Some(name) = &args.team_name else {
+        return Ok(None);
+    };
+    if args.members.is_empty() {
+        bail!("--team-name needs at least one --member NAME[:ROLE[:PERMS]]");
+    }
+    Ok(Some(TeamConfig {
+        team: TeamSection {
+            name: name.clone(),
+            directive: args.directive.clone().unwrap_or_default(),
+            context: args.context.clone(),
+            permission_presets: Default::default(),
+        },
+        members: args
+            .members
+            .iter()
+            .map(|m| parse_member_flag(m))
+            .collect::<anyhow::Result<_>>()?,
+    }))
+}
+
+/// Runs `ac7 serve` until Ctrl-C / SIGTERM.
+#[allow(clippy::print_stdout)]
+pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
+    const HARD_CAP: u64 = 1024 * 1024 * 1024;
+    if args.max_file_bytes > HARD_CAP {
+        bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
+    }
+    let store = Store::open(&args.db, args.sync)
+        .with_context(|| format!("opening database {}", args.db.display()))?;
+    let has_team = store.with(|conn| team::team_get(conn))?.is_some();
+    if has_team {
+        if args.team_config.is_some() || args.team_name.is_some() {
+            tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
+        }
+    } else {
+        let Some(config) = team_config_from(&args)? else {
+            bail!(
+                "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
+                args.db.display()
+            );
+        };
+        let issued = bootstrap::bootstrap(&store, &config)?;
+        println!(
+            "created team '{}' in {}",
+            config.team.name,
+            args.db.display()
+        );
+        println!("bearer tokens (shown once; only their SHA-256 is stored):");
+        let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
+        for i in issued {
+            println!("  {:<width$}  {}", i.name, i.token);
+        }
+    }
+    drop(store);
+    let mut config = BrokerConfig::new(args.db.clone());
+    config.max_file_bytes = args.max_file_bytes;
+    config.sync = args.sync;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+            .parse()
+            .or_else(|_| {
+                std::net::ToSocketAddrs::to_socket_addrs(&(args.host.as_str(), args.port))
+                    .map_err(anyhow::Error::from)
+                    .and_then(|mut a| a.next().context("host resolved to no address"))
+            })
+            .with_context(|| format!("bad --host {}", args.host))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let broker = super::start(config, listener).await?;
+        println!("ac7 broker listening on http://{}", broker.addr);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        broker.shutdown().await?;
+        Ok::<_, anyhow::Error>(0)
+    })
+}
+
+/// `ac7 member …`: offline administration against the database file.
+#[derive(Debug, Args)]
+pub struct MemberArgs {
+    /// SQLite database file.
+    #[arg(long, default_value = "./ac7.db", env = "AC7_DB", global = true)]
+    pub db: PathBuf,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: MemberAction,
+}
+
+/// Member administration actions.
+#[derive(Debug, Subcommand)]
+pub enum MemberAction {
+    /// List members.
+    List,
+    /// Add a member and print its token.
+    Add(MemberFields),
+    /// Change a member's role, instructions or permissions.
+    Update(MemberFields),
+    /// Remove a member (and revoke its tokens).
+    Remove {
+        /// Member name.
+        name: String,
+    },
+    /// Revoke a member's tokens and print a new one.
+    RotateToken {
+        /// Member name.
+        name: String,
+    },
+}
+
+/// Fields for `member add` / `member update`.
+#[derive(Debug, Args)]
+pub struct MemberFields {
+    /// Member name.
+    pub name: String,
+    /// Role title.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Role description.
+    #[arg(long)]
+    pub description: Option<String>,
+    /// Private instructions.
+    #[arg(long)]
+    pub instructions: Option<String>,
+    /// Comma-separated permissions or presets.
+    #[arg(long, value_delimiter = ',')]
+    pub permissions: Option<Vec<String>>,
+}
+
+/// Runs `ac7 member …`.
+#[allow(clippy::print_stdout)]
+pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
+    if !args.db.exists() {
+        bail!(
+            "no database at {} (start `ac7 serve --db {0}` with a team config first)",
+            args.db.display()
+        );
+    }
+    let store = Store::open(&args.db, SyncMode::Normal)?;
+    store.with(|conn| -> anyhow::Result<i32> {
+        let team = team::team_get(conn)?.context("the database has no team yet")?;
+        match args.action {
+            MemberAction::List => {
+                for m in team::members_list(conn)? {
+                    println!("{}\t{}\t{}", m.name, m.role.title, m.permissions.names().join(","));
+                }
+            }
+            MemberAction::Add(f) => {
+                let role = Role { title: f.role.unwrap_or_else(|| "member".into()), description: f.description.unwrap_or_default() };
+                let instructions = f.instructions.unwrap_or_default();
+                validate_member(&f.name, &role, &instructions).map_err(anyhow::Error::msg)?;
+                let permissions = permission::resolve(&f.permissions.unwrap_or_default(), &team.permission_presets, &format!("member '{}'", f.name))?;
+                if team::member_exists(conn, &f.name)? {
+                    bail!("member '{}' already exists", f.name);
+                }
+                let tx = conn.transaction().map_err(StoreError::from)?;
+                let issued = add_member(&tx, &MemberRecord { name: f.name, role, instructions, permissions }, None, now_ms())?;
+                tx.commit().map_err(StoreError::from)?;
+                println!("{}", issued.token);
+            }
+            MemberAction::Update(f) => {
+                let mut m = team::member_get(conn, &f.name)?.with_context(|| format!("no such member: {}", f.name))?;
+                if let Some(t) = f.role {
+                    m.role.title = t;
+                }
+                if let Some(d) = f.description {
+                    m.role.description = d;
+                }
+                if let Some(i) = f.instructions {
+                    m.instructions = i;
+                }
+                if let Some(p) = f.permissions {
+                    let perms = permission::resolve(&p, &team.permission_presets, &format!("member '{}'", m.name))?;
+                    if !perms.contains(Permission::MembersManage) && is_last_admin(conn, &m.name)? {
+                        bail!("cannot remove members.manage from the last admin — promote someone else first");
+                    }
+                    m.permissions = perms;
+                }
+                validate_member(&m.name, &m.role, &m.instructions).map_err(anyhow::Error::msg)?;
+                team::member_update(conn, &m)?;
+                println!("updated {}", m.name);
+            }
+            MemberAction::Remove { name } => {
+                if !team::member_exists(conn, &name)? {
+                    bail!("no such member: {name}");
+                }
+                if is_last_admin(conn, &name)? {
+                    bail!("cannot remove the last admin — promote someone else first");
+                }
+                team::member_delete(conn, &name)?;
+                println!("removed {name}");
+            }
+            MemberAction::RotateToken { name } => {
+                if !team::member_exists(conn, &name)? {
+                    bail!("no such member: {name}");
+                }
+                let tx = conn.transaction().map_err(StoreError::from)?;
+                team::tokens_revoke_all(&tx, &name)?;
+                let (token, _) = team::token_issue(&tx, &name, "rotated", "rotate", None, now_ms())?;
+                tx.commit().map_err(StoreError::from)?;
+                println!("{token}");
+            }
+        }
+        Ok(0)
+    })
+}

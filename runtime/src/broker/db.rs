@@ -1,0 +1,201 @@
+//! The SQLite file: opening it (WAL), the schema, and the error type of the store.
+//!
+//! Durability: every mutation runs in a transaction that is committed before the
+//! HTTP response is written. The journal is WAL with `synchronous=NORMAL`, so a
+//! committed transaction survives a crash of the broker process (`kill -9`): the
+//! WAL frames are in the OS page cache as soon as `COMMIT` returns. `--sync full`
+//! additionally fsyncs the WAL on every commit, which also survives power loss.
+//!
+//! The file is opened in exclusive locking mode: one process owns it (no file
+//! locks per transaction, no shared-memory index). A second `ac7 serve`, or
+//! `ac7 member …` while the broker runs, is refused with [`StoreError::Busy`].
+
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+
+use rusqlite::Connection;
+
+/// A store failure. Nothing here is the client's fault: it maps to 500.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite refused or failed.
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored JSON column could not be decoded.
+    #[error("corrupt stored JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A stored value broke an invariant.
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+    /// Another process holds the database.
+    #[error("the database {0} is in use by another process (is `ac7 serve` running on it?)")]
+    Busy(String),
+}
+
+/// How hard SQLite syncs on commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SyncMode {
+    /// WAL + `synchronous=NORMAL`: survives a process crash.
+    #[default]
+    Normal,
+    /// WAL + `synchronous=FULL`: also survives power loss; slower.
+    Full,
+}
+
+/// The one SQLite connection, behind a mutex. Critical sections are short and
+/// never span an `.await`.
+#[derive(Debug)]
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` and applies the schema.
+    pub fn open(path: &Path, sync: SyncMode) -> Result<Store, StoreError> {
+        let conn = Connection::open(path)?;
+        Store::init(conn, sync).map_err(|e| match e {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
+                if matches!(
+                    f.code,
+                    rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                ) =>
+            {
+                StoreError::Busy(path.display().to_string())
+            }
+            other => other,
+        })
+    }
+
+    /// An in-memory store (for tests of store functions).
+    pub fn open_in_memory() -> Result<Store, StoreError> {
+        Store::init(Connection::open_in_memory()?, SyncMode::Normal)
+    }
+
+    fn init(conn: Connection, sync: SyncMode) -> Result<Store, StoreError> {
+        conn.busy_timeout(std::time::Duration::from_secs(2))?;
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(
+            None,
+            "synchronous",
+            match sync {
+                SyncMode::Normal => "NORMAL",
+                SyncMode::Full => "FULL",
+            },
+        )?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        // Take the exclusive lock now, so a second process fails at start, not later.
+        conn.execute_batch("BEGIN EXCLUSIVE; COMMIT;")?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    /// Runs `f` with exclusive access to the connection.
+    pub fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        f(&mut guard)
+    }
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS team (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    name TEXT NOT NULL,
+    directive TEXT NOT NULL,
+    context TEXT NOT NULL,
+    presets TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS members (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    role_title TEXT NOT NULL,
+    role_description TEXT NOT NULL,
+    instructions TEXT NOT NULL,
+    permissions TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS tokens (
+    id TEXT PRIMARY KEY,
+    member_name TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE,
+    label TEXT NOT NULL,
+    origin TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    last_used_at INTEGER,
+    expires_at INTEGER,
+    created_by TEXT
+);
+CREATE INDEX IF NOT EXISTS tokens_member ON tokens(member_name);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    ts INTEGER NOT NULL,
+    to_name TEXT,
+    from_name TEXT,
+    thread TEXT,
+    json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_thread ON messages(thread, seq);
+CREATE INDEX IF NOT EXISTS messages_to ON messages(to_name, seq);
+CREATE TABLE IF NOT EXISTS channels (
+    id TEXT PRIMARY KEY,
+    slug TEXT NOT NULL UNIQUE,
+    created_by TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    archived_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS channel_members (
+    channel_id TEXT NOT NULL REFERENCES channels(id),
+    member_name TEXT NOT NULL,
+    role TEXT NOT NULL,
+    joined_at INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (channel_id, member_name)
+);
+CREATE INDEX IF NOT EXISTS channel_members_member ON channel_members(member_name);
+CREATE TABLE IF NOT EXISTS objectives (
+    id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    assignee TEXT NOT NULL,
+    originator TEXT NOT NULL,
+    status TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS objective_events (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    objective_id TEXT NOT NULL REFERENCES objectives(id),
+    json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS objective_events_obj ON objective_events(objective_id, seq);
+CREATE TABLE IF NOT EXISTS blobs (
+    hash TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    refcount INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS fs_entries (
+    path TEXT PRIMARY KEY,
+    parent TEXT NOT NULL,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    size INTEGER,
+    mime TEXT,
+    hash TEXT REFERENCES blobs(hash),
+    created_at INTEGER NOT NULL,
+    created_by TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fs_entries_parent ON fs_entries(parent);
+CREATE TABLE IF NOT EXISTS fs_grants (
+    path TEXT NOT NULL,
+    member_name TEXT NOT NULL,
+    granted_at INTEGER NOT NULL,
+    PRIMARY KEY (path, member_name)
+);
+CREATE INDEX IF NOT EXISTS fs_grants_member ON fs_grants(member_name);
+"#;

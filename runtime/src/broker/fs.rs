@@ -1,0 +1,635 @@
+//! The shared file space in the store: entries, content-addressed blobs with
+//! reference counts, and read grants.
+//!
+//! File bytes live in the `blobs` table keyed by SHA-256, stored once however
+//! many entries point at them; `refcount` counts those entries and the blob is
+//! deleted with the last one. Entry and blob change in one transaction, so a
+//! write is either wholly there or not at all.
+
+use ac7_protocol::vfs::FsPath;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+
+use super::db::StoreError;
+use super::tokens::sha256_hex;
+
+/// An entry (`FsEntry`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FsEntry {
+    /// Absolute path.
+    pub path: String,
+    /// Last segment.
+    pub name: String,
+    /// `file` or `directory`.
+    pub kind: String,
+    /// Member, `obj:<id>`, or `objectives`.
+    pub owner: String,
+    /// Bytes (files only).
+    pub size: Option<u64>,
+    /// MIME type (files only).
+    pub mime_type: Option<String>,
+    /// SHA-256 hex (files only).
+    pub hash: Option<String>,
+    /// Creation time.
+    pub created_at: i64,
+    /// Creator.
+    pub created_by: String,
+    /// Last change.
+    pub updated_at: i64,
+}
+
+impl FsEntry {
+    /// Whether this is a directory.
+    pub fn is_dir(&self) -> bool {
+        self.kind == "directory"
+    }
+}
+
+/// A file-space failure, with the API's `code`.
+#[derive(Debug, thiserror::Error)]
+pub enum FsError {
+    /// 404 `not_found`.
+    #[error("{0}")]
+    NotFound(String),
+    /// 403 `forbidden`.
+    #[error("{0}")]
+    Forbidden(String),
+    /// 409 `exists`.
+    #[error("already exists: {0}")]
+    Exists(String),
+    /// 409 `not_a_directory`.
+    #[error("not a directory: {0}")]
+    NotADirectory(String),
+    /// 409 `is_a_directory`.
+    #[error("is a directory: {0}")]
+    IsADirectory(String),
+    /// 409 `not_empty`.
+    #[error("directory not empty: {0}")]
+    NotEmpty(String),
+    /// 400 `invalid_input`.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// 413 `too_large`.
+    #[error("file is too large ({size} bytes > {limit} bytes)")]
+    TooLarge {
+        /// Offered size.
+        size: u64,
+        /// The cap.
+        limit: u64,
+    },
+    /// 500.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<rusqlite::Error> for FsError {
+    fn from(e: rusqlite::Error) -> Self {
+        FsError::Store(StoreError::Sqlite(e))
+    }
+}
+
+impl FsError {
+    /// The API error code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            FsError::NotFound(_) => "not_found",
+            FsError::Forbidden(_) => "forbidden",
+            FsError::Exists(_) => "exists",
+            FsError::NotADirectory(_) => "not_a_directory",
+            FsError::IsADirectory(_) => "is_a_directory",
+            FsError::NotEmpty(_) => "not_empty",
+            FsError::InvalidInput(_) => "invalid_input",
+            FsError::TooLarge { .. } => "too_large",
+            FsError::Store(_) => "internal",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> u16 {
+        match self {
+            FsError::NotFound(_) => 404,
+            FsError::Forbidden(_) => 403,
+            FsError::Exists(_)
+            | FsError::NotADirectory(_)
+            | FsError::IsADirectory(_)
+            | FsError::NotEmpty(_) => 409,
+            FsError::InvalidInput(_) => 400,
+            FsError::TooLarge { .. } => 413,
+            FsError::Store(_) => 500,
+        }
+    }
+}
+
+/// How a write treats an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collide {
+    /// 409 `exists`.
+    Error,
+    /// Replace the content.
+    Overwrite,
+    /// Pick `name-1.ext`, `name-2.ext`, …
+    Suffix,
+}
+
+const COLS: &str = "path, name, kind, owner, size, mime, hash, created_at, created_by, updated_at";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FsEntry> {
+    Ok(FsEntry {
+        path: r.get(0)?,
+        name: r.get(1)?,
+        kind: r.get(2)?,
+        owner: r.get(3)?,
+        size: r
+            .get::<_, Option<i64>>(4)?
+            .map(|s| u64::try_from(s).unwrap_or(0)),
+        mime_type: r.get(5)?,
+        hash: r.get(6)?,
+        created_at: r.get(7)?,
+        created_by: r.get(8)?,
+        updated_at: r.get(9)?,
+    })
+}
+
+/// One entry.
+pub fn get(conn: &Connection, path: &FsPath) -> Result<Option<FsEntry>, StoreError> {
+    Ok(conn
+        .prepare_cached(&format!("SELECT {COLS} FROM fs_entries WHERE path = ?1"))?
+        .query_row([path.as_str()], row)
+        .optional()?)
+}
+
+/// Children of a directory: directories first, then files, each by name.
+pub fn children(conn: &Connection, dir: &FsPath) -> Result<Vec<FsEntry>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM fs_entries WHERE parent = ?1 ORDER BY CASE kind WHEN 'directory' THEN 0 ELSE 1 END, name"
+    ))?;
+    Ok(stmt
+        .query_map([dir.as_str()], row)?
+        .collect::<Result<_, _>>()?)
+}
+
+/// Every file, newest first.
+pub fn all_files(conn: &Connection) -> Result<Vec<FsEntry>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLS} FROM fs_entries WHERE kind = 'file' ORDER BY updated_at DESC, path"
+    ))?;
+    Ok(stmt.query_map([], row)?.collect::<Result<_, _>>()?)
+}
+
+/// Files granted to `member`, most recently updated first.
+pub fn shared_with(conn: &Connection, member: &str) -> Result<Vec<FsEntry>, StoreError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {} FROM fs_entries e JOIN fs_grants g ON g.path = e.path
+         WHERE g.member_name = ?1 AND e.kind = 'file' ORDER BY e.updated_at DESC, e.path",
+        COLS.split(", ")
+            .map(|c| format!("e.{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))?;
+    Ok(stmt.query_map([member], row)?.collect::<Result<_, _>>()?)
+}
+
+/// Whether `member` holds a read grant on `path`.
+pub fn has_grant(conn: &Connection, path: &FsPath, member: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM fs_grants WHERE path = ?1 AND member_name = ?2")?
+        .query_row([path.as_str(), member], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Grants `member` read access to `path`.
+pub fn grant(conn: &Connection, path: &str, member: &str, now: i64) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO fs_grants (path, member_name, granted_at) VALUES (?1, ?2, ?3)",
+    )?
+    .execute(params![path, member, now])?;
+    Ok(())
+}
+
+/// Creates `dir` and any missing ancestors as directories. Fails if something on the way is a file.
+pub fn ensure_dir(
+    conn: &Connection,
+    dir: &FsPath,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    let mut chain = dir.ancestors();
+    chain.push(dir.clone());
+    let mut last = None;
+    for p in chain {
+        match get(conn, &p)? {
+            Some(e) if e.is_dir() => last = Some(e),
+            Some(_) => return Err(FsError::NotADirectory(p.to_string())),
+            None => last = Some(insert_dir(conn, &p, actor, now)?),
+        }
+    }
+    last.ok_or_else(|| FsError::InvalidInput("cannot create /".into()))
+}
+
+fn insert_dir(conn: &Connection, p: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
+    let parent = p.parent().unwrap_or_else(FsPath::root);
+    conn.prepare_cached(
+        "INSERT INTO fs_entries (path, parent, name, kind, owner, created_at, created_by, updated_at)
+         VALUES (?1, ?2, ?3, 'directory', ?4, ?5, ?6, ?5)",
+    )?
+    .execute(params![p.as_str(), parent.as_str(), p.name(), p.owner(), now, actor])?;
+    get(conn, p)?.ok_or_else(|| FsError::NotFound(p.to_string()))
+}
+
+/// `mkdir`: with `recursive`, creates missing parents; without, the parent must exist.
+pub fn mkdir(
+    conn: &Connection,
+    p: &FsPath,
+    recursive: bool,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    if let Some(existing) = get(conn, p)? {
+        return if existing.is_dir() && recursive {
+            Ok(existing)
+        } else {
+            Err(FsError::Exists(p.to_string()))
+        };
+    }
+    let parent = p.parent().unwrap_or_else(FsPath::root);
+    if !recursive && !parent.is_root() {
+        match get(conn, &parent)? {
+            None => {
+                return Err(FsError::NotFound(format!(
+                    "parent does not exist: {parent}"
+                )));
+            }
+            Some(e) if !e.is_dir() => return Err(FsError::NotADirectory(parent.to_string())),
+            Some(_) => {}
+        }
+    }
+    ensure_dir(conn, p, actor, now)
+}
+
+fn blob_ref(conn: &Connection, hash: &str, data: &[u8]) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO blobs (hash, size, refcount, data) VALUES (?1, ?2, 1, ?3)
+         ON CONFLICT(hash) DO UPDATE SET refcount = refcount + 1",
+    )?
+    .execute(params![hash, data.len() as i64, data])?;
+    Ok(())
+}
+
+fn blob_unref(conn: &Connection, hash: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?1")?
+        .execute([hash])?;
+    conn.prepare_cached("DELETE FROM blobs WHERE hash = ?1 AND refcount <= 0")?
+        .execute([hash])?;
+    Ok(())
+}
+
+/// Writes a file. Parents are created. Returns the entry and whether it was renamed.
+pub fn write(
+    conn: &Connection,
+    p: &FsPath,
+    data: &[u8],
+    mime: &str,
+    collide: Collide,
+    actor: &str,
+    now: i64,
+) -> Result<(FsEntry, bool), FsError> {
+    let hash = sha256_hex(data);
+    place(
+        conn,
+        p,
+        &hash,
+        Some(data),
+        data.len() as u64,
+        mime,
+        collide,
+        actor,
+        now,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn place(
+    conn: &Connection,
+    p: &FsPath,
+    hash: &str,
+    data: Option<&[u8]>,
+    size: u64,
+    mime: &str,
+    collide: Collide,
+    actor: &str,
+    now: i64,
+) -> Result<(FsEntry, bool), FsError> {
+    let parent = p.parent().filter(|q| !q.is_root()).ok_or_else(|| {
+        FsError::InvalidInput(format!(
+            "cannot write {p}: files must live inside a home or objective directory"
+        ))
+    })?;
+    ensure_dir(conn, &parent, actor, now)?;
+    let mut target = p.clone();
+    let mut renamed = false;
+    let mut n = 0;
+    loop {
+        match get(conn, &target)? {
+            None => break,
+            Some(e) if e.is_dir() => {
+                if collide == Collide::Suffix {
+                    // fall through to the next suffix
+                } else {
+                    return Err(FsError::IsADirectory(target.to_string()));
+                }
+            }
+            Some(existing) => match collide {
+                Collide::Error => return Err(FsError::Exists(target.to_string())),
+                Collide::Overwrite => {
+                    add_blob(conn, hash, data)?;
+                    if let Some(old) = &existing.hash {
+                        blob_unref(conn, old)?;
+                    }
+                    conn.prepare_cached(
+                        "UPDATE fs_entries SET size = ?2, mime = ?3, hash = ?4, updated_at = ?5 WHERE path = ?1",
+                    )?
+                    .execute(params![target.as_str(), size as i64, mime, hash, now])?;
+                    let entry =
+                        get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
+                    return Ok((entry, false));
+                }
+                Collide::Suffix => {}
+            },
+        }
+        n += 1;
+        if n > 10_000 {
+            return Err(FsError::Exists(p.to_string()));
+        }
+        target = p
+            .with_suffix(n)
+            .map_err(|e| FsError::InvalidInput(e.to_string()))?;
+        renamed = true;
+    }
+    add_blob(conn, hash, data)?;
+    conn.prepare_cached(
+        "INSERT INTO fs_entries (path, parent, name, kind, owner, size, mime, hash, created_at, created_by, updated_at)
+         VALUES (?1, ?2, ?3, 'file', ?4, ?5, ?6, ?7, ?8, ?9, ?8)",
+    )?
+    .execute(params![target.as_str(), parent.as_str(), target.name(), target.owner(), size as i64, mime, hash, now, actor])?;
+    let entry = get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
+    Ok((entry, renamed))
+}
+
+fn add_blob(conn: &Connection, hash: &str, data: Option<&[u8]>) -> Result<(), FsError> {
+    match data {
+        Some(d) => blob_ref(conn, hash, d)?,
+        None => {
+            let n = conn
+                .prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?
+                .execute([hash])?;
+            if n != 1 {
+                return Err(FsError::InvalidInput(format!(
+                    "attachment is corrupt: blob {hash} is missing"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Copies a file entry to `to` (suffixing on collision), sharing its blob.
+pub fn copy(
+    conn: &Connection,
+    from: &FsEntry,
+    to: &FsPath,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    let hash = from
+        .hash
+        .clone()
+        .ok_or_else(|| FsError::IsADirectory(from.path.clone()))?;
+    let mime = from
+        .mime_type
+        .clone()
+        .unwrap_or_else(|| "application/octet-stream".into());
+    Ok(place(
+        conn,
+        to,
+        &hash,
+        None,
+        from.size.unwrap_or(0),
+        &mime,
+        Collide::Suffix,
+        actor,
+        now,
+    )?
+    .0)
+}
+
+/// Reads a file's bytes.
+pub fn read(conn: &Connection, entry: &FsEntry) -> Result<Vec<u8>, FsError> {
+    let hash = entry
+        .hash
+        .as_deref()
+        .ok_or_else(|| FsError::IsADirectory(entry.path.clone()))?;
+    conn.prepare_cached("SELECT data FROM blobs WHERE hash = ?1")?
+        .query_row([hash], |r| r.get::<_, Vec<u8>>(0))
+        .optional()?
+        .ok_or_else(|| {
+            FsError::InvalidInput(format!("file is corrupt (missing content): {}", entry.path))
+        })
+}
+
+/// Removes a file, or a directory (non-empty only with `recursive`).
+pub fn remove(conn: &Connection, p: &FsPath, recursive: bool) -> Result<(), FsError> {
+    let entry = get(conn, p)?.ok_or_else(|| FsError::NotFound(format!("no such path: {p}")))?;
+    if entry.is_dir() {
+        let prefix = format!("{}/", p.as_str());
+        let below: Vec<(String, Option<String>)> = {
+            let mut stmt = conn.prepare_cached(
+                "SELECT path, hash FROM fs_entries WHERE substr(path, 1, length(?1)) = ?1",
+            )?;
+            stmt.query_map([&prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?
+        };
+        if !below.is_empty() && !recursive {
+            return Err(FsError::NotEmpty(p.to_string()));
+        }
+        for (path, hash) in below {
+            delete_entry(conn, &path, hash.as_deref())?;
+        }
+    }
+    delete_entry(conn, p.as_str(), entry.hash.as_deref())
+}
+
+fn delete_entry(conn: &Connection, path: &str, hash: Option<&str>) -> Result<(), FsError> {
+    conn.prepare_cached("DELETE FROM fs_entries WHERE path = ?1")?
+        .execute([path])?;
+    conn.prepare_cached("DELETE FROM fs_grants WHERE path = ?1")?
+        .execute([path])?;
+    if let Some(h) = hash {
+        blob_unref(conn, h)?;
+    }
+    Ok(())
+}
+
+/// Moves a file (directories are refused). Grants follow the file.
+pub fn rename(
+    conn: &Connection,
+    from: &FsPath,
+    to: &FsPath,
+    actor: &str,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    let entry =
+        get(conn, from)?.ok_or_else(|| FsError::NotFound(format!("no such path: {from}")))?;
+    if entry.is_dir() {
+        return Err(FsError::InvalidInput(
+            "directory move is not supported yet".into(),
+        ));
+    }
+    if get(conn, to)?.is_some() {
+        return Err(FsError::Exists(to.to_string()));
+    }
+    let parent = to.parent().filter(|q| !q.is_root()).ok_or_else(|| {
+        FsError::InvalidInput(format!(
+            "cannot move to {to}: files must live inside a directory"
+        ))
+    })?;
+    ensure_dir(conn, &parent, actor, now)?;
+    conn.prepare_cached(
+        "UPDATE fs_entries SET path = ?2, parent = ?3, name = ?4, owner = ?5, updated_at = ?6 WHERE path = ?1",
+    )?
+    .execute(params![from.as_str(), to.as_str(), parent.as_str(), to.name(), to.owner(), now])?;
+    conn.prepare_cached("UPDATE OR REPLACE fs_grants SET path = ?2 WHERE path = ?1")?
+        .execute([from.as_str(), to.as_str()])?;
+    get(conn, to)?.ok_or_else(|| FsError::NotFound(to.to_string()))
+}
+
+/// Number of stored blobs and the sum of their reference counts (for tests and diagnostics).
+pub fn blob_stats(conn: &Connection) -> Result<(i64, i64), StoreError> {
+    Ok(conn.query_row(
+        "SELECT COUNT(*), COALESCE(SUM(refcount), 0) FROM blobs",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::db::Store;
+
+    fn p(s: &str) -> FsPath {
+        FsPath::parse(s).unwrap()
+    }
+
+    #[test]
+    fn blobs_are_shared_and_purged_with_the_last_entry() {
+        let store = Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            ensure_dir(conn, &p("/a"), "a", 1).unwrap();
+            write(
+                conn,
+                &p("/a/x.txt"),
+                b"same",
+                "text/plain",
+                Collide::Error,
+                "a",
+                2,
+            )
+            .unwrap();
+            let (e, renamed) = write(
+                conn,
+                &p("/a/x.txt"),
+                b"same",
+                "text/plain",
+                Collide::Suffix,
+                "a",
+                3,
+            )
+            .unwrap();
+            assert!(renamed);
+            assert_eq!(e.path, "/a/x-1.txt");
+            assert_eq!(blob_stats(conn).unwrap(), (1, 2));
+            let src = get(conn, &p("/a/x.txt")).unwrap().unwrap();
+            copy(conn, &src, &p("/objectives/o1/x.txt"), "a", 4).unwrap();
+            assert_eq!(blob_stats(conn).unwrap(), (1, 3));
+            // overwrite with new content: old blob loses one ref, new blob appears
+            write(
+                conn,
+                &p("/a/x.txt"),
+                b"other",
+                "text/plain",
+                Collide::Overwrite,
+                "a",
+                5,
+            )
+            .unwrap();
+            assert_eq!(blob_stats(conn).unwrap(), (2, 3));
+            remove(conn, &p("/a/x-1.txt"), false).unwrap();
+            remove(conn, &p("/objectives/o1"), true).unwrap();
+            assert_eq!(blob_stats(conn).unwrap(), (1, 1));
+            remove(conn, &p("/a"), true).unwrap();
+            assert_eq!(blob_stats(conn).unwrap(), (0, 0));
+        });
+    }
+
+    #[test]
+    fn directories_and_conflicts() {
+        let store = Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            ensure_dir(conn, &p("/a"), "a", 1).unwrap();
+            assert!(matches!(
+                mkdir(conn, &p("/a/b/c"), false, "a", 1),
+                Err(FsError::NotFound(_))
+            ));
+            mkdir(conn, &p("/a/b/c"), true, "a", 1).unwrap();
+            assert!(matches!(
+                remove(conn, &p("/a/b"), false),
+                Err(FsError::NotEmpty(_))
+            ));
+            write(conn, &p("/a/f"), b"1", "text/plain", Collide::Error, "a", 1).unwrap();
+            assert!(matches!(
+                write(
+                    conn,
+                    &p("/a/f/g"),
+                    b"1",
+                    "text/plain",
+                    Collide::Error,
+                    "a",
+                    1
+                ),
+                Err(FsError::NotADirectory(_))
+            ));
+            assert!(matches!(
+                write(
+                    conn,
+                    &p("/a/b"),
+                    b"1",
+                    "text/plain",
+                    Collide::Overwrite,
+                    "a",
+                    1
+                ),
+                Err(FsError::IsADirectory(_))
+            ));
+            assert!(matches!(
+                write(conn, &p("/top"), b"1", "t", Collide::Error, "a", 1),
+                Err(FsError::InvalidInput(_))
+            ));
+            let names: Vec<_> = children(conn, &p("/a"))
+                .unwrap()
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            assert_eq!(names, vec!["b", "f"]);
+            grant(conn, "/a/f", "bob", 2).unwrap();
+            let moved = rename(conn, &p("/a/f"), &p("/a/g"), "a", 3).unwrap();
+            assert_eq!(moved.updated_at, 3);
+            assert!(has_grant(conn, &p("/a/g"), "bob").unwrap());
+            assert!(matches!(
+                rename(conn, &p("/a/b"), &p("/a/z"), "a", 3),
+                Err(FsError::InvalidInput(_))
+            ));
+        });
+    }
+}

@@ -1,0 +1,382 @@
+//! Chat endpoints: `/healthz`, `/briefing`, `/roster`, `/push`, `/history`, `/presence/busy`.
+
+use std::collections::BTreeSet;
+
+use ac7_protocol::message::{
+    self, Attachment, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload, Route, Thread,
+};
+use ac7_protocol::objective::{self as obj_rules, Action};
+use ac7_protocol::permission::Permission;
+use ac7_protocol::vfs::FsPath;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use rusqlite::Connection;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
+use crate::broker::messages::{self, Feed};
+use crate::broker::publish::Draft;
+use crate::broker::team::{self, MemberRecord, Team};
+use crate::broker::{channels, fs, now_ms, objectives};
+
+pub(super) async fn healthz() -> Response {
+    reply(
+        StatusCode::OK,
+        &json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}),
+    )
+}
+
+pub(super) async fn briefing(
+    State(state): State<Shared>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
+    state.store.with(|conn| {
+        let team = team::team_get(conn)?.unwrap_or_else(|| Team {
+            name: String::new(),
+            directive: String::new(),
+            context: String::new(),
+            permission_presets: Default::default(),
+        });
+        let members = team::members_list(conn)?;
+        let me = members
+            .iter()
+            .find(|m| m.name == caller.name)
+            .ok_or_else(|| ApiError::unauthorized("token references unknown member"))?;
+        let open = objectives::open_for(conn, &caller.name)?;
+        Ok(reply(
+            StatusCode::OK,
+            &Briefing {
+                name: &me.name,
+                role: &me.role,
+                permissions: me.permissions,
+                instructions: compose_briefing(me, &team, &members),
+                team: &team,
+                teammates: members.iter().map(MemberRecord::teammate).collect(),
+                open_objectives: open,
+            },
+        ))
+    })
+}
+
+/// `BriefingResponse`, keys in ac7's order.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Briefing<'a> {
+    name: &'a str,
+    role: &'a team::Role,
+    permissions: ac7_protocol::permission::PermissionSet,
+    instructions: String,
+    team: &'a Team,
+    teammates: Vec<team::Teammate<'a>>,
+    open_objectives: Vec<ac7_protocol::objective::Objective>,
+}
+
+/// `/roster`, keys in ac7's order.
+#[derive(serde::Serialize)]
+struct Roster<'a> {
+    teammates: Vec<team::Teammate<'a>>,
+    connected: Vec<crate::broker::hub::Presence>,
+}
+
+/// The briefing prose: who you are, the team, your teammates, and how to work here.
+fn compose_briefing(me: &MemberRecord, team: &Team, members: &[MemberRecord]) -> String {
+    let mut lines = vec![format!("You are {}, a member of an ac7 team.", me.name)];
+    lines.push(if me.role.description.trim().is_empty() {
+        format!("Your role here: {}", me.role.title)
+    } else {
+        format!(
+            "Your role here: {} — {}",
+            me.role.title, me.role.description
+        )
+    });
+    lines.push(String::new());
+    lines.push(format!("Team: {}", team.name));
+    lines.push(format!("Directive: {}", team.directive));
+    if !team.context.trim().is_empty() {
+        lines.push(format!("Context: {}", team.context));
+    }
+    lines.push(String::new());
+    if !me.instructions.trim().is_empty() {
+        lines.push("Personal instructions:".into());
+        lines.push(me.instructions.trim().to_owned());
+        lines.push(String::new());
+    }
+    let others: Vec<&MemberRecord> = members.iter().filter(|m| m.name != me.name).collect();
+    if !others.is_empty() {
+        let width = others
+            .iter()
+            .map(|m| m.name.chars().count())
+            .max()
+            .unwrap_or(0);
+        lines.push("Teammates on the net:".into());
+        for m in others {
+            lines.push(format!(
+                "  {:<width$} — {}: {}",
+                m.name, m.role.title, m.role.description
+            ));
+        }
+        lines.push(String::new());
+    }
+    lines.extend(
+        [
+            "How messages reach you: teammates' messages and objective updates arrive as",
+            "<channel source=\"ac7\" thread=\"…\" from=\"NAME\">body</channel> events. Treat each one as new",
+            "input and act on it. Answer a general-channel message with `broadcast`, a direct message with",
+            "`send`, and a channel post with `channels_post`. Your own messages are not echoed back to you.",
+            "",
+            "── Objectives ──",
+            "An objective is work assigned to one member with an outcome that is the contract: it is done",
+            "when the outcome holds, not before. You hear about yours as events with kind=\"objective\"",
+            "(event=\"assigned\", \"blocked\", \"completed\", …). Work them with `objectives_list`,",
+            "`objectives_view`, `objectives_update` (blocked/active with a reason) and",
+            "`objectives_complete` (with a result that shows the outcome holds). Discuss on the",
+            "objective's thread with `objectives_discuss`.",
+            "",
+            "Use `roster` to see who is online and `recent` to catch up on history.",
+        ]
+        .map(str::to_owned),
+    );
+    lines.join("\n")
+}
+
+pub(super) async fn roster(
+    State(state): State<Shared>,
+    _caller: Caller,
+) -> Result<Response, ApiError> {
+    let members = state.store.with(|conn| team::members_list(conn))?;
+    let connected = state
+        .hub
+        .presence(members.iter().map(|m| m.name.as_str()), now_ms());
+    Ok(reply(
+        StatusCode::OK,
+        &Roster {
+            teammates: members.iter().map(MemberRecord::teammate).collect(),
+            connected,
+        },
+    ))
+}
+
+#[derive(Deserialize)]
+pub(super) struct BusyBody {
+    busy: bool,
+}
+
+/// How long a busy report lasts without a refresh.
+const BUSY_TTL_MS: i64 = 30_000;
+
+pub(super) async fn busy(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let b: BusyBody = parse_json(&body, "busy")?;
+    state.hub.set_busy(
+        &caller.name,
+        if b.busy { now_ms() + BUSY_TTL_MS } else { 0 },
+    );
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Resolves attachments against the file space: each must exist, be a file and be
+/// readable by `caller`; name, size and MIME type come from the stored file.
+pub(super) fn canonical_attachments(
+    conn: &Connection,
+    caller: &Caller,
+    given: &[Attachment],
+) -> Result<Vec<Attachment>, ApiError> {
+    let mut out = Vec::with_capacity(given.len());
+    for a in given {
+        let path = FsPath::parse(&a.path)
+            .map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
+        let entry = fs::get(conn, &path)?
+            .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {path}")))?;
+        if entry.is_dir() {
+            return Err(ApiError::bad_request(format!(
+                "attachment is a directory: {path}"
+            )));
+        }
+        if !super::fs::can_read(conn, caller, &path)? {
+            return Err(ApiError::forbidden(format!(
+                "no access to attachment: {path}"
+            )));
+        }
+        out.push(Attachment {
+            path: entry.path.clone(),
+            name: entry.name.clone(),
+            size: entry.size.unwrap_or(0),
+            mime_type: entry
+                .mime_type
+                .clone()
+                .unwrap_or_else(|| "application/octet-stream".into()),
+        });
+    }
+    Ok(out)
+}
+
+pub(super) async fn push(
+    State(state): State<Shared>,
+    caller: Caller,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let payload: PushPayload = parse_json(&body, "push")?;
+    Issues::default()
+        .len("body", &payload.body, 1, MAX_BODY_CHARS)
+        .opt_len("title", payload.title.as_deref(), 0, MAX_TITLE_CHARS)
+        .count(
+            "attachments",
+            payload.attachments.as_ref().map_or(0, Vec::len),
+            MAX_ATTACHMENTS,
+        )
+        .finish("push")?;
+    if let Some(to) = &payload.to
+        && !message::is_valid_name(to)
+    {
+        return Err(ApiError::invalid("push", vec![super::name_issue("to")]));
+    }
+    let mut data = payload.data.unwrap_or_default();
+    message::strip_reserved(&mut data);
+    let thread = Thread::from_data(&data).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let now = now_ms();
+    // Presence entries mirror the member table (the broker owns the database).
+    if let Some(to) = &payload.to
+        && !state.hub.has_member(to)
+    {
+        return Err(ApiError::not_found(format!("no such agent: {to}")));
+    }
+    let given = payload.attachments.unwrap_or_default();
+    let (thread_members, attachments) = if thread == Thread::General && given.is_empty() {
+        (BTreeSet::new(), Vec::new())
+    } else {
+        state.store.with(|conn| -> Result<_, ApiError> {
+            Ok((
+                thread_members(conn, &caller, &thread)?,
+                canonical_attachments(conn, &caller, &given)?,
+            ))
+        })?
+    };
+    let route = Route::of(payload.to.as_deref(), &data);
+    let audience = message::audience(Some(&caller.name), &route, &thread_members);
+    let targets = match &route {
+        Route::Direct { .. } => 1,
+        Route::General => state.hub.member_count(),
+        Route::Channel(_) | Route::Objective(_) => thread_members.len(),
+        Route::Unroutable => 0,
+    };
+    let draft = Draft {
+        to: payload.to,
+        from: caller.name,
+        title: payload.title,
+        body: payload.body,
+        level: payload.level.unwrap_or_default(),
+        data,
+        attachments,
+    };
+    let (msg, live) = state
+        .writer
+        .push(draft, audience, now)
+        .await
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+    Ok(reply(
+        StatusCode::OK,
+        &json!({"delivery": {"live": live, "targets": targets}, "message": msg}),
+    ))
+}
+
+/// Validates a thread for posting by `caller` and returns its member list
+/// (empty for the general channel).
+fn thread_members(
+    conn: &Connection,
+    caller: &Caller,
+    thread: &Thread,
+) -> Result<BTreeSet<String>, ApiError> {
+    match thread {
+        Thread::General => Ok(BTreeSet::new()),
+        Thread::Channel(id) => {
+            let ch = channels::by_id(conn, id)?
+                .ok_or_else(|| ApiError::not_found(format!("no such channel: {id}")))?;
+            if ch.archived_at.is_some() {
+                return Err(ApiError::new(StatusCode::GONE, "channel is archived"));
+            }
+            let members = channels::member_names(conn, id)?;
+            if !members.contains(&caller.name) {
+                return Err(ApiError::forbidden("not a member of this channel"));
+            }
+            Ok(members)
+        }
+        Thread::Objective(id) => {
+            let o = objectives::get(conn, id)?
+                .ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
+            obj_rules::authorize(&o, &caller.name, caller.permissions, Action::Discuss)
+                .map_err(|e| ApiError::forbidden(e.0))?;
+            let managers = team::managers(conn)?;
+            Ok(obj_rules::thread_members(
+                &o,
+                managers.iter().map(String::as_str),
+            ))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(super) struct HistoryQuery {
+    with: Option<String>,
+    channel: Option<String>,
+    limit: Option<String>,
+    before: Option<String>,
+}
+
+pub(super) async fn history(
+    State(state): State<Shared>,
+    caller: Caller,
+    Query(q): Query<HistoryQuery>,
+) -> Result<Response, ApiError> {
+    let with = q.with.filter(|s| !s.is_empty());
+    let channel = q.channel.filter(|s| !s.is_empty());
+    if let Some(w) = &with
+        && !message::is_valid_name(w)
+    {
+        return Err(ApiError::bad_request("`with` must be a valid name")
+            .with("details", json!([super::name_issue("")])));
+    }
+    if with.is_some() && channel.is_some() {
+        return Err(ApiError::bad_request(
+            "`with` and `channel` are mutually exclusive",
+        ));
+    }
+    let limit = q
+        .limit
+        .and_then(|l| l.trim().parse::<f64>().ok())
+        .filter(|l| l.is_finite() && *l >= 1.0)
+        .map_or(100, |l| l.floor().min(1000.0) as usize);
+    let before = match q.before.filter(|s| !s.is_empty()) {
+        None => None,
+        Some(b) => match b.trim().parse::<f64>() {
+            Ok(v) if v.is_finite() => Some(v.floor() as i64),
+            _ => return Err(ApiError::bad_request("invalid `before` parameter")),
+        },
+    };
+    state.store.with(|conn| {
+        let feed = match (with, channel) {
+            (Some(w), _) => Feed::With(w),
+            (None, Some(c)) if c == "general" => Feed::General,
+            (None, Some(c)) => {
+                let ch = match channels::by_slug(conn, &c)? {
+                    Some(ch) => ch,
+                    None => channels::by_id(conn, &c)?
+                        .ok_or_else(|| ApiError::not_found(format!("no such channel: {c}")))?,
+                };
+                if channels::role_of(conn, &ch.id, &caller.name)?.is_none() {
+                    return Err(ApiError::forbidden("not a member of this channel"));
+                }
+                Feed::Channel(ch.id)
+            }
+            (None, None) => Feed::All,
+        };
+        let scope =
+            messages::viewer_scope(conn, &caller.name, caller.has(Permission::MembersManage))?;
+        let msgs = messages::history(conn, &caller.name, &scope, &feed, before, limit)?;
+        Ok(reply(StatusCode::OK, &json!({"messages": msgs})))
+    })
+}

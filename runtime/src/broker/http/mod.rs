@@ -1,0 +1,516 @@
+//! The HTTP face of the broker: the router, errors, authentication, body parsing.
+
+mod admin;
+mod channels;
+mod chat;
+mod fs;
+mod objectives;
+mod subscribe;
+
+use std::sync::Arc;
+
+use ac7_protocol::permission::{Permission, PermissionSet};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::db::StoreError;
+use super::fs::FsError;
+use super::{team, tokens};
+
+/// Shared state handed to every handler.
+pub(crate) type Shared = Arc<AppState>;
+
+/// Builds the router.
+pub(crate) fn router(state: Shared) -> Router {
+    let json_limit = state.config.max_json_bytes;
+    let file_limit = usize::try_from(state.config.max_file_bytes).unwrap_or(usize::MAX);
+    Router::new()
+        .route("/healthz", get(chat::healthz))
+        .route("/briefing", get(chat::briefing))
+        .route("/roster", get(chat::roster))
+        .route("/push", post(chat::push))
+        .route("/history", get(chat::history))
+        .route("/subscribe", get(subscribe::subscribe))
+        .route("/presence/busy", post(chat::busy))
+        .route("/channels", get(channels::list).post(channels::create))
+        .route(
+            "/channels/{slug}",
+            get(channels::view)
+                .patch(channels::rename)
+                .delete(channels::archive),
+        )
+        .route("/channels/{slug}/members", post(channels::add_member))
+        .route(
+            "/channels/{slug}/members/{name}",
+            delete(channels::remove_member),
+        )
+        .route(
+            "/objectives",
+            get(objectives::list).post(objectives::create),
+        )
+        .route(
+            "/objectives/{id}",
+            get(objectives::view).patch(objectives::update),
+        )
+        .route("/objectives/{id}/complete", post(objectives::complete))
+        .route("/objectives/{id}/cancel", post(objectives::cancel))
+        .route("/objectives/{id}/reassign", post(objectives::reassign))
+        .route(
+            "/objectives/{id}/watchers",
+            post(objectives::watchers).patch(objectives::watchers),
+        )
+        .route("/objectives/{id}/discuss", post(objectives::discuss))
+        .route("/fs/ls", get(fs::ls))
+        .route("/fs/stat", get(fs::stat))
+        .route("/fs/read/{*path}", get(fs::read))
+        .route(
+            "/fs/write",
+            post(fs::write).layer(DefaultBodyLimit::max(file_limit)),
+        )
+        .route("/fs/mkdir", post(fs::mkdir))
+        .route("/fs/rm", delete(fs::rm))
+        .route("/fs/mv", post(fs::mv))
+        .route("/fs/shared", get(fs::shared))
+        .route("/fs/all", get(fs::all))
+        .route("/team", get(admin::team_get).patch(admin::team_patch))
+        .route("/team/presets", get(admin::presets_list))
+        .route(
+            "/team/presets/{name}",
+            axum::routing::put(admin::preset_put).delete(admin::preset_delete),
+        )
+        .route(
+            "/members",
+            get(admin::members_list).post(admin::members_create),
+        )
+        .route(
+            "/members/{name}",
+            axum::routing::patch(admin::member_update).delete(admin::member_delete),
+        )
+        .route("/members/{name}/rotate-token", post(admin::rotate_token))
+        .route("/members/{name}/tokens", get(admin::tokens_list))
+        .route("/members/{name}/tokens/{id}", delete(admin::token_delete))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(json_limit))
+        .layer(middleware::from_fn(protocol_header))
+        .with_state(state)
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such route: {method} {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("method {method} is not allowed on {}", uri.path()),
+    )
+}
+
+/// Rejects an `X-AC7-Protocol` header other than `1`.
+async fn protocol_header(req: Request, next: Next) -> Response {
+    if let Some(v) = req.headers().get("x-ac7-protocol") {
+        let got = String::from_utf8_lossy(v.as_bytes()).into_owned();
+        if got.trim().parse::<f64>().ok() != Some(1.0) {
+            return ApiError::new(StatusCode::BAD_REQUEST, "unsupported protocol version")
+                .with("got", json!(got))
+                .with("expected", json!(1))
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// An error response: `{"error": "...", …extras}` (keys in that order, as ac7 sends them).
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    status: StatusCode,
+    error: String,
+    extras: Vec<(String, Value)>,
+}
+
+impl serde::Serialize for ApiError {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(1 + self.extras.len()))?;
+        map.serialize_entry("error", &self.error)?;
+        for (k, v) in &self.extras {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+impl ApiError {
+    pub(crate) fn new(status: StatusCode, msg: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            error: msg.into(),
+            extras: Vec::new(),
+        }
+    }
+
+    pub(crate) fn with(mut self, key: &str, value: Value) -> ApiError {
+        self.extras.push((key.into(), value));
+        self
+    }
+
+    pub(crate) fn bad_request(msg: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, msg)
+    }
+
+    pub(crate) fn forbidden(msg: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, msg)
+    }
+
+    pub(crate) fn not_found(msg: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, msg)
+    }
+
+    pub(crate) fn conflict(msg: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::CONFLICT, msg)
+    }
+
+    pub(crate) fn unauthorized(msg: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::UNAUTHORIZED, msg)
+    }
+
+    /// `{"error": "invalid <thing> payload", "details": [...]}`.
+    pub(crate) fn invalid(thing: &str, details: Vec<Value>) -> ApiError {
+        ApiError::bad_request(format!("invalid {thing} payload"))
+            .with("details", Value::Array(details))
+    }
+
+    /// Requires `perm`, naming it in the 403.
+    pub(crate) fn require(
+        perms: PermissionSet,
+        perm: Permission,
+        doing: &str,
+    ) -> Result<(), ApiError> {
+        if perms.contains(perm) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(format!(
+                "{doing} requires the {perm} permission"
+            )))
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(&self)).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        tracing::error!(error = %e, "store failure");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("internal error: {e}"),
+        )
+    }
+}
+
+impl From<FsError> for ApiError {
+    fn from(e: FsError) -> Self {
+        if let FsError::Store(inner) = e {
+            return inner.into();
+        }
+        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+        ApiError::new(status, e.to_string()).with("code", json!(e.code()))
+    }
+}
+
+/// The authenticated member.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller {
+    pub(crate) name: String,
+    pub(crate) permissions: PermissionSet,
+}
+
+impl Caller {
+    pub(crate) fn has(&self, p: Permission) -> bool {
+        self.permissions.contains(p)
+    }
+}
+
+impl FromRequestParts<Shared> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Shared,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
+            return Err(ApiError::unauthorized("missing credentials"));
+        };
+        let value = value.to_str().unwrap_or("");
+        // "Bearer" with nothing after it (proxies trim the trailing space) is an empty token.
+        let Some(token) = value
+            .strip_prefix("Bearer")
+            .filter(|rest| rest.is_empty() || rest.starts_with(' '))
+        else {
+            return Err(ApiError::unauthorized("missing credentials"));
+        };
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(ApiError::unauthorized("missing bearer token"));
+        }
+        let hash = tokens::sha256_hex(token.as_bytes());
+        if let Some(c) = state.cached_auth(&hash) {
+            return Ok(Caller {
+                name: c.name,
+                permissions: c.permissions,
+            });
+        }
+        let now = super::now_ms();
+        let caller = state.store.with(|conn| {
+            let Some((token_id, member, expires)) = team::token_lookup(conn, &hash)? else {
+                return Err(ApiError::unauthorized("unknown token"));
+            };
+            if expires.is_some_and(|e| e <= now) {
+                return Err(ApiError::unauthorized("unknown token"));
+            }
+            match team::member_get(conn, &member)? {
+                Some(m) => Ok(Caller {
+                    name: m.name,
+                    permissions: m.permissions,
+                }),
+                None => {
+                    team::token_delete_id(conn, &token_id)?;
+                    Err(ApiError::unauthorized("token references unknown member"))
+                }
+            }
+        })?;
+        state.remember_auth(hash, caller.name.clone(), caller.permissions);
+        Ok(caller)
+    }
+}
+
+/// How long a client may take to send its request body.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A request body read to the end, with the size cap turned into a JSON 413 and a
+/// body that does not arrive within [`BODY_TIMEOUT`] turned into a JSON 408.
+pub(crate) struct Body(pub(crate) Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for Body {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let Ok(read) = tokio::time::timeout(BODY_TIMEOUT, Bytes::from_request(req, state)).await
+        else {
+            return Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "request body not received within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ));
+        };
+        match read {
+            Ok(b) => Ok(Body(b)),
+            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "request body is larger than this server accepts",
+            )
+            .with("code", json!("too_large"))),
+            Err(e) => Err(ApiError::bad_request(format!(
+                "could not read request body: {e}"
+            ))),
+        }
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Parses a JSON object body into `T`; a body that is not JSON counts as `null`.
+/// Failures are 400 `invalid <thing> payload` with validator-style `details`.
+pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8], thing: &str) -> Result<T, ApiError> {
+    let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            thing,
+            vec![json!({
+                "expected": "object",
+                "code": "invalid_type",
+                "path": [],
+                "message": format!("Invalid input: expected object, received {}", type_name(&value)),
+            })],
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        ApiError::invalid(
+            thing,
+            vec![json!({"code": "invalid_type", "path": [], "message": e.to_string()})],
+        )
+    })
+}
+
+/// Collects validator-style issues.
+#[derive(Debug, Default)]
+pub(crate) struct Issues(Vec<Value>);
+
+impl Issues {
+    /// Checks `min <= chars(s) <= max`.
+    pub(crate) fn len(&mut self, path: &str, s: &str, min: usize, max: usize) -> &mut Self {
+        let n = s.chars().count();
+        if n < min {
+            self.0.push(json!({
+                "origin": "string", "code": "too_small", "minimum": min, "inclusive": true, "path": [path],
+                "message": format!("Too small: expected string to have >={min} characters"),
+            }));
+        } else if n > max {
+            self.0.push(json!({
+                "origin": "string", "code": "too_big", "maximum": max, "inclusive": true, "path": [path],
+                "message": format!("Too big: expected string to have <={max} characters"),
+            }));
+        }
+        self
+    }
+
+    /// Checks an optional string.
+    pub(crate) fn opt_len(
+        &mut self,
+        path: &str,
+        s: Option<&str>,
+        min: usize,
+        max: usize,
+    ) -> &mut Self {
+        if let Some(s) = s {
+            self.len(path, s, min, max);
+        }
+        self
+    }
+
+    /// Checks `len <= max` for a list.
+    pub(crate) fn count(&mut self, path: &str, n: usize, max: usize) -> &mut Self {
+        if n > max {
+            self.0.push(json!({
+                "origin": "array", "code": "too_big", "maximum": max, "inclusive": true, "path": [path],
+                "message": format!("Too big: expected array to have <={max} items"),
+            }));
+        }
+        self
+    }
+
+    /// Checks a member name.
+    pub(crate) fn name(&mut self, path: &str, s: &str) -> &mut Self {
+        if !ac7_protocol::message::is_valid_name(s) {
+            self.0.push(name_issue(path));
+        }
+        self
+    }
+
+    /// Adds a custom issue.
+    pub(crate) fn custom(&mut self, msg: &str) -> &mut Self {
+        self.0
+            .push(json!({"code": "custom", "path": [], "message": msg}));
+        self
+    }
+
+    /// `Err(invalid <thing> payload)` if any issue was found.
+    pub(crate) fn finish(&mut self, thing: &str) -> Result<(), ApiError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(ApiError::invalid(thing, std::mem::take(&mut self.0)))
+        }
+    }
+}
+
+pub(crate) fn name_issue(path: &str) -> Value {
+    let path: Vec<&str> = if path.is_empty() { vec![] } else { vec![path] };
+    json!({
+        "origin": "string", "code": "invalid_format", "format": "regex",
+        "pattern": "/^[a-zA-Z0-9._-]+$/", "path": path,
+        "message": "name must be alphanumeric with . _ - allowed",
+    })
+}
+
+/// A JSON response with a status.
+pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+/// `Content-Disposition: inline; filename="…"` with control characters, `"` and `\` replaced by `_`.
+pub(crate) fn inline_disposition(name: &str) -> HeaderValue {
+    let clean: String = name
+        .chars()
+        .map(|c| {
+            if c.is_control() || c == '"' || c == '\\' {
+                '_'
+            } else {
+                c
+            }
+        })
+        .collect();
+    HeaderValue::from_str(&format!("inline; filename=\"{clean}\""))
+        .unwrap_or(HeaderValue::from_static("inline"))
+}
+
+/// The percent-decoded bytes of query parameter `key` (first occurrence).
+pub(crate) fn query_bytes(query: Option<&str>, key: &str) -> Option<Vec<u8>> {
+    query?
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k) == key.as_bytes()).then(|| percent_decode(v))
+        })
+}
+
+/// Decodes `%XX` escapes and `+` (as a space); malformed escapes are kept literally.
+pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
+    percent_decode_with(s, true)
+}
+
+/// Decodes `%XX` escapes; `+` is kept when `plus_is_space` is false (URL paths).
+pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' if plus_is_space => out.push(b' '),
+            b'%' if i + 3 <= bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    out
+}

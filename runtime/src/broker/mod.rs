@@ -1,0 +1,307 @@
+//! `ac7 serve`: the broker.
+//!
+//! One process holds the team's state in an embedded SQLite file (WAL) and
+//! serves the HTTP API of `spec/broker-api.md`, with the live stream on
+//! `GET /subscribe` as SSE (plain GET) or WebSocket (upgrade request).
+//!
+//! Layout: [`db`] opens the file; [`team`], [`messages`], [`channels`],
+//! [`objectives`] and [`fs`] are the store per concern; [`hub`] is the
+//! in-process fanout; `http` holds the routes; [`bootstrap`] creates a team
+//! from a [`config::TeamConfig`]; [`cli`] holds the `serve` and `member` commands.
+//!
+//! # Behaviour where the spec is silent (or where we chose differently)
+//!
+//! - **Ordering.** A push is logged and fanned out under the one store lock, so
+//!   every subscriber sees messages in log order; `Last-Event-ID` replay and the
+//!   live tail join without a gap or a duplicate.
+//! - **Replay.** `Last-Event-ID` header, or `lastEventId` query parameter (SSE and
+//!   WebSocket). At most 1,000 messages, the newest ones; an unknown id replays nothing.
+//! - **Slow subscribers.** Each has a 1,024-frame queue; when it is full the
+//!   subscriber is dropped (SSE stream ends; WebSocket closes with 1013) and the
+//!   client reconnects with `Last-Event-ID`.
+//! - **Keepalive.** SSE `:` comment, WebSocket ping, every 15 s.
+//! - **Reserved `data` keys** (`from`, `ts`, `msg_id`, `level`, `title`, `target`,
+//!   `ts_ms`) are stripped on `/push`. `data.thread` must be absent, `chan:<id>` or
+//!   `obj:<id>` (400 otherwise); posting to a channel needs membership, to an
+//!   objective thread needs thread membership (403).
+//! - **Visibility.** `/history`, replay and live fanout share one rule
+//!   (`ac7_protocol::message::matches_viewer`): DMs to their two parties, general
+//!   to all, channel posts to members, objective threads to thread members; a
+//!   sender always sees their own messages. ac7's default feed leaks channel and
+//!   objective posts to everyone; ours does not (DECISIONS.md).
+//! - **Attachment grants** go to the message's audience (DM recipient, channel
+//!   members, objective thread members, or everyone for general), not to every
+//!   member as ac7 does for channel posts.
+//! - **Objectives.** `members.manage` holders may view any objective (they are
+//!   implicit thread members); objective members may list `/objectives/<id>`.
+//!   `objectives.reassign` or `members.manage` may reassign. Lifecycle pushes are
+//!   committed with the change, then fanned out before the response is sent.
+//! - **Files.** Content lives in SQLite, keyed by SHA-256 with a reference count,
+//!   written in the same transaction as the entry. Top-level directories (homes,
+//!   `/objectives`) cannot be removed. `lastUsedAt` of tokens is not tracked.
+//! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
+//!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
+//!   inner `data` maps come out sorted (key order carries no meaning).
+//! - **Not implemented:** the "session online" notice, device-code enrollment,
+//!   TOTP sessions and cookies, activity upload/streams (all out of scope for the
+//!   runner with `--no-trace`).
+
+pub mod bootstrap;
+pub mod channels;
+pub mod cli;
+pub mod config;
+pub mod db;
+pub mod fs;
+mod http;
+pub mod hub;
+pub mod messages;
+pub mod objectives;
+pub mod publish;
+pub mod team;
+pub mod tokens;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+use db::{Store, StoreError, SyncMode};
+use hub::Hub;
+
+/// Runtime settings of a broker.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// SQLite file.
+    pub db_path: PathBuf,
+    /// How hard commits sync.
+    pub sync: SyncMode,
+    /// Largest file `POST /fs/write` accepts (bytes).
+    pub max_file_bytes: u64,
+    /// Largest JSON body (bytes).
+    pub max_json_bytes: usize,
+    /// SSE keepalive comment interval (also the WebSocket ping interval).
+    pub keepalive: Duration,
+    /// Frames a subscriber may have queued before it is disconnected.
+    pub queue_capacity: usize,
+}
+
+impl BrokerConfig {
+    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame queues.
+    pub fn new(db_path: PathBuf) -> BrokerConfig {
+        BrokerConfig {
+            db_path,
+            sync: SyncMode::Normal,
+            max_file_bytes: 25 * 1024 * 1024,
+            max_json_bytes: 1024 * 1024,
+            keepalive: Duration::from_secs(15),
+            queue_capacity: 1024,
+        }
+    }
+}
+
+/// Why the broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database could not be opened or read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The database has no team yet.
+    #[error(
+        "the database {0} has no team yet: start with --team-config FILE (or --team-name and --member) to create one"
+    )]
+    NoTeam(PathBuf),
+    /// The listener could not be created.
+    #[error("cannot listen: {0}")]
+    Listen(#[from] std::io::Error),
+}
+
+/// Shared state of a running broker.
+#[derive(Debug)]
+pub struct AppState {
+    /// The store.
+    pub store: Store,
+    /// The fanout hub.
+    pub hub: Hub,
+    /// Settings.
+    pub config: BrokerConfig,
+    /// When this process started (epoch ms).
+    pub boot_time: i64,
+    objective_counter: AtomicU16,
+    /// The group-commit writer for `/push`.
+    pub(crate) writer: writer::Writer,
+    auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
+}
+
+/// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
+#[derive(Debug, Clone)]
+pub(crate) struct CachedAuth {
+    pub(crate) name: String,
+    pub(crate) permissions: ac7_protocol::permission::PermissionSet,
+    at: std::time::Instant,
+}
+
+/// How long a resolved token is trusted without asking the store again. The HTTP
+/// admin endpoints clear the cache at once; changes made offline with `ac7 member`
+/// (which needs the broker stopped) cannot race it.
+const AUTH_CACHE_TTL: Duration = Duration::from_secs(5);
+
+impl AppState {
+    /// The cached resolution of a token hash, if fresh.
+    pub(crate) fn cached_auth(&self, hash: &str) -> Option<CachedAuth> {
+        let cache = self
+            .auth_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cache
+            .get(hash)
+            .filter(|c| c.at.elapsed() < AUTH_CACHE_TTL)
+            .cloned()
+    }
+
+    /// Remembers a token resolution.
+    pub(crate) fn remember_auth(
+        &self,
+        hash: String,
+        name: String,
+        permissions: ac7_protocol::permission::PermissionSet,
+    ) {
+        let mut cache = self
+            .auth_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if cache.len() > 10_000 {
+            cache.clear();
+        }
+        cache.insert(
+            hash,
+            CachedAuth {
+                name,
+                permissions,
+                at: std::time::Instant::now(),
+            },
+        );
+    }
+
+    /// Forgets every cached token (after any member or token change).
+    pub(crate) fn forget_auth(&self) {
+        self.auth_cache
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+
+    /// A fresh objective id (unique in the store; the caller holds the store lock).
+    pub(crate) fn next_objective_id(
+        &self,
+        conn: &rusqlite::Connection,
+        now: i64,
+    ) -> Result<String, StoreError> {
+        loop {
+            let n = self
+                .objective_counter
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_add(1);
+            let id = ac7_protocol::objective::format_id(u64::try_from(now).unwrap_or(0), n);
+            if !objectives::exists(conn, &id)? {
+                return Ok(id);
+            }
+        }
+    }
+}
+
+/// Current time in epoch milliseconds.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A broker serving on a socket.
+#[derive(Debug)]
+pub struct RunningBroker {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The state (for tests and benchmarks).
+    pub state: Arc<AppState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningBroker {
+    /// Stops accepting, closes live streams, and waits for the server task.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        self.state.hub.close_all();
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+
+    /// Waits until the server stops on its own (it only does on error).
+    pub async fn wait(self) -> std::io::Result<()> {
+        self.task
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+    }
+}
+
+/// Opens the store (which must hold a team) and serves on `listener`.
+pub async fn start(
+    config: BrokerConfig,
+    listener: TcpListener,
+) -> Result<RunningBroker, StartError> {
+    let store = Store::open(&config.db_path, config.sync)?;
+    let boot_time = now_ms();
+    let hub = Hub::new(config.queue_capacity);
+    let members = store.with(|conn| -> Result<_, StartError> {
+        if team::team_get(conn)?.is_none() {
+            return Err(StartError::NoTeam(config.db_path.clone()));
+        }
+        Ok(team::members_list(conn)?)
+    })?;
+    for m in members {
+        hub.register_member(&m.name, m.role, boot_time);
+    }
+    let (writer, queue) = writer::channel();
+    let state = Arc::new(AppState {
+        writer,
+        store,
+        hub,
+        config,
+        boot_time,
+        objective_counter: AtomicU16::new(0),
+        auth_cache: Default::default(),
+    });
+    writer::spawn(queue, Arc::downgrade(&state))?;
+    let addr = listener.local_addr()?;
+    let app = http::router(Arc::clone(&state));
+    // Live frames are small and latency matters: no Nagle delay.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = rx.await;
+            })
+            .await
+    });
+    tracing::info!(%addr, "ac7 broker listening");
+    Ok(RunningBroker {
+        addr,
+        state,
+        shutdown: Some(tx),
+        task,
+    })
+}

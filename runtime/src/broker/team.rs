@@ -1,0 +1,313 @@
+//! Team, members and tokens in the store.
+
+use ac7_protocol::permission::{PermissionSet, Presets};
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+
+use super::db::StoreError;
+use super::tokens;
+
+/// A member's role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Role {
+    /// Short title, e.g. `engineer`.
+    pub title: String,
+    /// What the role does (may be empty).
+    #[serde(default)]
+    pub description: String,
+}
+
+/// The team record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Team {
+    /// Team name.
+    pub name: String,
+    /// What the team is for.
+    pub directive: String,
+    /// Background (may be empty).
+    #[serde(default)]
+    pub context: String,
+    /// Named permission presets.
+    #[serde(rename = "permissionPresets", default)]
+    pub permission_presets: Presets,
+}
+
+/// A member as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberRecord {
+    /// Unique name.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// Private instructions.
+    pub instructions: String,
+    /// Resolved leaf permissions.
+    pub permissions: PermissionSet,
+}
+
+/// The public projection (`Teammate`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Teammate<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Role.
+    pub role: &'a Role,
+    /// Permissions.
+    pub permissions: PermissionSet,
+}
+
+/// The full record with instructions (`Member`).
+#[derive(Debug, Clone, Serialize)]
+pub struct MemberView<'a> {
+    /// Name.
+    pub name: &'a str,
+    /// Role.
+    pub role: &'a Role,
+    /// Permissions.
+    pub permissions: PermissionSet,
+    /// Private instructions.
+    pub instructions: &'a str,
+}
+
+impl MemberRecord {
+    /// As a `Teammate`.
+    pub fn teammate(&self) -> Teammate<'_> {
+        Teammate {
+            name: &self.name,
+            role: &self.role,
+            permissions: self.permissions,
+        }
+    }
+
+    /// As a `Member`.
+    pub fn view(&self) -> MemberView<'_> {
+        MemberView {
+            name: &self.name,
+            role: &self.role,
+            permissions: self.permissions,
+            instructions: &self.instructions,
+        }
+    }
+}
+
+/// Token metadata (`TokenInfo`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenInfo {
+    /// Token id (UUID).
+    pub id: String,
+    /// Owner.
+    pub member_name: String,
+    /// Free label.
+    pub label: String,
+    /// `bootstrap`, `rotate`, or `enroll`.
+    pub origin: String,
+    /// Creation time.
+    pub created_at: i64,
+    /// Last authenticated use.
+    pub last_used_at: Option<i64>,
+    /// Expiry, if any.
+    pub expires_at: Option<i64>,
+    /// Who issued it.
+    pub created_by: Option<String>,
+}
+
+/// Reads the team, if one was created.
+pub fn team_get(conn: &Connection) -> Result<Option<Team>, StoreError> {
+    let row = conn
+        .prepare_cached("SELECT name, directive, context, presets FROM team WHERE id = 1")?
+        .query_row([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        })
+        .optional()?;
+    row.map(|(name, directive, context, presets)| {
+        Ok(Team {
+            name,
+            directive,
+            context,
+            permission_presets: serde_json::from_str(&presets)?,
+        })
+    })
+    .transpose()
+}
+
+/// Creates or replaces the team row.
+pub fn team_put(conn: &Connection, team: &Team, now: i64) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO team (id, name, directive, context, presets, created_at) VALUES (1, ?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(id) DO UPDATE SET name = ?1, directive = ?2, context = ?3, presets = ?4",
+        params![team.name, team.directive, team.context, serde_json::to_string(&team.permission_presets)?, now],
+    )?;
+    Ok(())
+}
+
+fn member_from_row(
+    r: &rusqlite::Row<'_>,
+) -> rusqlite::Result<(String, String, String, String, String)> {
+    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+}
+
+fn decode_member(
+    (name, title, description, instructions, perms): (String, String, String, String, String),
+) -> Result<MemberRecord, StoreError> {
+    Ok(MemberRecord {
+        name,
+        role: Role { title, description },
+        instructions,
+        permissions: serde_json::from_str(&perms)?,
+    })
+}
+
+const MEMBER_COLS: &str = "name, role_title, role_description, instructions, permissions";
+
+/// Every member, in creation order.
+pub fn members_list(conn: &Connection) -> Result<Vec<MemberRecord>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {MEMBER_COLS} FROM members ORDER BY seq"))?;
+    let rows = stmt.query_map([], member_from_row)?;
+    rows.map(|r| decode_member(r?)).collect()
+}
+
+/// One member by name.
+pub fn member_get(conn: &Connection, name: &str) -> Result<Option<MemberRecord>, StoreError> {
+    conn.prepare_cached(&format!(
+        "SELECT {MEMBER_COLS} FROM members WHERE name = ?1"
+    ))?
+    .query_row([name], member_from_row)
+    .optional()?
+    .map(decode_member)
+    .transpose()
+}
+
+/// Whether a member exists.
+pub fn member_exists(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM members WHERE name = ?1")?
+        .query_row([name], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
+/// Inserts a member; `false` if the name is taken.
+pub fn member_insert(conn: &Connection, m: &MemberRecord, now: i64) -> Result<bool, StoreError> {
+    let n = conn.execute(
+        "INSERT OR IGNORE INTO members (name, role_title, role_description, instructions, permissions, created_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![m.name, m.role.title, m.role.description, m.instructions, serde_json::to_string(&m.permissions)?, now],
+    )?;
+    Ok(n == 1)
+}
+
+/// Overwrites a member's role, instructions and permissions.
+pub fn member_update(conn: &Connection, m: &MemberRecord) -> Result<(), StoreError> {
+    conn.execute(
+        "UPDATE members SET role_title = ?2, role_description = ?3, instructions = ?4, permissions = ?5 WHERE name = ?1",
+        params![m.name, m.role.title, m.role.description, m.instructions, serde_json::to_string(&m.permissions)?],
+    )?;
+    Ok(())
+}
+
+/// Deletes a member, its tokens and its channel memberships. Messages, objectives
+/// and files stay (history is not rewritten).
+pub fn member_delete(conn: &Connection, name: &str) -> Result<bool, StoreError> {
+    conn.execute("DELETE FROM tokens WHERE member_name = ?1", [name])?;
+    conn.execute("DELETE FROM channel_members WHERE member_name = ?1", [name])?;
+    conn.execute("DELETE FROM fs_grants WHERE member_name = ?1", [name])?;
+    Ok(conn.execute("DELETE FROM members WHERE name = ?1", [name])? == 1)
+}
+
+/// Names of every member holding `members.manage`.
+pub fn managers(conn: &Connection) -> Result<Vec<String>, StoreError> {
+    Ok(members_list(conn)?
+        .into_iter()
+        .filter(|m| {
+            m.permissions
+                .contains(ac7_protocol::permission::Permission::MembersManage)
+        })
+        .map(|m| m.name)
+        .collect())
+}
+
+/// Issues a token for `member`; returns the plaintext (shown once) and its info.
+pub fn token_issue(
+    conn: &Connection,
+    member: &str,
+    label: &str,
+    origin: &str,
+    created_by: Option<&str>,
+    now: i64,
+) -> Result<(String, TokenInfo), StoreError> {
+    let token = tokens::generate()
+        .map_err(|e| StoreError::Corrupt(format!("no entropy for a token: {e}")))?;
+    let info = TokenInfo {
+        id: uuid::Uuid::new_v4().to_string(),
+        member_name: member.to_owned(),
+        label: label.to_owned(),
+        origin: origin.to_owned(),
+        created_at: now,
+        last_used_at: None,
+        expires_at: None,
+        created_by: created_by.map(str::to_owned),
+    };
+    conn.execute(
+        "INSERT INTO tokens (id, member_name, hash, label, origin, created_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![info.id, member, tokens::sha256_hex(token.as_bytes()), label, origin, now, created_by],
+    )?;
+    Ok((token, info))
+}
+
+/// Looks a token up by its hash: `(token id, member name, expires_at)`.
+pub fn token_lookup(
+    conn: &Connection,
+    hash: &str,
+) -> Result<Option<(String, String, Option<i64>)>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT id, member_name, expires_at FROM tokens WHERE hash = ?1")?
+        .query_row([hash], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?)
+}
+
+/// Deletes one token by id.
+pub fn token_delete_id(conn: &Connection, id: &str) -> Result<(), StoreError> {
+    conn.execute("DELETE FROM tokens WHERE id = ?1", [id])?;
+    Ok(())
+}
+
+/// A member's tokens, oldest first.
+pub fn tokens_list(conn: &Connection, member: &str) -> Result<Vec<TokenInfo>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, member_name, label, origin, created_at, last_used_at, expires_at, created_by
+         FROM tokens WHERE member_name = ?1 ORDER BY created_at, id",
+    )?;
+    let rows = stmt.query_map([member], |r| {
+        Ok(TokenInfo {
+            id: r.get(0)?,
+            member_name: r.get(1)?,
+            label: r.get(2)?,
+            origin: r.get(3)?,
+            created_at: r.get(4)?,
+            last_used_at: r.get(5)?,
+            expires_at: r.get(6)?,
+            created_by: r.get(7)?,
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Deletes a member's token; `false` if there is no such token for that member.
+pub fn token_delete(conn: &Connection, member: &str, id: &str) -> Result<bool, StoreError> {
+    Ok(conn.execute(
+        "DELETE FROM tokens WHERE id = ?1 AND member_name = ?2",
+        [id, member],
+    )? == 1)
+}
+
+/// Revokes every token of `member`.
+pub fn tokens_revoke_all(conn: &Connection, member: &str) -> Result<usize, StoreError> {
+    Ok(conn.execute("DELETE FROM tokens WHERE member_name = ?1", [member])?)
+}

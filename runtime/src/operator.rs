@@ -1,0 +1,569 @@
+//! Operator commands against a running broker: `ac7 push`, `ac7 roster`,
+//! `ac7 history`, `ac7 objectives …`.
+//!
+//! The broker is `AC7_URL` (default `http://127.0.0.1:8717`) and the caller's
+//! bearer token is `AC7_TOKEN` (or `--url` / `--token`). A refused request prints
+//! the broker's own error message and exits non-zero.
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use reqwest::Method;
+use serde_json::{Map, Value, json};
+
+/// Where the broker is and who we are.
+#[derive(Debug, Clone, Args)]
+pub struct OperatorConn {
+    /// Broker URL.
+    #[arg(
+        long,
+        env = "AC7_URL",
+        default_value = "http://127.0.0.1:8717",
+        global = true
+    )]
+    pub url: String,
+    /// Bearer token.
+    #[arg(long, env = "AC7_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
+    /// Print the broker's JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// `ac7 push`.
+#[derive(Debug, Args)]
+pub struct PushArgs {
+    #[command(flatten)]
+    conn: OperatorConn,
+    /// Message text.
+    #[arg(long)]
+    body: String,
+    /// Direct message to this member.
+    #[arg(long, group = "target")]
+    to: Option<String>,
+    /// Broadcast to the general channel.
+    #[arg(long, group = "target")]
+    broadcast: bool,
+    /// Post in this channel (slug).
+    #[arg(long, group = "target")]
+    channel: Option<String>,
+    /// Title.
+    #[arg(long)]
+    title: Option<String>,
+    /// Level: debug, info, notice, warning, error, critical.
+    #[arg(long)]
+    level: Option<String>,
+    /// Metadata `key=value` (repeatable).
+    #[arg(long = "data", value_name = "KEY=VALUE")]
+    data: Vec<String>,
+}
+
+/// `ac7 history`.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    #[command(flatten)]
+    conn: OperatorConn,
+    /// Only DMs with this member.
+    #[arg(long)]
+    with: Option<String>,
+    /// Only this channel (slug, or `general`).
+    #[arg(long)]
+    channel: Option<String>,
+    /// How many (default 100, max 1000).
+    #[arg(long)]
+    limit: Option<u32>,
+    /// Only messages before this time (epoch ms).
+    #[arg(long)]
+    before: Option<i64>,
+}
+
+/// `ac7 objectives`.
+#[derive(Debug, Args)]
+pub struct ObjectivesArgs {
+    #[command(flatten)]
+    conn: OperatorConn,
+    #[command(subcommand)]
+    action: ObjectivesAction,
+}
+
+#[derive(Debug, Subcommand)]
+enum ObjectivesAction {
+    /// List objectives.
+    List {
+        /// Only this assignee.
+        #[arg(long)]
+        assignee: Option<String>,
+        /// Only this status.
+        #[arg(long)]
+        status: Option<String>,
+    },
+    /// Show one objective with its event log.
+    View { id: String },
+    /// Create an objective.
+    Create {
+        #[arg(long)]
+        title: String,
+        #[arg(long)]
+        outcome: String,
+        #[arg(long)]
+        assignee: String,
+        #[arg(long)]
+        body: Option<String>,
+        /// Watcher (repeatable).
+        #[arg(long = "watcher")]
+        watchers: Vec<String>,
+    },
+    /// Block or unblock.
+    Update {
+        id: String,
+        /// active or blocked.
+        #[arg(long)]
+        status: Option<String>,
+        /// Block reason.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Complete with a result.
+    Complete {
+        id: String,
+        #[arg(long)]
+        result: String,
+    },
+    /// Cancel.
+    Cancel {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Hand to another member.
+    Reassign {
+        id: String,
+        #[arg(long)]
+        to: String,
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// Add or remove watchers.
+    Watchers {
+        id: String,
+        #[arg(long = "add")]
+        add: Vec<String>,
+        #[arg(long = "remove")]
+        remove: Vec<String>,
+    },
+}
+
+struct Client {
+    http: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Client {
+    fn new(conn: &OperatorConn) -> anyhow::Result<Client> {
+        let token = conn
+            .token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .context("no token: set AC7_TOKEN or pass --token")?;
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(30))
+            .build()?;
+        Ok(Client {
+            http,
+            base: conn.url.trim_end_matches('/').to_owned(),
+            token,
+        })
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .header("X-AC7-Protocol", "1")
+            .query(query);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.with_context(|| {
+            format!(
+                "cannot reach the broker at {} (is `ac7 serve` running?)",
+                self.base
+            )
+        })?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        if !status.is_success() {
+            let msg = value
+                .get("error")
+                .and_then(Value::as_str)
+                .map_or_else(|| text.clone(), str::to_owned);
+            bail!("{method} {path} failed ({}): {msg}", status.as_u16());
+        }
+        Ok(value)
+    }
+}
+
+fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}
+
+/// Formats epoch ms as `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn format_ts(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[allow(clippy::print_stdout)]
+fn out(conn: &OperatorConn, value: &Value, text: impl FnOnce(&Value) -> String) {
+    if conn.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        );
+    } else {
+        println!("{}", text(value));
+    }
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v.get(k).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `ac7 push`.
+pub fn push(args: PushArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.conn)?;
+    if args.to.is_none() && !args.broadcast && args.channel.is_none() {
+        bail!("say where the message goes: --to NAME, --broadcast, or --channel SLUG");
+    }
+    let mut data = Map::new();
+    for kv in &args.data {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--data {kv:?}: expected KEY=VALUE"))?;
+        data.insert(k.to_owned(), Value::String(v.to_owned()));
+    }
+    let result = block_on(async {
+        if let Some(slug) = &args.channel {
+            let ch = client
+                .call(Method::GET, &format!("/channels/{slug}"), &[], None)
+                .await?;
+            let id = ch
+                .pointer("/channel/id")
+                .and_then(Value::as_str)
+                .context("broker returned no channel id")?;
+            data.insert("thread".into(), Value::String(format!("chan:{id}")));
+        }
+        let mut body = json!({"body": args.body, "data": data});
+        if let Some(to) = &args.to {
+            body["to"] = json!(to);
+        }
+        if let Some(t) = &args.title {
+            body["title"] = json!(t);
+        }
+        if let Some(l) = &args.level {
+            body["level"] = json!(l);
+        }
+        client.call(Method::POST, "/push", &[], Some(body)).await
+    })?;
+    out(&args.conn, &result, |v| {
+        format!(
+            "sent {} (live={}, targets={})",
+            v.pointer("/message/id")
+                .and_then(Value::as_str)
+                .unwrap_or("?"),
+            v.pointer("/delivery/live")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            v.pointer("/delivery/targets")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+        )
+    });
+    Ok(0)
+}
+
+/// `ac7 roster`.
+pub fn roster(conn: OperatorConn) -> anyhow::Result<i32> {
+    let client = Client::new(&conn)?;
+    let v = block_on(client.call(Method::GET, "/roster", &[], None))?;
+    out(&conn, &v, |v| {
+        let empty = Vec::new();
+        let presence = v
+            .get("connected")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty);
+        let mut lines = Vec::new();
+        for t in v
+            .get("teammates")
+            .and_then(Value::as_array)
+            .unwrap_or(&empty)
+        {
+            let name = s(t, "name");
+            let connected = presence
+                .iter()
+                .find(|p| s(p, "name") == name)
+                .and_then(|p| p.get("connected").and_then(Value::as_u64))
+                .unwrap_or(0);
+            let state = if connected > 0 {
+                format!("connected={connected}")
+            } else {
+                "offline".into()
+            };
+            let role = t
+                .pointer("/role/title")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            lines.push(format!("- {name} [{role}] {state}"));
+        }
+        lines.join("\n")
+    });
+    Ok(0)
+}
+
+fn message_line(m: &Value) -> String {
+    let from = m.get("from").and_then(Value::as_str).unwrap_or("?");
+    let to = m
+        .get("to")
+        .and_then(Value::as_str)
+        .map(|t| format!(" → {t}"))
+        .unwrap_or_default();
+    let title = m
+        .get("title")
+        .and_then(Value::as_str)
+        .map(|t| format!(" [{t}]"))
+        .unwrap_or_default();
+    format!(
+        "{} {from}{to}{title}: {}",
+        format_ts(m.get("ts").and_then(Value::as_i64).unwrap_or(0)),
+        s(m, "body")
+    )
+}
+
+/// `ac7 history`.
+pub fn history(args: HistoryArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.conn)?;
+    let mut q = Vec::new();
+    if let Some(w) = &args.with {
+        q.push(("with", w.clone()));
+    }
+    if let Some(c) = &args.channel {
+        q.push(("channel", c.clone()));
+    }
+    if let Some(l) = args.limit {
+        q.push(("limit", l.to_string()));
+    }
+    if let Some(b) = args.before {
+        q.push(("before", b.to_string()));
+    }
+    let v = block_on(client.call(Method::GET, "/history", &q, None))?;
+    out(&args.conn, &v, |v| {
+        let msgs = v
+            .get("messages")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if msgs.is_empty() {
+            return "(no messages)".into();
+        }
+        // Oldest first reads naturally in a terminal.
+        msgs.iter()
+            .rev()
+            .map(message_line)
+            .collect::<Vec<_>>()
+            .join("\n")
+    });
+    Ok(0)
+}
+
+fn objective_line(o: &Value) -> String {
+    format!(
+        "{} [{}] {} → {} (by {})\n  outcome: {}",
+        s(o, "id"),
+        s(o, "status"),
+        s(o, "title"),
+        s(o, "assignee"),
+        s(o, "originator"),
+        s(o, "outcome")
+    )
+}
+
+/// `ac7 objectives …`.
+pub fn objectives(args: ObjectivesArgs) -> anyhow::Result<i32> {
+    let client = Client::new(&args.conn)?;
+    let conn = args.conn.clone();
+    let enc = |id: &str| id.replace('/', "%2F");
+    let v = block_on(async {
+        match args.action {
+            ObjectivesAction::List { assignee, status } => {
+                let mut q = Vec::new();
+                if let Some(a) = assignee {
+                    q.push(("assignee", a));
+                }
+                if let Some(st) = status {
+                    q.push(("status", st));
+                }
+                client.call(Method::GET, "/objectives", &q, None).await
+            }
+            ObjectivesAction::View { id } => {
+                client
+                    .call(Method::GET, &format!("/objectives/{}", enc(&id)), &[], None)
+                    .await
+            }
+            ObjectivesAction::Create {
+                title,
+                outcome,
+                assignee,
+                body,
+                watchers,
+            } => {
+                let mut b = json!({"title": title, "outcome": outcome, "assignee": assignee, "watchers": watchers});
+                if let Some(body) = body {
+                    b["body"] = json!(body);
+                }
+                client.call(Method::POST, "/objectives", &[], Some(b)).await
+            }
+            ObjectivesAction::Update { id, status, reason } => {
+                let mut b = json!({});
+                if let Some(st) = status {
+                    b["status"] = json!(st);
+                }
+                if let Some(r) = reason {
+                    b["blockReason"] = json!(r);
+                }
+                client
+                    .call(
+                        Method::PATCH,
+                        &format!("/objectives/{}", enc(&id)),
+                        &[],
+                        Some(b),
+                    )
+                    .await
+            }
+            ObjectivesAction::Complete { id, result } => {
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/complete", enc(&id)),
+                        &[],
+                        Some(json!({"result": result})),
+                    )
+                    .await
+            }
+            ObjectivesAction::Cancel { id, reason } => {
+                let b = reason.map_or_else(|| json!({}), |r| json!({"reason": r}));
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/cancel", enc(&id)),
+                        &[],
+                        Some(b),
+                    )
+                    .await
+            }
+            ObjectivesAction::Reassign { id, to, note } => {
+                let mut b = json!({"to": to});
+                if let Some(n) = note {
+                    b["note"] = json!(n);
+                }
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/reassign", enc(&id)),
+                        &[],
+                        Some(b),
+                    )
+                    .await
+            }
+            ObjectivesAction::Watchers { id, add, remove } => {
+                client
+                    .call(
+                        Method::POST,
+                        &format!("/objectives/{}/watchers", enc(&id)),
+                        &[],
+                        Some(json!({"add": add, "remove": remove})),
+                    )
+                    .await
+            }
+        }
+    })?;
+    out(&conn, &v, |v| {
+        if let Some(list) = v.get("objectives").and_then(Value::as_array) {
+            if list.is_empty() {
+                return "(no objectives)".into();
+            }
+            return list
+                .iter()
+                .map(objective_line)
+                .collect::<Vec<_>>()
+                .join("\n");
+        }
+        if let Some(o) = v.get("objective") {
+            let mut text = objective_line(o);
+            if !s(o, "body").is_empty() {
+                text.push_str(&format!("\n  body: {}", s(o, "body")));
+            }
+            if let Some(r) = o.get("blockReason").and_then(Value::as_str) {
+                text.push_str(&format!("\n  blocked: {r}"));
+            }
+            if let Some(r) = o.get("result").and_then(Value::as_str) {
+                text.push_str(&format!("\n  result: {r}"));
+            }
+            for e in v
+                .get("events")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                text.push_str(&format!(
+                    "\n  {} {} {} {}",
+                    format_ts(e.get("ts").and_then(Value::as_i64).unwrap_or(0)),
+                    s(e, "actor"),
+                    s(e, "kind"),
+                    e.get("payload").map(Value::to_string).unwrap_or_default()
+                ));
+            }
+            return text;
+        }
+        objective_line(v)
+    });
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::format_ts;
+
+    #[test]
+    fn timestamps() {
+        assert_eq!(format_ts(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(format_ts(1_713_190_000_000), "2024-04-15 14:06:40 UTC");
+        assert_eq!(format_ts(951_782_400_000), "2000-02-29 00:00:00 UTC");
+    }
+}

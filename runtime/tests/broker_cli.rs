@@ -1,0 +1,475 @@
+//! The real `ac7` binary: `serve` start-up from a team config, durability across
+//! `kill -9`, the operator CLI against a running broker, and offline member admin.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+const AC7: &str = env!("CARGO_BIN_EXE_ac7");
+
+const TEAM: &str = r#"{
+  "team": {"name": "cli-team", "directive": "Test the binary."},
+  "members": [
+    {"name": "director", "role": {"title": "director"}, "permissions": ["admin"]},
+    {"name": "builder", "role": {"title": "engineer"}}
+  ]
+}"#;
+
+struct Served {
+    child: Child,
+    url: String,
+    tokens: Vec<(String, String)>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `ac7 serve` on a free port and waits for its "listening" line.
+fn serve(db: &Path, extra: &[&str]) -> Served {
+    let child = Command::new(AC7)
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--port", "0"])
+        .args(extra)
+        .env("AC7_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Owned by `Served` at once, so the child is killed and reaped on every path.
+    let mut served = Served {
+        child,
+        url: String::new(),
+        tokens: Vec::new(),
+    };
+    let stdout = served.child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("ac7 serve did not report listening");
+        if let Some(url) = line.strip_prefix("ac7 broker listening on ") {
+            served.url = url.to_owned();
+            return served;
+        }
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() == 2 && parts[1].starts_with("ac7_") {
+            served
+                .tokens
+                .push((parts[0].to_owned(), parts[1].to_owned()));
+        }
+    }
+}
+
+fn token<'a>(s: &'a Served, who: &str) -> &'a str {
+    &s.tokens.iter().find(|(n, _)| n == who).unwrap().1
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn kill_9_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+
+    // no team and no config: a clear error, non-zero exit
+    let out = Command::new(AC7)
+        .args(["serve", "--port", "0", "--db"])
+        .arg(dir.path().join("empty.db"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no team yet"));
+
+    let mut s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    assert_eq!(s.tokens.len(), 2);
+    let (director, builder) = (
+        token(&s, "director").to_owned(),
+        token(&s, "builder").to_owned(),
+    );
+    let http = client();
+
+    // Acknowledged writes from several concurrent clients.
+    let mut handles = Vec::new();
+    for c in 0..4 {
+        let (http, url, tok) = (http.clone(), s.url.clone(), director.clone());
+        handles.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..50 {
+                let r = http
+                    .post(format!("{url}/push"))
+                    .bearer_auth(&tok)
+                    .json(&json!({"to": "builder", "body": format!("c{c} m{i}")}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                ids.push(
+                    r.json::<Value>().await.unwrap()["message"]["id"]
+                        .as_str()
+                        .unwrap()
+                        .to_owned(),
+                );
+            }
+            ids
+        }));
+    }
+    let mut acked = Vec::new();
+    for h in handles {
+        acked.extend(h.await.unwrap());
+    }
+    let obj: Value = http
+        .post(format!("{}/objectives", s.url))
+        .bearer_auth(&director)
+        .json(&json!({"title": "Survive", "outcome": "still here", "assignee": "builder"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let r = http
+        .post(format!(
+            "{}/fs/write?path=/builder/keep.txt&mime=text/plain",
+            s.url
+        ))
+        .bearer_auth(&builder)
+        .body("kept")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+
+    // SIGKILL: no chance to flush anything.
+    s.child.kill().unwrap();
+    s.child.wait().unwrap();
+
+    let s2 = serve(&db, &[]);
+    assert!(
+        s2.tokens.is_empty(),
+        "tokens are printed only when the team is created"
+    );
+    let hist: Value = http
+        .get(format!("{}/history?limit=1000", s2.url))
+        .bearer_auth(&builder)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let have: std::collections::HashSet<&str> = hist["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    for id in &acked {
+        assert!(
+            have.contains(id.as_str()),
+            "acknowledged message {id} was lost"
+        );
+    }
+    let id = obj["id"].as_str().unwrap();
+    let view: Value = http
+        .get(format!("{}/objectives/{id}", s2.url))
+        .bearer_auth(&builder)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(view["objective"]["title"], "Survive");
+    assert_eq!(view["events"][0]["kind"], "assigned");
+    let text = http
+        .get(format!("{}/fs/read/builder/keep.txt", s2.url))
+        .bearer_auth(&builder)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(text, "kept");
+}
+
+fn ac7(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(AC7)
+        .args(args)
+        .env("AC7_URL", url)
+        .env("AC7_TOKEN", token)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn operator_cli_against_a_running_broker() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let s = serve(
+        &db,
+        &[
+            "--team-name",
+            "flags-team",
+            "--directive",
+            "From flags.",
+            "--member",
+            "director:lead:admin",
+            "--member",
+            "builder:engineer",
+        ],
+    );
+    let (url, director, builder) = (
+        s.url.clone(),
+        token(&s, "director").to_owned(),
+        token(&s, "builder").to_owned(),
+    );
+    let run = move |tok: &str, args: &[&str]| ac7(&url, tok, args);
+
+    let (ok, out, err) = run(
+        &director,
+        &[
+            "push", "--body", "hello", "--to", "builder", "--title", "t", "--level", "notice",
+            "--data", "k=v",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with("sent ") && out.contains("targets=1"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&director, &["push", "--body", "all hands", "--broadcast"]);
+    assert!(ok, "{out}");
+    let (ok, _, err) = run(&director, &["push", "--body", "x", "--to", "nobody"]);
+    assert!(!ok);
+    assert!(err.contains("no such agent: nobody"), "{err}");
+    let (ok, _, err) = run(&director, &["push", "--body", "x", "--channel", "nope"]);
+    assert!(!ok);
+    assert!(err.contains("no such channel: nope"), "{err}");
+    let (ok, _, err) = run("ac7_wrong", &["roster"]);
+    assert!(!ok);
+    assert!(err.contains("unknown token"), "{err}");
+
+    let (ok, out, _) = run(&builder, &["roster"]);
+    assert!(ok);
+    assert!(
+        out.contains("- director [lead] offline") && out.contains("- builder [engineer] offline"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&builder, &["history"]);
+    assert!(ok);
+    assert!(
+        out.contains("director → builder [t]: hello") && out.contains("director: all hands"),
+        "{out}"
+    );
+    let (ok, out, _) = run(&builder, &["history", "--json", "--limit", "1"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["messages"].as_array().unwrap().len(), 1);
+
+    let (ok, out, _) = run(
+        &director,
+        &[
+            "objectives",
+            "create",
+            "--title",
+            "Ship",
+            "--outcome",
+            "shipped",
+            "--assignee",
+            "builder",
+            "--json",
+        ],
+    );
+    assert!(ok);
+    let id = serde_json::from_str::<Value>(&out).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (ok, _, err) = run(
+        &builder,
+        &[
+            "objectives",
+            "create",
+            "--title",
+            "x",
+            "--outcome",
+            "y",
+            "--assignee",
+            "builder",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("requires the objectives.create permission"),
+        "{err}"
+    );
+    let (ok, out, _) = run(&builder, &["objectives", "list"]);
+    assert!(
+        ok && out.contains(&id) && out.contains("[active] Ship"),
+        "{out}"
+    );
+    let (ok, out, _) = run(
+        &builder,
+        &[
+            "objectives",
+            "update",
+            &id,
+            "--status",
+            "blocked",
+            "--reason",
+            "waiting",
+        ],
+    );
+    assert!(ok && out.contains("[blocked]"), "{out}");
+    let (ok, _, _) = run(
+        &builder,
+        &["objectives", "update", &id, "--status", "active"],
+    );
+    assert!(ok);
+    let (ok, _, _) = run(
+        &director,
+        &["objectives", "watchers", &id, "--add", "director"],
+    );
+    assert!(ok, "a no-op watcher change succeeds");
+    let (ok, _, err) = run(
+        &director,
+        &["objectives", "reassign", &id, "--to", "builder"],
+    );
+    assert!(!ok && err.contains("already assigned"), "{err}");
+    let (ok, out, _) = run(
+        &builder,
+        &["objectives", "complete", &id, "--result", "done it"],
+    );
+    assert!(ok && out.contains("[done]"), "{out}");
+    let (ok, out, _) = run(&builder, &["objectives", "view", &id]);
+    assert!(
+        ok && out.contains("result: done it") && out.contains("completed"),
+        "{out}"
+    );
+    let (ok, _, err) = run(&director, &["objectives", "cancel", &id]);
+    assert!(!ok && err.contains("is already done"), "{err}");
+}
+
+#[test]
+fn offline_member_admin() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+    drop(serve(&db, &["--team-config", cfg.to_str().unwrap()]));
+    let member = |args: &[&str]| {
+        let out = Command::new(AC7)
+            .arg("member")
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, out, _) = member(&["list"]);
+    assert!(ok);
+    assert!(
+        out.starts_with("director\tdirector\tteam.manage,members.manage"),
+        "{out}"
+    );
+    let (ok, out, _) = member(&[
+        "add",
+        "scout",
+        "--role",
+        "scout",
+        "--permissions",
+        "operator",
+    ]);
+    assert!(ok);
+    let scout_token = out.trim().to_owned();
+    assert!(scout_token.starts_with("ac7_") && scout_token.len() == 47);
+    let (ok, _, err) = member(&["add", "scout"]);
+    assert!(!ok && err.contains("already exists"), "{err}");
+    let (ok, _, err) = member(&["add", "bad name"]);
+    assert!(!ok && err.contains("must be"), "{err}");
+    let (ok, _, _) = member(&["update", "scout", "--instructions", "look around"]);
+    assert!(ok);
+    let (ok, _, err) = member(&["update", "director", "--permissions", "operator"]);
+    assert!(!ok && err.contains("last admin"), "{err}");
+    let (ok, out, _) = member(&["rotate-token", "scout"]);
+    assert!(ok);
+    let rotated = out.trim().to_owned();
+    assert_ne!(rotated, scout_token);
+
+    // the rotated token works against a restarted broker; the old one does not
+    let s = serve(&db, &[]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let http = client();
+        let r = http
+            .get(format!("{}/briefing", s.url))
+            .bearer_auth(&rotated)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["permissions"],
+            json!([
+                "objectives.create",
+                "objectives.cancel",
+                "objectives.reassign"
+            ])
+        );
+        let r = http
+            .get(format!("{}/briefing", s.url))
+            .bearer_auth(&scout_token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+    });
+    drop(s);
+    let (ok, _, _) = member(&["remove", "scout"]);
+    assert!(ok);
+    let (ok, out, _) = member(&["list"]);
+    assert!(ok && !out.contains("scout"));
+    let (ok, _, err) = member(&["remove", "director"]);
+    assert!(!ok && err.contains("last admin"), "{err}");
+}

@@ -1,0 +1,526 @@
+//! The shared file space over HTTP: homes, write/read/stat/ls/mkdir/rm/mv,
+//! collisions, grants through attachments, size cap, path rejection, blob sharing.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+mod broker_support;
+
+use broker_support::{start_broker, start_with};
+use serde_json::json;
+
+#[tokio::test]
+async fn write_read_stat_ls() {
+    let b = start_broker().await;
+    let r = b.get("/fs/ls?path=/", "builder").await;
+    assert_eq!(r.json["entries"].as_array().unwrap().len(), 1);
+    assert_eq!(r.json["entries"][0]["path"], "/builder");
+    snap!("fs_ls_root", r.json);
+    assert_eq!(
+        b.get("/fs/ls?path=/", "director").await.json["entries"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(
+        b.get("/fs/ls?path=/builder", "builder").await.json,
+        json!({"entries": []})
+    );
+
+    let r = b
+        .post("/fs/mkdir", "builder", json!({"path": "/builder/notes"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["entry"]["kind"].clone()),
+        (200, json!("directory"))
+    );
+    let r = b
+        .post(
+            "/fs/mkdir",
+            "builder",
+            json!({"path": "/builder/a/b/c", "recursive": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let r = b
+        .post("/fs/mkdir", "builder", json!({"path": "/builder/x/y"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (404, json!("not_found"))
+    );
+    let r = b
+        .post("/fs/mkdir", "builder", json!({"path": "/reviewer/x"}))
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "cannot mkdir /reviewer/x", "code": "forbidden"})
+        )
+    );
+
+    let body = b"hello from builder";
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/notes/hello.txt",
+            "text/plain",
+            body,
+            None,
+        )
+        .await;
+    assert_eq!((r.status, r.json["renamed"].clone()), (200, json!(false)));
+    assert_eq!(
+        r.json["entry"]["hash"],
+        "2f44e76ccdb0b2b3ad83ea19b8dc68124cd7848445e0577a8b3789f9e6d88a29"
+    );
+    snap!("fs_write", r.json);
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/notes/hello.txt",
+            "text/plain",
+            body,
+            None,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            409,
+            json!({"error": "already exists: /builder/notes/hello.txt", "code": "exists"})
+        )
+    );
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/notes/hello.txt",
+            "text/plain",
+            body,
+            Some("suffix"),
+        )
+        .await;
+    assert_eq!(
+        (r.json["entry"]["path"].clone(), r.json["renamed"].clone()),
+        (json!("/builder/notes/hello-1.txt"), json!(true))
+    );
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/notes/hello.txt",
+            "text/plain",
+            b"v2",
+            Some("overwrite"),
+        )
+        .await;
+    assert_eq!((r.status, r.json["entry"]["size"].clone()), (200, json!(2)));
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/notes/hello.txt",
+            "text/plain",
+            b"v2",
+            Some("sideways"),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let resp = b
+        .http
+        .post(format!("{}/fs/write?path=/builder/notes/x.txt", b.url))
+        .bearer_auth(b.token("builder"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    assert_eq!(
+        resp.json::<serde_json::Value>().await.unwrap(),
+        json!({"error": "`mime` query parameter is required"})
+    );
+    let r = b
+        .write_file("builder", "/reviewer/x.txt", "text/plain", b"x", None)
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "cannot write to /reviewer/x.txt", "code": "forbidden"})
+        )
+    );
+
+    let r = b
+        .get("/fs/stat?path=/builder/notes/hello.txt", "builder")
+        .await;
+    assert_eq!(r.json["entry"]["size"], 2);
+    let r = b.get("/fs/stat?path=/builder/nope", "builder").await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (404, json!("no such path: /builder/nope"))
+    );
+    let r = b.get("/fs/stat", "builder").await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (400, json!({"error": "`path` query parameter is required"}))
+    );
+    assert_eq!(
+        b.get("/fs/stat?path=/builder/notes", "reviewer")
+            .await
+            .status,
+        403
+    );
+
+    let r = b
+        .raw(
+            "GET",
+            "/fs/read/builder/notes/hello.txt",
+            Some("builder"),
+            None,
+        )
+        .await;
+    assert_eq!((r.status, r.text.as_str()), (200, "v2"));
+    assert_eq!(r.headers["content-type"], "text/plain");
+    assert_eq!(
+        r.headers["content-disposition"],
+        "inline; filename=\"hello.txt\""
+    );
+    let r = b
+        .raw(
+            "GET",
+            "/fs/read/builder/notes/hello.txt",
+            Some("reviewer"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "cannot stat /builder/notes/hello.txt", "code": "forbidden"})
+        )
+    );
+    let r = b
+        .raw(
+            "GET",
+            "/fs/read/builder/notes/missing.txt",
+            Some("builder"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (404, json!("not_found"))
+    );
+
+    let r = b.get("/fs/ls?path=/builder/notes", "builder").await;
+    let names: Vec<_> = r.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["hello-1.txt", "hello.txt"]);
+    assert_eq!(b.get("/fs/ls?path=/builder", "reviewer").await.status, 403);
+    let r = b.get("/fs/ls?path=/builder", "builder").await;
+    let names: Vec<_> = r.json["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["a", "notes"], "directories first, by name");
+}
+
+#[tokio::test]
+async fn grants_mv_rm_shared_all() {
+    let b = start_broker().await;
+    b.write_file(
+        "builder",
+        "/builder/notes/hello.txt",
+        "text/plain",
+        b"hello",
+        None,
+    )
+    .await;
+    let r = b
+        .post(
+            "/fs/mv",
+            "builder",
+            json!({"from": "/builder/notes/hello.txt", "to": "/builder/notes/renamed.txt"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["entry"]["name"].clone()),
+        (200, json!("renamed.txt"))
+    );
+    let r = b
+        .post(
+            "/fs/mv",
+            "builder",
+            json!({"from": "/builder/notes/nothere.txt", "to": "/builder/z.txt"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (404, json!("not_found"))
+    );
+    let r = b
+        .post(
+            "/fs/mv",
+            "builder",
+            json!({"from": "/builder/notes", "to": "/builder/n2"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("directory move is not supported yet"))
+    );
+    let r = b
+        .post(
+            "/fs/mv",
+            "builder",
+            json!({"from": "/builder/notes/renamed.txt", "to": "/reviewer/x.txt"}),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+
+    // attaching grants the recipient read access; names and sizes come from the store
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"to": "reviewer", "body": "see attached",
+                   "attachments": [{"path": "/builder/notes/renamed.txt", "name": "fake", "size": 999, "mimeType": "x/y"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    assert_eq!(
+        r.json["message"]["attachments"],
+        json!([{"path": "/builder/notes/renamed.txt", "name": "renamed.txt", "size": 5, "mimeType": "text/plain"}])
+    );
+    let r = b.get("/fs/shared", "reviewer").await;
+    assert_eq!(r.json["entries"][0]["path"], "/builder/notes/renamed.txt");
+    let r = b
+        .raw(
+            "GET",
+            "/fs/read/builder/notes/renamed.txt",
+            Some("reviewer"),
+            None,
+        )
+        .await;
+    assert_eq!((r.status, r.text.as_str()), (200, "hello"));
+    // ... but not write or delete
+    let r = b
+        .call(
+            "DELETE",
+            "/fs/rm?path=/builder/notes/renamed.txt",
+            "reviewer",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "cannot remove /builder/notes/renamed.txt", "code": "forbidden"})
+        )
+    );
+    // attachment errors
+    let att = |p: &str| json!({"to": "reviewer", "body": "x", "attachments": [{"path": p, "name": "n", "size": 1, "mimeType": "t"}]});
+    let r = b.post("/push", "builder", att("/builder/none.txt")).await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("attachment not found: /builder/none.txt"))
+    );
+    let r = b.post("/push", "builder", att("/builder/notes")).await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("attachment is a directory: /builder/notes"))
+    );
+    b.write_file("director", "/director/secret.txt", "text/plain", b"s", None)
+        .await;
+    let r = b
+        .post("/push", "builder", att("/director/secret.txt"))
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (403, json!("no access to attachment: /director/secret.txt"))
+    );
+
+    // all (admin only)
+    let r = b.get("/fs/all", "director").await;
+    assert_eq!(r.json["entries"].as_array().unwrap().len(), 2);
+    let r = b.get("/fs/all", "builder").await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "admin permission required to list all files", "code": "forbidden"})
+        )
+    );
+
+    // rm
+    b.post(
+        "/fs/mkdir",
+        "builder",
+        json!({"path": "/builder/a/b", "recursive": true}),
+    )
+    .await;
+    b.write_file("builder", "/builder/a/b/f.txt", "text/plain", b"f", None)
+        .await;
+    let r = b
+        .call("DELETE", "/fs/rm?path=/builder/a", "builder", None)
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            409,
+            json!({"error": "directory not empty: /builder/a", "code": "not_empty"})
+        )
+    );
+    assert_eq!(
+        b.call(
+            "DELETE",
+            "/fs/rm?path=/builder/a&recursive=true",
+            "builder",
+            None
+        )
+        .await
+        .status,
+        204
+    );
+    assert_eq!(
+        b.get("/fs/stat?path=/builder/a/b/f.txt", "builder")
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        b.call(
+            "DELETE",
+            "/fs/rm?path=/builder/notes/renamed.txt",
+            "builder",
+            None
+        )
+        .await
+        .status,
+        204
+    );
+    assert!(
+        b.get("/fs/shared", "reviewer").await.json["entries"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        b.call("DELETE", "/fs/rm?path=/builder", "builder", None)
+            .await
+            .status,
+        400
+    );
+}
+
+#[tokio::test]
+async fn bad_paths_are_rejected_with_400() {
+    let b = start_broker().await;
+    for bad in [
+        "/builder/../reviewer/x",
+        "//builder/x",
+        "/builder/a%00b",
+        "/builder/%FF",
+        "/builder/./x",
+        "builder/x",
+    ] {
+        let resp = b
+            .http
+            .post(format!("{}/fs/write?path={bad}&mime=text/plain", b.url))
+            .bearer_auth(b.token("builder"))
+            .body("x")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 400, "{bad}");
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert!(
+            v["error"].as_str().unwrap().starts_with("invalid path"),
+            "{bad}: {v}"
+        );
+    }
+    // (a `..` in the URL path is resolved by the HTTP client itself, so test NUL and bad UTF-8 there)
+    for bad in ["/fs/read/builder/a%00b", "/fs/read/builder/%FF"] {
+        assert_eq!(
+            b.raw("GET", bad, Some("builder"), None).await.status,
+            400,
+            "{bad}"
+        );
+    }
+    let r = b.get("/fs/stat?path=/builder//x", "builder").await;
+    assert_eq!(r.status, 400);
+    let r = b
+        .write_file("builder", "/top.txt", "text/plain", b"x", None)
+        .await;
+    assert_eq!(r.status, 403, "writing directly under / is refused");
+    // a trailing slash is normalised away
+    let r = b
+        .post("/fs/mkdir", "builder", json!({"path": "/builder/dir/"}))
+        .await;
+    assert_eq!(r.json["entry"]["path"], "/builder/dir");
+}
+
+#[tokio::test]
+async fn size_cap_is_413_and_nothing_is_written() {
+    let b = start_with(|c| c.max_file_bytes = 1000).await;
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/ok.bin",
+            "application/octet-stream",
+            &[7u8; 1000],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/big.bin",
+            "application/octet-stream",
+            &[7u8; 1001],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json["code"], "too_large");
+    assert_eq!(
+        b.get("/fs/stat?path=/builder/big.bin", "builder")
+            .await
+            .status,
+        404
+    );
+}
+
+#[tokio::test]
+async fn identical_content_is_stored_once_and_purged_with_the_last_entry() {
+    let b = start_broker().await;
+    let stats = |b: &broker_support::TestBroker| {
+        b.broker
+            .state
+            .store
+            .with(|c| ac7_runtime::broker::fs::blob_stats(c).unwrap())
+    };
+    b.write_file("builder", "/builder/1.txt", "text/plain", b"same", None)
+        .await;
+    b.write_file("builder", "/builder/2.txt", "text/plain", b"same", None)
+        .await;
+    b.write_file("reviewer", "/reviewer/3.txt", "text/plain", b"same", None)
+        .await;
+    assert_eq!(stats(&b), (1, 3));
+    b.call("DELETE", "/fs/rm?path=/builder/1.txt", "builder", None)
+        .await;
+    b.call("DELETE", "/fs/rm?path=/builder/2.txt", "builder", None)
+        .await;
+    assert_eq!(stats(&b), (1, 1));
+    b.call("DELETE", "/fs/rm?path=/reviewer/3.txt", "reviewer", None)
+        .await;
+    assert_eq!(stats(&b), (0, 0));
+}

@@ -1,0 +1,359 @@
+//! The live stream: SSE and WebSocket delivery, visibility, keepalive,
+//! `Last-Event-ID` replay, and a slow subscriber being cut loose.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+mod broker_support;
+
+use std::time::Duration;
+
+use broker_support::{start_broker, start_with};
+use serde_json::json;
+
+#[tokio::test]
+async fn subscribe_errors() {
+    let b = start_broker().await;
+    let r = b.get("/subscribe", "builder").await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (400, json!({"error": "name query parameter is required"}))
+    );
+    let r = b.get("/subscribe?name=reviewer", "builder").await;
+    assert_eq!(r.status, 403);
+    assert_eq!(
+        r.json["error"],
+        "user 'builder' cannot subscribe to 'reviewer'; the name query parameter must equal the caller's authenticated name"
+    );
+    let r = b.raw("GET", "/subscribe?name=builder", None, None).await;
+    assert_eq!(r.status, 401);
+}
+
+#[tokio::test]
+async fn sse_delivers_what_the_member_may_see() {
+    let b = start_broker().await;
+    let mut builder = b.sse("builder", None).await;
+    let mut reviewer = b.sse("reviewer", None).await;
+    assert_eq!(
+        b.get("/roster", "director").await.json["connected"][1]["connected"],
+        1
+    );
+
+    let dm = b
+        .post(
+            "/push",
+            "director",
+            json!({"to": "builder", "body": "please build X"}),
+        )
+        .await;
+    assert_eq!(dm.json["delivery"], json!({"live": 1, "targets": 1}));
+    let got = builder.next_message().await;
+    assert_eq!(got, dm.json["message"]);
+    snap!("sse_dm_frame", got);
+
+    b.push(
+        "director",
+        json!({"body": "hello team", "title": "broadcast test"}),
+    )
+    .await;
+    assert_eq!(builder.next_message().await["body"], "hello team");
+    assert_eq!(reviewer.next_message().await["body"], "hello team");
+
+    // self-echo reaches the sender; the DM target gets it too
+    b.push(
+        "builder",
+        json!({"to": "reviewer", "body": "ready for review"}),
+    )
+    .await;
+    assert_eq!(builder.next_message().await["body"], "ready for review");
+    assert_eq!(reviewer.next_message().await["body"], "ready for review");
+
+    // a DM between others is invisible
+    b.push("director", json!({"to": "reviewer", "body": "secret"}))
+        .await;
+    assert_eq!(reviewer.next_message().await["body"], "secret");
+    builder.expect_silence(200).await;
+
+    // channel posts go to channel members only
+    let chan = b
+        .post("/channels", "reviewer", json!({"slug": "qa"}))
+        .await
+        .json["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = b
+        .post(
+            "/push",
+            "reviewer",
+            json!({"body": "qa only", "data": {"thread": format!("chan:{chan}")}}),
+        )
+        .await;
+    assert_eq!(r.json["delivery"], json!({"live": 1, "targets": 1}));
+    assert_eq!(reviewer.next_message().await["body"], "qa only");
+    builder.expect_silence(200).await;
+    let r = b
+        .post(
+            "/push",
+            "builder",
+            json!({"body": "x", "data": {"thread": format!("chan:{chan}")}}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (403, json!("not a member of this channel"))
+    );
+}
+
+#[tokio::test]
+async fn sse_keepalive_comment() {
+    let b = start_with(|c| c.keepalive = Duration::from_millis(100)).await;
+    let mut s = b.sse("builder", None).await;
+    let block = tokio::time::timeout(Duration::from_secs(5), s.next_block())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(block.starts_with(':'), "expected a comment, got {block:?}");
+}
+
+#[tokio::test]
+async fn websocket_delivers_one_message_per_text_frame() {
+    let b = start_broker().await;
+    let mut ws = b.ws("builder", None).await;
+    // wait until the socket is registered
+    for _ in 0..50 {
+        if b.get("/roster", "director").await.json["connected"][1]["connected"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sent = b
+        .push(
+            "director",
+            json!({"to": "builder", "body": "please build X", "data": {"k": "v"}}),
+        )
+        .await;
+    assert_eq!(ws.next_message().await, sent);
+    let sent = b.push("reviewer", json!({"body": "broadcast"})).await;
+    assert_eq!(ws.next_message().await, sent);
+    b.push(
+        "director",
+        json!({"to": "reviewer", "body": "not for builder"}),
+    )
+    .await;
+    let sent = b
+        .push("director", json!({"to": "builder", "body": "last"}))
+        .await;
+    assert_eq!(ws.next_message().await, sent);
+}
+
+#[tokio::test]
+async fn last_event_id_replays_visible_messages_then_goes_live() {
+    let b = start_broker().await;
+    let first = b
+        .push("director", json!({"to": "builder", "body": "first"}))
+        .await;
+    let a = b
+        .push("director", json!({"to": "builder", "body": "a"}))
+        .await;
+    b.push("director", json!({"to": "reviewer", "body": "hidden"}))
+        .await;
+    let c = b.push("reviewer", json!({"body": "c"})).await;
+
+    let mut s = b.sse("builder", first["id"].as_str()).await;
+    assert_eq!(s.next_message().await, a);
+    assert_eq!(s.next_message().await, c);
+    let live = b
+        .push("director", json!({"to": "builder", "body": "live"}))
+        .await;
+    assert_eq!(s.next_message().await, live);
+
+    // WebSocket honours Last-Event-ID too
+    let mut ws = b.ws("builder", a["id"].as_str()).await;
+    assert_eq!(ws.next_message().await, c);
+    assert_eq!(ws.next_message().await, live);
+
+    // query-parameter form, and an unknown id replays nothing
+    let resp = b
+        .http
+        .get(format!(
+            "{}/subscribe?name=builder&lastEventId={}",
+            b.url,
+            c["id"].as_str().unwrap()
+        ))
+        .bearer_auth(b.token("builder"))
+        .send()
+        .await
+        .unwrap();
+    let text = tokio::time::timeout(Duration::from_millis(500), async {
+        let mut stream = resp.bytes_stream();
+        use futures_util::StreamExt;
+        let chunk = stream.next().await.unwrap().unwrap();
+        String::from_utf8_lossy(&chunk).into_owned()
+    })
+    .await
+    .unwrap();
+    assert!(text.contains("\"body\":\"live\""), "{text}");
+    let mut unknown = b.sse("builder", Some("no-such-id")).await;
+    unknown.expect_silence(200).await;
+}
+
+#[tokio::test]
+async fn replay_is_capped_at_1000() {
+    let b = start_broker().await;
+    let first = b.push("director", json!({"body": "start"})).await;
+    let now = ac7_runtime::broker::now_ms();
+    // Log 1,100 messages straight into the store (fast), then replay.
+    b.broker.state.store.with(|conn| {
+        let tx = conn.transaction().unwrap();
+        for i in 0..1100 {
+            ac7_runtime::broker::publish::log(
+                &tx,
+                ac7_runtime::broker::publish::Draft {
+                    to: None,
+                    from: "director".into(),
+                    title: None,
+                    body: format!("m{i}"),
+                    level: Default::default(),
+                    data: Default::default(),
+                    attachments: vec![],
+                },
+                now,
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    });
+    let mut s = b.sse("builder", first["id"].as_str()).await;
+    let m = s.next_message().await;
+    assert_eq!(m["body"], "m100", "the newest 1,000 are replayed");
+    let mut last = m;
+    for _ in 0..999 {
+        last = s.next_message().await;
+    }
+    assert_eq!(last["body"], "m1099");
+}
+
+#[tokio::test]
+async fn slow_subscriber_is_disconnected_and_catches_up_by_replay() {
+    let b = start_with(|c| c.queue_capacity = 4).await;
+    let mut slow = b.sse("builder", None).await;
+    let mut fast = b.sse("reviewer", None).await;
+    let total = 300;
+    let body = "x".repeat(60_000);
+    let fast_task = tokio::spawn(async move {
+        let mut ids = Vec::new();
+        for _ in 0..total {
+            ids.push(fast.next_message().await["id"].as_str().unwrap().to_owned());
+        }
+        ids
+    });
+    let mut sent = Vec::new();
+    for _ in 0..total {
+        sent.push(
+            b.push("director", json!({"body": body})).await["id"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    // the fast reader got everything, in order
+    assert_eq!(fast_task.await.unwrap(), sent);
+    // the slow one was cut off: it drains what it had, then its stream ends
+    let mut got = Vec::new();
+    while let Some(block) = tokio::time::timeout(Duration::from_secs(5), slow.next_block())
+        .await
+        .unwrap()
+    {
+        if let Some(id) = block.lines().find_map(|l| l.strip_prefix("id: ")) {
+            got.push(id.to_owned());
+        }
+    }
+    assert!(
+        got.len() < total,
+        "the slow subscriber should have been disconnected"
+    );
+    assert_eq!(
+        got[..],
+        sent[..got.len()],
+        "what it got is a prefix, in order"
+    );
+    // reconnecting with Last-Event-ID replays the rest
+    let mut again = b.sse("builder", got.last().map(String::as_str)).await;
+    for id in &sent[got.len()..] {
+        assert_eq!(again.next_message().await["id"].as_str().unwrap(), id);
+    }
+}
+
+/// For a pseudo-random mix of DMs, broadcasts, channel posts and objective-thread
+/// posts, what each member received live is exactly what `/history` shows them.
+#[tokio::test]
+async fn history_matches_live_delivery_for_every_member() {
+    let b = start_broker().await;
+    let members = ["director", "builder", "reviewer"];
+    let mut streams = Vec::new();
+    for m in members {
+        streams.push(b.sse(m, None).await);
+    }
+    let chan = b
+        .post("/channels", "builder", json!({"slug": "dev"}))
+        .await
+        .json["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    b.post(
+        "/channels/dev/members",
+        "builder",
+        json!({"member": "director"}),
+    )
+    .await;
+    let obj = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "t", "outcome": "o", "assignee": "reviewer"}),
+        )
+        .await
+        .json["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // deterministic pseudo-random choices (no clock, no OS randomness)
+    let mut seed: u64 = 0x5eed;
+    let mut next = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let mut sent = 0;
+    while sent < 40 {
+        let from = members[next(3) as usize];
+        let body = match next(4) {
+            0 => json!({"to": members[next(3) as usize], "body": format!("dm {sent}")}),
+            1 => json!({"body": format!("general {sent}")}),
+            2 => {
+                json!({"body": format!("chan {sent}"), "data": {"thread": format!("chan:{chan}")}})
+            }
+            _ => json!({"body": format!("obj {sent}"), "data": {"thread": format!("obj:{obj}")}}),
+        };
+        // builder/director are in #dev; director (admin) and reviewer (assignee) in the objective thread
+        if b.post("/push", from, body).await.status == 200 {
+            sent += 1;
+        }
+    }
+    for (i, m) in members.iter().enumerate() {
+        let history = b.get("/history?limit=1000", m).await.json["messages"]
+            .as_array()
+            .unwrap()
+            .clone();
+        let mut live = Vec::new();
+        for _ in 0..history.len() {
+            live.push(streams[i].next_message().await);
+        }
+        streams[i].expect_silence(100).await;
+        let mut history = history;
+        history.reverse();
+        assert_eq!(live, history, "live and history differ for {m}");
+    }
+}
