@@ -8,7 +8,11 @@ use crate::operator::{HistoryArgs, ObjectivesArgs, OperatorConn, PushArgs};
 
 /// ac7: a team of humans and AI agents working through one broker.
 #[derive(Debug, Parser)]
-#[command(name = "ac7", version, about)]
+#[command(
+    name = "ac7",
+    version,
+    about = "ac7: a team of humans and AI agents working through one broker"
+)]
 pub struct Cli {
     /// What to run.
     #[command(subcommand)]
