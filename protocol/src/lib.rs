@@ -67,6 +67,7 @@
 //! | [`bridge`] | the bridge session: agent stdio ⇄ runner socket |
 //! | [`runner`] | the runner session: single-bridge policy, requests out, responses and notifications in |
 //! | [`sse`] | incremental `text/event-stream` parser with a size cap |
+//! | [`channel`] | how a broker message reaches an agent: self-echo, channel notification meta, Codex `<channel>` text |
 //! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
 //! | [`message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
@@ -85,6 +86,7 @@ pub mod ash;
 pub mod bridge;
 pub mod call_tool;
 pub mod call_tool_bridge;
+pub mod channel;
 pub mod codex;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
