@@ -68,6 +68,7 @@
 //! | [`runner`] | the runner session: single-bridge policy, requests out, responses and notifications in |
 //! | [`sse`] | incremental `text/event-stream` parser with a size cap |
 //! | [`channel`] | how a broker message reaches an agent: self-echo, channel notification meta, Codex `<channel>` text |
+//! | [`toolbox`] | the runner's tools: definitions from the briefing, validation, each tool as a plan of broker requests |
 //! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | [`json`] | raw JSON kept byte-exact |
 //! | [`message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
@@ -83,6 +84,7 @@
 #![warn(missing_docs)]
 
 pub mod ash;
+pub mod base64;
 pub mod bridge;
 pub mod call_tool;
 pub mod call_tool_bridge;
@@ -104,6 +106,7 @@ pub mod permission;
 pub mod runner;
 pub mod schema;
 pub mod sse;
+pub mod toolbox;
 pub mod tracker;
 pub mod vfs;
 

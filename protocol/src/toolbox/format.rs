@@ -1,0 +1,259 @@
+//! The text of tool results (runner.md §13.3). Broker responses are read leniently as JSON values:
+//! a missing field prints as empty rather than failing the tool.
+
+use serde_json::Value;
+
+use crate::channel::format_ts;
+
+pub(super) fn s(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+/// `just now`, `<m>m ago`, `<h>h ago`, `<d>d ago`, or `future`.
+pub(super) fn age(ts_ms: i64, now_ms: i64) -> String {
+    let secs = (now_ms - ts_ms).div_euclid(1000);
+    match secs {
+        s if s < 0 => "future".to_owned(),
+        s if s < 60 => "just now".to_owned(),
+        s if s < 3600 => format!("{}m ago", s / 60),
+        s if s < 86_400 => format!("{}h ago", s / 3600),
+        s => format!("{}d ago", s / 86_400),
+    }
+}
+
+pub(super) fn when(v: &Value, now_ms: i64) -> String {
+    let ts = v.as_i64().unwrap_or_default();
+    format!("{} ({})", format_ts(ts), age(ts, now_ms))
+}
+
+/// One file-space entry: `d  <path>/  owner=<owner>` or `f  <path>  <size>B  <mime>  owner=<owner>`.
+pub(super) fn entry(e: &Value) -> String {
+    if s(&e["kind"]) == "directory" {
+        format!("d  {}/  owner={}", s(&e["path"]), s(&e["owner"]))
+    } else {
+        let size = e["size"].as_u64().map_or("?".to_owned(), |n| n.to_string());
+        let mime = e["mimeType"].as_str().unwrap_or("unknown");
+        format!(
+            "f  {}  {size}B  {mime}  owner={}",
+            s(&e["path"]),
+            s(&e["owner"])
+        )
+    }
+}
+
+pub(super) fn entries(header: &str, list: &[Value], empty: String) -> String {
+    if list.is_empty() {
+        return empty;
+    }
+    let mut text = header.to_owned();
+    for e in list {
+        text.push_str("\n  ");
+        text.push_str(&entry(e));
+    }
+    text
+}
+
+pub(super) fn roster(team: &str, me: &str, body: &Value) -> String {
+    let teammates = body["teammates"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if teammates.is_empty() {
+        return "team roster: (no slots defined)".to_owned();
+    }
+    let connected = |name: &str| {
+        body["connected"]
+            .as_array()
+            .and_then(|c| c.iter().find(|p| s(&p["name"]) == name))
+            .and_then(|p| p["connected"].as_u64())
+            .unwrap_or(0)
+    };
+    let mut text = format!("team {team} roster:");
+    for t in teammates {
+        let name = s(&t["name"]);
+        let perms: Vec<&str> = t["permissions"]
+            .as_array()
+            .map(|p| p.iter().map(s).collect())
+            .unwrap_or_default();
+        let auth = if perms.contains(&"members.manage") {
+            " [admin]"
+        } else if perms.contains(&"objectives.create") {
+            " [operator]"
+        } else {
+            ""
+        };
+        let you = if name == me { " (you)" } else { "" };
+        let state = match connected(name) {
+            0 => "offline".to_owned(),
+            n => format!("connected={n}"),
+        };
+        text.push_str(&format!(
+            "\n- {name}{you} [{}]{auth} {state}",
+            s(&t["role"]["title"])
+        ));
+    }
+    text
+}
+
+pub(super) fn channels(team: &str, body: &Value) -> String {
+    let all = body["channels"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if all.is_empty() {
+        return format!("team {team}: no channels defined.");
+    }
+    let (joined, other): (Vec<&Value>, Vec<&Value>) = all
+        .iter()
+        .partition(|c| c["joined"].as_bool() == Some(true));
+    let mut sections = Vec::new();
+    if !joined.is_empty() {
+        let mut text = format!("channels you belong to ({}):", joined.len());
+        for c in joined {
+            let role = c["myRole"]
+                .as_str()
+                .map(|r| format!(" [{r}]"))
+                .unwrap_or_default();
+            let archived = if c["archivedAt"].is_null() {
+                ""
+            } else {
+                " (archived)"
+            };
+            text.push_str(&format!(
+                "\n- #{}{role}{archived}  members={}",
+                s(&c["slug"]),
+                c["memberCount"].as_u64().unwrap_or(0)
+            ));
+        }
+        sections.push(text);
+    }
+    if !other.is_empty() {
+        let mut text = format!(
+            "other visible channels ({}, post requires joining first):",
+            other.len()
+        );
+        for c in other {
+            text.push_str(&format!(
+                "\n- #{}  members={}",
+                s(&c["slug"]),
+                c["memberCount"].as_u64().unwrap_or(0)
+            ));
+        }
+        sections.push(text);
+    }
+    sections.join("\n\n")
+}
+
+pub(super) fn message_line(m: &Value) -> String {
+    let from = m["from"].as_str().unwrap_or("?");
+    let to = m["to"]
+        .as_str()
+        .map(|t| format!(" → {t}"))
+        .unwrap_or_default();
+    let title = m["title"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .map(|t| format!(" [{t}]"))
+        .unwrap_or_default();
+    format!(
+        "  {} {from}{to}{title}: {}",
+        format_ts(m["ts"].as_i64().unwrap_or_default()),
+        s(&m["body"])
+    )
+}
+
+pub(super) fn objectives(me: &str, status: Option<&str>, body: &Value, now_ms: i64) -> String {
+    let list = body["objectives"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    if list.is_empty() {
+        return match status {
+            Some(status) => format!("no {status} objectives assigned to {me}"),
+            None => format!("no objectives assigned to {me}"),
+        };
+    }
+    let mut text = format!("objectives for {me}:");
+    for o in list {
+        text.push_str(&format!(
+            "\n- {} [{}] {}\n    outcome: {}\n    updated: {}",
+            s(&o["id"]),
+            s(&o["status"]),
+            s(&o["title"]),
+            s(&o["outcome"]),
+            when(&o["updatedAt"], now_ms)
+        ));
+    }
+    text
+}
+
+pub(super) fn objective_view(body: &Value, now_ms: i64) -> String {
+    let o = &body["objective"];
+    let mut lines = vec![
+        format!("{} [{}] {}", s(&o["id"]), s(&o["status"]), s(&o["title"])),
+        format!(
+            "assignee: {}  originator: {}",
+            s(&o["assignee"]),
+            s(&o["originator"])
+        ),
+        format!("outcome: {}", s(&o["outcome"])),
+        format!("created: {}", when(&o["createdAt"], now_ms)),
+        format!("updated: {}", when(&o["updatedAt"], now_ms)),
+    ];
+    if !o["completedAt"].is_null() {
+        lines.push(format!("completed: {}", when(&o["completedAt"], now_ms)));
+    }
+    let watchers: Vec<&str> = o["watchers"]
+        .as_array()
+        .map(|w| w.iter().map(s).collect())
+        .unwrap_or_default();
+    if !watchers.is_empty() {
+        lines.push(format!("watchers: {}", watchers.join(", ")));
+    }
+    for (label, key) in [
+        ("body", "body"),
+        ("block reason", "blockReason"),
+        ("result", "result"),
+    ] {
+        if let Some(v) = o[key].as_str().filter(|v| !v.is_empty()) {
+            lines.push(format!("{label}: {v}"));
+        }
+    }
+    let attachments: Vec<&str> = o["attachments"]
+        .as_array()
+        .map(|a| a.iter().map(|a| s(&a["path"])).collect())
+        .unwrap_or_default();
+    if !attachments.is_empty() {
+        lines.push(format!("attachments: {}", attachments.join(", ")));
+    }
+    lines.push("events:".to_owned());
+    for e in body["events"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+    {
+        lines.push(format!(
+            "  {} {} {} {}",
+            when(&e["ts"], now_ms),
+            s(&e["actor"]),
+            s(&e["kind"]),
+            e["payload"]
+        ));
+    }
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages() {
+        let now = 10_000_000;
+        assert_eq!(age(now + 5_000, now), "future");
+        assert_eq!(age(now - 59_999, now), "just now");
+        assert_eq!(age(now - 60_000, now), "1m ago");
+        assert_eq!(age(now - 3_600_000, now), "1h ago");
+        assert_eq!(age(now - 86_400_000 * 3, now), "3d ago");
+    }
+}
