@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use crate::bridge::McpBridgeArgs;
 use crate::broker::cli::{MemberArgs, ServeArgs};
 use crate::operator::{HistoryArgs, ObjectivesArgs, OperatorConn, PushArgs};
+use crate::runner::{ClaudeCodeArgs, RunArgs};
 
 /// ac7: a team of humans and AI agents working through one broker.
 #[derive(Debug, Parser)]
@@ -28,6 +29,10 @@ pub enum Command {
     McpBridge(McpBridgeArgs),
     /// Run the broker.
     Serve(ServeArgs),
+    /// Run Claude Code as a member of the team (`ac7 claude-code [-- <claude args>]`).
+    ClaudeCode(ClaudeCodeArgs),
+    /// Run any MCP-speaking agent as a member of the team (`ac7 run -- <cmd> [args]`).
+    Run(RunArgs),
     /// Administer members offline, against the database file.
     Member(MemberArgs),
     /// Send a message through a running broker.
@@ -49,6 +54,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::McpBridge(args) => Ok(crate::bridge::run(args)),
         Command::Serve(args) => crate::broker::cli::serve(args),
+        Command::ClaudeCode(args) => Ok(crate::runner::claude_code(args)),
+        Command::Run(args) => Ok(crate::runner::run_command(args)),
         Command::Member(args) => crate::broker::cli::member(args),
         Command::Push(args) => crate::operator::push(args),
         Command::Roster(conn) => crate::operator::roster(conn),

@@ -8,3 +8,4 @@ pub mod cli;
 pub mod ipc_server;
 pub mod logging;
 pub mod operator;
+pub mod runner;

@@ -1,0 +1,461 @@
+//! The runner: `ac7 claude-code` and `ac7 run -- <cmd>`. It joins one agent to the team.
+//!
+//! Start-up, in order (any failure: one `ac7: …` line on stderr, exit 2, nothing left behind):
+//! 1. the token (`--token` / `AC7_TOKEN`) and the broker (`--url` / `AC7_URL`, default
+//!    `http://127.0.0.1:8717`); `GET /briefing`;
+//! 2. the IPC socket (`$TMPDIR/.ac7-runner-<pid>.sock`, 0600) and the request handler: `tools/list`
+//!    from the briefing and the live open objectives, `tools/call` through the toolbox plans,
+//!    anything else `-32601`;
+//! 3. the agent's MCP config (`./.mcp.json`, or `--mcp-config`): an `ac7` entry that starts
+//!    this executable as `mcp-bridge` with `AC7_RUNNER_SOCKET`, restored on every exit path;
+//! 4. the live stream (forwarder) and the objectives tracker;
+//! 5. the agent, with the terminal. SIGINT/SIGTERM/SIGHUP reaching the runner are forwarded to it.
+//!
+//! When the agent exits: the config is restored, the bridge gets `shutdown`, the socket is
+//! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it).
+
+pub mod broker;
+pub mod forwarder;
+pub mod mcp_config;
+pub mod tracker;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitStatus;
+use std::sync::{Arc, Mutex};
+
+use ac7_protocol::jsonrpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, Outcome, RpcError};
+use ac7_protocol::mcp;
+use ac7_protocol::runner::IncomingRequest;
+use ac7_protocol::toolbox::{self, Briefing, Context, Plan};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+pub use broker::BrokerClient;
+pub use forwarder::StreamMode;
+
+use crate::bridge::RUNNER_SOCKET_ENV;
+use crate::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
+
+/// The default broker.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8717";
+
+/// Options every runner takes.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunnerOpts {
+    /// The broker's URL.
+    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL)]
+    pub url: String,
+    /// This member's bearer token.
+    #[arg(long, env = "AC7_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// The live-stream transport: SSE, WebSocket, or SSE falling back to WebSocket.
+    #[arg(long, value_enum, default_value_t = StreamMode::Auto)]
+    pub stream: StreamMode,
+    /// The IPC socket path (default `$TMPDIR/.ac7-runner-<pid>.sock`).
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+}
+
+/// `ac7 claude-code`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClaudeCodeArgs {
+    /// Runner options.
+    #[command(flatten)]
+    pub opts: RunnerOpts,
+    /// Arguments for `claude` (after `--`).
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub claude_args: Vec<String>,
+}
+
+/// `ac7 run`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Runner options.
+    #[command(flatten)]
+    pub opts: RunnerOpts,
+    /// The MCP config file the agent reads.
+    #[arg(long, default_value = ".mcp.json")]
+    pub mcp_config: PathBuf,
+    /// The agent command and its arguments.
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// A start-up failure: printed as `ac7: <message>`, exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct StartError(String);
+
+/// Runs `ac7 claude-code`; returns the exit code.
+pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
+    let claude = match locate_claude() {
+        Ok(path) => path,
+        Err(e) => return start_failed(&e),
+    };
+    let ClaudeCodeArgs { opts, claude_args } = args;
+    run_runner(opts, PathBuf::from(".mcp.json"), move |briefing| {
+        let mut argv = vec![claude.to_string_lossy().into_owned()];
+        argv.extend(claude_flags(&claude_args, &briefing.instructions));
+        argv
+    })
+}
+
+/// Runs `ac7 run -- <cmd…>`; returns the exit code.
+pub fn run_command(args: RunArgs) -> i32 {
+    let RunArgs {
+        opts,
+        mcp_config,
+        command,
+    } = args;
+    run_runner(opts, mcp_config, move |_| command)
+}
+
+/// The flags `ac7 claude-code` adds in front of the user's, unless the user passed them.
+pub fn claude_flags(user: &[String], prose: &str) -> Vec<String> {
+    let mut argv = Vec::new();
+    if !user
+        .iter()
+        .any(|a| a == "--dangerously-load-development-channels")
+    {
+        argv.extend([
+            "--dangerously-load-development-channels".to_owned(),
+            "server:ac7".to_owned(),
+        ]);
+    }
+    if !prose.is_empty() && !user.iter().any(|a| a == "--append-system-prompt") {
+        argv.extend(["--append-system-prompt".to_owned(), prose.to_owned()]);
+    }
+    argv.extend(user.iter().cloned());
+    argv
+}
+
+fn locate_claude() -> Result<PathBuf, StartError> {
+    if let Some(path) = std::env::var_os("CLAUDE_PATH").filter(|p| !p.is_empty()) {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(StartError(format!(
+                "CLAUDE_PATH={} does not exist",
+                path.display()
+            )))
+        };
+    }
+    find_in_path("claude").ok_or_else(|| {
+        StartError(
+            "claude (Claude Code) is not on PATH: install it (npm i -g @anthropic-ai/claude-code), or set CLAUDE_PATH"
+                .into(),
+        )
+    })
+}
+
+/// The first executable file called `name` on `PATH`.
+pub fn find_in_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
+fn start_failed(error: &StartError) -> i32 {
+    eprintln!("ac7: {error}");
+    2
+}
+
+fn run_runner(
+    opts: RunnerOpts,
+    config: PathBuf,
+    argv: impl FnOnce(&Briefing) -> Vec<String>,
+) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return start_failed(&StartError(format!("cannot start: {e}"))),
+    };
+    runtime.block_on(async move {
+        match start(opts, &config, argv).await {
+            Ok(running) => running.wait().await,
+            Err(e) => start_failed(&e),
+        }
+    })
+}
+
+struct Running {
+    child: tokio::process::Child,
+    config: mcp_config::McpConfigGuard,
+    server: crate::ipc_server::ServerTask,
+    stop_stream: watch::Sender<bool>,
+}
+
+async fn start(
+    opts: RunnerOpts,
+    config_path: &Path,
+    argv: impl FnOnce(&Briefing) -> Vec<String>,
+) -> Result<Running, StartError> {
+    let token = opts.token.filter(|t| !t.is_empty()).ok_or_else(|| {
+        StartError(
+            "no token: pass --token or set AC7_TOKEN (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)"
+                .into(),
+        )
+    })?;
+    let client = BrokerClient::new(&opts.url, &token).map_err(|e| StartError(e.0))?;
+    let briefing = client.briefing().await.map_err(|e| {
+        let mut text = format!("briefing failed against {}: {e}", opts.url);
+        if ["Connection refused", "dns error", "timed out", "error sending request"].iter().any(|s| e.contains(s)) {
+            text.push_str(&format!(
+                "\n  hint: is `ac7 serve` running at {}? (start it, or pass --url to point elsewhere)",
+                opts.url
+            ));
+        }
+        StartError(text)
+    })?;
+    let briefing = Arc::new(briefing);
+    let me = briefing.name.clone();
+
+    let server = IpcServer::bind(IpcServerOptions {
+        path: opts.socket,
+        ..IpcServerOptions::default()
+    })
+    .map_err(|e| StartError(format!("runner: failed to bind the IPC socket: {e}")))?;
+    let socket_path = server.path().to_owned();
+    let runner = server.handle();
+    let open: tracker::OpenObjectives = Arc::new(Mutex::new(briefing.open_objectives.clone()));
+    let tracker = tracker::spawn(client.clone(), me.clone(), open.clone(), runner.clone());
+    let server = server.serve(handler(
+        client.clone(),
+        briefing.clone(),
+        open,
+        tracker.clone(),
+    ));
+
+    let exe = std::env::current_exe()
+        .map_err(|e| StartError(format!("cannot find this executable: {e}")))?;
+    let entry = json!({
+        "command": exe.to_string_lossy(),
+        "args": ["mcp-bridge"],
+        "env": { RUNNER_SOCKET_ENV: socket_path.to_string_lossy() },
+    });
+    let config = match mcp_config::install(config_path, mcp::SERVER_NAME, entry) {
+        Ok(guard) => guard,
+        Err(e) => {
+            server.shutdown(Some("mcp-config-failed")).await;
+            return Err(StartError(e.to_string()));
+        }
+    };
+    eprintln!(
+        "ac7: {} ({}) on team {} — MCP config {}",
+        me,
+        briefing.role.title,
+        briefing.team.name,
+        config.path().display()
+    );
+
+    let (stop_stream, stopped) = watch::channel(false);
+    let sink = delivery(me.clone(), runner.clone(), tracker);
+    tokio::spawn(forwarder::Forwarder::new(client, me, opts.stream, sink).run(stopped));
+
+    let argv = argv(&briefing);
+    let Some((program, args)) = argv.split_first() else {
+        return Err(StartError("no agent command given".into()));
+    };
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(|e| StartError(format!("cannot start {program}: {e}")))?;
+    Ok(Running {
+        child,
+        config,
+        server,
+        stop_stream,
+    })
+}
+
+impl Running {
+    async fn wait(mut self) -> i32 {
+        let status = forward_signals_until_exit(&mut self.child).await;
+        let code = exit_code(status);
+        if let Err(e) = self.config.restore() {
+            eprintln!("ac7: warning: {e}");
+        }
+        let _ = self.stop_stream.send(true);
+        self.server
+            .shutdown(Some(&format!("agent-exited-{code}")))
+            .await;
+        code
+    }
+}
+
+/// Waits for the agent, passing SIGINT, SIGTERM and SIGHUP on to it.
+async fn forward_signals_until_exit(
+    child: &mut tokio::process::Child,
+) -> std::io::Result<ExitStatus> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let pid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(rustix::process::Pid::from_raw);
+    let (mut int, mut term, mut hup) = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+        signal(SignalKind::hangup())?,
+    );
+    loop {
+        let sig = tokio::select! {
+            status = child.wait() => return status,
+            _ = int.recv() => rustix::process::Signal::INT,
+            _ = term.recv() => rustix::process::Signal::TERM,
+            _ = hup.recv() => rustix::process::Signal::HUP,
+        };
+        if let Some(pid) = pid {
+            let _ = rustix::process::kill_process(pid, sig);
+        }
+    }
+}
+
+fn exit_code(status: std::io::Result<ExitStatus>) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Ok(status) => status
+            .code()
+            .or_else(|| status.signal().map(|s| 128 + s))
+            .unwrap_or(1),
+        Err(e) => {
+            eprintln!("ac7: lost track of the agent: {e}");
+            1
+        }
+    }
+}
+
+/// What happens to each live message: objective events wake the tracker; chat from self is
+/// dropped; everything else becomes a `notifications/claude/channel`.
+fn delivery(me: String, runner: RunnerHandle, tracker: tracker::TrackerHandle) -> forwarder::Sink {
+    use ac7_protocol::channel;
+    Box::new(move |message| {
+        if channel::is_objective_event(&message) {
+            tracker.trigger();
+        }
+        if channel::suppress_self_echo(&message, &me) {
+            return;
+        }
+        runner.notify(
+            mcp::CLAUDE_CHANNEL,
+            Some(channel::claude_channel_params(&message)),
+        );
+    })
+}
+
+/// The MCP request handler: tools from the toolbox, run against the broker.
+fn handler(
+    client: BrokerClient,
+    briefing: Arc<Briefing>,
+    open: tracker::OpenObjectives,
+    tracker: tracker::TrackerHandle,
+) -> impl Fn(IncomingRequest) -> std::pin::Pin<Box<dyn Future<Output = Outcome> + Send>>
++ Send
++ Sync
++ 'static {
+    move |request: IncomingRequest| {
+        let ctx = Context {
+            briefing: briefing.clone(),
+            now_ms: now_ms(),
+        };
+        let client = client.clone();
+        let open = open.clone();
+        let tracker = tracker.clone();
+        Box::pin(async move {
+            match request.method.as_str() {
+                mcp::TOOLS_LIST => {
+                    let open = open.lock().map(|o| o.clone()).unwrap_or_default();
+                    let tools = toolbox::tool_list(&ctx, &open);
+                    match ac7_protocol::json::RawJson::from_value(&tools) {
+                        Ok(raw) => Outcome::Result(raw),
+                        Err(e) => Outcome::Error(RpcError::new(INTERNAL_ERROR, e.to_string())),
+                    }
+                }
+                mcp::TOOLS_CALL => {
+                    let params: Value = request
+                        .params
+                        .as_ref()
+                        .and_then(|p| p.parse().ok())
+                        .unwrap_or(Value::Null);
+                    let name = params["name"].as_str().unwrap_or_default().to_owned();
+                    let text =
+                        run_plan(&client, toolbox::plan(&ctx, &name, &params["arguments"])).await;
+                    if text.objectives_changed {
+                        tracker.trigger();
+                    }
+                    Outcome::Result(text.to_result())
+                }
+                other => Outcome::Error(RpcError::new(
+                    METHOD_NOT_FOUND,
+                    format!("method not found: {other}"),
+                )),
+            }
+        })
+    }
+}
+
+/// Performs a plan's requests until it is done. A request that fails before any HTTP status
+/// ends the tool with that error.
+async fn run_plan(client: &BrokerClient, mut plan: Plan) -> toolbox::ToolText {
+    loop {
+        match plan {
+            Plan::Done(text) => return text,
+            Plan::Request(request, next) => match client.execute(&request).await {
+                Ok(response) => plan = next(response),
+                Err(e) => {
+                    return toolbox::ToolText {
+                        text: format!("broker unreachable at {}: {e}", client.url()),
+                        is_error: true,
+                        objectives_changed: false,
+                    };
+                }
+            },
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claude_flags_are_added_unless_given() {
+        let user = vec!["--model".to_owned(), "opus".to_owned()];
+        assert_eq!(
+            claude_flags(&user, "be brief"),
+            [
+                "--dangerously-load-development-channels",
+                "server:ac7",
+                "--append-system-prompt",
+                "be brief",
+                "--model",
+                "opus"
+            ]
+        );
+        let user = vec![
+            "--append-system-prompt".to_owned(),
+            "mine".to_owned(),
+            "--dangerously-load-development-channels".to_owned(),
+            "server:x".to_owned(),
+        ];
+        assert_eq!(claude_flags(&user, "be brief"), user);
+        assert_eq!(
+            claude_flags(&[], ""),
+            ["--dangerously-load-development-channels", "server:ac7"]
+        );
+    }
+}

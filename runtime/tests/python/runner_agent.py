@@ -1,0 +1,152 @@
+"""The agent `ac7 run` spawns in the runner tests, built on the official MCP Python SDK.
+
+Like Claude Code, it reads the MCP config the runner wrote in its working directory
+(`.mcp.json`), starts the `ac7` server entry exactly as written (command, args, env) and talks MCP
+to it. Usage: runner_agent.py <scenario>; AC7_TEST_WORK is a scratch directory shared with the
+Rust test (marker files go there); the result is written to AC7_TEST_WORK/result.json. Every wait
+is bounded.
+
+Scenarios:
+  session   call the tools, then wait for pushes, an objective assignment and tools/list_changed
+  messages  wait for the bodies listed in AC7_TEST_EXPECT (comma-separated), in any order
+  exit:N    exit with code N at once (never starts the bridge)
+  hang      sleep until killed
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClientExtension, NotificationBinding
+from pydantic import BaseModel
+
+WORK = Path(os.environ["AC7_TEST_WORK"])
+WAIT = 20  # seconds; bound for any single wait
+
+
+class ChannelParams(BaseModel):
+    content: str
+    meta: dict[str, str]
+
+
+class ClaudeChannel(ClientExtension):
+    identifier = "com.anthropic/claude-channel"
+
+    def __init__(self) -> None:
+        self.received: list[ChannelParams] = []
+        self.changed = anyio.Event()
+
+    def notifications(self):
+        return [NotificationBinding(method="notifications/claude/channel", params_type=ChannelParams, handler=self._on)]
+
+    async def _on(self, params: ChannelParams) -> None:
+        self.received.append(params)
+        self.changed.set()
+
+    async def wait_for(self, predicate, what: str) -> ChannelParams:
+        with anyio.fail_after(WAIT):
+            while True:
+                for p in self.received:
+                    if predicate(p):
+                        return p
+                self.changed = anyio.Event()
+                await self.changed.wait()
+
+
+def server() -> StdioServerParameters:
+    config = json.loads(Path(".mcp.json").read_text())
+    entry = config["mcpServers"]["ac7"]
+    return StdioServerParameters(command=entry["command"], args=entry["args"], env=entry.get("env", {}))
+
+
+def text(result) -> str:
+    return result.content[0].text
+
+
+async def call(client, out: dict, name: str, args: dict) -> str:
+    result = await client.call_tool(name, args)
+    out.setdefault("calls", []).append({"tool": name, "args": args, "isError": bool(result.is_error), "text": text(result)})
+    return text(result)
+
+
+async def scenario_session() -> dict:
+    out: dict = {}
+    channel = ClaudeChannel()
+    list_changed = anyio.Event()
+
+    async def on_message(message) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            list_changed.set()
+
+    async with Client(server(), mode="legacy", extensions=[channel], message_handler=on_message, read_timeout_seconds=WAIT) as client:
+        tools = await client.list_tools()
+        out["tools"] = [t.name for t in tools.tools]
+        await call(client, out, "roster", {})
+        await call(client, out, "broadcast", {"body": "hello from builder"})
+        await call(client, out, "send", {"to": "director", "body": "status: starting"})
+        await call(client, out, "channels_list", {})
+        await call(client, out, "fs_write", {"path": "/builder/notes.md", "mimeType": "text/markdown", "text": "# notes\n"})
+        await call(client, out, "fs_read", {"path": "/builder/notes.md"})
+        await call(client, out, "fs_ls", {})
+        await call(client, out, "fs_stat", {"path": "/builder/none.txt"})
+        await call(client, out, "objectives_list", {})
+        await call(client, out, "objectives_view", {"id": "obj-nope"})
+        await call(client, out, "send", {"to": "director"})
+        await call(client, out, "objectives_create", {"title": "t", "outcome": "o", "assignee": "builder"})
+
+        (WORK / "ready").write_text("ready")
+        dm = await channel.wait_for(lambda p: p.meta.get("thread") == "dm", "a DM")
+        general = await channel.wait_for(lambda p: p.meta.get("thread") == "general" and p.meta.get("from") == "director", "a broadcast")
+        assigned = await channel.wait_for(lambda p: p.meta.get("kind") == "objective" and p.meta.get("event") == "assigned", "an assignment")
+        with anyio.fail_after(WAIT):
+            await list_changed.wait()
+        out["dm"] = dm.model_dump()
+        out["general"] = general.model_dump()
+        out["assigned"] = assigned.model_dump()
+        objective_id = assigned.meta["objective_id"]
+        tools = await client.list_tools()
+        listing = next(t for t in tools.tools if t.name == "objectives_list")
+        out["objectives_list_mentions_it"] = objective_id in (listing.description or "")
+
+        await call(client, out, "recent", {"limit": 5})
+        await call(client, out, "objectives_discuss", {"id": objective_id, "body": "on it"})
+        await call(client, out, "objectives_complete", {"id": objective_id, "result": "done and tested"})
+        # Objective events the agent caused itself still arrive; its own chat does not.
+        completed = await channel.wait_for(lambda p: p.meta.get("event") == "completed", "the completion event")
+        out["completed_from"] = completed.meta.get("from")
+        out["self_echoes"] = [p.content for p in channel.received if p.meta.get("from") == "builder" and p.meta.get("kind") != "objective"]
+    return out
+
+
+async def scenario_messages() -> dict:
+    expect = set(os.environ["AC7_TEST_EXPECT"].split(","))
+    channel = ClaudeChannel()
+    async with Client(server(), mode="legacy", extensions=[channel], read_timeout_seconds=WAIT) as client:
+        await client.list_tools()
+        (WORK / "ready").write_text("ready")
+        with anyio.fail_after(WAIT * 2):
+            while not expect.issubset({p.content for p in channel.received}):
+                channel.changed = anyio.Event()
+                await channel.changed.wait()
+    return {"received": sorted(p.content for p in channel.received)}
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    if scenario.startswith("exit:"):
+        sys.exit(int(scenario.split(":", 1)[1]))
+    if scenario == "hang":
+        (WORK / "ready").write_text("ready")
+        time.sleep(3600)
+        return
+    result = anyio.run({"session": scenario_session, "messages": scenario_messages}[scenario])
+    (WORK / "result.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
