@@ -382,3 +382,68 @@ async fn nothing_is_lost_when_the_broker_restarts() {
     }
     assert_restored(dir.path());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_injects_its_flags_and_runs_claude_from_claude_path() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    // A stand-in for claude: records its arguments and the ac7 entry it was given, exits 7.
+    let fake = dir.path().join("fake-claude");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\nprintf '%s\\n' \"$@\" > argv.txt\ncp .mcp.json seen-config.json\nexit 7\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["claude-code", "--url", &broker.url, "--", "--model", "opus"])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CLAUDE_PATH", &fake)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let argv = std::fs::read_to_string(dir.path().join("argv.txt")).unwrap();
+    let argv: Vec<&str> = argv.lines().collect();
+    assert_eq!(
+        argv[..2],
+        ["--dangerously-load-development-channels", "server:ac7"]
+    );
+    assert_eq!(argv[2], "--append-system-prompt");
+    assert!(
+        argv[3].contains("builder"),
+        "the briefing prose: {}",
+        argv[3]
+    );
+    assert_eq!(argv[argv.len() - 2..], ["--model", "opus"]);
+    let seen: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("seen-config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        seen["mcpServers"]["ac7"]["command"],
+        env!("CARGO_BIN_EXE_ac7")
+    );
+    assert!(seen["mcpServers"]["ac7"]["env"]["AC7_RUNNER_SOCKET"].is_string());
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(".mcp.json")).unwrap(),
+        ORIGINAL_CONFIG
+    );
+
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["claude-code", "--url", &broker.url])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CLAUDE_PATH", dir.path().join("missing"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CLAUDE_PATH="));
+}
