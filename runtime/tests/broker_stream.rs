@@ -357,3 +357,30 @@ async fn history_matches_live_delivery_for_every_member() {
         assert_eq!(live, history, "live and history differ for {m}");
     }
 }
+
+#[tokio::test]
+async fn shutdown_ends_live_streams_and_completes() {
+    let b = start_broker().await;
+    let mut sse = b.sse("builder", None).await;
+    let mut ws = b.ws("reviewer", None).await;
+    let done = tokio::time::timeout(Duration::from_secs(5), b.broker.shutdown()).await;
+    assert!(
+        matches!(done, Ok(Ok(()))),
+        "shutdown did not complete: {done:?}"
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), sse.next_block())
+        .await
+        .unwrap();
+    assert!(end.is_none(), "the SSE stream should end, got {end:?}");
+    use futures_util::StreamExt;
+    let frame = tokio::time::timeout(Duration::from_secs(5), ws.ws.next())
+        .await
+        .unwrap();
+    match frame {
+        Some(Ok(tokio_tungstenite::tungstenite::Message::Close(Some(c)))) => {
+            assert_eq!(u16::from(c.code), 1013)
+        }
+        None | Some(Err(_)) => {}
+        other => panic!("expected the socket to close, got {other:?}"),
+    }
+}
