@@ -451,6 +451,50 @@ pub(crate) fn name_issue(path: &str) -> Value {
     })
 }
 
+/// A JSON object whose keys keep the order they were added in (ac7's order),
+/// with each value serialised straight from its Rust type (so nested structs keep
+/// their field order too).
+#[derive(Debug, Default)]
+pub(crate) struct Obj(Vec<(&'static str, Box<serde_json::value::RawValue>)>);
+
+impl Obj {
+    pub(crate) fn new() -> Obj {
+        Obj::default()
+    }
+
+    /// Appends `key: value`.
+    pub(crate) fn field<T: serde::Serialize + ?Sized>(
+        mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Obj {
+        match serde_json::value::to_raw_value(value) {
+            Ok(raw) => self.0.push((key, raw)),
+            Err(e) => tracing::error!(key, error = %e, "cannot serialise a response field"),
+        }
+        self
+    }
+}
+
+impl serde::Serialize for Obj {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// `obj!{"a" => &x, "b" => &y}`: an [`Obj`] with those fields in that order.
+macro_rules! obj {
+    ($($k:literal => $v:expr),* $(,)?) => {
+        $crate::broker::http::Obj::new()$(.field($k, $v))*
+    };
+}
+pub(crate) use obj;
+
 /// A JSON response with a status.
 pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     (status, axum::Json(body)).into_response()
