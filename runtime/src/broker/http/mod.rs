@@ -541,9 +541,10 @@ pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
         match bytes[i] {
             b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 3 <= bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
+                    (Some(hi), Some(lo)) => Some(hi << 4 | lo),
+                    _ => None,
+                };
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -557,4 +558,40 @@ pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
         i += 1;
     }
     out
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%20b+c"), b"a b c");
+        assert_eq!(percent_decode_with("a+b%2Fc", false), b"a+b/c");
+        assert_eq!(percent_decode("%FF%00"), vec![0xff, 0]);
+        assert_eq!(percent_decode("%+1%zz%4"), b"% 1%zz%4");
+        assert_eq!(
+            query_bytes(Some("x=1&path=%2Fa%2Fb&path=2"), "path"),
+            Some(b"/a/b".to_vec())
+        );
+        assert_eq!(query_bytes(Some("flag&y="), "flag"), Some(Vec::new()));
+        assert_eq!(query_bytes(None, "x"), None);
+    }
+
+    #[test]
+    fn disposition_is_sanitised() {
+        assert_eq!(
+            inline_disposition("a\"b\\c\n.txt"),
+            "inline; filename=\"a_b_c_.txt\""
+        );
+    }
 }
