@@ -384,3 +384,58 @@ async fn shutdown_ends_live_streams_and_completes() {
         other => panic!("expected the socket to close, got {other:?}"),
     }
 }
+
+/// Pushes that find the store busy are queued and committed together by the
+/// writer; each is acknowledged, logged once, and delivered in log order.
+#[tokio::test]
+async fn queued_pushes_are_group_committed_in_order() {
+    let b = start_broker().await;
+    let mut sub = b.sse("builder", None).await;
+    // Warm the token cache so the requests below need the store only to commit.
+    let first = b.push("director", json!({"body": "warm-up"})).await;
+    assert_eq!(sub.next_message().await, first);
+    let state = std::sync::Arc::clone(&b.broker.state);
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        state.store.with(|_| {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+    });
+    locked_rx.recv().unwrap();
+    let mut pushes = Vec::new();
+    for i in 0..20 {
+        let (http, url, token) = (
+            b.http.clone(),
+            b.url.clone(),
+            b.token("director").to_owned(),
+        );
+        pushes.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/push"))
+                .bearer_auth(token)
+                .json(&json!({"body": format!("queued {i}")}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }));
+    }
+    for p in pushes {
+        p.await.unwrap();
+    }
+    holder.join().unwrap();
+    let mut history = b.get("/history?limit=20", "builder").await.json["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        history
+            .iter()
+            .all(|m| m["body"].as_str().unwrap().starts_with("queued "))
+    );
+    history.reverse();
+    for h in history {
+        assert_eq!(sub.next_message().await, h);
+    }
+}

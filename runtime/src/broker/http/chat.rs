@@ -275,7 +275,7 @@ pub(super) async fn push(
     };
     let (msg, live) = state
         .writer
-        .push(draft, audience, now)
+        .push(&state, draft, audience, now)
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     Ok(reply(
