@@ -459,6 +459,8 @@ async fn team_members_and_tokens() {
     // tokens: self may list/rotate, others may not
     let r = b.get("/members/builder/tokens", "builder").await;
     assert_eq!(r.json["tokens"].as_array().unwrap().len(), 1);
+    assert!(r.json["tokens"][0]["lastUsedAt"].is_i64(), "{}", r.text);
+    assert_eq!(r.json["tokens"][0]["origin"], "bootstrap");
     let r = b.get("/members/builder/tokens", "reviewer").await;
     assert_eq!(r.status, 403);
     let old = b.token("builder").to_owned();

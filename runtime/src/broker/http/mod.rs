@@ -286,10 +286,15 @@ impl FromRequestParts<Shared> for Caller {
                 return Err(ApiError::unauthorized("unknown token"));
             }
             match team::member_get(conn, &member)? {
-                Some(m) => Ok(Caller {
-                    name: m.name,
-                    permissions: m.permissions,
-                }),
+                Some(m) => {
+                    // Cached for a few seconds after this, so `lastUsedAt` is
+                    // accurate to the cache's lifetime without a write per request.
+                    team::token_touch(conn, &token_id, now)?;
+                    Ok(Caller {
+                        name: m.name,
+                        permissions: m.permissions,
+                    })
+                }
                 None => {
                     team::token_delete_id(conn, &token_id)?;
                     Err(ApiError::unauthorized("token references unknown member"))
