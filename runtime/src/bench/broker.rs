@@ -1,6 +1,9 @@
 //! Broker scenarios. The broker runs as a child process (this same binary with
 //! a hidden argument), so its memory is measured on its own and the clients'
 //! work does not count against it. Both share the machine's cores.
+//!
+//! `AC7_BENCH_SYNC=full` makes the broker child fsync every commit
+//! (`synchronous=FULL`) instead of the default `NORMAL`.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

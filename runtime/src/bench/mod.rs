@@ -5,7 +5,6 @@
 //! cargo run --release --bin ac7-bench -- broker-push      # durable pushes/s, 16 clients
 //! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
 //! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
-//! AC7_BENCH_SYNC=full cargo run --release --bin ac7-bench -- broker-push  # fsync every commit
 //! ```
 
 pub mod broker;
