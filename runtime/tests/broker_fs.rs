@@ -500,6 +500,29 @@ async fn size_cap_is_413_and_nothing_is_written() {
 }
 
 #[tokio::test]
+async fn file_cap_and_json_cap_are_separate() {
+    let b = start_with(|c| {
+        c.max_json_bytes = 4096;
+        c.max_file_bytes = 100_000;
+    })
+    .await;
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/big.bin",
+            "application/octet-stream",
+            &[1u8; 50_000],
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = b
+        .post("/push", "builder", json!({"body": "x".repeat(5000)}))
+        .await;
+    assert_eq!(r.status, 413);
+}
+
+#[tokio::test]
 async fn identical_content_is_stored_once_and_purged_with_the_last_entry() {
     let b = start_broker().await;
     let stats = |b: &broker_support::TestBroker| {

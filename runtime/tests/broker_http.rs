@@ -459,6 +459,8 @@ async fn team_members_and_tokens() {
     // tokens: self may list/rotate, others may not
     let r = b.get("/members/builder/tokens", "builder").await;
     assert_eq!(r.json["tokens"].as_array().unwrap().len(), 1);
+    assert!(r.json["tokens"][0]["lastUsedAt"].is_i64(), "{}", r.text);
+    assert_eq!(r.json["tokens"][0]["origin"], "bootstrap");
     let r = b.get("/members/builder/tokens", "reviewer").await;
     assert_eq!(r.status, 403);
     let old = b.token("builder").to_owned();
@@ -588,5 +590,114 @@ async fn team_members_and_tokens() {
             .await
             .status,
         404
+    );
+}
+
+/// Keys come out in ac7's order (the captures), not sorted.
+#[tokio::test]
+async fn wire_key_order_matches_ac7() {
+    let b = start_broker().await;
+    let order = |text: &str, keys: &[&str]| {
+        let pos: Vec<usize> = keys
+            .iter()
+            .map(|k| {
+                text.find(&format!("\"{k}\":"))
+                    .unwrap_or_else(|| panic!("{k} missing in {text}"))
+            })
+            .collect();
+        assert!(
+            pos.windows(2).all(|w| w[0] < w[1]),
+            "keys out of order in {text}"
+        );
+    };
+    let r = b
+        .post("/push", "director", json!({"to": "builder", "body": "x"}))
+        .await;
+    assert!(
+        r.text
+            .starts_with(r#"{"delivery":{"live":0,"targets":1},"message":{"id":""#),
+        "{}",
+        r.text
+    );
+    order(
+        &r.text,
+        &[
+            "id",
+            "ts",
+            "to",
+            "from",
+            "title",
+            "body",
+            "level",
+            "data",
+            "attachments",
+        ],
+    );
+    let r = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "t", "outcome": "o", "assignee": "builder"}),
+        )
+        .await;
+    order(
+        &r.text,
+        &[
+            "id",
+            "title",
+            "body",
+            "outcome",
+            "status",
+            "assignee",
+            "originator",
+            "watchers",
+            "createdAt",
+            "updatedAt",
+            "completedAt",
+            "result",
+            "blockReason",
+            "attachments",
+        ],
+    );
+    let r = b.get("/briefing", "builder").await;
+    order(
+        &r.text,
+        &[
+            "name",
+            "role",
+            "permissions",
+            "instructions",
+            "team",
+            "teammates",
+            "openObjectives",
+        ],
+    );
+    let r = b.get("/roster", "builder").await;
+    order(
+        &r.text,
+        &["teammates", "connected", "createdAt", "lastSeen"],
+    );
+    let r = b.get("/fs/ls?path=/", "builder").await;
+    order(
+        &r.text,
+        &[
+            "path",
+            "name",
+            "kind",
+            "owner",
+            "size",
+            "mimeType",
+            "hash",
+            "createdAt",
+            "createdBy",
+            "updatedAt",
+        ],
+    );
+    let r = b.post("/push", "builder", json!({"to": "reviewer"})).await;
+    assert!(
+        r.text
+            .starts_with(r#"{"error":"invalid push payload","details":"#),
+        "{}",
+        r.text
     );
 }

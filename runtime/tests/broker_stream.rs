@@ -357,3 +357,85 @@ async fn history_matches_live_delivery_for_every_member() {
         assert_eq!(live, history, "live and history differ for {m}");
     }
 }
+
+#[tokio::test]
+async fn shutdown_ends_live_streams_and_completes() {
+    let b = start_broker().await;
+    let mut sse = b.sse("builder", None).await;
+    let mut ws = b.ws("reviewer", None).await;
+    let done = tokio::time::timeout(Duration::from_secs(5), b.broker.shutdown()).await;
+    assert!(
+        matches!(done, Ok(Ok(()))),
+        "shutdown did not complete: {done:?}"
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), sse.next_block())
+        .await
+        .unwrap();
+    assert!(end.is_none(), "the SSE stream should end, got {end:?}");
+    use futures_util::StreamExt;
+    let frame = tokio::time::timeout(Duration::from_secs(5), ws.ws.next())
+        .await
+        .unwrap();
+    match frame {
+        Some(Ok(tokio_tungstenite::tungstenite::Message::Close(Some(c)))) => {
+            assert_eq!(u16::from(c.code), 1013)
+        }
+        None | Some(Err(_)) => {}
+        other => panic!("expected the socket to close, got {other:?}"),
+    }
+}
+
+/// Pushes that find the store busy are queued and committed together by the
+/// writer; each is acknowledged, logged once, and delivered in log order.
+#[tokio::test]
+async fn queued_pushes_are_group_committed_in_order() {
+    let b = start_broker().await;
+    let mut sub = b.sse("builder", None).await;
+    // Warm the token cache so the requests below need the store only to commit.
+    let first = b.push("director", json!({"body": "warm-up"})).await;
+    assert_eq!(sub.next_message().await, first);
+    let state = std::sync::Arc::clone(&b.broker.state);
+    let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let holder = std::thread::spawn(move || {
+        state.store.with(|_| {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(300));
+        });
+    });
+    locked_rx.recv().unwrap();
+    let mut pushes = Vec::new();
+    for i in 0..20 {
+        let (http, url, token) = (
+            b.http.clone(),
+            b.url.clone(),
+            b.token("director").to_owned(),
+        );
+        pushes.push(tokio::spawn(async move {
+            let r = http
+                .post(format!("{url}/push"))
+                .bearer_auth(token)
+                .json(&json!({"body": format!("queued {i}")}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }));
+    }
+    for p in pushes {
+        p.await.unwrap();
+    }
+    holder.join().unwrap();
+    let mut history = b.get("/history?limit=20", "builder").await.json["messages"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        history
+            .iter()
+            .all(|m| m["body"].as_str().unwrap().starts_with("queued "))
+    );
+    history.reverse();
+    for h in history {
+        assert_eq!(sub.next_message().await, h);
+    }
+}

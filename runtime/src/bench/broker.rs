@@ -1,6 +1,9 @@
 //! Broker scenarios. The broker runs as a child process (this same binary with
 //! a hidden argument), so its memory is measured on its own and the clients'
 //! work does not count against it. Both share the machine's cores.
+//!
+//! `AC7_BENCH_SYNC=full` makes the broker child fsync every commit
+//! (`synchronous=FULL`) instead of the default `NORMAL`.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -11,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures_util::StreamExt;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::{Report, percentile, proc_status_kib};
 use crate::broker::bootstrap::bootstrap;
@@ -35,7 +38,11 @@ pub fn child_main(args: &[String]) -> anyhow::Result<i32> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let broker = start(BrokerConfig::new(db), listener).await?;
+        let mut config = BrokerConfig::new(db);
+        if std::env::var("AC7_BENCH_SYNC").is_ok_and(|v| v == "full") {
+            config.sync = SyncMode::Full;
+        }
+        let broker = start(config, listener).await?;
         println!("listening {}", broker.addr);
         broker.wait().await?;
         Ok::<_, anyhow::Error>(0)
@@ -210,9 +217,16 @@ pub fn push() -> anyhow::Result<Report> {
         "broker_peak_rss_kib",
         json!(proc_status_kib(Some(b.pid()), "VmHWM")),
     );
+    let sync = if std::env::var("AC7_BENCH_SYNC").is_ok_and(|v| v == "full") {
+        "FULL"
+    } else {
+        "NORMAL"
+    };
     r.insert(
         "durability",
-        json!("each push committed to SQLite (WAL, synchronous=NORMAL) before its 200"),
+        json!(format!(
+            "each push committed to SQLite (WAL, synchronous={sync}) before its 200"
+        )),
     );
     Ok(r)
 }
@@ -254,7 +268,24 @@ async fn sse_loop(
 /// Push -> SSE delivery latency to 10 subscribers.
 pub fn delivery() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn(SUBSCRIBERS)?;
-    let samples = rt()?.block_on(async {
+    let (samples, baseline, alone) = rt()?.block_on(async {
+        // Baseline: one client pushing alone, nobody subscribed (the push path by itself).
+        let mut alone = Vec::with_capacity(500);
+        {
+            let http = client()?;
+            for i in 0..500 {
+                let t = Instant::now();
+                http.post(format!("{}/push", b.url))
+                    .bearer_auth(b.token("director"))
+                    .json(&json!({"body": format!("warm {i}")}))
+                    .send()
+                    .await?
+                    .bytes()
+                    .await?;
+                alone.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+            }
+            alone.sort_unstable();
+        }
         let sent: Arc<Vec<AtomicU64>> =
             Arc::new((0..DELIVERY_MESSAGES).map(|_| AtomicU64::new(0)).collect());
         let origin = Instant::now();
@@ -273,9 +304,7 @@ pub fn delivery() -> anyhow::Result<Report> {
                 Arc::clone(&ready),
                 move |data| {
                     let now = origin.elapsed().as_micros() as u64;
-                    let seq = serde_json::from_str::<Value>(data)
-                        .ok()
-                        .and_then(|v| v.pointer("/data/seq").and_then(Value::as_u64));
+                    let seq = seq_of(data);
                     if let Some(seq) = seq
                         && let Some(at) = sent.get(seq as usize)
                     {
@@ -292,6 +321,18 @@ pub fn delivery() -> anyhow::Result<Report> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         let http = client()?;
+        // Baseline: a bare HTTP round trip (GET /healthz) on this machine, same client.
+        let mut baseline = Vec::with_capacity(500);
+        for _ in 0..500 {
+            let t = Instant::now();
+            http.get(format!("{}/healthz", b.url))
+                .send()
+                .await?
+                .bytes()
+                .await?;
+            baseline.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+        }
+        baseline.sort_unstable();
         let url = format!("{}/push", b.url);
         for seq in 0..DELIVERY_MESSAGES {
             let body = serde_json::to_vec(&json!({"body": "tick", "data": {"seq": seq}}))?;
@@ -320,7 +361,7 @@ pub fn delivery() -> anyhow::Result<Report> {
             s.abort();
         }
         samples.sort_unstable();
-        Ok::<_, anyhow::Error>(samples)
+        Ok::<_, anyhow::Error>((samples, baseline, alone))
     })?;
     let mut r = Report::new();
     r.insert("scenario", json!("broker-delivery"));
@@ -329,6 +370,8 @@ pub fn delivery() -> anyhow::Result<Report> {
     r.insert("deliveries", json!(samples.len()));
     r.insert("delivery_p50_us", json!(percentile(&samples, 50.0)));
     r.insert("delivery_p99_us", json!(percentile(&samples, 99.0)));
+    r.insert("http_roundtrip_p50_us", json!(percentile(&baseline, 50.0)));
+    r.insert("push_alone_ack_p50_us", json!(percentile(&alone, 50.0)));
     r.insert(
         "broker_peak_rss_kib",
         json!(proc_status_kib(Some(b.pid()), "VmHWM")),
@@ -380,4 +423,26 @@ pub fn rss() -> anyhow::Result<Report> {
         json!(super::peak_rss_kib(std::process::id())),
     );
     Ok(r)
+}
+
+/// The `data.seq` number of a delivered message, read without parsing the whole
+/// JSON (the measuring client should cost as little as possible).
+fn seq_of(json: &str) -> Option<u64> {
+    let rest = &json[json.find("\"seq\":")? + 6..];
+    let end = rest
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seq_is_read_from_the_message_json() {
+        assert_eq!(
+            super::seq_of(r#"{"id":"x","data":{"seq":42},"attachments":[]}"#),
+            Some(42)
+        );
+        assert_eq!(super::seq_of(r#"{"data":{}}"#), None);
+    }
 }

@@ -92,6 +92,15 @@ impl Store {
         })
     }
 
+    /// Runs `f` if the connection is free right now; `None` if someone holds it.
+    pub fn try_with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Option<T> {
+        match self.conn.try_lock() {
+            Ok(mut guard) => Some(f(&mut guard)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(f(&mut p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Runs `f` with exclusive access to the connection.
     pub fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
         let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);

@@ -15,13 +15,28 @@ use tokio::sync::mpsc;
 
 use super::team::Role;
 
-/// One message ready to send: its id and its JSON, serialised once.
+/// One message ready to send, rendered once for every subscriber: its id, its
+/// JSON (a WebSocket text frame) and its SSE event.
 #[derive(Debug)]
 pub struct Frame {
     /// The message id (SSE `id:`).
     pub id: String,
     /// The message JSON.
-    pub json: String,
+    pub json: axum::extract::ws::Utf8Bytes,
+    /// `id: <id>\nevent: message\ndata: <json>\n\n`.
+    pub sse: axum::body::Bytes,
+}
+
+impl Frame {
+    /// Renders a frame from a message id and its JSON (which holds no raw newline).
+    pub fn new(id: String, json: String) -> Frame {
+        let sse = format!("id: {id}\nevent: message\ndata: {json}\n\n");
+        Frame {
+            id,
+            json: json.into(),
+            sse: sse.into(),
+        }
+    }
 }
 
 /// A presence entry as served by `/roster`.
@@ -235,10 +250,7 @@ mod tests {
     }
 
     fn frame(id: &str) -> Arc<Frame> {
-        Arc::new(Frame {
-            id: id.into(),
-            json: "{}".into(),
-        })
+        Arc::new(Frame::new(id.into(), "{}".into()))
     }
 
     #[test]

@@ -38,7 +38,9 @@
 //!   committed with the change, then fanned out before the response is sent.
 //! - **Files.** Content lives in SQLite, keyed by SHA-256 with a reference count,
 //!   written in the same transaction as the entry. Top-level directories (homes,
-//!   `/objectives`) cannot be removed. `lastUsedAt` of tokens is not tracked.
+//!   `/objectives`) cannot be removed.
+//! - **Tokens.** A resolved token is cached for 5 s (cleared at once by any
+//!   member or token change over HTTP); `lastUsedAt` is accurate to that.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
 //!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
 //!   inner `data` maps come out sorted (key order carries no meaning).

@@ -49,10 +49,7 @@ pub fn log(conn: &Connection, draft: Draft, now: i64) -> Result<(Message, Arc<Fr
     };
     let json = serde_json::to_string(&msg)?;
     messages::insert(conn, &msg, &json)?;
-    let frame = Arc::new(Frame {
-        id: msg.id.clone(),
-        json,
-    });
+    let frame = Arc::new(Frame::new(msg.id.clone(), json));
     Ok((msg, frame))
 }
 

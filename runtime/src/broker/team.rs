@@ -272,6 +272,13 @@ pub fn token_lookup(
         .optional()?)
 }
 
+/// Records that a token was just used.
+pub fn token_touch(conn: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE tokens SET last_used_at = ?2 WHERE id = ?1")?
+        .execute(params![id, now])?;
+    Ok(())
+}
+
 /// Deletes one token by id.
 pub fn token_delete_id(conn: &Connection, id: &str) -> Result<(), StoreError> {
     conn.execute("DELETE FROM tokens WHERE id = ?1", [id])?;

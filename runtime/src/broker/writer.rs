@@ -1,7 +1,8 @@
-//! Group commit for `/push`: one writer thread logs every waiting push in a
-//! single transaction, commits once, then fans the batch out in log order and
-//! answers each request. Under load many pushes share one commit (one WAL
-//! write); alone, a push is committed at once. A push is acknowledged only
+//! Group commit for `/push`. A push that finds the store idle is committed on
+//! the spot. One that finds it busy is queued; the writer thread logs every
+//! queued push in a single transaction, commits once, fans the batch out in log
+//! order and answers each request. So alone a push costs one commit, and under
+//! load many pushes share one (one WAL write). A push is acknowledged only
 //! after the commit that holds it.
 //!
 //! The writer holds the store lock for the whole batch, so it serialises with
@@ -22,10 +23,14 @@ use super::{AppState, team};
 /// Most pushes committed together.
 const MAX_BATCH: usize = 256;
 
-struct Job {
+struct Item {
     draft: Option<Draft>,
     audience: Audience,
     now: i64,
+}
+
+struct Job {
+    item: Item,
     reply: oneshot::Sender<Result<(Message, usize), String>>,
 }
 
@@ -38,7 +43,7 @@ pub struct Writer {
 impl std::fmt::Debug for Job {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Job")
-            .field("now", &self.now)
+            .field("now", &self.item.now)
             .finish_non_exhaustive()
     }
 }
@@ -57,20 +62,28 @@ pub fn channel() -> (Writer, WriterQueue) {
 
 impl Writer {
     /// Logs, commits and delivers one message; returns it with its live count.
+    ///
+    /// When the store is idle the push is committed right here (no thread hop);
+    /// when it is busy the push joins the writer's next batch.
     pub async fn push(
         &self,
+        state: &AppState,
         draft: Draft,
         audience: Audience,
         now: i64,
     ) -> Result<(Message, usize), String> {
+        let mut items = [Item {
+            draft: Some(draft),
+            audience,
+            now,
+        }];
+        if let Some(result) = state.store.try_with(|conn| commit(state, conn, &mut items)) {
+            return result.and_then(|mut done| done.pop().ok_or_else(|| "empty commit".to_owned()));
+        }
+        let [item] = items;
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Job {
-                draft: Some(draft),
-                audience,
-                now,
-                reply,
-            })
+            .send(Job { item, reply })
             .map_err(|_| "the broker is shutting down".to_owned())?;
         rx.await
             .map_err(|_| "the broker is shutting down".to_owned())?
@@ -97,53 +110,73 @@ pub fn spawn(queue: WriterQueue, state: Weak<AppState>) -> std::io::Result<()> {
         .map(|_| ())
 }
 
-fn run_batch(state: &AppState, mut jobs: Vec<Job>) {
-    state.store.with(|conn| {
-        let logged = (|| -> Result<Vec<(Message, Arc<Frame>)>, StoreError> {
-            let tx = conn.transaction()?;
-            let mut everyone: Option<BTreeSet<String>> = None;
-            let mut out = Vec::with_capacity(jobs.len());
-            for job in &mut jobs {
-                let Some(draft) = job.draft.take() else {
-                    return Err(StoreError::Corrupt("push job without a draft".into()));
-                };
-                let (msg, frame) = publish::log(&tx, draft, job.now)?;
-                if !msg.attachments.is_empty() {
-                    let recipients = match &job.audience {
-                        Audience::Only(names) => names.clone(),
-                        Audience::Everyone => match &everyone {
-                            Some(all) => all.clone(),
-                            None => {
-                                let all: BTreeSet<String> = team::members_list(&tx)?
-                                    .into_iter()
-                                    .map(|m| m.name)
-                                    .collect();
-                                everyone = Some(all.clone());
-                                all
-                            }
-                        },
-                    };
-                    publish::grant_attachments(&tx, &msg.attachments, &recipients, job.now)?;
-                }
-                out.push((msg, frame));
-            }
-            tx.commit()?;
-            Ok(out)
-        })();
-        match logged {
-            Ok(out) => {
-                for (job, (msg, frame)) in jobs.into_iter().zip(out) {
-                    let live = publish::deliver(state, &job.audience, &frame, job.now);
-                    let _ = job.reply.send(Ok((msg, live)));
-                }
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "push batch failed; nothing in it was logged");
-                let text = format!("internal error: {e}");
-                for job in jobs {
-                    let _ = job.reply.send(Err(text.clone()));
-                }
+fn run_batch(state: &AppState, jobs: Vec<Job>) {
+    let (mut items, replies): (Vec<Item>, Vec<_>) =
+        jobs.into_iter().map(|j| (j.item, j.reply)).unzip();
+    match state.store.with(|conn| commit(state, conn, &mut items)) {
+        Ok(done) => {
+            for (reply, result) in replies.into_iter().zip(done) {
+                let _ = reply.send(Ok(result));
             }
         }
-    });
+        Err(text) => {
+            for reply in replies {
+                let _ = reply.send(Err(text.clone()));
+            }
+        }
+    }
+}
+
+/// Logs `items` in one transaction, commits, then delivers them in order.
+/// All or nothing: on failure nothing was logged or delivered.
+fn commit(
+    state: &AppState,
+    conn: &mut rusqlite::Connection,
+    items: &mut [Item],
+) -> Result<Vec<(Message, usize)>, String> {
+    let logged = (|| -> Result<Vec<(Message, Arc<Frame>)>, StoreError> {
+        let tx = conn.transaction()?;
+        let mut everyone: Option<BTreeSet<String>> = None;
+        let mut out = Vec::with_capacity(items.len());
+        for item in items.iter_mut() {
+            let Some(draft) = item.draft.take() else {
+                return Err(StoreError::Corrupt("push without a draft".into()));
+            };
+            let (msg, frame) = publish::log(&tx, draft, item.now)?;
+            if !msg.attachments.is_empty() {
+                let recipients = match &item.audience {
+                    Audience::Only(names) => names.clone(),
+                    Audience::Everyone => match &everyone {
+                        Some(all) => all.clone(),
+                        None => {
+                            let all: BTreeSet<String> = team::members_list(&tx)?
+                                .into_iter()
+                                .map(|m| m.name)
+                                .collect();
+                            everyone = Some(all.clone());
+                            all
+                        }
+                    },
+                };
+                publish::grant_attachments(&tx, &msg.attachments, &recipients, item.now)?;
+            }
+            out.push((msg, frame));
+        }
+        tx.commit()?;
+        Ok(out)
+    })();
+    match logged {
+        Ok(out) => Ok(items
+            .iter()
+            .zip(out)
+            .map(|(item, (msg, frame))| {
+                let live = publish::deliver(state, &item.audience, &frame, item.now);
+                (msg, live)
+            })
+            .collect()),
+        Err(e) => {
+            tracing::error!(error = %e, "push commit failed; nothing in it was logged");
+            Err(format!("internal error: {e}"))
+        }
+    }
 }

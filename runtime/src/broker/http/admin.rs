@@ -5,9 +5,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
+use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::bootstrap::{self, add_member, is_last_admin, validate_member};
 use crate::broker::db::StoreError;
 use crate::broker::now_ms;
@@ -23,7 +23,7 @@ pub(super) async fn team_get(
     _caller: Caller,
 ) -> Result<Response, ApiError> {
     let team = state.store.with(|conn| load_team(conn))?;
-    Ok(reply(StatusCode::OK, &json!({"team": team})))
+    Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
 }
 
 pub(super) async fn team_patch(
@@ -57,7 +57,7 @@ pub(super) async fn team_patch(
         }
         bootstrap::validate_team(&team).map_err(ApiError::bad_request)?;
         team::team_put(conn, &team, now_ms())?;
-        Ok(reply(StatusCode::OK, &json!({"team": team})))
+        Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
     })
 }
 
@@ -68,7 +68,7 @@ pub(super) async fn presets_list(
     let team = state.store.with(|conn| load_team(conn))?;
     Ok(reply(
         StatusCode::OK,
-        &json!({"presets": team.permission_presets}),
+        &obj! {"presets" => &team.permission_presets},
     ))
 }
 
@@ -102,7 +102,7 @@ pub(super) async fn preset_put(
         team::team_put(conn, &team, now_ms())?;
         Ok(reply(
             StatusCode::OK,
-            &json!({"preset": {"name": name, "permissions": leaves}}),
+            &obj! {"preset" => &obj!{"name" => &name, "permissions" => &leaves}},
         ))
     })
 }
@@ -126,7 +126,7 @@ pub(super) async fn preset_delete(
         // Members hold resolved leaves, so nothing changes for them; report none.
         Ok(reply(
             StatusCode::OK,
-            &json!({"deleted": name, "referencedBy": []}),
+            &obj! {"deleted" => &name, "referencedBy" => &[(); 0]},
         ))
     })
 }
@@ -137,9 +137,9 @@ pub(super) async fn members_list(
 ) -> Result<Response, ApiError> {
     let members = state.store.with(|conn| team::members_list(conn))?;
     let body = if caller.has(Permission::MembersManage) {
-        json!({"members": members.iter().map(MemberRecord::view).collect::<Vec<_>>()})
+        obj! {"members" => &members.iter().map(MemberRecord::view).collect::<Vec<_>>()}
     } else {
-        json!({"members": members.iter().map(MemberRecord::teammate).collect::<Vec<_>>()})
+        obj! {"members" => &members.iter().map(MemberRecord::teammate).collect::<Vec<_>>()}
     };
     Ok(reply(StatusCode::OK, &body))
 }
@@ -197,7 +197,7 @@ pub(super) async fn members_create(
         .register_member(&record.name, record.role.clone(), now);
     Ok(reply(
         StatusCode::OK,
-        &json!({"member": record.teammate(), "token": token}),
+        &obj! {"member" => &record.teammate(), "token" => &token},
     ))
 }
 
@@ -323,7 +323,7 @@ pub(super) async fn rotate_token(
         tx.commit().map_err(StoreError::from)?;
         Ok(reply(
             StatusCode::OK,
-            &json!({"token": token, "tokenInfo": info}),
+            &obj! {"token" => &token, "tokenInfo" => &info},
         ))
     })
 }
@@ -335,7 +335,7 @@ pub(super) async fn tokens_list(
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
     let tokens = state.store.with(|conn| team::tokens_list(conn, &name))?;
-    Ok(reply(StatusCode::OK, &json!({"tokens": tokens})))
+    Ok(reply(StatusCode::OK, &obj! {"tokens" => &tokens}))
 }
 
 pub(super) async fn token_delete(

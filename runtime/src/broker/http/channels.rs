@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Body, Caller, Shared, parse_json, reply};
+use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
 use crate::broker::channels::{self as store, Channel, ChannelSummary};
 use crate::broker::{AppState, now_ms, team};
 
@@ -74,7 +74,7 @@ fn with_members(conn: &Connection, ch: Channel, viewer: &str) -> Result<Response
     let summary = summary(conn, ch, viewer)?;
     Ok(reply(
         StatusCode::OK,
-        &json!({"channel": summary, "members": members}),
+        &obj! {"channel" => &summary, "members" => &members},
     ))
 }
 
@@ -90,7 +90,7 @@ pub(super) async fn list(
         }
         all.push(general);
         all.sort_by_key(|c| std::cmp::Reverse(c.channel.created_at));
-        Ok(reply(StatusCode::OK, &json!({"channels": all})))
+        Ok(reply(StatusCode::OK, &obj! {"channels" => &all}))
     })
 }
 
@@ -103,7 +103,7 @@ pub(super) async fn view(
         if slug == "general" {
             return Ok(reply(
                 StatusCode::OK,
-                &json!({"channel": general(&state, conn)?, "members": []}),
+                &obj! {"channel" => &general(&state, conn)?, "members" => &[(); 0]},
             ));
         }
         let ch = find(conn, &slug)?;

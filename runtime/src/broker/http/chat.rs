@@ -15,7 +15,7 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
+use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::messages::{self, Feed};
 use crate::broker::publish::Draft;
 use crate::broker::team::{self, MemberRecord, Team};
@@ -24,7 +24,7 @@ use crate::broker::{channels, fs, now_ms, objectives};
 pub(super) async fn healthz() -> Response {
     reply(
         StatusCode::OK,
-        &json!({"status": "ok", "version": env!("CARGO_PKG_VERSION")}),
+        &obj! {"status" => "ok", "version" => env!("CARGO_PKG_VERSION")},
     )
 }
 
@@ -275,12 +275,12 @@ pub(super) async fn push(
     };
     let (msg, live) = state
         .writer
-        .push(draft, audience, now)
+        .push(&state, draft, audience, now)
         .await
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
     Ok(reply(
         StatusCode::OK,
-        &json!({"delivery": {"live": live, "targets": targets}, "message": msg}),
+        &obj! {"delivery" => &obj!{"live" => &live, "targets" => &targets}, "message" => &msg},
     ))
 }
 
@@ -377,6 +377,6 @@ pub(super) async fn history(
         let scope =
             messages::viewer_scope(conn, &caller.name, caller.has(Permission::MembersManage))?;
         let msgs = messages::history(conn, &caller.name, &scope, &feed, before, limit)?;
-        Ok(reply(StatusCode::OK, &json!({"messages": msgs})))
+        Ok(reply(StatusCode::OK, &obj! {"messages" => &msgs}))
     })
 }

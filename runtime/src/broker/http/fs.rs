@@ -15,7 +15,9 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Body, Caller, Shared, inline_disposition, parse_json, query_bytes, reply};
+use super::{
+    ApiError, Body, Caller, Shared, inline_disposition, obj, parse_json, query_bytes, reply,
+};
 use crate::broker::fs::{self as store, Collide, FsError};
 use crate::broker::{now_ms, objectives};
 
@@ -111,7 +113,7 @@ pub(super) async fn ls(
                 None => Vec::new(),
             }
         };
-        Ok(reply(StatusCode::OK, &json!({"entries": entries})))
+        Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
     })
 }
 
@@ -134,7 +136,7 @@ pub(super) async fn stat(
         }
         let entry = store::get(conn, &path)?
             .ok_or_else(|| ApiError::not_found(format!("no such path: {path}")))?;
-        Ok(reply(StatusCode::OK, &json!({"entry": entry})))
+        Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
     })
 }
 
@@ -219,7 +221,7 @@ pub(super) async fn write(
             tx.commit().map_err(crate::broker::db::StoreError::from)?;
             Ok(reply(
                 StatusCode::OK,
-                &json!({"entry": entry, "renamed": renamed}),
+                &obj! {"entry" => &entry, "renamed" => &renamed},
             ))
         })
     })
@@ -255,7 +257,7 @@ pub(super) async fn mkdir(
             .map_err(crate::broker::db::StoreError::from)?;
         let entry = store::mkdir(&tx, &path, b.recursive, &caller.name, now_ms())?;
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        Ok(reply(StatusCode::OK, &json!({"entry": entry})))
+        Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
     })
 }
 
@@ -315,7 +317,7 @@ pub(super) async fn mv(
             .map_err(crate::broker::db::StoreError::from)?;
         let entry = store::rename(&tx, &from, &to, &caller.name, now_ms())?;
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        Ok(reply(StatusCode::OK, &json!({"entry": entry})))
+        Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
     })
 }
 
@@ -326,7 +328,7 @@ pub(super) async fn shared(
     let entries = state
         .store
         .with(|conn| store::shared_with(conn, &caller.name))?;
-    Ok(reply(StatusCode::OK, &json!({"entries": entries})))
+    Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }
 
 pub(super) async fn all(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
@@ -336,5 +338,5 @@ pub(super) async fn all(State(state): State<Shared>, caller: Caller) -> Result<R
         ));
     }
     let entries = state.store.with(|conn| store::all_files(conn))?;
-    Ok(reply(StatusCode::OK, &json!({"entries": entries})))
+    Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }

@@ -286,10 +286,15 @@ impl FromRequestParts<Shared> for Caller {
                 return Err(ApiError::unauthorized("unknown token"));
             }
             match team::member_get(conn, &member)? {
-                Some(m) => Ok(Caller {
-                    name: m.name,
-                    permissions: m.permissions,
-                }),
+                Some(m) => {
+                    // Cached for a few seconds after this, so `lastUsedAt` is
+                    // accurate to the cache's lifetime without a write per request.
+                    team::token_touch(conn, &token_id, now)?;
+                    Ok(Caller {
+                        name: m.name,
+                        permissions: m.permissions,
+                    })
+                }
                 None => {
                     team::token_delete_id(conn, &token_id)?;
                     Err(ApiError::unauthorized("token references unknown member"))
@@ -451,6 +456,50 @@ pub(crate) fn name_issue(path: &str) -> Value {
     })
 }
 
+/// A JSON object whose keys keep the order they were added in (ac7's order),
+/// with each value serialised straight from its Rust type (so nested structs keep
+/// their field order too).
+#[derive(Debug, Default)]
+pub(crate) struct Obj(Vec<(&'static str, Box<serde_json::value::RawValue>)>);
+
+impl Obj {
+    pub(crate) fn new() -> Obj {
+        Obj::default()
+    }
+
+    /// Appends `key: value`.
+    pub(crate) fn field<T: serde::Serialize + ?Sized>(
+        mut self,
+        key: &'static str,
+        value: &T,
+    ) -> Obj {
+        match serde_json::value::to_raw_value(value) {
+            Ok(raw) => self.0.push((key, raw)),
+            Err(e) => tracing::error!(key, error = %e, "cannot serialise a response field"),
+        }
+        self
+    }
+}
+
+impl serde::Serialize for Obj {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            map.serialize_entry(k, v)?;
+        }
+        map.end()
+    }
+}
+
+/// `obj!{"a" => &x, "b" => &y}`: an [`Obj`] with those fields in that order.
+macro_rules! obj {
+    ($($k:literal => $v:expr),* $(,)?) => {
+        $crate::broker::http::Obj::new()$(.field($k, $v))*
+    };
+}
+pub(crate) use obj;
+
 /// A JSON response with a status.
 pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Response {
     (status, axum::Json(body)).into_response()
@@ -497,9 +546,10 @@ pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
         match bytes[i] {
             b'+' if plus_is_space => out.push(b' '),
             b'%' if i + 3 <= bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
+                    (Some(hi), Some(lo)) => Some(hi << 4 | lo),
+                    _ => None,
+                };
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -513,4 +563,40 @@ pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
         i += 1;
     }
     out
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%20b+c"), b"a b c");
+        assert_eq!(percent_decode_with("a+b%2Fc", false), b"a+b/c");
+        assert_eq!(percent_decode("%FF%00"), vec![0xff, 0]);
+        assert_eq!(percent_decode("%+1%zz%4"), b"% 1%zz%4");
+        assert_eq!(
+            query_bytes(Some("x=1&path=%2Fa%2Fb&path=2"), "path"),
+            Some(b"/a/b".to_vec())
+        );
+        assert_eq!(query_bytes(Some("flag&y="), "flag"), Some(Vec::new()));
+        assert_eq!(query_bytes(None, "x"), None);
+    }
+
+    #[test]
+    fn disposition_is_sanitised() {
+        assert_eq!(
+            inline_disposition("a\"b\\c\n.txt"),
+            "inline; filename=\"a_b_c_.txt\""
+        );
+    }
 }

@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::chat::canonical_attachments;
-use super::{ApiError, Body, Caller, Issues, Shared, parse_json, reply};
+use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::db::StoreError;
 use crate::broker::hub::Frame;
 use crate::broker::objectives::{self as store, ListFilter};
@@ -86,7 +86,7 @@ pub(super) async fn list(
             )?)
         }
     })?;
-    Ok(reply(StatusCode::OK, &json!({"objectives": objectives})))
+    Ok(reply(StatusCode::OK, &obj! {"objectives" => &objectives}))
 }
 
 fn load(conn: &Connection, id: &str) -> Result<Objective, ApiError> {

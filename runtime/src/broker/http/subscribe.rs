@@ -16,10 +16,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use ac7_protocol::permission::Permission;
+use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -111,7 +111,7 @@ pub(super) async fn subscribe(
     let mut frames = Vec::with_capacity(replay.len());
     for m in replay {
         let json = serde_json::to_string(&m).map_err(crate::broker::db::StoreError::from)?;
-        frames.push(Arc::new(Frame { id: m.id, json }));
+        frames.push(Arc::new(Frame::new(m.id, json)));
     }
     let guard = Guard {
         state: Arc::clone(&state),
@@ -123,27 +123,35 @@ pub(super) async fn subscribe(
         Some(ws) => {
             Ok(ws.on_upgrade(move |socket| run_socket(socket, frames, sub.rx, guard, keepalive)))
         }
-        None => Ok(Sse::new(sse_stream(frames, sub.rx, guard))
-            .keep_alive(KeepAlive::new().interval(keepalive))
+        None => Ok((
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            Body::from_stream(sse_stream(frames, sub.rx, guard, keepalive)),
+        )
             .into_response()),
     }
 }
 
+/// The SSE body: the replay, then live frames, with a `:` comment whenever
+/// nothing was sent for `keepalive`. Ends when the hub drops the subscriber.
 fn sse_stream(
     replay: Vec<Arc<Frame>>,
     rx: mpsc::Receiver<Arc<Frame>>,
     guard: Guard,
-) -> impl Stream<Item = Result<Event, Infallible>> {
-    let live = stream::unfold((rx, guard), |(mut rx, guard)| async move {
-        let frame = rx.recv().await?;
-        Some((frame, (rx, guard)))
+    keepalive: std::time::Duration,
+) -> impl Stream<Item = Result<Bytes, Infallible>> {
+    let live = stream::unfold((rx, guard), move |(mut rx, guard)| async move {
+        match tokio::time::timeout(keepalive, rx.recv()).await {
+            Ok(Some(frame)) => Some((frame.sse.clone(), (rx, guard))),
+            Ok(None) => None,
+            Err(_) => Some((Bytes::from_static(b":\n\n"), (rx, guard))),
+        }
     });
-    stream::iter(replay).chain(live).map(|f| {
-        Ok(Event::default()
-            .id(f.id.clone())
-            .event("message")
-            .data(f.json.clone()))
-    })
+    stream::iter(replay.into_iter().map(|f| f.sse.clone()))
+        .chain(live)
+        .map(Ok)
 }
 
 async fn run_socket(
@@ -154,11 +162,7 @@ async fn run_socket(
     keepalive: std::time::Duration,
 ) {
     for f in replay {
-        if socket
-            .send(WsMessage::Text(f.json.clone().into()))
-            .await
-            .is_err()
-        {
+        if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
             return;
         }
     }
@@ -168,7 +172,7 @@ async fn run_socket(
         tokio::select! {
             frame = rx.recv() => match frame {
                 Some(f) => {
-                    if socket.send(WsMessage::Text(f.json.clone().into())).await.is_err() {
+                    if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
                         break;
                     }
                 }
