@@ -447,3 +447,97 @@ async fn claude_code_injects_its_flags_and_runs_claude_from_claude_path() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("CLAUDE_PATH="));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_sees_and_uses_the_authority_and_admin_tools() {
+    let broker = start_broker().await;
+    let created = broker
+        .post("/channels", "director", json!({"slug": "ops"}))
+        .await;
+    assert_eq!(created.status, 201, "{}", created.text);
+    let calls = json!([
+        ["objectives_create", {"title": "Ship feature Y", "outcome": "Y merged", "assignee": "builder", "watchers": ["reviewer"], "body": "see spec"}],
+        ["objectives_watchers", {"id": "$last_objective", "remove": ["reviewer"]}],
+        ["objectives_update", {"id": "$last_objective", "status": "blocked", "blockReason": "waiting on CI"}],
+        ["objectives_reassign", {"id": "$last_objective", "to": "reviewer", "note": "swap"}],
+        ["objectives_view", {"id": "$last_objective"}],
+        ["objectives_cancel", {"id": "$last_objective", "reason": "descoped"}],
+        ["objectives_list", {"status": "cancelled"}],
+        ["channels_post", {"channel": "ops", "body": "deploying", "title": "heads up"}],
+        ["recent", {"channel": "ops"}],
+        ["recent", {"with": "builder"}],
+        ["fs_mkdir", {"path": "/director/plans", "recursive": true}],
+        ["fs_write", {"path": "/director/plans/a.txt", "mimeType": "text/plain", "text": "alpha"}],
+        ["fs_write", {"path": "/director/plans/a.txt", "mimeType": "text/plain", "text": "beta", "collide": "suffix"}],
+        ["fs_mv", {"from": "/director/plans/a-1.txt", "to": "/director/plans/b.txt"}],
+        ["broadcast", {"body": "plan attached", "attachments": ["/director/plans/b.txt"]}],
+        ["fs_ls", {"path": "/director/plans"}],
+        ["fs_rm", {"path": "/director/plans", "recursive": true}],
+        ["fs_shared", {}],
+        ["team_get", {}],
+        ["team_update", {"context": "Testing the runner."}],
+        ["presets_set", {"name": "scouting", "permissions": ["objectives.watch"]}],
+        ["presets_list", {}],
+        ["members_add", {"name": "scout", "title": "scout", "permissions": ["scouting"]}],
+        ["members_update", {"name": "scout", "instructions": "look around"}],
+        ["presets_delete", {"name": "scouting"}],
+        ["members_remove", {"name": "scout"}]
+    ]);
+    let dir = config_dir();
+    let calls = calls.to_string();
+    let mut child = runner(
+        &broker,
+        "director",
+        dir.path(),
+        "calls",
+        &[("AC7_TEST_CALLS", &calls)],
+    );
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    assert_restored(dir.path());
+    let out: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        out["tools"].as_array().unwrap().len(),
+        31,
+        "an admin sees every tool"
+    );
+    let texts: Vec<String> = out["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let args = redact_text(&c["args"].to_string());
+            let text = redact_text(c["text"].as_str().unwrap());
+            let text = redact_token(&text);
+            format!(
+                "{} {args} -> {}{}",
+                c["tool"].as_str().unwrap(),
+                if c["isError"] == true {
+                    "isError: "
+                } else {
+                    ""
+                },
+                text
+            )
+        })
+        .collect();
+    for (call, text) in out["calls"].as_array().unwrap().iter().zip(&texts) {
+        assert_eq!(call["isError"], false, "{text}");
+    }
+    insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => true}, {
+        insta::assert_snapshot!("runner_admin_tool_calls", texts.join("\n"));
+    });
+}
+
+fn redact_token(text: &str) -> String {
+    text.split_inclusive(char::is_whitespace)
+        .map(|w| {
+            if w.trim_start().starts_with("ac7_") && w.trim().len() == 47 {
+                w.replace(w.trim(), "ac7_<token>")
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect()
+}

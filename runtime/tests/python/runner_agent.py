@@ -9,6 +9,8 @@ is bounded.
 Scenarios:
   session   call the tools, then wait for pushes, an objective assignment and tools/list_changed
   messages  wait for the bodies listed in AC7_TEST_EXPECT (comma-separated), in any order
+  calls     list the tools, then make the calls in AC7_TEST_CALLS (a JSON list of [tool, args]);
+            a "$last_objective" argument value is replaced by the id the last objectives_create made
   exit:N    exit with code N at once (never starts the bridge)
   hang      sleep until killed
 """
@@ -136,6 +138,20 @@ async def scenario_messages() -> dict:
     return {"received": sorted(p.content for p in channel.received)}
 
 
+async def scenario_calls() -> dict:
+    out: dict = {}
+    async with Client(server(), mode="legacy", read_timeout_seconds=WAIT) as client:
+        tools = await client.list_tools()
+        out["tools"] = [t.name for t in tools.tools]
+        last_objective = None
+        for name, args in json.loads(os.environ["AC7_TEST_CALLS"]):
+            args = {k: (last_objective if v == "$last_objective" else v) for k, v in args.items()}
+            result = await call(client, out, name, args)
+            if name == "objectives_create" and result.startswith("created "):
+                last_objective = result.split()[1]
+    return out
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario.startswith("exit:"):
@@ -144,7 +160,7 @@ def main() -> None:
         (WORK / "ready").write_text("ready")
         time.sleep(3600)
         return
-    result = anyio.run({"session": scenario_session, "messages": scenario_messages}[scenario])
+    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls}[scenario])
     (WORK / "result.json").write_text(json.dumps(result))
 
 
