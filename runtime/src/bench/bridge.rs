@@ -293,7 +293,7 @@ impl Runner {
 }
 
 /// This process playing the agent: blocking pipes to a bridge child.
-struct Agent {
+pub(super) struct Agent {
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
@@ -302,7 +302,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn spawn(ac7: &Path, socket: &Path) -> anyhow::Result<Self> {
+    pub(super) fn spawn(ac7: &Path, socket: &Path) -> anyhow::Result<Self> {
         let mut child = Command::new(ac7)
             .arg("mcp-bridge")
             .env(RUNNER_SOCKET_ENV, socket)
@@ -322,7 +322,7 @@ impl Agent {
         })
     }
 
-    fn send(&mut self, method: &str, params: Option<&str>) -> anyhow::Result<u64> {
+    pub(super) fn send(&mut self, method: &str, params: Option<&str>) -> anyhow::Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
         let line = match params {
@@ -336,8 +336,22 @@ impl Agent {
         Ok(id)
     }
 
+    /// The bridge's peak RSS so far.
+    pub(super) fn peak_rss_kib(&self) -> Option<u64> {
+        peak_rss_kib(self.child.id())
+    }
+
+    /// Reads the next line the bridge writes (a response or a notification).
+    pub(super) fn read_line(&mut self) -> anyhow::Result<&str> {
+        self.line.clear();
+        if self.stdout.read_line(&mut self.line)? == 0 {
+            bail!("the bridge closed its stdout");
+        }
+        Ok(&self.line)
+    }
+
     /// Reads one response line; checks it is a result.
-    fn receive(&mut self) -> anyhow::Result<usize> {
+    pub(super) fn receive(&mut self) -> anyhow::Result<usize> {
         self.line.clear();
         let n = self.stdout.read_line(&mut self.line)?;
         if n == 0 {
@@ -349,12 +363,12 @@ impl Agent {
         Ok(n)
     }
 
-    fn call(&mut self, method: &str, params: Option<&str>) -> anyhow::Result<usize> {
+    pub(super) fn call(&mut self, method: &str, params: Option<&str>) -> anyhow::Result<usize> {
         self.send(method, params)?;
         self.receive()
     }
 
-    fn initialize(&mut self) -> anyhow::Result<()> {
+    pub(super) fn initialize(&mut self) -> anyhow::Result<()> {
         self.call(
             mcp::INITIALIZE,
             Some(
@@ -388,7 +402,11 @@ impl Agent {
         })
     }
 
-    fn throughput(&mut self, calls: usize, in_flight: usize) -> anyhow::Result<Throughput> {
+    pub(super) fn throughput(
+        &mut self,
+        calls: usize,
+        in_flight: usize,
+    ) -> anyhow::Result<Throughput> {
         let params = Some(r#"{"name":"roster","arguments":{}}"#);
         let start = Instant::now();
         let mut sent = 0;
@@ -413,7 +431,7 @@ impl Agent {
     }
 
     /// Closes stdin and waits for the exit; returns how long that took.
-    fn close(mut self) -> anyhow::Result<Duration> {
+    pub(super) fn close(mut self) -> anyhow::Result<Duration> {
         let t = Instant::now();
         drop(self.stdin.take());
         let status = self.child.wait()?;

@@ -50,15 +50,15 @@ pub fn child_main(args: &[String]) -> anyhow::Result<i32> {
 }
 
 /// A broker child process with its team tokens; killed and its files removed on drop.
-struct BrokerChild {
+pub(super) struct BrokerChild {
     child: Child,
-    url: String,
+    pub(super) url: String,
     tokens: Vec<(String, String)>,
     dir: PathBuf,
 }
 
 impl BrokerChild {
-    fn spawn(members: usize) -> anyhow::Result<BrokerChild> {
+    pub(super) fn spawn(members: usize) -> anyhow::Result<BrokerChild> {
         let dir = std::env::temp_dir().join(format!(
             "ac7-bench-{}-{}",
             std::process::id(),
@@ -125,14 +125,14 @@ impl BrokerChild {
         })
     }
 
-    fn token(&self, name: &str) -> &str {
+    pub(super) fn token(&self, name: &str) -> &str {
         self.tokens
             .iter()
             .find(|(n, _)| n == name)
             .map_or("", |(_, t)| t)
     }
 
-    fn pid(&self) -> u32 {
+    pub(super) fn pid(&self) -> u32 {
         self.child.id()
     }
 }
@@ -145,14 +145,14 @@ impl Drop for BrokerChild {
     }
 }
 
-fn client() -> anyhow::Result<reqwest::Client> {
+pub(super) fn client() -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .pool_max_idle_per_host(64)
         .build()?)
 }
 
-fn rt() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(super) fn rt() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)

@@ -9,10 +9,12 @@
 //! cargo run --release --bin ac7-bench -- broker-push      # durable pushes/s, 16 clients
 //! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
 //! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
+//! cargo run --release --bin ac7-bench -- runner           # roster round trips, push -> notification, RSS
 //! ```
 
 pub mod bridge;
 pub mod broker;
+pub mod runner;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -30,6 +32,7 @@ pub const SCENARIOS: &[&str] = &[
     "broker-push",
     "broker-delivery",
     "broker-rss",
+    "runner",
 ];
 
 /// Runs the scenario named by `args[0]`; returns the process exit code.
@@ -54,6 +57,10 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-push") => emit(&broker::push()?),
         Some("broker-delivery") => emit(&broker::delivery()?),
         Some("broker-rss") => emit(&broker::rss()?),
+        Some("runner") => {
+            print_json(&runner::run()?)?;
+            Ok(0)
+        }
         Some(broker::CHILD_ARG) => broker::child_main(&args[1..]),
         other => anyhow::bail!(
             "unknown scenario {:?}; expected one of: {}",
