@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
 
-use crate::json::{RawJson, write_int, write_raw, write_str};
+use crate::json::{NotObject, RawJson, object_text, write_int, write_raw, write_str};
 
 pub mod bridge;
 pub mod host;
@@ -107,14 +107,13 @@ const FORBIDDEN_KEYS: [&str; 3] = ["__proto__", "constructor", "prototype"];
 
 /// Reads a line as a flat map of raw fields, refusing what no valid message is.
 fn fields(line: &[u8]) -> Result<BTreeMap<String, &RawValue>, Invalid> {
-    let text = std::str::from_utf8(line).map_err(|_| Invalid("not valid UTF-8".into()))?;
-    let map: BTreeMap<String, &RawValue> = match serde_json::from_str(text) {
-        Ok(map) => map,
-        Err(_) if serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok() => {
-            return Err(Invalid("not a JSON object".into()));
-        }
-        Err(e) => return Err(Invalid(format!("not valid JSON: {e}"))),
-    };
+    let text = object_text(line).map_err(|why| match why {
+        NotObject::InvalidUtf8 { .. } => Invalid("not valid UTF-8".into()),
+        NotObject::InvalidJson(detail) => Invalid(format!("not valid JSON: {detail}")),
+        NotObject::NotAnObject { .. } => Invalid("not a JSON object".into()),
+    })?;
+    let map: BTreeMap<String, &RawValue> =
+        serde_json::from_str(text).map_err(|e| Invalid(format!("not valid JSON: {e}")))?;
     if let Some(key) = FORBIDDEN_KEYS.iter().find(|k| map.contains_key(**k)) {
         return Err(Invalid(format!("forbidden key {key:?}")));
     }

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::json::{RawJson, present};
+use crate::json::{NotObject, RawJson, object_text, present};
 use crate::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
 use crate::pending::Pending;
 
@@ -207,13 +207,11 @@ fn parse_payload(payload: &[u8]) -> Result<WirePayload<'_>, Fatal> {
     if payload.is_empty() {
         return Err(Fatal::Empty);
     }
-    let text = std::str::from_utf8(payload).map_err(|_| Fatal::InvalidUtf8)?;
-    if text.trim_start().as_bytes().first() != Some(&b'{') {
-        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
-            Ok(_) => Fatal::NotAnObject,
-            Err(e) => Fatal::InvalidJson(e.to_string()),
-        });
-    }
+    let text = object_text(payload).map_err(|why| match why {
+        NotObject::InvalidUtf8 { .. } => Fatal::InvalidUtf8,
+        NotObject::InvalidJson(detail) => Fatal::InvalidJson(detail),
+        NotObject::NotAnObject { .. } => Fatal::NotAnObject,
+    })?;
     serde_json::from_str(text).map_err(|e| Fatal::InvalidJson(e.to_string()))
 }
 

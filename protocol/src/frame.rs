@@ -23,7 +23,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::json::{RawJson, present, write_int, write_raw, write_str};
+use crate::json::{NotObject, RawJson, object_text, present, write_int, write_raw, write_str};
 use crate::jsonrpc::{Outcome, RpcError, write_error_object};
 use crate::line::{DEFAULT_MAX_LINE_BYTES, Line, LineDecoder};
 
@@ -305,17 +305,11 @@ struct WireFrame<'a> {
 
 /// Decodes one line (without its newline) into a frame.
 pub fn decode_frame(line: &[u8]) -> Result<Frame, DropReason> {
-    let text = std::str::from_utf8(line).map_err(|e| DropReason::InvalidUtf8 {
-        valid_up_to: e.valid_up_to(),
+    let text = object_text(line).map_err(|why| match why {
+        NotObject::InvalidUtf8 { valid_up_to } => DropReason::InvalidUtf8 { valid_up_to },
+        NotObject::InvalidJson(detail) => DropReason::InvalidJson { detail },
+        NotObject::NotAnObject { .. } => DropReason::NotAnObject,
     })?;
-    if text.trim_start().as_bytes().first() != Some(&b'{') {
-        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
-            Ok(_) => DropReason::NotAnObject,
-            Err(e) => DropReason::InvalidJson {
-                detail: e.to_string(),
-            },
-        });
-    }
     let wire: WireFrame<'_> = serde_json::from_str(text).map_err(|e| DropReason::InvalidJson {
         detail: e.to_string(),
     })?;

@@ -82,6 +82,56 @@ impl<'de> Deserialize<'de> for RawJson {
     }
 }
 
+/// The JSON type of a value, as users read it: `null`, `boolean`, `number`, `string`, `array`,
+/// `object`.
+pub fn kind_name(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// Why some bytes are not one JSON object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum NotObject {
+    /// Not UTF-8.
+    InvalidUtf8 {
+        /// Length of the valid prefix.
+        valid_up_to: usize,
+    },
+    /// Not JSON.
+    InvalidJson(String),
+    /// JSON, but not an object; `array` tells an array apart.
+    NotAnObject {
+        /// Whether it is an array.
+        array: bool,
+    },
+}
+
+/// The text of `bytes` if it is UTF-8 that opens a JSON object (after whitespace); otherwise
+/// why not, telling text that is not JSON from JSON that is not an object. The caller parses the
+/// object itself (and reports a malformed object as invalid JSON).
+pub(crate) fn object_text(bytes: &[u8]) -> Result<&str, NotObject> {
+    let text = std::str::from_utf8(bytes).map_err(|e| NotObject::InvalidUtf8 {
+        valid_up_to: e.valid_up_to(),
+    })?;
+    let first = text.trim_start().as_bytes().first().copied();
+    if first == Some(b'{') {
+        return Ok(text);
+    }
+    match serde_json::from_str::<serde::de::IgnoredAny>(text) {
+        Ok(_) => Err(NotObject::NotAnObject {
+            array: first == Some(b'['),
+        }),
+        Err(e) => Err(NotObject::InvalidJson(e.to_string())),
+    }
+}
+
 /// Deserializes a field that is present as `Some(raw)`, even when its value is `null`.
 /// Used with `#[serde(default, borrow, deserialize_with = "present")]`.
 pub(crate) fn present<'de, D: Deserializer<'de>>(

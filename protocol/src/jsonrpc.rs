@@ -9,7 +9,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::json::{RawJson, present, write_int, write_raw, write_str};
+use crate::json::{NotObject, RawJson, object_text, present, write_int, write_raw, write_str};
 
 /// `-32700`: the line is not JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -185,25 +185,20 @@ struct WireMessage<'a> {
 
 /// Classifies one line (without its newline).
 pub fn parse_message(line: &[u8]) -> Result<Message, Invalid> {
-    let text = std::str::from_utf8(line).map_err(|e| Invalid::Parse {
-        detail: format!("invalid UTF-8 at byte {}", e.valid_up_to()),
+    let text = object_text(line).map_err(|why| match why {
+        NotObject::InvalidUtf8 { valid_up_to } => Invalid::Parse {
+            detail: format!("invalid UTF-8 at byte {valid_up_to}"),
+        },
+        NotObject::InvalidJson(detail) => Invalid::Parse { detail },
+        NotObject::NotAnObject { array: true } => Invalid::Request {
+            id: None,
+            detail: "batch requests are not supported".into(),
+        },
+        NotObject::NotAnObject { array: false } => Invalid::Request {
+            id: None,
+            detail: "a message must be a JSON object".into(),
+        },
     })?;
-    let first = text.trim_start().as_bytes().first().copied();
-    if first != Some(b'{') {
-        return Err(match serde_json::from_str::<serde::de::IgnoredAny>(text) {
-            Err(e) => Invalid::Parse {
-                detail: e.to_string(),
-            },
-            Ok(_) if first == Some(b'[') => Invalid::Request {
-                id: None,
-                detail: "batch requests are not supported".into(),
-            },
-            Ok(_) => Invalid::Request {
-                id: None,
-                detail: "a message must be a JSON object".into(),
-            },
-        });
-    }
     let wire: WireMessage<'_> = serde_json::from_str(text).map_err(|e| Invalid::Parse {
         detail: e.to_string(),
     })?;

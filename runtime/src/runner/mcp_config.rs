@@ -131,7 +131,7 @@ pub fn install(path: &Path, name: &str, entry: Value) -> Result<McpConfigGuard, 
             Ok(other) => {
                 return Err(ConfigError::NotAnObject {
                     path: path.to_owned(),
-                    reason: format!("it holds a JSON {}", kind(&other)),
+                    reason: format!("it holds a JSON {}", ac7_protocol::json::kind_name(&other)),
                 });
             }
             Err(e) => {
@@ -256,17 +256,6 @@ fn io_error(op: &'static str, path: &Path, source: io::Error) -> ConfigError {
         op,
         path: path.to_owned(),
         source,
-    }
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
     }
 }
 

@@ -341,17 +341,6 @@ impl<S: Send + Sync> FromRequest<S> for Body {
     }
 }
 
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
-}
-
 /// Parses a JSON object body into `T`; a body that is not JSON counts as `null`.
 /// Failures are 400 `invalid <thing> payload` with validator-style `details`.
 pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8], thing: &str) -> Result<T, ApiError> {
@@ -363,7 +352,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8], thing: &str) -> Resul
                 "expected": "object",
                 "code": "invalid_type",
                 "path": [],
-                "message": format!("Invalid input: expected object, received {}", type_name(&value)),
+                "message": format!("Invalid input: expected object, received {}", ac7_protocol::json::kind_name(&value)),
             })],
         ));
     }
