@@ -31,8 +31,20 @@ fn runner(
     scenario: &str,
     extra_env: &[(&str, &str)],
 ) -> Child {
+    runner_with(broker, member, dir, scenario, extra_env, "auto")
+}
+
+/// The same with `--stream <stream>`.
+fn runner_with(
+    broker: &TestBroker,
+    member: &str,
+    dir: &Path,
+    scenario: &str,
+    extra_env: &[(&str, &str)],
+    stream: &str,
+) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ac7"));
-    cmd.args(["run", "--url", &broker.url, "--socket"])
+    cmd.args(["run", "--url", &broker.url, "--stream", stream, "--socket"])
         .arg(dir.join("r.sock"))
         .arg("--")
         .arg(python())
@@ -331,14 +343,24 @@ async fn start_up_errors_exit_2_and_touch_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_lost_when_the_broker_restarts() {
+    restart_mid_session("sse").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_lost_when_the_broker_restarts_over_websocket() {
+    restart_mid_session("ws").await;
+}
+
+async fn restart_mid_session(stream: &str) {
     let mut broker = start_broker().await;
     let dir = config_dir();
-    let mut child = runner(
+    let mut child = runner_with(
         &broker,
         "builder",
         dir.path(),
         "messages",
         &[("AC7_TEST_EXPECT", "before,during-restart,after")],
+        stream,
     );
     wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
     broker.push("director", json!({"body": "before"})).await;
