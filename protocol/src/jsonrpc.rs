@@ -209,7 +209,8 @@ pub fn parse_message(line: &[u8]) -> Result<Message, Invalid> {
         id: error_id.clone(),
         detail: detail.to_owned(),
     };
-    if wire.jsonrpc.map(RawValue::get) != Some("\"2.0\"") {
+    // Lenient on receipt: `codex app-server` leaves `jsonrpc` out; a different version is refused.
+    if wire.jsonrpc.is_some_and(|v| v.get() != "\"2.0\"") {
         return Err(invalid("\"jsonrpc\" must be \"2.0\""));
     }
     if raw_id.is_some() && id.is_none() {
@@ -385,9 +386,14 @@ mod tests {
         assert_eq!(parse(b"42").id(), None);
         assert_eq!(parse(b"42").to_error().code, INVALID_REQUEST);
         assert_eq!(parse(b"[1]").to_error().code, INVALID_REQUEST);
-        let missing_version = parse(br#"{"id":9,"method":"x"}"#);
-        assert_eq!(missing_version.id(), Some(&Id::number(9)));
-        assert_eq!(missing_version.to_error().code, INVALID_REQUEST);
+        let wrong_version = parse(br#"{"jsonrpc":"1.0","id":9,"method":"x"}"#);
+        assert_eq!(wrong_version.id(), Some(&Id::number(9)));
+        assert_eq!(wrong_version.to_error().code, INVALID_REQUEST);
+        // Without `jsonrpc` (as codex app-server writes) a message is still read.
+        assert!(matches!(
+            parse_message(br#"{"id":1,"result":{"userAgent":"codex"}}"#),
+            Ok(Message::Response(_))
+        ));
         assert_eq!(
             parse(br#"{"jsonrpc":"2.0","id":null,"method":"x"}"#).id(),
             None

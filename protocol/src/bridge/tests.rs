@@ -206,7 +206,7 @@ fn bad_input_gets_answers_and_the_session_goes_on() {
     let out = h.agent("{not json");
     assert_eq!(to_agent(&out)[0]["error"]["code"], -32700);
     assert_eq!(to_agent(&out)[0]["id"], serde_json::Value::Null);
-    let out = h.agent(r#"{"id":4,"method":"tools/list"}"#);
+    let out = h.agent(r#"{"jsonrpc":"2.0","id":4,"method":7}"#);
     assert_eq!(to_agent(&out)[0]["error"]["code"], -32600);
     assert_eq!(to_agent(&out)[0]["id"], 4);
     // Too large for a frame, small enough to read: answered under its id, never sent.
