@@ -86,6 +86,13 @@ pub enum CodexOutput {
     Failed(String),
     /// Close codex's stdin (after [`CodexClient::shutdown`]).
     CloseStdin,
+    /// The answer to a [`CodexClient::request`].
+    Response {
+        /// The id `request` returned.
+        id: u64,
+        /// The result, or the error message.
+        outcome: Result<Value, String>,
+    },
     /// Something worth logging.
     Event(CodexEvent),
 }
@@ -135,6 +142,7 @@ enum Call {
         retried: bool,
     },
     Interrupt,
+    App,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +204,7 @@ impl CodexClient {
             out: VecDeque::new(),
         };
         let params = json!({"clientInfo": {"name": client.config.client_name, "version": client.config.client_version}});
-        client.request("initialize", &params, Call::Initialize);
+        client.request_call("initialize", &params, Call::Initialize);
         client
     }
 
@@ -255,7 +263,7 @@ impl CodexClient {
         if let (Some(thread_id), Some(turn_id)) = (self.thread_id.clone(), self.active_turn.clone())
         {
             let params = json!({"threadId": thread_id, "turnId": turn_id});
-            self.request("turn/interrupt", &params, Call::Interrupt);
+            self.request_call("turn/interrupt", &params, Call::Interrupt);
         }
         if !self.buffer.is_empty() {
             let events = self.buffer.len();
@@ -269,9 +277,20 @@ impl CodexClient {
         self.out.push_back(CodexOutput::CloseStdin);
     }
 
+    /// Sends any other request to codex (e.g. `mcpServerStatus/list`); the answer comes out as
+    /// [`CodexOutput::Response`] with the returned id.
+    pub fn request(&mut self, method: &str, params: &Value) -> u64 {
+        self.request_call(method, params, Call::App)
+    }
+
     /// The next thing to do, until `None`.
     pub fn poll_output(&mut self) -> Option<CodexOutput> {
         self.out.pop_front()
+    }
+
+    /// The thread's id, once `thread/start` answered.
+    pub fn thread_id(&self) -> Option<&str> {
+        self.thread_id.as_deref()
     }
 
     /// The thread's status.
@@ -298,7 +317,7 @@ impl CodexClient {
                 let Ok(call) = self.calls.take(id) else {
                     return;
                 };
-                self.response(call, response.outcome, now);
+                self.response(id, call, response.outcome, now);
             }
             Message::Request(request) => {
                 let denied = DENIED_REQUESTS.contains(&request.method.as_str());
@@ -355,7 +374,7 @@ impl CodexClient {
         }
     }
 
-    fn response(&mut self, call: Call, outcome: Outcome, _now: Instant) {
+    fn response(&mut self, id: u64, call: Call, outcome: Outcome, _now: Instant) {
         let result = match outcome {
             Outcome::Result(result) => Ok(result.parse::<Value>().unwrap_or(Value::Null)),
             Outcome::Error(error) => Err(error.message),
@@ -375,7 +394,7 @@ impl CodexClient {
                     if let Some(model) = &self.config.model {
                         params["model"] = json!(model);
                     }
-                    self.request("thread/start", &params, Call::ThreadStart);
+                    self.request_call("thread/start", &params, Call::ThreadStart);
                 }
                 Err(message) => self.fail(format!("codex initialize failed: {message}")),
             },
@@ -419,6 +438,10 @@ impl CodexClient {
                 }
             }
             Call::Interrupt => {}
+            Call::App => self.out.push_back(CodexOutput::Response {
+                id,
+                outcome: result,
+            }),
         }
     }
 
@@ -469,7 +492,7 @@ impl CodexClient {
             events: events.len(),
         });
         self.delivering = true;
-        self.request(
+        self.request_call(
             method,
             &params,
             Call::Deliver {
@@ -486,12 +509,13 @@ impl CodexClient {
         }
     }
 
-    fn request(&mut self, method: &str, params: &Value, call: Call) {
+    fn request_call(&mut self, method: &str, params: &Value, call: Call) -> u64 {
         let id = self.calls.insert(call);
         let params = RawJson::from_value(params).expect("JSON values serialize");
         let mut line = Vec::new();
         jsonrpc::encode_request(&mut line, &Id::number(id), method, Some(&params));
         self.out.push_back(CodexOutput::Send(line));
+        id
     }
 
     fn fail(&mut self, reason: String) {

@@ -333,14 +333,15 @@ fn drain_bridge(
 ///
 /// Oracles: a request is handed to the application at most once per (connection, id) while in
 /// flight; a response frame goes only to the connection that asked; nothing is transmitted to a
-/// connection after it was closed; every frame fits the cap; at most one bridge is attached;
+/// connection after it was closed; every frame fits the cap; at most one bridge is attached
+/// (unless the policy is `AllowMany`);
 /// `respond` never reports misuse for requests the session handed out; `poll_output` terminates.
 pub fn runner_ops(data: &[u8]) {
     let mut input = Input::new(data);
-    let policy = if input.byte().is_multiple_of(2) {
-        BridgePolicy::DisplaceOld
-    } else {
-        BridgePolicy::RejectNew
+    let policy = match input.byte() % 3 {
+        0 => BridgePolicy::DisplaceOld,
+        1 => BridgePolicy::RejectNew,
+        _ => BridgePolicy::AllowMany,
     };
     let max_frame_bytes = 256 + usize::from(input.byte()) * 8;
     let mut session = RunnerSession::new(RunnerConfig {

@@ -44,6 +44,9 @@ pub enum BridgePolicy {
     DisplaceOld,
     /// The newcomer is refused with an `error` frame and closed (tests).
     RejectNew,
+    /// Every bridge stays attached (Codex runs more than one instance of an MCP server). Each
+    /// still gets only the responses to its own requests; notifications go to all of them.
+    AllowMany,
 }
 
 /// Limits and policy of a runner session.
@@ -246,7 +249,6 @@ struct InFlight {
 
 #[derive(Debug, Clone)]
 struct Attached {
-    conn: ConnId,
     decoder: FrameDecoder,
     in_flight: BTreeMap<u64, InFlight>,
 }
@@ -263,7 +265,8 @@ pub struct RunnerSession {
     config: RunnerConfig,
     lifecycle: Lifecycle,
     next_conn: u64,
-    attached: Option<Attached>,
+    /// Attached bridges by connection (at most one unless the policy is `AllowMany`).
+    attached: BTreeMap<ConnId, Attached>,
     queued: VecDeque<Vec<u8>>,
     out: VecDeque<RunnerOutput>,
 }
@@ -275,7 +278,7 @@ impl RunnerSession {
             config,
             lifecycle: Lifecycle::Serving,
             next_conn: 0,
-            attached: None,
+            attached: BTreeMap::new(),
             queued: VecDeque::new(),
             out: VecDeque::new(),
         }
@@ -294,18 +297,21 @@ impl RunnerSession {
             self.event(RunnerEvent::Rejected { conn });
             return conn;
         }
-        if let Some(old) = &self.attached {
-            match self.config.policy {
-                BridgePolicy::DisplaceOld => {
-                    let old = old.conn;
+        match self.config.policy {
+            BridgePolicy::AllowMany => {}
+            BridgePolicy::DisplaceOld => {
+                let old: Vec<ConnId> = self.attached.keys().copied().collect();
+                for old in old {
                     let frame = Frame::Shutdown(Shutdown {
                         reason: Some(DISPLACED_REASON.to_owned()),
                     });
                     self.transmit(old, &frame);
                     self.out.push_back(RunnerOutput::Close { conn: old });
-                    self.detach(DetachReason::Displaced);
+                    self.detach(old, DetachReason::Displaced);
                 }
-                BridgePolicy::RejectNew => {
+            }
+            BridgePolicy::RejectNew => {
+                if !self.attached.is_empty() {
                     let frame = Frame::Error(ErrorFrame {
                         message: ALREADY_ATTACHED.to_owned(),
                         id: None,
@@ -317,11 +323,13 @@ impl RunnerSession {
                 }
             }
         }
-        self.attached = Some(Attached {
+        self.attached.insert(
             conn,
-            decoder: FrameDecoder::new(self.config.max_frame_bytes),
-            in_flight: BTreeMap::new(),
-        });
+            Attached {
+                decoder: FrameDecoder::new(self.config.max_frame_bytes),
+                in_flight: BTreeMap::new(),
+            },
+        );
         let delivered = self.queued.len();
         if delivered > 0 {
             let bytes: Vec<u8> = self.queued.drain(..).flatten().collect();
@@ -333,27 +341,26 @@ impl RunnerSession {
 
     /// Bytes read from a connection. Bytes from a connection that is not attached are ignored.
     pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
-        let Some(attached) = self.attached.as_mut().filter(|a| a.conn == conn) else {
+        let Some(attached) = self.attached.get_mut(&conn) else {
             return;
         };
         attached.decoder.push(bytes);
-        while let Some(decoded) = self.attached.as_mut().and_then(|a| a.decoder.next()) {
+        while let Some(decoded) = self.attached.get_mut(&conn).and_then(|a| a.decoder.next()) {
             self.frame_from_bridge(conn, decoded, now);
-            if self.attached.as_ref().is_none_or(|a| a.conn != conn) {
-                return;
-            }
         }
     }
 
     /// A connection reached EOF or failed.
     pub fn handle_closed(&mut self, conn: ConnId, now: Instant) {
-        if self.attached.as_ref().is_some_and(|a| a.conn == conn) {
-            if let Some(decoded) = self.attached.as_mut().and_then(|a| a.decoder.finish()) {
-                self.frame_from_bridge(conn, decoded, now);
-            }
-            if self.attached.as_ref().is_some_and(|a| a.conn == conn) {
-                self.detach(DetachReason::Closed);
-            }
+        if let Some(decoded) = self
+            .attached
+            .get_mut(&conn)
+            .and_then(|a| a.decoder.finish())
+        {
+            self.frame_from_bridge(conn, decoded, now);
+        }
+        if self.attached.contains_key(&conn) {
+            self.detach(conn, DetachReason::Closed);
         }
     }
 
@@ -368,7 +375,7 @@ impl RunnerSession {
         if conn.0 >= self.next_conn {
             return Err(RunnerMisuse::UnknownConnection(conn));
         }
-        let Some(attached) = self.attached.as_mut().filter(|a| a.conn == conn) else {
+        let Some(attached) = self.attached.get_mut(&conn) else {
             self.event(RunnerEvent::ResponseDropped { conn, id });
             return Ok(());
         };
@@ -394,7 +401,7 @@ impl RunnerSession {
         Ok(())
     }
 
-    /// Sends an MCP notification to the attached bridge, or queues it until one attaches.
+    /// Sends an MCP notification to the attached bridge(s), or queues it until one attaches.
     pub fn notify(&mut self, method: &str, params: Option<RawJson>, _now: Instant) {
         if matches!(self.lifecycle, Lifecycle::ShutDown { .. }) {
             self.event(RunnerEvent::NotificationsDropped { count: 1 });
@@ -415,9 +422,14 @@ impl RunnerSession {
                 return;
             }
         };
-        if let Some(attached) = &self.attached {
-            let conn = attached.conn;
-            self.out.push_back(RunnerOutput::Transmit { conn, bytes });
+        if !self.attached.is_empty() {
+            let conns: Vec<ConnId> = self.attached.keys().copied().collect();
+            for conn in conns {
+                self.out.push_back(RunnerOutput::Transmit {
+                    conn,
+                    bytes: bytes.clone(),
+                });
+            }
             return;
         }
         self.queued.push_back(bytes);
@@ -438,13 +450,14 @@ impl RunnerSession {
             return;
         }
         let reason = reason.map(str::to_owned);
-        if let Some(conn) = self.attached.as_ref().map(|a| a.conn) {
+        let conns: Vec<ConnId> = self.attached.keys().copied().collect();
+        for conn in conns {
             let frame = Frame::Shutdown(Shutdown {
                 reason: reason.clone(),
             });
             self.transmit(conn, &frame);
             self.out.push_back(RunnerOutput::Close { conn });
-            self.detach(DetachReason::RunnerShutdown);
+            self.detach(conn, DetachReason::RunnerShutdown);
         }
         if !self.queued.is_empty() {
             let count = self.queued.len();
@@ -459,9 +472,14 @@ impl RunnerSession {
         self.out.pop_front()
     }
 
-    /// The attached bridge's connection, if any.
+    /// The attached bridge's connection (the newest one under `AllowMany`), if any.
     pub fn attached(&self) -> Option<ConnId> {
-        self.attached.as_ref().map(|a| a.conn)
+        self.attached.keys().next_back().copied()
+    }
+
+    /// How many bridges are attached.
+    pub fn attached_count(&self) -> usize {
+        self.attached.len()
     }
 
     /// Notifications waiting for a bridge.
@@ -477,7 +495,7 @@ impl RunnerSession {
     fn frame_from_bridge(&mut self, conn: ConnId, decoded: Decoded, now: Instant) {
         match decoded {
             Decoded::Frame(Frame::McpRequest(req)) => {
-                let Some(attached) = self.attached.as_mut() else {
+                let Some(attached) = self.attached.get_mut(&conn) else {
                     return;
                 };
                 if attached.in_flight.contains_key(&req.id) {
@@ -505,7 +523,7 @@ impl RunnerSession {
             }
             Decoded::Frame(Frame::Shutdown(Shutdown { reason })) => {
                 self.out.push_back(RunnerOutput::Close { conn });
-                self.detach(DetachReason::BridgeShutdown { reason });
+                self.detach(conn, DetachReason::BridgeShutdown { reason });
             }
             Decoded::Frame(Frame::Error(e)) => self.event(RunnerEvent::BridgeError {
                 conn,
@@ -526,7 +544,7 @@ impl RunnerSession {
                 } = &dropped.reason
                     && self
                         .attached
-                        .as_ref()
+                        .get(&conn)
                         .is_some_and(|a| !a.in_flight.contains_key(id))
                 {
                     self.error_frame(conn, format!("invalid mcp_request frame: {detail}"), *id);
@@ -536,10 +554,10 @@ impl RunnerSession {
         }
     }
 
-    fn detach(&mut self, reason: DetachReason) {
-        if let Some(attached) = self.attached.take() {
+    fn detach(&mut self, conn: ConnId, reason: DetachReason) {
+        if let Some(attached) = self.attached.remove(&conn) {
             self.event(RunnerEvent::Detached {
-                conn: attached.conn,
+                conn,
                 reason,
                 abandoned: attached.in_flight.len(),
             });

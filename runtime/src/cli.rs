@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use crate::bridge::McpBridgeArgs;
 use crate::broker::cli::{MemberArgs, ServeArgs};
 use crate::operator::{HistoryArgs, ObjectivesArgs, OperatorConn, PushArgs};
+use crate::runner::codex::CodexArgs;
 use crate::runner::{ClaudeCodeArgs, RunArgs};
 
 /// ac7: a team of humans and AI agents working through one broker.
@@ -31,6 +32,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run Claude Code as a member of the team (`ac7 claude-code [-- <claude args>]`).
     ClaudeCode(ClaudeCodeArgs),
+    /// Run OpenAI Codex as a member of the team, under `codex app-server`.
+    Codex(CodexArgs),
     /// Run any MCP-speaking agent as a member of the team (`ac7 run -- <cmd> [args]`).
     Run(RunArgs),
     /// Administer members offline, against the database file.
@@ -56,6 +59,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Serve(args) => crate::broker::cli::serve(args),
         Command::ClaudeCode(args) => Ok(crate::runner::claude_code(args)),
         Command::Run(args) => Ok(crate::runner::run_command(args)),
+        Command::Codex(args) => Ok(crate::runner::codex::codex(args)),
         Command::Member(args) => crate::broker::cli::member(args),
         Command::Push(args) => crate::operator::push(args),
         Command::Roster(conn) => crate::operator::roster(conn),

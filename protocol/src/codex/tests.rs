@@ -344,3 +344,34 @@ proptest! {
         prop_assert_eq!(delivered.len() + dropped, expected.len(), "an event was lost without a report");
     }
 }
+
+#[test]
+fn other_requests_are_answered_through_response() {
+    let mut c = Codex::start();
+    c.ready("idle");
+    let id = c.client.request("mcpServerStatus/list", &json!({}));
+    c.drain();
+    let out = c.answer(
+        "mcpServerStatus/list",
+        Ok(json!({"data": [{"name": "ac7"}]})),
+    );
+    assert_eq!(
+        out,
+        vec![CodexOutput::Response {
+            id,
+            outcome: Ok(json!({"data": [{"name": "ac7"}]}))
+        }]
+    );
+    let id = c
+        .client
+        .request("mcpServer/tool/call", &json!({"server": "ac7"}));
+    c.drain();
+    let out = c.answer("mcpServer/tool/call", Err("no such server"));
+    assert_eq!(
+        out,
+        vec![CodexOutput::Response {
+            id,
+            outcome: Err("no such server".into())
+        }]
+    );
+}

@@ -217,6 +217,62 @@ fn reject_new_keeps_the_first_bridge() {
 }
 
 #[test]
+fn allow_many_keeps_every_bridge_and_routes_responses_to_the_asker() {
+    let mut s = RunnerSession::new(RunnerConfig {
+        policy: BridgePolicy::AllowMany,
+        ..RunnerConfig::default()
+    });
+    let now = Instant::now();
+    let a = s.handle_connect(now);
+    let b = s.handle_connect(now);
+    assert_eq!(s.attached_count(), 2);
+    let mut t = String::new();
+    assert!(
+        transmitted(&drain(&mut s, &mut t)).is_empty(),
+        "nobody is displaced or rejected"
+    );
+    s.handle_bytes(
+        a,
+        b"{\"kind\":\"mcp_request\",\"id\":1,\"method\":\"tools/list\"}\n",
+        now,
+    );
+    s.handle_bytes(
+        b,
+        b"{\"kind\":\"mcp_request\",\"id\":1,\"method\":\"tools/list\"}\n",
+        now,
+    );
+    drain(&mut s, &mut t);
+    s.respond(b, 1, Outcome::Result(raw("{\"tools\":[]}")), now)
+        .unwrap();
+    let out = drain(&mut s, &mut t);
+    assert_eq!(
+        transmitted(&out)
+            .iter()
+            .map(|(c, _)| *c)
+            .collect::<Vec<_>>(),
+        vec![b.0]
+    );
+    s.notify("n", None, now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(
+        transmitted(&out)
+            .iter()
+            .map(|(c, _)| *c)
+            .collect::<Vec<_>>(),
+        vec![a.0, b.0]
+    );
+    s.handle_closed(b, now);
+    assert_eq!(s.attached(), Some(a));
+    s.respond(a, 1, Outcome::Result(raw("{\"tools\":[]}")), now)
+        .unwrap();
+    assert_eq!(transmitted(&drain(&mut s, &mut t)).len(), 1);
+    s.shutdown(Some("bye"), now);
+    let out = drain(&mut s, &mut t);
+    assert!(out.contains(&RunnerOutput::Close { conn: a }));
+    assert_eq!(s.attached_count(), 0);
+}
+
+#[test]
 fn bridge_shutdown_and_close_detach() {
     let mut s = RunnerSession::new(RunnerConfig::default());
     let now = Instant::now();
@@ -556,6 +612,11 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
                     BridgePolicy::RejectNew => {
                         assert_eq!(frames_to(outputs, new)[0]["message"], ALREADY_ATTACHED);
                         assert_eq!(closes, vec![new]);
+                    }
+                    BridgePolicy::AllowMany => {
+                        unreachable!(
+                            "the model covers the single-bridge policies; AllowMany has its own tests"
+                        )
                     }
                 }
             } else {

@@ -15,6 +15,7 @@
 //! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it).
 
 pub mod broker;
+pub mod codex;
 pub mod forwarder;
 pub mod mcp_config;
 pub mod tracker;
@@ -25,7 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use ac7_protocol::jsonrpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, Outcome, RpcError};
 use ac7_protocol::mcp;
-use ac7_protocol::runner::IncomingRequest;
+use ac7_protocol::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
 use ac7_protocol::toolbox::{self, Briefing, Context, Plan};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -160,7 +161,7 @@ pub fn find_in_path(name: &str) -> Option<PathBuf> {
         })
 }
 
-fn start_failed(error: &StartError) -> i32 {
+pub(crate) fn start_failed(error: &StartError) -> i32 {
     eprintln!("ac7: {error}");
     2
 }
@@ -192,12 +193,22 @@ struct Running {
     stop_stream: watch::Sender<bool>,
 }
 
-async fn start(
-    opts: RunnerOpts,
-    config_path: &Path,
-    argv: impl FnOnce(&Briefing) -> Vec<String>,
-) -> Result<Running, StartError> {
-    let token = opts.token.filter(|t| !t.is_empty()).ok_or_else(|| {
+/// What every runner sets up before its agent starts: the briefing, the IPC socket serving the
+/// tools, and the objectives tracker.
+pub(crate) struct Core {
+    pub(crate) client: BrokerClient,
+    pub(crate) briefing: Arc<Briefing>,
+    pub(crate) server: crate::ipc_server::ServerTask,
+    pub(crate) runner: RunnerHandle,
+    pub(crate) tracker: tracker::TrackerHandle,
+    pub(crate) socket_path: PathBuf,
+}
+
+pub(crate) async fn start_core(
+    opts: &RunnerOpts,
+    policy: BridgePolicy,
+) -> Result<Core, StartError> {
+    let token = opts.token.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
         StartError(
             "no token: pass --token or set AC7_TOKEN (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)"
                 .into(),
@@ -215,51 +226,93 @@ async fn start(
         StartError(text)
     })?;
     let briefing = Arc::new(briefing);
-    let me = briefing.name.clone();
-
     let server = IpcServer::bind(IpcServerOptions {
-        path: opts.socket,
+        path: opts.socket.clone(),
+        session: RunnerConfig {
+            policy,
+            ..RunnerConfig::default()
+        },
         ..IpcServerOptions::default()
     })
     .map_err(|e| StartError(format!("runner: failed to bind the IPC socket: {e}")))?;
     let socket_path = server.path().to_owned();
     let runner = server.handle();
     let open: tracker::OpenObjectives = Arc::new(Mutex::new(briefing.open_objectives.clone()));
-    let tracker = tracker::spawn(client.clone(), me.clone(), open.clone(), runner.clone());
+    let tracker = tracker::spawn(
+        client.clone(),
+        briefing.name.clone(),
+        open.clone(),
+        runner.clone(),
+    );
     let server = server.serve(handler(
         client.clone(),
         briefing.clone(),
         open,
         tracker.clone(),
     ));
+    Ok(Core {
+        client,
+        briefing,
+        server,
+        runner,
+        tracker,
+        socket_path,
+    })
+}
 
-    let exe = std::env::current_exe()
-        .map_err(|e| StartError(format!("cannot find this executable: {e}")))?;
+impl Core {
+    /// How the agent starts the bridge: this executable, `mcp-bridge`, `AC7_RUNNER_SOCKET`.
+    pub(crate) fn bridge_command(&self) -> Result<(PathBuf, PathBuf), StartError> {
+        let exe = std::env::current_exe()
+            .map_err(|e| StartError(format!("cannot find this executable: {e}")))?;
+        Ok((exe, self.socket_path.clone()))
+    }
+
+    /// Starts the live stream; every message goes to `sink`. Send `true` to stop it.
+    pub(crate) fn start_stream(
+        &self,
+        mode: StreamMode,
+        sink: forwarder::Sink,
+    ) -> watch::Sender<bool> {
+        let (stop, stopped) = watch::channel(false);
+        let forwarder =
+            forwarder::Forwarder::new(self.client.clone(), self.briefing.name.clone(), mode, sink);
+        tokio::spawn(forwarder.run(stopped));
+        stop
+    }
+}
+
+async fn start(
+    opts: RunnerOpts,
+    config_path: &Path,
+    argv: impl FnOnce(&Briefing) -> Vec<String>,
+) -> Result<Running, StartError> {
+    let core = start_core(&opts, BridgePolicy::DisplaceOld).await?;
+    let (exe, socket) = core.bridge_command()?;
     let entry = json!({
         "command": exe.to_string_lossy(),
         "args": ["mcp-bridge"],
-        "env": { RUNNER_SOCKET_ENV: socket_path.to_string_lossy() },
+        "env": { RUNNER_SOCKET_ENV: socket.to_string_lossy() },
     });
     let config = match mcp_config::install(config_path, mcp::SERVER_NAME, entry) {
         Ok(guard) => guard,
         Err(e) => {
-            server.shutdown(Some("mcp-config-failed")).await;
+            core.server.shutdown(Some("mcp-config-failed")).await;
             return Err(StartError(e.to_string()));
         }
     };
+    let b = &core.briefing;
     eprintln!(
         "ac7: {} ({}) on team {} — MCP config {}",
-        me,
-        briefing.role.title,
-        briefing.team.name,
+        b.name,
+        b.role.title,
+        b.team.name,
         config.path().display()
     );
+    let sink = delivery(b.name.clone(), core.runner.clone(), core.tracker.clone());
+    let stop_stream = core.start_stream(opts.stream, sink);
 
-    let (stop_stream, stopped) = watch::channel(false);
-    let sink = delivery(me.clone(), runner.clone(), tracker);
-    tokio::spawn(forwarder::Forwarder::new(client, me, opts.stream, sink).run(stopped));
-
-    let argv = argv(&briefing);
+    let argv = argv(&core.briefing);
     let Some((program, args)) = argv.split_first() else {
         return Err(StartError("no agent command given".into()));
     };
@@ -271,7 +324,7 @@ async fn start(
     Ok(Running {
         child,
         config,
-        server,
+        server: core.server,
         stop_stream,
     })
 }
@@ -318,7 +371,7 @@ async fn forward_signals_until_exit(
     }
 }
 
-fn exit_code(status: std::io::Result<ExitStatus>) -> i32 {
+pub(crate) fn exit_code(status: std::io::Result<ExitStatus>) -> i32 {
     use std::os::unix::process::ExitStatusExt;
     match status {
         Ok(status) => status
