@@ -6,3 +6,4 @@ pub mod bridge;
 pub mod cli;
 pub mod ipc_server;
 pub mod logging;
+pub mod unix_socket;
