@@ -6,4 +6,5 @@ pub mod bridge;
 pub mod cli;
 pub mod ipc_server;
 pub mod logging;
+mod stdio;
 pub mod unix_socket;
