@@ -34,6 +34,7 @@ use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::stdio::{AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout};
+use crate::unix_socket::SendBuf;
 
 /// The environment variable the runner sets in the bridge's MCP server entry.
 pub const RUNNER_SOCKET_ENV: &str = "AC7_RUNNER_SOCKET";
@@ -170,9 +171,8 @@ struct Relay {
     /// Cleared once a stdout write failed (the agent is gone).
     stdout_open: bool,
     to_agent: Vec<u8>,
-    /// Frames for the runner; `to_runner[sent..]` is still to be written.
-    to_runner: Vec<u8>,
-    sent: usize,
+    /// Frames for the runner, still to be written.
+    to_runner: SendBuf,
 }
 
 /// Bytes waiting for the runner above which stdin is not read.
@@ -186,13 +186,12 @@ impl Relay {
             socket_open: true,
             stdout_open: true,
             to_agent: Vec::new(),
-            to_runner: Vec::new(),
-            sent: 0,
+            to_runner: SendBuf::default(),
         }
     }
 
     fn pending_to_runner(&self) -> usize {
-        self.to_runner.len() - self.sent
+        self.to_runner.pending()
     }
 
     async fn run(mut self, stdin: &mut AgentStdin) -> ExitReason {
@@ -267,17 +266,10 @@ impl Relay {
 
     /// Writes what the socket takes now, without waiting.
     fn write_socket(&mut self) {
-        while self.socket_open && self.pending_to_runner() > 0 {
-            match self.socket.try_write(&self.to_runner[self.sent..]) {
-                Ok(n) => self.sent += n,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => self.runner_gone(Some(err)),
-            }
-        }
-        if self.pending_to_runner() == 0 {
-            self.to_runner.clear();
-            self.sent = 0;
+        if self.socket_open
+            && let Err(err) = self.to_runner.write_to(&self.socket)
+        {
+            self.runner_gone(Some(err));
         }
     }
 
@@ -291,7 +283,7 @@ impl Relay {
                 any = true;
                 match output {
                     BridgeOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
-                    BridgeOutput::ToRunner(bytes) => append(&mut self.to_runner, bytes),
+                    BridgeOutput::ToRunner(bytes) => self.to_runner.push(bytes),
                     BridgeOutput::Event(event) => log_event(&event),
                     BridgeOutput::Exit(reason) => exit = Some(reason),
                 }
@@ -305,7 +297,6 @@ impl Relay {
                 self.write_socket();
             } else {
                 self.to_runner.clear();
-                self.sent = 0;
             }
             let bytes = std::mem::take(&mut self.to_agent);
             if !bytes.is_empty()

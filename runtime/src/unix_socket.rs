@@ -247,3 +247,44 @@ fn publish(staged: &Path, path: &Path, owner: &'static str) -> Result<(), BindEr
         source: io::Error::other("the path kept being recreated by someone else"),
     })
 }
+
+/// Bytes waiting to be written to a non-blocking socket, written as far as the socket takes
+/// them without waiting.
+#[derive(Debug, Default)]
+pub(crate) struct SendBuf {
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+impl SendBuf {
+    /// Queues bytes after what is already waiting.
+    pub(crate) fn push(&mut self, bytes: Vec<u8>) {
+        crate::stdio::append(&mut self.buf, bytes);
+    }
+
+    /// Bytes still to be written.
+    pub(crate) fn pending(&self) -> usize {
+        self.buf.len() - self.sent
+    }
+
+    /// Forgets everything waiting (the socket is gone).
+    pub(crate) fn clear(&mut self) {
+        self.buf.clear();
+        self.sent = 0;
+    }
+
+    /// Writes what `socket` takes now. `Ok` when everything went out or the socket is full; the
+    /// error when the socket failed (the bytes stay queued; [`clear`](Self::clear) them).
+    pub(crate) fn write_to(&mut self, socket: &tokio::net::UnixStream) -> io::Result<()> {
+        while self.pending() > 0 {
+            match socket.try_write(&self.buf[self.sent..]) {
+                Ok(n) => self.sent += n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        self.clear();
+        Ok(())
+    }
+}
