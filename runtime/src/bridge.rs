@@ -51,9 +51,12 @@ Environment:
   AC7_RUNNER_SOCKET  the runner's Unix socket (required; the runner sets it)
   AC7_LOG            log filter for the JSON lines on stderr: error, warn (default), info, debug, trace
 
+  AC7_CALL_TOOL_SOCKET  --dialect call-tool: the parent's socket when --socket is not given
+
 Exit status: 0 when the agent closes stdin, the runner shuts down or goes away, or on SIGINT/SIGTERM
 (every pending request is answered first); 1 when AC7_RUNNER_SOCKET is missing or the runner
-cannot be reached (one line on stderr says why).";
+cannot be reached, or (call-tool) when the schema file is missing, invalid or readable by group or
+others, or no socket is given (one line on stderr says why).";
 
 /// `ac7 mcp-bridge`: relay MCP between this process's stdio and the runner's socket.
 ///
@@ -61,7 +64,29 @@ cannot be reached (one line on stderr says why).";
 /// `ac7 run -- <cmd>`); the runner passes its socket in `AC7_RUNNER_SOCKET`. Logs go to stderr
 /// as JSON lines, filtered by `AC7_LOG` (default `warn`).
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct McpBridgeArgs {}
+pub struct McpBridgeArgs {
+    /// The protocol spoken with the parent: `ac7` (the runner's socket, `AC7_RUNNER_SOCKET`) or
+    /// `call-tool` (length-prefixed `call_tool` requests to a parent process, seed 001).
+    #[arg(long, value_enum, default_value_t = Dialect::Ac7)]
+    pub dialect: Dialect,
+    /// call-tool: the tool-schema file the parent wrote (JSON array of
+    /// `{name, description, input_schema}`, mode 0600).
+    #[arg(long, value_name = "PATH")]
+    pub schema_file: Option<PathBuf>,
+    /// call-tool: the parent's Unix socket.
+    #[arg(long, value_name = "PATH", env = crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
+    pub socket: Option<PathBuf>,
+}
+
+/// Which parent the bridge talks to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dialect {
+    /// An ac7 runner.
+    #[default]
+    Ac7,
+    /// A seed-001 `call_tool` parent.
+    CallTool,
+}
 
 /// Why the bridge could not start relaying.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +128,14 @@ pub enum BridgeError {
 
 /// Runs `ac7 mcp-bridge` and returns the process exit code: 0 after a normal teardown, 1 when it
 /// could not start (the reason is printed on stderr as one line).
-pub fn run(_args: McpBridgeArgs) -> i32 {
+pub fn run(args: McpBridgeArgs) -> i32 {
+    if args.dialect == Dialect::CallTool {
+        return crate::call_tool_bridge::run(args.schema_file, args.socket);
+    }
+    if args.schema_file.is_some() {
+        eprintln!("ac7 mcp-bridge: --schema-file is only used with --dialect call-tool");
+        return 1;
+    }
     match run_bridge(std::env::var_os(RUNNER_SOCKET_ENV)) {
         Ok(reason) => {
             tracing::info!(reason = reason.label(), "bridge exiting");

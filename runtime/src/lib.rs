@@ -3,6 +3,8 @@
 
 pub mod bench;
 pub mod bridge;
+pub mod call_tool_bridge;
+pub mod call_tool_host;
 pub mod cli;
 pub mod ipc_server;
 pub mod logging;
