@@ -20,11 +20,16 @@ pub enum Command {
     /// (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`.
     #[command(after_help = crate::bridge::HELP_FOOTER)]
     McpBridge(McpBridgeArgs),
+    /// The bridge side of the Ash protocol: listens on `ASH_BRIDGE_SOCKET` and runs `claude`
+    /// per query for the hosts that connect.
+    #[command(after_help = crate::ash_bridge::HELP_FOOTER)]
+    AshBridge(crate::ash_bridge::AshBridgeArgs),
 }
 
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::McpBridge(args) => Ok(crate::bridge::run(args)),
+        Command::AshBridge(args) => Ok(crate::ash_bridge::run(args)),
     }
 }

@@ -1,6 +1,8 @@
 //! Tokio drivers around `ac7-protocol` and the `ac7` command line.
 #![warn(missing_docs)]
 
+pub mod ash_bridge;
+pub mod ash_client;
 pub mod bench;
 pub mod bridge;
 pub mod call_tool_bridge;
