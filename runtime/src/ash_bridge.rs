@@ -14,7 +14,8 @@
 //!
 //! The agent: `claude -p --output-format stream-json --input-format stream-json --verbose`, plus
 //! `--resume <id>` when the session is known to this bridge (a `resume` for it, or an earlier
-//! query that finished) and `--session-id <id>` otherwise; `--include-partial-messages`,
+//! query whose agent named it in a message, even if that turn failed or was interrupted) and
+//! `--session-id <id>` otherwise; `--include-partial-messages`,
 //! `--model` and `--max-turns` from the query's fields. The prompt goes in on its stdin as one
 //! stream-json user message. Each JSON object it prints is a `message`, unchanged; the session id
 //! of `done` is the result message's `session_id` when there is one. A non-zero exit without a
@@ -434,12 +435,11 @@ async fn run_agent(
     let program = shared.agent.claude.display().to_string();
     let result = match spawn_group(command) {
         Ok((child, group)) => {
-            let finished = agent_turn(child, group, &query, &events, stop).await;
-            if let Ok(reported) = &finished {
-                let session = reported.as_ref().unwrap_or(&query.session_id);
-                if !session.is_empty() {
-                    lock(&shared.known_sessions).insert(session.clone());
-                }
+            let (finished, seen) = agent_turn(child, group, &query, &events, stop).await;
+            // Once the agent has named the session (its init message does), it exists and can
+            // be resumed, however the turn ended.
+            if let Some(session) = seen.filter(|s| !s.is_empty()) {
+                lock(&shared.known_sessions).insert(session);
             }
             finished
         }
@@ -454,7 +454,7 @@ async fn agent_turn(
     query: &Query,
     events: &mpsc::Sender<TurnEvent>,
     stop: watch::Receiver<Stop>,
-) -> Result<Option<String>, String> {
+) -> (Result<Option<String>, String>, Option<String>) {
     if let Some(mut stdin) = child.stdin.take() {
         let message = user_message(&query.prompt);
         tokio::spawn(async move {
@@ -469,6 +469,7 @@ async fn agent_turn(
     let mut buf = vec![0u8; READ_CHUNK];
     let mut reported = None;
     let mut saw_result = false;
+    let mut seen = None;
     while let Some(out) = stdout.as_mut() {
         let n = tokio::select! {
             read = out.read(&mut buf) => read.unwrap_or(0),
@@ -499,11 +500,12 @@ async fn agent_turn(
                 }
                 continue;
             };
-            if let Ok(peek) = raw.parse::<Peek>()
-                && peek.kind.as_deref() == Some("result")
-            {
-                saw_result = true;
-                reported = peek.session_id.or(reported);
+            if let Ok(peek) = raw.parse::<Peek>() {
+                if peek.kind.as_deref() == Some("result") {
+                    saw_result = true;
+                    reported = peek.session_id.clone().or(reported);
+                }
+                seen = peek.session_id.or(seen);
             }
             if events.send(TurnEvent::Message(raw)).await.is_err() {
                 break;
@@ -518,7 +520,7 @@ async fn agent_turn(
         Some(task) => task.await.unwrap_or_default(),
         None => String::new(),
     };
-    match status {
+    let result = match status {
         _ if saw_result => Ok(reported),
         Ok(status) if status.success() => Ok(reported),
         Ok(status) => {
@@ -530,7 +532,8 @@ async fn agent_turn(
             })
         }
         Err(err) => Err(format!("waiting for the agent failed: {err}")),
-    }
+    };
+    (result, seen)
 }
 
 /// Reads a pipe to its end, keeping the last [`STDERR_TAIL_BYTES`].
