@@ -50,7 +50,10 @@ async fn main() -> anyhow::Result<()> {
             };
             match a.checked_add(b) {
                 Some(sum) => Ok(mcp::tool_text(&sum.to_string())),
-                None => Err(ToolError::new("OverflowError", format!("{a} + {b} overflows"))),
+                None => Err(ToolError::new(
+                    "OverflowError",
+                    format!("{a} + {b} overflows"),
+                )),
             }
         },
     );

@@ -198,7 +198,10 @@ async fn serve(listener: tokio::net::UnixListener, agent: AgentSpec) {
     drop(listener);
     shared.shutdown.send_replace(true);
     let stopped = async { while connections.join_next().await.is_some() {} };
-    if tokio::time::timeout(SHUTDOWN_TIMEOUT, stopped).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_TIMEOUT, stopped)
+        .await
+        .is_err()
+    {
         tracing::warn!("connections did not stop in time; exiting anyway");
     }
 }

@@ -170,13 +170,12 @@ impl CallToolHost {
     pub fn start(self, paths: HostPaths) -> Result<RunningHost, HostError> {
         let schema = SchemaFile::write(&paths.schema, &self.schemas)?;
         let (listener, socket) = bind_private(&paths.socket, "call_tool parent")?;
-        let listener = tokio::net::UnixListener::from_std(listener).map_err(|source| {
-            BindError::Io {
+        let listener =
+            tokio::net::UnixListener::from_std(listener).map_err(|source| BindError::Io {
                 op: "register the socket",
                 path: paths.socket.clone(),
                 source,
-            }
-        })?;
+            })?;
         let stats = Arc::new(Stats::default());
         let tools = Arc::new(self.tools);
         let task = tokio::spawn(serve(listener, tools, Arc::clone(&stats)));
@@ -322,7 +321,11 @@ async fn serve(
 const READ_CHUNK: usize = 64 * 1024;
 
 /// One connection: read a request, answer it, repeat.
-async fn connection(mut stream: UnixStream, tools: Arc<BTreeMap<String, ToolFn>>, stats: Arc<Stats>) {
+async fn connection(
+    mut stream: UnixStream,
+    tools: Arc<BTreeMap<String, ToolFn>>,
+    stats: Arc<Stats>,
+) {
     let mut decoder = LpDecoder::new(MAX_PAYLOAD_BYTES);
     let mut buf = vec![0u8; READ_CHUNK];
     let mut open = true;

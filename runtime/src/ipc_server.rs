@@ -45,9 +45,8 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
-pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 use crate::unix_socket::SocketFile;
-
+pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 
 /// How long [`ServerTask::shutdown`] lets writers deliver the last frames before closing.
 const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -103,7 +102,6 @@ impl Default for IpcServerOptions {
         }
     }
 }
-
 
 /// `$TMPDIR/.ac7-runner-<pid>.sock` for this process (`/tmp` when `TMPDIR` is unset or empty).
 pub fn default_socket_path() -> PathBuf {

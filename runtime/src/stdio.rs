@@ -176,4 +176,3 @@ pub(crate) fn write_stdout(bytes: &[u8]) -> io::Result<()> {
     stdout.write_all(bytes)?;
     stdout.flush()
 }
-

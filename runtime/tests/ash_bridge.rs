@@ -1,6 +1,7 @@
 //! `ac7 ash-bridge` (seed 003) with a scripted stand-in for `claude`
 //! (`runtime/tests/python/fake_claude.py` on `CLAUDE_PATH`), driven by `AshClient` and by raw
 //! sockets for what a well-behaved host never sends.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
 mod common;
 
@@ -170,7 +171,12 @@ async fn query_resume_exec_and_shutdown() {
     assert_eq!(completion, Ok(done("s1")));
     let kinds: Vec<String> = messages
         .iter()
-        .map(|m| m.parse::<Value>().unwrap()["type"].as_str().unwrap().to_owned())
+        .map(|m| {
+            m.parse::<Value>().unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
         .collect();
     assert_eq!(kinds, ["system", "assistant", "result"]);
     let (assistant, text) = assistant_text(&messages);
@@ -178,10 +184,21 @@ async fn query_resume_exec_and_shutdown() {
     let argv = &assistant["argv"];
     assert_eq!(
         argv,
-        &json!(["-p", "--output-format", "stream-json", "--input-format", "stream-json", "--verbose", "--session-id", "s1"])
+        &json!([
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--input-format",
+            "stream-json",
+            "--verbose",
+            "--session-id",
+            "s1"
+        ])
     );
     assert_eq!(
-        Path::new(assistant["cwd"].as_str().unwrap()).canonicalize().unwrap(),
+        Path::new(assistant["cwd"].as_str().unwrap())
+            .canonicalize()
+            .unwrap(),
         bridge.workspace.canonicalize().unwrap()
     );
     // The agent's messages pass through byte for byte (here: its spacing, raw UTF-8).
@@ -194,7 +211,10 @@ async fn query_resume_exec_and_shutdown() {
     // A session that finished a turn is continued with --resume.
     let (messages, _) = client.query("again", "s1", false).finish().await;
     let (assistant, _) = assistant_text(&messages);
-    assert_eq!(assistant["argv"].as_array().unwrap()[6..8], [json!("--resume"), json!("s1")]);
+    assert_eq!(
+        assistant["argv"].as_array().unwrap()[6..8],
+        [json!("--resume"), json!("s1")]
+    );
 
     // resume makes a session known; partial messages come first.
     let (messages, completion) = client
@@ -211,7 +231,11 @@ async fn query_resume_exec_and_shutdown() {
     let (assistant, _) = assistant_text(&messages);
     assert_eq!(
         assistant["argv"].as_array().unwrap()[6..],
-        [json!("--resume"), json!("s2"), json!("--include-partial-messages")]
+        [
+            json!("--resume"),
+            json!("s2"),
+            json!("--include-partial-messages")
+        ]
     );
 
     // exec: exec_result then done "".
@@ -244,9 +268,14 @@ async fn query_resume_exec_and_shutdown() {
 
     // shutdown: the bridge exits 0 and removes its socket, even with a query running.
     let mut other = bridge.raw().await;
-    other.send(r#"{"cmd":"query","prompt":"slow","sessionId":"s3"}"#).await;
+    other
+        .send(r#"{"cmd":"query","prompt":"slow","sessionId":"s3"}"#)
+        .await;
     assert_eq!(other.recv().await["data"]["type"], "system");
-    assert_eq!(other.recv().await["data"]["message"]["content"][0]["text"], "working");
+    assert_eq!(
+        other.recv().await["data"]["message"]["content"][0]["text"],
+        "working"
+    );
     client.shutdown();
     assert_eq!(bridge.exit().await, 0);
 }
@@ -284,7 +313,9 @@ async fn a_failing_agent_is_error_then_done() {
     within(10, "R", child.stdout.as_mut().unwrap().read_exact(&mut r))
         .await
         .unwrap();
-    let client = within(10, "ready", AshClient::connect(&socket)).await.unwrap();
+    let client = within(10, "ready", AshClient::connect(&socket))
+        .await
+        .unwrap();
     let (_, completion) = client.query("hello", "s1", false).finish().await;
     let error = completion.unwrap().error.unwrap();
     assert!(error.starts_with("cannot start the agent"), "{error}");
@@ -297,14 +328,20 @@ async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
     let mut b = bridge.raw().await;
     // Idle interrupt: nothing happens.
     a.send(r#"{"cmd":"interrupt"}"#).await;
-    a.send(r#"{"cmd":"query","prompt":"slow","sessionId":"sa"}"#).await;
-    b.send(r#"{"cmd":"query","prompt":"pause","sessionId":"sb"}"#).await;
+    a.send(r#"{"cmd":"query","prompt":"slow","sessionId":"sa"}"#)
+        .await;
+    b.send(r#"{"cmd":"query","prompt":"pause","sessionId":"sb"}"#)
+        .await;
     for conn in [&mut a, &mut b] {
         assert_eq!(conn.recv().await["data"]["type"], "system");
-        assert_eq!(conn.recv().await["data"]["message"]["content"][0]["text"], "working");
+        assert_eq!(
+            conn.recv().await["data"]["message"]["content"][0]["text"],
+            "working"
+        );
     }
     // One turn at a time per connection.
-    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#).await;
+    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#)
+        .await;
     assert!(a.error().await.starts_with("query refused"));
     a.send(r#"{"cmd":"interrupt"}"#).await;
     assert_eq!(a.recv().await, json!({"ev": "done", "sessionId": "sa"}));
@@ -315,10 +352,14 @@ async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
     assert_eq!(events[1]["data"]["type"], "result");
     assert_eq!(events[2], json!({"ev": "done", "sessionId": "sb"}));
     // a works again.
-    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#).await;
+    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#)
+        .await;
     let events = a.turn().await;
     assert_eq!(events.len(), 4, "{events:?}");
-    assert_eq!(events[1]["data"]["argv"].as_array().unwrap()[6..8], [json!("--resume"), json!("sa")]);
+    assert_eq!(
+        events[1]["data"]["argv"].as_array().unwrap()[6..8],
+        [json!("--resume"), json!("sa")]
+    );
 }
 
 #[tokio::test]
@@ -337,9 +378,18 @@ async fn malformed_input_is_an_error_event_and_the_connection_stays() {
             r#"{"cmd":"exec","command":"id","constructor":1}"#,
             "invalid command: forbidden key \"constructor\"",
         ),
-        (r#"{"ev":"ready"}"#, "invalid command: has \"ev\" where \"cmd\" is expected"),
-        (r#"{"cmd":"launch"}"#, "invalid command: unknown command \"launch\""),
-        (r#"{"cmd":"query","prompt":"x"}"#, "invalid command: \"sessionId\" must be a string"),
+        (
+            r#"{"ev":"ready"}"#,
+            "invalid command: has \"ev\" where \"cmd\" is expected",
+        ),
+        (
+            r#"{"cmd":"launch"}"#,
+            "invalid command: unknown command \"launch\"",
+        ),
+        (
+            r#"{"cmd":"query","prompt":"x"}"#,
+            "invalid command: \"sessionId\" must be a string",
+        ),
     ] {
         raw.send(line).await;
         let error = raw.error().await;
@@ -355,15 +405,23 @@ async fn malformed_input_is_an_error_event_and_the_connection_stays() {
     let error = raw.error().await;
     assert!(error.contains("exceeds the 16777216-byte limit"), "{error}");
     // A UTF-8 character split across two reads decodes intact.
-    let line = r#"{"cmd":"query","prompt":"é世","sessionId":"s1"}"#.as_bytes().to_vec();
+    let line = r#"{"cmd":"query","prompt":"é世","sessionId":"s1"}"#
+        .as_bytes()
+        .to_vec();
     let cut = line.iter().position(|b| *b == 0xe4).unwrap() + 1;
     raw.write(&line[..cut]).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     raw.write(&line[cut..]).await;
     raw.write(b"\n").await;
     let events = raw.turn().await;
-    assert_eq!(events[1]["data"]["message"]["content"][0]["text"], "echo: é世");
-    assert_eq!(events.last().unwrap(), &json!({"ev": "done", "sessionId": "s1"}));
+    assert_eq!(
+        events[1]["data"]["message"]["content"][0]["text"],
+        "echo: é世"
+    );
+    assert_eq!(
+        events.last().unwrap(),
+        &json!({"ev": "done", "sessionId": "s1"})
+    );
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! `ac7 mcp-bridge --dialect call-tool` between an agent and a `call_tool` parent (seed 001):
 //! the official MCP Python SDK against a `CallToolHost`, and a raw fake parent for replies the
 //! host never sends.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
 mod common;
 
@@ -30,12 +31,13 @@ fn schema(name: &str, input_schema: Value) -> ToolSchema {
 /// The test tools: `echo {text}`, `add {a, b}`, `slow {i}` (20 ms), `fail` (a tool error),
 /// `flagged` (an `isError` result), `hang` (reports on `hung`, never answers).
 fn host(paths: HostPaths, hung: mpsc::UnboundedSender<()>) -> RunningHost {
-    let object = |props: Value, required: Value| {
-        json!({"type": "object", "properties": props, "required": required})
-    };
+    let object = |props: Value, required: Value| json!({"type": "object", "properties": props, "required": required});
     let mut host = CallToolHost::new();
     host.tool(
-        schema("echo", object(json!({"text": {"type": "string"}}), json!(["text"]))),
+        schema(
+            "echo",
+            object(json!({"text": {"type": "string"}}), json!(["text"])),
+        ),
         |args: Value| async move { Ok(mcp::tool_text(args["text"].as_str().unwrap_or_default())) },
     )
     .tool(
@@ -52,7 +54,10 @@ fn host(paths: HostPaths, hung: mpsc::UnboundedSender<()>) -> RunningHost {
         },
     )
     .tool(
-        schema("slow", object(json!({"i": {"type": "integer"}}), json!(["i"]))),
+        schema(
+            "slow",
+            object(json!({"i": {"type": "integer"}}), json!(["i"])),
+        ),
         |args: Value| async move {
             tokio::time::sleep(Duration::from_millis(20)).await;
             Ok(mcp::tool_text(&format!("slow {}", args["i"])))
@@ -87,13 +92,22 @@ async fn sdk_session_against_a_call_tool_host() {
     let dir = tempdir();
     let (hung, _hung_rx) = mpsc::unbounded_channel();
     let running = host(HostPaths::in_dir(dir.path()), hung);
-    let mode = std::fs::metadata(running.schema_path()).unwrap().permissions().mode();
+    let mode = std::fs::metadata(running.schema_path())
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "schema file mode {mode:o}");
-    let mode = std::fs::metadata(running.socket_path()).unwrap().permissions().mode();
+    let mode = std::fs::metadata(running.socket_path())
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
 
     let out = run_python("call_tool_agent.py", "main", &env(&running, dir.path())).await;
-    assert_eq!(out["tools"], json!(["add", "echo", "fail", "flagged", "hang", "slow"]));
+    assert_eq!(
+        out["tools"],
+        json!(["add", "echo", "fail", "flagged", "hang", "slow"])
+    );
     assert_eq!(out["concurrent"], 8);
     // echo, add, nope, fail, flagged, 8 x slow; the invalid add never reached the parent.
     assert_eq!(running.requests(), 13);
@@ -183,7 +197,9 @@ async fn oversized_and_invalid_replies_fail_one_call_and_the_bridge_reconnects()
     std::fs::set_permissions(&schema_path, std::fs::Permissions::from_mode(0o600)).unwrap();
     let socket = dir.path().join("p.sock");
     let listener = UnixListener::bind(&socket).unwrap();
-    let over_cap = ((length_prefixed::MAX_PAYLOAD_BYTES + 1) as u32).to_be_bytes().to_vec();
+    let over_cap = ((length_prefixed::MAX_PAYLOAD_BYTES + 1) as u32)
+        .to_be_bytes()
+        .to_vec();
     let mut not_json = Vec::new();
     length_prefixed::encode(b"{not json", &mut not_json, usize::MAX).unwrap();
     let parent = tokio::spawn(fake_parent(listener, vec![over_cap, not_json]));
@@ -204,12 +220,22 @@ async fn oversized_and_invalid_replies_fail_one_call_and_the_bridge_reconnects()
         let answer = bridge.request(json!(id), "tools/call", call.clone()).await;
         assert_eq!(answer["error"]["code"], -32603, "{what}: {answer}");
         let message = answer["error"]["message"].as_str().unwrap();
-        assert!(message.contains("protocol error from the parent"), "{what}: {message}");
+        assert!(
+            message.contains("protocol error from the parent"),
+            "{what}: {message}"
+        );
     }
     let answer = bridge.request(json!(3), "tools/call", call).await;
-    assert_eq!(answer["result"]["content"][0]["text"], "ok echo", "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "ok echo",
+        "{answer}"
+    );
     let closed = within(10, "the fake parent", parent).await.unwrap();
-    assert_eq!(closed, [true, true], "the bridge closed each broken connection");
+    assert_eq!(
+        closed,
+        [true, true],
+        "the bridge closed each broken connection"
+    );
     bridge.close_stdin();
     let (code, rest, _) = bridge.exit().await;
     assert_eq!((code, rest.len()), (0, 0));
@@ -319,38 +345,68 @@ async fn the_host_answers_bad_requests_and_closes_on_untrusted_bytes() {
     let dir = tempdir();
     let mut host = CallToolHost::new();
     host.tool(schema("huge", json!({"type": "object"})), |_| async {
-        Ok(mcp::tool_text(&"x".repeat(length_prefixed::MAX_PAYLOAD_BYTES)))
+        Ok(mcp::tool_text(
+            &"x".repeat(length_prefixed::MAX_PAYLOAD_BYTES),
+        ))
     })
     .tool(schema("boom", json!({"type": "object"})), |_| async {
         panic!("the tool blew up")
     })
-    .tool(schema("echo", json!({"type": "object"})), |args| async move {
-        Ok(mcp::tool_text(&args.to_string()))
-    });
+    .tool(
+        schema("echo", json!({"type": "object"})),
+        |args| async move { Ok(mcp::tool_text(&args.to_string())) },
+    );
     let running = host.start(HostPaths::in_dir(dir.path())).unwrap();
     let mut conn = UnixStream::connect(running.socket_path()).await.unwrap();
     let error = |message: &str, ty: &str| Some(json!({"error": {"message": message, "type": ty}}));
     for (payload, want) in [
-        (&br#"{"method": "nope"}"#[..], error("Unknown method: nope", "ValueError")),
-        (br#"{"method": "call_tool", "params": []}"#, error("Invalid params: expected dict", "ValueError")),
-        (br#"{"method": "call_tool", "params": {"name": 1}}"#, error("Invalid tool name: expected string", "ValueError")),
-        (br#"{"method": "call_tool", "params": {"name": "echo", "arguments": [1]}}"#, error("Invalid arguments: expected dict", "ValueError")),
-        (br#"{"method": "call_tool", "params": {"name": "nope", "arguments": {}}}"#, error("Unknown tool: nope", "ToolNotFoundError")),
+        (
+            &br#"{"method": "nope"}"#[..],
+            error("Unknown method: nope", "ValueError"),
+        ),
+        (
+            br#"{"method": "call_tool", "params": []}"#,
+            error("Invalid params: expected dict", "ValueError"),
+        ),
+        (
+            br#"{"method": "call_tool", "params": {"name": 1}}"#,
+            error("Invalid tool name: expected string", "ValueError"),
+        ),
+        (
+            br#"{"method": "call_tool", "params": {"name": "echo", "arguments": [1]}}"#,
+            error("Invalid arguments: expected dict", "ValueError"),
+        ),
+        (
+            br#"{"method": "call_tool", "params": {"name": "nope", "arguments": {}}}"#,
+            error("Unknown tool: nope", "ToolNotFoundError"),
+        ),
     ] {
-        assert_eq!(exchange(&mut conn, payload).await, want, "{}", String::from_utf8_lossy(payload));
+        assert_eq!(
+            exchange(&mut conn, payload).await,
+            want,
+            "{}",
+            String::from_utf8_lossy(payload)
+        );
     }
-    let reply = exchange(&mut conn, br#"{"method": "call_tool", "params": {"name": "huge"}}"#)
-        .await
-        .unwrap();
+    let reply = exchange(
+        &mut conn,
+        br#"{"method": "call_tool", "params": {"name": "huge"}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(reply["error"]["type"], "IPCMessageSizeError", "{reply}");
-    let reply = exchange(&mut conn, br#"{"method": "call_tool", "params": {"name": "boom"}}"#)
-        .await
-        .unwrap();
+    let reply = exchange(
+        &mut conn,
+        br#"{"method": "call_tool", "params": {"name": "boom"}}"#,
+    )
+    .await
+    .unwrap();
     assert_eq!(reply["error"]["type"], "RuntimeError", "{reply}");
     // The connection survived all of that.
     let reply = exchange(
         &mut conn,
-        r#"{"method": "call_tool", "params": {"name": "echo", "arguments": {"t": "é"}}}"#.as_bytes(),
+        r#"{"method": "call_tool", "params": {"name": "echo", "arguments": {"t": "é"}}}"#
+            .as_bytes(),
     )
     .await
     .unwrap();
