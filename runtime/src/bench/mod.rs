@@ -3,6 +3,7 @@
 //! Benchmarks are measurements, never assertions: each scenario prints one JSON object.
 
 pub mod bridge;
+pub mod dialects;
 
 use std::path::PathBuf;
 use std::time::Duration;
