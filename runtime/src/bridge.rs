@@ -50,7 +50,6 @@ pub const HELP_FOOTER: &str = "\
 Environment:
   AC7_RUNNER_SOCKET  the runner's Unix socket (required; the runner sets it)
   AC7_LOG            log filter for the JSON lines on stderr: error, warn (default), info, debug, trace
-
   AC7_CALL_TOOL_SOCKET  --dialect call-tool: the parent's socket when --socket is not given
 
 Exit status: 0 when the agent closes stdin, the runner shuts down or goes away, or on SIGINT/SIGTERM

@@ -153,10 +153,15 @@ async fn parent_restart_fails_the_call_in_flight_and_the_next_reconnects() {
 
 /// A parent that answers each connection's first request with `reply` and then waits for the
 /// bridge to close it; the last connection gets a proper answer.
-async fn fake_parent(listener: UnixListener, replies: Vec<Vec<u8>>) -> Vec<bool> {
+async fn fake_parent(
+    listener: UnixListener,
+    replies: Vec<Vec<u8>>,
+    accepted: mpsc::UnboundedSender<()>,
+) -> Vec<bool> {
     let mut closed_by_bridge = Vec::new();
     for reply in replies {
         let (mut conn, _) = listener.accept().await.unwrap();
+        let _ = accepted.send(());
         read_request(&mut conn).await;
         conn.write_all(&reply).await.unwrap();
         let mut rest = Vec::new();
@@ -202,7 +207,8 @@ async fn oversized_and_invalid_replies_fail_one_call_and_the_bridge_reconnects()
         .to_vec();
     let mut not_json = Vec::new();
     length_prefixed::encode(b"{not json", &mut not_json, usize::MAX).unwrap();
-    let parent = tokio::spawn(fake_parent(listener, vec![over_cap, not_json]));
+    let (accepted, mut accepts) = mpsc::unbounded_channel();
+    let parent = tokio::spawn(fake_parent(listener, vec![over_cap, not_json], accepted));
 
     let mut bridge = Bridge::spawn_with(
         &[
@@ -215,6 +221,15 @@ async fn oversized_and_invalid_replies_fail_one_call_and_the_bridge_reconnects()
         &[("AC7_CALL_TOOL_SOCKET", &socket)],
     );
     bridge.initialize().await;
+    let list = bridge.request(json!("l"), "tools/list", Value::Null).await;
+    assert_eq!(
+        list["result"]["tools"][0]["inputSchema"],
+        json!({"type": "object"})
+    );
+    assert!(
+        accepts.try_recv().is_err(),
+        "initialize and tools/list must not connect to the parent"
+    );
     let call = json!({"name": "echo", "arguments": {}});
     for (id, what) in [(1, "over-cap length prefix"), (2, "invalid JSON")] {
         let answer = bridge.request(json!(id), "tools/call", call.clone()).await;
