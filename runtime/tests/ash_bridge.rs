@@ -276,8 +276,10 @@ async fn query_resume_exec_and_shutdown() {
         other.recv().await["data"]["message"]["content"][0]["text"],
         "working"
     );
+    let pid = std::fs::read_to_string(bridge.workspace.join("s3.pid")).unwrap();
     client.shutdown();
     assert_eq!(bridge.exit().await, 0);
+    process_gone(&pid).await;
 }
 
 #[tokio::test]
@@ -457,4 +459,63 @@ async fn sigterm_stops_the_bridge_and_removes_the_socket() {
         .unwrap();
     assert!(status.success());
     assert_eq!(bridge.exit().await, 0);
+}
+
+/// Waits (bounded) until the stand-in agent of `session` has exited.
+async fn agent_stopped(bridge: &AshBridge, session: &str) {
+    let pid = std::fs::read_to_string(bridge.workspace.join(format!("{session}.pid"))).unwrap();
+    process_gone(&pid).await;
+}
+
+/// Waits (bounded) until process `pid` no longer exists.
+async fn process_gone(pid: &str) {
+    let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
+    within(10, "the agent to be stopped", async {
+        // A reaped child disappears from /proc; the bridge reaps its children.
+        while proc.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    raw.send(r#"{"cmd":"query","prompt":"stubborn","sessionId":"s1"}"#)
+        .await;
+    assert_eq!(raw.recv().await["data"]["type"], "system");
+    assert_eq!(
+        raw.recv().await["data"]["message"]["content"][0]["text"],
+        "working"
+    );
+    let t = std::time::Instant::now();
+    raw.send(r#"{"cmd":"interrupt"}"#).await;
+    assert_eq!(raw.recv().await, json!({"ev": "done", "sessionId": "s1"}));
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "SIGKILL came after {waited:?}"
+    );
+    agent_stopped(&bridge, "s1").await;
+}
+
+#[tokio::test]
+async fn a_host_that_disconnects_mid_query_stops_its_agent() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    raw.send(r#"{"cmd":"query","prompt":"slow","sessionId":"gone"}"#)
+        .await;
+    assert_eq!(raw.recv().await["data"]["type"], "system");
+    assert_eq!(
+        raw.recv().await["data"]["message"]["content"][0]["text"],
+        "working"
+    );
+    drop(raw);
+    agent_stopped(&bridge, "gone").await;
+    // The bridge serves the next host.
+    let client = bridge.client().await;
+    let (_, completion) = client.query("hello", "s2", false).finish().await;
+    assert_eq!(completion, Ok(done("s2")));
 }

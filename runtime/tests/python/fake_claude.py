@@ -5,14 +5,17 @@ used by the ash-bridge tests through CLAUDE_PATH. Standard library only.
 It reads the stream-json user message from stdin and behaves according to the prompt text:
 - `fail`: writes an error on stderr and exits 3 without a result;
 - `slow`: prints one assistant message, then sleeps 30 s (until interrupted);
+- `stubborn`: like `slow`, but ignores SIGINT (only SIGKILL stops it);
 - `pause`: prints one assistant message, sleeps 1 s, then finishes normally;
 - `unicode`: answers with multi-byte characters;
 - anything else: init, an assistant message echoing the prompt, argv and cwd, and a result.
-Every message carries the session id from --session-id / --resume.
+Every message carries the session id from --session-id / --resume. The process id is written
+to `<cwd>/<session>.pid`, so a test can check that the agent was stopped.
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -28,6 +31,9 @@ def main() -> int:
     for flag in ("--session-id", "--resume"):
         if flag in argv:
             session = argv[argv.index(flag) + 1]
+    if session:
+        with open(f"{session}.pid", "w") as f:
+            f.write(str(os.getpid()))
     line = sys.stdin.readline()
     message = json.loads(line)
     assert message["type"] == "user", message
@@ -39,6 +45,9 @@ def main() -> int:
     if prompt == "fail":
         sys.stderr.write("boom: the model is unavailable\n")
         return 3
+    if prompt == "stubborn":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        prompt = "slow"
     if prompt == "slow":
         emit({"type": "assistant", "message": {"content": [{"type": "text", "text": "working"}]}, "session_id": session})
         time.sleep(30)
