@@ -15,12 +15,14 @@
 //! The agent: `claude -p --output-format stream-json --input-format stream-json --verbose`, plus
 //! `--resume <id>` when the session is known to this bridge (a `resume` for it, or an earlier
 //! query whose agent named it in a message, even if that turn failed or was interrupted) and
-//! `--session-id <id>` otherwise; `--include-partial-messages`,
-//! `--model` and `--max-turns` from the query's fields. The prompt goes in on its stdin as one
-//! stream-json user message. Each JSON object it prints is a `message`, unchanged; the session id
-//! of `done` is the result message's `session_id` when there is one. A non-zero exit without a
-//! result is `error` (with the end of its stderr) then `done`. It runs in its own process group,
-//! in `$ASH_WORKSPACE_DIR` when set.
+//! `--session-id <id>` otherwise; `--include-partial-messages`, `--model`, `--max-turns`,
+//! `--allowedTools` and `--disallowedTools` (comma-joined) from the query's fields; its other
+//! fields are accepted and not passed on. No permission flags are added: the agent runs with
+//! its own settings (as root, claude refuses `--dangerously-skip-permissions`). The prompt goes
+//! in on its stdin as one stream-json user message. Each JSON object it prints is a `message`,
+//! unchanged; the session id of `done` is the result message's `session_id` when there is one.
+//! A non-zero exit without a result is `error` (with the end of its stderr) then `done`. It runs
+//! in its own process group, in `$ASH_WORKSPACE_DIR` when set.
 
 use std::collections::BTreeSet;
 use std::io::{self, Write};
@@ -335,13 +337,6 @@ fn resume_flag(shared: &Shared, session_id: &str) -> &'static str {
     }
 }
 
-#[derive(Deserialize)]
-struct QueryOptions {
-    model: Option<String>,
-    #[serde(rename = "maxTurns")]
-    max_turns: Option<u64>,
-}
-
 fn agent_command(agent: &AgentSpec, query: &Query, session_flag: &str) -> Command {
     let mut command = Command::new(&agent.claude);
     command.args([
@@ -358,16 +353,23 @@ fn agent_command(agent: &AgentSpec, query: &Query, session_flag: &str) -> Comman
     if query.include_partial_messages {
         command.arg("--include-partial-messages");
     }
-    let option = |key: &str| query.options.get(key).map(|raw| raw.get().to_owned());
-    let options = QueryOptions {
-        model: option("model").and_then(|m| serde_json::from_str(&m).ok()),
-        max_turns: option("maxTurns").and_then(|m| serde_json::from_str(&m).ok()),
-    };
-    if let Some(model) = options.model {
+    // The query's agent options that have a CLI flag; a value of the wrong type is ignored.
+    fn option<'a, T: Deserialize<'a>>(query: &'a Query, key: &str) -> Option<T> {
+        query.options.get(key).and_then(|raw| raw.parse().ok())
+    }
+    if let Some(model) = option::<String>(query, "model") {
         command.args(["--model", &model]);
     }
-    if let Some(turns) = options.max_turns {
+    if let Some(turns) = option::<u64>(query, "maxTurns") {
         command.args(["--max-turns", &turns.to_string()]);
+    }
+    for (key, flag) in [
+        ("allowedTools", "--allowedTools"),
+        ("disallowedTools", "--disallowedTools"),
+    ] {
+        if let Some(tools) = option::<Vec<String>>(query, key) {
+            command.args([flag, &tools.join(",")]);
+        }
     }
     if let Some(dir) = &agent.workspace {
         command.current_dir(dir);

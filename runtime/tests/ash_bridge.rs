@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use ac7_protocol::ash::Command;
 use ac7_protocol::ash::host::{Completion, ExecOutcome};
+use ac7_protocol::ash::{Command, Query};
+use ac7_protocol::json::RawJson;
 use ac7_runtime::ash_client::{AshClient, JobEvent};
 use common::{tempdir, within};
 use serde_json::{Value, json};
@@ -141,7 +142,7 @@ impl Raw {
     }
 }
 
-fn assistant_text(messages: &[ac7_protocol::json::RawJson]) -> (Value, String) {
+fn assistant_text(messages: &[RawJson]) -> (Value, String) {
     let assistant: Value = messages
         .iter()
         .map(|m| m.parse::<Value>().unwrap())
@@ -224,7 +225,22 @@ async fn query_resume_exec_and_shutdown() {
         .finish()
         .await;
     assert_eq!((messages.len(), completion), (0, Ok(done("s2"))));
-    let (messages, completion) = client.query("partial", "s2", true).finish().await;
+    let mut options = std::collections::BTreeMap::new();
+    for (key, value) in [
+        ("model", json!("sonnet")),
+        ("maxTurns", json!(3)),
+        ("allowedTools", json!(["Read", "Bash(ls:*)"])),
+        ("effort", json!("high")),
+    ] {
+        options.insert(key.to_owned(), RawJson::from_value(&value).unwrap());
+    }
+    let query = Command::Query(Query {
+        prompt: RawJson::from_value("partial").unwrap(),
+        session_id: "s2".into(),
+        include_partial_messages: true,
+        options,
+    });
+    let (messages, completion) = client.submit(query).finish().await;
     assert_eq!(completion, Ok(done("s2")));
     let first: Value = messages[1].parse().unwrap();
     assert_eq!(first["type"], "stream_event");
@@ -232,10 +248,17 @@ async fn query_resume_exec_and_shutdown() {
     assert_eq!(
         assistant["argv"].as_array().unwrap()[6..],
         [
-            json!("--resume"),
-            json!("s2"),
-            json!("--include-partial-messages")
+            "--resume",
+            "s2",
+            "--include-partial-messages",
+            "--model",
+            "sonnet",
+            "--max-turns",
+            "3",
+            "--allowedTools",
+            "Read,Bash(ls:*)"
         ]
+        .map(|a| json!(a))
     );
 
     // exec: exec_result then done "".
