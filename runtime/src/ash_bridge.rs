@@ -80,6 +80,7 @@ Environment:
   ASH_BRIDGE_SOCKET  the Unix socket to listen on (required; created 0600, removed at exit)
   CLAUDE_PATH        the agent binary (default: claude on PATH)
   ASH_WORKSPACE_DIR  the agent's and exec's working directory (default: the bridge's)
+                     (ASH_AGENT_DIR is not read: claude finds CLAUDE.md from its working directory)
   AC7_LOG            log filter for the JSON lines on stderr (default warn)
 
 Once listening, the bridge writes the single byte R to stdout. Exit status: 0 after a shutdown

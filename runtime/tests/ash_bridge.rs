@@ -542,3 +542,27 @@ async fn a_host_that_disconnects_mid_query_stops_its_agent() {
     let (_, completion) = client.query("hello", "s2", false).finish().await;
     assert_eq!(completion, Ok(done("s2")));
 }
+
+#[tokio::test]
+async fn the_client_reports_a_bridge_that_closes_before_ready() {
+    let dir = tempdir();
+    let path = dir.path().join("mute.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let server = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.unwrap();
+        drop(conn);
+    });
+    let err = within(10, "connect", AshClient::connect(&path))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "the bridge connection closed");
+    server.await.unwrap();
+    let err = AshClient::connect(dir.path().join("none.sock"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("cannot connect to the Ash bridge at "),
+        "{err}"
+    );
+}
