@@ -25,17 +25,16 @@
 //!   the runner stopped reading; after [`BridgeOutput::Exit`] the last frames get 250 ms.
 
 use std::ffi::OsString;
-use std::io::{self, Read, Write};
-use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ac7_protocol::bridge::{BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason};
-use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
+
+use crate::stdio::{AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout};
+use crate::unix_socket::SendBuf;
 
 /// The environment variable the runner sets in the bridge's MCP server entry.
 pub const RUNNER_SOCKET_ENV: &str = "AC7_RUNNER_SOCKET";
@@ -46,22 +45,17 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long teardown waits for the runner to take the bridge's last frames.
 const FINAL_WRITE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Bytes read per `read` call, from stdin and from the socket.
-const READ_CHUNK: usize = 64 * 1024;
-
-/// Stdin chunks buffered between the reader thread and the relay (bounds memory to
-/// `STDIN_QUEUE * READ_CHUNK`).
-const STDIN_QUEUE: usize = 8;
-
 /// Environment and exit codes, shown by `ac7 mcp-bridge --help`.
 pub const HELP_FOOTER: &str = "\
 Environment:
   AC7_RUNNER_SOCKET  the runner's Unix socket (required; the runner sets it)
   AC7_LOG            log filter for the JSON lines on stderr: error, warn (default), info, debug, trace
+  AC7_CALL_TOOL_SOCKET  --dialect call-tool: the parent's socket when --socket is not given
 
 Exit status: 0 when the agent closes stdin, the runner shuts down or goes away, or on SIGINT/SIGTERM
 (every pending request is answered first); 1 when AC7_RUNNER_SOCKET is missing or the runner
-cannot be reached (one line on stderr says why).";
+cannot be reached, or (call-tool) when the schema file is missing, invalid or readable by group or
+others, or no socket is given (one line on stderr says why).";
 
 /// `ac7 mcp-bridge`: relay MCP between this process's stdio and the runner's socket.
 ///
@@ -69,7 +63,29 @@ cannot be reached (one line on stderr says why).";
 /// `ac7 run -- <cmd>`); the runner passes its socket in `AC7_RUNNER_SOCKET`. Logs go to stderr
 /// as JSON lines, filtered by `AC7_LOG` (default `warn`).
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct McpBridgeArgs {}
+pub struct McpBridgeArgs {
+    /// The protocol spoken with the parent: `ac7` (the runner's socket, `AC7_RUNNER_SOCKET`) or
+    /// `call-tool` (length-prefixed `call_tool` requests to a parent process, seed 001).
+    #[arg(long, value_enum, default_value_t = Dialect::Ac7)]
+    pub dialect: Dialect,
+    /// call-tool: the tool-schema file the parent wrote (JSON array of
+    /// `{name, description, input_schema}`, mode 0600).
+    #[arg(long, value_name = "PATH")]
+    pub schema_file: Option<PathBuf>,
+    /// call-tool: the parent's Unix socket.
+    #[arg(long, value_name = "PATH", env = crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
+    pub socket: Option<PathBuf>,
+}
+
+/// Which parent the bridge talks to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dialect {
+    /// An ac7 runner.
+    #[default]
+    Ac7,
+    /// A seed-001 `call_tool` parent.
+    CallTool,
+}
 
 /// Why the bridge could not start relaying.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +127,14 @@ pub enum BridgeError {
 
 /// Runs `ac7 mcp-bridge` and returns the process exit code: 0 after a normal teardown, 1 when it
 /// could not start (the reason is printed on stderr as one line).
-pub fn run(_args: McpBridgeArgs) -> i32 {
+pub fn run(args: McpBridgeArgs) -> i32 {
+    if args.dialect == Dialect::CallTool {
+        return crate::call_tool_bridge::run(args.schema_file, args.socket);
+    }
+    if args.schema_file.is_some() {
+        eprintln!("ac7 mcp-bridge: --schema-file is only used with --dialect call-tool");
+        return 1;
+    }
     match run_bridge(std::env::var_os(RUNNER_SOCKET_ENV)) {
         Ok(reason) => {
             tracing::info!(reason = reason.label(), "bridge exiting");
@@ -165,136 +188,6 @@ async fn connect(path: &Path) -> Result<UnixStream, BridgeError> {
     }
 }
 
-/// The agent's stdin.
-///
-/// Agents give their MCP server a pipe (Node: a socketpair) as stdin; either is read on the
-/// runtime's own thread, which saves a thread hop per request. Anything else (a terminal, a
-/// file) is read by a small dedicated thread. The async readers need `O_NONBLOCK`, which lives
-/// on the open file description shared with whoever else holds it, so
-/// [`restore`](Self::restore) puts blocking mode back before the bridge exits; a stdin that is
-/// also the bridge's stdout stays blocking and goes through the thread.
-enum AgentStdin {
-    Pipe(tokio::net::unix::pipe::Receiver),
-    Socket(UnixStream),
-    Thread(mpsc::Receiver<StdinInput>),
-}
-
-/// What reading stdin produced.
-enum AgentRead {
-    /// This many bytes, at the start of the read buffer.
-    Data(usize),
-    Eof,
-    Failed(io::Error),
-}
-
-impl AgentStdin {
-    fn open() -> io::Result<Self> {
-        let fd = io::stdin().as_fd().try_clone_to_owned()?;
-        let meta = std::fs::File::from(fd.try_clone()?).metadata()?;
-        let file_type = meta.file_type();
-        // A stdin that is also stdout (one socket for both) must stay blocking: stdout writes
-        // are plain blocking writes.
-        let shared_with_stdout = io::stdout()
-            .as_fd()
-            .try_clone_to_owned()
-            .and_then(|out| std::fs::File::from(out).metadata())
-            .is_ok_and(|out| out.dev() == meta.dev() && out.ino() == meta.ino());
-        if shared_with_stdout {
-            // Read by the thread below.
-        } else if file_type.is_fifo() {
-            if let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) {
-                return Ok(Self::Pipe(pipe));
-            }
-        } else if file_type.is_socket() {
-            let socket = std::os::unix::net::UnixStream::from(fd);
-            if socket.set_nonblocking(true).is_ok() {
-                match UnixStream::from_std(socket) {
-                    Ok(socket) => return Ok(Self::Socket(socket)),
-                    Err(_) => Self::restore_socket_fd(),
-                }
-            }
-        }
-        spawn_stdin_reader().map(Self::Thread)
-    }
-
-    /// Reads the next chunk into `buf` (which must keep its length for the async readers).
-    /// Cancel-safe: nothing is lost when the future is dropped before completing.
-    async fn read(&mut self, buf: &mut Vec<u8>) -> AgentRead {
-        let read = match self {
-            Self::Pipe(pipe) => pipe.read(buf).await,
-            Self::Socket(socket) => socket.read(buf).await,
-            Self::Thread(chunks) => {
-                return match chunks.recv().await {
-                    Some(StdinInput::Bytes(bytes)) => {
-                        let n = bytes.len();
-                        *buf = bytes;
-                        AgentRead::Data(n)
-                    }
-                    Some(StdinInput::Failed(err)) => AgentRead::Failed(err),
-                    Some(StdinInput::Eof) | None => AgentRead::Eof,
-                };
-            }
-        };
-        match read {
-            Ok(0) => AgentRead::Eof,
-            Ok(n) => AgentRead::Data(n),
-            Err(err) => AgentRead::Failed(err),
-        }
-    }
-
-    /// Puts stdin back in blocking mode (the description may outlive this process).
-    fn restore(self) {
-        match self {
-            Self::Pipe(pipe) => drop(pipe.into_blocking_fd()),
-            Self::Socket(socket) => {
-                if let Ok(socket) = socket.into_std() {
-                    let _ = socket.set_nonblocking(false);
-                }
-            }
-            Self::Thread(_) => {}
-        }
-    }
-
-    fn restore_socket_fd() {
-        if let Ok(fd) = io::stdin().as_fd().try_clone_to_owned() {
-            let _ = std::os::unix::net::UnixStream::from(fd).set_nonblocking(false);
-        }
-    }
-}
-
-/// What the stdin thread reports.
-enum StdinInput {
-    Bytes(Vec<u8>),
-    Eof,
-    Failed(io::Error),
-}
-
-/// Reads stdin on a dedicated thread. The thread ends at EOF, on a read error, or when the relay
-/// is gone; the process does not wait for it (it may be blocked in `read`).
-fn spawn_stdin_reader() -> io::Result<mpsc::Receiver<StdinInput>> {
-    let (tx, rx) = mpsc::channel(STDIN_QUEUE);
-    std::thread::Builder::new()
-        .name("ac7-stdin".into())
-        .stack_size(64 * 1024)
-        .spawn(move || {
-            let mut stdin = io::stdin().lock();
-            let mut buf = vec![0u8; READ_CHUNK];
-            loop {
-                let input = match stdin.read(&mut buf) {
-                    Ok(0) => StdinInput::Eof,
-                    Ok(n) => StdinInput::Bytes(buf[..n].to_vec()),
-                    Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(err) => StdinInput::Failed(err),
-                };
-                let last = !matches!(input, StdinInput::Bytes(_));
-                if tx.blocking_send(input).is_err() || last {
-                    return;
-                }
-            }
-        })?;
-    Ok(rx)
-}
-
 /// The event loop: inputs into the session, its outputs to stdout / the socket.
 ///
 /// Socket writes never block the loop: frames wait in `to_runner` and go out as the socket
@@ -309,9 +202,8 @@ struct Relay {
     /// Cleared once a stdout write failed (the agent is gone).
     stdout_open: bool,
     to_agent: Vec<u8>,
-    /// Frames for the runner; `to_runner[sent..]` is still to be written.
-    to_runner: Vec<u8>,
-    sent: usize,
+    /// Frames for the runner, still to be written.
+    to_runner: SendBuf,
 }
 
 /// Bytes waiting for the runner above which stdin is not read.
@@ -325,13 +217,12 @@ impl Relay {
             socket_open: true,
             stdout_open: true,
             to_agent: Vec::new(),
-            to_runner: Vec::new(),
-            sent: 0,
+            to_runner: SendBuf::default(),
         }
     }
 
     fn pending_to_runner(&self) -> usize {
-        self.to_runner.len() - self.sent
+        self.to_runner.pending()
     }
 
     async fn run(mut self, stdin: &mut AgentStdin) -> ExitReason {
@@ -406,17 +297,10 @@ impl Relay {
 
     /// Writes what the socket takes now, without waiting.
     fn write_socket(&mut self) {
-        while self.socket_open && self.pending_to_runner() > 0 {
-            match self.socket.try_write(&self.to_runner[self.sent..]) {
-                Ok(n) => self.sent += n,
-                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
-                Err(err) => self.runner_gone(Some(err)),
-            }
-        }
-        if self.pending_to_runner() == 0 {
-            self.to_runner.clear();
-            self.sent = 0;
+        if self.socket_open
+            && let Err(err) = self.to_runner.write_to(&self.socket)
+        {
+            self.runner_gone(Some(err));
         }
     }
 
@@ -430,7 +314,7 @@ impl Relay {
                 any = true;
                 match output {
                     BridgeOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
-                    BridgeOutput::ToRunner(bytes) => append(&mut self.to_runner, bytes),
+                    BridgeOutput::ToRunner(bytes) => self.to_runner.push(bytes),
                     BridgeOutput::Event(event) => log_event(&event),
                     BridgeOutput::Exit(reason) => exit = Some(reason),
                 }
@@ -444,7 +328,6 @@ impl Relay {
                 self.write_socket();
             } else {
                 self.to_runner.clear();
-                self.sent = 0;
             }
             let bytes = std::mem::take(&mut self.to_agent);
             if !bytes.is_empty()
@@ -475,29 +358,6 @@ impl Relay {
             tracing::warn!("the runner did not read the bridge's last frames");
         }
     }
-}
-
-/// Waits for a signal when its handler is installed; never resolves otherwise.
-async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-    match signal {
-        Some(signal) => signal.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-fn append(buf: &mut Vec<u8>, bytes: Vec<u8>) {
-    if buf.is_empty() {
-        *buf = bytes;
-    } else {
-        buf.extend_from_slice(&bytes);
-    }
-}
-
-/// One blocking write of complete lines, then a flush: stdout carries only protocol lines.
-fn write_stdout(bytes: &[u8]) -> io::Result<()> {
-    let mut stdout = io::stdout().lock();
-    stdout.write_all(bytes)?;
-    stdout.flush()
 }
 
 fn log_event(event: &BridgeEvent) {

@@ -46,12 +46,16 @@ pub enum Command {
     History(HistoryArgs),
     /// List, view and manage objectives.
     Objectives(ObjectivesArgs),
+    /// The bridge side of the Ash protocol: listens on `ASH_BRIDGE_SOCKET` and runs `claude`
+    /// per query for the hosts that connect.
+    #[command(after_help = crate::ash_bridge::HELP_FOOTER)]
+    AshBridge(crate::ash_bridge::AshBridgeArgs),
 }
 
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    if !matches!(cli.command, Command::McpBridge(_)) {
-        // The bridge sets up its own logging once connected (stdout is its protocol).
+    if !matches!(cli.command, Command::McpBridge(_) | Command::AshBridge(_)) {
+        // The bridges set up their own logging (their stdout is a protocol).
         crate::logging::init("info");
     }
     match cli.command {
@@ -65,5 +69,6 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Roster(conn) => crate::operator::roster(conn),
         Command::History(args) => crate::operator::history(args),
         Command::Objectives(args) => crate::operator::objectives(args),
+        Command::AshBridge(args) => Ok(crate::ash_bridge::run(args)),
     }
 }

@@ -29,10 +29,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ac7_protocol::json::RawJson;
@@ -46,8 +45,8 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
-/// Longest socket path that fits `sockaddr_un.sun_path` (108 bytes on Linux, NUL included).
-pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+use crate::unix_socket::SocketFile;
+pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 
 /// How long [`ServerTask::shutdown`] lets writers deliver the last frames before closing.
 const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -102,50 +101,6 @@ impl Default for IpcServerOptions {
             max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
         }
     }
-}
-
-/// Why the socket could not be bound.
-#[derive(Debug, thiserror::Error)]
-pub enum BindError {
-    /// The path does not fit in a Unix socket address.
-    #[error(
-        "socket path {} is {len} bytes, more than the {max} a Unix socket allows: \
-         choose a shorter path (or a shorter TMPDIR)",
-        path.display()
-    )]
-    PathTooLong {
-        /// The path.
-        path: PathBuf,
-        /// Its length in bytes.
-        len: usize,
-        /// The limit.
-        max: usize,
-    },
-    /// A live runner is listening on the path.
-    #[error(
-        "another runner is already listening on {}: stop it, or use another socket path",
-        path.display()
-    )]
-    InUse {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Something that is not a socket exists at the path.
-    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
-    NotASocket {
-        /// The path.
-        path: PathBuf,
-    },
-    /// A file-system or socket call failed.
-    #[error("cannot {op} {}: {source}", path.display())]
-    Io {
-        /// What was attempted.
-        op: &'static str,
-        /// On what.
-        path: PathBuf,
-        /// What the OS said.
-        source: io::Error,
-    },
 }
 
 /// `$TMPDIR/.ac7-runner-<pid>.sock` for this process (`/tmp` when `TMPDIR` is unset or empty).
@@ -205,53 +160,14 @@ enum Control {
 impl IpcServer {
     /// Binds the socket with mode 0600. Does not need a runtime; serving does.
     ///
-    /// The socket never exists at its final path with wider permissions: it is bound inside a
-    /// fresh private directory (mode 0700, created next to the final path, so on the same file
-    /// system), chmod-ed to 0600 there, and only then hard-linked into the final path. `link(2)`
-    /// refuses to overwrite, so a path that exists is examined instead: a socket nobody accepts
-    /// on (connection refused) is stale and is removed before linking again; a socket someone
-    /// accepts on belongs to a live runner and binding fails with [`BindError::InUse`]; anything
-    /// that is not a socket is left alone ([`BindError::NotASocket`]). Probing a live socket
-    /// connects to it once, which that runner sees as a bridge that connected and left.
+    /// Race-free (see [`crate::unix_socket`]): the socket never exists at its final path with
+    /// wider permissions; a stale socket is replaced; a live runner's makes binding fail with
+    /// [`BindError::InUse`] (the probe connects once, which that runner sees as a bridge that
+    /// connected and left); anything that is not a socket is left alone
+    /// ([`BindError::NotASocket`]).
     pub fn bind(options: IpcServerOptions) -> Result<Self, BindError> {
         let path = options.path.clone().unwrap_or_else(default_socket_path);
-        let len = path.as_os_str().len();
-        if len > MAX_SOCKET_PATH_BYTES {
-            return Err(BindError::PathTooLong {
-                path,
-                len,
-                max: MAX_SOCKET_PATH_BYTES,
-            });
-        }
-        let parent = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-            _ => PathBuf::from("."),
-        };
-        let private = PrivateDir::create(&parent)?;
-        let staged = private.path.join("s");
-        let listener =
-            std::os::unix::net::UnixListener::bind(&staged).map_err(|source| BindError::Io {
-                op: "bind a socket at",
-                path: staged.clone(),
-                source,
-            })?;
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600)).map_err(
-            |source| BindError::Io {
-                op: "chmod 0600",
-                path: staged.clone(),
-                source,
-            },
-        )?;
-        publish(&staged, &path)?;
-        drop(private);
-        let socket = SocketFile::new(path)?;
-        listener
-            .set_nonblocking(true)
-            .map_err(|source| BindError::Io {
-                op: "configure the socket at",
-                path: socket.path.clone(),
-                source,
-            })?;
+        let (listener, socket) = crate::unix_socket::bind_private(&path, "runner")?;
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         Ok(Self {
             listener,
@@ -362,141 +278,6 @@ impl Drop for ServerTask {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// The socket path this server owns, identified by device and inode so that stopping never
-/// unlinks a successor's socket.
-#[derive(Debug)]
-struct SocketFile {
-    path: PathBuf,
-    dev: u64,
-    ino: u64,
-}
-
-impl SocketFile {
-    fn new(path: PathBuf) -> Result<Self, BindError> {
-        let meta = std::fs::symlink_metadata(&path).map_err(|source| BindError::Io {
-            op: "stat",
-            path: path.clone(),
-            source,
-        })?;
-        Ok(Self {
-            path,
-            dev: meta.dev(),
-            ino: meta.ino(),
-        })
-    }
-}
-
-impl Drop for SocketFile {
-    fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino);
-        if ours && let Err(err) = std::fs::remove_file(&self.path) {
-            tracing::warn!(path = %self.path.display(), error = %err, "cannot unlink the runner socket");
-        }
-    }
-}
-
-/// A mode-0700 directory that is removed (with its contents) when dropped.
-struct PrivateDir {
-    path: PathBuf,
-}
-
-impl PrivateDir {
-    fn create(parent: &Path) -> Result<Self, BindError> {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
-        let pid = std::process::id();
-        loop {
-            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = parent.join(format!(".ac7-{pid}-{n}"));
-            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
-                Ok(()) => return Ok(Self { path }),
-                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(source) => {
-                    return Err(BindError::Io {
-                        op: "create a private directory in",
-                        path: parent.to_owned(),
-                        source,
-                    });
-                }
-            }
-        }
-    }
-}
-
-impl Drop for PrivateDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
-/// Hard-links the staged socket into `path`, replacing a stale socket and refusing a live one.
-fn publish(staged: &Path, path: &Path) -> Result<(), BindError> {
-    const ATTEMPTS: usize = 4;
-    for _ in 0..ATTEMPTS {
-        let err = match std::fs::hard_link(staged, path) {
-            Ok(()) => return Ok(()),
-            Err(err) => err,
-        };
-        if err.kind() != io::ErrorKind::AlreadyExists {
-            return Err(BindError::Io {
-                op: "link the socket to",
-                path: path.to_owned(),
-                source: err,
-            });
-        }
-        let meta = match std::fs::symlink_metadata(path) {
-            Ok(meta) => meta,
-            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
-            Err(source) => {
-                return Err(BindError::Io {
-                    op: "stat",
-                    path: path.to_owned(),
-                    source,
-                });
-            }
-        };
-        if !meta.file_type().is_socket() {
-            return Err(BindError::NotASocket {
-                path: path.to_owned(),
-            });
-        }
-        match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => {
-                return Err(BindError::InUse {
-                    path: path.to_owned(),
-                });
-            }
-            Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
-                tracing::info!(path = %path.display(), "replacing a stale runner socket");
-                match std::fs::remove_file(path) {
-                    Ok(()) => {}
-                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(BindError::Io {
-                            op: "remove the stale socket",
-                            path: path.to_owned(),
-                            source,
-                        });
-                    }
-                }
-            }
-            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(BindError::Io {
-                    op: "probe the existing socket",
-                    path: path.to_owned(),
-                    source,
-                });
-            }
-        }
-    }
-    Err(BindError::Io {
-        op: "claim",
-        path: path.to_owned(),
-        source: io::Error::other("the path kept being recreated by someone else"),
-    })
 }
 
 enum ConnInput {

@@ -303,14 +303,19 @@ pub(super) struct Agent {
 
 impl Agent {
     pub(super) fn spawn(ac7: &Path, socket: &Path) -> anyhow::Result<Self> {
-        let mut child = Command::new(ac7)
-            .arg("mcp-bridge")
-            .env(RUNNER_SOCKET_ENV, socket)
+        let mut command = Command::new(ac7);
+        command.arg("mcp-bridge").env(RUNNER_SOCKET_ENV, socket);
+        Self::spawn_command(command)
+    }
+
+    /// Spawns a bridge with piped stdin/stdout.
+    pub(super) fn spawn_command(mut command: Command) -> anyhow::Result<Self> {
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .with_context(|| format!("spawning {}", ac7.display()))?;
+            .with_context(|| format!("spawning {:?}", command.get_program()))?;
         let stdin = child.stdin.take().context("no stdin pipe")?;
         let stdout = child.stdout.take().context("no stdout pipe")?;
         Ok(Self {
@@ -463,12 +468,12 @@ fn spawns(ac7: &Path, socket: &Path, n: usize) -> anyhow::Result<Spawn> {
 }
 
 /// A private temporary directory removed on drop.
-struct TempDir {
-    path: PathBuf,
+pub(super) struct TempDir {
+    pub(super) path: PathBuf,
 }
 
 impl TempDir {
-    fn new() -> std::io::Result<Self> {
+    pub(super) fn new() -> std::io::Result<Self> {
         let base = std::env::temp_dir();
         for n in 0..1000u32 {
             let path = base.join(format!("ac7-bench-{}-{n}", std::process::id()));

@@ -10,10 +10,14 @@
 //! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
 //! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
 //! cargo run --release --bin ac7-bench -- runner           # roster round trips, push -> notification, RSS
+//! cargo run --release --bin ac7-bench -- call-tool        # call_tool round trip through the bridge
+//! cargo run --release --bin ac7-bench -- ash-spawn        # ash-bridge spawn -> R
+//! cargo run --release --bin ac7-bench -- ash-query        # query -> done with an instant stand-in agent
 //! ```
 
 pub mod bridge;
 pub mod broker;
+pub mod dialects;
 pub mod runner;
 
 use std::collections::BTreeMap;
@@ -33,6 +37,9 @@ pub const SCENARIOS: &[&str] = &[
     "broker-delivery",
     "broker-rss",
     "runner",
+    "call-tool",
+    "ash-spawn",
+    "ash-query",
 ];
 
 /// Runs the scenario named by `args[0]`; returns the process exit code.
@@ -59,6 +66,18 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-rss") => emit(&broker::rss()?),
         Some("runner") => {
             print_json(&runner::run()?)?;
+            Ok(0)
+        }
+        Some("call-tool") => {
+            print_json(&dialects::call_tool(&sibling_binary("ac7")?, 1000)?)?;
+            Ok(0)
+        }
+        Some("ash-spawn") => {
+            print_json(&dialects::ash_spawn(&sibling_binary("ac7")?, 20)?)?;
+            Ok(0)
+        }
+        Some("ash-query") => {
+            print_json(&dialects::ash_query(&sibling_binary("ac7")?, 200)?)?;
             Ok(0)
         }
         Some(broker::CHILD_ARG) => broker::child_main(&args[1..]),

@@ -195,9 +195,17 @@ pub struct Bridge {
 impl Bridge {
     /// Spawns the bridge pointed at `socket`, logging at `AC7_LOG=debug` to a captured stderr.
     pub fn spawn(socket: &Path) -> Self {
-        let mut child = Command::new(ac7())
-            .arg("mcp-bridge")
-            .env("AC7_RUNNER_SOCKET", socket)
+        Self::spawn_with(&["mcp-bridge".as_ref()], &[("AC7_RUNNER_SOCKET", socket)])
+    }
+
+    /// Spawns `ac7 <args>` with `env` set, logging at `AC7_LOG=debug` to a captured stderr.
+    pub fn spawn_with(args: &[&std::ffi::OsStr], env: &[(&str, &Path)]) -> Self {
+        let mut command = Command::new(ac7());
+        command.args(args);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command
             .env("AC7_LOG", "debug")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -391,13 +399,24 @@ fn run_setup(cmd: &mut std::process::Command) {
 /// Runs `runtime/tests/python/agent.py <scenario>` (the official MCP SDK as the agent, spawning
 /// the real bridge pointed at `socket`), bounded to 60 s. Returns the JSON object it printed last.
 pub async fn run_agent(scenario: &str, socket: &Path, work: &Path) -> Value {
-    let script = repo().join("runtime/tests/python/agent.py");
-    let child = Command::new(python())
-        .arg(script)
-        .arg(scenario)
-        .env("AC7_BIN", ac7())
-        .env("AC7_TEST_SOCKET", socket)
-        .env("AC7_TEST_WORK", work)
+    run_python(
+        "agent.py",
+        scenario,
+        &[("AC7_TEST_SOCKET", socket), ("AC7_TEST_WORK", work)],
+    )
+    .await
+}
+
+/// Runs `runtime/tests/python/<script> <scenario>` with `AC7_BIN` and `env` set, bounded to 60 s.
+/// Returns the JSON object it printed last.
+pub async fn run_python(script: &str, scenario: &str, env: &[(&str, &Path)]) -> Value {
+    let path = repo().join("runtime/tests/python").join(script);
+    let mut command = Command::new(python());
+    command.arg(path).arg(scenario).env("AC7_BIN", ac7());
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -406,7 +425,7 @@ pub async fn run_agent(scenario: &str, socket: &Path, work: &Path) -> Value {
         .expect("spawn the Python agent");
     let out = within(
         60,
-        &format!("the Python agent ({scenario})"),
+        &format!("the Python agent ({script} {scenario})"),
         child.wait_with_output(),
     )
     .await
@@ -415,12 +434,12 @@ pub async fn run_agent(scenario: &str, socket: &Path, work: &Path) -> Value {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         out.status.success(),
-        "agent.py {scenario} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        "{script} {scenario} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
         out.status
     );
     let last = stdout.lines().last().unwrap_or_default();
-    eprintln!("agent.py {scenario}: {last}");
+    eprintln!("{script} {scenario}: {last}");
     serde_json::from_str(last).unwrap_or_else(|e| {
-        panic!("agent.py {scenario} printed no JSON ({e}):\n{stdout}\n{stderr}")
+        panic!("{script} {scenario} printed no JSON ({e}):\n{stdout}\n{stderr}")
     })
 }

@@ -1,0 +1,568 @@
+//! `ac7 ash-bridge` (seed 003) with a scripted stand-in for `claude`
+//! (`runtime/tests/python/fake_claude.py` on `CLAUDE_PATH`), driven by `AshClient` and by raw
+//! sockets for what a well-behaved host never sends.
+#![allow(clippy::unwrap_used)] // helpers outside #[test] functions
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use ac7_protocol::ash::host::{Completion, ExecOutcome};
+use ac7_protocol::ash::{Command, Query};
+use ac7_protocol::json::RawJson;
+use ac7_runtime::ash_client::{AshClient, JobEvent};
+use common::{tempdir, within};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+
+fn fake_claude() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/fake_claude.py")
+}
+
+struct AshBridge {
+    child: tokio::process::Child,
+    socket: PathBuf,
+    workspace: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl AshBridge {
+    /// Spawns `ac7 ash-bridge` and waits for its `R`.
+    async fn start() -> Self {
+        let dir = tempdir();
+        let socket = dir.path().join("bridge.sock");
+        let workspace = dir.path().join("ws");
+        std::fs::create_dir(&workspace).unwrap();
+        let mut child = tokio::process::Command::new(common::ac7())
+            .arg("ash-bridge")
+            .env("ASH_BRIDGE_SOCKET", &socket)
+            .env("CLAUDE_PATH", fake_claude())
+            .env("ASH_WORKSPACE_DIR", &workspace)
+            .env("AC7_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn ac7 ash-bridge");
+        let mut r = [0u8; 1];
+        let stdout = child.stdout.as_mut().unwrap();
+        within(10, "the bridge's R", stdout.read_exact(&mut r))
+            .await
+            .unwrap();
+        assert_eq!(&r, b"R");
+        let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
+        Self {
+            child,
+            socket,
+            workspace,
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> AshClient {
+        within(10, "ready", AshClient::connect(&self.socket))
+            .await
+            .unwrap()
+    }
+
+    async fn raw(&self) -> Raw {
+        let stream = UnixStream::connect(&self.socket).await.unwrap();
+        let (read, write) = stream.into_split();
+        let mut raw = Raw {
+            read: BufReader::new(read),
+            write,
+        };
+        assert_eq!(raw.recv().await, json!({"ev": "ready"}));
+        raw
+    }
+
+    /// Waits for the exit; returns the code, and whether every stdout byte was the one `R`.
+    async fn exit(mut self) -> i32 {
+        let status = within(10, "the bridge to exit", self.child.wait())
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        let stdout = self.child.stdout.as_mut().unwrap();
+        stdout.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "stdout carries only R: {rest:?}");
+        assert!(!self.socket.exists(), "the socket was removed");
+        status.code().unwrap_or(-1)
+    }
+}
+
+struct Raw {
+    read: BufReader<OwnedReadHalf>,
+    write: OwnedWriteHalf,
+}
+
+impl Raw {
+    async fn write(&mut self, bytes: &[u8]) {
+        within(10, "writing to the bridge", self.write.write_all(bytes))
+            .await
+            .unwrap();
+    }
+
+    async fn send(&mut self, line: &str) {
+        self.write(format!("{line}\n").as_bytes()).await;
+    }
+
+    async fn recv(&mut self) -> Value {
+        let mut line = String::new();
+        let n = within(10, "an event", self.read.read_line(&mut line))
+            .await
+            .unwrap();
+        assert!(n > 0, "the bridge closed the connection");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+    }
+
+    /// Events up to and including `done`.
+    async fn turn(&mut self) -> Vec<Value> {
+        let mut events = Vec::new();
+        loop {
+            let event = self.recv().await;
+            let done = event["ev"] == "done";
+            events.push(event);
+            if done {
+                return events;
+            }
+        }
+    }
+
+    async fn error(&mut self) -> String {
+        let event = self.recv().await;
+        assert_eq!(event["ev"], "error", "{event}");
+        event["error"].as_str().unwrap().to_owned()
+    }
+}
+
+fn assistant_text(messages: &[RawJson]) -> (Value, String) {
+    let assistant: Value = messages
+        .iter()
+        .map(|m| m.parse::<Value>().unwrap())
+        .find(|m| m["type"] == "assistant")
+        .expect("an assistant message");
+    let text = assistant["message"]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    (assistant, text)
+}
+
+fn done(session: &str) -> Completion {
+    Completion {
+        session_id: session.into(),
+        error: None,
+        exec: None,
+    }
+}
+
+#[tokio::test]
+async fn query_resume_exec_and_shutdown() {
+    let bridge = AshBridge::start().await;
+    let client = bridge.client().await;
+
+    let (messages, completion) = client.query("hello", "s1", false).finish().await;
+    assert_eq!(completion, Ok(done("s1")));
+    let kinds: Vec<String> = messages
+        .iter()
+        .map(|m| {
+            m.parse::<Value>().unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(kinds, ["system", "assistant", "result"]);
+    let (assistant, text) = assistant_text(&messages);
+    assert_eq!(text, "echo: hello");
+    let argv = &assistant["argv"];
+    assert_eq!(
+        argv,
+        &json!([
+            "-p",
+            "--output-format",
+            "stream-json",
+            "--input-format",
+            "stream-json",
+            "--verbose",
+            "--session-id",
+            "s1"
+        ])
+    );
+    assert_eq!(
+        Path::new(assistant["cwd"].as_str().unwrap())
+            .canonicalize()
+            .unwrap(),
+        bridge.workspace.canonicalize().unwrap()
+    );
+    // The agent's messages pass through byte for byte (here: its spacing, raw UTF-8).
+    let (messages, _) = client.query("unicode", "s1", false).finish().await;
+    assert!(
+        messages[1].get().starts_with(r#"{"type": "assistant", "message": {"content": [{"type": "text", "text": "héllo 世界 🎉"#),
+        "{}",
+        messages[1].get()
+    );
+    // A session that finished a turn is continued with --resume.
+    let (messages, _) = client.query("again", "s1", false).finish().await;
+    let (assistant, _) = assistant_text(&messages);
+    assert_eq!(
+        assistant["argv"].as_array().unwrap()[6..8],
+        [json!("--resume"), json!("s1")]
+    );
+
+    // resume makes a session known; partial messages come first.
+    let (messages, completion) = client
+        .submit(Command::Resume {
+            session_id: "s2".into(),
+        })
+        .finish()
+        .await;
+    assert_eq!((messages.len(), completion), (0, Ok(done("s2"))));
+    let mut options = std::collections::BTreeMap::new();
+    for (key, value) in [
+        ("model", json!("sonnet")),
+        ("maxTurns", json!(3)),
+        ("allowedTools", json!(["Read", "Bash(ls:*)"])),
+        ("effort", json!("high")),
+    ] {
+        options.insert(key.to_owned(), RawJson::from_value(&value).unwrap());
+    }
+    let query = Command::Query(Query {
+        prompt: RawJson::from_value("partial").unwrap(),
+        session_id: "s2".into(),
+        include_partial_messages: true,
+        options,
+    });
+    let (messages, completion) = client.submit(query).finish().await;
+    assert_eq!(completion, Ok(done("s2")));
+    let first: Value = messages[1].parse().unwrap();
+    assert_eq!(first["type"], "stream_event");
+    let (assistant, _) = assistant_text(&messages);
+    assert_eq!(
+        assistant["argv"].as_array().unwrap()[6..],
+        [
+            "--resume",
+            "s2",
+            "--include-partial-messages",
+            "--model",
+            "sonnet",
+            "--max-turns",
+            "3",
+            "--allowedTools",
+            "Read,Bash(ls:*)"
+        ]
+        .map(|a| json!(a))
+    );
+
+    // exec: exec_result then done "".
+    let (messages, completion) = client
+        .exec("echo out; echo err >&2; pwd; exit 7")
+        .finish()
+        .await;
+    let completion = completion.unwrap();
+    assert!(messages.is_empty());
+    assert_eq!(completion.session_id, "");
+    let exec = completion.exec.unwrap();
+    assert_eq!((exec.exit_code, exec.stderr.as_str()), (7, "err\n"));
+    let pwd = exec.stdout.strip_prefix("out\n").unwrap().trim_end();
+    assert_eq!(
+        Path::new(pwd).canonicalize().unwrap(),
+        bridge.workspace.canonicalize().unwrap()
+    );
+    let (_, completion) = client
+        .submit(Command::Exec {
+            command: "sleep 10".into(),
+            timeout_ms: 200,
+        })
+        .finish()
+        .await;
+    let ExecOutcome {
+        exit_code, stderr, ..
+    } = completion.unwrap().exec.unwrap();
+    assert_eq!(exit_code, -1);
+    assert!(stderr.contains("timed out after 200 ms"), "{stderr}");
+
+    // shutdown: the bridge exits 0 and removes its socket, even with a query running.
+    let mut other = bridge.raw().await;
+    other
+        .send(r#"{"cmd":"query","prompt":"slow","sessionId":"s3"}"#)
+        .await;
+    assert_eq!(other.recv().await["data"]["type"], "system");
+    assert_eq!(
+        other.recv().await["data"]["message"]["content"][0]["text"],
+        "working"
+    );
+    let pid = std::fs::read_to_string(bridge.workspace.join("s3.pid")).unwrap();
+    client.shutdown();
+    assert_eq!(bridge.exit().await, 0);
+    process_gone(&pid).await;
+}
+
+#[tokio::test]
+async fn a_failing_agent_is_error_then_done() {
+    let bridge = AshBridge::start().await;
+    let client = bridge.client().await;
+    let (messages, completion) = client.query("fail", "s1", false).finish().await;
+    assert_eq!(messages.len(), 1, "only the init message");
+    let completion = completion.unwrap();
+    assert_eq!(completion.session_id, "s1");
+    let error = completion.error.unwrap();
+    assert!(
+        error.contains("exit status: 3") && error.contains("boom: the model is unavailable"),
+        "{error}"
+    );
+    // The connection goes on.
+    let (_, completion) = client.query("hello", "s1", false).finish().await;
+    assert_eq!(completion, Ok(done("s1")));
+
+    // A missing agent binary is a failed turn too.
+    drop(client);
+    let mut child = tokio::process::Command::new(common::ac7());
+    let dir = tempdir();
+    let socket = dir.path().join("b.sock");
+    child
+        .arg("ash-bridge")
+        .env("ASH_BRIDGE_SOCKET", &socket)
+        .env("CLAUDE_PATH", dir.path().join("no-such-claude"))
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = child.spawn().unwrap();
+    let mut r = [0u8; 1];
+    within(10, "R", child.stdout.as_mut().unwrap().read_exact(&mut r))
+        .await
+        .unwrap();
+    let client = within(10, "ready", AshClient::connect(&socket))
+        .await
+        .unwrap();
+    let (_, completion) = client.query("hello", "s1", false).finish().await;
+    let error = completion.unwrap().error.unwrap();
+    assert!(error.starts_with("cannot start the agent"), "{error}");
+}
+
+#[tokio::test]
+async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
+    let bridge = AshBridge::start().await;
+    let mut a = bridge.raw().await;
+    let mut b = bridge.raw().await;
+    // Idle interrupt: nothing happens.
+    a.send(r#"{"cmd":"interrupt"}"#).await;
+    a.send(r#"{"cmd":"query","prompt":"slow","sessionId":"sa"}"#)
+        .await;
+    b.send(r#"{"cmd":"query","prompt":"pause","sessionId":"sb"}"#)
+        .await;
+    for conn in [&mut a, &mut b] {
+        assert_eq!(conn.recv().await["data"]["type"], "system");
+        assert_eq!(
+            conn.recv().await["data"]["message"]["content"][0]["text"],
+            "working"
+        );
+    }
+    // One turn at a time per connection.
+    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#)
+        .await;
+    assert!(a.error().await.starts_with("query refused"));
+    a.send(r#"{"cmd":"interrupt"}"#).await;
+    assert_eq!(a.recv().await, json!({"ev": "done", "sessionId": "sa"}));
+    // b's agent was not touched: it finishes normally.
+    let events = b.turn().await;
+    let kinds: Vec<&Value> = events.iter().map(|e| &e["ev"]).collect();
+    assert_eq!(kinds, ["message", "message", "done"], "{events:?}");
+    assert_eq!(events[1]["data"]["type"], "result");
+    assert_eq!(events[2], json!({"ev": "done", "sessionId": "sb"}));
+    // a works again.
+    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#)
+        .await;
+    let events = a.turn().await;
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert_eq!(
+        events[1]["data"]["argv"].as_array().unwrap()[6..8],
+        [json!("--resume"), json!("sa")]
+    );
+}
+
+#[tokio::test]
+async fn malformed_input_is_an_error_event_and_the_connection_stays() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    for (line, want) in [
+        ("garbage", "invalid command: not valid JSON"),
+        ("[1,2]", "invalid command: not a JSON object"),
+        ("\"query\"", "invalid command: not a JSON object"),
+        (
+            r#"{"cmd":"query","prompt":"x","sessionId":"s","__proto__":{"polluted":true}}"#,
+            "invalid command: forbidden key \"__proto__\"",
+        ),
+        (
+            r#"{"cmd":"exec","command":"id","constructor":1}"#,
+            "invalid command: forbidden key \"constructor\"",
+        ),
+        (
+            r#"{"ev":"ready"}"#,
+            "invalid command: has \"ev\" where \"cmd\" is expected",
+        ),
+        (
+            r#"{"cmd":"launch"}"#,
+            "invalid command: unknown command \"launch\"",
+        ),
+        (
+            r#"{"cmd":"query","prompt":"x"}"#,
+            "invalid command: \"sessionId\" must be a string",
+        ),
+    ] {
+        raw.send(line).await;
+        let error = raw.error().await;
+        assert!(error.starts_with(want), "{line}: {error}");
+    }
+    // Invalid UTF-8.
+    raw.write(b"{\"cmd\":\"\xff\"}\n").await;
+    assert_eq!(raw.error().await, "invalid command: not valid UTF-8");
+    // An oversized line is dropped (and reported) without being buffered whole.
+    let mut big = vec![b'x'; 16 * 1024 * 1024 + 1];
+    big.push(b'\n');
+    raw.write(&big).await;
+    let error = raw.error().await;
+    assert!(error.contains("exceeds the 16777216-byte limit"), "{error}");
+    // A UTF-8 character split across two reads decodes intact.
+    let line = r#"{"cmd":"query","prompt":"é世","sessionId":"s1"}"#
+        .as_bytes()
+        .to_vec();
+    let cut = line.iter().position(|b| *b == 0xe4).unwrap() + 1;
+    raw.write(&line[..cut]).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    raw.write(&line[cut..]).await;
+    raw.write(b"\n").await;
+    let events = raw.turn().await;
+    assert_eq!(
+        events[1]["data"]["message"]["content"][0]["text"],
+        "echo: é世"
+    );
+    assert_eq!(
+        events.last().unwrap(),
+        &json!({"ev": "done", "sessionId": "s1"})
+    );
+}
+
+#[tokio::test]
+async fn a_missing_socket_variable_is_exit_1() {
+    let out = within(
+        10,
+        "ac7 ash-bridge",
+        tokio::process::Command::new(common::ac7())
+            .arg("ash-bridge")
+            .env_remove("ASH_BRIDGE_SOCKET")
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty());
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "ac7 ash-bridge: ASH_BRIDGE_SOCKET is not set (or empty): set it to the socket path the Ash host will connect to\n"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_stops_the_bridge_and_removes_the_socket() {
+    let bridge = AshBridge::start().await;
+    let client = bridge.client().await;
+    let mut job = client.query("slow", "s1", false);
+    assert!(matches!(job.next().await, Some(JobEvent::Message(_))));
+    let pid = bridge.child.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(bridge.exit().await, 0);
+}
+
+/// Waits (bounded) until the stand-in agent of `session` has exited.
+async fn agent_stopped(bridge: &AshBridge, session: &str) {
+    let pid = std::fs::read_to_string(bridge.workspace.join(format!("{session}.pid"))).unwrap();
+    process_gone(&pid).await;
+}
+
+/// Waits (bounded) until process `pid` no longer exists.
+async fn process_gone(pid: &str) {
+    let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
+    within(10, "the agent to be stopped", async {
+        // A reaped child disappears from /proc; the bridge reaps its children.
+        while proc.exists() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    raw.send(r#"{"cmd":"query","prompt":"stubborn","sessionId":"s1"}"#)
+        .await;
+    assert_eq!(raw.recv().await["data"]["type"], "system");
+    assert_eq!(
+        raw.recv().await["data"]["message"]["content"][0]["text"],
+        "working"
+    );
+    let t = std::time::Instant::now();
+    raw.send(r#"{"cmd":"interrupt"}"#).await;
+    assert_eq!(raw.recv().await, json!({"ev": "done", "sessionId": "s1"}));
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2),
+        "SIGKILL came after {waited:?}"
+    );
+    agent_stopped(&bridge, "s1").await;
+}
+
+#[tokio::test]
+async fn a_host_that_disconnects_mid_query_stops_its_agent() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    raw.send(r#"{"cmd":"query","prompt":"slow","sessionId":"gone"}"#)
+        .await;
+    assert_eq!(raw.recv().await["data"]["type"], "system");
+    assert_eq!(
+        raw.recv().await["data"]["message"]["content"][0]["text"],
+        "working"
+    );
+    drop(raw);
+    agent_stopped(&bridge, "gone").await;
+    // The bridge serves the next host.
+    let client = bridge.client().await;
+    let (_, completion) = client.query("hello", "s2", false).finish().await;
+    assert_eq!(completion, Ok(done("s2")));
+}
+
+#[tokio::test]
+async fn the_client_reports_a_bridge_that_closes_before_ready() {
+    let dir = tempdir();
+    let path = dir.path().join("mute.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let server = tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.unwrap();
+        drop(conn);
+    });
+    let err = within(10, "connect", AshClient::connect(&path))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "the bridge connection closed");
+    server.await.unwrap();
+    let err = AshClient::connect(dir.path().join("none.sock"))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("cannot connect to the Ash bridge at "),
+        "{err}"
+    );
+}
