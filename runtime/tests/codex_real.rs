@@ -104,3 +104,54 @@ async fn a_missing_codex_is_a_clear_start_up_error() {
             .contains("CODEX_PATH=/nonexistent/codex does not exist")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_session_with_143_and_removes_codex_home() {
+    use tokio::io::AsyncBufReadExt;
+    let broker = start_broker().await;
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["codex", "--url", &broker.url])
+        .current_dir(work.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CODEX_PATH", codex())
+        .env("XDG_CACHE_HOME", cache.path())
+        .env("AC7_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    common::within(60, "the codex session to start", async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("agent connected") {
+                return;
+            }
+        }
+        panic!("ac7 codex ended before its session started");
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_dir(cache.path().join("ac7/codex"))
+            .unwrap()
+            .count(),
+        1,
+        "CODEX_HOME exists while running"
+    );
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = common::within(30, "ac7 codex to exit", child.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(143));
+    assert_eq!(
+        std::fs::read_dir(cache.path().join("ac7/codex"))
+            .unwrap()
+            .count(),
+        0,
+        "CODEX_HOME removed"
+    );
+}
