@@ -7,7 +7,13 @@
 //! overwrite, so a path that exists is examined instead: a socket nobody accepts on (connection
 //! refused) is stale and is removed before linking again; a socket someone accepts on belongs to
 //! a live process and binding fails with [`BindError::InUse`]; anything that is not a socket is
-//! left alone ([`BindError::NotASocket`]). Probing a live socket connects to it once.
+//! left alone ([`BindError::NotASocket`]).
+//!
+//! Before any of that, the binder takes an exclusive lock on `<path>.lock` (0600) and holds it while
+//! it serves. A second process finding the lock held is refused at once, without connecting to the
+//! socket — a probe connection would look like a new bridge to a live runner and displace its real
+//! one. The connect-probe is left for sockets nobody holds the lock for (stale ones, or a server
+//! that does not lock).
 
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
@@ -83,6 +89,7 @@ pub(crate) fn bind_private(
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
+    let lock = PathLock::acquire(&path, owner)?;
     let private = PrivateDir::create(&parent)?;
     let staged = private.path.join("s");
     let listener =
@@ -100,7 +107,8 @@ pub(crate) fn bind_private(
     )?;
     publish(&staged, &path, owner)?;
     drop(private);
-    let socket = SocketFile::new(path)?;
+    let mut socket = SocketFile::new(path)?;
+    socket.lock = Some(lock);
 
     listener
         .set_nonblocking(true)
@@ -119,6 +127,8 @@ pub(crate) struct SocketFile {
     pub(crate) path: PathBuf,
     dev: u64,
     ino: u64,
+    /// Released (and its file removed) after the socket is unlinked.
+    lock: Option<PathLock>,
 }
 
 impl SocketFile {
@@ -132,7 +142,55 @@ impl SocketFile {
             path,
             dev: meta.dev(),
             ino: meta.ino(),
+            lock: None,
         })
+    }
+}
+
+/// An exclusive advisory lock on `<socket path>.lock`, held while the socket is served.
+#[derive(Debug)]
+struct PathLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl PathLock {
+    fn acquire(socket: &Path, owner: &'static str) -> Result<Self, BindError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut name = socket.file_name().unwrap_or_default().to_owned();
+        name.push(".lock");
+        let path = socket.with_file_name(name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| BindError::Io {
+                op: "open the lock file",
+                path: path.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { path, _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(BindError::InUse {
+                path: socket.to_owned(),
+                owner,
+            }),
+            Err(std::fs::TryLockError::Error(source)) => Err(BindError::Io {
+                op: "lock",
+                path,
+                source,
+            }),
+        }
+    }
+}
+
+impl Drop for PathLock {
+    fn drop(&mut self) {
+        // Removed while still held; the lock goes with the file handle right after.
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

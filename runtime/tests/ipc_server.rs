@@ -82,9 +82,13 @@ async fn the_socket_is_0600_and_unlinked_on_shutdown() {
     let meta = std::fs::symlink_metadata(&path).unwrap();
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-    // Nothing else was left next to it (the private staging directory is gone).
-    let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
-    assert_eq!(entries.len(), 1, "{entries:?}");
+    // Next to it only its lock file: the private staging directory is gone.
+    let mut entries: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    entries.sort();
+    assert_eq!(entries, ["r.sock", "r.sock.lock"]);
 
     let task = serve(server);
     let mut peer = Peer::connect(&path).await;
@@ -101,6 +105,35 @@ async fn the_socket_is_0600_and_unlinked_on_shutdown() {
     );
     assert_eq!(peer.recv().await, None);
     assert!(!path.exists());
+    assert!(
+        !dir.path().join("r.sock.lock").exists(),
+        "the lock file goes with the socket"
+    );
+}
+
+#[tokio::test]
+async fn a_refused_second_runner_does_not_disturb_the_first_ones_bridge() {
+    let dir = tempdir();
+    let path = dir.path().join("r.sock");
+    let task = serve(IpcServer::bind(options(&path, BridgePolicy::DisplaceOld)).unwrap());
+    let mut bridge = Peer::connect(&path).await;
+    bridge
+        .send(json!({"kind": "mcp_request", "id": 1, "method": "tools/call", "params": {"name": "a"}}))
+        .await;
+    assert_eq!(bridge.recv().await.unwrap()["id"], 1);
+    // Refused by the lock: no probe connection reaches the live runner, so nothing is displaced.
+    let err = IpcServer::bind(options(&path, BridgePolicy::DisplaceOld)).unwrap_err();
+    assert!(matches!(err, BindError::InUse { .. }), "{err:?}");
+    bridge
+        .send(json!({"kind": "mcp_request", "id": 2, "method": "tools/call", "params": {"name": "b"}}))
+        .await;
+    let answer = bridge.recv().await.unwrap();
+    assert_eq!(
+        answer["kind"], "mcp_response",
+        "still attached, not displaced: {answer}"
+    );
+    assert_eq!(answer["id"], 2);
+    within(5, "shutdown", task.shutdown(None)).await;
 }
 
 #[tokio::test]
