@@ -39,11 +39,10 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ac7_protocol::call_tool::{
     BadRequest, CallTool, Reply, TOOL_NOT_FOUND, ToolSchema, decode_call, encode_reply,
@@ -251,37 +250,12 @@ impl SchemaFile {
     /// Writes `tools` to a fresh 0600 file next to `path`, then renames it into place, so the
     /// file at `path` is never partly written nor readable by others.
     fn write(path: &Path, tools: &[ToolSchema]) -> Result<Self, HostError> {
-        static COUNTER: AtomicU32 = AtomicU32::new(0);
         let error = |source| HostError::SchemaFile {
             path: path.to_owned(),
             source,
         };
         let text = serde_json::to_vec_pretty(tools).map_err(|e| error(io::Error::other(e)))?;
-        let name = path
-            .file_name()
-            .ok_or_else(|| error(io::Error::other("the path has no file name")))?;
-        let mut temp_name = std::ffi::OsString::from(".");
-        temp_name.push(name);
-        temp_name.push(format!(
-            ".{}.{}.tmp",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let temp = path.with_file_name(temp_name);
-        let written = (|| {
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&temp)?;
-            io::Write::write_all(&mut file, &text)?;
-            file.sync_all()?;
-            std::fs::rename(&temp, path)
-        })();
-        if let Err(source) = written {
-            let _ = std::fs::remove_file(&temp);
-            return Err(error(source));
-        }
+        crate::fsutil::write_atomic(path, &text).map_err(error)?;
         Ok(Self {
             path: path.to_owned(),
         })

@@ -9,6 +9,8 @@ pub mod broker;
 pub mod call_tool_bridge;
 pub mod call_tool_host;
 pub mod cli;
+pub mod clock;
+mod fsutil;
 pub mod ipc_server;
 pub mod logging;
 pub mod operator;

@@ -216,13 +216,7 @@ impl AppState {
     }
 }
 
-/// Current time in epoch milliseconds.
-pub fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
+pub use crate::clock::now_ms;
 
 /// A broker serving on a socket.
 #[derive(Debug)]

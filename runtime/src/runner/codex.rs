@@ -29,7 +29,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{RunnerOpts, StartError, find_in_path, start_core, start_failed};
+use super::{RunnerOpts, StartError, locate_binary, start_core, start_failed};
 use crate::bridge::RUNNER_SOCKET_ENV;
 
 /// `ac7 codex`.
@@ -71,23 +71,11 @@ pub fn codex(args: CodexArgs) -> i32 {
 }
 
 fn locate_codex() -> Result<PathBuf, StartError> {
-    if let Some(path) = std::env::var_os("CODEX_PATH").filter(|p| !p.is_empty()) {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(StartError(format!(
-                "CODEX_PATH={} does not exist",
-                path.display()
-            )))
-        };
-    }
-    find_in_path("codex").ok_or_else(|| {
-        StartError(
-            "codex is not on PATH: install the OpenAI Codex CLI (npm i -g @openai/codex), or set CODEX_PATH"
-                .into(),
-        )
-    })
+    locate_binary(
+        "CODEX_PATH",
+        "codex",
+        "codex is not on PATH: install the OpenAI Codex CLI (npm i -g @openai/codex), or set CODEX_PATH",
+    )
 }
 
 /// The ephemeral `CODEX_HOME`; removed when dropped.
@@ -166,11 +154,9 @@ fn create_home(exe: &Path, socket: &Path) -> Result<CodexHome, StartError> {
         .create(&dir)
         .map_err(|e| StartError(format!("cannot create {}: {e}", dir.display())))?;
     let home = CodexHome { dir };
-    super::mcp_config::write_atomic(
-        &home.dir.join("config.toml"),
-        config_toml(exe, socket).as_bytes(),
-    )
-    .map_err(|e| StartError(e.to_string()))?;
+    let config = home.dir.join("config.toml");
+    crate::fsutil::write_atomic(&config, config_toml(exe, socket).as_bytes())
+        .map_err(|e| StartError(format!("cannot write {}: {e}", config.display())))?;
     if let Some(user_home) = std::env::var_os("HOME") {
         let auth = PathBuf::from(user_home).join(".codex/auth.json");
         if auth.is_file() {

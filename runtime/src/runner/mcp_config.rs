@@ -10,14 +10,13 @@
 //! doing anything else — unless the pid in it is still alive, in which case that runner owns the
 //! file and the new one refuses to start.
 //!
-//! Every write is atomic: a 0600 temp file in the same directory, fsync, rename, fsync of the
-//! directory. The merged file keeps every other top-level key and server entry; it is written as
+//! Every write is atomic (`fsutil::write_atomic`: a 0600 temp file in the same directory, fsync,
+//! rename, fsync of the directory). The merged file keeps every other top-level key and server entry; it is written as
 //! 2-space indented JSON (key order may change while the runner runs; the original bytes come
 //! back at the end).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use ac7_protocol::base64;
@@ -219,36 +218,8 @@ fn remove_if_exists(path: &Path) -> Result<(), ConfigError> {
     }
 }
 
-/// Writes `bytes` to `path` atomically, mode 0600.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut nonce = [0u8; 6];
-    getrandom::fill(&mut nonce)
-        .map_err(|e| io_error("create a temp name for", path, io::Error::other(e)))?;
-    let hex: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-    let temp = dir.join(format!(".ac7-{name}-{hex}.tmp"));
-    let result = (|| -> io::Result<()> {
-        let mut file = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&temp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        fs::rename(&temp, path)?;
-        File::open(&dir)?.sync_all()
-    })();
-    result.map_err(|source| {
-        let _ = fs::remove_file(&temp);
-        io_error("write", path, source)
-    })
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
+    crate::fsutil::write_atomic(path, bytes).map_err(|source| io_error("write", path, source))
 }
 
 fn io_error(op: &'static str, path: &Path, source: io::Error) -> ConfigError {

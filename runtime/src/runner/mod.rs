@@ -131,23 +131,28 @@ pub fn claude_flags(user: &[String], prose: &str) -> Vec<String> {
 }
 
 fn locate_claude() -> Result<PathBuf, StartError> {
-    if let Some(path) = std::env::var_os("CLAUDE_PATH").filter(|p| !p.is_empty()) {
+    locate_binary(
+        "CLAUDE_PATH",
+        "claude",
+        "claude (Claude Code) is not on PATH: install it (npm i -g @anthropic-ai/claude-code), or set CLAUDE_PATH",
+    )
+}
+
+/// The binary named by `$<env>` (which must exist) or else `name` on `PATH`; `missing` is the
+/// error when neither is found.
+pub(crate) fn locate_binary(env: &str, name: &str, missing: &str) -> Result<PathBuf, StartError> {
+    if let Some(path) = std::env::var_os(env).filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         return if path.is_file() {
             Ok(path)
         } else {
             Err(StartError(format!(
-                "CLAUDE_PATH={} does not exist",
+                "{env}={} does not exist",
                 path.display()
             )))
         };
     }
-    find_in_path("claude").ok_or_else(|| {
-        StartError(
-            "claude (Claude Code) is not on PATH: install it (npm i -g @anthropic-ai/claude-code), or set CLAUDE_PATH"
-                .into(),
-        )
-    })
+    find_in_path(name).ok_or_else(|| StartError(missing.to_owned()))
 }
 
 /// The first executable file called `name` on `PATH`.
@@ -416,7 +421,7 @@ fn handler(
     move |request: IncomingRequest| {
         let ctx = Context {
             briefing: briefing.clone(),
-            now_ms: now_ms(),
+            now_ms: crate::clock::now_ms(),
         };
         let client = client.clone();
         let open = open.clone();
@@ -472,13 +477,6 @@ async fn run_plan(client: &BrokerClient, mut plan: Plan) -> toolbox::ToolText {
             },
         }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or_default()
 }
 
 #[cfg(test)]
