@@ -74,6 +74,7 @@
 //! | [`message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
 //! | [`objective`] | the objective lifecycle (active ⇄ blocked → done / cancelled) and who may do what |
 //! | [`permission`] | the seven leaf permissions and preset expansion |
+//! | [`team`] | the team and a member's role (wire shapes shared by the broker and the runner) |
 //! | [`vfs`] | shared file space paths: normalisation and traversal rejection |
 //! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
 //! | [`call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
@@ -106,6 +107,7 @@ pub mod permission;
 pub mod runner;
 pub mod schema;
 pub mod sse;
+pub mod team;
 pub mod toolbox;
 pub mod tracker;
 pub mod vfs;

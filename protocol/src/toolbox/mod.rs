@@ -26,29 +26,7 @@ pub use defs::tool_list;
 pub use tools::plan;
 
 use crate::objective::Objective;
-
-/// `role` of a member.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-pub struct Role {
-    /// Short title.
-    pub title: String,
-    /// Longer description.
-    #[serde(default)]
-    pub description: String,
-}
-
-/// The team, as the briefing shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-pub struct TeamInfo {
-    /// Team name.
-    pub name: String,
-    /// What the team is for.
-    #[serde(default)]
-    pub directive: String,
-    /// Background.
-    #[serde(default)]
-    pub context: String,
-}
+pub use crate::team::{Role, Team};
 
 /// A teammate, as the briefing and roster show them.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -77,7 +55,7 @@ pub struct Briefing {
     #[serde(default)]
     pub instructions: String,
     /// The team.
-    pub team: TeamInfo,
+    pub team: Team,
     /// Every member, the agent included.
     #[serde(default)]
     pub teammates: Vec<TeammateInfo>,

@@ -1,36 +1,13 @@
 //! Team, members and tokens in the store.
 
-use ac7_protocol::permission::{PermissionSet, Presets};
+use ac7_protocol::permission::PermissionSet;
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::db::StoreError;
 use super::tokens;
 
-/// A member's role.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Role {
-    /// Short title, e.g. `engineer`.
-    pub title: String,
-    /// What the role does (may be empty).
-    #[serde(default)]
-    pub description: String,
-}
-
-/// The team record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Team {
-    /// Team name.
-    pub name: String,
-    /// What the team is for.
-    pub directive: String,
-    /// Background (may be empty).
-    #[serde(default)]
-    pub context: String,
-    /// Named permission presets.
-    #[serde(rename = "permissionPresets", default)]
-    pub permission_presets: Presets,
-}
+pub use ac7_protocol::team::{Role, Team};
 
 /// A member as stored.
 #[derive(Debug, Clone, PartialEq)]
