@@ -473,3 +473,102 @@ fn offline_member_admin() {
     let (ok, _, err) = member(&["remove", "director"]);
     assert!(!ok && err.contains("last admin"), "{err}");
 }
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// `ac7 serve` with a team from flags; returns (exit ok, stdout, stderr).
+fn serve_once(db: &Path, port: u16, extra: &[&str]) -> (bool, String, String) {
+    let out = Command::new(AC7)
+        .args(["serve", "--db"])
+        .arg(db)
+        .args(["--port", &port.to_string()])
+        .args([
+            "--team-name",
+            "t",
+            "--directive",
+            "d",
+            "--member",
+            "boss::admin",
+        ])
+        .args(extra)
+        .env("AC7_LOG", "warn")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_failed_start_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (ok, out, err) = serve_once(&db, port, &[]);
+    assert!(!ok);
+    assert!(err.contains("cannot listen on"), "{err}");
+    assert!(!out.contains("ac7_"), "no token may be printed: {out}");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "a failed start created files"
+    );
+
+    // a bad member flag: refused before anything is created
+    let (ok, _, err) = serve_once(&db, 0, &["--member", "bad name"]);
+    assert!(!ok && err.contains("must be"), "{err}");
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    drop(taken);
+}
+
+#[test]
+fn files_are_private_and_an_open_data_dir_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let r = client()
+            .post(format!("{}/push", s.url))
+            .bearer_auth(token(&s, "director"))
+            .json(&json!({"body": "hello"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    });
+    for suffix in ["", "-wal", "-shm"] {
+        let p = dir.path().join(format!("ac7.db{suffix}"));
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{} is not private", p.display());
+        }
+    }
+    assert!(dir.path().join("ac7.db-wal").exists());
+    assert_eq!(mode(&dir.path().join("ac7.db-blobs")), 0o700);
+    drop(s);
+
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(AC7)
+        .args(["serve", "--port", "0", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("writable by other users") && err.contains("chmod go-w"),
+        "{err}"
+    );
+}

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 
 use super::bootstrap::{self, add_member, is_last_admin, validate_member};
 use super::config::{MemberSection, TeamConfig, TeamSection};
+use super::datadir;
 use super::db::{Store, StoreError, SyncMode};
 use super::team::{self, MemberRecord, Role};
 use super::{BrokerConfig, now_ms};
@@ -105,42 +106,17 @@ fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
 }
 
 /// Runs `ac7 serve` until Ctrl-C / SIGTERM.
+///
+/// Order of a start: check the flags and the data directory, bind the listener,
+/// then open (or create) the database and the team, then serve. A start that
+/// fails removes every file it created, and prints tokens only once it serves.
 #[allow(clippy::print_stdout)]
 pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     const HARD_CAP: u64 = 1024 * 1024 * 1024;
     if args.max_file_bytes > HARD_CAP {
         bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
     }
-    let store = Store::open(&args.db, args.sync)
-        .with_context(|| format!("opening database {}", args.db.display()))?;
-    let has_team = store.with(|conn| team::team_get(conn))?.is_some();
-    if has_team {
-        if args.team_config.is_some() || args.team_name.is_some() {
-            tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
-        }
-    } else {
-        let Some(config) = team_config_from(&args)? else {
-            bail!(
-                "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
-                args.db.display()
-            );
-        };
-        let issued = bootstrap::bootstrap(&store, &config)?;
-        println!(
-            "created team '{}' in {}",
-            config.team.name,
-            args.db.display()
-        );
-        println!("bearer tokens (shown once; only their SHA-256 is stored):");
-        let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
-        for i in issued {
-            println!("  {:<width$}  {}", i.name, i.token);
-        }
-    }
-    drop(store);
-    let mut config = BrokerConfig::new(args.db.clone());
-    config.max_file_bytes = args.max_file_bytes;
-    config.sync = args.sync;
+    datadir::check_data_dir(&args.db)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
@@ -151,10 +127,36 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                     .and_then(|mut a| a.next().context("host resolved to no address"))
             })
             .with_context(|| format!("bad --host {}", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let broker = super::start(config, listener).await?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!(
+                "cannot listen on {addr} (is another broker running there? pick another --port)"
+            )
+        })?;
+        let created = datadir::CreatedFiles::before_start(&args.db);
+        let started = async {
+            let issued = open_team(&args)?;
+            let mut config = BrokerConfig::new(args.db.clone());
+            config.max_file_bytes = args.max_file_bytes;
+            config.sync = args.sync;
+            let broker = super::start(config, listener).await?;
+            Ok::<_, anyhow::Error>((broker, issued))
+        }
+        .await;
+        let (broker, issued) = match started {
+            Ok(ok) => ok,
+            Err(e) => {
+                created.remove();
+                return Err(e);
+            }
+        };
+        if let Some((team_name, issued)) = issued {
+            println!("created team '{team_name}' in {}", args.db.display());
+            println!("bearer tokens (shown once; only their SHA-256 is stored):");
+            let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
+            for i in issued {
+                println!("  {:<width$}  {}", i.name, i.token);
+            }
+        }
         println!("ac7 broker listening on http://{}", broker.addr);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
@@ -165,6 +167,38 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         broker.shutdown().await?;
         Ok::<_, anyhow::Error>(0)
     })
+}
+
+/// Opens the database and creates the team if it has none; returns the team's
+/// name and the new tokens when it created one. A missing database is created
+/// only when there is a team to put in it.
+fn open_team(args: &ServeArgs) -> anyhow::Result<Option<(String, Vec<bootstrap::IssuedToken>)>> {
+    let no_team = || {
+        anyhow::anyhow!(
+            "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
+            args.db.display()
+        )
+    };
+    let config = if args.db.exists() {
+        None
+    } else {
+        Some(team_config_from(args)?.ok_or_else(no_team)?)
+    };
+    let store = Store::open(&args.db, args.sync)
+        .with_context(|| format!("opening database {}", args.db.display()))?;
+    let has_team = store.with(|conn| team::team_get(conn))?.is_some();
+    if has_team {
+        if args.team_config.is_some() || args.team_name.is_some() {
+            tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
+        }
+        return Ok(None);
+    }
+    let config = match config {
+        Some(c) => c,
+        None => team_config_from(args)?.ok_or_else(no_team)?,
+    };
+    let issued = bootstrap::bootstrap(&store, &config)?;
+    Ok(Some((config.team.name, issued)))
 }
 
 /// `ac7 member …`: offline administration against the database file.

@@ -52,6 +52,7 @@ pub mod bootstrap;
 pub mod channels;
 pub mod cli;
 pub mod config;
+pub mod datadir;
 pub mod db;
 pub mod fs;
 mod http;
@@ -255,6 +256,13 @@ pub async fn start(
     listener: TcpListener,
 ) -> Result<RunningBroker, StartError> {
     let store = Store::open(&config.db_path, config.sync)?;
+    datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
+        what: format!(
+            "cannot create the blob directory {}",
+            datadir::blob_dir(&config.db_path).display()
+        ),
+        source,
+    })?;
     let boot_time = now_ms();
     let hub = Hub::new(config.queue_capacity);
     let members = store.with(|conn| -> Result<_, StartError> {

@@ -217,6 +217,14 @@ impl IntoResponse for ApiError {
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if e.is_disk_full() {
+            tracing::error!(error = %e, "disk full");
+            return ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "the broker's disk is full: nothing was stored; ask the operator to free space, then retry",
+            )
+            .with("code", json!("disk_full"));
+        }
         tracing::error!(error = %e, "store failure");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
