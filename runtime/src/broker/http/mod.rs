@@ -590,6 +590,40 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_507() {
+        use crate::broker::db::Store;
+        // A real SQLITE_FULL: the database may not grow past its page limit.
+        let store = Store::open_in_memory().unwrap();
+        let err = store.with(|conn| {
+            conn.execute_batch("CREATE TABLE big (b BLOB); PRAGMA max_page_count = 20;")
+                .unwrap();
+            conn.execute("INSERT INTO big VALUES (zeroblob(1000000))", [])
+                .map_err(StoreError::from)
+                .unwrap_err()
+        });
+        let api = ApiError::from(err);
+        assert_eq!(api.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert!(api.error.contains("disk is full"), "{}", api.error);
+        // A real ENOSPC: /dev/full refuses every write.
+        let source = std::io::Write::write_all(
+            &mut std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+            b"x",
+        )
+        .unwrap_err();
+        let api = ApiError::from(StoreError::File {
+            what: "writing a blob".into(),
+            source,
+        });
+        assert_eq!(api.status, StatusCode::INSUFFICIENT_STORAGE);
+        // anything else stays a 500
+        let api = ApiError::from(StoreError::Corrupt("x".into()));
+        assert_eq!(api.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
     fn disposition_is_sanitised() {
         assert_eq!(
             inline_disposition("a\"b\\c\n.txt"),
