@@ -572,3 +572,27 @@ fn files_are_private_and_an_open_data_dir_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn offline_member_names_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+    drop(serve(&db, &["--team-config", cfg.to_str().unwrap()]));
+    for (name, want) in [
+        (".", "reserved"),
+        ("..", "reserved"),
+        ("ac7", "reserved"),
+        ("Director", "already exists"),
+    ] {
+        let out = Command::new(AC7)
+            .args(["member", "add", name, "--db"])
+            .arg(&db)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{name}: {err}");
+        assert!(!err.contains("corrupt"), "{err}");
+    }
+}

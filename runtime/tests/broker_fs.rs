@@ -547,3 +547,51 @@ async fn identical_content_is_stored_once_and_purged_with_the_last_entry() {
         .await;
     assert_eq!(stats(&b), (0, 0));
 }
+
+#[tokio::test]
+async fn active_types_are_sandboxed_attachments() {
+    let b = start_broker().await;
+    let active = [
+        ("page.html", "text/html"),
+        ("page.xhtml", "application/xhtml+xml"),
+        ("pic.svg", "image/svg+xml"),
+        ("doc.xml", "text/xml"),
+        ("doc2.xml", "application/xml"),
+        ("feed.atom", "application/atom+xml"),
+        ("run.js", "text/javascript"),
+        ("run2.js", "application/javascript"),
+        ("shout.html", "TEXT/HTML; charset=utf-8"),
+        ("blob.bin", "application/octet-stream"),
+    ];
+    let passive = [
+        ("a.txt", "text/plain"),
+        ("b.png", "image/png"),
+        ("c.json", "application/json"),
+    ];
+    for (name, mime) in active.iter().chain(passive.iter()) {
+        let path = format!("/builder/{name}");
+        let r = b
+            .write_file("builder", &path, mime, b"<script>alert(1)</script>", None)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let r = b
+            .raw("GET", &format!("/fs/read{path}"), Some("builder"), None)
+            .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["x-content-type-options"], "nosniff", "{name}");
+        assert_eq!(
+            r.headers["content-security-policy"], "sandbox; default-src 'none'",
+            "{name}"
+        );
+        let want = if passive.iter().any(|(n, _)| n == name) {
+            "inline"
+        } else {
+            "attachment"
+        };
+        assert_eq!(
+            r.headers["content-disposition"],
+            format!("{want}; filename=\"{name}\"").as_str(),
+            "{mime}"
+        );
+    }
+}

@@ -701,3 +701,48 @@ async fn wire_key_order_matches_ac7() {
         r.text
     );
 }
+
+#[tokio::test]
+async fn reserved_and_case_twin_names_are_refused() {
+    let b = start_broker().await;
+    let member = |name: &str| json!({"name": name, "role": {"title": "scout", "description": ""}, "permissions": []});
+    for name in [".", "..", "ac7", "AC7", "objectives"] {
+        let r = b.post("/members", "director", member(name)).await;
+        assert_eq!(r.status, 400, "{name}: {}", r.text);
+        assert!(
+            r.json["error"].as_str().unwrap().contains("reserved"),
+            "{name}: {}",
+            r.text
+        );
+    }
+    let r = b.post("/members", "director", member("Builder")).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert!(r.json["error"].as_str().unwrap().contains("'builder'"));
+    let r = b.post("/members", "director", member("scout")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = b.post("/members", "director", member("SCOUT")).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+}
+
+#[tokio::test]
+async fn extractor_rejections_are_json() {
+    let b = start_broker().await;
+    // a query string axum cannot decode
+    let r = b.get("/history?limit=1&limit=2", "builder").await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    assert!(
+        r.json["error"].as_str().unwrap().contains("limit"),
+        "{}",
+        r.text
+    );
+    // a path segment that is not UTF-8
+    let r = b.get("/channels/%FF", "builder").await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.json["error"].is_string(), "{}", r.text);
+}

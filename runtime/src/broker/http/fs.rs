@@ -15,9 +15,7 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{
-    ApiError, Body, Caller, Shared, inline_disposition, obj, parse_json, query_bytes, reply,
-};
+use super::{ApiError, Body, Caller, Shared, disposition, obj, parse_json, query_bytes, reply};
 use crate::broker::fs::{self as store, Collide, FsError};
 use crate::broker::{now_ms, objectives};
 
@@ -169,8 +167,50 @@ pub(super) async fn read(
         header::CONTENT_TYPE,
         HeaderValue::from_str(mime).unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
-    headers.insert(header::CONTENT_DISPOSITION, inline_disposition(&entry.name));
+    safety_headers(headers, mime, &entry.name);
     Ok(resp)
+}
+
+/// Types a browser shows without running anything: served inline. Everything
+/// else (HTML, SVG, XML, JavaScript, PDF, unknown types…) is an attachment.
+fn is_passive(mime: &str) -> bool {
+    let essence = mime
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        essence.as_str(),
+        "text/plain"
+            | "text/markdown"
+            | "text/csv"
+            | "application/json"
+            | "image/png"
+            | "image/jpeg"
+            | "image/gif"
+            | "image/webp"
+            | "image/avif"
+            | "image/bmp"
+    ) || essence.starts_with("audio/")
+        || essence.starts_with("video/")
+}
+
+/// Every file read: `nosniff`, a sandboxing CSP (nothing in the file may run or
+/// load anything), and `attachment` for anything but passive types.
+fn safety_headers(headers: &mut axum::http::HeaderMap, mime: &str, name: &str) {
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        disposition(is_passive(mime), name),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
 }
 
 pub(super) async fn write(

@@ -102,6 +102,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
+        .layer(middleware::from_fn(json_errors))
         .with_state(state)
 }
 
@@ -131,6 +132,30 @@ async fn protocol_header(req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// Gives every error answer a JSON body: the rejections of axum's own extractors
+/// (a bad query string, a bad path segment…) are plain text; they become
+/// `{"error": "<that text>"}` with the same status.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(resp.into_body(), 64 * 1024).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).trim().to_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_owned(),
+    };
+    ApiError::new(status, text).into_response()
 }
 
 /// An error response: `{"error": "...", …extras}` (keys in that order, as ac7 sends them).
@@ -502,8 +527,10 @@ pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Respon
     (status, axum::Json(body)).into_response()
 }
 
-/// `Content-Disposition: inline; filename="…"` with control characters, `"` and `\` replaced by `_`.
-pub(crate) fn inline_disposition(name: &str) -> HeaderValue {
+/// `Content-Disposition: inline; filename="…"` (or `attachment; …` when not
+/// `inline`) with control characters, `"` and `\` replaced by `_`.
+pub(crate) fn disposition(inline: bool, name: &str) -> HeaderValue {
+    let kind = if inline { "inline" } else { "attachment" };
     let clean: String = name
         .chars()
         .map(|c| {
@@ -514,8 +541,8 @@ pub(crate) fn inline_disposition(name: &str) -> HeaderValue {
             }
         })
         .collect();
-    HeaderValue::from_str(&format!("inline; filename=\"{clean}\""))
-        .unwrap_or(HeaderValue::from_static("inline"))
+    HeaderValue::from_str(&format!("{kind}; filename=\"{clean}\""))
+        .unwrap_or(HeaderValue::from_static(kind))
 }
 
 /// The percent-decoded bytes of query parameter `key` (first occurrence).
@@ -626,8 +653,12 @@ mod tests {
     #[test]
     fn disposition_is_sanitised() {
         assert_eq!(
-            inline_disposition("a\"b\\c\n.txt"),
+            disposition(true, "a\"b\\c\n.txt"),
             "inline; filename=\"a_b_c_.txt\""
+        );
+        assert_eq!(
+            disposition(false, "x.svg"),
+            "attachment; filename=\"x.svg\""
         );
     }
 }
