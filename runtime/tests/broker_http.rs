@@ -746,3 +746,43 @@ async fn extractor_rejections_are_json() {
     assert_eq!(r.status, 400, "{}", r.text);
     assert!(r.json["error"].is_string(), "{}", r.text);
 }
+
+#[tokio::test]
+async fn message_floods_get_429_with_retry_after() {
+    use ac7_runtime::broker::ratelimit::Rate;
+    let b = broker_support::start_with(|c| {
+        c.push_rate = Some(Rate {
+            per_second: 1,
+            burst: 3,
+        })
+    })
+    .await;
+    for i in 0..3 {
+        b.push("builder", json!({"body": format!("m{i}")})).await;
+    }
+    let r = b
+        .post("/push", "builder", json!({"body": "one too many"}))
+        .await;
+    assert_eq!(r.status, 429, "{}", r.text);
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(r.json["code"], "rate_limited");
+    assert_eq!(r.json["retryAfter"], 1);
+    assert!(r.json["error"].as_str().unwrap().contains("per second"));
+    // other message-creating endpoints draw from the same bucket
+    let r = b
+        .post(
+            "/objectives",
+            "builder",
+            json!({"title": "t", "outcome": "o", "assignee": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 429, "{}", r.text);
+    // nothing was stored for the refused pushes
+    let h = b.get("/history?limit=100", "builder").await;
+    assert!(!h.text.contains("one too many"));
+    // another member has their own bucket
+    b.push("reviewer", json!({"body": "hello"})).await;
+    // and the bucket refills
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    b.push("builder", json!({"body": "later"})).await;
+}

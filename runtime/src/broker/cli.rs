@@ -47,6 +47,12 @@ pub struct ServeArgs {
     /// `normal` survives a broker crash; `full` also fsyncs every commit (survives power loss).
     #[arg(long, value_enum, default_value_t = SyncMode::Normal)]
     pub sync: SyncMode,
+    /// Messages a member may create per second, sustained (`/push`, objective changes and discussion); 0 = no limit.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub push_rate: u32,
+    /// Messages a member may create at once before `--push-rate` applies.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    pub push_burst: u32,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -138,6 +144,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             let mut config = BrokerConfig::new(args.db.clone());
             config.max_file_bytes = args.max_file_bytes;
             config.sync = args.sync;
+            config.push_rate = (args.push_rate > 0).then_some(super::ratelimit::Rate {
+                per_second: args.push_rate,
+                burst: args.push_burst.max(1),
+            });
             let broker = super::start(config, listener).await?;
             Ok::<_, anyhow::Error>((broker, issued))
         }

@@ -60,6 +60,7 @@ pub mod hub;
 pub mod messages;
 pub mod objectives;
 pub mod publish;
+pub mod ratelimit;
 pub mod team;
 pub mod tokens;
 pub mod writer;
@@ -91,10 +92,13 @@ pub struct BrokerConfig {
     pub keepalive: Duration,
     /// Frames a subscriber may have queued before it is disconnected.
     pub queue_capacity: usize,
+    /// Per-member rate of message-creating requests (`None`: unlimited).
+    pub push_rate: Option<ratelimit::Rate>,
 }
 
 impl BrokerConfig {
-    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame queues.
+    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame
+    /// queues, no rate limit (`ac7 serve` sets its own defaults from its flags).
     pub fn new(db_path: PathBuf) -> BrokerConfig {
         BrokerConfig {
             db_path,
@@ -103,6 +107,7 @@ impl BrokerConfig {
             max_json_bytes: 1024 * 1024,
             keepalive: Duration::from_secs(15),
             queue_capacity: 1024,
+            push_rate: None,
         }
     }
 }
@@ -138,6 +143,8 @@ pub struct AppState {
     /// The group-commit writer for `/push`.
     pub(crate) writer: writer::Writer,
     auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
+    /// Per-member buckets for message-creating requests.
+    pub(crate) push_limiter: ratelimit::Limiter,
 }
 
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
@@ -276,6 +283,7 @@ pub async fn start(
     }
     let (writer, queue) = writer::channel();
     let state = Arc::new(AppState {
+        push_limiter: ratelimit::Limiter::new(config.push_rate),
         writer,
         store,
         hub,

@@ -164,6 +164,8 @@ pub(crate) struct ApiError {
     status: StatusCode,
     error: String,
     extras: Vec<(String, Value)>,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u64>,
 }
 
 impl serde::Serialize for ApiError {
@@ -184,6 +186,7 @@ impl ApiError {
             status,
             error: msg.into(),
             extras: Vec::new(),
+            retry_after: None,
         }
     }
 
@@ -236,7 +239,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(&self)).into_response()
+        let mut resp = (self.status, axum::Json(&self)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
     }
 }
 
@@ -336,6 +344,42 @@ impl FromRequestParts<Shared> for Caller {
         })?;
         state.remember_auth(hash, caller.name.clone(), caller.permissions);
         Ok(caller)
+    }
+}
+
+/// The authenticated member, on a request that creates messages (`/push`, objective
+/// changes and discussion): takes a token from the member's bucket, or answers
+/// 429 with `Retry-After` (see [`crate::broker::ratelimit`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Sender(pub(crate) Caller);
+
+impl FromRequestParts<Shared> for Sender {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Shared,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let limiter = &state.push_limiter;
+        match limiter.take(&caller.name, std::time::Instant::now()) {
+            Ok(()) => Ok(Sender(caller)),
+            Err(wait) => {
+                let secs = super::ratelimit::retry_after_secs(wait);
+                let rate = limiter.rate().map_or(0, |r| r.per_second);
+                let burst = limiter.rate().map_or(0, |r| r.burst);
+                let mut err = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "rate limit: at most {rate} messages per second per member (bursts of {burst}); retry in {secs} s"
+                    ),
+                )
+                .with("code", json!("rate_limited"))
+                .with("retryAfter", json!(secs));
+                err.retry_after = Some(secs);
+                Err(err)
+            }
+        }
     }
 }
 
