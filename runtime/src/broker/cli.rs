@@ -53,6 +53,9 @@ pub struct ServeArgs {
     /// Messages a member may create at once before `--push-rate` applies.
     #[arg(long, default_value_t = 200, value_name = "N")]
     pub push_burst: u32,
+    /// Bytes of files each member may own (its home, and files it wrote in objective folders); 0 = no quota.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024, value_name = "BYTES")]
+    pub file_quota_bytes: u64,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -144,6 +147,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             let mut config = BrokerConfig::new(args.db.clone());
             config.max_file_bytes = args.max_file_bytes;
             config.sync = args.sync;
+            config.file_quota_bytes = (args.file_quota_bytes > 0).then_some(args.file_quota_bytes);
             config.push_rate = (args.push_rate > 0).then_some(super::ratelimit::Rate {
                 per_second: args.push_rate,
                 burst: args.push_burst.max(1),

@@ -232,4 +232,7 @@ CREATE TABLE IF NOT EXISTS fs_grants (
     PRIMARY KEY (path, member_name)
 );
 CREATE INDEX IF NOT EXISTS fs_grants_member ON fs_grants(member_name);
+CREATE TABLE IF NOT EXISTS blob_trash (
+    hash TEXT PRIMARY KEY
+);
 "#;

@@ -36,9 +36,11 @@
 //!   implicit thread members); objective members may list `/objectives/<id>`.
 //!   `objectives.reassign` or `members.manage` may reassign. Lifecycle pushes are
 //!   committed with the change, then fanned out before the response is sent.
-//! - **Files.** Content lives in SQLite, keyed by SHA-256 with a reference count,
-//!   written in the same transaction as the entry. Top-level directories (homes,
-//!   `/objectives`) cannot be removed.
+//! - **Files.** Content is stored once per SHA-256 in the blob directory beside
+//!   the database (uploads are streamed there, never held in memory; see
+//!   [`blobs`]); its reference count is written in the same transaction as the
+//!   entry. Top-level directories (homes, `/objectives`) cannot be removed. A
+//!   member's files count against its quota ([`fs::usage`]; 413 `quota_exceeded`).
 //! - **Tokens.** A resolved token is cached for 5 s (cleared at once by any
 //!   member or token change over HTTP); `lastUsedAt` is accurate to that.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
@@ -48,6 +50,7 @@
 //!   TOTP sessions and cookies, activity upload/streams (all out of scope for the
 //!   runner with `--no-trace`).
 
+pub mod blobs;
 pub mod bootstrap;
 pub mod channels;
 pub mod cli;
@@ -94,11 +97,13 @@ pub struct BrokerConfig {
     pub queue_capacity: usize,
     /// Per-member rate of message-creating requests (`None`: unlimited).
     pub push_rate: Option<ratelimit::Rate>,
+    /// Bytes of files a member may own (`None`: unlimited); see [`fs::usage`].
+    pub file_quota_bytes: Option<u64>,
 }
 
 impl BrokerConfig {
     /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame
-    /// queues, no rate limit (`ac7 serve` sets its own defaults from its flags).
+    /// queues, no rate limit, no file quota (`ac7 serve` sets its own defaults from its flags).
     pub fn new(db_path: PathBuf) -> BrokerConfig {
         BrokerConfig {
             db_path,
@@ -108,6 +113,7 @@ impl BrokerConfig {
             keepalive: Duration::from_secs(15),
             queue_capacity: 1024,
             push_rate: None,
+            file_quota_bytes: None,
         }
     }
 }
@@ -161,6 +167,11 @@ pub(crate) struct CachedAuth {
 const AUTH_CACHE_TTL: Duration = Duration::from_secs(5);
 
 impl AppState {
+    /// The blob directory beside the database.
+    pub fn blob_dir(&self) -> PathBuf {
+        datadir::blob_dir(&self.config.db_path)
+    }
+
     /// The cached resolution of a token hash, if fresh.
     pub(crate) fn cached_auth(&self, hash: &str) -> Option<CachedAuth> {
         let cache = self
@@ -263,13 +274,15 @@ pub async fn start(
     listener: TcpListener,
 ) -> Result<RunningBroker, StartError> {
     let store = Store::open(&config.db_path, config.sync)?;
-    datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
-        what: format!(
-            "cannot create the blob directory {}",
-            datadir::blob_dir(&config.db_path).display()
-        ),
-        source,
-    })?;
+    let blob_dir =
+        datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
+            what: format!(
+                "cannot create the blob directory {}",
+                datadir::blob_dir(&config.db_path).display()
+            ),
+            source,
+        })?;
+    store.with(|conn| blobs::recover(conn, &blob_dir))?;
     let boot_time = now_ms();
     let hub = Hub::new(config.queue_capacity);
     let members = store.with(|conn| -> Result<_, StartError> {
