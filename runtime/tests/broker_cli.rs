@@ -596,3 +596,113 @@ fn offline_member_names_are_checked() {
         assert!(!err.contains("corrupt"), "{err}");
     }
 }
+
+/// Moves the messages whose body contains `marker` `days` days into the past.
+fn age_messages(db: &Path, marker: &str, days: i64) {
+    let store = ac7_runtime::broker::db::Store::open(db, ac7_runtime::broker::db::SyncMode::Normal)
+        .unwrap();
+    store.with(|c| {
+        let n = c
+            .execute(
+                "UPDATE messages SET ts = ts - ?1 WHERE json LIKE ?2",
+                rusqlite::params![days * 86_400_000, format!("%{marker}%")],
+            )
+            .unwrap();
+        assert!(n > 0);
+    });
+}
+
+#[test]
+fn prune_and_retain_days_delete_only_old_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bodies = |s: &Served| -> Vec<String> {
+        rt.block_on(async {
+            let v: Value = client()
+                .get(format!("{}/history?limit=100", s.url))
+                .bearer_auth(token(s, "builder"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["body"].as_str().unwrap().to_owned())
+                .collect()
+        })
+    };
+    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    let director = token(&s, "director").to_owned();
+    rt.block_on(async {
+        for body in ["old-one", "old-two", "middle", "fresh"] {
+            let r = client()
+                .post(format!("{}/push", s.url))
+                .bearer_auth(&director)
+                .json(&json!({"body": body}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }
+    });
+    let tokens = s.tokens.clone();
+    drop(s);
+    age_messages(&db, "old-", 40);
+    age_messages(&db, "middle", 20);
+
+    let prune = |args: &[&str]| {
+        let out = Command::new(AC7)
+            .arg("prune")
+            .args(args)
+            .arg("--db")
+            .arg(&db)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = prune(&["--older-than-days", "0"]);
+    assert!(!ok, "0 days is refused: {err}");
+    let (ok, out, err) = prune(&["--older-than-days", "30"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pruned 2 messages older than 30 days"),
+        "{out}"
+    );
+
+    let mut s = serve(&db, &["--retain-days", "10"]);
+    s.tokens = tokens;
+    // pruned at start: only the fresh message is left
+    let mut left = bodies(&s);
+    for _ in 0..100 {
+        if left == ["fresh"] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        left = bodies(&s);
+    }
+    assert_eq!(left, ["fresh"]);
+    // the team, members and tokens are untouched
+    rt.block_on(async {
+        let r = client()
+            .get(format!("{}/briefing", s.url))
+            .bearer_auth(&director)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    });
+}

@@ -56,6 +56,9 @@ pub struct ServeArgs {
     /// Bytes of files each member may own (its home, and files it wrote in objective folders); 0 = no quota.
     #[arg(long, default_value_t = 1024 * 1024 * 1024, value_name = "BYTES")]
     pub file_quota_bytes: u64,
+    /// Delete messages older than N days (at start, then hourly); 0 = keep everything.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub retain_days: u32,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -147,6 +150,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             let mut config = BrokerConfig::new(args.db.clone());
             config.max_file_bytes = args.max_file_bytes;
             config.sync = args.sync;
+            config.retain_days = (args.retain_days > 0).then_some(args.retain_days);
             config.file_quota_bytes = (args.file_quota_bytes > 0).then_some(args.file_quota_bytes);
             config.push_rate = (args.push_rate > 0).then_some(super::ratelimit::Rate {
                 per_second: args.push_rate,
@@ -342,4 +346,33 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
         }
         Ok(0)
     })
+}
+
+/// `ac7 prune`: offline retention against the database file.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// SQLite database file (the broker must be stopped).
+    #[arg(long, default_value = "./ac7.db", env = "AC7_DB")]
+    pub db: PathBuf,
+    /// Delete messages older than this many days (at least 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub older_than_days: u32,
+}
+
+/// Runs `ac7 prune`: deletes old messages (see [`super::retention`]).
+#[allow(clippy::print_stdout)]
+pub fn prune(args: PruneArgs) -> anyhow::Result<i32> {
+    if !args.db.exists() {
+        bail!("no database at {}", args.db.display());
+    }
+    let store = Store::open(&args.db, SyncMode::Normal)?;
+    let cutoff = super::retention::cutoff(now_ms(), args.older_than_days);
+    let n = super::retention::prune_all(|f| store.with(|conn| f(conn)), cutoff)?;
+    println!(
+        "pruned {n} message{} older than {} days from {}",
+        if n == 1 { "" } else { "s" },
+        args.older_than_days,
+        args.db.display()
+    );
+    Ok(0)
 }

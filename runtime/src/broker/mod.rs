@@ -64,6 +64,7 @@ pub mod messages;
 pub mod objectives;
 pub mod publish;
 pub mod ratelimit;
+pub mod retention;
 pub mod team;
 pub mod tokens;
 pub mod writer;
@@ -99,6 +100,8 @@ pub struct BrokerConfig {
     pub push_rate: Option<ratelimit::Rate>,
     /// Bytes of files a member may own (`None`: unlimited); see [`fs::usage`].
     pub file_quota_bytes: Option<u64>,
+    /// Days of messages to keep (`None`: all); see [`retention`].
+    pub retain_days: Option<u32>,
 }
 
 impl BrokerConfig {
@@ -114,6 +117,7 @@ impl BrokerConfig {
             queue_capacity: 1024,
             push_rate: None,
             file_quota_bytes: None,
+            retain_days: None,
         }
     }
 }
@@ -306,6 +310,9 @@ pub async fn start(
         auth_cache: Default::default(),
     });
     writer::spawn(queue, Arc::downgrade(&state))?;
+    if let Some(days) = state.config.retain_days {
+        retention::spawn(&state, days);
+    }
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));
     // Live frames are small and latency matters: no Nagle delay.
