@@ -650,8 +650,25 @@ mod tests {
             remove(conn, &p("/a/x-1.txt"), false).unwrap();
             remove(conn, &p("/objectives/o1"), true).unwrap();
             assert_eq!(blob_stats(conn).unwrap(), (1, 1));
+            // inline content (databases from before the blob directory) still reads
+            let dir = std::path::Path::new("/nonexistent");
+            let e = get(conn, &p("/a/x.txt")).unwrap().unwrap();
+            match read(conn, dir, &e).unwrap() {
+                Stored::Inline(bytes) => assert_eq!(bytes, b"other"),
+                Stored::File(_) => panic!("expected inline content"),
+            }
             remove(conn, &p("/a"), true).unwrap();
             assert_eq!(blob_stats(conn).unwrap(), (0, 0));
+            // deleted blobs wait in the trash for their files to be unlinked
+            let trashed: i64 = conn
+                .query_row("SELECT COUNT(*) FROM blob_trash", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(trashed, 2);
+            blobs::empty_trash(conn, dir).unwrap();
+            let trashed: i64 = conn
+                .query_row("SELECT COUNT(*) FROM blob_trash", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(trashed, 0);
         });
     }
 

@@ -41,6 +41,9 @@
 //!   [`blobs`]); its reference count is written in the same transaction as the
 //!   entry. Top-level directories (homes, `/objectives`) cannot be removed. A
 //!   member's files count against its quota ([`fs::usage`]; 413 `quota_exceeded`).
+//! - **Limits.** Message-creating requests are rate-limited per member
+//!   ([`ratelimit`], 429 with `Retry-After`); messages older than
+//!   `retain_days` are pruned ([`retention`]).
 //! - **Tokens.** A resolved token is cached for 5 s (cleared at once by any
 //!   member or token change over HTTP); `lastUsedAt` is accurate to that.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
