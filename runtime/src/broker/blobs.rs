@@ -255,11 +255,32 @@ pub fn empty_trash(conn: &Connection, dir: &Path) -> Result<usize, StoreError> {
     Ok(removed)
 }
 
-/// At start: removes temp files left by a crash and empties the trash.
+/// At start (no upload is in flight): removes temp files left by a crash, blob
+/// files no row references (published just before a crash that lost the
+/// commit), and empties the trash.
 pub fn recover(conn: &Connection, dir: &Path) -> Result<(), StoreError> {
     if let Ok(entries) = fs::read_dir(tmp_dir(dir)) {
         for e in entries.flatten() {
             let _ = fs::remove_file(e.path());
+        }
+    }
+    let shards = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().len() == 2 && e.path().is_dir());
+    for shard in shards {
+        for file in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
+            let name = file.file_name().to_string_lossy().into_owned();
+            let known = conn
+                .prepare_cached("SELECT 1 FROM blobs WHERE hash = ?1")?
+                .query_row([&name], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if !known {
+                tracing::info!(blob = %name, "removing an unreferenced blob file");
+                let _ = fs::remove_file(file.path());
+            }
         }
     }
     empty_trash(conn, dir)?;
@@ -345,6 +366,36 @@ mod tests {
             b"x"
         );
         assert_eq!(files_in(dir.path()), 1);
+    }
+
+    #[tokio::test]
+    async fn recovery_removes_temp_and_unreferenced_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let idle = Duration::from_secs(5);
+        let store = crate::broker::db::Store::open_in_memory().unwrap();
+        let kept = stage(dir.path(), chunks(&[b"kept"]), 10, idle, false)
+            .await
+            .unwrap();
+        kept.publish().unwrap();
+        let orphan = stage(dir.path(), chunks(&[b"orphan"]), 10, idle, false)
+            .await
+            .unwrap();
+        orphan.publish().unwrap();
+        let temp = stage(dir.path(), chunks(&[b"temp"]), 10, idle, false)
+            .await
+            .unwrap();
+        std::mem::forget(temp); // as if the process died mid-request
+        assert_eq!(files_in(dir.path()), 3);
+        store.with(|conn| {
+            conn.execute(
+                "INSERT INTO blobs (hash, size, refcount, data) VALUES (?1, 4, 1, x'')",
+                [&kept.hash],
+            )
+            .unwrap();
+            recover(conn, dir.path()).unwrap();
+        });
+        assert_eq!(files_in(dir.path()), 1);
+        assert!(blob_path(dir.path(), &kept.hash).exists());
     }
 
     #[tokio::test]
