@@ -90,6 +90,23 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// A temp dir with `ac7.db` holding the TEAM team, served: (dir, db, broker).
+fn fresh_team() -> (tempfile::TempDir, std::path::PathBuf, Served) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    (dir, db, s)
+}
+
+fn current_thread_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn kill_9_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -219,17 +236,27 @@ async fn kill_9_loses_nothing_acknowledged() {
     assert_eq!(text, "kept");
 }
 
-fn ac7(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(AC7)
-        .args(args)
-        .env("AC7_URL", url)
-        .env("AC7_TOKEN", token)
-        .output()
-        .unwrap();
+/// Runs `cmd` to the end: (exit ok, stdout, stderr).
+fn output(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An offline verb (`member …`, `prune …`) against `db`.
+fn offline(db: &Path, args: &[&str]) -> (bool, String, String) {
+    output(Command::new(AC7).args(args).arg("--db").arg(db))
+}
+
+fn ac7(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
+    output(
+        Command::new(AC7)
+            .args(args)
+            .env("AC7_URL", url)
+            .env("AC7_TOKEN", token),
     )
 }
 
@@ -384,25 +411,9 @@ async fn operator_cli_against_a_running_broker() {
 
 #[test]
 fn offline_member_admin() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    drop(serve(&db, &["--team-config", cfg.to_str().unwrap()]));
-    let member = |args: &[&str]| {
-        let out = Command::new(AC7)
-            .arg("member")
-            .args(args)
-            .arg("--db")
-            .arg(&db)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let (_dir, db, s) = fresh_team();
+    drop(s);
+    let member = |args: &[&str]| offline(&db, &[&["member"], args].concat());
     let (ok, out, _) = member(&["list"]);
     assert!(ok);
     assert!(
@@ -435,10 +446,7 @@ fn offline_member_admin() {
 
     // the rotated token works against a restarted broker; the old one does not
     let s = serve(&db, &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_rt();
     rt.block_on(async {
         let http = client();
         let r = http
@@ -481,26 +489,15 @@ fn mode(p: &Path) -> u32 {
 
 /// `ac7 serve` with a team from flags; returns (exit ok, stdout, stderr).
 fn serve_once(db: &Path, port: u16, extra: &[&str]) -> (bool, String, String) {
-    let out = Command::new(AC7)
-        .args(["serve", "--db"])
-        .arg(db)
-        .args(["--port", &port.to_string()])
-        .args([
-            "--team-name",
-            "t",
-            "--directive",
-            "d",
-            "--member",
-            "boss::admin",
-        ])
-        .args(extra)
-        .env("AC7_LOG", "warn")
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+    output(
+        Command::new(AC7)
+            .args(["serve", "--db"])
+            .arg(db)
+            .args(["--port", &port.to_string()])
+            .args(["--team-name", "t", "--directive", "d"])
+            .args(["--member", "boss::admin"])
+            .args(extra)
+            .env("AC7_LOG", "warn"),
     )
 }
 
@@ -529,15 +526,8 @@ fn a_failed_start_leaves_nothing_behind() {
 #[test]
 fn files_are_private_and_an_open_data_dir_is_refused() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (dir, db, s) = fresh_team();
+    let rt = current_thread_rt();
     rt.block_on(async {
         let r = client()
             .post(format!("{}/push", s.url))
@@ -575,24 +565,16 @@ fn files_are_private_and_an_open_data_dir_is_refused() {
 
 #[test]
 fn offline_member_names_are_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    drop(serve(&db, &["--team-config", cfg.to_str().unwrap()]));
+    let (_dir, db, s) = fresh_team();
+    drop(s);
     for (name, want) in [
         (".", "reserved"),
         ("..", "reserved"),
         ("ac7", "reserved"),
         ("Director", "already exists"),
     ] {
-        let out = Command::new(AC7)
-            .args(["member", "add", name, "--db"])
-            .arg(&db)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success() && err.contains(want), "{name}: {err}");
+        let (ok, _, err) = offline(&db, &["member", "add", name]);
+        assert!(!ok && err.contains(want), "{name}: {err}");
         assert!(!err.contains("corrupt"), "{err}");
     }
 }
@@ -614,14 +596,8 @@ fn age_messages(db: &Path, marker: &str, days: i64) {
 
 #[test]
 fn prune_and_retain_days_delete_only_old_messages() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let (_dir, db, s) = fresh_team();
+    let rt = current_thread_rt();
     let bodies = |s: &Served| -> Vec<String> {
         rt.block_on(async {
             let v: Value = client()
@@ -641,7 +617,6 @@ fn prune_and_retain_days_delete_only_old_messages() {
                 .collect()
         })
     };
-    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
     let director = token(&s, "director").to_owned();
     rt.block_on(async {
         for body in ["old-one", "old-two", "middle", "fresh"] {
@@ -660,20 +635,7 @@ fn prune_and_retain_days_delete_only_old_messages() {
     age_messages(&db, "old-", 40);
     age_messages(&db, "middle", 20);
 
-    let prune = |args: &[&str]| {
-        let out = Command::new(AC7)
-            .arg("prune")
-            .args(args)
-            .arg("--db")
-            .arg(&db)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let prune = |args: &[&str]| offline(&db, &[&["prune"], args].concat());
     let (ok, _, err) = prune(&["--older-than-days", "0"]);
     assert!(!ok, "0 days is refused: {err}");
     let (ok, out, err) = prune(&["--older-than-days", "30"]);

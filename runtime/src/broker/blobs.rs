@@ -225,6 +225,15 @@ pub fn open(conn: &Connection, dir: &Path, hash: &str) -> Result<Option<Stored>,
     }
 }
 
+/// Whether the store has a row for blob `hash`.
+fn has_row(conn: &Connection, hash: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM blobs WHERE hash = ?1")?
+        .query_row([hash], |_| Ok(()))
+        .optional()?
+        .is_some())
+}
+
 /// Unlinks the files of trashed blobs no row references any more. Runs under
 /// the store lock (so no upload publishes the same hash meanwhile).
 pub fn empty_trash(conn: &Connection, dir: &Path) -> Result<usize, StoreError> {
@@ -234,12 +243,7 @@ pub fn empty_trash(conn: &Connection, dir: &Path) -> Result<usize, StoreError> {
         .collect::<Result<_, _>>()?;
     let mut removed = 0;
     for hash in hashes {
-        let referenced = conn
-            .prepare_cached("SELECT 1 FROM blobs WHERE hash = ?1")?
-            .query_row([&hash], |_| Ok(()))
-            .optional()?
-            .is_some();
-        if !referenced {
+        if !has_row(conn, &hash)? {
             match fs::remove_file(blob_path(dir, &hash)) {
                 Ok(()) => removed += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -272,12 +276,7 @@ pub fn recover(conn: &Connection, dir: &Path) -> Result<(), StoreError> {
     for shard in shards {
         for file in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
             let name = file.file_name().to_string_lossy().into_owned();
-            let known = conn
-                .prepare_cached("SELECT 1 FROM blobs WHERE hash = ?1")?
-                .query_row([&name], |_| Ok(()))
-                .optional()?
-                .is_some();
-            if !known {
+            if !has_row(conn, &name)? {
                 tracing::info!(blob = %name, "removing an unreferenced blob file");
                 let _ = fs::remove_file(file.path());
             }
