@@ -628,6 +628,12 @@ async fn uploads_live_in_the_blob_dir_not_in_the_database() {
     let hash = r.json["entry"]["hash"].as_str().unwrap().to_owned();
     let file = blobs.join(&hash[..2]).join(&hash);
     assert_eq!(std::fs::read(&file).unwrap(), data);
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    };
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(mode(file.parent().unwrap()), 0o700);
     let in_db: i64 = b.broker.state.store.with(|c| {
         c.query_row(
             "SELECT length(data) FROM blobs WHERE hash = ?1",

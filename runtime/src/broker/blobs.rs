@@ -60,7 +60,8 @@ impl StagedBlob {
             return Ok(false);
         }
         if let Some(parent) = dest.parent() {
-            fs::create_dir_all(parent)?;
+            std::os::unix::fs::DirBuilderExt::mode(fs::DirBuilder::new().recursive(true), 0o700)
+                .create(parent)?;
         }
         fs::rename(&self.temp, &dest)?;
         self.published.store(true, Ordering::Relaxed);
@@ -133,7 +134,10 @@ where
         source,
     };
     let tmp = tmp_dir(dir);
-    tokio::fs::create_dir_all(&tmp)
+    tokio::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&tmp)
         .await
         .map_err(|e| io_err("cannot create the blob temp directory", e))?;
     let mut nonce = [0u8; 12];
