@@ -8,6 +8,12 @@
 //! that survives sanitising (characters outside `[A-Za-z0-9_]` become `_`; empty keys, keys
 //! starting with a digit, reserved keys and `thread` are skipped; strings are copied, numbers and
 //! booleans stringified, nulls, objects and arrays dropped). Attachments are listed in the content.
+//!
+//! Codex gets one `<channel ATTRS>\nCONTENT\n</channel>` text per message ([`codex_text`]).
+//! Attribute values escape `\`, `"` and line breaks with a backslash; the content escapes `&`,
+//! `<` and `>` as `&amp;`, `&lt;`, `&gt;` (as XML text does), so whatever a body holds, the text
+//! reads back as exactly one event with that body: a body cannot close the element early or open
+//! a forged second one.
 
 use std::fmt::Write as _;
 
@@ -161,7 +167,9 @@ const CODEX_ORDER: [&str; 8] = [
 /// ```
 ///
 /// Attribute values escape `\` as `\\`, `"` as `\"` and line breaks as `\n` / `\r`, so a value
-/// can never end the tag; the content is inserted as is.
+/// can never end the tag or leave its line. The content (body and attachment list) escapes `&`,
+/// `<` and `>` as `&amp;`, `&lt;` and `&gt;`, as XML text does, so no body can close the element
+/// or open another one: the only `<` in the text are those of the event's own two tags.
 pub fn codex_text(message: &Message) -> String {
     let meta = meta(message);
     let mut ordered: Vec<&(String, String)> = CODEX_ORDER
@@ -190,7 +198,14 @@ pub fn codex_text(message: &Message) -> String {
         text.push('"');
     }
     text.push_str(">\n");
-    text.push_str(&content(message));
+    for c in content(message).chars() {
+        match c {
+            '&' => text.push_str("&amp;"),
+            '<' => text.push_str("&lt;"),
+            '>' => text.push_str("&gt;"),
+            c => text.push(c),
+        }
+    }
     text.push_str("\n</channel>");
     text
 }
