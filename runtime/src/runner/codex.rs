@@ -8,8 +8,9 @@
 //!   tool approval `approve`, `AC7_RUNNER_SOCKET` in its env) and `auth.json` linked from
 //!   `~/.codex` when present; the directory is removed on every exit path;
 //! - the briefing prose goes in as `developerInstructions` of `thread/start`;
-//! - events become `<channel>` texts delivered as `turn/start` (idle) or `turn/steer` (active) by
-//!   [`CodexClient`];
+//! - events become `<channel>` texts delivered as `turn/start` (idle, or `systemError` after a
+//!   failed turn) or `turn/steer` (active) by [`CodexClient`]; when codex rejects the request, each
+//!   sender gets a DM from this member saying which messages were not delivered and why;
 //! - SIGINT/SIGTERM end the session: the active turn is interrupted, app-server is stopped, and the
 //!   runner exits 130 / 143.
 //!
@@ -22,8 +23,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ac7_protocol::channel;
-use ac7_protocol::codex::{CodexClient, CodexConfig, CodexEvent, CodexOutput};
+use ac7_protocol::codex::{
+    CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
+};
 use ac7_protocol::runner::BridgePolicy;
+use ac7_protocol::toolbox::{Body, Method, Request};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -53,6 +57,8 @@ pub struct CodexArgs {
 const DOCTOR_STEP: Duration = Duration::from_secs(20);
 /// How long codex gets to exit after its stdin closes.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// How long teardown waits for "not delivered" DMs still in flight.
+const NOTICE_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs `ac7 codex`; returns the exit code.
 pub fn codex(args: CodexArgs) -> i32 {
@@ -238,7 +244,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     );
 
     // Live events: rendered here, delivered by the client machine.
-    let (events_tx, mut events) = mpsc::unbounded_channel::<String>();
+    let (events_tx, mut events) = mpsc::unbounded_channel::<SinkEvent>();
     let (me, tracker) = (b.name.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(
         args.opts.stream,
@@ -247,7 +253,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
                 tracker.trigger();
             }
             if !channel::suppress_self_echo(&message, &me) {
-                let _ = events_tx.send(channel::codex_text(&message));
+                let _ = events_tx.send(SinkEvent::from_message(&message, &me));
             }
         }),
     );
@@ -266,6 +272,9 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     let mut stdout = child.stdout.take();
     let mut doctor = args.doctor.then(Doctor::default);
     let mut buf = vec![0u8; 64 * 1024];
+    // "Not delivered" DMs in flight; awaited (bounded) before the runner leaves the broker.
+    let mut notices = tokio::task::JoinSet::new();
+    let me = core.briefing.name.clone();
     use tokio::signal::unix::{SignalKind, signal};
     let (mut int, mut term) = match (
         signal(SignalKind::interrupt()),
@@ -304,6 +313,9 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
                         break 'session End::Doctor(ok);
                     }
                 }
+                CodexOutput::Undelivered(undelivered) => {
+                    notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
+                }
                 CodexOutput::Event(event) => log_event(&event),
             }
         }
@@ -325,8 +337,17 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     // Teardown: flush what can be delivered, interrupt the turn, close codex's stdin, wait.
     client.shutdown(Instant::now().into_std());
     while let Some(output) = client.poll_output() {
-        if let (CodexOutput::Send(line), Some(pipe)) = (&output, stdin.as_mut()) {
-            let _ = pipe.write_all(line).await;
+        match output {
+            CodexOutput::Send(line) => {
+                if let Some(pipe) = stdin.as_mut() {
+                    let _ = pipe.write_all(&line).await;
+                }
+            }
+            CodexOutput::Undelivered(undelivered) => {
+                notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
+            }
+            CodexOutput::Event(event) => log_event(&event),
+            _ => {}
         }
     }
     drop(stdin);
@@ -338,6 +359,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
         }
     };
     drop(home);
+    let _ = tokio::time::timeout(NOTICE_GRACE, notices.join_all()).await;
     let _ = stop_stream.send(true);
     let (code, reason) = match &end {
         End::Signal(n) => (128 + n, format!("signal-{n}")),
@@ -372,6 +394,30 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// DMs the sender of events codex did not take, as this member (never to itself: see
+/// [`SinkEvent::from_message`]).
+async fn tell_sender(broker: super::BrokerClient, me: String, undelivered: Undelivered) {
+    let request = Request {
+        method: Method::Post,
+        path: "/push".into(),
+        body: Body::Json(undelivered.push_body(&me)),
+    };
+    match broker.execute(&request).await {
+        Ok(response) if response.status < 300 => {
+            tracing::info!(to = undelivered.to, msg_ids = ?undelivered.msg_ids, "told the sender their message was not delivered");
+        }
+        Ok(response) => tracing::warn!(
+            to = undelivered.to,
+            status = response.status,
+            body = %String::from_utf8_lossy(&response.body),
+            "could not tell the sender their message was not delivered"
+        ),
+        Err(e) => {
+            tracing::warn!(to = undelivered.to, error = %e, "could not tell the sender their message was not delivered")
+        }
     }
 }
 
