@@ -114,17 +114,17 @@ impl Undelivered {
     /// carries [`UNDELIVERED_KEY`] with the message ids.
     pub fn push_body(&self, me: &str) -> Value {
         let ids = self.msg_ids.join(", ");
-        let (what, verb) = if self.msg_ids.len() == 1 {
-            ("your message", "was")
+        let (what, verb, them) = if self.msg_ids.len() == 1 {
+            ("your message", "was", "it")
         } else {
-            ("your messages", "were")
+            ("your messages", "were", "them")
         };
         json!({
             "to": self.to,
             "level": "warning",
             "title": "not delivered",
             "body": format!(
-                "{what} {ids} {verb} not delivered to {me}: codex did not take it ({}). Send it again later, or reach {me} another way.",
+                "{what} {ids} {verb} not delivered to {me}: codex did not take {them} ({}). Send {them} again later, or reach {me} another way.",
                 self.reason
             ),
             "data": { UNDELIVERED_KEY: ids },

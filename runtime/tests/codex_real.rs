@@ -302,7 +302,8 @@ async fn wait_for<T>(
 /// With the user's own model provider (a Responses-API stand-in on loopback) merged into the
 /// ephemeral config, a `--profile` layered over it and a `-c` override passed through: (a) a
 /// push becomes a turn, (b) the model's `send` call reaches the broker, (c) after a failed turn
-/// (HTTP 500; codex then reports `systemError`) the next push is still delivered.
+/// (HTTP 500; codex then reports `systemError`) the next push is still delivered, (d) events
+/// codex rejects are reported to their sender by DM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_turns_against_the_users_model_provider_survive_a_failed_turn() {
     use std::sync::{Arc, Mutex};
@@ -495,6 +496,55 @@ command = "/nonexistent/ac7"
     })
     .await;
     assert!(!log().contains("events not delivered"), "{}", log());
+
+    // (d) When codex rejects a turn (here: input over its 1 MiB limit, 40 bodies of 64 KiB pushed
+    // at once fall into one 200 ms bundle), the sender is told by DM from the member.
+    let big = "x".repeat(65_536);
+    let pushes = (0..40).map(|_| broker.push("director", json!({"to": "builder", "body": big})));
+    let ids: Vec<String> = futures_util::future::join_all(pushes)
+        .await
+        .iter()
+        .map(|sent| sent["id"].as_str().unwrap().to_owned())
+        .collect();
+    let notice = wait_for(
+        60,
+        "a not-delivered DM to the sender",
+        context,
+        async || {
+            let history = broker.get("/history?with=builder", "director").await;
+            history.json["messages"]
+                .as_array()?
+                .iter()
+                .find(|m| m["from"] == "builder" && m["data"]["undelivered"].is_string())
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(notice["to"], "director");
+    assert_eq!(notice["level"], "warning");
+    assert_eq!(notice["title"], "not delivered");
+    let undelivered = notice["data"]["undelivered"].as_str().unwrap();
+    assert!(
+        undelivered
+            .split(", ")
+            .all(|id| ids.iter().any(|i| i == id)),
+        "{notice}"
+    );
+    let body = notice["body"].as_str().unwrap();
+    assert!(
+        body.contains("were not delivered to builder: codex did not take them (")
+            && body.contains("maximum length"),
+        "{body}"
+    );
+    let own = broker.get("/history?with=builder", "builder").await;
+    assert!(
+        !own.json["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["from"] == "builder" && m["to"] == "builder"),
+        "the member never DMs itself"
+    );
 
     let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();

@@ -333,7 +333,7 @@ fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
     assert_eq!(body["data"][UNDELIVERED_KEY], "m1, m3");
     assert_eq!(
         body["body"],
-        "your messages m1, m3 were not delivered to builder: codex did not take it (thread th-1 is closed). Send it again later, or reach builder another way."
+        "your messages m1, m3 were not delivered to builder: codex did not take them (thread th-1 is closed). Send them again later, or reach builder another way."
     );
     // The notice, pushed back to a codex member, would never cause a notice of its own.
     let mut notice = broker_message("n1", Some("builder"), json!({}));
