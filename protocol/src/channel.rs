@@ -10,10 +10,11 @@
 //! booleans stringified, nulls, objects and arrays dropped). Attachments are listed in the content.
 //!
 //! Codex gets one `<channel ATTRS>\nCONTENT\n</channel>` text per message ([`codex_text`]).
-//! Attribute values escape `\`, `"` and line breaks with a backslash; the content escapes `&`,
-//! `<` and `>` as `&amp;`, `&lt;`, `&gt;` (as XML text does), so whatever a body holds, the text
-//! reads back as exactly one event with that body: a body cannot close the element early or open
-//! a forged second one.
+//! Attribute values escape `\`, `"` and line breaks with a backslash; values and content both
+//! escape `&`, `<` and `>` as `&amp;`, `&lt;`, `&gt;` (as XML does), so the only `<` in the text
+//! are the event's own two tags: whatever a body, title or data value holds, the text reads back
+//! as exactly one event with that body and those attributes — nothing can close the element
+//! early or open a forged second one.
 
 use std::fmt::Write as _;
 
@@ -167,9 +168,9 @@ const CODEX_ORDER: [&str; 8] = [
 /// ```
 ///
 /// Attribute values escape `\` as `\\`, `"` as `\"` and line breaks as `\n` / `\r`, so a value
-/// can never end the tag or leave its line. The content (body and attachment list) escapes `&`,
-/// `<` and `>` as `&amp;`, `&lt;` and `&gt;`, as XML text does, so no body can close the element
-/// or open another one: the only `<` in the text are those of the event's own two tags.
+/// can never end the tag or leave its line. Values and the content (body and attachment list)
+/// escape `&`, `<` and `>` as `&amp;`, `&lt;` and `&gt;`, as XML does, so nothing can close the
+/// element or open another one: the only `<` in the text are those of the event's own two tags.
 pub fn codex_text(message: &Message) -> String {
     let meta = meta(message);
     let mut ordered: Vec<&(String, String)> = CODEX_ORDER
@@ -192,22 +193,27 @@ pub fn codex_text(message: &Message) -> String {
                 '"' => text.push_str("\\\""),
                 '\n' => text.push_str("\\n"),
                 '\r' => text.push_str("\\r"),
-                c => text.push(c),
+                c => push_xml_char(&mut text, c),
             }
         }
         text.push('"');
     }
     text.push_str(">\n");
     for c in content(message).chars() {
-        match c {
-            '&' => text.push_str("&amp;"),
-            '<' => text.push_str("&lt;"),
-            '>' => text.push_str("&gt;"),
-            c => text.push(c),
-        }
+        push_xml_char(&mut text, c);
     }
     text.push_str("\n</channel>");
     text
+}
+
+/// `c`, with `&`, `<` and `>` as XML entities.
+fn push_xml_char(text: &mut String, c: char) {
+    match c {
+        '&' => text.push_str("&amp;"),
+        '<' => text.push_str("&lt;"),
+        '>' => text.push_str("&gt;"),
+        c => text.push(c),
+    }
 }
 
 #[cfg(test)]
