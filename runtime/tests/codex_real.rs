@@ -51,6 +51,32 @@ fn codex() -> PathBuf {
         .clone()
 }
 
+/// `ac7 codex` as `builder` of `broker` with the real codex, stderr piped, logs at warn.
+fn session(broker: &broker_support::TestBroker, cache: &Path, work: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ac7"));
+    command
+        .args(["codex", "--url", &broker.url])
+        .current_dir(work)
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CODEX_PATH", codex())
+        .env("XDG_CACHE_HOME", cache)
+        .env("AC7_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Sends SIGTERM to `child` and waits (bounded) for it to exit.
+async fn sigterm(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    common::within(30, "ac7 codex to exit", child.wait())
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_starts_our_bridge_lists_our_tools_and_calls_roster() {
     let broker = start_broker().await;
@@ -112,19 +138,7 @@ async fn sigterm_ends_the_session_with_143_and_removes_codex_home() {
     let broker = start_broker().await;
     let cache = common::tempdir();
     let work = common::tempdir();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ac7"))
-        .args(["codex", "--url", &broker.url])
-        .current_dir(work.path())
-        .env("AC7_TOKEN", broker.token("builder"))
-        .env("CODEX_PATH", codex())
-        .env("XDG_CACHE_HOME", cache.path())
-        .env("AC7_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = session(&broker, cache.path(), work.path()).spawn().unwrap();
     let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     common::within(60, "the codex session to start", async {
         while let Some(line) = stderr.next_line().await.unwrap() {
@@ -142,12 +156,7 @@ async fn sigterm_ends_the_session_with_143_and_removes_codex_home() {
         1,
         "CODEX_HOME exists while running"
     );
-    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = common::within(30, "ac7 codex to exit", child.wait())
-        .await
-        .unwrap();
-    assert_eq!(status.code(), Some(143));
+    assert_eq!(sigterm(&mut child).await.code(), Some(143));
     assert_eq!(
         std::fs::read_dir(cache.path().join("ac7/codex"))
             .unwrap()
@@ -342,20 +351,10 @@ command = "/nonexistent/ac7"
     .unwrap();
     let cache = common::tempdir();
     let work = common::tempdir();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ac7"))
-        .args(["codex", "--url", &broker.url, "--profile", "fast"])
-        .args(["-c", "model_reasoning_effort=\"high\""])
-        .current_dir(work.path())
-        .env("AC7_TOKEN", broker.token("builder"))
-        .env("CODEX_PATH", codex())
+    let mut child = session(&broker, cache.path(), work.path())
+        .args(["--profile", "fast", "-c", "model_reasoning_effort=\"high\""])
         .env("CODEX_HOME", user_home.path())
         .env("STANDIN_API_KEY", "standin-key")
-        .env("XDG_CACHE_HOME", cache.path())
-        .env("AC7_LOG", "warn")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let stderr = Arc::new(Mutex::new(String::new()));
@@ -390,26 +389,36 @@ command = "/nonexistent/ac7"
             inputs.join("\n")
         )
     };
-    wait_for(60, "the codex session to start", context, async || {
-        log().contains("agent connected").then_some(())
-    })
-    .await;
+    let dm = async |body: &str| {
+        broker
+            .push("director", json!({"to": "builder", "body": body}))
+            .await
+    };
+    let logged = async |what: &str, text: &str| {
+        wait_for(60, what, context, async || {
+            log().contains(text).then_some(())
+        })
+        .await;
+    };
+    let turn_with = async |what: &str, text: &str| {
+        wait_for(60, what, context, async || {
+            model
+                .requests()
+                .into_iter()
+                .find(|r| r.last_user_text().is_some_and(|t| t.contains(text)))
+        })
+        .await
+    };
+    logged("the codex session to start", "agent connected").await;
 
     // (a) A push becomes a turn against the user's provider, profile and -c override.
-    broker
-        .push(
-            "director",
-            json!({"to": "builder", "body": "please SEND-HELLO to me"}),
-        )
-        .await;
-    let first = wait_for(60, "a turn carrying the DM", context, async || {
-        model.requests().into_iter().find(|r| {
-            r.last_user_text().is_some_and(|t| {
-                t.contains("<channel from=\"director\" thread=\"dm\"") && t.contains("SEND-HELLO")
-            })
-        })
-    })
-    .await;
+    dm("please SEND-HELLO to me").await;
+    let first = turn_with("a turn carrying the DM", "SEND-HELLO").await;
+    let text = first.last_user_text().unwrap();
+    assert!(
+        text.starts_with("<channel from=\"director\" thread=\"dm\""),
+        "{text}"
+    );
     assert_eq!(
         first.body["model"], "profile-model",
         "the profile is layered"
@@ -468,39 +477,16 @@ command = "/nonexistent/ac7"
         },
     )
     .await;
-    broker
-        .push(
-            "director",
-            json!({"to": "builder", "body": "FAIL-TURN now"}),
-        )
-        .await;
-    wait_for(60, "codex to report the failed turn", context, async || {
-        log().contains("codex reported an error").then_some(())
-    })
-    .await;
-    broker
-        .push(
-            "director",
-            json!({"to": "builder", "body": "are you still there?"}),
-        )
-        .await;
-    wait_for(60, "a new turn after the failed one", context, async || {
-        model
-            .requests()
-            .into_iter()
-            .any(|r| {
-                r.last_user_text()
-                    .is_some_and(|t| t.contains("are you still there?"))
-            })
-            .then_some(())
-    })
-    .await;
+    dm("FAIL-TURN now").await;
+    logged("codex to report the failed turn", "codex reported an error").await;
+    dm("are you still there?").await;
+    turn_with("a new turn after the failed one", "are you still there?").await;
     assert!(!log().contains("events not delivered"), "{}", log());
 
     // (d) When codex rejects a turn (here: input over its 1 MiB limit, 40 bodies of 64 KiB pushed
     // at once fall into one 200 ms bundle), the sender is told by DM from the member.
     let big = "x".repeat(65_536);
-    let pushes = (0..40).map(|_| broker.push("director", json!({"to": "builder", "body": big})));
+    let pushes = (0..40).map(|_| dm(&big));
     let ids: Vec<String> = futures_util::future::join_all(pushes)
         .await
         .iter()
@@ -546,12 +532,7 @@ command = "/nonexistent/ac7"
         "the member never DMs itself"
     );
 
-    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    let status = common::within(30, "ac7 codex to exit", child.wait())
-        .await
-        .unwrap();
-    assert_eq!(status.code(), Some(143), "{}", log());
+    assert_eq!(sigterm(&mut child).await.code(), Some(143), "{}", log());
 }
 
 /// A user config that is not TOML stops `ac7 codex` before anything is created.
