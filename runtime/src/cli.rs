@@ -23,7 +23,7 @@ pub struct Cli {
 
 /// `ac7 mcp-bridge --help`'s summary.
 pub const BRIDGE_ABOUT: &str = "The MCP server an agent spawns: relays MCP between its stdio and \
-     the runner's socket (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`.";
+     the runner's socket (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`";
 
 /// The `ac7` subcommands.
 #[derive(Debug, Subcommand)]
@@ -39,7 +39,8 @@ pub enum Command {
     Codex(CodexArgs),
     /// Run any MCP-speaking agent as a member of the team (`ac7 run -- <cmd> [args]`).
     Run(RunArgs),
-    /// Administer members offline, against the database file.
+    /// Administer members: offline against the database file (the broker stopped);
+    /// `rotate-token --token T` also through a running broker.
     Member(MemberArgs),
     /// Send a message through a running broker.
     Push(PushArgs),
@@ -82,10 +83,13 @@ pub fn command() -> clap::Command {
 pub fn broker_url(s: &str) -> Result<String, String> {
     let fail = |why: &str| {
         Err(format!(
-            "invalid broker URL '{s}': {why} (expected http://HOST:PORT, e.g. {})",
+            "invalid broker URL '{s}': {why}; expected http://HOST:PORT such as {}",
             crate::runner::DEFAULT_URL
         ))
     };
+    if !s.contains("://") {
+        return fail(&format!("no scheme (did you mean http://{s}?)"));
+    }
     match reqwest::Url::parse(s) {
         Err(err) => fail(&err.to_string()),
         Ok(url) if !matches!(url.scheme(), "http" | "https") => fail(&format!(

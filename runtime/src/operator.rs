@@ -38,7 +38,7 @@ pub struct PushArgs {
     /// Message text.
     #[arg(long)]
     body: String,
-    /// Direct message to this member (`--agent`/`-a` is the same, as TypeScript ac7 spells it).
+    /// Direct message to this member (`--agent`/`-a` is the same; TypeScript ac7 spells it so).
     #[arg(long, short = 'a', visible_alias = "agent", group = "target")]
     to: Option<String>,
     /// Broadcast to the general channel.
