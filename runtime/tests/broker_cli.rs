@@ -478,15 +478,21 @@ fn offline_member_admin() {
     assert!(!ok && err.contains("last admin"), "{err}");
 }
 
-/// The first start prints what to do next with the real URL and the new tokens; a restart on
-/// the same database does not.
-#[test]
-fn first_start_prints_next_steps() {
+/// `ac7 serve` on a new database in a temporary directory, with the team `TEAM`.
+fn serve_team() -> (tempfile::TempDir, std::path::PathBuf, Served) {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ac7.db");
     let cfg = dir.path().join("team.json");
     std::fs::write(&cfg, TEAM).unwrap();
     let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    (dir, db, s)
+}
+
+/// The first start prints what to do next with the real URL and the new tokens; a restart on
+/// the same database does not.
+#[test]
+fn first_start_prints_next_steps() {
+    let (_dir, db, s) = serve_team();
     let mut text = String::new();
     while let Ok(line) = s.lines.recv_timeout(Duration::from_secs(5)) {
         text.push_str(&line);
@@ -515,11 +521,7 @@ fn first_start_prints_next_steps() {
 /// A validation error shows the broker's details, not just "invalid objective payload".
 #[test]
 fn validation_errors_show_the_brokers_details() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    let (_dir, _db, s) = serve_team();
     let args = [
         "objectives",
         "create",
@@ -562,11 +564,7 @@ fn a_bad_url_says_so() {
 /// `ac7 push --agent NAME` and `-a NAME` are `--to NAME` (what TypeScript ac7 users type).
 #[test]
 fn push_agent_is_an_alias_of_to() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    let (_dir, _db, s) = serve_team();
     let director = token(&s, "director");
     for flag in ["--agent", "-a", "--to"] {
         let body = format!("via {flag}");
@@ -601,11 +599,7 @@ fn push_agent_is_an_alias_of_to() {
 /// token goes through the broker; without one, the refusal says how.
 #[test]
 fn rotate_token_while_the_broker_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    let (_dir, db, s) = serve_team();
     let old = token(&s, "builder").to_owned();
     let rotate = |token: Option<&str>| {
         let mut cmd = Command::new(AC7);
