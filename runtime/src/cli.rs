@@ -119,6 +119,14 @@ pub fn bridge_command() -> clap::Command {
 pub fn parse() -> Cli {
     let mut argv = std::env::args_os();
     if argv.nth(1).is_some_and(|verb| verb == "mcp-bridge") {
+        // What runners write (`args: ["mcp-bridge"]`): nothing to parse at all.
+        if argv.next().is_none()
+            && std::env::var_os(crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV).is_none()
+        {
+            return Cli {
+                command: Command::McpBridge(McpBridgeArgs::default()),
+            };
+        }
         let matches = bridge_command().get_matches_from(std::env::args_os().skip(1));
         let args = McpBridgeArgs::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
         return Cli {
@@ -238,6 +246,17 @@ mod tests {
             panic!("not mcp-bridge")
         };
         assert_eq!(format!("{via_full:?}"), format!("{via_fast:?}"));
+        // A bare `ac7 mcp-bridge` (no flags, no AC7_CALL_TOOL_SOCKET) is the default.
+        let bare =
+            super::Cli::from_arg_matches(&super::command().get_matches_from(["ac7", "mcp-bridge"]))
+                .expect("bare");
+        let super::Command::McpBridge(bare) = bare.command else {
+            panic!("not mcp-bridge")
+        };
+        assert_eq!(
+            format!("{bare:?}"),
+            format!("{:?}", super::McpBridgeArgs::default())
+        );
     }
 
     /// `--help` names the environment variable without its value, even when it is set.
