@@ -1,5 +1,6 @@
 //! `ac7 codex` against the real OpenAI Codex (`@openai/codex` from npm, installed once into
-//! `<repo>/target/codex-npm` under a lock; `$AC7_TEST_CODEX` points at another codex binary).
+//! `<target dir>/tmp/codex-npm` under a lock — the target dir in use, so `CARGO_TARGET_DIR` and
+//! `--target-dir` are honoured; `$AC7_TEST_CODEX` points at another codex binary).
 //! `codex app-server` runs here without a login or network for what is checked: the generated
 //! CODEX_HOME makes Codex start our bridge, list our tools and call `roster` through the runner
 //! against a real broker (`ac7 codex --doctor`). Model turns run against a Responses-API stand-in
@@ -26,7 +27,8 @@ fn codex() -> PathBuf {
             if let Some(path) = std::env::var_os("AC7_TEST_CODEX").filter(|p| !p.is_empty()) {
                 return PathBuf::from(path);
             }
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/codex-npm");
+            // Cargo's scratch directory for integration tests: `<target dir>/tmp`.
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("codex-npm");
             let bin = dir.join("node_modules/.bin/codex");
             std::fs::create_dir_all(&dir).unwrap();
             let lock = std::fs::File::create(dir.join(".lock")).unwrap();
