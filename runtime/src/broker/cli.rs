@@ -167,15 +167,19 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                 return Err(e);
             }
         };
-        if let Some((team_name, issued)) = issued {
+        if let Some((team_name, creds)) = &issued {
             println!("created team '{team_name}' in {}", args.db.display());
             println!("bearer tokens (shown once; only their SHA-256 is stored):");
-            let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
-            for i in issued {
-                println!("  {:<width$}  {}", i.name, i.token);
+            let width = creds.iter().map(|c| c.name.len()).max().unwrap_or(0);
+            for c in creds {
+                println!("  {:<width$}  {}", c.name, c.token);
             }
         }
         println!("ac7 broker listening on http://{}", broker.addr);
+        if let Some((_, creds)) = &issued {
+            let url = super::first_run::client_url(broker.addr);
+            print!("{}", super::first_run::next_steps(&url, creds));
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -188,9 +192,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
 }
 
 /// Opens the database and creates the team if it has none; returns the team's
-/// name and the new tokens when it created one. A missing database is created
-/// only when there is a team to put in it.
-fn open_team(args: &ServeArgs) -> anyhow::Result<Option<(String, Vec<bootstrap::IssuedToken>)>> {
+/// name and the new members' credentials when it created one. A missing database
+/// is created only when there is a team to put in it.
+fn open_team(args: &ServeArgs) -> anyhow::Result<Option<(String, Vec<super::first_run::Credential>)>> {
     let no_team = || {
         anyhow::anyhow!(
             "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
@@ -216,7 +220,8 @@ fn open_team(args: &ServeArgs) -> anyhow::Result<Option<(String, Vec<bootstrap::
         None => team_config_from(args)?.ok_or_else(no_team)?,
     };
     let issued = bootstrap::bootstrap(&store, &config)?;
-    Ok(Some((config.team.name, issued)))
+    let creds = super::first_run::credentials(&store, &issued)?;
+    Ok(Some((config.team.name, creds)))
 }
 
 /// `ac7 member …`: offline administration against the database file.
@@ -244,10 +249,15 @@ pub enum MemberAction {
         /// Member name.
         name: String,
     },
-    /// Revoke a member's tokens and print a new one.
+    /// Revoke a member's tokens and print a new one. With a token (`--token` / `AC7_TOKEN`:
+    /// an admin's, or the member's own) it asks the running broker at `--url`; without one it
+    /// works offline on `--db` (the broker must be stopped).
     RotateToken {
         /// Member name.
         name: String,
+        /// The running broker and an admin token (optional: see above).
+        #[command(flatten)]
+        api: crate::operator::OperatorConn,
     },
 }
 
@@ -273,13 +283,25 @@ pub struct MemberFields {
 /// Runs `ac7 member …`.
 #[allow(clippy::print_stdout)]
 pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
+    if let MemberAction::RotateToken { name, api } = &args.action
+        && api.token.as_deref().is_some_and(|t| !t.is_empty())
+    {
+        return crate::operator::rotate_token(api, name);
+    }
     if !args.db.exists() {
         bail!(
             "no database at {} (start `ac7 serve --db {0}` with a team config first)",
             args.db.display()
         );
     }
-    let store = Store::open(&args.db, SyncMode::Normal)?;
+    let store = Store::open(&args.db, SyncMode::Normal).map_err(|err| match err {
+        StoreError::Busy(_) if matches!(args.action, MemberAction::RotateToken { .. }) => {
+            anyhow::anyhow!(
+                "{err}: to rotate a token while the broker runs, pass an admin's token (--token or AC7_TOKEN, and --url)"
+            )
+        }
+        other => other.into(),
+    })?;
     store.with(|conn| -> anyhow::Result<i32> {
         let team = team::team_get(conn)?.context("the database has no team yet")?;
         match args.action {
@@ -333,7 +355,7 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                 team::member_delete(conn, &name)?;
                 println!("removed {name}");
             }
-            MemberAction::RotateToken { name } => {
+            MemberAction::RotateToken { name, .. } => {
                 if !team::member_exists(conn, &name)? {
                     bail!("no such member: {name}");
                 }

@@ -60,6 +60,7 @@ pub mod cli;
 pub mod config;
 pub mod datadir;
 pub mod db;
+pub mod first_run;
 pub mod fs;
 mod http;
 pub mod hub;
