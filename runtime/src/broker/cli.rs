@@ -194,7 +194,9 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
 /// Opens the database and creates the team if it has none; returns the team's
 /// name and the new members' credentials when it created one. A missing database
 /// is created only when there is a team to put in it.
-fn open_team(args: &ServeArgs) -> anyhow::Result<Option<(String, Vec<super::first_run::Credential>)>> {
+fn open_team(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<(String, Vec<super::first_run::Credential>)>> {
     let no_team = || {
         anyhow::anyhow!(
             "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
