@@ -937,7 +937,7 @@ pub fn trace_http(data: &[u8]) {
     }
     assert_eq!(sent, events, "one event per request sent");
     assert!(
-        event_bytes <= 12 * data.len() + 4096 * (events + 1),
+        event_bytes <= 16 * data.len() + 4096 * (events + 1),
         "events are out of proportion to the input"
     );
 }

@@ -10,7 +10,9 @@
 //! - [`redact`]: credential scrubbing and capped previews.
 //!
 //! [`Tracer`] puts them together for the trace host: feed it connection bytes, drain
-//! [`TraceOutput`]s (one [`ActivityEvent`] per finished exchange, redacted). Every exchange is
+//! [`TraceOutput`]s (one [`ActivityEvent`] per finished exchange, redacted). Feed client bytes
+//! before they are forwarded upstream (with `rewrite_accept_encoding` the forwarded bytes come
+//! out of the tracer anyway), so a response is never seen before its request. Every exchange is
 //! classified (activity.md §1.3): `POST` to `/v1/messages` on an `anthropic.com` host is an
 //! Anthropic exchange; `POST` to a path ending in `/responses` on an `openai.com`,
 //! `openai.azure.com` or `chatgpt.com` host is a Responses exchange; everything else is
