@@ -903,6 +903,19 @@ pub fn trace_http(data: &[u8]) {
         "api.openai.com:443",
         "example.com:443",
     ][usize::from(flags >> 2) % 3];
+    // The decoders straight on the server bytes and on what follows its first blank line.
+    let after_head = server
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(&server[..0], |i| &server[i + 4..]);
+    for body in [server, after_head] {
+        for response in [
+            crate::trace::anthropic::response(body, 200),
+            crate::trace::openai::response(body, 200),
+        ] {
+            serde_json::to_string(&response).expect("responses serialize");
+        }
+    }
     let mut buffered = 0;
     let (whole, whole_fwd) = trace_feed(&config, host, client, server, 0, &mut buffered);
     let mut buffered_split = 0;

@@ -169,6 +169,16 @@ pub fn response_from_message(message: &Value, status: u16) -> LlmResponse {
     }
 }
 
+/// Appends `piece` to the string at `key` (created when missing or not a string), in place.
+pub(crate) fn append_str(object: &mut Map<String, Value>, key: &str, piece: &str) {
+    match object.get_mut(key) {
+        Some(Value::String(text)) => text.push_str(piece),
+        _ => {
+            object.insert(key.to_owned(), Value::String(piece.to_owned()));
+        }
+    }
+}
+
 /// Reassembles a Messages event stream into one message object plus the error it reported.
 #[derive(Debug, Default)]
 pub struct MessageStream {
@@ -221,13 +231,7 @@ impl MessageStream {
                 };
                 let append = |block: &mut Map<String, Value>, key: &str, field: &str| {
                     if let Some(piece) = delta.get(field).and_then(Value::as_str) {
-                        let mut text = block
-                            .get(key)
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned();
-                        text.push_str(piece);
-                        block.insert(key.to_owned(), Value::String(text));
+                        append_str(block, key, piece);
                     }
                 };
                 match delta.get("type").and_then(Value::as_str) {

@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::activity::{Block, LlmMessage, LlmRequest, LlmResponse, LlmTool, SystemPrompt, Usage};
-use super::anthropic::for_each_sse_event;
+use super::anthropic::{append_str, for_each_sse_event};
 use super::redact::{redact_json, redact_text};
 
 fn string(v: &Value, key: &str) -> Option<String> {
@@ -268,6 +268,31 @@ pub fn response_from_object(response: &Value, status: u16) -> LlmResponse {
     }
 }
 
+/// Most content or summary parts a streamed item may grow to (indices beyond are ignored).
+const MAX_PARTS: u64 = 256;
+
+/// The object at `item[key][index]`, creating parts of type `kind` up to it; `None` when the
+/// item or the part is not an object or the index is out of bounds.
+fn nth_part<'a>(
+    item: &'a mut Value,
+    key: &str,
+    index: u64,
+    kind: &str,
+) -> Option<&'a mut serde_json::Map<String, Value>> {
+    if index >= MAX_PARTS {
+        return None;
+    }
+    let parts = item
+        .as_object_mut()?
+        .entry(key)
+        .or_insert_with(|| json!([]));
+    let parts = parts.as_array_mut()?;
+    while parts.len() as u64 <= index {
+        parts.push(json!({"type": kind, "text": ""}));
+    }
+    parts[index as usize].as_object_mut()
+}
+
 /// Reassembles a Responses event stream into one response object.
 #[derive(Debug, Default)]
 pub struct ResponseStream {
@@ -309,27 +334,15 @@ impl ResponseStream {
                     .and_then(Value::as_u64)
                     .unwrap_or(0);
                 append(&mut self.items, index, &|item, delta| {
-                    let parts = item
-                        .as_object_mut()
-                        .map(|o| o.entry("content").or_insert_with(|| json!([])));
-                    if let Some(Value::Array(parts)) = parts {
-                        while parts.len() as u64 <= content_index {
-                            parts.push(json!({"type": "output_text", "text": ""}));
-                        }
-                        let part = &mut parts[content_index as usize];
-                        let key = if part.get("type").and_then(Value::as_str) == Some("refusal") {
-                            "refusal"
-                        } else {
-                            "text"
-                        };
-                        let mut text = part
-                            .get(key)
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned();
-                        text.push_str(delta);
-                        part[key] = Value::String(text);
-                    }
+                    let Some(part) = nth_part(item, "content", content_index, "output_text") else {
+                        return;
+                    };
+                    let key = if part.get("type").and_then(Value::as_str) == Some("refusal") {
+                        "refusal"
+                    } else {
+                        "text"
+                    };
+                    append_str(part, key, delta);
                 });
             }
             "response.function_call_arguments.delta" | "response.custom_tool_call_input.delta" => {
@@ -339,13 +352,9 @@ impl ResponseStream {
                     "input"
                 };
                 append(&mut self.items, index, &|item, delta| {
-                    let mut text = item
-                        .get(key)
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned();
-                    text.push_str(delta);
-                    item[key] = Value::String(text);
+                    if let Some(item) = item.as_object_mut() {
+                        append_str(item, key, delta);
+                    }
                 });
             }
             "response.reasoning_summary_text.delta" => {
@@ -354,21 +363,8 @@ impl ResponseStream {
                     .and_then(Value::as_u64)
                     .unwrap_or(0);
                 append(&mut self.items, index, &|item, delta| {
-                    let parts = item
-                        .as_object_mut()
-                        .map(|o| o.entry("summary").or_insert_with(|| json!([])));
-                    if let Some(Value::Array(parts)) = parts {
-                        while parts.len() as u64 <= summary_index {
-                            parts.push(json!({"type": "summary_text", "text": ""}));
-                        }
-                        let part = &mut parts[summary_index as usize];
-                        let mut text = part
-                            .get("text")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .to_owned();
-                        text.push_str(delta);
-                        part["text"] = Value::String(text);
+                    if let Some(part) = nth_part(item, "summary", summary_index, "summary_text") {
+                        append_str(part, "text", delta);
                     }
                 });
             }

@@ -792,3 +792,23 @@ fn split<'a>(bytes: &'a [u8], cuts: &[prop::sample::Index]) -> Vec<&'a [u8]> {
     out.push(&bytes[last..]);
     out
 }
+
+/// Hostile streams: items that are not objects, huge part indices.
+#[test]
+fn responses_streams_with_odd_items_do_not_panic_or_grow() {
+    let stream = "data: {\"type\":\"response.output_item.added\",\"output_index\":0,\"item\":\"not an object\"}\n\n\
+data: {\"type\":\"response.output_text.delta\",\"output_index\":0,\"content_index\":0,\"delta\":\"a\"}\n\n\
+data: {\"type\":\"response.function_call_arguments.delta\",\"output_index\":0,\"delta\":\"b\"}\n\n\
+data: {\"type\":\"response.output_item.added\",\"output_index\":1,\"item\":{\"type\":\"message\",\"role\":\"assistant\",\"content\":[7]}}\n\n\
+data: {\"type\":\"response.output_text.delta\",\"output_index\":1,\"content_index\":0,\"delta\":\"c\"}\n\n\
+data: {\"type\":\"response.output_text.delta\",\"output_index\":1,\"content_index\":1000000000000,\"delta\":\"d\"}\n\n\
+data: {\"type\":\"response.reasoning_summary_text.delta\",\"output_index\":1,\"summary_index\":1000000000000,\"delta\":\"e\"}\n\n";
+    let response = openai::response(stream.as_bytes(), 200).expect("a response");
+    assert_eq!(response.messages.len(), 1);
+    // The string item is skipped; the number part stays as it was (no delta lands on it).
+    assert_eq!(
+        response.messages[0].content,
+        vec![Block::Unknown { raw: json!(7) }],
+        "{response:?}"
+    );
+}
