@@ -299,9 +299,12 @@ impl HttpAssembler {
         &self.config
     }
 
-    /// A decrypted connection to `host` (the CONNECT host) begins. Reopening an id forgets the
-    /// old connection.
+    /// A decrypted connection to `host` (the CONNECT host) begins. Reopening an id first
+    /// closes the old connection (its waiting requests come out without a response).
     pub fn handle_open(&mut self, conn: ConnId, host: &str) {
+        if let Some(mut old) = self.conns.remove(&conn) {
+            flush_pending(conn, &mut old, 0, &mut self.out);
+        }
         self.conns.insert(
             conn,
             Conn {

@@ -812,3 +812,15 @@ data: {\"type\":\"response.reasoning_summary_text.delta\",\"output_index\":1,\"s
         "{response:?}"
     );
 }
+
+#[test]
+fn reopening_a_connection_flushes_the_old_one() {
+    let mut a = HttpAssembler::new(HttpConfig::default());
+    a.handle_open(C, "h");
+    a.handle_client_bytes(C, b"GET / HTTP/1.1\r\n\r\n", 5);
+    a.handle_open(C, "h2");
+    let out: Vec<_> = std::iter::from_fn(|| a.poll_output()).collect();
+    let ex = exchanges(&out);
+    assert_eq!(ex.len(), 1, "every RequestSent gets its exchange");
+    assert!(ex[0].response.is_none());
+}
