@@ -334,26 +334,52 @@ pub(crate) fn for_each_sse_event(body: &[u8], mut push: impl FnMut(&str, &str)) 
     }
 }
 
-/// A response body → the response side (`None` for an empty body).
-pub fn response(body: &[u8], status: u16) -> Option<LlmResponse> {
+/// What a response body holds.
+pub(crate) enum BodyKind {
+    /// Nothing but whitespace.
+    Empty,
+    /// One JSON value.
+    Json(Value),
+    /// Server-sent events.
+    EventStream,
+    /// Anything else.
+    Other,
+}
+
+/// Sniffs a response body the way activity.md §1.3 says: JSON if it parses, else an event
+/// stream if it starts like one.
+pub(crate) fn body_kind(body: &[u8]) -> BodyKind {
     let text = String::from_utf8_lossy(body);
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
-        return None;
+        return BodyKind::Empty;
     }
     if trimmed.starts_with('{')
         && let Ok(value) = serde_json::from_str::<Value>(trimmed)
     {
-        return Some(response_from_message(&value, status));
+        return BodyKind::Json(value);
     }
     if trimmed.starts_with("event:") || trimmed.starts_with("data:") || trimmed.starts_with(':') {
-        let mut stream = MessageStream::default();
-        for_each_sse_event(body, |event, data| stream.push(event, data));
-        if let Some((message, error)) = stream.finish() {
-            let mut response = response_from_message(&message, status);
-            response.error = error;
-            return Some(response);
+        return BodyKind::EventStream;
+    }
+    BodyKind::Other
+}
+
+/// A response body → the response side (`None` for an empty body).
+pub fn response(body: &[u8], status: u16) -> Option<LlmResponse> {
+    match body_kind(body) {
+        BodyKind::Empty => return None,
+        BodyKind::Json(value) => return Some(response_from_message(&value, status)),
+        BodyKind::EventStream => {
+            let mut stream = MessageStream::default();
+            for_each_sse_event(body, |event, data| stream.push(event, data));
+            if let Some((message, error)) = stream.finish() {
+                let mut response = response_from_message(&message, status);
+                response.error = error;
+                return Some(response);
+            }
         }
+        BodyKind::Other => {}
     }
     Some(LlmResponse {
         status: Some(status),

@@ -514,6 +514,15 @@ fn head_len(buf: &mut Buf) -> Option<usize> {
     None
 }
 
+/// [`head_len`], failing when the head is (or will be) longer than `max`.
+fn capped_head_len(buf: &mut Buf, max: usize, what: &str) -> Result<Option<usize>, Fail> {
+    match head_len(buf) {
+        Some(len) if len <= max => Ok(Some(len)),
+        None if buf.rest().len() <= max => Ok(None),
+        _ => Err(format!("{what} head exceeds {max} bytes")),
+    }
+}
+
 fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
@@ -636,16 +645,6 @@ fn read_body(
         let rest = buf.rest();
         match framing {
             Framing::Length(0) => return Ok(true),
-            Framing::Length(remaining) => {
-                if rest.is_empty() {
-                    return Ok(false);
-                }
-                let n = (*remaining).min(rest.len() as u64) as usize;
-                body.push(&rest[..n], cap);
-                forward(&mut fwd, &rest[..n]);
-                *remaining -= n as u64;
-                buf.consume(n);
-            }
             Framing::UntilClose => {
                 body.push(rest, cap);
                 forward(&mut fwd, rest);
@@ -653,7 +652,7 @@ fn read_body(
                 buf.consume(n);
                 return Ok(false);
             }
-            Framing::Chunked(Chunk::Data(remaining)) => {
+            Framing::Length(remaining) | Framing::Chunked(Chunk::Data(remaining)) => {
                 if rest.is_empty() {
                     return Ok(false);
                 }
@@ -662,7 +661,7 @@ fn read_body(
                 forward(&mut fwd, &rest[..n]);
                 *remaining -= n as u64;
                 buf.consume(n);
-                if *remaining == 0 {
+                if *framing == Framing::Chunked(Chunk::Data(0)) {
                     *framing = Framing::Chunked(Chunk::DataEnd);
                 }
             }
@@ -764,21 +763,10 @@ fn parse_client(
                 if c.client.rest().is_empty() {
                     return Ok(());
                 }
-                let Some(len) = head_len(&mut c.client) else {
-                    if c.client.rest().len() > config.max_head_bytes {
-                        return Err(format!(
-                            "request head exceeds {} bytes",
-                            config.max_head_bytes
-                        ));
-                    }
+                let Some(len) = capped_head_len(&mut c.client, config.max_head_bytes, "request")?
+                else {
                     return Ok(());
                 };
-                if len > config.max_head_bytes {
-                    return Err(format!(
-                        "request head exceeds {} bytes",
-                        config.max_head_bytes
-                    ));
-                }
                 let raw = &c.client.rest()[..len];
                 let head = parse_head(raw)?;
                 let [method, target, version] = head.start.as_slice() else {
@@ -875,21 +863,10 @@ fn parse_server(
                 if c.server.rest().is_empty() {
                     return Ok(());
                 }
-                let Some(len) = head_len(&mut c.server) else {
-                    if c.server.rest().len() > config.max_head_bytes {
-                        return Err(format!(
-                            "response head exceeds {} bytes",
-                            config.max_head_bytes
-                        ));
-                    }
+                let Some(len) = capped_head_len(&mut c.server, config.max_head_bytes, "response")?
+                else {
                     return Ok(());
                 };
-                if len > config.max_head_bytes {
-                    return Err(format!(
-                        "response head exceeds {} bytes",
-                        config.max_head_bytes
-                    ));
-                }
                 let head = parse_head(&c.server.rest()[..len])?;
                 c.server.consume(len);
                 let status = match head.start.as_slice() {

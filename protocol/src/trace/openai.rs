@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::activity::{Block, LlmMessage, LlmRequest, LlmResponse, LlmTool, SystemPrompt, Usage};
-use super::anthropic::{append_str, for_each_sse_event};
+use super::anthropic::{BodyKind, append_str, body_kind, for_each_sse_event};
 use super::redact::{redact_json, redact_text};
 
 fn string(v: &Value, key: &str) -> Option<String> {
@@ -404,23 +404,18 @@ impl ResponseStream {
 
 /// A response body → the response side (`None` for an empty body).
 pub fn response(body: &[u8], status: u16) -> Option<LlmResponse> {
-    let text = String::from_utf8_lossy(body);
-    let trimmed = text.trim_start();
-    if trimmed.is_empty() {
-        return None;
-    }
-    if trimmed.starts_with('{')
-        && let Ok(value) = serde_json::from_str::<Value>(trimmed)
-    {
+    match body_kind(body) {
+        BodyKind::Empty => return None,
         // An error body is `{"error": {…}}`.
-        return Some(response_from_object(&value, status));
-    }
-    if trimmed.starts_with("event:") || trimmed.starts_with("data:") || trimmed.starts_with(':') {
-        let mut stream = ResponseStream::default();
-        for_each_sse_event(body, |event, data| stream.push(event, data));
-        if let Some(object) = stream.finish() {
-            return Some(response_from_object(&object, status));
+        BodyKind::Json(value) => return Some(response_from_object(&value, status)),
+        BodyKind::EventStream => {
+            let mut stream = ResponseStream::default();
+            for_each_sse_event(body, |event, data| stream.push(event, data));
+            if let Some(object) = stream.finish() {
+                return Some(response_from_object(&object, status));
+            }
         }
+        BodyKind::Other => {}
     }
     Some(LlmResponse {
         status: Some(status),

@@ -35,6 +35,24 @@ fn exchanges(out: &[HttpOutput]) -> Vec<&Exchange> {
         .collect()
 }
 
+fn rewriting() -> HttpConfig {
+    HttpConfig {
+        rewrite_accept_encoding: true,
+        ..HttpConfig::default()
+    }
+}
+
+/// The bytes forwarded to the server, concatenated.
+fn forwarded(out: &[HttpOutput]) -> Vec<u8> {
+    out.iter()
+        .filter_map(|o| match o {
+            HttpOutput::ToServer { bytes, .. } => Some(bytes.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
 fn untraced(out: &[HttpOutput]) -> Vec<&str> {
     out.iter()
         .filter_map(|o| match o {
@@ -155,10 +173,7 @@ fn close_flushes_waiting_requests_and_interrupted_responses() {
 
 #[test]
 fn tunnels_are_never_parsed() {
-    let config = HttpConfig {
-        rewrite_accept_encoding: true,
-        ..HttpConfig::default()
-    };
+    let config = rewriting();
     let upgrade = b"GET /ws HTTP/1.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n";
     let (out, _) = run(
         config.clone(),
@@ -177,14 +192,7 @@ fn tunnels_are_never_parsed() {
     assert_eq!(ex.len(), 1);
     assert_eq!(ex[0].response.as_ref().map(|r| r.status), Some(101));
     assert!(untraced(&out).is_empty());
-    let forwarded: Vec<u8> = out
-        .iter()
-        .filter_map(|o| match o {
-            HttpOutput::ToServer { bytes, .. } => Some(bytes.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let forwarded = forwarded(&out);
     let mut expected = upgrade.to_vec();
     expected.splice(
         expected.len() - 2..expected.len() - 2,
@@ -277,10 +285,7 @@ fn malformed_input_untraces_the_connection() {
             "response without a request",
         ),
     ] {
-        let config = HttpConfig {
-            rewrite_accept_encoding: true,
-            ..HttpConfig::default()
-        };
+        let config = rewriting();
         let (out, _) = run(
             config,
             &[
@@ -300,14 +305,7 @@ fn malformed_input_untraces_the_connection() {
             .count();
         assert_eq!(sent, exchanges(&out).len());
         // The client's bytes still reach the server, in order, unchanged after the failure.
-        let forwarded: Vec<u8> = out
-            .iter()
-            .filter_map(|o| match o {
-                HttpOutput::ToServer { bytes, .. } => Some(bytes.clone()),
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        let forwarded = forwarded(&out);
         assert!(forwarded.ends_with(b"after"));
     }
 }
@@ -347,10 +345,7 @@ fn caps_bound_memory_and_mark_truncation() {
 
 #[test]
 fn accept_encoding_is_rewritten_to_identity() {
-    let config = HttpConfig {
-        rewrite_accept_encoding: true,
-        ..HttpConfig::default()
-    };
+    let config = rewriting();
     let (out, _) = run(
         config,
         &[
@@ -358,14 +353,7 @@ fn accept_encoding_is_rewritten_to_identity() {
             ("c", b"GET / HTTP/1.1\r\n\r\n"),
         ],
     );
-    let forwarded: Vec<u8> = out
-        .iter()
-        .filter_map(|o| match o {
-            HttpOutput::ToServer { bytes, .. } => Some(bytes.clone()),
-            _ => None,
-        })
-        .flatten()
-        .collect();
+    let forwarded = forwarded(&out);
     assert_eq!(
         String::from_utf8_lossy(&forwarded),
         "POST /v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\naccept-encoding: identity\r\nContent-Length: 2\r\n\r\n{}GET / HTTP/1.1\r\nAccept-Encoding: identity\r\n\r\n"
