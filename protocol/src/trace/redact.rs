@@ -86,10 +86,16 @@ fn is_secret_key(key: &str) -> bool {
         })
 }
 
-/// Whether a JSON object key holds a credential (`code` and `sig`, ambiguous in JSON, are
-/// only treated as credentials in URLs and forms).
+/// Keys that name a credential in a URL or a form but are ordinary words elsewhere.
+fn is_ambiguous_key(key: &str) -> bool {
+    ["code", "sig", "signature", "key", "auth"]
+        .iter()
+        .any(|k| k.eq_ignore_ascii_case(key))
+}
+
+/// Whether a JSON object key holds a credential (the ambiguous ones do not).
 fn is_secret_json_key(key: &str) -> bool {
-    is_secret_key(key) && !matches!(key, "code" | "sig" | "signature" | "key" | "auth")
+    is_secret_key(key) && !is_ambiguous_key(key)
 }
 
 /// Whether a header's value is a credential as a whole.
@@ -203,19 +209,24 @@ fn secret_at(bytes: &[u8], i: usize) -> Option<(usize, usize)> {
                 let n = run(bytes, start, |c| {
                     c.is_ascii_alphanumeric() || b"._~+/=-".contains(&c)
                 });
-                if spaces > 0 && n >= 8 {
+                // A token has a digit or is long: `bearer instrument` is prose.
+                let token = &bytes[start..start + n];
+                if spaces > 0 && n >= 8 && (n >= 24 || token.iter().any(u8::is_ascii_digit)) {
                     return Some((scheme.len() + spaces, start + n));
                 }
             }
         }
     }
-    // `name=value` after `?`, `&`, `;`, whitespace or the start.
-    let param_start = i == 0 || matches!(bytes[i - 1], b'?' | b'&' | b';' | b' ' | b'\t' | b'\n');
+    // `name=value` after `?`, `&`, `;`, whitespace or the start; the ambiguous names
+    // (`code=`, `key=`, …) only in a query or form (after `?`, `&` or `;`).
+    let in_query = i > 0 && matches!(bytes[i - 1], b'?' | b'&' | b';');
+    let param_start = in_query || i == 0 || matches!(bytes[i - 1], b' ' | b'\t' | b'\n');
     if param_start && b.is_ascii_alphabetic() {
         let name_len = run(bytes, i, is_key_char);
         if bytes.get(i + name_len) == Some(&b'=')
             && let Ok(name) = std::str::from_utf8(&bytes[i..i + name_len])
             && is_secret_key(name)
+            && (in_query || !is_ambiguous_key(name))
         {
             let start = i + name_len + 1;
             let n = run(bytes, start, |c| {
@@ -331,6 +342,10 @@ mod tests {
                 "Authorization: Bearer [REDACTED]",
             ),
             ("bearer of news", "bearer of news"),
+            ("the bearer instrument", "the bearer instrument"),
+            ("a basic understanding", "a basic understanding"),
+            ("Bearer abcdefghijklmnopqrstuvwxyzABCD", "Bearer [REDACTED]"),
+            ("exit code=1 token=t0k", "exit code=1 token=[REDACTED]"),
             ("GET /x?key=AIzaSy123&b=2", "GET /x?key=[REDACTED]&b=2"),
             ("/cb?code=abc&state=s", "/cb?code=[REDACTED]&state=s"),
             (
