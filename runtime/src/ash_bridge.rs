@@ -1,15 +1,16 @@
 //! `ac7 ash-bridge`: the bridge side of the Ash protocol (seed 003). Listens on
 //! `$ASH_BRIDGE_SOCKET`, writes `R` to stdout once listening, and serves every connection with
 //! its own [`AshConnection`] (state is never shared between connections), running the agent
-//! (`claude`) as a child process per query.
+//! (`claude`) as a child process per query. The session map is shared by all connections.
 //!
 //! ```text
 //!   socket read ──▶ handle_bytes / handle_closed ──┐
 //!   agent stdout ─▶ agent_message / agent_finished ┤ AshConnection (one per connection)
 //!   exec result ──▶ exec_finished ─────────────────┘
 //!      poll_output: Send -> socket, StartQuery -> spawn the agent, StopAgent -> SIGINT (SIGKILL
-//!      after a grace period), ResumeSession -> remember the session, StartExec -> sh -c,
-//!      Shutdown -> stop every child, remove the socket, exit 0
+//!      after a grace period), ResumeSession -> look the session up in the SessionMap and
+//!      answer resume_finished, StartExec -> sh -c, Shutdown -> stop every child, remove the
+//!      socket, exit 0
 //! ```
 //!
 //! Commands on a connection queue and run in order, one at a time (see [`AshConnection`]);
