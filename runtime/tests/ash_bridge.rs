@@ -7,13 +7,13 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use ac7_protocol::ash::host::{Completion, ExecOutcome};
 use ac7_protocol::ash::{Command, Query};
 use ac7_protocol::json::RawJson;
 use ac7_runtime::ash_client::{AshClient, JobEvent};
+use common::ash::spawn_ash_bridge;
 use common::{tempdir, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -47,27 +47,14 @@ impl AshBridge {
         if !workspace.exists() {
             std::fs::create_dir(&workspace).unwrap();
         }
-        let mut child = tokio::process::Command::new(common::ac7())
-            .arg("ash-bridge")
-            .args(args)
-            .env_remove("ASH_PERMISSION_MODE")
-            .env_remove("IS_SANDBOX")
-            .env("ASH_BRIDGE_SOCKET", &socket)
-            .env("CLAUDE_PATH", fake_claude())
-            .env("ASH_WORKSPACE_DIR", &workspace)
-            .env("AC7_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ac7 ash-bridge");
-        let mut r = [0u8; 1];
-        let stdout = child.stdout.as_mut().unwrap();
-        within(10, "the bridge's R", stdout.read_exact(&mut r))
-            .await
-            .unwrap();
-        assert_eq!(&r, b"R");
+        let child = spawn_ash_bridge(|command| {
+            command
+                .args(args)
+                .env("ASH_BRIDGE_SOCKET", &socket)
+                .env("CLAUDE_PATH", fake_claude())
+                .env("ASH_WORKSPACE_DIR", &workspace);
+        })
+        .await;
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
         Self {
@@ -172,6 +159,15 @@ fn assistant_text(messages: &[RawJson]) -> (Value, String) {
     (assistant, text)
 }
 
+/// The stand-in agent (message `agent`, echoing its argv) was told to resume `uuid`.
+fn assert_resumes(agent: &Value, uuid: &str) {
+    assert_eq!(
+        agent["argv"].as_array().unwrap()[8..10],
+        [json!("--resume"), json!(uuid)],
+        "{agent}"
+    );
+}
+
 fn done(session: &str) -> Completion {
     Completion {
         session_id: session.into(),
@@ -245,10 +241,7 @@ async fn query_resume_exec_and_shutdown() {
     let (messages, completion) = client.query("again", "s1", false).finish().await;
     assert_eq!(completion, Ok(done("s1")));
     let (assistant, _) = assistant_text(&messages);
-    assert_eq!(
-        assistant["argv"].as_array().unwrap()[8..10],
-        [json!("--resume"), json!(s1)]
-    );
+    assert_resumes(&assistant, &s1);
 
     // resume (the seed's form, no prompt): done for a session the bridge has; the next query
     // continues it.
@@ -269,10 +262,7 @@ async fn query_resume_exec_and_shutdown() {
     let (messages, completion) = client.query("more", elsewhere, false).finish().await;
     assert_eq!(completion, Ok(done(elsewhere)));
     let (assistant, _) = assistant_text(&messages);
-    assert_eq!(
-        assistant["argv"].as_array().unwrap()[8..10],
-        [json!("--resume"), json!(elsewhere)]
-    );
+    assert_resumes(&assistant, elsewhere);
     // A session it has never seen cannot be resumed: error, then done.
     let (_, completion) = resume("s2").finish().await;
     let completion = completion.unwrap();
@@ -300,10 +290,7 @@ async fn query_resume_exec_and_shutdown() {
     assert_eq!(completion, Ok(done("s1")));
     let (assistant, text) = assistant_text(&messages);
     assert_eq!(text, "echo: go on");
-    assert_eq!(
-        assistant["argv"].as_array().unwrap()[8..10],
-        [json!("--resume"), json!(s1)]
-    );
+    assert_resumes(&assistant, &s1);
 
     // Partial messages come first; a query's options become flags.
     let mut options = std::collections::BTreeMap::new();
@@ -408,23 +395,17 @@ async fn a_failing_agent_is_error_then_done() {
 
     // A missing agent binary is a failed turn too.
     drop(client);
-    let mut child = tokio::process::Command::new(common::ac7());
     let dir = tempdir();
     let socket = dir.path().join("b.sock");
-    child
-        .arg("ash-bridge")
-        .env("ASH_BRIDGE_SOCKET", &socket)
-        .env("CLAUDE_PATH", dir.path().join("no-such-claude"))
-        .env_remove("ASH_WORKSPACE_DIR")
-        // Without a workspace the session map is kept in the bridge's working directory.
-        .current_dir(dir.path())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = child.spawn().unwrap();
-    let mut r = [0u8; 1];
-    within(10, "R", child.stdout.as_mut().unwrap().read_exact(&mut r))
-        .await
-        .unwrap();
+    let _child = spawn_ash_bridge(|command| {
+        command
+            .env("ASH_BRIDGE_SOCKET", &socket)
+            .env("CLAUDE_PATH", dir.path().join("no-such-claude"))
+            .env_remove("ASH_WORKSPACE_DIR")
+            // Without a workspace the session map is kept in the bridge's working directory.
+            .current_dir(dir.path());
+    })
+    .await;
     let client = within(10, "ready", AshClient::connect(&socket))
         .await
         .unwrap();
@@ -473,10 +454,7 @@ async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
             events[1]["data"]["message"]["content"][0]["text"],
             format!("echo: {prompt}")
         );
-        assert_eq!(
-            events[1]["data"]["argv"].as_array().unwrap()[8..10],
-            [json!("--resume"), json!(sa)]
-        );
+        assert_resumes(&events[1]["data"], &sa);
         assert_eq!(events[3], json!({"ev": "done", "sessionId": "sa"}));
     }
 }
@@ -597,10 +575,7 @@ async fn host_session_ids_survive_a_bridge_restart() {
     assert_eq!(completion, Ok(done("chat #1 é")));
     let (assistant, text) = assistant_text(&messages);
     assert_eq!(text, "echo: again");
-    assert_eq!(
-        assistant["argv"].as_array().unwrap()[8..10],
-        [json!("--resume"), json!(uuid)]
-    );
+    assert_resumes(&assistant, &uuid);
     // A first turn that failed after claude had created the session: the next one resumes it
     // rather than failing with "already in use".
     let (_, completion) = client.query("fail", "fresh", false).finish().await;

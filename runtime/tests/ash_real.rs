@@ -12,7 +12,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ac7_protocol::ash::Command;
@@ -20,9 +19,9 @@ use ac7_runtime::ash_client::AshClient;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use common::ash::spawn_ash_bridge;
 use common::{tempdir, within};
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
 
 const CLAUDE_VERSION: &str = "2.1.197";
 
@@ -30,32 +29,13 @@ fn claude() -> PathBuf {
     static CLAUDE: OnceLock<PathBuf> = OnceLock::new();
     CLAUDE
         .get_or_init(|| {
-            if let Some(path) = std::env::var_os("AC7_TEST_CLAUDE").filter(|p| !p.is_empty()) {
-                return PathBuf::from(path);
-            }
-            let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/claude-npm");
-            let bin = dir.join("node_modules/.bin/claude");
-            std::fs::create_dir_all(&dir).unwrap();
-            let lock = std::fs::File::create(dir.join(".lock")).unwrap();
-            lock.lock().unwrap();
-            if !bin.exists() {
-                let out = std::process::Command::new("npm")
-                    .args(["install", "--no-audit", "--no-fund", "--prefix"])
-                    .arg(&dir)
-                    .arg(format!("@anthropic-ai/claude-code@{CLAUDE_VERSION}"))
-                    .output()
-                    .unwrap_or_else(|e| {
-                        panic!(
-                            "npm is needed to install @anthropic-ai/claude-code for this test: {e}"
-                        )
-                    });
-                assert!(
-                    out.status.success(),
-                    "npm install @anthropic-ai/claude-code failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            bin
+            common::npm::npm_bin(
+                "AC7_TEST_CLAUDE",
+                "@anthropic-ai/claude-code",
+                CLAUDE_VERSION,
+                "claude-npm",
+                "claude",
+            )
         })
         .clone()
 }
@@ -176,33 +156,19 @@ impl Bridge {
         for d in [&workspace, &home] {
             std::fs::create_dir_all(d).unwrap();
         }
-        let mut child = tokio::process::Command::new(common::ac7())
-            .arg("ash-bridge")
-            .env("ASH_BRIDGE_SOCKET", &socket)
-            .env("ASH_WORKSPACE_DIR", &workspace)
-            .env("CLAUDE_PATH", claude())
-            .env_remove("ASH_PERMISSION_MODE")
-            .env_remove("IS_SANDBOX")
-            // claude keeps its sessions under $HOME/.claude: one per test, kept across restarts.
-            .env("HOME", &home)
-            .env("ANTHROPIC_BASE_URL", api)
-            .env("ANTHROPIC_API_KEY", "dummy")
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("AC7_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        let mut r = [0u8; 1];
-        within(
-            10,
-            "the bridge's R",
-            child.stdout.as_mut().unwrap().read_exact(&mut r),
-        )
-        .await
-        .unwrap();
+        let child = spawn_ash_bridge(|command| {
+            command
+                .env("ASH_BRIDGE_SOCKET", &socket)
+                .env("ASH_WORKSPACE_DIR", &workspace)
+                .env("CLAUDE_PATH", claude())
+                // claude keeps its sessions under $HOME/.claude: one per test, kept across
+                // restarts.
+                .env("HOME", &home)
+                .env("ANTHROPIC_BASE_URL", api)
+                .env("ANTHROPIC_API_KEY", "dummy")
+                .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1");
+        })
+        .await;
         Self { child, socket }
     }
 
