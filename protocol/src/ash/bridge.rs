@@ -4,8 +4,9 @@
 //! connections):
 //! - `query`, `resume` and `exec` are queued and run in arrival order, one at a time; each ends
 //!   with exactly one `done`, carrying the session id the command named (`""` for `exec`). The
-//!   queue is bounded ([`MAX_QUEUED_COMMANDS`] waiting behind the running one): a command over
-//!   the bound is answered `error` then `done` at once and never runs.
+//!   queue is bounded ([`MAX_QUEUED_COMMANDS`] commands and [`MAX_QUEUED_BYTES`] bytes waiting
+//!   behind the running one): a command over the bound is answered `error` then `done` at once
+//!   and never runs.
 //! - `query` starts the agent ([`AshBridgeOutput::StartQuery`]); each agent message becomes a
 //!   `message` event, then `done`. A failure is `error` then `done`.
 //! - `interrupt` stops the running turn ([`AshBridgeOutput::StopAgent`]); when the agent has
@@ -32,6 +33,9 @@ pub const MAX_COMMAND_BYTES: usize = 16 * 1024 * 1024;
 
 /// Commands that may wait behind the running one on a connection.
 pub const MAX_QUEUED_COMMANDS: usize = 32;
+
+/// Bytes of command lines that may wait behind the running one on a connection: 64 MiB.
+pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 
 /// Something for the application to do for this connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +83,9 @@ pub struct AshConnection {
     lines: LineDecoder,
     max_line_bytes: usize,
     turn: Turn,
-    queue: VecDeque<Command>,
+    /// Waiting commands, with the length of the line each came in.
+    queue: VecDeque<(Command, usize)>,
+    queued_bytes: usize,
     out: VecDeque<AshBridgeOutput>,
 }
 
@@ -98,6 +104,7 @@ impl AshConnection {
             max_line_bytes,
             turn: Turn::Idle,
             queue: VecDeque::new(),
+            queued_bytes: 0,
             out,
         }
     }
@@ -115,6 +122,7 @@ impl AshConnection {
     /// The host went away: a running turn is stopped, queued commands are dropped.
     pub fn handle_closed(&mut self) {
         self.queue.clear();
+        self.queued_bytes = 0;
         self.stop_turn();
     }
 
@@ -219,6 +227,10 @@ impl AshConnection {
     }
 
     fn line(&mut self, line: Line<'_>) {
+        let len = match &line {
+            Line::Complete(bytes) => bytes.len(),
+            Line::Oversized { len } => *len,
+        };
         let command = match line {
             Line::Oversized { len } => {
                 let max = self.max_line_bytes;
@@ -240,7 +252,14 @@ impl AshConnection {
             Command::Interrupt => self.stop_turn(),
             Command::Shutdown => self.out.push_back(AshBridgeOutput::Shutdown),
             Command::Query(_) | Command::Resume { .. } | Command::Exec { .. } => {
-                if self.queue.len() >= MAX_QUEUED_COMMANDS {
+                let full = if self.queue.len() >= MAX_QUEUED_COMMANDS {
+                    Some(format!("{MAX_QUEUED_COMMANDS} commands are"))
+                } else if self.queued_bytes + len > MAX_QUEUED_BYTES {
+                    Some(format!("{} bytes of commands are", self.queued_bytes))
+                } else {
+                    None
+                };
+                if let Some(full) = full {
                     let session_id = match &command {
                         Command::Query(q) => q.session_id.clone(),
                         Command::Resume { session_id, .. } => session_id.clone(),
@@ -248,14 +267,15 @@ impl AshConnection {
                     };
                     self.send(&Event::Error {
                         error: format!(
-                            "command refused: {MAX_QUEUED_COMMANDS} commands are already waiting \
-                             on this connection; wait for a done before sending more"
+                            "command refused: {full} already waiting on this connection; wait \
+                             for a done before sending more"
                         ),
                     });
                     self.send(&Event::Done { session_id });
                     return;
                 }
-                self.queue.push_back(command);
+                self.queue.push_back((command, len));
+                self.queued_bytes += len;
                 self.pump();
             }
         }
@@ -266,9 +286,10 @@ impl AshConnection {
         if self.turn != Turn::Idle {
             return;
         }
-        let Some(command) = self.queue.pop_front() else {
+        let Some((command, len)) = self.queue.pop_front() else {
             return;
         };
+        self.queued_bytes -= len;
         match command {
             Command::Query(query) => self.start_query(query),
             Command::Resume { session_id, turn } => {

@@ -1,6 +1,6 @@
 use std::time::{Duration, Instant};
 
-use super::bridge::{AshBridgeOutput, AshConnection, MAX_QUEUED_COMMANDS};
+use super::bridge::{AshBridgeOutput, AshConnection, MAX_QUEUED_BYTES, MAX_QUEUED_COMMANDS};
 use super::host::{AshHost, Completion, ExecOutcome, HostError, HostOutput, READY_TIMEOUT};
 use super::*;
 use crate::test_support::snapshots;
@@ -507,6 +507,35 @@ fn the_queue_is_bounded_with_error_then_done() {
     // The host going away drops what waits.
     c.handle_closed();
     assert_eq!(c.queued(), 0);
+
+    // Bytes are bounded too: big prompts stop queueing before the count does.
+    let mut c = AshConnection::new();
+    c.poll_output();
+    line(&mut c, r#"{"cmd":"query","prompt":"p","sessionId":"run"}"#);
+    let big = "x".repeat(13 * 1024 * 1024);
+    let mut refused = None;
+    for i in 0..6 {
+        let out = line(
+            &mut c,
+            &format!(r#"{{"cmd":"query","prompt":"{big}","sessionId":"b{i}"}}"#),
+        );
+        if !out.is_empty() {
+            refused = Some((i, sent(&out)));
+            break;
+        }
+    }
+    let (i, events) = refused.expect("a byte bound");
+    assert_eq!(i, MAX_QUEUED_BYTES / (13 * 1024 * 1024 + 45));
+    assert!(
+        matches!(&events[0], Event::Error { error } if error.contains("bytes of commands are already waiting")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events[1],
+        Event::Done {
+            session_id: format!("b{i}")
+        }
+    );
 }
 
 #[test]
