@@ -1,6 +1,6 @@
-//! `ac7 ash-bridge` (seed 003) running the real Claude Code CLI (`@anthropic-ai/claude-code` from
-//! npm, installed once into `<repo>/target/claude-npm` under a lock; `$AC7_TEST_CLAUDE` points at
-//! another claude binary) against a local stand-in for the Anthropic Messages API
+//! `ac7 ash-bridge` (seed 003) running the real Claude Code CLI (`@anthropic-ai/claude-code`
+//! from npm, installed once into `<target dir>/tmp/claude-npm` under a lock; `$AC7_TEST_CLAUDE`
+//! points at another claude binary) against a local stand-in for the Anthropic Messages API
 //! (`ANTHROPIC_BASE_URL=http://127.0.0.1:PORT`, `ANTHROPIC_API_KEY=dummy`). The stand-in answers
 //! `POST /v1/messages` with a streamed SSE message (`message_start`, `content_block_start`,
 //! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`) whose text is

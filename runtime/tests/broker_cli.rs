@@ -25,6 +25,8 @@ struct Served {
     child: Child,
     url: String,
     tokens: Vec<(String, String)>,
+    /// Stdout lines after the "listening" line.
+    lines: mpsc::Receiver<String>,
 }
 
 impl Drop for Served {
@@ -47,13 +49,14 @@ fn serve(db: &Path, extra: &[&str]) -> Served {
         .spawn()
         .unwrap();
     // Owned by `Served` at once, so the child is killed and reaped on every path.
+    let (tx, rx) = mpsc::channel();
     let mut served = Served {
         child,
         url: String::new(),
         tokens: Vec::new(),
+        lines: rx,
     };
     let stdout = served.child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
@@ -63,7 +66,8 @@ fn serve(db: &Path, extra: &[&str]) -> Served {
         }
     });
     loop {
-        let line = rx
+        let line = served
+            .lines
             .recv_timeout(Duration::from_secs(20))
             .expect("ac7 serve did not report listening");
         if let Some(url) = line.strip_prefix("ac7 broker listening on ") {
@@ -472,4 +476,217 @@ fn offline_member_admin() {
     assert!(ok && !out.contains("scout"));
     let (ok, _, err) = member(&["remove", "director"]);
     assert!(!ok && err.contains("last admin"), "{err}");
+}
+
+/// `ac7 serve` on a new database in a temporary directory, with the team `TEAM`.
+fn serve_team() -> (tempfile::TempDir, std::path::PathBuf, Served) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let cfg = dir.path().join("team.json");
+    std::fs::write(&cfg, TEAM).unwrap();
+    let s = serve(&db, &["--team-config", cfg.to_str().unwrap()]);
+    (dir, db, s)
+}
+
+/// The first start prints what to do next with the real URL and the new tokens; a restart on
+/// the same database does not.
+#[test]
+fn first_start_prints_next_steps() {
+    let (_dir, db, s) = serve_team();
+    let mut text = String::new();
+    while let Ok(line) = s.lines.recv_timeout(Duration::from_secs(5)) {
+        text.push_str(&line);
+        text.push('\n');
+        if line.contains("ac7 history") {
+            break;
+        }
+    }
+    let (url, director, builder) = (&s.url, token(&s, "director"), token(&s, "builder"));
+    for expected in [
+        format!("AC7_URL={url} AC7_TOKEN={builder} ac7 claude-code"),
+        format!("AC7_URL={url} AC7_TOKEN={builder} ac7 run -- <agent command>"),
+        format!("AC7_URL={url} AC7_TOKEN={director} ac7 push --to builder --body \"hello\""),
+        format!("AC7_URL={url} AC7_TOKEN={director} ac7 history --with builder"),
+    ] {
+        assert!(text.contains(&expected), "missing {expected:?} in:\n{text}");
+    }
+    drop(s);
+    let s = serve(&db, &[]);
+    assert!(
+        s.lines.recv_timeout(Duration::from_millis(500)).is_err(),
+        "a restart printed more than the listening line"
+    );
+}
+
+/// A validation error shows the broker's details, not just "invalid objective payload".
+#[test]
+fn validation_errors_show_the_brokers_details() {
+    let (_dir, _db, s) = serve_team();
+    let args = [
+        "objectives",
+        "create",
+        "--title",
+        "",
+        "--outcome",
+        "done",
+        "--assignee",
+        "builder",
+    ];
+    let (ok, _, err) = ac7(&s.url, token(&s, "director"), &args);
+    assert!(!ok);
+    assert!(err.contains("invalid objective payload"), "{err}");
+    assert!(
+        err.contains("title: Too small: expected string to have >=1 characters"),
+        "{err}"
+    );
+}
+
+/// A malformed `--url` / `AC7_URL` is reported as such, for operator verbs and runners alike.
+#[test]
+fn a_bad_url_says_so() {
+    for args in [
+        &["roster"][..],
+        &["push", "--to", "x", "--body", "hi"],
+        &["run", "--", "true"],
+    ] {
+        for url in ["localhost:8717", "ftp://127.0.0.1:8717", "nonsense"] {
+            let (ok, _, err) = ac7(url, "ac7_x", args);
+            assert!(!ok, "{args:?} {url}");
+            assert!(
+                err.contains(&format!("invalid broker URL '{url}'")),
+                "{args:?} {url}: {err}"
+            );
+            assert!(!err.contains("is `ac7 serve` running"), "{err}");
+        }
+    }
+}
+
+/// `ac7 push --agent NAME` and `-a NAME` are `--to NAME` (what TypeScript ac7 users type).
+#[test]
+fn push_agent_is_an_alias_of_to() {
+    let (_dir, _db, s) = serve_team();
+    let director = token(&s, "director");
+    for flag in ["--agent", "-a", "--to"] {
+        let body = format!("via {flag}");
+        let (ok, _, err) = ac7(
+            &s.url,
+            director,
+            &["push", flag, "builder", "--body", &body],
+        );
+        assert!(ok, "{flag}: {err}");
+    }
+    let (ok, out, err) = ac7(
+        &s.url,
+        token(&s, "builder"),
+        &["history", "--with", "director"],
+    );
+    assert!(ok, "{err}");
+    for flag in ["--agent", "-a", "--to"] {
+        assert!(
+            out.contains(&format!("director → builder: via {flag}")),
+            "{out}"
+        );
+    }
+    let (ok, _, err) = ac7(
+        &s.url,
+        director,
+        &["push", "--agent", "builder", "--broadcast", "--body", "x"],
+    );
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+}
+
+/// A lost token is recoverable while the team runs: `member rotate-token` with an admin's
+/// token goes through the broker; without one, the refusal says how.
+#[test]
+fn rotate_token_while_the_broker_runs() {
+    let (_dir, db, s) = serve_team();
+    let old = token(&s, "builder").to_owned();
+    let rotate = |token: Option<&str>| {
+        let mut cmd = Command::new(AC7);
+        cmd.args(["member", "rotate-token", "builder", "--db"])
+            .arg(&db)
+            .args(["--url", &s.url])
+            .env_remove("AC7_TOKEN");
+        if let Some(t) = token {
+            cmd.args(["--token", t]);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, _, err) = rotate(None);
+    assert!(!ok, "offline rotation while the broker holds the database");
+    assert!(err.contains("pass an admin's token"), "{err}");
+    // A member may rotate its own token (and then the old one is gone).
+    let (ok, _, err) = rotate(Some(&old));
+    assert!(ok, "a member may rotate its own token: {err}");
+    let (ok, _, err) = rotate(Some(&old));
+    assert!(
+        !ok && err.contains("401"),
+        "the old token is revoked: {err}"
+    );
+    let (ok, new, err) = rotate(Some(token(&s, "director")));
+    assert!(ok, "{err}");
+    assert!(new.starts_with("ac7_") && new != old, "{new}");
+    let briefing = |t: &str| ac7(&s.url, t, &["roster"]).0;
+    assert!(briefing(&new));
+    assert!(!briefing(&old));
+}
+
+/// Logs are human-readable on a terminal and JSON lines otherwise.
+#[test]
+fn logs_are_text_on_a_terminal_and_json_otherwise() {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    // `AC7_LOG` that does not parse: every verb warns about it at start-up.
+    let cmd = || {
+        let mut cmd = Command::new(AC7);
+        cmd.args(["roster", "--url", "http://127.0.0.1:9", "--token", "ac7_x"])
+            .env("AC7_LOG", "ac7=[")
+            .stdout(Stdio::null());
+        cmd
+    };
+    let piped = cmd().output().unwrap();
+    let piped = String::from_utf8_lossy(&piped.stderr).into_owned();
+    let first = piped.lines().next().unwrap_or_default();
+    let json: Value = serde_json::from_str(first).unwrap_or_else(|_| panic!("not JSON: {piped}"));
+    assert_eq!(json["level"], "WARN", "{piped}");
+
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two new descriptors into the pointers; the rest are null.
+    let rc = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(rc, 0, "openpty");
+    // SAFETY: both descriptors are fresh and owned by nobody else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    let status = cmd().stderr(slave).status().unwrap();
+    assert!(!status.success());
+    let mut tty = Vec::new();
+    let mut master = std::fs::File::from(master);
+    let mut buf = [0u8; 4096];
+    // The child has exited: read what it wrote until the pty reports EOF/EIO.
+    while let Ok(n) = master.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        tty.extend_from_slice(&buf[..n]);
+    }
+    let tty = String::from_utf8_lossy(&tty);
+    let first = tty.lines().next().unwrap_or_default();
+    assert!(first.contains("WARN"), "{tty}");
+    assert!(first.contains("AC7_LOG is not a valid log filter"), "{tty}");
+    assert!(
+        !first.trim_start().starts_with('{'),
+        "JSON on a terminal: {tty}"
+    );
 }

@@ -114,6 +114,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     let store = Store::open(&args.db, args.sync)
         .with_context(|| format!("opening database {}", args.db.display()))?;
     let has_team = store.with(|conn| team::team_get(conn))?.is_some();
+    let mut created = None;
     if has_team {
         if args.team_config.is_some() || args.team_name.is_some() {
             tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
@@ -133,9 +134,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         );
         println!("bearer tokens (shown once; only their SHA-256 is stored):");
         let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
-        for i in issued {
+        for i in &issued {
             println!("  {:<width$}  {}", i.name, i.token);
         }
+        created = Some(super::first_run::credentials(&store, &issued)?);
     }
     drop(store);
     let mut config = BrokerConfig::new(args.db.clone());
@@ -156,6 +158,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         let broker = super::start(config, listener).await?;
         println!("ac7 broker listening on http://{}", broker.addr);
+        if let Some(creds) = &created {
+            let url = super::first_run::client_url(broker.addr);
+            print!("{}", super::first_run::next_steps(&url, creds));
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -192,10 +198,15 @@ pub enum MemberAction {
         /// Member name.
         name: String,
     },
-    /// Revoke a member's tokens and print a new one.
+    /// Revoke a member's tokens and print a new one. With a token (`--token` / `AC7_TOKEN`:
+    /// an admin's, or the member's own) it asks the running broker at `--url`; without one it
+    /// works offline on `--db` (the broker must be stopped).
     RotateToken {
         /// Member name.
         name: String,
+        /// The running broker and an admin token (optional: see above).
+        #[command(flatten)]
+        api: crate::operator::OperatorConn,
     },
 }
 
@@ -221,13 +232,25 @@ pub struct MemberFields {
 /// Runs `ac7 member …`.
 #[allow(clippy::print_stdout)]
 pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
+    if let MemberAction::RotateToken { name, api } = &args.action
+        && api.token.as_deref().is_some_and(|t| !t.is_empty())
+    {
+        return crate::operator::rotate_token(api, name);
+    }
     if !args.db.exists() {
         bail!(
             "no database at {} (start `ac7 serve --db {0}` with a team config first)",
             args.db.display()
         );
     }
-    let store = Store::open(&args.db, SyncMode::Normal)?;
+    let store = Store::open(&args.db, SyncMode::Normal).map_err(|err| match err {
+        StoreError::Busy(_) if matches!(args.action, MemberAction::RotateToken { .. }) => {
+            anyhow::anyhow!(
+                "{err}: to rotate a token while the broker runs, pass an admin's token (--token or AC7_TOKEN, and --url)"
+            )
+        }
+        other => other.into(),
+    })?;
     store.with(|conn| -> anyhow::Result<i32> {
         let team = team::team_get(conn)?.context("the database has no team yet")?;
         match args.action {
@@ -281,7 +304,7 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                 team::member_delete(conn, &name)?;
                 println!("removed {name}");
             }
-            MemberAction::RotateToken { name } => {
+            MemberAction::RotateToken { name, .. } => {
                 if !team::member_exists(conn, &name)? {
                     bail!("no such member: {name}");
                 }

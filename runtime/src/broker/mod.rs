@@ -53,6 +53,7 @@ pub mod channels;
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod first_run;
 pub mod fs;
 mod http;
 pub mod hub;

@@ -3,14 +3,13 @@
 use std::path::{Path, PathBuf};
 
 /// The binary `bin` of npm package `package@version`: `$env_var` when set, else installed once
-/// into `<repo>/target/<dir>` (under a lock, so parallel test binaries install it once).
+/// into `<target dir>/tmp/<dir>` (Cargo's scratch directory for integration tests; under a lock,
+/// so parallel test binaries install it once).
 pub fn npm_bin(env_var: &str, package: &str, version: &str, dir: &str, bin: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
         return PathBuf::from(path);
     }
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target")
-        .join(dir);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
     let path = dir.join("node_modules/.bin").join(bin);
     std::fs::create_dir_all(&dir).unwrap();
     let lock = std::fs::File::create(dir.join(".lock")).unwrap();
