@@ -176,3 +176,62 @@ impl SessionMap {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[test]
+    fn the_map_persists_adopts_forgets_and_survives_a_corrupt_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(SESSIONS_FILE), b"{not json").unwrap();
+        let mut map = SessionMap::load(dir.path());
+        assert!(map.get("a").is_none(), "a corrupt map starts empty");
+        assert!(dir.path().join(".ac7-ash-sessions.json.bad").exists());
+
+        let first = map.for_turn("a");
+        assert_eq!(first.flag, "--session-id");
+        assert!(uuid::Uuid::parse_str(&first.agent_session).is_ok());
+        let mode = std::fs::metadata(map.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert_eq!(
+            map.for_turn("a"),
+            first,
+            "not started yet: the same UUID again"
+        );
+        map.started("a", &first.agent_session);
+
+        // Another bridge reads what this one wrote.
+        let mut again = SessionMap::load(dir.path());
+        assert_eq!(
+            again.for_turn("a"),
+            SessionArgs {
+                flag: "--resume",
+                agent_session: first.agent_session.clone()
+            }
+        );
+        assert_eq!(again.resume("a"), Ok(()));
+        assert!(
+            again
+                .resume("b")
+                .unwrap_err()
+                .starts_with("cannot resume session \"b\"")
+        );
+        let elsewhere = "0b4f6d5e-7c0a-4f3e-9d1b-2a6c8e0f1a2b";
+        assert_eq!(again.resume(elsewhere), Ok(()));
+        assert_eq!(again.for_turn(elsewhere).flag, "--resume");
+        // A first turn that never named its session is forgotten.
+        again.for_turn("c");
+        again.unnamed("c");
+        assert!(SessionMap::load(dir.path()).get("c").is_none());
+        again.unnamed("a");
+        assert!(
+            SessionMap::load(dir.path()).get("a").is_some(),
+            "started sessions stay"
+        );
+    }
+}
