@@ -3,7 +3,7 @@
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::bridge::McpBridgeArgs;
-use crate::broker::cli::{MemberArgs, ServeArgs};
+use crate::broker::cli::{MemberArgs, PruneArgs, ServeArgs};
 use crate::operator::{HistoryArgs, ObjectivesArgs, OperatorConn, PushArgs};
 use crate::runner::codex::CodexArgs;
 use crate::runner::{ClaudeCodeArgs, RunArgs};
@@ -42,6 +42,8 @@ pub enum Command {
     /// Administer members: offline against the database file (the broker stopped);
     /// `rotate-token --token T` also through a running broker.
     Member(MemberArgs),
+    /// Delete old messages offline, against the database file (`--older-than-days N`).
+    Prune(PruneArgs),
     /// Send a message through a running broker.
     Push(PushArgs),
     /// Show the team and who is connected.
@@ -156,6 +158,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => Ok(crate::runner::run_command(args)),
         Command::Codex(args) => Ok(crate::runner::codex::codex(args)),
         Command::Member(args) => crate::broker::cli::member(args),
+        Command::Prune(args) => crate::broker::cli::prune(args),
         Command::Push(args) => crate::operator::push(args),
         Command::Roster(conn) => crate::operator::roster(conn),
         Command::History(args) => crate::operator::history(args),

@@ -94,6 +94,13 @@ fn client() -> reqwest::Client {
         .unwrap()
 }
 
+fn current_thread_rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 #[tokio::test]
 async fn kill_9_loses_nothing_acknowledged() {
     let dir = tempfile::tempdir().unwrap();
@@ -223,17 +230,27 @@ async fn kill_9_loses_nothing_acknowledged() {
     assert_eq!(text, "kept");
 }
 
-fn ac7(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(AC7)
-        .args(args)
-        .env("AC7_URL", url)
-        .env("AC7_TOKEN", token)
-        .output()
-        .unwrap();
+/// Runs `cmd` to the end: (exit ok, stdout, stderr).
+fn output(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap();
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An offline verb (`member …`, `prune …`) against `db`.
+fn offline(db: &Path, args: &[&str]) -> (bool, String, String) {
+    output(Command::new(AC7).args(args).arg("--db").arg(db))
+}
+
+fn ac7(url: &str, token: &str, args: &[&str]) -> (bool, String, String) {
+    output(
+        Command::new(AC7)
+            .args(args)
+            .env("AC7_URL", url)
+            .env("AC7_TOKEN", token),
     )
 }
 
@@ -388,25 +405,9 @@ async fn operator_cli_against_a_running_broker() {
 
 #[test]
 fn offline_member_admin() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("ac7.db");
-    let cfg = dir.path().join("team.json");
-    std::fs::write(&cfg, TEAM).unwrap();
-    drop(serve(&db, &["--team-config", cfg.to_str().unwrap()]));
-    let member = |args: &[&str]| {
-        let out = Command::new(AC7)
-            .arg("member")
-            .args(args)
-            .arg("--db")
-            .arg(&db)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let (_dir, db, s) = serve_team();
+    drop(s);
+    let member = |args: &[&str]| offline(&db, &[&["member"], args].concat());
     let (ok, out, _) = member(&["list"]);
     assert!(ok);
     assert!(
@@ -439,10 +440,7 @@ fn offline_member_admin() {
 
     // the rotated token works against a restarted broker; the old one does not
     let s = serve(&db, &[]);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = current_thread_rt();
     rt.block_on(async {
         let http = client();
         let r = http
@@ -476,6 +474,87 @@ fn offline_member_admin() {
     assert!(ok && !out.contains("scout"));
     let (ok, _, err) = member(&["remove", "director"]);
     assert!(!ok && err.contains("last admin"), "{err}");
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// `ac7 serve` with a team from flags; returns (exit ok, stdout, stderr).
+fn serve_once(db: &Path, port: u16, extra: &[&str]) -> (bool, String, String) {
+    output(
+        Command::new(AC7)
+            .args(["serve", "--db"])
+            .arg(db)
+            .args(["--port", &port.to_string()])
+            .args(["--team-name", "t", "--directive", "d"])
+            .args(["--member", "boss::admin"])
+            .args(extra)
+            .env("AC7_LOG", "warn"),
+    )
+}
+
+#[test]
+fn a_failed_start_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("ac7.db");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let (ok, out, err) = serve_once(&db, port, &[]);
+    assert!(!ok);
+    assert!(err.contains("cannot listen on"), "{err}");
+    assert!(!out.contains("ac7_"), "no token may be printed: {out}");
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+        "a failed start created files"
+    );
+
+    // a bad member flag: refused before anything is created
+    let (ok, _, err) = serve_once(&db, 0, &["--member", "bad name"]);
+    assert!(!ok && err.contains("must be"), "{err}");
+    assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+    drop(taken);
+}
+
+#[test]
+fn files_are_private_and_an_open_data_dir_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, db, s) = serve_team();
+    let rt = current_thread_rt();
+    rt.block_on(async {
+        let r = client()
+            .post(format!("{}/push", s.url))
+            .bearer_auth(token(&s, "director"))
+            .json(&json!({"body": "hello"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    });
+    for suffix in ["", "-wal", "-shm"] {
+        let p = dir.path().join(format!("ac7.db{suffix}"));
+        if p.exists() {
+            assert_eq!(mode(&p), 0o600, "{} is not private", p.display());
+        }
+    }
+    assert!(dir.path().join("ac7.db-wal").exists());
+    assert_eq!(mode(&dir.path().join("ac7.db-blobs")), 0o700);
+    drop(s);
+
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new(AC7)
+        .args(["serve", "--port", "0", "--db"])
+        .arg(&db)
+        .output()
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("writable by other users") && err.contains("chmod go-w"),
+        "{err}"
+    );
 }
 
 /// `ac7 serve` on a new database in a temporary directory, with the team `TEAM`.
@@ -539,6 +618,112 @@ fn validation_errors_show_the_brokers_details() {
         err.contains("title: Too small: expected string to have >=1 characters"),
         "{err}"
     );
+}
+
+#[test]
+fn offline_member_names_are_checked() {
+    let (_dir, db, s) = serve_team();
+    drop(s);
+    for (name, want) in [
+        (".", "reserved"),
+        ("..", "reserved"),
+        ("ac7", "reserved"),
+        ("Director", "already exists"),
+    ] {
+        let (ok, _, err) = offline(&db, &["member", "add", name]);
+        assert!(!ok && err.contains(want), "{name}: {err}");
+        assert!(!err.contains("corrupt"), "{err}");
+    }
+}
+
+/// Moves the messages whose body contains `marker` `days` days into the past.
+fn age_messages(db: &Path, marker: &str, days: i64) {
+    let store = ac7_runtime::broker::db::Store::open(db, ac7_runtime::broker::db::SyncMode::Normal)
+        .unwrap();
+    store.with(|c| {
+        let n = c
+            .execute(
+                "UPDATE messages SET ts = ts - ?1 WHERE json LIKE ?2",
+                rusqlite::params![days * 86_400_000, format!("%{marker}%")],
+            )
+            .unwrap();
+        assert!(n > 0);
+    });
+}
+
+#[test]
+fn prune_and_retain_days_delete_only_old_messages() {
+    let (_dir, db, s) = serve_team();
+    let rt = current_thread_rt();
+    let bodies = |s: &Served| -> Vec<String> {
+        rt.block_on(async {
+            let v: Value = client()
+                .get(format!("{}/history?limit=100", s.url))
+                .bearer_auth(token(s, "builder"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            v["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| m["body"].as_str().unwrap().to_owned())
+                .collect()
+        })
+    };
+    let director = token(&s, "director").to_owned();
+    rt.block_on(async {
+        for body in ["old-one", "old-two", "middle", "fresh"] {
+            let r = client()
+                .post(format!("{}/push", s.url))
+                .bearer_auth(&director)
+                .json(&json!({"body": body}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+        }
+    });
+    let tokens = s.tokens.clone();
+    drop(s);
+    age_messages(&db, "old-", 40);
+    age_messages(&db, "middle", 20);
+
+    let prune = |args: &[&str]| offline(&db, &[&["prune"], args].concat());
+    let (ok, _, err) = prune(&["--older-than-days", "0"]);
+    assert!(!ok, "0 days is refused: {err}");
+    let (ok, out, err) = prune(&["--older-than-days", "30"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("pruned 2 messages older than 30 days"),
+        "{out}"
+    );
+
+    let mut s = serve(&db, &["--retain-days", "10"]);
+    s.tokens = tokens;
+    // pruned at start: only the fresh message is left
+    let mut left = bodies(&s);
+    for _ in 0..100 {
+        if left == ["fresh"] {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        left = bodies(&s);
+    }
+    assert_eq!(left, ["fresh"]);
+    // the team, members and tokens are untouched
+    rt.block_on(async {
+        let r = client()
+            .get(format!("{}/briefing", s.url))
+            .bearer_auth(&director)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+    });
 }
 
 /// A malformed `--url` / `AC7_URL` is reported as such, for operator verbs and runners alike.
