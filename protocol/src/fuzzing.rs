@@ -537,26 +537,46 @@ pub fn decode_lp(data: &[u8]) {
 
 /// `ash_bridge`: a host and an agent doing arbitrary things to an [`AshConnection`].
 ///
-/// Oracles: `ready` comes first; every line sent is a valid event; at most one turn runs; every
-/// turn the bridge starts ends with exactly one `done` once the agent (or exec) finishes; no
-/// `message` goes out while no query runs; `poll_output` terminates.
+/// Oracles: `ready` comes first; every line sent is a valid event; at most one command runs; no
+/// `message` goes out while no query runs; every `query`, `resume` and `exec` the connection
+/// reads (decoded again by the oracle from the same bytes) ends with exactly one `done` naming
+/// the session that command named (`""` for exec) once the turns finish, whether it ran or was
+/// refused by the bounded queue, unless the host went away; `poll_output` terminates.
 pub fn ash_bridge_ops(data: &[u8]) {
     let mut input = Input::new(data);
-    let mut conn = AshConnection::with_max_line(64 + usize::from(input.byte()) * 4);
+    let max_line = 64 + usize::from(input.byte()) * 4;
+    let mut conn = AshConnection::with_max_line(max_line);
+    let mut shadow = crate::line::LineDecoder::new(max_line);
+    let mut expected: Vec<String> = Vec::new();
+    let mut dones: Vec<String> = Vec::new();
     let mut running: Option<&'static str> = None;
-    let mut dones_expected = 0usize;
-    let mut dones = 0usize;
+    let mut closed = false;
     let mut first = true;
-    const COMMANDS: [&str; 7] = [
+    const COMMANDS: [&str; 8] = [
         r#"{"cmd":"query","prompt":"p","sessionId":"s"}"#,
         r#"{"cmd":"query","prompt":[{"type":"text","text":"p"}],"sessionId":"t","model":"m"}"#,
         r#"{"cmd":"exec","command":"true","timeout":10}"#,
         r#"{"cmd":"resume","sessionId":"r"}"#,
+        r#"{"cmd":"resume","prompt":"p","sessionId":"u"}"#,
         r#"{"cmd":"interrupt"}"#,
         r#"{"cmd":"query","sessionId":"s"}"#,
         r#"{"cmd":"shutdown"}"#,
     ];
-    loop {
+    let mut feed = |conn: &mut AshConnection, bytes: &[u8], expected: &mut Vec<String>| {
+        conn.handle_bytes(bytes);
+        shadow.push(bytes);
+        while let Some(line) = shadow.next_line() {
+            if let crate::line::Line::Complete(line) = line {
+                match ash::decode_command(line) {
+                    Ok(ash::Command::Query(q)) => expected.push(q.session_id),
+                    Ok(ash::Command::Resume { session_id, .. }) => expected.push(session_id),
+                    Ok(ash::Command::Exec { .. }) => expected.push(String::new()),
+                    _ => {}
+                }
+            }
+        }
+    };
+    let mut drain = |conn: &mut AshConnection, running: &mut Option<&'static str>| {
         let mut polls = 0;
         while let Some(output) = conn.poll_output() {
             polls += 1;
@@ -567,25 +587,31 @@ pub fn ash_bridge_ops(data: &[u8]) {
                     assert_eq!(first, event == ash::Event::Ready, "ready comes first, once");
                     first = false;
                     match event {
-                        ash::Event::Done { .. } => dones += 1,
+                        ash::Event::Done { session_id } => dones.push(session_id),
                         ash::Event::Message { .. } => {
-                            assert_eq!(running, Some("query"), "message outside a query")
+                            assert_eq!(*running, Some("query"), "message outside a query")
                         }
                         _ => {}
                     }
                 }
                 AshBridgeOutput::StartQuery(_) => {
                     assert!(running.is_none(), "two turns at once");
-                    running = Some("query");
+                    *running = Some("query");
                 }
                 AshBridgeOutput::StartExec { .. } => {
                     assert!(running.is_none(), "two turns at once");
-                    running = Some("exec");
+                    *running = Some("exec");
                 }
-                AshBridgeOutput::ResumeSession { .. } => dones_expected += 1,
+                AshBridgeOutput::ResumeSession { .. } => {
+                    assert!(running.is_none(), "two turns at once");
+                    *running = Some("resume");
+                }
                 AshBridgeOutput::StopAgent | AshBridgeOutput::Shutdown => {}
             }
         }
+    };
+    loop {
+        drain(&mut conn, &mut running);
         if input.is_empty() {
             break;
         }
@@ -594,31 +620,61 @@ pub fn ash_bridge_ops(data: &[u8]) {
                 let mut line = COMMANDS[input.below(COMMANDS.len())].as_bytes().to_vec();
                 line.push(b'\n');
                 let split = input.below(line.len() + 1);
-                conn.handle_bytes(&line[..split]);
-                conn.handle_bytes(&line[split..]);
+                feed(&mut conn, &line[..split], &mut expected);
+                feed(&mut conn, &line[split..], &mut expected);
             }
-            3 => conn.handle_bytes(input.bytes(80)),
+            3 => {
+                let bytes = input.bytes(80);
+                feed(&mut conn, bytes, &mut expected);
+            }
             4 => conn.agent_message(RawJson::from_text("{}").expect("valid JSON")),
             5 if running == Some("query") => {
                 running = None;
-                dones_expected += 1;
                 conn.agent_finished(if input.byte().is_multiple_of(2) {
-                    Ok(None)
+                    Ok(())
+                } else {
+                    Err("x".into())
+                });
+            }
+            5 if running == Some("resume") => {
+                running = None;
+                conn.resume_finished(if input.byte().is_multiple_of(2) {
+                    Ok(())
                 } else {
                     Err("x".into())
                 });
             }
             6 if running == Some("exec") => {
                 running = None;
-                dones_expected += 1;
                 conn.exec_finished(0, String::new(), String::new());
             }
-            _ => conn.handle_closed(),
+            _ => {
+                closed = true;
+                conn.handle_closed();
+            }
         }
     }
+    if closed {
+        return;
+    }
+    // Finish whatever runs until the queue is empty.
+    while let Some(kind) = running.take() {
+        match kind {
+            "query" => conn.agent_finished(Ok(())),
+            "resume" => conn.resume_finished(Ok(())),
+            _ => conn.exec_finished(0, String::new(), String::new()),
+        }
+        drain(&mut conn, &mut running);
+    }
+    assert!(
+        !conn.is_busy() && conn.queued() == 0,
+        "a command was left behind"
+    );
+    expected.sort();
+    dones.sort();
     assert_eq!(
-        dones, dones_expected,
-        "each finished turn ends with exactly one done"
+        dones, expected,
+        "each command ends with exactly one done for its session"
     );
 }
 
@@ -678,6 +734,7 @@ pub fn ash_host_ops(data: &[u8]) {
                 let command = match input.byte() % 3 {
                     0 => ash::Command::Resume {
                         session_id: "s".into(),
+                        turn: None,
                     },
                     1 => ash::Command::Exec {
                         command: "c".into(),
