@@ -198,6 +198,24 @@ impl TestBroker {
     }
 }
 
+impl TestBroker {
+    /// A WebSocket subscription with `lastEventId` in the query (as browsers must).
+    pub async fn ws_query(&self, who: &str, last_event_id: &str) -> WsClient {
+        use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+        let url = format!(
+            "{}/subscribe?name={who}&lastEventId={last_event_id}",
+            self.url.replace("http://", "ws://")
+        );
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", self.token(who)).parse().unwrap(),
+        );
+        let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        WsClient { ws }
+    }
+}
+
 /// One SSE event as received.
 #[derive(Debug, Clone)]
 pub struct SseEvent {
