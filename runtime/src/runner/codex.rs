@@ -242,13 +242,8 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     let (me, tracker) = (b.name.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(
         args.opts.stream,
-        Box::new(move |message| {
-            if channel::is_objective_event(&message) {
-                tracker.trigger();
-            }
-            if !channel::suppress_self_echo(&message, &me) {
-                let _ = events_tx.send(channel::codex_text(&message));
-            }
+        super::forwarder::agent_sink(me, tracker, move |message| {
+            let _ = events_tx.send(channel::codex_text(message));
         }),
     );
 
