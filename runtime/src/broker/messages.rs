@@ -199,6 +199,24 @@ fn sources<'a>(viewer: &'a str, scope: &ViewerScope, feed: &'a Feed) -> Vec<Sour
     }
 }
 
+/// The query of one source: `condition` binds `?6` (and `?7`); `?1`–`?5` are the window.
+fn source_sql(condition: &str, order: &str) -> String {
+    format!(
+        "SELECT seq, id, json FROM messages WHERE {condition}
+         AND seq > ?1 AND seq < ?2 AND ts > ?3 AND ts < ?4 ORDER BY seq {order} LIMIT ?5"
+    )
+}
+
+/// Every source condition, for the query-plan test.
+#[cfg(test)]
+const CONDITIONS: &[&str] = &[
+    "to_name = ?6",
+    "from_name = ?6",
+    "to_name = ?6 AND from_name = ?7",
+    "thread = ?6 AND to_name IS NULL",
+    "thread >= 'obj:' AND thread < 'obj;' AND to_name IS NULL",
+];
+
 /// One page of what `viewer` may see of `feed` within `window`, in the
 /// window's order.
 pub fn page(
@@ -238,11 +256,7 @@ pub fn page(
             }
             Source::AllObjectives => "thread >= 'obj:' AND thread < 'obj;' AND to_name IS NULL",
         };
-        let sql = format!(
-            "SELECT seq, id, json FROM messages WHERE {condition}
-             AND seq > ?1 AND seq < ?2 AND ts > ?3 AND ts < ?4 ORDER BY seq {order} LIMIT ?5"
-        );
-        let mut stmt = conn.prepare_cached(&sql)?;
+        let mut stmt = conn.prepare_cached(&source_sql(condition, order))?;
         let found = stmt.query_map(rusqlite::params_from_iter(args), |r| {
             Ok(Row {
                 seq: r.get(0)?,
@@ -291,4 +305,35 @@ pub fn head(conn: &Connection) -> Result<i64, StoreError> {
     Ok(conn
         .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages")?
         .query_row([], |r| r.get::<_, i64>(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each source reads through an index, so a query touches the viewer's rows only, never a
+    /// scan of the log (the rows another member sees cost nothing).
+    #[test]
+    fn every_source_is_an_index_search() {
+        let store = crate::broker::db::Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            for condition in CONDITIONS {
+                for order in ["ASC", "DESC"] {
+                    let sql = format!("EXPLAIN QUERY PLAN {}", source_sql(condition, order));
+                    let mut stmt = conn.prepare(&sql).unwrap();
+                    // Unbound parameters are NULL: the plan does not depend on them.
+                    let mut rows = stmt.raw_query();
+                    let mut plan = Vec::new();
+                    while let Some(row) = rows.next().unwrap() {
+                        plan.push(row.get::<_, String>(3).unwrap());
+                    }
+                    let plan = plan.join(" | ");
+                    assert!(
+                        plan.contains("USING INDEX messages_") && !plan.contains("SCAN"),
+                        "{condition} {order}: {plan}"
+                    );
+                }
+            }
+        });
+    }
 }
