@@ -418,21 +418,44 @@ async fn restart_broker(
 /// Fast reconnects for tests: the first delay 20 ms instead of 1 s.
 const FAST_RECONNECT: (&str, &str) = ("AC7_RECONNECT_BASE_MS", "20");
 
+/// `ac7 run` for builder with the agent waiting for `bodies`; returns once it listens.
+async fn messages_runner(broker: &TestBroker, dir: &Path, bodies: &[&str], stream: &str) -> Child {
+    let expect = bodies.join(",");
+    let child = runner_with(
+        broker,
+        "builder",
+        dir,
+        "messages",
+        &[("AC7_TEST_EXPECT", &expect), FAST_RECONNECT],
+        stream,
+    );
+    wait_for_file(&dir.join("ready"), "the agent to be listening").await;
+    child
+}
+
+/// The runner exits 0 once the agent had `bodies`, each exactly once, in this order.
+async fn assert_received_once_in_order(child: &mut Child, dir: &Path, bodies: &[&str], what: &str) {
+    assert_eq!(exit_code(child, "the runner to exit").await, 0, "{what}");
+    let out: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap();
+    let received = out["received"].as_array().unwrap();
+    for body in bodies {
+        assert_eq!(
+            received.iter().filter(|b| b == body).count(),
+            1,
+            "{what}: {body} exactly once: {received:?}"
+        );
+    }
+    let order = std::fs::read_to_string(dir.join("received.txt")).unwrap();
+    let expected: String = bodies.iter().map(|b| format!("{b}\n")).collect();
+    assert_eq!(order, expected, "{what}: in order");
+}
+
 async fn restart_mid_session(stream: &str) {
     let broker = start_broker().await;
     let dir = config_dir();
-    let mut child = runner_with(
-        &broker,
-        "builder",
-        dir.path(),
-        "messages",
-        &[
-            ("AC7_TEST_EXPECT", "before,during-restart,after"),
-            FAST_RECONNECT,
-        ],
-        stream,
-    );
-    wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
+    let bodies = ["before", "during-restart", "after"];
+    let mut child = messages_runner(&broker, dir.path(), &bodies, stream).await;
     broker.push("director", json!({"body": "before"})).await;
     wait_received(dir.path(), "before").await;
 
@@ -445,20 +468,7 @@ async fn restart_mid_session(stream: &str) {
     .await;
     broker.push("director", json!({"body": "after"})).await;
 
-    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
-    let received = out["received"].as_array().unwrap();
-    for body in ["before", "during-restart", "after"] {
-        assert_eq!(
-            received.iter().filter(|b| *b == body).count(),
-            1,
-            "{body} exactly once: {received:?}"
-        );
-    }
-    let order = std::fs::read_to_string(dir.path().join("received.txt")).unwrap();
-    assert_eq!(order, "before\nduring-restart\nafter\n", "in order");
+    assert_received_once_in_order(&mut child, dir.path(), &bodies, stream).await;
     assert_restored(dir.path());
 }
 
@@ -467,18 +477,8 @@ async fn a_broker_restored_from_a_backup_resets_and_the_runner_backfills() {
     for stream in ["sse", "ws"] {
         let broker = start_broker().await;
         let dir = config_dir();
-        let mut child = runner_with(
-            &broker,
-            "builder",
-            dir.path(),
-            "messages",
-            &[
-                ("AC7_TEST_EXPECT", "zero,before,while-down,after"),
-                FAST_RECONNECT,
-            ],
-            stream,
-        );
-        wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
+        let bodies = ["zero", "before", "while-down", "after"];
+        let mut child = messages_runner(&broker, dir.path(), &bodies, stream).await;
         broker.push("director", json!({"body": "zero"})).await;
         wait_received(dir.path(), "zero").await;
         // A backup taken now has "zero" but not what follows.
@@ -497,27 +497,7 @@ async fn a_broker_restored_from_a_backup_resets_and_the_runner_backfills() {
         .await;
         broker.push("director", json!({"body": "after"})).await;
 
-        assert_eq!(
-            exit_code(&mut child, "the runner to exit").await,
-            0,
-            "{stream}"
-        );
-        let out: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-                .unwrap();
-        let received = out["received"].as_array().unwrap();
-        for body in ["zero", "before", "while-down", "after"] {
-            assert_eq!(
-                received.iter().filter(|b| *b == body).count(),
-                1,
-                "{stream}: {body} exactly once: {received:?}"
-            );
-        }
-        let order = std::fs::read_to_string(dir.path().join("received.txt")).unwrap();
-        assert_eq!(
-            order, "zero\nbefore\nwhile-down\nafter\n",
-            "{stream}: in order"
-        );
+        assert_received_once_in_order(&mut child, dir.path(), &bodies, stream).await;
     }
 }
 

@@ -53,6 +53,26 @@ fn seed(store: &crate::broker::db::Store) -> anyhow::Result<()> {
     })
 }
 
+/// GET `url` as `token`: microseconds to the last byte, and the body.
+async fn timed_get(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> Result<(u64, axum::body::Bytes), reqwest::Error> {
+    let t = Instant::now();
+    let body = http
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await?
+        .bytes()
+        .await?;
+    Ok((
+        u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX),
+        body,
+    ))
+}
+
 /// The `broker-history` scenario.
 pub fn history() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn_with(2, seed)?;
@@ -65,15 +85,7 @@ pub fn history() -> anyhow::Result<Report> {
         let mut page_len = 0;
         let mut lat = Vec::with_capacity(SAMPLES);
         for i in 0..SAMPLES + 100 {
-            let t = Instant::now();
-            let body = http
-                .get(&history)
-                .bearer_auth(&token)
-                .send()
-                .await?
-                .bytes()
-                .await?;
-            let us = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let (us, body) = timed_get(&http, &history, &token).await?;
             if i >= 100 {
                 lat.push(us);
             } else if i == 0 {
@@ -95,13 +107,7 @@ pub fn history() -> anyhow::Result<Report> {
             );
             hammers.push(tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    let _ = http
-                        .get(&history)
-                        .bearer_auth(&token)
-                        .send()
-                        .await?
-                        .bytes()
-                        .await?;
+                    timed_get(&http, &history, &token).await?;
                 }
                 Ok::<_, reqwest::Error>(())
             }));
@@ -109,14 +115,7 @@ pub fn history() -> anyhow::Result<Report> {
         let roster = format!("{url}/roster");
         let mut roster_lat = Vec::with_capacity(SAMPLES / 4);
         for _ in 0..SAMPLES / 4 {
-            let t = Instant::now();
-            http.get(&roster)
-                .bearer_auth(&roster_token)
-                .send()
-                .await?
-                .bytes()
-                .await?;
-            roster_lat.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+            roster_lat.push(timed_get(&http, &roster, &roster_token).await?.0);
         }
         stop.store(true, Ordering::Relaxed);
         for h in hammers {

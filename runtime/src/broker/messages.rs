@@ -176,21 +176,20 @@ fn sources<'a>(viewer: &'a str, scope: &ViewerScope, feed: &'a Feed) -> Vec<Sour
                 Source::From(viewer),
                 Source::Thread("chan:general".into()),
             ];
-            let mut channels: Vec<&String> = scope.channels.iter().collect();
-            channels.sort();
+            // Any order: the rows are merged by seq.
             out.extend(
-                channels
-                    .into_iter()
+                scope
+                    .channels
+                    .iter()
                     .map(|c| Source::Thread(format!("chan:{c}"))),
             );
             if scope.manager {
                 out.push(Source::AllObjectives);
             } else {
-                let mut objectives: Vec<&String> = scope.objectives.iter().collect();
-                objectives.sort();
                 out.extend(
-                    objectives
-                        .into_iter()
+                    scope
+                        .objectives
+                        .iter()
                         .map(|o| Source::Thread(format!("obj:{o}"))),
                 );
             }
