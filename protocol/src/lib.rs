@@ -99,6 +99,7 @@ pub mod json;
 pub mod jsonrpc;
 pub mod length_prefixed;
 pub mod line;
+pub mod live;
 pub mod mcp;
 mod mcp_face;
 pub mod message;

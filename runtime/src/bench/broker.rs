@@ -59,6 +59,14 @@ pub(super) struct BrokerChild {
 
 impl BrokerChild {
     pub(super) fn spawn(members: usize) -> anyhow::Result<BrokerChild> {
+        Self::spawn_with(members, |_| Ok(()))
+    }
+
+    /// [`BrokerChild::spawn`], with `seed` run on the store before the broker starts.
+    pub(super) fn spawn_with(
+        members: usize,
+        seed: impl FnOnce(&Store) -> anyhow::Result<()>,
+    ) -> anyhow::Result<BrokerChild> {
         let dir = std::env::temp_dir().join(format!(
             "ac7-bench-{}-{}",
             std::process::id(),
@@ -96,10 +104,12 @@ impl BrokerChild {
         }
         let tokens = {
             let store = Store::open(&db, SyncMode::Normal)?;
-            bootstrap(&store, &config)?
+            let tokens = bootstrap(&store, &config)?
                 .into_iter()
                 .map(|t| (t.name, t.token))
-                .collect()
+                .collect();
+            seed(&store)?;
+            tokens
         };
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)

@@ -9,6 +9,7 @@
 //! cargo run --release --bin ac7-bench -- broker-push      # durable pushes/s, 16 clients
 //! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
 //! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
+//! cargo run --release --bin ac7-bench -- broker-history   # /history p50 (1 % of 100 k visible), /roster under it
 //! cargo run --release --bin ac7-bench -- broker-upload    # broker RSS during 8 concurrent 24 MB uploads
 //! cargo run --release --bin ac7-bench -- runner           # roster round trips, push -> notification, RSS
 //! cargo run --release --bin ac7-bench -- call-tool        # call_tool round trip through the bridge
@@ -19,6 +20,7 @@
 pub mod bridge;
 pub mod broker;
 pub mod dialects;
+pub mod history;
 pub mod runner;
 
 use std::collections::BTreeMap;
@@ -37,6 +39,7 @@ pub const SCENARIOS: &[&str] = &[
     "broker-push",
     "broker-delivery",
     "broker-rss",
+    "broker-history",
     "broker-upload",
     "runner",
     "call-tool",
@@ -66,6 +69,7 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-push") => emit(&broker::push()?),
         Some("broker-delivery") => emit(&broker::delivery()?),
         Some("broker-rss") => emit(&broker::rss()?),
+        Some("broker-history") => emit(&history::history()?),
         Some("broker-upload") => emit(&broker::upload()?),
         Some("runner") => {
             print_json(&runner::run()?)?;

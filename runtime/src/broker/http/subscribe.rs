@@ -6,11 +6,26 @@
 //! WebSocket: one Message JSON per text frame; a ping every keepalive interval;
 //! client frames are ignored.
 //!
-//! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), the messages the
-//! caller may see that were logged after that id are sent first (at most 1,000,
-//! the newest ones), then live traffic, with no gap and no duplicate: the replay
-//! query and the subscription happen under the same store lock that pushes take.
-//! An unknown id replays nothing.
+//! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), every message
+//! the caller may see that was logged after that id is sent first, oldest first,
+//! then live traffic, with no gap and no duplicate. The subscription is taken
+//! together with the log's head position under the store lock that every push
+//! delivers under, so a message is either at or below the head (logged and
+//! delivered before: replayed) or above it (delivered later: in the subscriber's
+//! queue, which holds live frames while the replay runs). The replay is read
+//! from a read connection in pages of [`REPLAY_PAGE`] up to the head, so memory
+//! stays bounded whatever the gap. (Live frames that overflow the queue during a
+//! long replay end the stream as any overflow does; the client resumes from the
+//! last id it got.) Every response says `X-AC7-Replay: 1` (the runner backfills
+//! from `/history` only from brokers that lack it).
+//!
+//! Reset: an id the log does not have (another database, a restored backup, an
+//! id from the future) cannot be placed, so nothing can be replayed from it.
+//! The broker says so first, then goes live: SSE `event: reset` with one `data:`
+//! line, WebSocket one text frame, both holding
+//! `{"type":"reset","reason":"unknown-last-event-id","lastEventId":"<id>","detail":"…"}`
+//! ([`ac7_protocol::live::Reset`]; a Message never has a `type` key). A client
+//! backfills from `/history` (the runner does).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -23,6 +38,8 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 use tokio::sync::mpsc;
+
+use ac7_protocol::live::{REPLAY_HEADER, RESET_EVENT, Reset};
 
 use super::{ApiError, Caller, Shared};
 use crate::broker::hub::Frame;
@@ -84,17 +101,23 @@ pub(super) async fn subscribe(
     };
 
     let now = now_ms();
-    let (replay, sub) = state.store.with(|conn| -> Result<_, ApiError> {
-        let replay = match &last_id {
-            Some(id) => {
-                let scope = messages::viewer_scope(
-                    conn,
-                    &caller.name,
-                    caller.has(Permission::MembersManage),
-                )?;
-                messages::replay_after(conn, &caller.name, &scope, id)?
-            }
-            None => Vec::new(),
+    let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
+        let opening = match &last_id {
+            None => Opening::Live,
+            Some(id) => match messages::seq_of(conn, id)? {
+                None => Opening::Reset(Reset::unknown_id(id)),
+                Some(cursor) => Opening::Replay(Replay {
+                    state: Arc::clone(&state),
+                    viewer: caller.name.clone(),
+                    scope: Arc::new(messages::viewer_scope(
+                        conn,
+                        &caller.name,
+                        caller.has(Permission::MembersManage),
+                    )?),
+                    cursor,
+                    head: messages::head(conn)?,
+                }),
+            },
         };
         if !state.hub.has_member(&caller.name)
             && let Some(m) = crate::broker::team::member_get(conn, &caller.name)?
@@ -106,13 +129,8 @@ pub(super) async fn subscribe(
             .hub
             .subscribe(&caller.name, now)
             .ok_or_else(|| ApiError::unauthorized("token references unknown member"))?;
-        Ok((replay, sub))
+        Ok((opening, sub))
     })?;
-    let mut frames = Vec::with_capacity(replay.len());
-    for m in replay {
-        let json = serde_json::to_string(&m).map_err(crate::broker::db::StoreError::from)?;
-        frames.push(Arc::new(Frame::new(m.id, json)));
-    }
     let guard = Guard {
         state: Arc::clone(&state),
         name: sub.name,
@@ -121,23 +139,120 @@ pub(super) async fn subscribe(
     let keepalive = state.config.keepalive;
     match upgrade {
         Some(ws) => {
-            Ok(ws.on_upgrade(move |socket| run_socket(socket, frames, sub.rx, guard, keepalive)))
+            let mut response =
+                ws.on_upgrade(move |socket| run_socket(socket, opening, sub.rx, guard, keepalive));
+            response
+                .headers_mut()
+                .insert(REPLAY_HEADER, header::HeaderValue::from_static("1"));
+            Ok(response)
         }
         None => Ok((
             [
                 (header::CONTENT_TYPE, "text/event-stream"),
                 (header::CACHE_CONTROL, "no-cache"),
+                (header::HeaderName::from_static(REPLAY_HEADER), "1"),
             ],
-            Body::from_stream(sse_stream(frames, sub.rx, guard, keepalive)),
+            Body::from_stream(sse_stream(opening, sub.rx, guard, keepalive)),
         )
             .into_response()),
     }
 }
 
-/// The SSE body: the replay, then live frames, with a `:` comment whenever
-/// nothing was sent for `keepalive`. Ends when the hub drops the subscriber.
+/// Messages logged per replay page.
+pub(super) const REPLAY_PAGE: usize = 500;
+
+/// What goes out before live frames.
+enum Opening {
+    /// Nothing: no last event id.
+    Live,
+    /// The log after the last event id.
+    Replay(Replay),
+    /// The last event id cannot be placed.
+    Reset(Reset),
+}
+
+/// A replay in progress: the log after `cursor` up to `head`, paged.
+struct Replay {
+    state: Arc<AppState>,
+    viewer: String,
+    scope: Arc<messages::ViewerScope>,
+    /// The last position sent.
+    cursor: i64,
+    /// The log's head when the subscription was taken.
+    head: i64,
+}
+
+impl Replay {
+    /// The next page, `Ok(None)` once the head is reached.
+    async fn next_page(&mut self) -> Result<Option<Vec<Arc<Frame>>>, String> {
+        if self.cursor >= self.head {
+            return Ok(None);
+        }
+        let state = Arc::clone(&self.state);
+        let viewer = self.viewer.clone();
+        let scope = Arc::clone(&self.scope);
+        let window = messages::Window {
+            after_seq: Some(self.cursor),
+            before_seq: Some(self.head + 1),
+            after_ts: None,
+            before_ts: None,
+            oldest_first: true,
+            limit: REPLAY_PAGE,
+        };
+        let rows = tokio::task::spawn_blocking(move || {
+            state
+                .store
+                .read(|conn| messages::page(conn, &viewer, &scope, &messages::Feed::All, &window))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        if rows.len() < REPLAY_PAGE {
+            self.cursor = self.head;
+        }
+        let Some(last) = rows.last() else {
+            return Ok(None);
+        };
+        self.cursor = self.cursor.max(last.seq);
+        Ok(Some(
+            rows.into_iter()
+                .map(|r| Arc::new(Frame::new(r.id, r.json)))
+                .collect(),
+        ))
+    }
+}
+
+/// The opening frames as a stream (SSE bytes); `Err` ends the response (a
+/// replay that cannot be completed must not be followed by live frames).
+fn opening_sse(opening: Opening) -> impl Stream<Item = Result<Bytes, ()>> {
+    stream::unfold(Some(opening), |opening| async move {
+        match opening? {
+            Opening::Live => None,
+            Opening::Reset(reset) => {
+                let sse = format!("event: {RESET_EVENT}\ndata: {}\n\n", reset.to_json());
+                Some((vec![Ok(Bytes::from(sse))], Some(Opening::Live)))
+            }
+            Opening::Replay(mut replay) => match replay.next_page().await {
+                Ok(Some(frames)) => Some((
+                    frames.into_iter().map(|f| Ok(f.sse.clone())).collect(),
+                    Some(Opening::Replay(replay)),
+                )),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "replay failed; closing the stream");
+                    Some((vec![Err(())], None))
+                }
+            },
+        }
+    })
+    .flat_map(stream::iter)
+}
+
+/// The SSE body: the opening (reset or replay), then live frames, with a `:`
+/// comment whenever nothing was sent for `keepalive`. Ends when the hub drops
+/// the subscriber.
 fn sse_stream(
-    replay: Vec<Arc<Frame>>,
+    opening: Opening,
     rx: mpsc::Receiver<Arc<Frame>>,
     guard: Guard,
     keepalive: std::time::Duration,
@@ -149,22 +264,52 @@ fn sse_stream(
             Err(_) => Some((Bytes::from_static(b":\n\n"), (rx, guard))),
         }
     });
-    stream::iter(replay.into_iter().map(|f| f.sse.clone()))
-        .chain(live)
-        .map(Ok)
+    opening_sse(opening)
+        .chain(live.map(Ok))
+        .take_while(|item| std::future::ready(item.is_ok()))
+        .map(|item| Ok(item.unwrap_or_default()))
 }
 
 async fn run_socket(
     mut socket: WebSocket,
-    replay: Vec<Arc<Frame>>,
+    opening: Opening,
     mut rx: mpsc::Receiver<Arc<Frame>>,
     guard: Guard,
     keepalive: std::time::Duration,
 ) {
-    for f in replay {
-        if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
-            return;
+    match opening {
+        Opening::Live => {}
+        Opening::Reset(reset) => {
+            if socket
+                .send(WsMessage::Text(reset.to_json().into()))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
+        Opening::Replay(mut replay) => loop {
+            match replay.next_page().await {
+                Ok(Some(frames)) => {
+                    for f in frames {
+                        if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "replay failed; closing the stream");
+                    let _ = socket
+                        .send(WsMessage::Close(Some(CloseFrame {
+                            code: 1011,
+                            reason: "replay failed; reconnect with lastEventId".into(),
+                        })))
+                        .await;
+                    return;
+                }
+            }
+        },
     }
     let mut ping = tokio::time::interval(keepalive);
     ping.tick().await;
