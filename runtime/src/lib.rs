@@ -16,4 +16,5 @@ pub mod logging;
 pub mod operator;
 pub mod runner;
 mod stdio;
+pub mod tls_client;
 pub mod unix_socket;

@@ -232,7 +232,7 @@ pub fn push() -> anyhow::Result<Report> {
 }
 
 /// Opens an SSE subscription and calls `on_message(data)` for each message event.
-async fn sse_loop(
+pub(super) async fn sse_loop(
     http: reqwest::Client,
     url: String,
     token: String,
@@ -427,7 +427,7 @@ pub fn rss() -> anyhow::Result<Report> {
 
 /// The `data.seq` number of a delivered message, read without parsing the whole
 /// JSON (the measuring client should cost as little as possible).
-fn seq_of(json: &str) -> Option<u64> {
+pub(super) fn seq_of(json: &str) -> Option<u64> {
     let rest = &json[json.find("\"seq\":")? + 6..];
     let end = rest
         .find(|c: char| !c.is_ascii_digit())

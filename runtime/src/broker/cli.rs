@@ -46,6 +46,30 @@ pub struct ServeArgs {
     /// `normal` survives a broker crash; `full` also fsyncs every commit (survives power loss).
     #[arg(long, value_enum, default_value_t = SyncMode::Normal)]
     pub sync: SyncMode,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// Open connections at most; more are answered 503 and closed.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a complete request head once it started one.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub header_timeout: u64,
+    /// Seconds a connection with no request in progress may stay silent.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub idle_timeout: u64,
+    /// Seconds a write may make no progress (a client that stopped reading) before the connection is closed.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub write_timeout: u64,
+    /// Bytes a live subscriber may have queued before it is disconnected (it resumes with Last-Event-ID).
+    #[arg(long, default_value_t = 8 * 1024 * 1024, value_name = "BYTES")]
+    pub subscriber_queue_bytes: usize,
+    /// Live subscriptions (SSE or WebSocket) one member may hold at once; more get 429.
+    #[arg(long, default_value_t = 32)]
+    pub max_subscriptions: usize,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -104,6 +128,64 @@ fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
     }))
 }
 
+/// Applies the TLS, connection and subscriber flags to `config`.
+fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::Result<()> {
+    use std::time::Duration;
+    for (flag, secs) in [
+        ("--header-timeout", args.header_timeout),
+        ("--idle-timeout", args.idle_timeout),
+        ("--write-timeout", args.write_timeout),
+    ] {
+        if secs == 0 {
+            bail!("{flag} must be at least 1 second");
+        }
+    }
+    if args.max_connections == 0 || args.max_subscriptions == 0 {
+        bail!("--max-connections and --max-subscriptions must be at least 1");
+    }
+    config.limits = super::server::Limits {
+        header_timeout: Duration::from_secs(args.header_timeout),
+        idle_timeout: Duration::from_secs(args.idle_timeout),
+        write_timeout: Duration::from_secs(args.write_timeout),
+        max_connections: args.max_connections,
+    };
+    config.queue_bytes = args.subscriber_queue_bytes;
+    config.max_subscriptions_per_member = args.max_subscriptions;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let files = super::server::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        // Refuse unusable files before anything is created.
+        super::server::tls_acceptor(&files)?;
+        config.tls = Some(files);
+    }
+    // Each connection is a file descriptor: make room for the cap, or say why not.
+    if let Some(fds) = super::server::raise_fd_limit() {
+        let needed = u64::try_from(args.max_connections)
+            .unwrap_or(u64::MAX)
+            .saturating_add(64);
+        if fds < needed {
+            tracing::warn!(
+                open_file_limit = fds,
+                max_connections = args.max_connections,
+                "the open-file limit is below --max-connections + 64: connections past it fail at accept; raise `ulimit -n` or lower --max-connections"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The loud warning for a broker reachable from other machines without TLS.
+#[allow(clippy::print_stderr)]
+fn warn_plaintext(addr: SocketAddr) {
+    let line = "!".repeat(78);
+    eprintln!(
+        "{line}\n!! WARNING: ac7 serve is listening on {addr} (not loopback) WITHOUT TLS.\n!! Bearer tokens and every message cross the network in clear text.\n!! Serve HTTPS with --tls-cert CERT.pem --tls-key KEY.pem, or put a TLS proxy\n!! in front and bind --host 127.0.0.1.\n{line}"
+    );
+    tracing::warn!(%addr, "listening on a non-loopback address without TLS");
+}
+
 /// Runs `ac7 serve` until Ctrl-C / SIGTERM.
 #[allow(clippy::print_stdout)]
 pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
@@ -111,6 +193,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     if args.max_file_bytes > HARD_CAP {
         bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
     }
+    let mut config = BrokerConfig::new(args.db.clone());
+    connection_settings(&args, &mut config)?;
     let store = Store::open(&args.db, args.sync)
         .with_context(|| format!("opening database {}", args.db.display()))?;
     let has_team = store.with(|conn| team::team_get(conn))?.is_some();
@@ -138,7 +222,6 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         }
     }
     drop(store);
-    let mut config = BrokerConfig::new(args.db.clone());
     config.max_file_bytes = args.max_file_bytes;
     config.sync = args.sync;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -154,8 +237,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        if config.tls.is_none() && !addr.ip().is_loopback() {
+            warn_plaintext(addr);
+        }
         let broker = super::start(config, listener).await?;
-        println!("ac7 broker listening on http://{}", broker.addr);
+        println!("ac7 broker listening on {scheme}://{}", broker.addr);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
