@@ -12,7 +12,7 @@ use anyhow::bail;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::broker::{BrokerChild, client, rt, seq_of, sse_loop};
+use super::broker::{BrokerChild, client, collect_samples, rt, seq_of, sse_loop};
 use super::{Report, percentile, proc_status_kib};
 
 const BIG_PUSHES: usize = 600;
@@ -132,15 +132,7 @@ pub fn run() -> anyhow::Result<Report> {
             }
         }
         let elapsed = started.elapsed();
-        let mut samples = Vec::new();
-        let deadline = tokio::time::sleep(Duration::from_secs(30));
-        tokio::pin!(deadline);
-        while samples.len() < HEALTHY * BIG_PUSHES {
-            tokio::select! {
-                s = rx.recv() => match s { Some(s) => samples.push(s), None => break },
-                () = &mut deadline => break,
-            }
-        }
+        let samples = collect_samples(&mut rx, HEALTHY * BIG_PUSHES).await;
         for s in subs {
             s.abort();
         }
@@ -151,7 +143,6 @@ pub fn run() -> anyhow::Result<Report> {
         drop(stalled);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let rss_after_cut = proc_status_kib(Some(pid), "VmRSS");
-        samples.sort_unstable();
         Ok::<_, anyhow::Error>((samples, rss_with_stalled, cut, rss_after_cut, elapsed))
     })?;
     let mut r = Report::new();

@@ -195,6 +195,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     }
     let mut config = BrokerConfig::new(args.db.clone());
     connection_settings(&args, &mut config)?;
+    super::server::tune_allocator();
     let store = Store::open(&args.db, args.sync)
         .with_context(|| format!("opening database {}", args.db.display()))?;
     let has_team = store.with(|conn| team::team_get(conn))?.is_some();
