@@ -164,3 +164,34 @@ async fn unusable_tls_files_are_refused_at_start() {
         "{err}"
     );
 }
+
+#[test]
+fn serve_refuses_unusable_tls_files_before_creating_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.pem");
+    std::fs::write(&bad, "not a certificate").unwrap();
+    let db = dir.path().join("ac7.db");
+    let out = std::process::Command::new(AC7)
+        .args([
+            "serve",
+            "--port",
+            "0",
+            "--team-name",
+            "t",
+            "--directive",
+            "d",
+        ])
+        .args(["--member", "boss:lead:admin", "--db"])
+        .arg(&db)
+        .arg("--tls-cert")
+        .arg(&bad)
+        .arg("--tls-key")
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ac7_"));
+    assert!(!db.exists(), "a failed start left a database behind");
+}
