@@ -81,6 +81,7 @@
 //! | [`ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
 //! | [`codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
 //! | [`schema`] | the JSON Schema subset tool input schemas use |
+//! | [`trace`] | activity events, the HTTP/1.1 exchange assembler, Messages / Responses decoding, redaction |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -109,6 +110,7 @@ pub mod schema;
 pub mod sse;
 pub mod team;
 pub mod toolbox;
+pub mod trace;
 pub mod tracker;
 pub mod vfs;
 

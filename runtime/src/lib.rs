@@ -3,6 +3,7 @@
 
 pub mod ash_bridge;
 pub mod ash_client;
+pub mod ash_sessions;
 pub mod bench;
 pub mod bridge;
 pub mod broker;
