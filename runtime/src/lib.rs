@@ -19,4 +19,5 @@ pub mod operator;
 pub mod quickstart;
 pub mod runner;
 mod stdio;
+pub mod tls_client;
 pub mod unix_socket;

@@ -4,7 +4,12 @@
 //! SSE: `id: <message id>`, `event: message`, one `data:` line with the Message
 //! JSON; a `:` comment every keepalive interval (15 s by default).
 //! WebSocket: one Message JSON per text frame; a ping every keepalive interval;
-//! client frames are ignored.
+//! client frames are ignored, and one over 64 KiB closes the socket.
+//!
+//! Each stream reads from its hub queue (bounded in frames and bytes; see
+//! [`crate::broker::hub`]) and remembers the token it authenticated with, so that
+//! revoking the token ends it. SSE responses carry `Connection: close`: when the
+//! broker ends a stream, the connection goes with it.
 //!
 //! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), every message
 //! the caller may see that was logged after that id is sent first, oldest first,
@@ -30,6 +35,9 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use super::{ApiError, Caller, Shared};
+use crate::broker::hub::{Closed, Frame, Receiver, SubscribeError};
+use crate::broker::{AppState, messages, now_ms};
 use ac7_protocol::permission::Permission;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
@@ -37,13 +45,8 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
-use tokio::sync::mpsc;
 
 use ac7_protocol::live::{REPLAY_HEADER, RESET_EVENT, Reset};
-
-use super::{ApiError, Caller, Shared};
-use crate::broker::hub::Frame;
-use crate::broker::{AppState, messages, now_ms};
 
 /// Deregisters the subscriber when the stream or socket task ends.
 struct Guard {
@@ -94,7 +97,10 @@ pub(super) async fn subscribe(
         Some(
             WebSocketUpgrade::from_request_parts(&mut parts, &state)
                 .await
-                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?,
+                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
+                // The broker ignores what clients send: keep their frames small.
+                .max_frame_size(WS_MAX_CLIENT_MESSAGE)
+                .max_message_size(WS_MAX_CLIENT_MESSAGE),
         )
     } else {
         None
@@ -125,10 +131,21 @@ pub(super) async fn subscribe(
             // Added offline (`ac7 member add`) while the broker was running.
             state.hub.register_member(&m.name, m.role, now);
         }
+        // A token revoked since this request authenticated (the auth cache) gets no stream.
+        if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+            return Err(ApiError::unauthorized("unknown token"));
+        }
         let sub = state
             .hub
-            .subscribe(&caller.name, now)
-            .ok_or_else(|| ApiError::unauthorized("token references unknown member"))?;
+            .subscribe(&caller.name, &caller.token_id, now)
+            .map_err(|e| match e {
+                SubscribeError::UnknownMember => ApiError::unauthorized(e.to_string()),
+                SubscribeError::TooMany { limit, .. } => {
+                    ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, e.to_string())
+                        .with("code", serde_json::json!("too_many_subscriptions"))
+                        .with("limit", serde_json::json!(limit))
+                }
+            })?;
         Ok((opening, sub))
     })?;
     let guard = Guard {
@@ -151,6 +168,8 @@ pub(super) async fn subscribe(
                 (header::CONTENT_TYPE, "text/event-stream"),
                 (header::CACHE_CONTROL, "no-cache"),
                 (header::HeaderName::from_static(REPLAY_HEADER), "1"),
+                // When the broker ends the stream (revocation, overflow), the connection goes too.
+                (header::CONNECTION, "close"),
             ],
             Body::from_stream(sse_stream(opening, sub.rx, guard, keepalive)),
         )
@@ -248,19 +267,23 @@ fn opening_sse(opening: Opening) -> impl Stream<Item = Result<Bytes, ()>> {
     .flat_map(stream::iter)
 }
 
+/// Largest frame or message the broker accepts from a WebSocket client (it reads
+/// only close, ping and pong; anything larger closes that socket).
+const WS_MAX_CLIENT_MESSAGE: usize = 64 * 1024;
+
 /// The SSE body: the opening (reset or replay), then live frames, with a `:`
-/// comment whenever nothing was sent for `keepalive`. Ends when the hub drops
-/// the subscriber.
+/// comment whenever nothing was sent for `keepalive`. Ends when the hub closes
+/// the subscriber (the hub logs why).
 fn sse_stream(
     opening: Opening,
-    rx: mpsc::Receiver<Arc<Frame>>,
+    rx: Receiver,
     guard: Guard,
     keepalive: std::time::Duration,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let live = stream::unfold((rx, guard), move |(mut rx, guard)| async move {
         match tokio::time::timeout(keepalive, rx.recv()).await {
-            Ok(Some(frame)) => Some((frame.sse.clone(), (rx, guard))),
-            Ok(None) => None,
+            Ok(Ok(frame)) => Some((frame.sse.clone(), (rx, guard))),
+            Ok(Err(_closed)) => None,
             Err(_) => Some((Bytes::from_static(b":\n\n"), (rx, guard))),
         }
     });
@@ -270,10 +293,20 @@ fn sse_stream(
         .map(|item| Ok(item.unwrap_or_default()))
 }
 
+/// The WebSocket close code for a stream the hub ended.
+fn close_code(why: Closed) -> u16 {
+    match why {
+        // Policy violation: the credentials are gone; reconnecting with them fails.
+        Closed::Revoked | Closed::Removed => 1008,
+        // Try again later: reconnect with Last-Event-ID.
+        Closed::Overflow | Closed::Shutdown | Closed::Gone => 1013,
+    }
+}
+
 async fn run_socket(
     mut socket: WebSocket,
     opening: Opening,
-    mut rx: mpsc::Receiver<Arc<Frame>>,
+    mut rx: Receiver,
     guard: Guard,
     keepalive: std::time::Duration,
 ) {
@@ -316,24 +349,28 @@ async fn run_socket(
     loop {
         tokio::select! {
             frame = rx.recv() => match frame {
-                Some(f) => {
+                Ok(f) => {
                     if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
                         break;
                     }
                 }
-                None => {
-                    // Dropped by the hub (queue overflow or shutdown): tell the client to reconnect.
+                Err(why) => {
+                    // Closed by the hub: tell the client why (and to reconnect, where it may).
                     let _ = socket
                         .send(WsMessage::Close(Some(CloseFrame {
-                            code: 1013,
-                            reason: "stream closed by the broker; reconnect with Last-Event-ID".into(),
+                            code: close_code(why),
+                            reason: why.reason().into(),
                         })))
                         .await;
                     break;
                 }
             },
             incoming = socket.recv() => match incoming {
-                Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(WsMessage::Close(_))) | None => break,
+                Some(Err(e)) => {
+                    tracing::debug!(member = %guard.name, error = %e, "closing WebSocket after a bad client frame");
+                    break;
+                }
                 Some(Ok(_)) => {}
             },
             _ = ping.tick() => {
