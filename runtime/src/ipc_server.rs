@@ -17,6 +17,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Each accepted connection is classified by its peer's credentials (`SO_PEERCRED`, see
+//! [`crate::peer`]) when [`IpcServerOptions::agent`] is set: a bridge from the agent's process tree
+//! is the agent's; anything else is an outsider, served but never given events nor allowed to
+//! displace the agent's bridge. Without it every connection counts as the agent's.
+//!
 //! One task owns the session. Each connection has a reader task (bytes into the session, through
 //! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
 //! writer task (frames out, in order; a bridge that lets more than
@@ -37,7 +42,7 @@ use std::time::{Duration, Instant};
 use ac7_protocol::json::RawJson;
 use ac7_protocol::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
 use ac7_protocol::runner::{
-    ConnId, IncomingRequest, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
+    ConnId, IncomingRequest, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -45,6 +50,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
+use crate::peer::AgentPid;
 use crate::unix_socket::SocketFile;
 pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 
@@ -90,6 +96,10 @@ pub struct IpcServerOptions {
     /// Bytes that may wait to be written to one connection. A bridge that stops reading until
     /// more than this is queued for it is treated as gone: its connection is closed.
     pub max_backlog_bytes: usize,
+    /// The agent whose bridges get the events: connections from outside its process tree (and
+    /// every connection before its pid is set) are outsiders. `None`: every connection is the
+    /// agent's.
+    pub agent: Option<AgentPid>,
 }
 
 impl Default for IpcServerOptions {
@@ -99,6 +109,7 @@ impl Default for IpcServerOptions {
             session: RunnerConfig::default(),
             events: None,
             max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
+            agent: None,
         }
     }
 }
@@ -219,6 +230,7 @@ impl IpcServer {
             request_ids: HashMap::new(),
             events: self.options.events,
             max_backlog_bytes: self.options.max_backlog_bytes,
+            agent: self.options.agent,
             _socket: self.socket,
         };
         let task = tokio::spawn(driver.run());
@@ -308,6 +320,7 @@ struct Driver<H> {
     request_ids: HashMap<tokio::task::Id, (ConnId, u64)>,
     events: Option<mpsc::UnboundedSender<RunnerEvent>>,
     max_backlog_bytes: usize,
+    agent: Option<AgentPid>,
     /// Unlinked when the driver ends, however it ends.
     _socket: SocketFile,
 }
@@ -374,7 +387,26 @@ impl<H: Handler> Driver<H> {
     }
 
     fn connect(&mut self, stream: UnixStream) {
-        let conn = self.session.handle_connect(Instant::now());
+        let origin = match &self.agent {
+            None => Origin::Agent,
+            Some(agent) => {
+                let peer = stream
+                    .peer_cred()
+                    .ok()
+                    .and_then(|cred| cred.pid())
+                    .and_then(|pid| u32::try_from(pid).ok());
+                let origin = agent.classify(peer);
+                if origin == Origin::Outsider {
+                    tracing::info!(
+                        peer,
+                        agent = agent.get(),
+                        "a bridge from outside the agent's process tree connected: served, gets no events"
+                    );
+                }
+                origin
+            }
+        };
+        let conn = self.session.handle_connect(origin, Instant::now());
         let (read_half, write_half) = stream.into_split();
         let (writer, queue) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
@@ -516,6 +548,12 @@ fn log_event(event: &RunnerEvent) {
             abandoned,
         } => tracing::info!(conn = conn.0, ?reason, abandoned, "bridge detached"),
         RunnerEvent::Rejected { conn } => tracing::warn!(conn = conn.0, "bridge refused"),
+        RunnerEvent::OutsiderConnected { conn } => {
+            tracing::info!(conn = conn.0, "outsider connected");
+        }
+        RunnerEvent::OutsiderLeft { conn, abandoned } => {
+            tracing::info!(conn = conn.0, abandoned, "outsider left");
+        }
         RunnerEvent::FrameDropped { conn, dropped } => tracing::warn!(
             conn = conn.0,
             len = dropped.len,

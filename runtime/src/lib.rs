@@ -14,6 +14,7 @@ mod fsutil;
 pub mod ipc_server;
 pub mod logging;
 pub mod operator;
+pub mod peer;
 pub mod runner;
 mod stdio;
 pub mod unix_socket;

@@ -7,6 +7,7 @@
 mod broker_support;
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -562,4 +563,194 @@ fn redact_token(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Issue 10 item 1: an event queued while the agent starts reaches it only after the agent's
+/// handshake (`initialized` sent, first `tools/list` answered) — and does reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_queued_before_the_agent_attaches_waits_for_its_handshake() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(&broker, "builder", dir.path(), "early", &[]);
+    wait_for_file(&dir.path().join("waiting"), "the agent to start").await;
+    broker
+        .push("director", json!({"to": "builder", "body": "early"}))
+        .await;
+    // Let the runner take it from the stream and queue it (no bridge is attached yet).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(dir.path().join("go"), "go").unwrap();
+
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    let out: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
+            .unwrap();
+    let log = out["log"].as_array().unwrap();
+    let position = |pred: &dyn Fn(&Value) -> bool| log.iter().position(pred);
+    let initialized_sent =
+        position(&|e| e["dir"] == "out" && e["msg"]["method"] == "notifications/initialized")
+            .unwrap();
+    let listed = position(&|e| e["dir"] == "in" && e["msg"]["id"] == 1).unwrap();
+    let event =
+        position(&|e| e["dir"] == "in" && e["msg"]["method"] == "notifications/claude/channel")
+            .unwrap_or_else(|| panic!("the early event never arrived: {log:#?}"));
+    assert_eq!(log[event]["msg"]["params"]["content"], "early");
+    assert!(
+        event > listed && event > initialized_sent,
+        "the event came before the handshake finished: {log:#?}"
+    );
+    assert!(
+        log[listed]["msg"]["result"]["tools"].is_array(),
+        "{:?}",
+        log[listed]
+    );
+    assert_restored(dir.path());
+}
+
+/// Issue 10 item 2: a bridge started by a process outside the agent's tree (here: this test, as
+/// `claude mcp list` would from another terminal) is served, but the agent's bridge stays
+/// attached and keeps receiving pushes, and the outsider never gets an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outsider_bridge_is_served_and_displaces_nothing() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "messages",
+        &[("AC7_TEST_EXPECT", "before,with-outsider,after-outsider")],
+    );
+    wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
+    broker
+        .push("director", json!({"to": "builder", "body": "before"}))
+        .await;
+
+    let mut outsider = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .arg("mcp-bridge")
+        .env("AC7_RUNNER_SOCKET", dir.path().join("r.sock"))
+        .env("AC7_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = outsider.stdin.take().unwrap();
+    let mut stdout = BufReader::new(outsider.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for line in [
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"health-check","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"roster","arguments":{}}}"#,
+    ] {
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    stdin.flush().await.unwrap();
+    let mut answers = BTreeMap::new();
+    within(20, "the outsider's answers", async {
+        while answers.len() < 3 {
+            let mut line = String::new();
+            assert_ne!(
+                stdout.read_line(&mut line).await.unwrap(),
+                0,
+                "outsider closed"
+            );
+            let msg: Value = serde_json::from_str(&line).unwrap();
+            match msg["id"].as_u64() {
+                Some(id) => {
+                    answers.insert(id, msg);
+                }
+                None => seen.push(msg),
+            }
+        }
+    })
+    .await;
+    assert!(
+        answers[&1]["result"]["tools"].as_array().unwrap().len() > 10,
+        "{:?}",
+        answers[&1]
+    );
+    let roster = answers[&2]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(roster.contains("builder"), "{roster}");
+
+    // The agent's bridge is still the one getting events, while the outsider stays connected.
+    broker
+        .push(
+            "director",
+            json!({"to": "builder", "body": "with-outsider"}),
+        )
+        .await;
+    broker
+        .push("director", json!({"body": "after-outsider"}))
+        .await;
+    assert_eq!(
+        exit_code(&mut child, "the runner (the agent got every push)").await,
+        0
+    );
+    // The runner shut down: the outsider's bridge was told so and exited; it saw no event.
+    let mut rest = String::new();
+    within(
+        20,
+        "the outsider to finish",
+        stdout.read_to_string(&mut rest),
+    )
+    .await
+    .unwrap();
+    for line in rest.lines().filter(|l| !l.trim().is_empty()) {
+        seen.push(serde_json::from_str(line).unwrap());
+    }
+    assert!(
+        seen.iter()
+            .all(|m| m["method"] != "notifications/claude/channel"),
+        "an outsider got an event: {seen:?}"
+    );
+    let out: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        out["received"],
+        json!(["after-outsider", "before", "with-outsider"])
+    );
+    assert_restored(dir.path());
+}
+
+/// Issue 10 item 2: a new bridge from inside the agent's own tree still displaces the old one
+/// (seed 000), and the new one gets the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_bridge_from_the_agent_displaces_the_first() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "displace",
+        &[("AC7_TEST_EXPECT", "to-the-second")],
+    );
+    wait_for_file(&dir.path().join("ready"), "the second bridge to attach").await;
+    broker
+        .push(
+            "director",
+            json!({"to": "builder", "body": "to-the-second"}),
+        )
+        .await;
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    let out: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        out["first_answers"],
+        json!([0, 1]),
+        "the first bridge was served"
+    );
+    assert_eq!(out["first_rest"], "", "the first bridge got no events");
+    assert_eq!(out["first_exit"], 0, "the displaced bridge exited cleanly");
+    assert_eq!(out["received"], json!(["to-the-second"]));
+    assert_restored(dir.path());
 }

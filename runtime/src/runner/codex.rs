@@ -228,6 +228,10 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
             )));
         }
     };
+    // Codex's own bridges (it may start several) are those in its process tree.
+    if let Some(pid) = child.id() {
+        core.agent.set(pid);
+    }
     let b = &core.briefing;
     eprintln!(
         "ac7 codex: {} ({}) on team {} — cwd {}",

@@ -207,6 +207,8 @@ pub(crate) struct Core {
     pub(crate) runner: RunnerHandle,
     pub(crate) tracker: tracker::TrackerHandle,
     pub(crate) socket_path: PathBuf,
+    /// Set to the agent's pid once it is spawned: only bridges from its process tree get events.
+    pub(crate) agent: crate::peer::AgentPid,
 }
 
 pub(crate) async fn start_core(
@@ -231,12 +233,14 @@ pub(crate) async fn start_core(
         StartError(text)
     })?;
     let briefing = Arc::new(briefing);
+    let agent = crate::peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
         path: opts.socket.clone(),
         session: RunnerConfig {
             policy,
             ..RunnerConfig::default()
         },
+        agent: Some(agent.clone()),
         ..IpcServerOptions::default()
     })
     .map_err(|e| StartError(format!("runner: failed to bind the IPC socket: {e}")))?;
@@ -262,6 +266,7 @@ pub(crate) async fn start_core(
         runner,
         tracker,
         socket_path,
+        agent,
     })
 }
 
@@ -326,6 +331,10 @@ async fn start(
         .kill_on_drop(false)
         .spawn()
         .map_err(|e| StartError(format!("cannot start {program}: {e}")))?;
+    // Set before the runtime can accept the bridge the agent is about to start.
+    if let Some(pid) = child.id() {
+        core.agent.set(pid);
+    }
     Ok(Running {
         child,
         config,
