@@ -132,6 +132,78 @@ pub fn socket_path_in(dir: Option<PathBuf>, pid: u32) -> PathBuf {
     dir.join(format!(".ac7-runner-{pid}.sock"))
 }
 
+/// Removes `.ac7-runner-<pid>.sock` and `.ac7-runner-<pid>.sock.lock` files in `dir` left by
+/// runners that died without cleaning up (`kill -9`, a crash): the pid is not running, the file
+/// is ours (same uid) and of the expected type (a socket, a regular file), and nobody holds the
+/// lock. Files of live runners, of other users, and anything else are left alone. Returns how
+/// many files were removed.
+pub fn remove_stale_sockets(dir: &Path) -> usize {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(".ac7-runner-") else {
+            continue;
+        };
+        let (pid, is_lock) = match rest.strip_suffix(".sock.lock") {
+            Some(pid) => (pid, true),
+            None => match rest.strip_suffix(".sock") {
+                Some(pid) => (pid, false),
+                None => continue,
+            },
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let right_type = if is_lock {
+            meta.file_type().is_file()
+        } else {
+            meta.file_type().is_socket()
+        };
+        if !right_type || meta.uid() != me {
+            continue;
+        }
+        let lock = if is_lock {
+            path.clone()
+        } else {
+            dir.join(format!("{name}.lock"))
+        };
+        if lock_is_held(&lock) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), pid, "removed a dead runner's leftover");
+                removed += 1;
+            }
+            Err(err) => {
+                tracing::debug!(path = %path.display(), error = %err, "cannot remove a dead runner's leftover");
+            }
+        }
+    }
+    removed
+}
+
+/// Whether someone holds the lock on `path` (a missing file is not held).
+fn lock_is_held(path: &Path) -> bool {
+    match std::fs::File::open(path) {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
 /// A bound socket, not yet serving. See the [module docs](self).
 #[derive(Debug)]
 pub struct IpcServer {
@@ -607,6 +679,43 @@ fn log_event(event: &RunnerEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftovers_of_dead_runners_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // Above the kernel's pid_max (4194304): never a live process.
+        let dead = 999_999_999u32;
+        let live = std::os::unix::process::parent_id();
+        let bind = |name: String| std::os::unix::net::UnixListener::bind(d.join(name)).unwrap();
+        let _dead_sock = bind(format!(".ac7-runner-{dead}.sock"));
+        std::fs::write(d.join(format!(".ac7-runner-{dead}.sock.lock")), b"").unwrap();
+        let _live_sock = bind(format!(".ac7-runner-{live}.sock"));
+        std::fs::write(d.join(format!(".ac7-runner-{live}.sock.lock")), b"").unwrap();
+        // Not ours to touch: not a socket, another name, a dead pid whose lock someone holds.
+        std::fs::write(d.join(".ac7-runner-999999998.sock"), b"file").unwrap();
+        std::fs::write(d.join(".ac7-runner-x.sock"), b"").unwrap();
+        let _held_sock = bind(".ac7-runner-999999997.sock".into());
+        let held = std::fs::File::create(d.join(".ac7-runner-999999997.sock.lock")).unwrap();
+        held.lock().unwrap();
+
+        assert_eq!(remove_stale_sockets(d), 2);
+        let mut left: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut expected = vec![
+            format!(".ac7-runner-{live}.sock"),
+            format!(".ac7-runner-{live}.sock.lock"),
+            ".ac7-runner-999999997.sock".to_owned(),
+            ".ac7-runner-999999997.sock.lock".to_owned(),
+            ".ac7-runner-999999998.sock".to_owned(),
+            ".ac7-runner-x.sock".to_owned(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected);
+    }
 
     #[test]
     fn default_path_has_no_doubled_slash() {

@@ -754,3 +754,121 @@ async fn a_second_bridge_from_the_agent_displaces_the_first() {
     assert_eq!(out["received"], json!(["to-the-second"]));
     assert_restored(dir.path());
 }
+
+/// Issue 10 item 7: a runner removes the sockets and lock files dead runners left in `$TMPDIR`,
+/// and leaves a live runner's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_removes_what_dead_runners_left_in_tmpdir() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let tmp = common::tempdir();
+    let dead = 999_999_999u32; // above pid_max: never alive
+    let live = std::process::id();
+    let _dead =
+        std::os::unix::net::UnixListener::bind(tmp.path().join(format!(".ac7-runner-{dead}.sock")))
+            .unwrap();
+    std::fs::write(tmp.path().join(format!(".ac7-runner-{dead}.sock.lock")), "").unwrap();
+    let _live =
+        std::os::unix::net::UnixListener::bind(tmp.path().join(format!(".ac7-runner-{live}.sock")))
+            .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--url", &broker.url, "--", "true"])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("TMPDIR", tmp.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, [format!(".ac7-runner-{live}.sock")], "{left:?}");
+}
+
+/// Issue 10 item 7: `ac7 claude-code --doctor` finds claude, reports its version, and checks
+/// that our MCP server starts and lists its tools. Uses the real Claude Code when
+/// `AC7_TEST_CLAUDE` names it, else a stand-in on `CLAUDE_PATH` (only `--version` is run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_doctor_checks_claude_and_our_server() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let (claude, version) = match std::env::var_os("AC7_TEST_CLAUDE").filter(|p| !p.is_empty()) {
+        Some(path) => (PathBuf::from(path), None),
+        None => {
+            let fake = dir.path().join("fake-claude");
+            std::fs::write(
+                &fake,
+                "#!/bin/sh\n[ \"$1\" = --version ] && echo '2.1.197 (Claude Code)' && exit 0\nexit 9\n",
+            )
+            .unwrap();
+            std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            (fake, Some("2.1.197 (Claude Code)"))
+        }
+    };
+    let out = within(
+        60,
+        "ac7 claude-code --doctor",
+        Command::new(env!("CARGO_BIN_EXE_ac7"))
+            .args(["claude-code", "--doctor", "--url", &broker.url])
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("CLAUDE_PATH", &claude)
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "ac7 claude-code --doctor: claude found at {}",
+            claude.display()
+        )),
+        "{stderr}"
+    );
+    let version_line = stderr
+        .lines()
+        .find(|l| l.starts_with("ac7 claude-code --doctor: claude version "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    if let Some(version) = version {
+        assert!(version_line.ends_with(version), "{version_line}");
+    }
+    assert!(
+        stderr.contains("ac7 claude-code --doctor: the ac7 MCP server starts and lists 19 tools"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("roster, "), "{stderr}");
+    assert!(stderr.trim_end().ends_with("all good"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(".mcp.json")).unwrap(),
+        ORIGINAL_CONFIG,
+        "the doctor writes nothing"
+    );
+
+    // A claude that cannot say its version fails the check.
+    let broken = dir.path().join("broken-claude");
+    std::fs::write(&broken, "#!/bin/sh\nexit 3\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["claude-code", "--doctor", "--url", &broker.url])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CLAUDE_PATH", &broken)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("FAILED: "),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

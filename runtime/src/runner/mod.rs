@@ -3,7 +3,8 @@
 //! Start-up, in order (any failure: one `ac7: …` line on stderr, exit 2, nothing left behind):
 //! 1. the token (`--token` / `AC7_TOKEN`) and the broker (`--url` / `AC7_URL`, default
 //!    `http://127.0.0.1:8717`); `GET /briefing`;
-//! 2. the IPC socket (`$TMPDIR/.ac7-runner-<pid>.sock`, 0600) and the request handler: `tools/list`
+//! 2. the IPC socket (`$TMPDIR/.ac7-runner-<pid>.sock`, 0600; the sockets and lock files that
+//!    runners which died left in `$TMPDIR` are removed first) and the request handler: `tools/list`
 //!    from the briefing and the live open objectives, `tools/call` through the toolbox plans,
 //!    anything else `-32601`;
 //! 3. the agent's MCP config (`./.mcp.json`, or `--mcp-config`): an `ac7` entry that starts
@@ -16,6 +17,7 @@
 
 pub mod broker;
 pub mod codex;
+pub(crate) mod doctor;
 pub mod forwarder;
 pub mod mcp_config;
 pub mod tracker;
@@ -63,6 +65,10 @@ pub struct ClaudeCodeArgs {
     /// Runner options.
     #[command(flatten)]
     pub opts: RunnerOpts,
+    /// Check the set-up (claude found and its version, the broker, our MCP server starts and
+    /// lists its tools) and exit: 0 all good, 1 not.
+    #[arg(long)]
+    pub doctor: bool,
     /// Arguments for `claude` (after `--`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub claude_args: Vec<String>,
@@ -89,11 +95,22 @@ pub struct StartError(String);
 
 /// Runs `ac7 claude-code`; returns the exit code.
 pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
+    if args.doctor {
+        return match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(doctor::claude_code(args.opts, locate_claude())),
+            Err(e) => start_failed(&StartError(format!("cannot start: {e}"))),
+        };
+    }
     let claude = match locate_claude() {
         Ok(path) => path,
         Err(e) => return start_failed(&e),
     };
-    let ClaudeCodeArgs { opts, claude_args } = args;
+    let ClaudeCodeArgs {
+        opts, claude_args, ..
+    } = args;
     run_runner(opts, PathBuf::from(".mcp.json"), move |briefing| {
         let mut argv = vec![claude.to_string_lossy().into_owned()];
         argv.extend(claude_flags(&claude_args, &briefing.instructions));
@@ -233,6 +250,9 @@ pub(crate) async fn start_core(
         StartError(text)
     })?;
     let briefing = Arc::new(briefing);
+    if let Some(dir) = crate::ipc_server::default_socket_path().parent() {
+        crate::ipc_server::remove_stale_sockets(dir);
+    }
     let agent = crate::peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
         path: opts.socket.clone(),
