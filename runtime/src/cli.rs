@@ -54,9 +54,15 @@ pub enum Command {
 
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    if !matches!(cli.command, Command::McpBridge(_) | Command::AshBridge(_)) {
+    match &cli.command {
         // The bridges set up their own logging (their stdout is a protocol).
-        crate::logging::init("info");
+        Command::McpBridge(_) | Command::AshBridge(_) => {}
+        // Runners log at warn, and to a file when the agent owns the terminal.
+        Command::ClaudeCode(_) | Command::Run(_) => {
+            crate::runner::logs::init(crate::runner::logs::agent_owns_terminal());
+        }
+        Command::Codex(_) => crate::runner::logs::init(false),
+        _ => crate::logging::init("info"),
     }
     match cli.command {
         Command::McpBridge(args) => Ok(crate::bridge::run(args)),

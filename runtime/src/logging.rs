@@ -16,6 +16,14 @@ pub const DEFAULT_LEVEL: &str = "warn";
 /// `AC7_LOG` is unset or invalid. Does nothing if one is already installed (tests, or a second
 /// call).
 pub fn init(default_level: &str) {
+    init_with_writer(default_level, std::io::stderr);
+}
+
+/// [`init`] writing the JSON lines to `writer` instead of stderr (the runner's log file).
+pub fn init_with_writer<W>(default_level: &str, writer: W)
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
     let configured = std::env::var(LOG_ENV).ok().filter(|v| !v.trim().is_empty());
     let (filter, invalid) = match configured.as_deref().map(EnvFilter::try_new) {
         None => (EnvFilter::new(default_level), None),
@@ -28,7 +36,7 @@ pub fn init(default_level: &str) {
         .with_current_span(false)
         .with_span_list(false)
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .try_init()
         .is_ok();
     if let (true, Some(err)) = (installed, invalid) {

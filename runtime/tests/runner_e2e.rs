@@ -872,3 +872,101 @@ async fn claude_code_doctor_checks_claude_and_our_server() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 10 item 6: when the agent owns a terminal, the runner's logs go to a 0600 file under
+/// `$XDG_STATE_HOME/ac7/` whose path is printed once before the agent starts — never to the
+/// terminal the agent draws on. Runs the runner under a pty (`script`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_terminal_the_runner_logs_to_a_private_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let state = common::tempdir();
+    let command = format!(
+        "{} run --url {} -- sh -c 'echo agent-ran'",
+        env!("CARGO_BIN_EXE_ac7"),
+        broker.url
+    );
+    let out = within(
+        30,
+        "the runner under a pty",
+        Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("AC7_LOG", "trace")
+            .env("XDG_STATE_HOME", state.path())
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    assert!(
+        !screen.contains("\"timestamp\""),
+        "log lines on the agent's terminal: {screen}"
+    );
+    let announce = screen
+        .lines()
+        .position(|l| l.starts_with("ac7: runner logs: "))
+        .unwrap_or_else(|| panic!("no log path printed: {screen}"));
+    let lines: Vec<&str> = screen.lines().collect();
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("runner logs")).count(),
+        1,
+        "printed once"
+    );
+    let ran = lines.iter().position(|l| l.trim() == "agent-ran").unwrap();
+    assert!(announce < ran, "printed before the agent starts: {screen}");
+    let path = PathBuf::from(lines[announce]["ac7: runner logs: ".len()..].trim());
+    assert_eq!(path.parent().unwrap(), state.path().join("ac7"));
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let log = std::fs::read_to_string(&path).unwrap();
+    assert!(!log.is_empty());
+    for line in log.lines() {
+        let entry: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(entry["timestamp"].is_string(), "{line}");
+    }
+}
+
+/// Issue 10 item 6: a runner logs at `warn` unless `AC7_LOG` says otherwise (no `bridge attached`
+/// info line); without a terminal its logs stay on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_logs_at_warn_by_default() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let socket = dir.path().join("r.sock");
+    let run = |log: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ac7"));
+        // The agent is a bridge that attaches and leaves at once (its stdin is empty).
+        cmd.args(["run", "--url", &broker.url, "--socket"])
+            .arg(&socket)
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_ac7"))
+            .arg("mcp-bridge")
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("AC7_RUNNER_SOCKET", &socket)
+            .env_remove("AC7_LOG")
+            .stdin(Stdio::null());
+        if let Some(log) = log {
+            cmd.env("AC7_LOG", log);
+        }
+        cmd.output()
+    };
+    let out = within(30, "the runner", run(Some("info"))).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("bridge attached"), "AC7_LOG=info: {stderr}");
+    assert!(
+        !stderr.contains("runner logs:"),
+        "no terminal, no file: {stderr}"
+    );
+
+    let out = within(30, "the runner", run(None)).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("\"INFO\""), "default is warn: {stderr}");
+}

@@ -19,6 +19,7 @@ pub mod broker;
 pub mod codex;
 pub(crate) mod doctor;
 pub mod forwarder;
+pub mod logs;
 pub mod mcp_config;
 pub mod tracker;
 
@@ -339,6 +340,7 @@ async fn start(
         b.team.name,
         config.path().display()
     );
+    logs::announce();
     let sink = delivery(b.name.clone(), core.runner.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(opts.stream, sink);
 
