@@ -330,14 +330,7 @@ impl RunnerSession {
             return conn;
         }
         if origin == Origin::Outsider {
-            self.attached.insert(
-                conn,
-                Attached {
-                    origin,
-                    decoder: FrameDecoder::new(self.config.max_frame_bytes),
-                    in_flight: BTreeMap::new(),
-                },
-            );
+            self.serve(conn, origin);
             self.event(RunnerEvent::OutsiderConnected { conn });
             return conn;
         }
@@ -367,14 +360,7 @@ impl RunnerSession {
                 }
             }
         }
-        self.attached.insert(
-            conn,
-            Attached {
-                origin,
-                decoder: FrameDecoder::new(self.config.max_frame_bytes),
-                in_flight: BTreeMap::new(),
-            },
-        );
+        self.serve(conn, origin);
         let delivered = self.queued.len();
         if delivered > 0 {
             let bytes: Vec<u8> = self.queued.drain(..).flatten().collect();
@@ -611,6 +597,18 @@ impl RunnerSession {
                 self.event(RunnerEvent::FrameDropped { conn, dropped });
             }
         }
+    }
+
+    /// Starts listening to `conn`.
+    fn serve(&mut self, conn: ConnId, origin: Origin) {
+        self.attached.insert(
+            conn,
+            Attached {
+                origin,
+                decoder: FrameDecoder::new(self.config.max_frame_bytes),
+                in_flight: BTreeMap::new(),
+            },
+        );
     }
 
     fn detach(&mut self, conn: ConnId, reason: DetachReason) {

@@ -63,6 +63,20 @@ fn runner_with(
     cmd.spawn().unwrap()
 }
 
+/// `ac7 run` for `builder` with the agent running `scenario` and waiting for the bodies in
+/// `expect`; returns once the agent is listening (its `ready` marker).
+async fn listening_runner(broker: &TestBroker, dir: &Path, scenario: &str, expect: &str) -> Child {
+    let child = runner(
+        broker,
+        "builder",
+        dir,
+        scenario,
+        &[("AC7_TEST_EXPECT", expect)],
+    );
+    wait_for_file(&dir.join("ready"), "the agent to be listening").await;
+    child
+}
+
 async fn wait_for_file(path: &Path, what: &str) {
     within(30, what, async {
         while !path.exists() {
@@ -77,6 +91,11 @@ async fn exit_code(child: &mut Child, what: &str) -> i32 {
     status
         .code()
         .unwrap_or_else(|| panic!("{what}: killed by a signal: {status:?}"))
+}
+
+/// What the Python agent wrote to `result.json`.
+fn result(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap()
 }
 
 fn config_dir() -> tempfile::TempDir {
@@ -139,9 +158,7 @@ async fn a_session_tools_pushes_objectives_and_self_echo() {
 
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
     assert_restored(dir.path());
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
 
     let tools = out["tools"].as_array().unwrap();
     assert_eq!(
@@ -392,9 +409,7 @@ async fn restart_mid_session(stream: &str) {
     broker.push("director", json!({"body": "after"})).await;
 
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
     let received = out["received"].as_array().unwrap();
     for body in ["before", "during-restart", "after"] {
         assert_eq!(
@@ -517,9 +532,7 @@ async fn an_admin_sees_and_uses_the_authority_and_admin_tools() {
     );
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
     assert_restored(dir.path());
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
     assert_eq!(
         out["tools"].as_array().unwrap().len(),
         31,
@@ -581,9 +594,7 @@ async fn an_event_queued_before_the_agent_attaches_waits_for_its_handshake() {
     std::fs::write(dir.path().join("go"), "go").unwrap();
 
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
     let log = out["log"].as_array().unwrap();
     let position = |pred: &dyn Fn(&Value) -> bool| log.iter().position(pred);
     let initialized_sent =
@@ -614,14 +625,13 @@ async fn an_outsider_bridge_is_served_and_displaces_nothing() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let broker = start_broker().await;
     let dir = config_dir();
-    let mut child = runner(
+    let mut child = listening_runner(
         &broker,
-        "builder",
         dir.path(),
         "messages",
-        &[("AC7_TEST_EXPECT", "before,with-outsider,after-outsider")],
-    );
-    wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
+        "before,with-outsider,after-outsider",
+    )
+    .await;
     broker
         .push("director", json!({"to": "builder", "body": "before"}))
         .await;
@@ -710,9 +720,7 @@ async fn an_outsider_bridge_is_served_and_displaces_nothing() {
             .all(|m| m["method"] != "notifications/claude/channel"),
         "an outsider got an event: {seen:?}"
     );
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
     assert_eq!(
         out["received"],
         json!(["after-outsider", "before", "with-outsider"])
@@ -726,14 +734,7 @@ async fn an_outsider_bridge_is_served_and_displaces_nothing() {
 async fn a_second_bridge_from_the_agent_displaces_the_first() {
     let broker = start_broker().await;
     let dir = config_dir();
-    let mut child = runner(
-        &broker,
-        "builder",
-        dir.path(),
-        "displace",
-        &[("AC7_TEST_EXPECT", "to-the-second")],
-    );
-    wait_for_file(&dir.path().join("ready"), "the second bridge to attach").await;
+    let mut child = listening_runner(&broker, dir.path(), "displace", "to-the-second").await;
     broker
         .push(
             "director",
@@ -741,9 +742,7 @@ async fn a_second_bridge_from_the_agent_displaces_the_first() {
         )
         .await;
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
     assert_eq!(
         out["first_answers"],
         json!([0, 1]),
@@ -813,18 +812,17 @@ async fn claude_code_doctor_checks_claude_and_our_server() {
             (fake, Some("2.1.197 (Claude Code)"))
         }
     };
-    let out = within(
-        60,
-        "ac7 claude-code --doctor",
+    let doctor = |claude: &Path| {
         Command::new(env!("CARGO_BIN_EXE_ac7"))
             .args(["claude-code", "--doctor", "--url", &broker.url])
             .current_dir(dir.path())
             .env("AC7_TOKEN", broker.token("builder"))
-            .env("CLAUDE_PATH", &claude)
-            .output(),
-    )
-    .await
-    .unwrap();
+            .env("CLAUDE_PATH", claude)
+            .output()
+    };
+    let out = within(60, "ac7 claude-code --doctor", doctor(&claude))
+        .await
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(
@@ -857,12 +855,7 @@ async fn claude_code_doctor_checks_claude_and_our_server() {
     let broken = dir.path().join("broken-claude");
     std::fs::write(&broken, "#!/bin/sh\nexit 3\n").unwrap();
     std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
-        .args(["claude-code", "--doctor", "--url", &broker.url])
-        .current_dir(dir.path())
-        .env("AC7_TOKEN", broker.token("builder"))
-        .env("CLAUDE_PATH", &broken)
-        .output()
+    let out = within(60, "a failing doctor", doctor(&broken))
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

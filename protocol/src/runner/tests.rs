@@ -53,6 +53,11 @@ fn transmitted(outputs: &[RunnerOutput]) -> Vec<(u64, String)> {
         .collect()
 }
 
+/// The connections transmitted to, in order.
+fn connections(outputs: &[RunnerOutput]) -> Vec<u64> {
+    transmitted(outputs).iter().map(|(c, _)| *c).collect()
+}
+
 #[test]
 fn scripted_session_displace_respond_notify_shutdown() {
     let mut s = RunnerSession::new(RunnerConfig {
@@ -225,7 +230,9 @@ fn allow_many_keeps_every_bridge_and_routes_responses_to_the_asker() {
     let now = Instant::now();
     let a = s.handle_connect(Origin::Agent, now);
     let b = s.handle_connect(Origin::Agent, now);
-    assert_eq!(s.attached_count(), 2);
+    // AllowMany applies within the agent's tree only: an outsider is no bridge of the agent's.
+    let outsider = s.handle_connect(Origin::Outsider, now);
+    assert_eq!((s.attached_count(), s.outsider_count()), (2, 1));
     let mut t = String::new();
     assert!(
         transmitted(&drain(&mut s, &mut t)).is_empty(),
@@ -245,21 +252,13 @@ fn allow_many_keeps_every_bridge_and_routes_responses_to_the_asker() {
     s.respond(b, 1, Outcome::Result(raw("{\"tools\":[]}")), now)
         .unwrap();
     let out = drain(&mut s, &mut t);
-    assert_eq!(
-        transmitted(&out)
-            .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>(),
-        vec![b.0]
-    );
+    assert_eq!(connections(&out), vec![b.0]);
     s.notify("n", None, now);
     let out = drain(&mut s, &mut t);
     assert_eq!(
-        transmitted(&out)
-            .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>(),
-        vec![a.0, b.0]
+        connections(&out),
+        vec![a.0, b.0],
+        "not to the outsider {outsider:?}"
     );
     s.handle_closed(b, now);
     assert_eq!(s.attached(), Some(a));
@@ -375,13 +374,7 @@ fn an_outsider_is_served_but_never_displaces_nor_gets_events() {
     // Live events go to the agent's bridge only.
     s.notify("live", None, now);
     let out = drain(&mut s, &mut t);
-    assert_eq!(
-        transmitted(&out)
-            .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>(),
-        vec![agent.0]
-    );
+    assert_eq!(connections(&out), vec![agent.0]);
     // A new bridge from the agent's tree still displaces the old one.
     let newer = s.handle_connect(Origin::Agent, now);
     let out = drain(&mut s, &mut t);
@@ -404,31 +397,6 @@ fn an_outsider_is_served_but_never_displaces_nor_gets_events() {
     assert!(out.contains(&RunnerOutput::Close { conn: outsider }));
     assert!(out.contains(&RunnerOutput::Close { conn: newer }));
     snapshots(|| insta::assert_snapshot!("runner_outsider_transcript", t));
-}
-
-#[test]
-fn allow_many_applies_within_the_agent_tree_only() {
-    let mut s = RunnerSession::new(RunnerConfig {
-        policy: BridgePolicy::AllowMany,
-        ..RunnerConfig::default()
-    });
-    let now = Instant::now();
-    let a = s.handle_connect(Origin::Agent, now);
-    let b = s.handle_connect(Origin::Agent, now);
-    let o = s.handle_connect(Origin::Outsider, now);
-    let mut t = String::new();
-    drain(&mut s, &mut t);
-    s.notify("n", None, now);
-    let out = drain(&mut s, &mut t);
-    assert_eq!(
-        transmitted(&out)
-            .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>(),
-        vec![a.0, b.0]
-    );
-    assert_eq!((s.attached_count(), s.outsider_count()), (2, 1));
-    let _ = o;
 }
 
 // ---- model-based test ----
