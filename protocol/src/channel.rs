@@ -8,6 +8,13 @@
 //! that survives sanitising (characters outside `[A-Za-z0-9_]` become `_`; empty keys, keys
 //! starting with a digit, reserved keys and `thread` are skipped; strings are copied, numbers and
 //! booleans stringified, nulls, objects and arrays dropped). Attachments are listed in the content.
+//!
+//! Codex gets one `<channel ATTRS>\nCONTENT\n</channel>` text per message ([`codex_text`]).
+//! Attribute values escape `\`, `"` and line breaks with a backslash; values and content both
+//! escape `&`, `<` and `>` as `&amp;`, `&lt;`, `&gt;` (as XML does), so the only `<` in the text
+//! are the event's own two tags: whatever a body, title or data value holds, the text reads back
+//! as exactly one event with that body and those attributes — nothing can close the element
+//! early or open a forged second one.
 
 use std::fmt::Write as _;
 
@@ -161,7 +168,9 @@ const CODEX_ORDER: [&str; 8] = [
 /// ```
 ///
 /// Attribute values escape `\` as `\\`, `"` as `\"` and line breaks as `\n` / `\r`, so a value
-/// can never end the tag; the content is inserted as is.
+/// can never end the tag or leave its line. Values and the content (body and attachment list)
+/// escape `&`, `<` and `>` as `&amp;`, `&lt;` and `&gt;`, as XML does, so nothing can close the
+/// element or open another one: the only `<` in the text are those of the event's own two tags.
 pub fn codex_text(message: &Message) -> String {
     let meta = meta(message);
     let mut ordered: Vec<&(String, String)> = CODEX_ORDER
@@ -184,15 +193,27 @@ pub fn codex_text(message: &Message) -> String {
                 '"' => text.push_str("\\\""),
                 '\n' => text.push_str("\\n"),
                 '\r' => text.push_str("\\r"),
-                c => text.push(c),
+                c => push_xml_char(&mut text, c),
             }
         }
         text.push('"');
     }
     text.push_str(">\n");
-    text.push_str(&content(message));
+    for c in content(message).chars() {
+        push_xml_char(&mut text, c);
+    }
     text.push_str("\n</channel>");
     text
+}
+
+/// `c`, with `&`, `<` and `>` as XML entities.
+fn push_xml_char(text: &mut String, c: char) {
+    match c {
+        '&' => text.push_str("&amp;"),
+        '<' => text.push_str("&lt;"),
+        '>' => text.push_str("&gt;"),
+        c => text.push(c),
+    }
 }
 
 #[cfg(test)]

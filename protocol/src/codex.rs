@@ -9,17 +9,27 @@
 //! `turn/completed` notifications. Approval requests from codex are denied
 //! (`{"decision":"deny","action":"cancel"}`); any other server request gets `-32601`.
 //!
-//! The sink ([`CodexClient::push_event`]) takes rendered `<channel>` texts. Events arriving within
-//! [`BUNDLE_WINDOW`] of the first buffered one are joined with `\n` into one text input. A flush
-//! (window elapsed, status changed, shutdown) routes the bundle by the thread's state: `idle` →
-//! `turn/start`; `active` with a known turn → `turn/steer` with `expectedTurnId`; no thread yet,
-//! `notLoaded`, or `active` without a known turn → the events go back to the front of the buffer
-//! and wait; `systemError` → dropped (reported). One delivery is in flight at a time, so the
-//! order of events is the order they were pushed. A `turn/steer` that lost the race with the end
-//! of its turn (`expected active turn`, `no active turn`, `not steerable`) is retried once with the
-//! then-current state (as `turn/start` when idle); nothing is sent twice.
+//! The sink ([`CodexClient::push_event`]) takes [`SinkEvent`]s: a rendered `<channel>` text and
+//! whom to tell if it cannot be delivered. Events arriving within [`BUNDLE_WINDOW`] of the first
+//! buffered one are joined with `\n` into one text input. A flush (window elapsed, status changed,
+//! shutdown) routes the bundle by the thread's state: `idle` or `systemError` → `turn/start`;
+//! `active` with a known turn → `turn/steer` with `expectedTurnId`; no thread yet, `notLoaded`, or
+//! `active` without a known turn → the events go back to the front of the buffer and wait. One
+//! delivery is in flight at a time, so the order of events is the order they were pushed. A
+//! `turn/steer` that lost the race with the end of its turn (`expected active turn`, `no active
+//! turn`, `not steerable`) is retried once with the then-current state (as `turn/start` when
+//! idle); nothing is sent twice.
+//!
+//! `systemError` is what codex reports after a turn failed (the model endpoint answered an error,
+//! the stream broke): the thread still takes a new `turn/start`, so it is routed like `idle` —
+//! one failed turn must not make the member deaf. Events are dropped only when codex rejects the
+//! request that carries them (a JSON-RPC error other than the steer race), or at shutdown; then,
+//! besides [`CodexEvent::Dropped`] for the log, one [`CodexOutput::Undelivered`] per sender asks
+//! the driver to tell that sender (a DM built by [`Undelivered::push_body`]). Events without a
+//! sender to tell — the member's own, system notices, and such notices themselves (data key
+//! [`UNDELIVERED_KEY`]) — are dropped silently, so two members can never bounce notices.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -28,6 +38,7 @@ use serde_json::{Value, json};
 use crate::json::RawJson;
 use crate::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcError};
 use crate::line::{Line, LineDecoder};
+use crate::message::Message as BrokerMessage;
 use crate::pending::Pending;
 
 /// How long events are gathered into one input (from the first buffered one).
@@ -43,6 +54,83 @@ pub const DENIED_REQUESTS: [&str; 5] = [
 ];
 
 const STEER_RACE: [&str; 3] = ["expected active turn", "no active turn", "not steerable"];
+
+/// The `data` key that marks a "not delivered" notice (its value: the undelivered message ids).
+/// An event carrying it never causes a notice of its own.
+pub const UNDELIVERED_KEY: &str = "undelivered";
+
+/// One event for the sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkEvent {
+    /// The rendered `<channel>` text.
+    pub text: String,
+    /// Whom to tell if it cannot be delivered: `(sender, message id)`.
+    pub reply_to: Option<(String, String)>,
+}
+
+impl SinkEvent {
+    /// The event for `message` as delivered to member `me`: its [`codex_text`] and, unless the
+    /// message is `me`'s own, a system notice (`from` absent or `ac7`), or itself a "not
+    /// delivered" notice, its sender to tell on failure.
+    ///
+    /// [`codex_text`]: crate::channel::codex_text
+    pub fn from_message(message: &BrokerMessage, me: &str) -> Self {
+        let reply_to = message
+            .from
+            .as_deref()
+            .filter(|from| !from.is_empty() && *from != me && *from != "ac7")
+            .filter(|_| !message.data.contains_key(UNDELIVERED_KEY))
+            .map(|from| (from.to_owned(), message.id.clone()));
+        Self {
+            text: crate::channel::codex_text(message),
+            reply_to,
+        }
+    }
+}
+
+impl From<String> for SinkEvent {
+    /// An event with nobody to tell.
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            reply_to: None,
+        }
+    }
+}
+
+/// Events from one sender that codex did not take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undelivered {
+    /// The sender.
+    pub to: String,
+    /// Their message ids, in push order.
+    pub msg_ids: Vec<String>,
+    /// Why (codex's error message).
+    pub reason: String,
+}
+
+impl Undelivered {
+    /// The `POST /push` body telling the sender, sent as member `me`: a `warning` DM whose `data`
+    /// carries [`UNDELIVERED_KEY`] with the message ids.
+    pub fn push_body(&self, me: &str) -> Value {
+        let ids = self.msg_ids.join(", ");
+        let (what, verb, them) = if self.msg_ids.len() == 1 {
+            ("your message", "was", "it")
+        } else {
+            ("your messages", "were", "them")
+        };
+        json!({
+            "to": self.to,
+            "level": "warning",
+            "title": "not delivered",
+            "body": format!(
+                "{what} {ids} {verb} not delivered to {me}: codex did not take {them} ({}). Send {them} again later, or reach {me} another way.",
+                self.reason
+            ),
+            "data": { UNDELIVERED_KEY: ids },
+        })
+    }
+}
 
 /// What the runner asks of codex.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,6 +181,8 @@ pub enum CodexOutput {
         /// The result, or the error message.
         outcome: Result<Value, String>,
     },
+    /// Events codex did not take: tell their sender (see [`Undelivered::push_body`]).
+    Undelivered(Undelivered),
     /// Something worth logging.
     Event(CodexEvent),
 }
@@ -137,7 +227,7 @@ enum Call {
     Initialize,
     ThreadStart,
     Deliver {
-        events: Vec<String>,
+        events: Vec<SinkEvent>,
         steer: bool,
         retried: bool,
     },
@@ -164,7 +254,7 @@ pub struct CodexClient {
     thread_id: Option<String>,
     status: ThreadStatus,
     active_turn: Option<String>,
-    buffer: VecDeque<String>,
+    buffer: VecDeque<SinkEvent>,
     flush_at: Option<Instant>,
     delivering: bool,
     out: VecDeque<CodexOutput>,
@@ -208,16 +298,14 @@ impl CodexClient {
         client
     }
 
-    /// A rendered `<channel>` event for the agent.
-    pub fn push_event(&mut self, text: String, now: Instant) {
+    /// An event for the agent.
+    pub fn push_event(&mut self, event: impl Into<SinkEvent>, now: Instant) {
+        let event = event.into();
         if matches!(self.phase, Phase::Closed | Phase::Failed) {
-            self.event(CodexEvent::Dropped {
-                events: 1,
-                reason: "codex is not running".into(),
-            });
+            self.drop_events(vec![event], "codex is not running".into());
             return;
         }
-        self.buffer.push_back(text);
+        self.buffer.push_back(event);
         if self.flush_at.is_none() {
             self.flush_at = Some(now + BUNDLE_WINDOW);
         }
@@ -266,12 +354,11 @@ impl CodexClient {
             self.request_call("turn/interrupt", &params, Call::Interrupt);
         }
         if !self.buffer.is_empty() {
-            let events = self.buffer.len();
-            self.buffer.clear();
-            self.event(CodexEvent::Dropped {
+            let events = self.buffer.drain(..).collect();
+            self.drop_events(
                 events,
-                reason: "shutting down before codex could take them".into(),
-            });
+                "the session ended before codex could take it".into(),
+            );
         }
         self.phase = Phase::Closed;
         self.out.push_back(CodexOutput::CloseStdin);
@@ -428,10 +515,7 @@ impl CodexClient {
                     {
                         self.route(events, true);
                     }
-                    Err(message) => self.event(CodexEvent::Dropped {
-                        events: events.len(),
-                        reason: message,
-                    }),
+                    Err(message) => self.drop_events(events, message),
                 }
                 if self.flush_at.is_none() {
                     self.flush();
@@ -458,22 +542,20 @@ impl CodexClient {
         if self.delivering || self.buffer.is_empty() || self.phase != Phase::Running {
             return;
         }
-        let events: Vec<String> = self.buffer.drain(..).collect();
+        let events: Vec<SinkEvent> = self.buffer.drain(..).collect();
         self.route(events, false);
     }
 
-    fn route(&mut self, events: Vec<String>, retried: bool) {
+    fn route(&mut self, events: Vec<SinkEvent>, retried: bool) {
         let thread_id = match (&self.thread_id, self.status) {
             (None, _) | (_, ThreadStatus::NotLoaded) => return self.rebuffer(events),
-            (Some(_), ThreadStatus::SystemError) => {
-                return self.event(CodexEvent::Dropped {
-                    events: events.len(),
-                    reason: "the codex thread is in systemError".into(),
-                });
+            // After a failed turn: codex takes a new turn/start, so route as idle.
+            (Some(id), ThreadStatus::Idle | ThreadStatus::Active | ThreadStatus::SystemError) => {
+                id.clone()
             }
-            (Some(id), ThreadStatus::Idle | ThreadStatus::Active) => id.clone(),
         };
-        let input = json!([{"type": "text", "text": events.join("\n")}]);
+        let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
+        let input = json!([{"type": "text", "text": texts.join("\n")}]);
         let (method, params, steer) = match (self.status, &self.active_turn) {
             (ThreadStatus::Active, None) => return self.rebuffer(events),
             (ThreadStatus::Active, Some(turn)) => (
@@ -503,7 +585,7 @@ impl CodexClient {
         );
     }
 
-    fn rebuffer(&mut self, events: Vec<String>) {
+    fn rebuffer(&mut self, events: Vec<SinkEvent>) {
         for event in events.into_iter().rev() {
             self.buffer.push_front(event);
         }
@@ -521,6 +603,25 @@ impl CodexClient {
     fn fail(&mut self, reason: String) {
         self.phase = Phase::Failed;
         self.out.push_back(CodexOutput::Failed(reason));
+    }
+
+    /// Reports dropped events, and asks the driver to tell each sender (in name order).
+    fn drop_events(&mut self, events: Vec<SinkEvent>, reason: String) {
+        self.event(CodexEvent::Dropped {
+            events: events.len(),
+            reason: reason.clone(),
+        });
+        let mut by_sender: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (to, msg_id) in events.into_iter().filter_map(|e| e.reply_to) {
+            by_sender.entry(to).or_default().push(msg_id);
+        }
+        for (to, msg_ids) in by_sender {
+            self.out.push_back(CodexOutput::Undelivered(Undelivered {
+                to,
+                msg_ids,
+                reason: reason.clone(),
+            }));
+        }
     }
 
     fn event(&mut self, event: CodexEvent) {

@@ -1,5 +1,6 @@
-//! Structured logs: one JSON object per line on stderr, level from `AC7_LOG` (the default
-//! depends on the command: `warn` for the bridge, `info` for the broker and operator verbs).
+//! Logs on stderr, level from `AC7_LOG` (the default depends on the command: `warn` for the
+//! bridge, `info` for the broker and operator verbs): human-readable lines when stderr is a
+//! terminal, one JSON object per line otherwise (for log collectors and tests).
 //!
 //! Stdout is never used: for `ac7 mcp-bridge` it carries the MCP protocol.
 
@@ -12,15 +13,23 @@ pub const LOG_ENV: &str = "AC7_LOG";
 /// The bridge's filter when `AC7_LOG` is unset or empty: quiet unless something goes wrong.
 pub const DEFAULT_LEVEL: &str = "warn";
 
-/// Installs the global subscriber writing JSON lines to stderr, with `default_level` when
+/// Installs the global subscriber writing to stderr (text on a terminal, else JSON lines), with `default_level` when
 /// `AC7_LOG` is unset or invalid. Does nothing if one is already installed (tests, or a second
 /// call).
 pub fn init(default_level: &str) {
-    init_with_writer(default_level, std::io::stderr);
+    let human = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    install(default_level, std::io::stderr, human);
 }
 
-/// [`init`] writing the JSON lines to `writer` instead of stderr (the runner's log file).
+/// [`init`] writing JSON lines to `writer` instead of stderr (the runner's log file).
 pub fn init_with_writer<W>(default_level: &str, writer: W)
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    install(default_level, writer, false);
+}
+
+fn install<W>(default_level: &str, writer: W, human: bool)
 where
     W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
 {
@@ -30,15 +39,19 @@ where
         Some(Ok(filter)) => (filter, None),
         Some(Err(err)) => (EnvFilter::new(default_level), Some(err)),
     };
-    let installed = tracing_subscriber::fmt()
-        .json()
-        .flatten_event(true)
-        .with_current_span(false)
-        .with_span_list(false)
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(writer)
-        .try_init()
-        .is_ok();
+        .with_writer(writer);
+    let installed = if human {
+        fmt.try_init().is_ok()
+    } else {
+        fmt.json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .try_init()
+            .is_ok()
+    };
     if let (true, Some(err)) = (installed, invalid) {
         tracing::warn!(
             value = configured.as_deref().unwrap_or_default(),

@@ -1,7 +1,5 @@
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
-    let cli = ac7_runtime::cli::Cli::parse();
+    let cli = ac7_runtime::cli::parse();
     match ac7_runtime::cli::run(cli) {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(err) => {

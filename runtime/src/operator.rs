@@ -18,6 +18,7 @@ pub struct OperatorConn {
         long,
         env = "AC7_URL",
         default_value = "http://127.0.0.1:8717",
+        value_parser = crate::cli::broker_url,
         global = true
     )]
     pub url: String,
@@ -37,8 +38,8 @@ pub struct PushArgs {
     /// Message text.
     #[arg(long)]
     body: String,
-    /// Direct message to this member.
-    #[arg(long, group = "target")]
+    /// Direct message to this member (`--agent`/`-a` is the same; TypeScript ac7 spells it so).
+    #[arg(long, short = 'a', visible_alias = "agent", group = "target")]
     to: Option<String>,
     /// Broadcast to the general channel.
     #[arg(long, group = "target")]
@@ -97,15 +98,22 @@ enum ObjectivesAction {
         status: Option<String>,
     },
     /// Show one objective with its event log.
-    View { id: String },
+    View {
+        /// The objective's id.
+        id: String,
+    },
     /// Create an objective.
     Create {
+        /// A short title (1–200 characters).
         #[arg(long)]
         title: String,
+        /// The contractual outcome: what must be true when it is done.
         #[arg(long)]
         outcome: String,
+        /// The member who does it.
         #[arg(long)]
         assignee: String,
+        /// Details, context, links.
         #[arg(long)]
         body: Option<String>,
         /// Watcher (repeatable).
@@ -114,6 +122,7 @@ enum ObjectivesAction {
     },
     /// Block or unblock.
     Update {
+        /// The objective's id.
         id: String,
         /// active or blocked.
         #[arg(long)]
@@ -124,29 +133,39 @@ enum ObjectivesAction {
     },
     /// Complete with a result.
     Complete {
+        /// The objective's id.
         id: String,
+        /// What was done, checked against the outcome.
         #[arg(long)]
         result: String,
     },
     /// Cancel.
     Cancel {
+        /// The objective's id.
         id: String,
+        /// Why it is cancelled.
         #[arg(long)]
         reason: Option<String>,
     },
     /// Hand to another member.
     Reassign {
+        /// The objective's id.
         id: String,
+        /// The new assignee.
         #[arg(long)]
         to: String,
+        /// A note for the new assignee.
         #[arg(long)]
         note: Option<String>,
     },
     /// Add or remove watchers.
     Watchers {
+        /// The objective's id.
         id: String,
+        /// Add this watcher (repeatable).
         #[arg(long = "add")]
         add: Vec<String>,
+        /// Remove this watcher (repeatable).
         #[arg(long = "remove")]
         remove: Vec<String>,
     },
@@ -201,14 +220,47 @@ impl Client {
         let text = resp.text().await?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if !status.is_success() {
-            let msg = value
-                .get("error")
-                .and_then(Value::as_str)
-                .map_or_else(|| text.clone(), str::to_owned);
-            bail!("{method} {path} failed ({}): {msg}", status.as_u16());
+            bail!(
+                "{method} {path} failed ({}): {}",
+                status.as_u16(),
+                broker_error(&value, &text)
+            );
         }
         Ok(value)
     }
+}
+
+/// The broker's error text, with each validation issue of `details` on a line of its own
+/// (`  title: Too small: expected string to have >=1 characters`).
+fn broker_error(value: &Value, text: &str) -> String {
+    let mut msg = value
+        .get("error")
+        .and_then(Value::as_str)
+        .map_or_else(|| text.to_owned(), str::to_owned);
+    for issue in value
+        .get("details")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let path: Vec<String> = issue
+            .get("path")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_owned))
+            .collect();
+        let message = issue
+            .get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| issue.to_string(), str::to_owned);
+        if path.is_empty() {
+            msg.push_str(&format!("\n  {message}"));
+        } else {
+            msg.push_str(&format!("\n  {}: {message}", path.join(".")));
+        }
+    }
+    msg
 }
 
 fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
@@ -306,6 +358,17 @@ pub fn push(args: PushArgs) -> anyhow::Result<i32> {
                 .unwrap_or(0)
         )
     });
+    Ok(0)
+}
+
+/// `ac7 member rotate-token NAME --token T`: through the running broker's
+/// `POST /members/:name/rotate-token` (an admin's token, or the member's own); prints the new
+/// token.
+pub fn rotate_token(conn: &OperatorConn, name: &str) -> anyhow::Result<i32> {
+    let client = Client::new(conn)?;
+    let path = format!("/members/{}/rotate-token", name.replace('/', "%2F"));
+    let v = block_on(client.call(Method::POST, &path, &[], None))?;
+    out(conn, &v, |v| s(v, "token").to_owned());
     Ok(0)
 }
 

@@ -547,3 +547,229 @@ async fn identical_content_is_stored_once_and_purged_with_the_last_entry() {
         .await;
     assert_eq!(stats(&b), (0, 0));
 }
+
+#[tokio::test]
+async fn active_types_are_sandboxed_attachments() {
+    let b = start_broker().await;
+    let active = [
+        ("page.html", "text/html"),
+        ("page.xhtml", "application/xhtml+xml"),
+        ("pic.svg", "image/svg+xml"),
+        ("doc.xml", "text/xml"),
+        ("doc2.xml", "application/xml"),
+        ("feed.atom", "application/atom+xml"),
+        ("run.js", "text/javascript"),
+        ("run2.js", "application/javascript"),
+        ("shout.html", "TEXT/HTML; charset=utf-8"),
+        ("blob.bin", "application/octet-stream"),
+    ];
+    let passive = [
+        ("a.txt", "text/plain"),
+        ("b.png", "image/png"),
+        ("c.json", "application/json"),
+    ];
+    for (name, mime) in active.iter().chain(passive.iter()) {
+        let path = format!("/builder/{name}");
+        let r = b
+            .write_file("builder", &path, mime, b"<script>alert(1)</script>", None)
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        let r = b
+            .raw("GET", &format!("/fs/read{path}"), Some("builder"), None)
+            .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.headers["x-content-type-options"], "nosniff", "{name}");
+        assert_eq!(
+            r.headers["content-security-policy"], "sandbox; default-src 'none'",
+            "{name}"
+        );
+        let want = if passive.iter().any(|(n, _)| n == name) {
+            "inline"
+        } else {
+            "attachment"
+        };
+        assert_eq!(
+            r.headers["content-disposition"],
+            format!("{want}; filename=\"{name}\"").as_str(),
+            "{mime}"
+        );
+    }
+}
+
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            if e.path().is_dir() {
+                out.extend(files_under(&e.path()));
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn uploads_live_in_the_blob_dir_not_in_the_database() {
+    let b = start_broker().await;
+    let blobs = b.dir.path().join("ac7.db-blobs");
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    let r = b
+        .write_file(
+            "builder",
+            "/builder/big.bin",
+            "application/octet-stream",
+            &data,
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let hash = r.json["entry"]["hash"].as_str().unwrap().to_owned();
+    let file = blobs.join(&hash[..2]).join(&hash);
+    assert_eq!(std::fs::read(&file).unwrap(), data);
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    };
+    assert_eq!(mode(&file), 0o600);
+    assert_eq!(mode(file.parent().unwrap()), 0o700);
+    let in_db: i64 = b.broker.state.store.with(|c| {
+        c.query_row(
+            "SELECT length(data) FROM blobs WHERE hash = ?1",
+            [&hash],
+            |r| r.get(0),
+        )
+        .unwrap()
+    });
+    assert_eq!(in_db, 0, "the bytes are not kept in SQLite");
+    let resp = b
+        .http
+        .get(format!("{}/fs/read/builder/big.bin", b.url))
+        .bearer_auth(b.token("builder"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.headers()["content-length"], "300000");
+    assert_eq!(resp.bytes().await.unwrap().as_ref(), &data[..]);
+    // a second entry shares the file; the file goes with the last entry
+    b.write_file(
+        "reviewer",
+        "/reviewer/same.bin",
+        "application/octet-stream",
+        &data,
+        None,
+    )
+    .await;
+    assert_eq!(files_under(&blobs), vec![file.clone()]);
+    b.call("DELETE", "/fs/rm?path=/builder/big.bin", "builder", None)
+        .await;
+    assert!(file.exists());
+    b.call("DELETE", "/fs/rm?path=/reviewer/same.bin", "reviewer", None)
+        .await;
+    assert!(files_under(&blobs).is_empty(), "{:?}", files_under(&blobs));
+    // overwriting drops the old content's file
+    b.write_file("builder", "/builder/o.txt", "text/plain", b"one", None)
+        .await;
+    b.write_file(
+        "builder",
+        "/builder/o.txt",
+        "text/plain",
+        b"two",
+        Some("overwrite"),
+    )
+    .await;
+    assert_eq!(files_under(&blobs).len(), 1);
+}
+
+/// Sends a raw HTTP request head and `body`, then closes without finishing.
+async fn cut_off_upload(b: &broker_support::TestBroker, head: &str, body: &[u8]) {
+    use tokio::io::AsyncWriteExt;
+    let addr = b.url.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(body).await.unwrap();
+    tcp.flush().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    drop(tcp);
+}
+
+#[tokio::test]
+async fn an_upload_cut_off_or_over_the_cap_leaves_nothing() {
+    let b = start_with(|c| c.max_file_bytes = 200_000).await;
+    let blobs = b.dir.path().join("ac7.db-blobs");
+    let token = b.token("builder").to_owned();
+    // the client goes away half-way
+    let head = format!(
+        "POST /fs/write?path=/builder/cut.bin&mime=application/octet-stream HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: 150000\r\n\r\n"
+    );
+    cut_off_upload(&b, &head, &[1u8; 70_000]).await;
+    // chunked, with no length announced, over the cap
+    let resp = b
+        .http
+        .post(format!(
+            "{}/fs/write?path=/builder/big.bin&mime=application/octet-stream",
+            b.url
+        ))
+        .bearer_auth(&token)
+        .body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            (0..5).map(|_| Ok::<_, std::io::Error>(vec![2u8; 50_000])),
+        )))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 413);
+    let mut left = files_under(&blobs);
+    for _ in 0..50 {
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        left = files_under(&blobs);
+    }
+    assert!(left.is_empty(), "half-written blobs left: {left:?}");
+    for p in ["/builder/cut.bin", "/builder/big.bin"] {
+        let r = b.get(&format!("/fs/stat?path={p}"), "builder").await;
+        assert_eq!(r.status, 404, "{p}");
+    }
+}
+
+#[tokio::test]
+async fn file_quota_is_per_member() {
+    let b = start_with(|c| c.file_quota_bytes = Some(1000)).await;
+    let w = |who: &'static str, path: &'static str, n: usize, collide: Option<&'static str>| {
+        let b = &b;
+        async move {
+            b.write_file(
+                who,
+                path,
+                "application/octet-stream",
+                &vec![3u8; n],
+                collide,
+            )
+            .await
+        }
+    };
+    assert_eq!(w("builder", "/builder/a", 600, None).await.status, 200);
+    let r = w("builder", "/builder/b", 500, None).await;
+    assert_eq!(r.status, 413, "{}", r.text);
+    assert_eq!(r.json["code"], "quota_exceeded");
+    assert_eq!(r.json["used"], 600);
+    assert_eq!(r.json["quota"], 1000);
+    assert_eq!(
+        b.get("/fs/stat?path=/builder/b", "builder").await.status,
+        404
+    );
+    // replacing a file counts only the difference
+    let r = w("builder", "/builder/a", 900, Some("overwrite")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    // an admin writing into builder's home is charged to builder
+    let r = w("director", "/builder/c", 200, None).await;
+    assert_eq!(r.status, 413, "{}", r.text);
+    // others have their own quota
+    assert_eq!(w("reviewer", "/reviewer/a", 1000, None).await.status, 200);
+    // freeing space makes room again
+    b.call("DELETE", "/fs/rm?path=/builder/a", "builder", None)
+        .await;
+    assert_eq!(w("builder", "/builder/b", 500, None).await.status, 200);
+}

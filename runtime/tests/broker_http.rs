@@ -701,3 +701,93 @@ async fn wire_key_order_matches_ac7() {
         r.text
     );
 }
+
+#[tokio::test]
+async fn reserved_and_case_twin_names_are_refused() {
+    let b = start_broker().await;
+    let member = |name: &str| json!({"name": name, "role": {"title": "scout", "description": ""}, "permissions": []});
+    for name in [".", "..", "ac7", "AC7", "objectives"] {
+        let r = b.post("/members", "director", member(name)).await;
+        assert_eq!(r.status, 400, "{name}: {}", r.text);
+        assert!(
+            r.json["error"].as_str().unwrap().contains("reserved"),
+            "{name}: {}",
+            r.text
+        );
+    }
+    let r = b.post("/members", "director", member("Builder")).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+    assert!(r.json["error"].as_str().unwrap().contains("'builder'"));
+    let r = b.post("/members", "director", member("scout")).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = b.post("/members", "director", member("SCOUT")).await;
+    assert_eq!(r.status, 409, "{}", r.text);
+}
+
+#[tokio::test]
+async fn extractor_rejections_are_json() {
+    let b = start_broker().await;
+    // a query string axum cannot decode
+    let r = b.get("/history?limit=1&limit=2", "builder").await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
+    assert!(
+        r.json["error"].as_str().unwrap().contains("limit"),
+        "{}",
+        r.text
+    );
+    // a path segment that is not UTF-8
+    let r = b.get("/channels/%FF", "builder").await;
+    assert_eq!(r.status, 400, "{}", r.text);
+    assert!(r.json["error"].is_string(), "{}", r.text);
+}
+
+#[tokio::test]
+async fn message_floods_get_429_with_retry_after() {
+    use ac7_runtime::broker::ratelimit::Rate;
+    let b = broker_support::start_with(|c| {
+        c.push_rate = Some(Rate {
+            per_second: 1,
+            burst: 3,
+        })
+    })
+    .await;
+    // The burst passes; the next push is refused (a slow machine may see a
+    // token refill on the way, so allow a few more before the refusal).
+    let mut accepted = 0;
+    let r = loop {
+        let r = b.post("/push", "builder", json!({"body": "flood"})).await;
+        if r.status != 200 || accepted == 10 {
+            break r;
+        }
+        accepted += 1;
+    };
+    assert!(accepted >= 3, "the burst of 3 was refused after {accepted}");
+    assert_eq!(r.status, 429, "{}", r.text);
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(r.json["code"], "rate_limited");
+    assert_eq!(r.json["retryAfter"], 1);
+    assert!(r.json["error"].as_str().unwrap().contains("per second"));
+    // other message-creating endpoints draw from the same bucket
+    let r = b
+        .post(
+            "/objectives",
+            "builder",
+            json!({"title": "t", "outcome": "o", "assignee": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 429, "{}", r.text);
+    // nothing was stored for the refused push
+    let h = b.get("/history?limit=100", "builder").await;
+    assert_eq!(h.text.matches("flood").count(), accepted);
+    // another member has their own bucket
+    b.push("reviewer", json!({"body": "hello"})).await;
+    // and the bucket refills
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    b.push("builder", json!({"body": "later"})).await;
+}

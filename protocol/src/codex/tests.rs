@@ -219,7 +219,7 @@ fn start_up_then_bundled_turns_and_steering() {
 }
 
 #[test]
-fn start_up_failures_and_system_error() {
+fn start_up_failures() {
     let mut c = Codex::start();
     let out = c.answer("initialize", Err("unsupported client"));
     assert_eq!(
@@ -238,16 +238,119 @@ fn start_up_failures_and_system_error() {
             "codex thread/start failed: no thread id".into()
         )]
     );
+}
 
+#[test]
+fn after_a_failed_turn_system_error_is_routed_like_idle() {
+    // What codex 0.169 reports when a turn fails (the model endpoint answered 500): the turn
+    // completes, the thread goes systemError, and a new turn/start is accepted.
     let mut c = Codex::start();
     c.ready("idle");
+    c.push("first");
+    c.advance(200);
+    c.answer("turn/start", Ok(json!({"turn": {"id": "t1"}})));
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "turn/started", "params": {"threadId": "th-1", "turn": {"id": "t1"}}}));
+    c.status("active");
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "error", "params": {"error": {"message": "stream error: 500"}, "willRetry": false}}));
     c.status("systemError");
-    c.push("lost");
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "turn/completed", "params": {"threadId": "th-1", "turn": {"id": "t1", "status": "failed"}}}));
+    assert_eq!(c.client.status(), ThreadStatus::SystemError);
+    c.push("second");
     let out = c.advance(200);
-    assert!(matches!(
-        &out[0],
-        CodexOutput::Event(CodexEvent::Dropped { events: 1, .. })
-    ));
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, CodexOutput::Event(CodexEvent::Dropped { .. }))),
+        "{out:?}"
+    );
+    let (_, method, params) = c.requests.last().unwrap().clone();
+    assert_eq!(method, "turn/start");
+    assert_eq!(
+        params,
+        json!({"threadId": "th-1", "input": [{"type": "text", "text": "second"}]})
+    );
+}
+
+fn broker_message(id: &str, from: Option<&str>, data: Value) -> crate::message::Message {
+    crate::message::Message {
+        id: id.into(),
+        ts: 1_795_314_350_478,
+        to: Some("builder".into()),
+        from: from.map(str::to_owned),
+        title: None,
+        body: format!("body of {id}"),
+        level: crate::message::LogLevel::Info,
+        data: data.as_object().unwrap().clone(),
+        attachments: vec![],
+    }
+}
+
+#[test]
+fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
+    let mut c = Codex::start();
+    c.ready("idle");
+    let events = [
+        broker_message("m1", Some("alice"), json!({})),
+        broker_message("m2", Some("bob"), json!({})),
+        broker_message("m3", Some("alice"), json!({})),
+        // Not told: the member's own objective event, a system notice, a notice itself.
+        broker_message("m4", Some("builder"), json!({"kind": "objective"})),
+        broker_message("m5", Some("ac7"), json!({})),
+        broker_message("m6", Some("carol"), json!({UNDELIVERED_KEY: "x1"})),
+        broker_message("m7", None, json!({})),
+    ];
+    for m in &events {
+        let event = SinkEvent::from_message(m, "builder");
+        assert_eq!(event.text, crate::channel::codex_text(m));
+        c.client.push_event(event, c.now);
+    }
+    c.advance(200);
+    let out = c.answer("turn/start", Err("thread th-1 is closed"));
+    assert_eq!(
+        out,
+        vec![
+            CodexOutput::Event(CodexEvent::Dropped {
+                events: 7,
+                reason: "thread th-1 is closed".into()
+            }),
+            CodexOutput::Undelivered(Undelivered {
+                to: "alice".into(),
+                msg_ids: vec!["m1".into(), "m3".into()],
+                reason: "thread th-1 is closed".into()
+            }),
+            CodexOutput::Undelivered(Undelivered {
+                to: "bob".into(),
+                msg_ids: vec!["m2".into()],
+                reason: "thread th-1 is closed".into()
+            }),
+        ]
+    );
+    let CodexOutput::Undelivered(alice) = &out[1] else {
+        panic!()
+    };
+    let body = alice.push_body("builder");
+    assert_eq!(body["to"], "alice");
+    assert_eq!(body["level"], "warning");
+    assert_eq!(body["data"][UNDELIVERED_KEY], "m1, m3");
+    assert_eq!(
+        body["body"],
+        "your messages m1, m3 were not delivered to builder: codex did not take them (thread th-1 is closed). Send them again later, or reach builder another way."
+    );
+    // The notice, pushed back to a codex member, would never cause a notice of its own.
+    let mut notice = broker_message("n1", Some("builder"), json!({}));
+    notice.data = body["data"].as_object().unwrap().clone();
+    assert_eq!(SinkEvent::from_message(&notice, "alice").reply_to, None);
+
+    // Events still waiting at shutdown are reported the same way.
+    let mut c = Codex::start();
+    c.client
+        .push_event(SinkEvent::from_message(&events[1], "builder"), c.now);
+    c.client.shutdown(c.now);
+    let out = c.drain();
+    assert!(out.contains(&CodexOutput::Undelivered(Undelivered {
+        to: "bob".into(),
+        msg_ids: vec!["m2".into()],
+        reason: "the session ended before codex could take it".into()
+    })));
 }
 
 #[test]
@@ -283,7 +386,7 @@ proptest! {
     fn events_are_delivered_once_in_order(ops in proptest::collection::vec(prop_oneof![
         4 => Just(Op::Push),
         3 => (0u64..300).prop_map(Op::Advance),
-        2 => prop_oneof![Just("idle"), Just("active"), Just("notLoaded")].prop_map(Op::Status),
+        2 => prop_oneof![Just("idle"), Just("active"), Just("notLoaded"), Just("systemError")].prop_map(Op::Status),
         1 => Just(Op::TurnStarted),
         1 => Just(Op::TurnCompleted),
         3 => Just(Op::AnswerOk),

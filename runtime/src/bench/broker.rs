@@ -425,6 +425,68 @@ pub fn rss() -> anyhow::Result<Report> {
     Ok(r)
 }
 
+const UPLOADS: usize = 8;
+const UPLOAD_BYTES: usize = 24 * 1024 * 1024;
+
+/// Broker RSS while eight members each upload a 24 MB file at once (uploads are
+/// streamed to disk, so the peak should stay near idle).
+pub fn upload() -> anyhow::Result<Report> {
+    let b = BrokerChild::spawn(UPLOADS)?;
+    std::thread::sleep(Duration::from_millis(500));
+    let idle_rss = proc_status_kib(Some(b.pid()), "VmRSS");
+    let data = bytes_of(UPLOAD_BYTES);
+    let elapsed = rt()?.block_on(async {
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..UPLOADS {
+            let (http, data) = (client()?, data.clone());
+            let url = format!(
+                "{}/fs/write?path=/m{i}/upload.bin&mime=application/octet-stream",
+                b.url
+            );
+            let token = b.token(&format!("m{i}")).to_owned();
+            tasks.push(tokio::spawn(async move {
+                let r = http.post(url).bearer_auth(token).body(data).send().await?;
+                if !r.status().is_success() {
+                    bail!("upload failed: {}", r.status());
+                }
+                Ok::<_, anyhow::Error>(())
+            }));
+        }
+        for t in tasks {
+            t.await??;
+        }
+        Ok::<_, anyhow::Error>(started.elapsed())
+    })?;
+    let peak = proc_status_kib(Some(b.pid()), "VmHWM");
+    let mut r = Report::new();
+    r.insert("scenario", json!("broker-upload"));
+    r.insert("uploads", json!(UPLOADS));
+    r.insert("upload_bytes", json!(UPLOAD_BYTES));
+    r.insert("idle_rss_kib", json!(idle_rss));
+    r.insert("peak_rss_kib", json!(peak));
+    r.insert("seconds", json!(elapsed.as_secs_f64()));
+    r.insert(
+        "throughput_mib_s",
+        json!((UPLOADS * UPLOAD_BYTES) as f64 / 1_048_576.0 / elapsed.as_secs_f64()),
+    );
+    Ok(r)
+}
+
+/// `n` bytes of a fixed, incompressible-looking pattern.
+fn bytes_of(n: usize) -> axum::body::Bytes {
+    let mut x: u32 = 0x9e37_79b9;
+    let v: Vec<u8> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x.to_le_bytes()[0]
+        })
+        .collect();
+    axum::body::Bytes::from(v)
+}
+
 /// The `data.seq` number of a delivered message, read without parsing the whole
 /// JSON (the measuring client should cost as little as possible).
 fn seq_of(json: &str) -> Option<u64> {

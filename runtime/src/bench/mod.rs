@@ -9,6 +9,7 @@
 //! cargo run --release --bin ac7-bench -- broker-push      # durable pushes/s, 16 clients
 //! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
 //! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
+//! cargo run --release --bin ac7-bench -- broker-upload    # broker RSS during 8 concurrent 24 MB uploads
 //! cargo run --release --bin ac7-bench -- runner           # roster round trips, push -> notification, RSS
 //! cargo run --release --bin ac7-bench -- call-tool        # call_tool round trip through the bridge
 //! cargo run --release --bin ac7-bench -- ash-spawn        # ash-bridge spawn -> R
@@ -36,6 +37,7 @@ pub const SCENARIOS: &[&str] = &[
     "broker-push",
     "broker-delivery",
     "broker-rss",
+    "broker-upload",
     "runner",
     "call-tool",
     "ash-spawn",
@@ -64,6 +66,7 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-push") => emit(&broker::push()?),
         Some("broker-delivery") => emit(&broker::delivery()?),
         Some("broker-rss") => emit(&broker::rss()?),
+        Some("broker-upload") => emit(&broker::upload()?),
         Some("runner") => {
             print_json(&runner::run()?)?;
             Ok(0)

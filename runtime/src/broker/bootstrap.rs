@@ -49,11 +49,22 @@ pub fn validate_team(team: &Team) -> Result<(), String> {
     Ok(())
 }
 
+/// Names no member may take (compared without regard to case): `.` and `..` are
+/// not directory names, `/objectives` is the objectives' folder, `ac7` speaks for
+/// the broker itself.
+pub const RESERVED_NAMES: [&str; 4] = [".", "..", "ac7", "objectives"];
+
 /// Checks member fields against the API limits.
 pub fn validate_member(name: &str, role: &Role, instructions: &str) -> Result<(), String> {
     if !is_valid_name(name) {
         return Err(format!(
             "member name {name:?} must be 1-128 characters of A-Z a-z 0-9 . _ -"
+        ));
+    }
+    if RESERVED_NAMES.iter().any(|r| r.eq_ignore_ascii_case(name)) {
+        return Err(format!(
+            "member name {name:?} is reserved (not allowed: {})",
+            RESERVED_NAMES.join(", ")
         ));
     }
     if !(1..=64).contains(&role.title.chars().count()) {
@@ -100,7 +111,10 @@ pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>,
             &format!("member '{}'", m.name),
         )
         .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        if records.iter().any(|r: &MemberRecord| r.name == m.name) {
+        if records
+            .iter()
+            .any(|r: &MemberRecord| r.name.eq_ignore_ascii_case(&m.name))
+        {
             return Err(
                 ConfigError::Invalid(format!("member '{}' is listed twice", m.name)).into(),
             );

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand};
 
 use super::bootstrap::{self, add_member, is_last_admin, validate_member};
 use super::config::{MemberSection, TeamConfig, TeamSection};
+use super::datadir;
 use super::db::{Store, StoreError, SyncMode};
 use super::team::{self, MemberRecord, Role};
 use super::{BrokerConfig, now_ms};
@@ -46,6 +47,18 @@ pub struct ServeArgs {
     /// `normal` survives a broker crash; `full` also fsyncs every commit (survives power loss).
     #[arg(long, value_enum, default_value_t = SyncMode::Normal)]
     pub sync: SyncMode,
+    /// Messages a member may create per second, sustained (`/push`, objective changes and discussion); 0 = no limit.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub push_rate: u32,
+    /// Messages a member may create at once before `--push-rate` applies.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    pub push_burst: u32,
+    /// Bytes of files each member may own (its home, and files it wrote in objective folders); 0 = no quota.
+    #[arg(long, default_value_t = 1024 * 1024 * 1024, value_name = "BYTES")]
+    pub file_quota_bytes: u64,
+    /// Delete messages older than N days (at start, then hourly); 0 = keep everything.
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub retain_days: u32,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -105,42 +118,17 @@ fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
 }
 
 /// Runs `ac7 serve` until Ctrl-C / SIGTERM.
+///
+/// Order of a start: check the flags and the data directory, bind the listener,
+/// then open (or create) the database and the team, then serve. A start that
+/// fails removes every file it created, and prints tokens only once it serves.
 #[allow(clippy::print_stdout)]
 pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     const HARD_CAP: u64 = 1024 * 1024 * 1024;
     if args.max_file_bytes > HARD_CAP {
         bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
     }
-    let store = Store::open(&args.db, args.sync)
-        .with_context(|| format!("opening database {}", args.db.display()))?;
-    let has_team = store.with(|conn| team::team_get(conn))?.is_some();
-    if has_team {
-        if args.team_config.is_some() || args.team_name.is_some() {
-            tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
-        }
-    } else {
-        let Some(config) = team_config_from(&args)? else {
-            bail!(
-                "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
-                args.db.display()
-            );
-        };
-        let issued = bootstrap::bootstrap(&store, &config)?;
-        println!(
-            "created team '{}' in {}",
-            config.team.name,
-            args.db.display()
-        );
-        println!("bearer tokens (shown once; only their SHA-256 is stored):");
-        let width = issued.iter().map(|i| i.name.len()).max().unwrap_or(0);
-        for i in issued {
-            println!("  {:<width$}  {}", i.name, i.token);
-        }
-    }
-    drop(store);
-    let mut config = BrokerConfig::new(args.db.clone());
-    config.max_file_bytes = args.max_file_bytes;
-    config.sync = args.sync;
+    datadir::check_data_dir(&args.db)?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
@@ -151,11 +139,47 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                     .and_then(|mut a| a.next().context("host resolved to no address"))
             })
             .with_context(|| format!("bad --host {}", args.host))?;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
-        let broker = super::start(config, listener).await?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!(
+                "cannot listen on {addr} (is another broker running there? pick another --port)"
+            )
+        })?;
+        let created = datadir::CreatedFiles::before_start(&args.db);
+        let started = async {
+            let issued = open_team(&args)?;
+            let mut config = BrokerConfig::new(args.db.clone());
+            config.max_file_bytes = args.max_file_bytes;
+            config.sync = args.sync;
+            config.retain_days = (args.retain_days > 0).then_some(args.retain_days);
+            config.file_quota_bytes = (args.file_quota_bytes > 0).then_some(args.file_quota_bytes);
+            config.push_rate = (args.push_rate > 0).then_some(super::ratelimit::Rate {
+                per_second: args.push_rate,
+                burst: args.push_burst.max(1),
+            });
+            let broker = super::start(config, listener).await?;
+            Ok::<_, anyhow::Error>((broker, issued))
+        }
+        .await;
+        let (broker, issued) = match started {
+            Ok(ok) => ok,
+            Err(e) => {
+                created.remove();
+                return Err(e);
+            }
+        };
+        if let Some((team_name, creds)) = &issued {
+            println!("created team '{team_name}' in {}", args.db.display());
+            println!("bearer tokens (shown once; only their SHA-256 is stored):");
+            let width = creds.iter().map(|c| c.name.len()).max().unwrap_or(0);
+            for c in creds {
+                println!("  {:<width$}  {}", c.name, c.token);
+            }
+        }
         println!("ac7 broker listening on http://{}", broker.addr);
+        if let Some((_, creds)) = &issued {
+            let url = super::first_run::client_url(broker.addr);
+            print!("{}", super::first_run::next_steps(&url, creds));
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -165,6 +189,41 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         broker.shutdown().await?;
         Ok::<_, anyhow::Error>(0)
     })
+}
+
+/// Opens the database and creates the team if it has none; returns the team's
+/// name and the new members' credentials when it created one. A missing database
+/// is created only when there is a team to put in it.
+fn open_team(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<(String, Vec<super::first_run::Credential>)>> {
+    let no_team = || {
+        anyhow::anyhow!(
+            "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
+            args.db.display()
+        )
+    };
+    let config = if args.db.exists() {
+        None
+    } else {
+        Some(team_config_from(args)?.ok_or_else(no_team)?)
+    };
+    let store = Store::open(&args.db, args.sync)
+        .with_context(|| format!("opening database {}", args.db.display()))?;
+    let has_team = store.with(|conn| team::team_get(conn))?.is_some();
+    if has_team {
+        if args.team_config.is_some() || args.team_name.is_some() {
+            tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
+        }
+        return Ok(None);
+    }
+    let config = match config {
+        Some(c) => c,
+        None => team_config_from(args)?.ok_or_else(no_team)?,
+    };
+    let issued = bootstrap::bootstrap(&store, &config)?;
+    let creds = super::first_run::credentials(&store, &issued)?;
+    Ok(Some((config.team.name, creds)))
 }
 
 /// `ac7 member …`: offline administration against the database file.
@@ -192,10 +251,15 @@ pub enum MemberAction {
         /// Member name.
         name: String,
     },
-    /// Revoke a member's tokens and print a new one.
+    /// Revoke a member's tokens and print a new one. With a token (`--token` / `AC7_TOKEN`:
+    /// an admin's, or the member's own) it asks the running broker at `--url`; without one it
+    /// works offline on `--db` (the broker must be stopped).
     RotateToken {
         /// Member name.
         name: String,
+        /// The running broker and an admin token (optional: see above).
+        #[command(flatten)]
+        api: crate::operator::OperatorConn,
     },
 }
 
@@ -221,13 +285,25 @@ pub struct MemberFields {
 /// Runs `ac7 member …`.
 #[allow(clippy::print_stdout)]
 pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
+    if let MemberAction::RotateToken { name, api } = &args.action
+        && api.token.as_deref().is_some_and(|t| !t.is_empty())
+    {
+        return crate::operator::rotate_token(api, name);
+    }
     if !args.db.exists() {
         bail!(
             "no database at {} (start `ac7 serve --db {0}` with a team config first)",
             args.db.display()
         );
     }
-    let store = Store::open(&args.db, SyncMode::Normal)?;
+    let store = Store::open(&args.db, SyncMode::Normal).map_err(|err| match err {
+        StoreError::Busy(_) if matches!(args.action, MemberAction::RotateToken { .. }) => {
+            anyhow::anyhow!(
+                "{err}: to rotate a token while the broker runs, pass an admin's token (--token or AC7_TOKEN, and --url)"
+            )
+        }
+        other => other.into(),
+    })?;
     store.with(|conn| -> anyhow::Result<i32> {
         let team = team::team_get(conn)?.context("the database has no team yet")?;
         match args.action {
@@ -241,8 +317,8 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                 let instructions = f.instructions.unwrap_or_default();
                 validate_member(&f.name, &role, &instructions).map_err(anyhow::Error::msg)?;
                 let permissions = permission::resolve(&f.permissions.unwrap_or_default(), &team.permission_presets, &format!("member '{}'", f.name))?;
-                if team::member_exists(conn, &f.name)? {
-                    bail!("member '{}' already exists", f.name);
+                if let Some(existing) = team::member_name_taken(conn, &f.name)? {
+                    bail!("member '{existing}' already exists (names are unique without regard to case)");
                 }
                 let tx = conn.transaction().map_err(StoreError::from)?;
                 let issued = add_member(&tx, &MemberRecord { name: f.name, role, instructions, permissions }, None, now_ms())?;
@@ -281,7 +357,7 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                 team::member_delete(conn, &name)?;
                 println!("removed {name}");
             }
-            MemberAction::RotateToken { name } => {
+            MemberAction::RotateToken { name, .. } => {
                 if !team::member_exists(conn, &name)? {
                     bail!("no such member: {name}");
                 }
@@ -294,4 +370,33 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
         }
         Ok(0)
     })
+}
+
+/// `ac7 prune`: offline retention against the database file.
+#[derive(Debug, Args)]
+pub struct PruneArgs {
+    /// SQLite database file (the broker must be stopped).
+    #[arg(long, default_value = "./ac7.db", env = "AC7_DB")]
+    pub db: PathBuf,
+    /// Delete messages older than this many days (at least 1).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub older_than_days: u32,
+}
+
+/// Runs `ac7 prune`: deletes old messages (see [`super::retention`]).
+#[allow(clippy::print_stdout)]
+pub fn prune(args: PruneArgs) -> anyhow::Result<i32> {
+    if !args.db.exists() {
+        bail!("no database at {}", args.db.display());
+    }
+    let store = Store::open(&args.db, SyncMode::Normal)?;
+    let cutoff = super::retention::cutoff(now_ms(), args.older_than_days);
+    let n = super::retention::prune_all(|f| store.with(|conn| f(conn)), cutoff)?;
+    println!(
+        "pruned {n} message{} older than {} days from {}",
+        if n == 1 { "" } else { "s" },
+        args.older_than_days,
+        args.db.display()
+    );
+    Ok(0)
 }

@@ -30,6 +30,27 @@ pub enum StoreError {
     /// Another process holds the database.
     #[error("the database {0} is in use by another process (is `ac7 serve` running on it?)")]
     Busy(String),
+    /// A file beside the database (the database itself, a blob) could not be read or written.
+    #[error("{what}: {source}")]
+    File {
+        /// What was being done.
+        what: String,
+        /// What failed.
+        source: std::io::Error,
+    },
+}
+
+impl StoreError {
+    /// Whether the disk (or the database's size limit) is full.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _)) => {
+                f.code == rusqlite::ErrorCode::DiskFull
+            }
+            StoreError::File { source, .. } => source.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
 }
 
 /// How hard SQLite syncs on commit.
@@ -52,6 +73,10 @@ pub struct Store {
 impl Store {
     /// Opens (creating if needed) the database at `path` and applies the schema.
     pub fn open(path: &Path, sync: SyncMode) -> Result<Store, StoreError> {
+        super::datadir::prepare_db_file(path).map_err(|source| StoreError::File {
+            what: format!("cannot create or secure {}", path.display()),
+            source,
+        })?;
         let conn = Connection::open(path)?;
         Store::init(conn, sync).map_err(|e| match e {
             StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
@@ -207,4 +232,7 @@ CREATE TABLE IF NOT EXISTS fs_grants (
     PRIMARY KEY (path, member_name)
 );
 CREATE INDEX IF NOT EXISTS fs_grants_member ON fs_grants(member_name);
+CREATE TABLE IF NOT EXISTS blob_trash (
+    hash TEXT PRIMARY KEY
+);
 "#;

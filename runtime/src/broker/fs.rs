@@ -1,15 +1,18 @@
 //! The shared file space in the store: entries, content-addressed blobs with
 //! reference counts, and read grants.
 //!
-//! File bytes live in the `blobs` table keyed by SHA-256, stored once however
-//! many entries point at them; `refcount` counts those entries and the blob is
-//! deleted with the last one. Entry and blob change in one transaction, so a
-//! write is either wholly there or not at all.
+//! File bytes are stored once per SHA-256 however many entries point at them:
+//! the `blobs` table keeps each blob's size and `refcount` (the entries pointing
+//! at it), and the bytes live in the blob directory ([`super::blobs`]; older
+//! databases keep them in the row). The row is deleted with the last entry.
+//! Entry and blob row change in one transaction, so a write is either wholly
+//! there or not at all.
 
 use ac7_protocol::vfs::FsPath;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+use super::blobs::{self, StagedBlob, Stored};
 use super::db::StoreError;
 use super::tokens::sha256_hex;
 
@@ -280,9 +283,71 @@ fn blob_ref(conn: &Connection, hash: &str, data: &[u8]) -> Result<(), StoreError
 fn blob_unref(conn: &Connection, hash: &str) -> Result<(), StoreError> {
     conn.prepare_cached("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?1")?
         .execute([hash])?;
-    conn.prepare_cached("DELETE FROM blobs WHERE hash = ?1 AND refcount <= 0")?
+    let gone = conn
+        .prepare_cached("DELETE FROM blobs WHERE hash = ?1 AND refcount <= 0")?
         .execute([hash])?;
+    if gone > 0 {
+        // The file goes after the commit (blobs::empty_trash).
+        conn.prepare_cached("INSERT OR IGNORE INTO blob_trash (hash) VALUES (?1)")?
+            .execute([hash])?;
+    }
     Ok(())
+}
+
+/// Where the content of a write comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum Content<'a> {
+    /// Bytes kept in the blob's row.
+    Inline(&'a [u8]),
+    /// A blob the store already holds (a copy).
+    Shared,
+    /// An upload staged in the blob directory; published to its address if new.
+    Staged(&'a StagedBlob),
+}
+
+/// Writes a staged upload as a file (see [`write`]). Call
+/// [`StagedBlob::unpublish`] if the transaction then fails to commit.
+#[allow(clippy::too_many_arguments)]
+pub fn write_staged(
+    conn: &Connection,
+    p: &FsPath,
+    staged: &StagedBlob,
+    mime: &str,
+    collide: Collide,
+    actor: &str,
+    now: i64,
+) -> Result<(FsEntry, bool), FsError> {
+    place(
+        conn,
+        p,
+        &staged.hash,
+        Content::Staged(staged),
+        staged.size,
+        mime,
+        collide,
+        actor,
+        now,
+    )
+}
+
+/// Bytes of files charged to `member`: files in its home, and files it created
+/// in objective folders. Sizes are logical (a copy counts again).
+pub fn usage(conn: &Connection, member: &str) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(size), 0) FROM fs_entries WHERE kind = 'file'
+             AND (owner = ?1 OR (owner LIKE 'obj:%' AND created_by = ?1))",
+        )?
+        .query_row([member], |r| r.get(0))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The member a write to `p` by `actor` is charged to (see [`usage`]).
+pub fn charged_to(p: &FsPath, actor: &str) -> String {
+    match p.scope() {
+        ac7_protocol::vfs::Scope::Home { member } => member.to_owned(),
+        _ => actor.to_owned(),
+    }
 }
 
 /// Writes a file. Parents are created. Returns the entry and whether it was renamed.
@@ -300,7 +365,7 @@ pub fn write(
         conn,
         p,
         &hash,
-        Some(data),
+        Content::Inline(data),
         data.len() as u64,
         mime,
         collide,
@@ -314,7 +379,7 @@ fn place(
     conn: &Connection,
     p: &FsPath,
     hash: &str,
-    data: Option<&[u8]>,
+    data: Content<'_>,
     size: u64,
     mime: &str,
     collide: Collide,
@@ -344,13 +409,14 @@ fn place(
                 Collide::Error => return Err(FsError::Exists(target.to_string())),
                 Collide::Overwrite => {
                     add_blob(conn, hash, data)?;
-                    if let Some(old) = &existing.hash {
-                        blob_unref(conn, old)?;
-                    }
                     conn.prepare_cached(
                         "UPDATE fs_entries SET size = ?2, mime = ?3, hash = ?4, updated_at = ?5 WHERE path = ?1",
                     )?
                     .execute(params![target.as_str(), size as i64, mime, hash, now])?;
+                    // After the entry stops pointing at it (the blob row may go).
+                    if let Some(old) = &existing.hash {
+                        blob_unref(conn, old)?;
+                    }
                     let entry =
                         get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
                     return Ok((entry, false));
@@ -377,10 +443,25 @@ fn place(
     Ok((entry, renamed))
 }
 
-fn add_blob(conn: &Connection, hash: &str, data: Option<&[u8]>) -> Result<(), FsError> {
+fn add_blob(conn: &Connection, hash: &str, data: Content<'_>) -> Result<(), FsError> {
     match data {
-        Some(d) => blob_ref(conn, hash, d)?,
-        None => {
+        Content::Inline(d) => blob_ref(conn, hash, d)?,
+        Content::Staged(staged) => {
+            let n = conn
+                .prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?
+                .execute([hash])?;
+            if n == 0 {
+                staged.publish().map_err(|source| StoreError::File {
+                    what: "cannot store a blob".into(),
+                    source,
+                })?;
+                conn.prepare_cached(
+                    "INSERT INTO blobs (hash, size, refcount, data) VALUES (?1, ?2, 1, x'')",
+                )?
+                .execute(params![hash, staged.size as i64])?;
+            }
+        }
+        Content::Shared => {
             let n = conn
                 .prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?
                 .execute([hash])?;
@@ -414,7 +495,7 @@ pub fn copy(
         conn,
         to,
         &hash,
-        None,
+        Content::Shared,
         from.size.unwrap_or(0),
         &mime,
         Collide::Suffix,
@@ -424,18 +505,19 @@ pub fn copy(
     .0)
 }
 
-/// Reads a file's bytes.
-pub fn read(conn: &Connection, entry: &FsEntry) -> Result<Vec<u8>, FsError> {
+/// Opens a file's content (`blob_dir`: the blob directory).
+pub fn read(
+    conn: &Connection,
+    blob_dir: &std::path::Path,
+    entry: &FsEntry,
+) -> Result<Stored, FsError> {
     let hash = entry
         .hash
         .as_deref()
         .ok_or_else(|| FsError::IsADirectory(entry.path.clone()))?;
-    conn.prepare_cached("SELECT data FROM blobs WHERE hash = ?1")?
-        .query_row([hash], |r| r.get::<_, Vec<u8>>(0))
-        .optional()?
-        .ok_or_else(|| {
-            FsError::InvalidInput(format!("file is corrupt (missing content): {}", entry.path))
-        })
+    blobs::open(conn, blob_dir, hash)?.ok_or_else(|| {
+        FsError::InvalidInput(format!("file is corrupt (missing content): {}", entry.path))
+    })
 }
 
 /// Removes a file, or a directory (non-empty only with `recursive`).
@@ -568,8 +650,25 @@ mod tests {
             remove(conn, &p("/a/x-1.txt"), false).unwrap();
             remove(conn, &p("/objectives/o1"), true).unwrap();
             assert_eq!(blob_stats(conn).unwrap(), (1, 1));
+            // inline content (databases from before the blob directory) still reads
+            let dir = std::path::Path::new("/nonexistent");
+            let e = get(conn, &p("/a/x.txt")).unwrap().unwrap();
+            match read(conn, dir, &e).unwrap() {
+                Stored::Inline(bytes) => assert_eq!(bytes, b"other"),
+                Stored::File(_) => panic!("expected inline content"),
+            }
             remove(conn, &p("/a"), true).unwrap();
             assert_eq!(blob_stats(conn).unwrap(), (0, 0));
+            // deleted blobs wait in the trash for their files to be unlinked
+            let trashed: i64 = conn
+                .query_row("SELECT COUNT(*) FROM blob_trash", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(trashed, 2);
+            blobs::empty_trash(conn, dir).unwrap();
+            let trashed: i64 = conn
+                .query_row("SELECT COUNT(*) FROM blob_trash", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(trashed, 0);
         });
     }
 

@@ -36,9 +36,14 @@
 //!   implicit thread members); objective members may list `/objectives/<id>`.
 //!   `objectives.reassign` or `members.manage` may reassign. Lifecycle pushes are
 //!   committed with the change, then fanned out before the response is sent.
-//! - **Files.** Content lives in SQLite, keyed by SHA-256 with a reference count,
-//!   written in the same transaction as the entry. Top-level directories (homes,
-//!   `/objectives`) cannot be removed.
+//! - **Files.** Content is stored once per SHA-256 in the blob directory beside
+//!   the database (uploads are streamed there, never held in memory; see
+//!   [`blobs`]); its reference count is written in the same transaction as the
+//!   entry. Top-level directories (homes, `/objectives`) cannot be removed. A
+//!   member's files count against its quota ([`fs::usage`]; 413 `quota_exceeded`).
+//! - **Limits.** Message-creating requests are rate-limited per member
+//!   ([`ratelimit`], 429 with `Retry-After`); messages older than
+//!   `retain_days` are pruned ([`retention`]).
 //! - **Tokens.** A resolved token is cached for 5 s (cleared at once by any
 //!   member or token change over HTTP); `lastUsedAt` is accurate to that.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
@@ -48,17 +53,22 @@
 //!   TOTP sessions and cookies, activity upload/streams (all out of scope for the
 //!   runner with `--no-trace`).
 
+pub mod blobs;
 pub mod bootstrap;
 pub mod channels;
 pub mod cli;
 pub mod config;
+pub mod datadir;
 pub mod db;
+pub mod first_run;
 pub mod fs;
 mod http;
 pub mod hub;
 pub mod messages;
 pub mod objectives;
 pub mod publish;
+pub mod ratelimit;
+pub mod retention;
 pub mod team;
 pub mod tokens;
 pub mod writer;
@@ -90,10 +100,17 @@ pub struct BrokerConfig {
     pub keepalive: Duration,
     /// Frames a subscriber may have queued before it is disconnected.
     pub queue_capacity: usize,
+    /// Per-member rate of message-creating requests (`None`: unlimited).
+    pub push_rate: Option<ratelimit::Rate>,
+    /// Bytes of files a member may own (`None`: unlimited); see [`fs::usage`].
+    pub file_quota_bytes: Option<u64>,
+    /// Days of messages to keep (`None`: all); see [`retention`].
+    pub retain_days: Option<u32>,
 }
 
 impl BrokerConfig {
-    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame queues.
+    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame
+    /// queues, no rate limit, no file quota (`ac7 serve` sets its own defaults from its flags).
     pub fn new(db_path: PathBuf) -> BrokerConfig {
         BrokerConfig {
             db_path,
@@ -102,6 +119,9 @@ impl BrokerConfig {
             max_json_bytes: 1024 * 1024,
             keepalive: Duration::from_secs(15),
             queue_capacity: 1024,
+            push_rate: None,
+            file_quota_bytes: None,
+            retain_days: None,
         }
     }
 }
@@ -137,6 +157,8 @@ pub struct AppState {
     /// The group-commit writer for `/push`.
     pub(crate) writer: writer::Writer,
     auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
+    /// Per-member buckets for message-creating requests.
+    pub(crate) push_limiter: ratelimit::Limiter,
 }
 
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
@@ -153,6 +175,11 @@ pub(crate) struct CachedAuth {
 const AUTH_CACHE_TTL: Duration = Duration::from_secs(5);
 
 impl AppState {
+    /// The blob directory beside the database.
+    pub fn blob_dir(&self) -> PathBuf {
+        datadir::blob_dir(&self.config.db_path)
+    }
+
     /// The cached resolution of a token hash, if fresh.
     pub(crate) fn cached_auth(&self, hash: &str) -> Option<CachedAuth> {
         let cache = self
@@ -255,6 +282,15 @@ pub async fn start(
     listener: TcpListener,
 ) -> Result<RunningBroker, StartError> {
     let store = Store::open(&config.db_path, config.sync)?;
+    let blob_dir =
+        datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
+            what: format!(
+                "cannot create the blob directory {}",
+                datadir::blob_dir(&config.db_path).display()
+            ),
+            source,
+        })?;
+    store.with(|conn| blobs::recover(conn, &blob_dir))?;
     let boot_time = now_ms();
     let hub = Hub::new(config.queue_capacity);
     let members = store.with(|conn| -> Result<_, StartError> {
@@ -268,6 +304,7 @@ pub async fn start(
     }
     let (writer, queue) = writer::channel();
     let state = Arc::new(AppState {
+        push_limiter: ratelimit::Limiter::new(config.push_rate),
         writer,
         store,
         hub,
@@ -277,6 +314,9 @@ pub async fn start(
         auth_cache: Default::default(),
     });
     writer::spawn(queue, Arc::downgrade(&state))?;
+    if let Some(days) = state.config.retain_days {
+        retention::spawn(&state, days);
+    }
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));
     // Live frames are small and latency matters: no Nagle delay.

@@ -170,6 +170,15 @@ pub fn member_exists(conn: &Connection, name: &str) -> Result<bool, StoreError> 
         .is_some())
 }
 
+/// The existing member whose name equals `name` without regard to case (names
+/// are unique that way: `Alice` and `alice` cannot both exist).
+pub fn member_name_taken(conn: &Connection, name: &str) -> Result<Option<String>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT name FROM members WHERE name = ?1 COLLATE NOCASE")?
+        .query_row([name], |r| r.get(0))
+        .optional()?)
+}
+
 /// Inserts a member; `false` if the name is taken.
 pub fn member_insert(conn: &Connection, m: &MemberRecord, now: i64) -> Result<bool, StoreError> {
     let n = conn.execute(

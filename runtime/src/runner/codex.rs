@@ -5,11 +5,20 @@
 //! - the bridge is registered in an ephemeral `CODEX_HOME` (`$XDG_CACHE_HOME/ac7/codex/ac7-codex-…`
 //!   or `~/.cache/ac7/codex/…`, never under `$TMPDIR`, where codex refuses to install helpers;
 //!   0700), with a 0600 `config.toml` (`[mcp_servers.ac7]` = this executable + `mcp-bridge`,
-//!   tool approval `approve`, `AC7_RUNNER_SOCKET` in its env) and `auth.json` linked from
-//!   `~/.codex` when present; the directory is removed on every exit path;
+//!   tool approval `approve`, `AC7_RUNNER_SOCKET` in its env) and `auth.json` linked from the
+//!   user's Codex home when present; the directory is removed on every exit path;
+//! - the user's Codex home is `$CODEX_HOME` if set, else `~/.codex`. Its `config.toml` (model,
+//!   `model_provider`, `[model_providers.*]`, profiles, other MCP servers — everything) is merged
+//!   into the ephemeral one; ours wins for `mcp_servers.ac7` only. `--profile NAME` layers the
+//!   user's `NAME.config.toml` over it first, as `codex --profile` does (tables merge key by key,
+//!   other values replace); `codex app-server` itself refuses `--profile` (and codex 0.169 no
+//!   longer reads `[profiles.*]`), so the runner does the layering. A user file that is not valid
+//!   TOML stops the start (exit 2, naming the file) before anything is created. `-c key=value`
+//!   (repeatable) goes to `codex app-server` as is, and wins over both files;
 //! - the briefing prose goes in as `developerInstructions` of `thread/start`;
-//! - events become `<channel>` texts delivered as `turn/start` (idle) or `turn/steer` (active) by
-//!   [`CodexClient`];
+//! - events become `<channel>` texts delivered as `turn/start` (idle, or `systemError` after a
+//!   failed turn) or `turn/steer` (active) by [`CodexClient`]; when codex rejects the request, each
+//!   sender gets a DM from this member saying which messages were not delivered and why;
 //! - SIGINT/SIGTERM end the session: the active turn is interrupted, app-server is stopped, and the
 //!   runner exits 130 / 143.
 //!
@@ -22,8 +31,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ac7_protocol::channel;
-use ac7_protocol::codex::{CodexClient, CodexConfig, CodexEvent, CodexOutput};
+use ac7_protocol::codex::{
+    CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
+};
 use ac7_protocol::runner::BridgePolicy;
+use ac7_protocol::toolbox::{Body, Method, Request};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -44,6 +56,12 @@ pub struct CodexArgs {
     /// The model for the thread.
     #[arg(long)]
     pub model: Option<String>,
+    /// A Codex config override, passed to codex as is (repeatable), e.g. `-c model="o3"`.
+    #[arg(short = 'c', long = "config", value_name = "KEY=VALUE", value_parser = parse_override)]
+    pub config: Vec<String>,
+    /// A Codex profile: `NAME.config.toml` in your Codex home, layered over its `config.toml`.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
     /// Check the set-up (Codex starts the ac7 MCP server, lists its tools, runs `roster`) and exit.
     #[arg(long)]
     pub doctor: bool,
@@ -53,11 +71,26 @@ pub struct CodexArgs {
 const DOCTOR_STEP: Duration = doctor::STEP;
 /// How long codex gets to exit after its stdin closes.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
+/// How long teardown waits for "not delivered" DMs still in flight.
+const NOTICE_GRACE: Duration = Duration::from_secs(5);
+
+fn parse_override(value: &str) -> Result<String, String> {
+    match value.split_once('=') {
+        Some((key, _)) if !key.trim().is_empty() => Ok(value.to_owned()),
+        _ => Err(format!(
+            "expected KEY=VALUE (a dotted Codex config key, a TOML value), got `{value}`"
+        )),
+    }
+}
 
 /// Runs `ac7 codex`; returns the exit code.
 pub fn codex(args: CodexArgs) -> i32 {
     let codex = match locate_codex() {
         Ok(path) => path,
+        Err(e) => return start_failed(&e),
+    };
+    let user = match UserCodex::load(args.profile.as_deref()) {
+        Ok(user) => user,
         Err(e) => return start_failed(&e),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -67,7 +100,7 @@ pub fn codex(args: CodexArgs) -> i32 {
         Ok(rt) => rt,
         Err(e) => return start_failed(&StartError(format!("cannot start: {e}"))),
     };
-    runtime.block_on(run(args, codex))
+    runtime.block_on(run(args, codex, user))
 }
 
 fn locate_codex() -> Result<PathBuf, StartError> {
@@ -130,7 +163,159 @@ fn toml_string(s: &str) -> String {
     out
 }
 
-fn create_home(exe: &Path, socket: &Path) -> Result<CodexHome, StartError> {
+/// The user's own Codex set-up, read before anything is created.
+#[derive(Debug, Default)]
+struct UserCodex {
+    /// `$CODEX_HOME`, else `~/.codex`.
+    home: Option<PathBuf>,
+    /// Its `config.toml`, parsed.
+    config: Option<toml_edit::DocumentMut>,
+    /// The `--profile` layer, parsed.
+    profile: Option<toml_edit::DocumentMut>,
+}
+
+impl UserCodex {
+    fn load(profile: Option<&str>) -> Result<Self, StartError> {
+        let home = match std::env::var_os("CODEX_HOME").filter(|v| !v.is_empty()) {
+            Some(home) => Some(PathBuf::from(home)),
+            None => std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".codex")),
+        };
+        let Some(home) = home else {
+            return match profile {
+                Some(name) => Err(StartError(format!(
+                    "--profile {name}: neither CODEX_HOME nor HOME is set, so there is no Codex home to read it from"
+                ))),
+                None => Ok(Self::default()),
+            };
+        };
+        let config = read_toml(&home.join("config.toml"))?;
+        let profile = match profile {
+            Some(name) => {
+                if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
+                    return Err(StartError(format!(
+                        "--profile {name:?}: a profile is a plain name (codex reads NAME.config.toml in your Codex home)"
+                    )));
+                }
+                let path = home.join(format!("{name}.config.toml"));
+                Some(read_toml(&path)?.ok_or_else(|| {
+                    StartError(format!(
+                        "--profile {name}: {} does not exist (codex profiles are NAME.config.toml files in your Codex home)",
+                        path.display()
+                    ))
+                })?)
+            }
+            None => None,
+        };
+        Ok(Self {
+            home: Some(home),
+            config,
+            profile,
+        })
+    }
+}
+
+/// A user's TOML file, parsed; `None` when it does not exist.
+fn read_toml(path: &Path) -> Result<Option<toml_edit::DocumentMut>, StartError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(StartError(format!(
+                "cannot read your Codex config {}: {e}",
+                path.display()
+            )));
+        }
+    };
+    text.parse::<toml_edit::DocumentMut>()
+        .map(Some)
+        .map_err(|e| {
+            StartError(format!(
+                "your Codex config {} is not valid TOML (fix it, or point CODEX_HOME elsewhere):\n{e}",
+                path.display()
+            ))
+        })
+}
+
+/// Puts `top` over `base` as codex layers a profile: tables merge key by key, anything else
+/// replaces. `inline` says whether `base` sits inside an inline table (where tables must be
+/// written inline too).
+fn layer(base: &mut toml_edit::Item, top: &toml_edit::Item, inline: bool) {
+    let fit = |item: toml_edit::Item, inline: bool| {
+        if inline {
+            item.into_value()
+                .map_or_else(|item| item, toml_edit::Item::Value)
+        } else {
+            item
+        }
+    };
+    let base_inline = inline || base.is_inline_table();
+    match (base.as_table_like_mut(), top.as_table_like()) {
+        (Some(base), Some(top)) => {
+            for (key, item) in top.iter() {
+                match base.get_mut(key) {
+                    Some(existing) => layer(existing, item, base_inline),
+                    None => {
+                        base.insert(key, fit(item.clone(), base_inline));
+                    }
+                }
+            }
+        }
+        _ => *base = fit(top.clone(), inline),
+    }
+}
+
+/// The user's `config.toml` (with the `--profile` layer over it) and our `[mcp_servers.ac7]` in
+/// place of theirs (if any); every other key, table, comment and MCP server of theirs is kept.
+fn merge_config(
+    user: Option<&toml_edit::DocumentMut>,
+    profile: Option<&toml_edit::DocumentMut>,
+    exe: &Path,
+    socket: &Path,
+) -> Result<String, StartError> {
+    let ours = config_toml(exe, socket);
+    if user.is_none() && profile.is_none() {
+        return Ok(ours);
+    }
+    let ours_doc: toml_edit::DocumentMut = ours.parse().expect("config_toml writes valid TOML");
+    let entry = ours_doc["mcp_servers"]["ac7"].clone();
+    let mut doc = user.cloned().unwrap_or_default();
+    if let Some(profile) = profile {
+        layer(doc.as_item_mut(), profile.as_item(), false);
+    }
+    let servers = doc.entry("mcp_servers").or_insert_with(toml_edit::table);
+    if let Some(inline) = servers.as_inline_table().cloned() {
+        *servers = toml_edit::Item::Table(inline.into_table());
+    }
+    let Some(servers) = servers.as_table_mut() else {
+        return Err(StartError(
+            "mcp_servers in your Codex config is not a table: cannot add the ac7 server to it"
+                .into(),
+        ));
+    };
+    servers.set_implicit(true);
+    servers.set_dotted(false);
+    servers.remove("ac7");
+    servers.insert("ac7", entry);
+    let header = ours.split("\n\n").next().unwrap_or_default();
+    let merged = format!(
+        "{header}\n# Merged with your Codex config.toml; ac7 owns [mcp_servers.ac7].\n\n{doc}"
+    );
+    // Whatever the user's layout, what we write must parse and hold our entry.
+    let check: toml_edit::DocumentMut = merged.parse().map_err(|e| {
+        StartError(format!(
+            "cannot merge your Codex config with ours (please report this): {e}"
+        ))
+    })?;
+    if check["mcp_servers"]["ac7"].to_string() != ours_doc["mcp_servers"]["ac7"].to_string() {
+        return Err(StartError(
+            "cannot merge your Codex config with ours: [mcp_servers.ac7] did not survive (please report this)".into(),
+        ));
+    }
+    Ok(merged)
+}
+
+fn create_home(exe: &Path, socket: &Path, user: &UserCodex) -> Result<CodexHome, StartError> {
+    let merged = merge_config(user.config.as_ref(), user.profile.as_ref(), exe, socket)?;
     let parent = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
         Some(cache) => PathBuf::from(cache),
         None => std::env::var_os("HOME")
@@ -155,17 +340,18 @@ fn create_home(exe: &Path, socket: &Path) -> Result<CodexHome, StartError> {
         .map_err(|e| StartError(format!("cannot create {}: {e}", dir.display())))?;
     let home = CodexHome { dir };
     let config = home.dir.join("config.toml");
-    crate::fsutil::write_atomic(&config, config_toml(exe, socket).as_bytes())
+    crate::fsutil::write_atomic(&config, merged.as_bytes())
         .map_err(|e| StartError(format!("cannot write {}: {e}", config.display())))?;
-    if let Some(user_home) = std::env::var_os("HOME") {
-        let auth = PathBuf::from(user_home).join(".codex/auth.json");
+    if let Some(user_home) = &user.home {
+        let auth = user_home.join("auth.json");
         if auth.is_file() {
             if let Err(e) = std::os::unix::fs::symlink(&auth, home.dir.join("auth.json")) {
                 eprintln!("ac7 codex: warning: could not link auth.json: {e}");
             }
         } else {
             eprintln!(
-                "ac7 codex: no ~/.codex/auth.json: run `codex login` first so codex can reach its model"
+                "ac7 codex: no {}: run `codex login` first so codex can reach OpenAI (not needed for a model provider with its own key in config.toml)",
+                auth.display()
             );
         }
     }
@@ -180,7 +366,7 @@ enum End {
     Doctor(bool),
 }
 
-async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
+async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     if args.doctor {
         doctor::say("codex", &format!("codex found at {}", codex.display()));
         match doctor::version(&codex).await {
@@ -201,7 +387,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
             return start_failed(&e);
         }
     };
-    let home = match create_home(&exe, &socket) {
+    let home = match create_home(&exe, &socket, &user) {
         Ok(home) => home,
         Err(e) => {
             core.server.shutdown(Some("codex-home-failed")).await;
@@ -212,8 +398,12 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
         Ok(cwd) => cwd,
         Err(e) => return start_failed(&StartError(format!("no working directory: {e}"))),
     };
-    let mut child = match tokio::process::Command::new(&codex)
-        .arg("app-server")
+    let mut command = tokio::process::Command::new(&codex);
+    command.arg("app-server");
+    for value in &args.config {
+        command.args(["-c", value]);
+    }
+    let mut child = match command
         .env("CODEX_HOME", &home.dir)
         .current_dir(&cwd)
         .stdin(std::process::Stdio::piped())
@@ -249,7 +439,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     );
 
     // Live events: rendered here, delivered by the client machine.
-    let (events_tx, mut events) = mpsc::unbounded_channel::<String>();
+    let (events_tx, mut events) = mpsc::unbounded_channel::<SinkEvent>();
     let (me, tracker) = (b.name.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(
         args.opts.stream,
@@ -258,7 +448,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
                 tracker.trigger();
             }
             if !channel::suppress_self_echo(&message, &me) {
-                let _ = events_tx.send(channel::codex_text(&message));
+                let _ = events_tx.send(SinkEvent::from_message(&message, &me));
             }
         }),
     );
@@ -277,6 +467,9 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     let mut stdout = child.stdout.take();
     let mut doctor = args.doctor.then(Doctor::default);
     let mut buf = vec![0u8; 64 * 1024];
+    // "Not delivered" DMs in flight; awaited (bounded) before the runner leaves the broker.
+    let mut notices = tokio::task::JoinSet::new();
+    let me = core.briefing.name.clone();
     use tokio::signal::unix::{SignalKind, signal};
     let (mut int, mut term) = match (
         signal(SignalKind::interrupt()),
@@ -315,6 +508,9 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
                         break 'session End::Doctor(ok);
                     }
                 }
+                CodexOutput::Undelivered(undelivered) => {
+                    notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
+                }
                 CodexOutput::Event(event) => log_event(&event),
             }
         }
@@ -336,8 +532,17 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
     // Teardown: flush what can be delivered, interrupt the turn, close codex's stdin, wait.
     client.shutdown(Instant::now().into_std());
     while let Some(output) = client.poll_output() {
-        if let (CodexOutput::Send(line), Some(pipe)) = (&output, stdin.as_mut()) {
-            let _ = pipe.write_all(line).await;
+        match output {
+            CodexOutput::Send(line) => {
+                if let Some(pipe) = stdin.as_mut() {
+                    let _ = pipe.write_all(&line).await;
+                }
+            }
+            CodexOutput::Undelivered(undelivered) => {
+                notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
+            }
+            CodexOutput::Event(event) => log_event(&event),
+            _ => {}
         }
     }
     drop(stdin);
@@ -349,6 +554,7 @@ async fn run(args: CodexArgs, codex: PathBuf) -> i32 {
         }
     };
     drop(home);
+    let _ = tokio::time::timeout(NOTICE_GRACE, notices.join_all()).await;
     let _ = stop_stream.send(true);
     let (code, reason) = match &end {
         End::Signal(n) => (128 + n, format!("signal-{n}")),
@@ -383,6 +589,30 @@ async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,
+    }
+}
+
+/// DMs the sender of events codex did not take, as this member (never to itself: see
+/// [`SinkEvent::from_message`]).
+async fn tell_sender(broker: super::BrokerClient, me: String, undelivered: Undelivered) {
+    let request = Request {
+        method: Method::Post,
+        path: "/push".into(),
+        body: Body::Json(undelivered.push_body(&me)),
+    };
+    match broker.execute(&request).await {
+        Ok(response) if response.status < 300 => {
+            tracing::info!(to = undelivered.to, msg_ids = ?undelivered.msg_ids, "told the sender their message was not delivered");
+        }
+        Ok(response) => tracing::warn!(
+            to = undelivered.to,
+            status = response.status,
+            body = %String::from_utf8_lossy(&response.body),
+            "could not tell the sender their message was not delivered"
+        ),
+        Err(e) => {
+            tracing::warn!(to = undelivered.to, error = %e, "could not tell the sender their message was not delivered")
+        }
     }
 }
 
@@ -503,5 +733,162 @@ mod tests {
             )
         );
         assert_eq!(toml_string("a\\b\n\u{1}"), "\"a\\\\b\\n\\u0001\"");
+    }
+
+    fn doc(text: &str) -> toml_edit::DocumentMut {
+        text.parse().unwrap()
+    }
+
+    fn merged(user: Option<&str>, profile: Option<&str>) -> Result<toml_edit::DocumentMut, String> {
+        merge_config(
+            user.map(doc).as_ref(),
+            profile.map(doc).as_ref(),
+            Path::new("/opt/ac7"),
+            Path::new("/tmp/s.sock"),
+        )
+        .map(|text| doc(&text))
+        .map_err(|e| e.0)
+    }
+
+    fn assert_ours(merged: &toml_edit::DocumentMut) {
+        let ac7 = &merged["mcp_servers"]["ac7"];
+        assert_eq!(ac7["command"].as_str(), Some("/opt/ac7"));
+        assert_eq!(ac7["default_tools_approval_mode"].as_str(), Some("approve"));
+        assert_eq!(
+            ac7["env"]["AC7_RUNNER_SOCKET"].as_str(),
+            Some("/tmp/s.sock")
+        );
+        assert!(ac7.get("url").is_none(), "nothing of theirs in our entry");
+    }
+
+    #[test]
+    fn the_users_config_is_merged_and_ours_wins_for_mcp_servers_ac7_only() {
+        let user = r#"# my codex
+model = "gpt-local"
+model_provider = "lab"
+
+[model_providers.lab]
+name = "Lab"
+base_url = "http://127.0.0.1:9/v1"
+wire_api = "responses"
+
+[mcp_servers.docs]
+command = "docs-server"
+
+[mcp_servers.ac7]
+url = "http://elsewhere"
+command = "old-ac7"
+"#;
+        let m = merged(Some(user), None).unwrap();
+        assert_ours(&m);
+        assert_eq!(m["model"].as_str(), Some("gpt-local"));
+        assert_eq!(m["model_provider"].as_str(), Some("lab"));
+        assert_eq!(
+            m["model_providers"]["lab"]["wire_api"].as_str(),
+            Some("responses")
+        );
+        assert_eq!(
+            m["mcp_servers"]["docs"]["command"].as_str(),
+            Some("docs-server")
+        );
+        assert!(m.to_string().contains("# my codex"), "comments are kept");
+
+        // Inline and dotted layouts of mcp_servers.
+        let m = merged(Some(r#"mcp_servers = { docs = { command = "d" } }"#), None).unwrap();
+        assert_ours(&m);
+        assert_eq!(m["mcp_servers"]["docs"]["command"].as_str(), Some("d"));
+        let m = merged(
+            Some("mcp_servers.docs.command = \"d\"\nmcp_servers.ac7.command = \"x\"\n"),
+            None,
+        )
+        .unwrap();
+        assert_ours(&m);
+        assert_eq!(m["mcp_servers"]["docs"]["command"].as_str(), Some("d"));
+
+        let e = merged(Some("mcp_servers = 3\n"), None).unwrap_err();
+        assert!(
+            e.contains("mcp_servers in your Codex config is not a table"),
+            "{e}"
+        );
+        // No user config: ours alone.
+        assert_eq!(
+            merge_config(None, None, Path::new("/opt/ac7"), Path::new("/tmp/s.sock")).unwrap(),
+            config_toml(Path::new("/opt/ac7"), Path::new("/tmp/s.sock"))
+        );
+    }
+
+    #[test]
+    fn a_profile_layers_over_the_users_config_key_by_key() {
+        let user = r#"
+model = "base"
+[model_providers.lab]
+name = "Lab"
+base_url = "http://a/v1"
+env_key = "LAB_KEY"
+[sandbox_workspace_write]
+writable_roots = ["/a", "/b"]
+"#;
+        let profile = r#"
+model = "fast"
+model_providers.lab.base_url = "http://b/v1"
+sandbox_workspace_write = { writable_roots = ["/c"], network_access = true }
+[mcp_servers.ac7]
+command = "theirs"
+"#;
+        let m = merged(Some(user), Some(profile)).unwrap();
+        assert_ours(&m);
+        assert_eq!(m["model"].as_str(), Some("fast"));
+        assert_eq!(m["model_providers"]["lab"]["name"].as_str(), Some("Lab"));
+        assert_eq!(
+            m["model_providers"]["lab"]["base_url"].as_str(),
+            Some("http://b/v1")
+        );
+        assert_eq!(
+            m["model_providers"]["lab"]["env_key"].as_str(),
+            Some("LAB_KEY")
+        );
+        let roots = m["sandbox_workspace_write"]["writable_roots"]
+            .as_array()
+            .unwrap();
+        assert_eq!(roots.len(), 1, "arrays replace");
+        assert_eq!(
+            m["sandbox_workspace_write"]["network_access"].as_bool(),
+            Some(true)
+        );
+        // Into an inline table of the user's, a profile's table goes inline.
+        let m = merged(
+            Some("tools = { web = { on = false } }\n"),
+            Some("[tools.web]\non = true\n[tools.shell]\non = true\n"),
+        )
+        .unwrap();
+        assert_eq!(m["tools"]["web"]["on"].as_bool(), Some(true));
+        assert_eq!(m["tools"]["shell"]["on"].as_bool(), Some(true));
+        // A profile alone (no config.toml).
+        let m = merged(None, Some("model = \"p\"\n")).unwrap();
+        assert_eq!(m["model"].as_str(), Some("p"));
+        assert_ours(&m);
+    }
+
+    #[test]
+    fn a_user_config_that_does_not_parse_names_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, "model = \"unterminated\n").unwrap();
+        let e = read_toml(&path).unwrap_err().0;
+        assert!(
+            e.starts_with(&format!(
+                "your Codex config {} is not valid TOML",
+                path.display()
+            )),
+            "{e}"
+        );
+        assert!(
+            read_toml(&dir.path().join("missing.toml"))
+                .unwrap()
+                .is_none()
+        );
+        assert!(parse_override("model=\"o3\"").is_ok());
+        assert!(parse_override("model").is_err());
+        assert!(parse_override("=x").is_err());
     }
 }

@@ -47,7 +47,7 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:8717";
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunnerOpts {
     /// The broker's URL.
-    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL)]
+    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL, value_parser = crate::cli::broker_url)]
     pub url: String,
     /// This member's bearer token.
     #[arg(long, env = "AC7_TOKEN", hide_env_values = true)]

@@ -174,10 +174,9 @@ pub(super) async fn members_create(
             &format!("member '{}'", b.name),
         )
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        if team::member_exists(conn, &b.name)? {
+        if let Some(existing) = team::member_name_taken(conn, &b.name)? {
             return Err(ApiError::conflict(format!(
-                "member '{}' already exists",
-                b.name
+                "member '{existing}' already exists (names are unique without regard to case)"
             )));
         }
         let record = MemberRecord {

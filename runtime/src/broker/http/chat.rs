@@ -15,7 +15,7 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
+use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
 use crate::broker::messages::{self, Feed};
 use crate::broker::publish::Draft;
 use crate::broker::team::{self, MemberRecord, Team};
@@ -217,7 +217,7 @@ pub(super) fn canonical_attachments(
 
 pub(super) async fn push(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let payload: PushPayload = parse_json(&body, "push")?;

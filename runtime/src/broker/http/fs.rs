@@ -15,9 +15,8 @@ use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{
-    ApiError, Body, Caller, Shared, inline_disposition, obj, parse_json, query_bytes, reply,
-};
+use super::{ApiError, Body, Caller, Shared, disposition, obj, parse_json, query_bytes, reply};
+use crate::broker::blobs::{self, StageError, Stored};
 use crate::broker::fs::{self as store, Collide, FsError};
 use crate::broker::{now_ms, objectives};
 
@@ -147,7 +146,8 @@ pub(super) async fn read(
 ) -> Result<Response, ApiError> {
     let raw = uri.path().strip_prefix("/fs/read").unwrap_or("");
     let path = parse_path(&super::percent_decode_with(raw, false))?;
-    let (entry, bytes) = state.store.with(|conn| -> Result<_, ApiError> {
+    let blob_dir = state.blob_dir();
+    let (entry, content) = state.store.with(|conn| -> Result<_, ApiError> {
         if !can_read(conn, &caller, &path)? {
             return Err(forbidden(format!("cannot stat {path}")));
         }
@@ -156,28 +156,109 @@ pub(super) async fn read(
         if entry.is_dir() {
             return Err(FsError::IsADirectory(path.to_string()).into());
         }
-        let bytes = store::read(conn, &entry)?;
-        Ok((entry, bytes))
+        let content = store::read(conn, &blob_dir, &entry)?;
+        Ok((entry, content))
     })?;
     let mime = entry
         .mime_type
         .as_deref()
         .unwrap_or("application/octet-stream");
-    let mut resp = bytes.into_response();
+    let mut resp = match content {
+        Stored::Inline(bytes) => bytes.into_response(),
+        Stored::File(file) => {
+            let mut resp =
+                axum::body::Body::from_stream(file_chunks(tokio::fs::File::from_std(file)))
+                    .into_response();
+            resp.headers_mut().insert(
+                header::CONTENT_LENGTH,
+                HeaderValue::from(entry.size.unwrap_or(0)),
+            );
+            resp
+        }
+    };
     let headers = resp.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_str(mime).unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
-    headers.insert(header::CONTENT_DISPOSITION, inline_disposition(&entry.name));
+    safety_headers(headers, mime, &entry.name);
     Ok(resp)
 }
 
+/// Types a browser shows without running anything: served inline. Everything
+/// else (HTML, SVG, XML, JavaScript, PDF, unknown types…) is an attachment.
+fn is_passive(mime: &str) -> bool {
+    let essence = mime
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    matches!(
+        essence.as_str(),
+        "text/plain"
+            | "text/markdown"
+            | "text/csv"
+            | "application/json"
+            | "image/png"
+            | "image/jpeg"
+            | "image/gif"
+            | "image/webp"
+            | "image/avif"
+            | "image/bmp"
+    ) || essence.starts_with("audio/")
+        || essence.starts_with("video/")
+}
+
+/// Every file read: `nosniff`, a sandboxing CSP (nothing in the file may run or
+/// load anything), and `attachment` for anything but passive types.
+fn safety_headers(headers: &mut axum::http::HeaderMap, mime: &str, name: &str) {
+    headers.insert(
+        header::CONTENT_DISPOSITION,
+        disposition(is_passive(mime), name),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox; default-src 'none'"),
+    );
+}
+
+/// A file read in 64 KiB chunks; a read error ends the body (the client sees a
+/// short body against its `Content-Length`).
+fn file_chunks(
+    file: tokio::fs::File,
+) -> impl futures_util::Stream<Item = std::io::Result<axum::body::Bytes>> {
+    futures_util::stream::unfold(Some(file), |file| async move {
+        use tokio::io::AsyncReadExt;
+        let mut file = file?;
+        let mut buf = vec![0u8; 64 * 1024];
+        match file.read(&mut buf).await {
+            Ok(0) => None,
+            Ok(n) => {
+                buf.truncate(n);
+                Some((Ok(axum::body::Bytes::from(buf)), Some(file)))
+            }
+            Err(e) => Some((Err(e), None)),
+        }
+    })
+}
+
+/// How long an upload may send nothing before it is given up (408).
+const UPLOAD_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `POST /fs/write`: the raw body is streamed to a temp file in the blob
+/// directory while it is hashed (never held in memory), then the entry is
+/// committed and the blob moved to its content address.
 pub(super) async fn write(
     State(state): State<Shared>,
     caller: Caller,
     uri: Uri,
-    Body(body): Body,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Body,
 ) -> Result<Response, ApiError> {
     let path = required_path(&uri, "path")?;
     let mime =
@@ -198,16 +279,46 @@ pub(super) async fn write(
         }
     };
     let limit = state.config.max_file_bytes;
-    if body.len() as u64 > limit {
-        return Err(FsError::TooLarge {
-            size: body.len() as u64,
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(size) = declared.filter(|&n| n > limit) {
+        return Err(FsError::TooLarge { size, limit }.into());
+    }
+    // Refuse early what would be refused after the upload anyway.
+    let charged = store::charged_to(&path, &caller.name);
+    state.store.with(|conn| -> Result<(), ApiError> {
+        if !can_write(conn, &caller, &path)? {
+            return Err(forbidden(format!("cannot write to {path}")));
+        }
+        let replaced = replaced_size(conn, &path, collide)?;
+        check_quota(&state, conn, &charged, declared.unwrap_or(0), replaced)
+    })?;
+    let staged = blobs::stage(
+        &state.blob_dir(),
+        body.into_data_stream(),
+        limit,
+        UPLOAD_IDLE,
+        state.config.sync == crate::broker::db::SyncMode::Full,
+    )
+    .await
+    .map_err(|e| match e {
+        StageError::TooLarge { limit } => FsError::TooLarge {
+            size: limit + 1,
             limit,
         }
-        .into());
-    }
+        .into(),
+        StageError::Idle(d) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("no upload data received for {} s", d.as_secs()),
+        ),
+        StageError::Body(msg) => ApiError::bad_request(msg),
+        StageError::Store(e) => e.into(),
+    })?;
     let state2 = state.clone();
     let now = now_ms();
-    // Large bodies: hash and store off the async workers.
+    let blob_dir = state.blob_dir();
     tokio::task::spawn_blocking(move || {
         state2.store.with(|conn| -> Result<_, ApiError> {
             if !can_write(conn, &caller, &path)? {
@@ -216,9 +327,20 @@ pub(super) async fn write(
             let tx = conn
                 .transaction()
                 .map_err(crate::broker::db::StoreError::from)?;
+            let replaced = replaced_size(&tx, &path, collide)?;
+            check_quota(&state2, &tx, &charged, staged.size, replaced)?;
             let (entry, renamed) =
-                store::write(&tx, &path, &body, &mime, collide, &caller.name, now)?;
-            tx.commit().map_err(crate::broker::db::StoreError::from)?;
+                store::write_staged(&tx, &path, &staged, &mime, collide, &caller.name, now)
+                    .inspect_err(|_| staged.unpublish())?;
+            if let Err(e) = tx.commit() {
+                staged.unpublish();
+                return Err(crate::broker::db::StoreError::from(e).into());
+            }
+            if replaced.is_some()
+                && let Err(e) = blobs::empty_trash(conn, &blob_dir)
+            {
+                tracing::warn!(error = %e, "cannot remove replaced blobs");
+            }
             Ok(reply(
                 StatusCode::OK,
                 &obj! {"entry" => &entry, "renamed" => &renamed},
@@ -232,6 +354,46 @@ pub(super) async fn write(
             format!("write task failed: {e}"),
         )
     })?
+}
+
+/// The size of the file an overwriting write replaces.
+fn replaced_size(
+    conn: &Connection,
+    path: &FsPath,
+    collide: Collide,
+) -> Result<Option<u64>, ApiError> {
+    Ok(match collide {
+        Collide::Overwrite => store::get(conn, path)?.and_then(|e| e.size),
+        _ => None,
+    })
+}
+
+/// 413 `quota_exceeded` if adding `size` bytes (replacing `replaced` bytes)
+/// would put `member` over the file quota.
+fn check_quota(
+    state: &Shared,
+    conn: &Connection,
+    member: &str,
+    size: u64,
+    replaced: Option<u64>,
+) -> Result<(), ApiError> {
+    let Some(quota) = state.config.file_quota_bytes else {
+        return Ok(());
+    };
+    let used = store::usage(conn, member)?;
+    let after = (used + size).saturating_sub(replaced.unwrap_or(0));
+    if after > quota {
+        return Err(fs_err(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "file quota exceeded: {member} has {used} of {quota} bytes in use; this file needs {size} more — remove files first"
+            ),
+            "quota_exceeded",
+        )
+        .with("used", json!(used))
+        .with("quota", json!(quota)));
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -287,6 +449,9 @@ pub(super) async fn rm(
             .map_err(crate::broker::db::StoreError::from)?;
         store::remove(&tx, &path, recursive)?;
         tx.commit().map_err(crate::broker::db::StoreError::from)?;
+        if let Err(e) = blobs::empty_trash(conn, &state.blob_dir()) {
+            tracing::warn!(error = %e, "cannot remove deleted blobs");
+        }
         Ok(StatusCode::NO_CONTENT.into_response())
     })
 }

@@ -102,6 +102,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
+        .layer(middleware::from_fn(json_errors))
         .with_state(state)
 }
 
@@ -133,12 +134,38 @@ async fn protocol_header(req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Gives every error answer a JSON body: the rejections of axum's own extractors
+/// (a bad query string, a bad path segment…) are plain text; they become
+/// `{"error": "<that text>"}` with the same status.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let text = match axum::body::to_bytes(resp.into_body(), 64 * 1024).await {
+        Ok(b) if !b.is_empty() => String::from_utf8_lossy(&b).trim().to_owned(),
+        _ => status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_owned(),
+    };
+    ApiError::new(status, text).into_response()
+}
+
 /// An error response: `{"error": "...", …extras}` (keys in that order, as ac7 sends them).
 #[derive(Debug)]
 pub(crate) struct ApiError {
     status: StatusCode,
     error: String,
     extras: Vec<(String, Value)>,
+    /// Seconds for a `Retry-After` header.
+    retry_after: Option<u64>,
 }
 
 impl serde::Serialize for ApiError {
@@ -159,6 +186,7 @@ impl ApiError {
             status,
             error: msg.into(),
             extras: Vec::new(),
+            retry_after: None,
         }
     }
 
@@ -211,12 +239,25 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, axum::Json(&self)).into_response()
+        let mut resp = (self.status, axum::Json(&self)).into_response();
+        if let Some(secs) = self.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        resp
     }
 }
 
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
+        if e.is_disk_full() {
+            tracing::error!(error = %e, "disk full");
+            return ApiError::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                "the broker's disk is full: nothing was stored; ask the operator to free space, then retry",
+            )
+            .with("code", json!("disk_full"));
+        }
         tracing::error!(error = %e, "store failure");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -303,6 +344,42 @@ impl FromRequestParts<Shared> for Caller {
         })?;
         state.remember_auth(hash, caller.name.clone(), caller.permissions);
         Ok(caller)
+    }
+}
+
+/// The authenticated member, on a request that creates messages (`/push`, objective
+/// changes and discussion): takes a token from the member's bucket, or answers
+/// 429 with `Retry-After` (see [`crate::broker::ratelimit`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Sender(pub(crate) Caller);
+
+impl FromRequestParts<Shared> for Sender {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Shared,
+    ) -> Result<Self, Self::Rejection> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let limiter = &state.push_limiter;
+        match limiter.take(&caller.name, std::time::Instant::now()) {
+            Ok(()) => Ok(Sender(caller)),
+            Err(wait) => {
+                let secs = super::ratelimit::retry_after_secs(wait);
+                let rate = limiter.rate().map_or(0, |r| r.per_second);
+                let burst = limiter.rate().map_or(0, |r| r.burst);
+                let mut err = ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "rate limit: at most {rate} messages per second per member (bursts of {burst}); retry in {secs} s"
+                    ),
+                )
+                .with("code", json!("rate_limited"))
+                .with("retryAfter", json!(secs));
+                err.retry_after = Some(secs);
+                Err(err)
+            }
+        }
     }
 }
 
@@ -494,8 +571,10 @@ pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Respon
     (status, axum::Json(body)).into_response()
 }
 
-/// `Content-Disposition: inline; filename="…"` with control characters, `"` and `\` replaced by `_`.
-pub(crate) fn inline_disposition(name: &str) -> HeaderValue {
+/// `Content-Disposition: inline; filename="…"` (or `attachment; …` when not
+/// `inline`) with control characters, `"` and `\` replaced by `_`.
+pub(crate) fn disposition(inline: bool, name: &str) -> HeaderValue {
+    let kind = if inline { "inline" } else { "attachment" };
     let clean: String = name
         .chars()
         .map(|c| {
@@ -506,8 +585,8 @@ pub(crate) fn inline_disposition(name: &str) -> HeaderValue {
             }
         })
         .collect();
-    HeaderValue::from_str(&format!("inline; filename=\"{clean}\""))
-        .unwrap_or(HeaderValue::from_static("inline"))
+    HeaderValue::from_str(&format!("{kind}; filename=\"{clean}\""))
+        .unwrap_or(HeaderValue::from_static(kind))
 }
 
 /// The percent-decoded bytes of query parameter `key` (first occurrence).
@@ -582,10 +661,48 @@ mod tests {
     }
 
     #[test]
+    fn a_full_disk_is_507() {
+        use crate::broker::db::Store;
+        // A real SQLITE_FULL: the database may not grow past its page limit.
+        let store = Store::open_in_memory().unwrap();
+        let err = store.with(|conn| {
+            conn.execute_batch("CREATE TABLE big (b BLOB); PRAGMA max_page_count = 20;")
+                .unwrap();
+            conn.execute("INSERT INTO big VALUES (zeroblob(1000000))", [])
+                .map_err(StoreError::from)
+                .unwrap_err()
+        });
+        let api = ApiError::from(err);
+        assert_eq!(api.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert!(api.error.contains("disk is full"), "{}", api.error);
+        // A real ENOSPC: /dev/full refuses every write.
+        let source = std::io::Write::write_all(
+            &mut std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+            b"x",
+        )
+        .unwrap_err();
+        let api = ApiError::from(StoreError::File {
+            what: "writing a blob".into(),
+            source,
+        });
+        assert_eq!(api.status, StatusCode::INSUFFICIENT_STORAGE);
+        // anything else stays a 500
+        let api = ApiError::from(StoreError::Corrupt("x".into()));
+        assert_eq!(api.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    #[test]
     fn disposition_is_sanitised() {
         assert_eq!(
-            inline_disposition("a\"b\\c\n.txt"),
+            disposition(true, "a\"b\\c\n.txt"),
             "inline; filename=\"a_b_c_.txt\""
+        );
+        assert_eq!(
+            disposition(false, "x.svg"),
+            "attachment; filename=\"x.svg\""
         );
     }
 }

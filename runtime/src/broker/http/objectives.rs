@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::chat::canonical_attachments;
-use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
+use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
 use crate::broker::db::StoreError;
 use crate::broker::hub::Frame;
 use crate::broker::objectives::{self as store, ListFilter};
@@ -178,7 +178,7 @@ pub(super) struct CreateBody {
 
 pub(super) async fn create(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     if !caller.has(Permission::ObjectivesCreate) {
@@ -301,7 +301,7 @@ pub(super) struct UpdateBody {
 
 pub(super) async fn update(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Path(id): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
@@ -351,7 +351,7 @@ pub(super) struct CompleteBody {
 
 pub(super) async fn complete(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Path(id): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
@@ -377,7 +377,7 @@ pub(super) struct CancelBody {
 
 pub(super) async fn cancel(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Path(id): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
@@ -405,7 +405,7 @@ pub(super) struct ReassignBody {
 
 pub(super) async fn reassign(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Path(id): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
@@ -445,7 +445,7 @@ pub(super) struct WatchersBody {
 
 pub(super) async fn watchers(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Path(id): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
@@ -493,7 +493,7 @@ pub(super) struct DiscussBody {
 
 pub(super) async fn discuss(
     State(state): State<Shared>,
-    caller: Caller,
+    Sender(caller): Sender,
     Path(id): Path<String>,
     Body(body): Body,
 ) -> Result<Response, ApiError> {

@@ -1,0 +1,133 @@
+//! Retention: pruning messages older than a number of days.
+//!
+//! What is pruned: rows of the message log (DMs, broadcasts, channel posts,
+//! objective discussion and lifecycle messages) whose timestamp is older than
+//! the cutoff. What never is: the team, members and tokens, channels and their
+//! membership, objectives and their audit events (an objective's history stays
+//! complete), files and their read grants. A client resuming with the id of a
+//! pruned message is handled like any id the broker cannot place.
+//!
+//! `ac7 serve --retain-days N` prunes at start and then hourly; `ac7 prune --db
+//! PATH --older-than-days N` prunes once, offline (the broker must be stopped,
+//! like for `ac7 member`). Deletes run in batches, each its own transaction, so
+//! the broker's store lock is never held for long. The database file does not
+//! shrink: SQLite reuses the freed pages.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use rusqlite::Connection;
+
+use super::AppState;
+use super::db::StoreError;
+
+/// Milliseconds in a day.
+pub const DAY_MS: i64 = 24 * 60 * 60 * 1000;
+
+/// Rows deleted per transaction.
+const BATCH: usize = 5_000;
+
+/// How often a running broker prunes.
+const EVERY: Duration = Duration::from_secs(3600);
+
+/// The cutoff (epoch ms) for keeping `days` days before `now`.
+pub fn cutoff(now_ms: i64, days: u32) -> i64 {
+    now_ms.saturating_sub(i64::from(days).saturating_mul(DAY_MS))
+}
+
+/// Deletes up to `limit` messages older than `cutoff` (epoch ms), oldest first,
+/// in one transaction; returns how many.
+pub fn prune_batch(conn: &mut Connection, cutoff: i64, limit: usize) -> Result<usize, StoreError> {
+    let tx = conn.transaction()?;
+    let n = tx
+        .prepare_cached(
+            "DELETE FROM messages WHERE seq IN
+             (SELECT seq FROM messages WHERE ts < ?1 ORDER BY seq LIMIT ?2)",
+        )?
+        .execute(rusqlite::params![cutoff, limit as i64])?;
+    tx.commit()?;
+    Ok(n)
+}
+
+/// Deletes every message older than `cutoff`, batch by batch, taking the
+/// connection through `with` for each batch; returns how many.
+pub fn prune_all(
+    mut with: impl FnMut(
+        &mut dyn FnMut(&mut Connection) -> Result<usize, StoreError>,
+    ) -> Result<usize, StoreError>,
+    cutoff: i64,
+) -> Result<usize, StoreError> {
+    let mut total = 0;
+    loop {
+        let n = with(&mut |conn| prune_batch(conn, cutoff, BATCH))?;
+        total += n;
+        if n < BATCH {
+            return Ok(total);
+        }
+    }
+}
+
+/// Prunes `state`'s store to `days` days now and then every hour, until the
+/// broker is gone. Also unlinks blob files left in the trash.
+pub(crate) fn spawn(state: &Arc<AppState>, days: u32) {
+    let weak: Weak<AppState> = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(EVERY);
+        loop {
+            tick.tick().await;
+            let Some(state) = weak.upgrade() else {
+                return;
+            };
+            let run = tokio::task::spawn_blocking(move || {
+                let cut = cutoff(super::now_ms(), days);
+                let pruned = prune_all(|f| state.store.with(|conn| f(conn)), cut)?;
+                let dir = state.blob_dir();
+                state
+                    .store
+                    .with(|conn| super::blobs::empty_trash(conn, &dir))?;
+                Ok::<_, StoreError>(pruned)
+            })
+            .await;
+            match run {
+                Ok(Ok(0)) => {}
+                Ok(Ok(n)) => tracing::info!(pruned = n, days, "pruned old messages"),
+                Ok(Err(e)) => tracing::error!(error = %e, "pruning old messages failed"),
+                Err(e) => tracing::error!(error = %e, "pruning task failed"),
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::db::Store;
+
+    #[test]
+    fn prunes_only_older_messages_in_batches() {
+        let store = Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            for i in 0..12i64 {
+                conn.execute(
+                    "INSERT INTO messages (id, ts, json) VALUES (?1, ?2, '{}')",
+                    rusqlite::params![format!("m{i}"), i * 10],
+                )
+                .unwrap();
+            }
+            assert_eq!(prune_batch(conn, 50, 3).unwrap(), 3);
+            assert_eq!(prune_batch(conn, 50, 3).unwrap(), 2, "ts 50 itself stays");
+            let left: Vec<i64> = conn
+                .prepare("SELECT ts FROM messages ORDER BY seq")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(left, vec![50, 60, 70, 80, 90, 100, 110]);
+        });
+        let n = prune_all(|f| store.with(|c| f(c)), 95).unwrap();
+        assert_eq!(n, 5);
+        assert_eq!(cutoff(10 * DAY_MS, 3), 7 * DAY_MS);
+        assert_eq!(cutoff(0, u32::MAX), -(i64::from(u32::MAX) * DAY_MS));
+    }
+}
