@@ -36,10 +36,14 @@ pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 30_000;
 pub enum Command {
     /// Send a prompt to the agent and stream its messages back.
     Query(Query),
-    /// Make a session resumable by later queries.
+    /// Resume a session. Without a prompt (the seed's form) the next `query` for the session
+    /// continues it; with one (`turn`, our extension: a query's fields under `cmd: "resume"`) a
+    /// turn runs on the resumed session at once.
     Resume {
         /// The session.
         session_id: String,
+        /// The turn to run on it, when the command carried a `prompt`.
+        turn: Option<Query>,
     },
     /// Stop the current turn.
     Interrupt,
@@ -142,49 +146,20 @@ fn discriminator(
 
 /// Decodes a command line (without its newline).
 pub fn decode_command(line: &[u8]) -> Result<Command, Invalid> {
-    let mut map = fields(line)?;
+    let map = fields(line)?;
     let cmd = discriminator(&map, "cmd", "ev")?;
     Ok(match cmd.as_str() {
-        "query" => {
-            let prompt = match map.get("prompt") {
-                Some(p) if matches!(p.get().as_bytes().first(), Some(b'"' | b'[')) => {
-                    RawJson::from_raw(p)
-                }
-                _ => {
-                    return Err(Invalid(
-                        "\"prompt\" must be a string or content blocks".into(),
-                    ));
-                }
-            };
-            let session_id = string(&map, "sessionId")?;
-            let include_partial_messages = match map.get("includePartialMessages") {
-                None => false,
-                Some(raw) => match raw.get() {
-                    "true" => true,
-                    "false" | "null" => false,
-                    _ => {
-                        return Err(Invalid(
-                            "\"includePartialMessages\" must be a boolean".into(),
-                        ));
-                    }
-                },
-            };
-            for key in ["cmd", "prompt", "sessionId", "includePartialMessages"] {
-                map.remove(key);
+        "query" => Command::Query(query(map)?),
+        "resume" if map.contains_key("prompt") => {
+            let turn = query(map)?;
+            Command::Resume {
+                session_id: turn.session_id.clone(),
+                turn: Some(turn),
             }
-            let options = map
-                .into_iter()
-                .map(|(k, v)| (k, RawJson::from_raw(v)))
-                .collect();
-            Command::Query(Query {
-                prompt,
-                session_id,
-                include_partial_messages,
-                options,
-            })
         }
         "resume" => Command::Resume {
             session_id: string(&map, "sessionId")?,
+            turn: None,
         },
         "interrupt" => Command::Interrupt,
         "shutdown" => Command::Shutdown,
@@ -201,6 +176,44 @@ pub fn decode_command(line: &[u8]) -> Result<Command, Invalid> {
             },
         },
         other => return Err(Invalid(format!("unknown command {other:?}"))),
+    })
+}
+
+/// The fields of a `query` (or of a `resume` with a prompt).
+fn query(mut map: BTreeMap<String, &RawValue>) -> Result<Query, Invalid> {
+    let prompt = match map.get("prompt") {
+        Some(p) if matches!(p.get().as_bytes().first(), Some(b'"' | b'[')) => RawJson::from_raw(p),
+        _ => {
+            return Err(Invalid(
+                "\"prompt\" must be a string or content blocks".into(),
+            ));
+        }
+    };
+    let session_id = string(&map, "sessionId")?;
+    let include_partial_messages = match map.get("includePartialMessages") {
+        None => false,
+        Some(raw) => match raw.get() {
+            "true" => true,
+            "false" | "null" => false,
+            _ => {
+                return Err(Invalid(
+                    "\"includePartialMessages\" must be a boolean".into(),
+                ));
+            }
+        },
+    };
+    for key in ["cmd", "prompt", "sessionId", "includePartialMessages"] {
+        map.remove(key);
+    }
+    let options = map
+        .into_iter()
+        .map(|(k, v)| (k, RawJson::from_raw(v)))
+        .collect();
+    Ok(Query {
+        prompt,
+        session_id,
+        include_partial_messages,
+        options,
     })
 }
 
@@ -237,8 +250,13 @@ pub fn decode_event(line: &[u8]) -> Result<Event, Invalid> {
 /// Appends a command as one line.
 pub fn encode_command(command: &Command, out: &mut Vec<u8>) {
     match command {
-        Command::Query(q) => {
-            out.extend_from_slice(b"{\"cmd\":\"query\",\"prompt\":");
+        Command::Query(q) | Command::Resume { turn: Some(q), .. } => {
+            let cmd: &[u8] = if matches!(command, Command::Query(_)) {
+                b"{\"cmd\":\"query\",\"prompt\":"
+            } else {
+                b"{\"cmd\":\"resume\",\"prompt\":"
+            };
+            out.extend_from_slice(cmd);
             write_raw(out, &q.prompt);
             out.extend_from_slice(b",\"sessionId\":");
             write_str(out, &q.session_id);
@@ -253,7 +271,10 @@ pub fn encode_command(command: &Command, out: &mut Vec<u8>) {
             }
             out.push(b'}');
         }
-        Command::Resume { session_id } => {
+        Command::Resume {
+            session_id,
+            turn: None,
+        } => {
             out.extend_from_slice(b"{\"cmd\":\"resume\",\"sessionId\":");
             write_str(out, session_id);
             out.push(b'}');

@@ -282,6 +282,114 @@ pub fn decode_reply(payload: &[u8]) -> Result<Reply, Fatal> {
     }
 }
 
+/// Why a parent's `result` is not an MCP `CallToolResult` an agent can accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidResult(pub String);
+
+/// The content block types of MCP, each with its required fields and their JSON types.
+const CONTENT_TYPES: [(&str, &[(&str, &str)]); 5] = [
+    ("text", &[("text", "string")]),
+    ("image", &[("data", "string"), ("mimeType", "string")]),
+    ("audio", &[("data", "string"), ("mimeType", "string")]),
+    ("resource_link", &[("uri", "string"), ("name", "string")]),
+    ("resource", &[("resource", "object")]),
+];
+
+fn json_kind(raw: &RawValue) -> &'static str {
+    match first_byte(raw) {
+        b'"' => "string",
+        b'{' => "object",
+        b'[' => "array",
+        b't' | b'f' => "boolean",
+        b'n' => "null",
+        _ => "number",
+    }
+}
+
+/// Checks a parent's `result` the way an MCP client will: an object whose `content` is a
+/// non-empty list (seed 001: "`content` MUST contain at least one element") of content blocks,
+/// each with a known `type` and that type's required fields; `isError`, when present, a
+/// boolean; `_meta`, when present, an object. Unknown extra fields are allowed. Nothing is
+/// copied: fields are looked at raw.
+pub fn validate_tool_result(result: &RawJson) -> Result<(), InvalidResult> {
+    let bad = |s: String| Err(InvalidResult(s));
+    let fields: std::collections::BTreeMap<&str, &RawValue> = match result.parse() {
+        Ok(fields) if result.get().trim_start().starts_with('{') => fields,
+        _ => return bad("the result is not a JSON object".into()),
+    };
+    let content = match fields.get("content") {
+        None => return bad("the result has no \"content\" list".into()),
+        Some(c) if first_byte(c) != b'[' => {
+            return bad(format!("\"content\" is {}, not a list", json_kind(c)));
+        }
+        Some(c) => serde_json::from_str::<Vec<&RawValue>>(c.get())
+            .map_err(|e| InvalidResult(format!("\"content\" is not a list: {e}")))?,
+    };
+    if content.is_empty() {
+        return bad("\"content\" is empty; it must hold at least one content block".into());
+    }
+    for (i, item) in content.iter().enumerate() {
+        if first_byte(item) != b'{' {
+            return bad(format!(
+                "content[{i}] is {}, not an object",
+                json_kind(item)
+            ));
+        }
+        let item: std::collections::BTreeMap<&str, &RawValue> = serde_json::from_str(item.get())
+            .map_err(|e| InvalidResult(format!("content[{i}] is not an object: {e}")))?;
+        let Some(kind) = item.get("type") else {
+            return bad(format!("content[{i}] has no \"type\""));
+        };
+        let kind = serde_json::from_str::<String>(kind.get()).unwrap_or_default();
+        let Some((_, required)) = CONTENT_TYPES.iter().find(|(name, _)| *name == kind) else {
+            return bad(format!(
+                "content[{i}] has type {}, which is none of text, image, audio, resource_link, \
+                 resource",
+                item["type"].get()
+            ));
+        };
+        for (field, want) in *required {
+            match item.get(field) {
+                Some(v) if json_kind(v) == *want => {}
+                Some(v) => {
+                    let article = if *want == "object" { "an" } else { "a" };
+                    return bad(format!(
+                        "content[{i}] ({kind}): \"{field}\" is {}, not {article} {want}",
+                        json_kind(v)
+                    ));
+                }
+                None => return bad(format!("content[{i}] ({kind}) has no \"{field}\"")),
+            }
+        }
+        if kind == "resource" {
+            let resource: std::collections::BTreeMap<&str, &RawValue> =
+                serde_json::from_str(item["resource"].get())
+                    .map_err(|e| InvalidResult(format!("content[{i}].resource: {e}")))?;
+            let string = |key: &str| resource.get(key).is_some_and(|v| first_byte(v) == b'"');
+            if !string("uri") {
+                return bad(format!("content[{i}].resource has no \"uri\" string"));
+            }
+            if !string("text") && !string("blob") {
+                return bad(format!(
+                    "content[{i}].resource has neither a \"text\" nor a \"blob\" string"
+                ));
+            }
+        }
+    }
+    if let Some(v) = fields.get("isError")
+        && json_kind(v) != "boolean"
+    {
+        return bad(format!("\"isError\" is {}, not a boolean", json_kind(v)));
+    }
+    if let Some(v) = fields.get("_meta")
+        && !matches!(json_kind(v), "object" | "null")
+    {
+        return bad(format!("\"_meta\" is {}, not an object", json_kind(v)));
+    }
+    Ok(())
+}
+
 /// Why a call failed without a reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {

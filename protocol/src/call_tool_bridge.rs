@@ -8,9 +8,14 @@
 //!   answers `ToolNotFoundError`).
 //! - Calls go to the parent one at a time through [`CallToolClient`] (lazy connect, reconnect after
 //!   a drop). A parent error `{message, type}` becomes an `isError` result `"<message> (type:
-//!   <type>)"`; a parent result is passed through unchanged, `isError: true` included; a request
-//!   too large to send is an `isError` result; a call the connection failed under is a JSON-RPC
-//!   error `-32603`.
+//!   <type>)"`; a valid parent result is passed through unchanged, `isError: true` included; one
+//!   that is not a valid `CallToolResult` ([`validate_tool_result`]: e.g. `{}`, or `content`
+//!   empty or not a list) becomes an `isError` result naming the problem.
+//! - Every failure without a reply is an `isError` result too (MCP reports tool failures as
+//!   results; seed 001: "Bridge returns MCP error to CLI"), never a JSON-RPC error: a request too
+//!   large to send, a parent that cannot be reached, drops the connection mid-call, or sends bad
+//!   framing, invalid JSON or a reply over the cap. The text says what failed and that the next
+//!   call reconnects (it does).
 //! - Other methods get `-32601`. Teardown (agent EOF, signal) answers what is pending and exits.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -18,9 +23,11 @@ use std::collections::{BTreeSet, VecDeque};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::call_tool::{CallError, CallTool, CallToolClient, ClientOutput, Reply, ToolSchema};
+use crate::call_tool::{
+    CallError, CallTool, CallToolClient, ClientOutput, Reply, ToolSchema, validate_tool_result,
+};
 use crate::json::RawJson;
-use crate::jsonrpc::{INTERNAL_ERROR, INVALID_PARAMS, Id, METHOD_NOT_FOUND, RpcError};
+use crate::jsonrpc::{INVALID_PARAMS, Id, METHOD_NOT_FOUND, RpcError};
 use crate::length_prefixed::MAX_PAYLOAD_BYTES;
 use crate::line::LineDecoder;
 use crate::mcp;
@@ -93,6 +100,13 @@ pub enum CallToolBridgeEvent {
         tool: String,
         /// Why it failed, if it did without a reply.
         error: Option<CallError>,
+    },
+    /// The parent's result was not a valid `CallToolResult`; the agent got an `isError` result.
+    InvalidResult {
+        /// Tool name.
+        tool: String,
+        /// What was wrong.
+        detail: String,
     },
     /// A notification from the agent the bridge does not act on.
     AgentNotificationIgnored {
@@ -323,26 +337,36 @@ impl CallToolBridge {
     }
 
     fn completed(&mut self, token: Token, outcome: Result<Reply, CallError>) {
-        let line = match &outcome {
-            Ok(Reply::Result(result)) => result_line(&token.agent_id, result),
+        let tool = &token.tool;
+        let (result, invalid) = match &outcome {
+            Ok(Reply::Result(result)) => match validate_tool_result(result) {
+                Ok(()) => (result.clone(), None),
+                Err(invalid) => {
+                    let text = format!(
+                        "{tool}: the parent returned an invalid tool result ({invalid}); \
+                         a tool result needs a non-empty \"content\" list of content blocks"
+                    );
+                    (mcp::tool_error(&text), Some(invalid))
+                }
+            },
             Ok(Reply::Error {
                 message,
                 error_type,
-            }) => {
-                let text = format!("{message} (type: {error_type})");
-                result_line(&token.agent_id, &mcp::tool_error(&text))
-            }
-            Err(CallError::TooLarge(too_large)) => {
-                let text = format!("{}: request too large ({too_large})", token.tool);
-                result_line(&token.agent_id, &mcp::tool_error(&text))
-            }
-            Err(error) => error_line(
-                Some(&token.agent_id),
-                &RpcError::new(INTERNAL_ERROR, format!("{}: {error}", token.tool)),
+            }) => (
+                mcp::tool_error(&format!("{message} (type: {error_type})")),
+                None,
             ),
+            Err(error) => (mcp::tool_error(&failure_text(tool, error)), None),
         };
+        let line = result_line(&token.agent_id, &result);
         if !self.cancelled.remove(token.agent_id.as_raw().get()) {
             self.send_agent(line);
+        }
+        if let Some(invalid) = invalid {
+            self.event(CallToolBridgeEvent::InvalidResult {
+                tool: token.tool.clone(),
+                detail: invalid.0,
+            });
         }
         self.event(CallToolBridgeEvent::Completed {
             tool: token.tool,
@@ -363,6 +387,31 @@ impl CallToolBridge {
 
     fn event(&mut self, event: CallToolBridgeEvent) {
         self.out.push_back(CallToolBridgeOutput::Event(event));
+    }
+}
+
+/// The text of the `isError` result for a call that got no reply: what failed, whether the call
+/// may have run, and what the next call does.
+fn failure_text(tool: &str, error: &CallError) -> String {
+    match error {
+        CallError::TooLarge(too_large) => format!(
+            "{tool}: request too large ({too_large}); it was not sent. Send smaller arguments."
+        ),
+        CallError::ConnectFailed(reason) => format!(
+            "{tool}: cannot connect to the parent process ({reason}); the call was not sent. \
+             Check that the parent is running; the next call tries to connect again."
+        ),
+        CallError::ConnectionLost => format!(
+            "{tool}: the parent closed the connection before replying; the call may or may not \
+             have run. The next call reconnects."
+        ),
+        CallError::Protocol(fatal) => format!(
+            "{tool}: protocol error from the parent ({fatal}); the connection was dropped and \
+             the call may or may not have run. The next call reconnects."
+        ),
+        CallError::Shutdown => {
+            format!("{tool}: the bridge is shutting down; the call was not completed.")
+        }
     }
 }
 

@@ -19,6 +19,10 @@ use crate::jsonrpc::{self, Message, Outcome};
 use crate::length_prefixed::{self, LpDecoder};
 use crate::mcp;
 use crate::runner::{BridgePolicy, ConnId, Origin, RunnerConfig, RunnerOutput, RunnerSession};
+use crate::trace::activity::ActivityEvent;
+use crate::trace::http::{ConnId as TraceConn, HttpConfig};
+use crate::trace::redact::{TRUNCATED_MARK, preview, redact_text};
+use crate::trace::{TraceConfig, TraceOutput, Tracer};
 
 /// More polls than this after one input means `poll_output` does not terminate.
 const MAX_POLLS: usize = 100_000;
@@ -596,26 +600,46 @@ pub fn decode_lp(data: &[u8]) {
 
 /// `ash_bridge`: a host and an agent doing arbitrary things to an [`AshConnection`].
 ///
-/// Oracles: `ready` comes first; every line sent is a valid event; at most one turn runs; every
-/// turn the bridge starts ends with exactly one `done` once the agent (or exec) finishes; no
-/// `message` goes out while no query runs; `poll_output` terminates.
+/// Oracles: `ready` comes first; every line sent is a valid event; at most one command runs; no
+/// `message` goes out while no query runs; every `query`, `resume` and `exec` the connection
+/// reads (decoded again by the oracle from the same bytes) ends with exactly one `done` naming
+/// the session that command named (`""` for exec) once the turns finish, whether it ran or was
+/// refused by the bounded queue, unless the host went away; `poll_output` terminates.
 pub fn ash_bridge_ops(data: &[u8]) {
     let mut input = Input::new(data);
-    let mut conn = AshConnection::with_max_line(64 + usize::from(input.byte()) * 4);
+    let max_line = 64 + usize::from(input.byte()) * 4;
+    let mut conn = AshConnection::with_max_line(max_line);
+    let mut shadow = crate::line::LineDecoder::new(max_line);
+    let mut expected: Vec<String> = Vec::new();
+    let mut dones: Vec<String> = Vec::new();
     let mut running: Option<&'static str> = None;
-    let mut dones_expected = 0usize;
-    let mut dones = 0usize;
+    let mut closed = false;
     let mut first = true;
-    const COMMANDS: [&str; 7] = [
+    const COMMANDS: [&str; 8] = [
         r#"{"cmd":"query","prompt":"p","sessionId":"s"}"#,
         r#"{"cmd":"query","prompt":[{"type":"text","text":"p"}],"sessionId":"t","model":"m"}"#,
         r#"{"cmd":"exec","command":"true","timeout":10}"#,
         r#"{"cmd":"resume","sessionId":"r"}"#,
+        r#"{"cmd":"resume","prompt":"p","sessionId":"u"}"#,
         r#"{"cmd":"interrupt"}"#,
         r#"{"cmd":"query","sessionId":"s"}"#,
         r#"{"cmd":"shutdown"}"#,
     ];
-    loop {
+    let mut feed = |conn: &mut AshConnection, bytes: &[u8], expected: &mut Vec<String>| {
+        conn.handle_bytes(bytes);
+        shadow.push(bytes);
+        while let Some(line) = shadow.next_line() {
+            if let crate::line::Line::Complete(line) = line {
+                match ash::decode_command(line) {
+                    Ok(ash::Command::Query(q)) => expected.push(q.session_id),
+                    Ok(ash::Command::Resume { session_id, .. }) => expected.push(session_id),
+                    Ok(ash::Command::Exec { .. }) => expected.push(String::new()),
+                    _ => {}
+                }
+            }
+        }
+    };
+    let mut drain = |conn: &mut AshConnection, running: &mut Option<&'static str>| {
         let mut polls = 0;
         while let Some(output) = conn.poll_output() {
             polls += 1;
@@ -626,25 +650,31 @@ pub fn ash_bridge_ops(data: &[u8]) {
                     assert_eq!(first, event == ash::Event::Ready, "ready comes first, once");
                     first = false;
                     match event {
-                        ash::Event::Done { .. } => dones += 1,
+                        ash::Event::Done { session_id } => dones.push(session_id),
                         ash::Event::Message { .. } => {
-                            assert_eq!(running, Some("query"), "message outside a query")
+                            assert_eq!(*running, Some("query"), "message outside a query")
                         }
                         _ => {}
                     }
                 }
                 AshBridgeOutput::StartQuery(_) => {
                     assert!(running.is_none(), "two turns at once");
-                    running = Some("query");
+                    *running = Some("query");
                 }
                 AshBridgeOutput::StartExec { .. } => {
                     assert!(running.is_none(), "two turns at once");
-                    running = Some("exec");
+                    *running = Some("exec");
                 }
-                AshBridgeOutput::ResumeSession { .. } => dones_expected += 1,
+                AshBridgeOutput::ResumeSession { .. } => {
+                    assert!(running.is_none(), "two turns at once");
+                    *running = Some("resume");
+                }
                 AshBridgeOutput::StopAgent | AshBridgeOutput::Shutdown => {}
             }
         }
+    };
+    loop {
+        drain(&mut conn, &mut running);
         if input.is_empty() {
             break;
         }
@@ -653,31 +683,61 @@ pub fn ash_bridge_ops(data: &[u8]) {
                 let mut line = COMMANDS[input.below(COMMANDS.len())].as_bytes().to_vec();
                 line.push(b'\n');
                 let split = input.below(line.len() + 1);
-                conn.handle_bytes(&line[..split]);
-                conn.handle_bytes(&line[split..]);
+                feed(&mut conn, &line[..split], &mut expected);
+                feed(&mut conn, &line[split..], &mut expected);
             }
-            3 => conn.handle_bytes(input.bytes(80)),
+            3 => {
+                let bytes = input.bytes(80);
+                feed(&mut conn, bytes, &mut expected);
+            }
             4 => conn.agent_message(RawJson::from_text("{}").expect("valid JSON")),
             5 if running == Some("query") => {
                 running = None;
-                dones_expected += 1;
                 conn.agent_finished(if input.byte().is_multiple_of(2) {
-                    Ok(None)
+                    Ok(())
+                } else {
+                    Err("x".into())
+                });
+            }
+            5 if running == Some("resume") => {
+                running = None;
+                conn.resume_finished(if input.byte().is_multiple_of(2) {
+                    Ok(())
                 } else {
                     Err("x".into())
                 });
             }
             6 if running == Some("exec") => {
                 running = None;
-                dones_expected += 1;
                 conn.exec_finished(0, String::new(), String::new());
             }
-            _ => conn.handle_closed(),
+            _ => {
+                closed = true;
+                conn.handle_closed();
+            }
         }
     }
+    if closed {
+        return;
+    }
+    // Finish whatever runs until the queue is empty.
+    while let Some(kind) = running.take() {
+        match kind {
+            "query" => conn.agent_finished(Ok(())),
+            "resume" => conn.resume_finished(Ok(())),
+            _ => conn.exec_finished(0, String::new(), String::new()),
+        }
+        drain(&mut conn, &mut running);
+    }
+    assert!(
+        !conn.is_busy() && conn.queued() == 0,
+        "a command was left behind"
+    );
+    expected.sort();
+    dones.sort();
     assert_eq!(
-        dones, dones_expected,
-        "each finished turn ends with exactly one done"
+        dones, expected,
+        "each command ends with exactly one done for its session"
     );
 }
 
@@ -737,6 +797,7 @@ pub fn ash_host_ops(data: &[u8]) {
                 let command = match input.byte() % 3 {
                     0 => ash::Command::Resume {
                         session_id: "s".into(),
+                        turn: None,
                     },
                     1 => ash::Command::Exec {
                         command: "c".into(),
@@ -774,6 +835,657 @@ pub fn ash_host_ops(data: &[u8]) {
         submitted,
         "every submission completes"
     );
+}
+
+/// The secrets corpus (`protocol/src/trace/secrets.txt`): `(context, secret)` pairs.
+pub fn trace_secrets() -> Vec<(&'static str, &'static str)> {
+    include_str!("trace/secrets.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split_once('\t'))
+        .collect()
+}
+
+/// A request carrying `secret` in its `context` (see `secrets.txt`); `variant` picks where a
+/// `text` secret goes (message text, tool input, system prompt, plain-text body).
+pub fn secret_exchange(context: &str, secret: &str, variant: u8) -> Vec<u8> {
+    let mut target = "/v1/messages?beta=true".to_owned();
+    let mut headers = String::new();
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let body = match context.split_once(':') {
+        Some(("header", name)) => {
+            headers.push_str(&format!("{name}: {secret}\r\n"));
+            r#"{"model":"m","messages":[]}"#.to_owned()
+        }
+        Some(("query", name)) => {
+            target = format!("/v1/messages?{name}={secret}&beta=true");
+            r#"{"model":"m","messages":[]}"#.to_owned()
+        }
+        Some(("json", key)) => format!(
+            r#"{{"model":"m","{key}":{s},"messages":[{{"role":"user","content":[{{"type":"tool_use","id":"t","name":"n","input":{{"{key}":{s}}}}}]}}],"input":[{{"type":"function_call","call_id":"c","name":"n","arguments":{args}}}]}}"#,
+            s = text(secret),
+            args = text(&format!(r#"{{"{key}":{}}}"#, text(secret))),
+        ),
+        _ => {
+            headers.push_str(&format!("x-note: see {secret} here\r\n"));
+            target = format!("/v1/messages?beta=true&s={secret}");
+            let said = text(&format!("my key is {secret}, keep it"));
+            match variant % 4 {
+                0 => format!(
+                    r#"{{"model":"m","messages":[{{"role":"user","content":{said}}}],"input":{said}}}"#
+                ),
+                1 => format!(
+                    r#"{{"model":"m","messages":[{{"role":"assistant","content":[{{"type":"tool_use","id":"t","name":"Bash","input":{{"command":{said}}}}}]}},{{"role":"user","content":[{{"type":"tool_result","tool_use_id":"t","content":{said}}}]}}]}}"#
+                ),
+                2 => format!(
+                    r#"{{"model":"m","system":[{{"type":"text","text":{said}}}],"instructions":{said},"tools":[{{"name":"t","description":{said},"input_schema":{{}}}}],"messages":[]}}"#
+                ),
+                _ => format!("plain text body: {secret} end"),
+            }
+        }
+    };
+    format!(
+        "POST {target} HTTP/1.1\r\nHost: api.example\r\n{headers}content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A streamed response carrying `secret` in its `context`, split across two deltas for text.
+pub fn secret_response(context: &str, secret: &str) -> Vec<u8> {
+    let text = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let mut headers = String::new();
+    let (first, second) = secret.split_at(secret.len() / 2);
+    let mut stream = format!(
+        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"content\":[],\"usage\":{{\"input_tokens\":1}}}}}}\n\n\
+         data: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
+         data: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":{}}}}}\n\n\
+         data: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":{}}}}}\n\n\
+         data: {{\"type\":\"response.output_item.added\",\"output_index\":0,\"item\":{{\"type\":\"message\",\"role\":\"assistant\",\"content\":[]}}}}\n\n\
+         data: {{\"type\":\"response.output_text.delta\",\"output_index\":0,\"content_index\":0,\"delta\":{}}}\n\n\
+         data: {{\"type\":\"response.output_text.delta\",\"output_index\":0,\"content_index\":0,\"delta\":{}}}\n\n",
+        text(&format!("key: {first}")),
+        text(&format!("{second} ok")),
+        text(&format!("key: {first}")),
+        text(&format!("{second} ok")),
+    );
+    match context.split_once(':') {
+        Some(("header", name)) => headers.push_str(&format!("{name}: {secret}\r\n")),
+        Some(("json", key)) => stream.push_str(&format!(
+            "data: {{\"type\":\"error\",\"error\":{{\"type\":\"x\",\"message\":{m}}},\"{key}\":{s}}}\n\n",
+            m = text(&format!("bad {key}={secret}")),
+            s = text(secret),
+        )),
+        _ => {}
+    }
+    let mut out = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n{headers}transfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for part in stream.as_bytes().chunks(50) {
+        out.extend_from_slice(format!("{:x}\r\n", part.len()).as_bytes());
+        out.extend_from_slice(part);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// Feeds `client` then `server` to a [`Tracer`] in chunks whose sizes come from `seed` (one
+/// chunk each when `seed` is 0); returns the outputs with the forwarded bytes concatenated.
+fn trace_feed(
+    config: &TraceConfig,
+    host: &str,
+    client: &[u8],
+    server: &[u8],
+    seed: u32,
+    max_buffered: &mut usize,
+) -> (Vec<TraceOutput>, Vec<u8>) {
+    let conn = TraceConn(7);
+    let mut tracer = Tracer::new(config.clone());
+    tracer.handle_open(conn, host);
+    let mut outputs = Vec::new();
+    let mut forwarded = Vec::new();
+    let mut drain = |tracer: &mut Tracer| {
+        let mut polls = 0;
+        while let Some(output) = tracer.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match output {
+                TraceOutput::ToServer { bytes, .. } => forwarded.extend_from_slice(&bytes),
+                other => outputs.push(other),
+            }
+        }
+    };
+    let mut seed = seed;
+    let mut chunks = |bytes: &'_ [u8]| -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let len = if seed == 0 {
+                bytes.len()
+            } else {
+                seed ^= seed << 13;
+                seed ^= seed >> 17;
+                seed ^= seed << 5;
+                (seed as usize % 97).clamp(1, bytes.len() - at)
+            };
+            out.push((at, at + len.min(bytes.len() - at)));
+            at += len.min(bytes.len() - at);
+        }
+        out
+    };
+    for (a, b) in chunks(client) {
+        tracer.handle_client_bytes(conn, &client[a..b], 1);
+        *max_buffered = (*max_buffered).max(tracer.assembler().buffered_bytes());
+        drain(&mut tracer);
+    }
+    for (a, b) in chunks(server) {
+        tracer.handle_server_bytes(conn, &server[a..b], 2);
+        *max_buffered = (*max_buffered).max(tracer.assembler().buffered_bytes());
+        drain(&mut tracer);
+    }
+    tracer.handle_closed(conn, 3);
+    drain(&mut tracer);
+    assert_eq!(tracer.assembler().open_connections(), 0);
+    (outputs, forwarded)
+}
+
+/// `trace_http`: arbitrary client and server streams through the [`Tracer`].
+///
+/// Input: a flags byte (small caps, `Accept-Encoding` rewriting, host), a chunking seed, two
+/// bytes giving the client stream's length, then the client and server streams.
+///
+/// Oracles: splitting the streams differently never changes the events or the forwarded bytes;
+/// every `RequestSent` gets exactly one event; without rewriting nothing is forwarded by the
+/// tracer, and with it, an untraced or tunnelled connection's bytes pass unchanged after the
+/// point of failure; buffers stay within the caps; bodies respect the body cap; events are
+/// bounded in size and survive a JSON round trip.
+pub fn trace_http(data: &[u8]) {
+    let mut input = Input::new(data);
+    let flags = input.byte();
+    let seed = u32::from(input.byte()) | 1;
+    let client_len = usize::from(u16::from_le_bytes([input.byte(), input.byte()]));
+    let rest = &data[input.pos.min(data.len())..];
+    let (client, server) = rest.split_at(client_len.min(rest.len()));
+    let small = flags & 1 == 1;
+    let config = TraceConfig {
+        http: HttpConfig {
+            max_head_bytes: if small { 96 } else { 64 * 1024 },
+            max_body_bytes: if small { 64 } else { 1 << 20 },
+            max_pipelined: if small { 3 } else { 64 },
+            rewrite_accept_encoding: flags & 2 == 2,
+        },
+        preview_chars: if small { 32 } else { 4096 },
+    };
+    let host = [
+        "api.anthropic.com:443",
+        "api.openai.com:443",
+        "example.com:443",
+    ][usize::from(flags >> 2) % 3];
+    // The decoders straight on the server bytes and on what follows its first blank line.
+    let after_head = server
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(&server[..0], |i| &server[i + 4..]);
+    for body in [server, after_head] {
+        for response in [
+            crate::trace::anthropic::response(body, 200),
+            crate::trace::openai::response(body, 200),
+        ] {
+            serde_json::to_string(&response).expect("responses serialize");
+        }
+    }
+    let mut buffered = 0;
+    let (whole, whole_fwd) = trace_feed(&config, host, client, server, 0, &mut buffered);
+    let mut buffered_split = 0;
+    let (split, split_fwd) = trace_feed(&config, host, client, server, seed, &mut buffered_split);
+    assert_eq!(split, whole, "chunking changed the outputs");
+    assert_eq!(split_fwd, whole_fwd, "chunking changed the forwarded bytes");
+    if !config.http.rewrite_accept_encoding {
+        assert!(whole_fwd.is_empty(), "forwarded without rewriting");
+    }
+    let bound = 2 * (config.http.max_head_bytes + 97)
+        + 2 * config.http.max_pipelined * config.http.max_body_bytes;
+    assert!(buffered_split <= bound, "buffers exceed their caps");
+
+    let sent = whole
+        .iter()
+        .filter(|o| matches!(o, TraceOutput::RequestSent { .. }))
+        .count();
+    let mut events = 0;
+    let mut event_bytes = 0;
+    for output in &whole {
+        if let TraceOutput::Event { event, .. } = output {
+            events += 1;
+            let json = serde_json::to_string(event).expect("events serialize");
+            event_bytes += json.len();
+            let back: ActivityEvent = serde_json::from_str(&json).expect("events deserialize");
+            assert_eq!(
+                serde_json::to_string(&back).expect("serialize"),
+                json,
+                "events round trip"
+            );
+        }
+    }
+    assert_eq!(sent, events, "one event per request sent");
+    assert!(
+        event_bytes <= 16 * data.len() + 4096 * (events + 1),
+        "events are out of proportion to the input"
+    );
+}
+
+/// `trace_redact`: a secret from the corpus in an exchange with arbitrary text around it.
+///
+/// Oracles: no corpus secret survives in any event whatever the host, the placement and the
+/// chunking; [`redact_text`] is idempotent on arbitrary text and previews respect their cap.
+pub fn trace_redact(data: &[u8]) {
+    let mut input = Input::new(data);
+    let corpus = trace_secrets();
+    let (context, secret) = corpus[input.below(corpus.len())];
+    let variant = input.byte();
+    let host = ["api.anthropic.com", "api.openai.com", "example.com"][input.below(3)];
+    let seed = u32::from(input.byte()) | 1;
+    let noise = String::from_utf8_lossy(input.bytes(200)).into_owned();
+    // Arbitrary text alone: redaction is idempotent and previews are capped.
+    let once = redact_text(&noise).into_owned();
+    assert_eq!(redact_text(&once), once, "redaction is idempotent");
+    let cap = 1 + usize::from(variant % 64);
+    assert!(preview(&noise, cap).chars().count() <= cap + TRUNCATED_MARK.chars().count());
+
+    // The secret with noise around it (separated by a space, as text around a key is).
+    let noisy = format!(
+        "{} {secret} {}",
+        noise.replace(['\r', '\n'], " "),
+        noise.len()
+    );
+    let client = secret_exchange(context, secret, variant);
+    let server = secret_response(context, secret);
+    let client = if context == "text" {
+        // Put the noise in the first message too.
+        String::from_utf8_lossy(&client)
+            .replace(
+                "my key is ",
+                &format!("{} my key is ", noisy.replace('"', "'").replace('\\', "/")),
+            )
+            .into_bytes()
+    } else {
+        client
+    };
+    let client = fix_content_length(&client);
+    let config = TraceConfig::default();
+    let mut buffered = 0;
+    let (outputs, _) = trace_feed(&config, host, &client, &server, seed, &mut buffered);
+    for output in &outputs {
+        if let TraceOutput::Event { event, .. } = output {
+            let json = serde_json::to_string(event).expect("serializes");
+            assert!(!json.contains(secret), "{context} secret survived: {json}");
+        }
+    }
+}
+
+/// Rewrites the `content-length` of a request built by [`secret_exchange`] after an edit.
+fn fix_content_length(request: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(request);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return request.to_vec();
+    };
+    let head: Vec<String> = head
+        .split("\r\n")
+        .map(|l| {
+            if l.starts_with("content-length:") {
+                format!("content-length: {}", body.len())
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
+}
+
+/// One step of the live-stream world: what the broker, the network and the clock do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LiveStep {
+    /// A message is logged (and sent to an open subscription).
+    Push,
+    /// The clock moves `ms` forward (timers due fire).
+    Tick(u16),
+    /// The pending connect succeeds (replay or reset, then live).
+    Accept,
+    /// The pending connect fails.
+    Refuse,
+    /// Up to `n` frames the broker sent reach the machine.
+    Feed(u8),
+    /// A keepalive reaches the machine.
+    Keepalive,
+    /// The connection breaks.
+    Drop,
+    /// The pending `/history` request is answered.
+    Answer,
+    /// The pending `/history` request fails.
+    FailFetch,
+    /// The broker restarts on the same database.
+    Restart,
+    /// The broker comes back on a backup holding the first `keep` percent of its log.
+    Restore(u8),
+    /// The broker comes back on a fresh database.
+    Fresh,
+}
+
+/// A stored message of the simulated broker. `serial` grows across every database.
+#[derive(Debug, Clone)]
+struct SimMessage {
+    serial: u64,
+    message: crate::message::Message,
+}
+
+/// The live-stream machine in a simulated world (one member who sees everything), checking
+/// after every step that no message was delivered twice or out of order, and
+/// [`LiveSim::settle`] that everything in the broker's log reached the agent.
+#[derive(Debug)]
+pub struct LiveSim {
+    machine: crate::live::LiveStream,
+    now: Instant,
+    ms: i64,
+    log: Vec<SimMessage>,
+    next_serial: u64,
+    /// What the broker sent on the open connection, not yet read.
+    inbound: Option<std::collections::VecDeque<crate::live::LiveFrame>>,
+    connect_pending: Option<Option<String>>,
+    fetch_pending: Option<crate::live::HistoryQuery>,
+    delivered: Vec<u64>,
+    delivered_ids: BTreeSet<String>,
+    serial_of: BTreeMap<String, u64>,
+    /// The last serial logged before the first subscription (a runner starts live: what came
+    /// before it is history, not stream).
+    before_first: Option<u64>,
+}
+
+impl LiveSim {
+    /// A world with small pages and hold limits so that paging and overflow happen.
+    pub fn new(seed: u64) -> Self {
+        let now = Instant::now();
+        let config = crate::live::LiveConfig {
+            page: 3,
+            max_held: 5,
+            remembered_ids: 100_000,
+            seed,
+            ..crate::live::LiveConfig::default()
+        };
+        let mut sim = Self {
+            machine: crate::live::LiveStream::new(config, now),
+            now,
+            ms: 1_000_000,
+            log: Vec::new(),
+            next_serial: 0,
+            inbound: None,
+            connect_pending: None,
+            fetch_pending: None,
+            delivered: Vec::new(),
+            delivered_ids: BTreeSet::new(),
+            serial_of: BTreeMap::new(),
+            before_first: None,
+        };
+        sim.drain();
+        sim
+    }
+
+    /// Applies one step, then checks the delivery promises.
+    pub fn step(&mut self, step: &LiveStep) {
+        match step {
+            LiveStep::Push => {
+                self.next_serial += 1;
+                let serial = self.next_serial;
+                let message = crate::message::Message {
+                    id: format!("m{serial}"),
+                    ts: self.ms,
+                    to: None,
+                    from: Some("director".into()),
+                    title: None,
+                    body: format!("body {serial}"),
+                    level: crate::message::LogLevel::default(),
+                    data: serde_json::Map::new(),
+                    attachments: Vec::new(),
+                };
+                self.serial_of.insert(message.id.clone(), serial);
+                if let Some(inbound) = &mut self.inbound {
+                    inbound.push_back(crate::live::LiveFrame::Message(message.clone()));
+                }
+                self.log.push(SimMessage { serial, message });
+            }
+            LiveStep::Tick(ms) => {
+                let d = Duration::from_millis(u64::from(*ms) * 50);
+                self.now += d;
+                self.ms += i64::from(*ms) / 8;
+                if self.machine.poll_timeout().is_some_and(|at| at <= self.now) {
+                    self.machine.handle_timeout(self.now);
+                }
+            }
+            LiveStep::Accept => {
+                if let Some(last) = self.connect_pending.take() {
+                    let mut inbound = std::collections::VecDeque::new();
+                    if let Some(id) = last {
+                        match self.log.iter().position(|m| m.message.id == id) {
+                            Some(at) => inbound.extend(
+                                self.log[at + 1..]
+                                    .iter()
+                                    .map(|m| crate::live::LiveFrame::Message(m.message.clone())),
+                            ),
+                            None => inbound.push_back(crate::live::LiveFrame::Reset(
+                                crate::live::Reset::unknown_id(&id),
+                            )),
+                        }
+                    }
+                    self.inbound = Some(inbound);
+                    self.before_first.get_or_insert(self.next_serial);
+                    self.machine.handle_connected(self.now, true, Some(self.ms));
+                }
+            }
+            LiveStep::Refuse => {
+                if self.connect_pending.take().is_some() {
+                    self.machine.handle_closed(self.now, "refused");
+                }
+            }
+            LiveStep::Feed(n) => {
+                for _ in 0..=*n {
+                    let Some(frame) = self.inbound.as_mut().and_then(|i| i.pop_front()) else {
+                        break;
+                    };
+                    self.machine.handle_frame(self.now, frame);
+                    self.drain();
+                }
+            }
+            LiveStep::Keepalive => {
+                if self.inbound.is_some() {
+                    self.machine
+                        .handle_frame(self.now, crate::live::LiveFrame::Alive);
+                }
+            }
+            LiveStep::Drop => self.disconnect(),
+            LiveStep::Answer => {
+                if let Some(query) = self.fetch_pending.take() {
+                    match self.history(&query) {
+                        Some(messages) => self.machine.handle_history(self.now, query.id, messages),
+                        None => self.machine.handle_history_failed(
+                            self.now,
+                            query.id,
+                            "400 unknown after_id",
+                        ),
+                    }
+                }
+            }
+            LiveStep::FailFetch => {
+                if let Some(query) = self.fetch_pending.take() {
+                    self.machine
+                        .handle_history_failed(self.now, query.id, "503");
+                }
+            }
+            LiveStep::Restart => self.disconnect(),
+            LiveStep::Restore(keep) => {
+                self.disconnect();
+                let keep = self.log.len() * usize::from(*keep % 101) / 100;
+                self.log.truncate(keep);
+            }
+            LiveStep::Fresh => {
+                self.disconnect();
+                self.log.clear();
+            }
+        }
+        self.drain();
+    }
+
+    fn disconnect(&mut self) {
+        self.fetch_pending = None;
+        if self.connect_pending.take().is_some() || self.inbound.take().is_some() {
+            self.machine.handle_closed(self.now, "connection lost");
+        }
+    }
+
+    /// `GET /history` against the current log (`None`: an `after_id` it does not have).
+    fn history(&self, q: &crate::live::HistoryQuery) -> Option<Vec<crate::message::Message>> {
+        let log = self.log.iter().map(|m| &m.message);
+        let page: Vec<_> = if let Some(id) = &q.after_id {
+            let at = self.log.iter().position(|m| &m.message.id == id)?;
+            log.skip(at + 1).take(q.limit).cloned().collect()
+        } else if let Some(after) = q.after_ts {
+            log.filter(|m| m.ts > after)
+                .take(q.limit)
+                .cloned()
+                .collect()
+        } else {
+            let before = q.before_ts.unwrap_or(i64::MAX);
+            log.rev()
+                .filter(|m| m.ts < before)
+                .take(q.limit)
+                .cloned()
+                .collect()
+        };
+        Some(page)
+    }
+
+    /// Collects the machine's outputs and checks each delivery.
+    fn drain(&mut self) {
+        let mut polls = 0;
+        while let Some(output) = self.machine.poll_output() {
+            polls += 1;
+            assert!(polls < MAX_POLLS, "poll_output does not terminate");
+            match output {
+                crate::live::LiveOutput::Connect { last_event_id } => {
+                    assert!(self.inbound.is_none(), "connect while connected");
+                    self.connect_pending = Some(last_event_id);
+                }
+                crate::live::LiveOutput::Disconnect { .. } => {
+                    self.inbound = None;
+                    self.connect_pending = None;
+                    self.fetch_pending = None;
+                }
+                crate::live::LiveOutput::Fetch(query) => {
+                    assert!(self.inbound.is_some(), "a fetch while not connected");
+                    self.fetch_pending = Some(query);
+                }
+                crate::live::LiveOutput::Backoff { delay, .. } => {
+                    assert!(
+                        delay <= Duration::from_secs(36),
+                        "backoff {delay:?} over 30 s + 20 %"
+                    );
+                    assert!(
+                        delay >= Duration::from_millis(800),
+                        "backoff {delay:?} under 1 s - 20 %"
+                    );
+                    self.inbound = None;
+                    self.connect_pending = None;
+                    self.fetch_pending = None;
+                }
+                crate::live::LiveOutput::Deliver(message) => {
+                    let serial = self.serial_of[&message.id];
+                    assert!(
+                        self.delivered_ids.insert(message.id.clone()),
+                        "{} delivered twice",
+                        message.id
+                    );
+                    // Messages logged before the first subscription are history, not stream:
+                    // a backfill after a reset may bring one that shares the millisecond of the
+                    // last delivered message (ms cannot order them). Only the order of the
+                    // stream is promised.
+                    if self.before_first.is_some_and(|first| serial > first) {
+                        if let Some(last) = self.delivered.last() {
+                            assert!(
+                                serial > *last,
+                                "{serial} delivered after {last}: out of order"
+                            );
+                        }
+                        self.delivered.push(serial);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Lets the world run without faults until the machine is connected and idle, then checks
+    /// that every message in the broker's log reached the agent.
+    pub fn settle(&mut self) {
+        for _ in 0..10_000 {
+            if self.connect_pending.is_some() {
+                self.step(&LiveStep::Accept);
+            } else if self.fetch_pending.is_some() {
+                self.step(&LiveStep::Answer);
+            } else if self.inbound.as_ref().is_some_and(|i| !i.is_empty()) {
+                self.step(&LiveStep::Feed(255));
+            } else if self.inbound.is_some() && !self.machine.is_backfilling() {
+                let before_first = self.before_first.unwrap_or(0);
+                for m in self.log.iter().filter(|m| m.serial > before_first) {
+                    assert!(
+                        self.delivered_ids.contains(&m.message.id),
+                        "{} is in the log but never reached the agent",
+                        m.message.id
+                    );
+                }
+                return;
+            } else if let Some(at) = self.machine.poll_timeout() {
+                self.now = self.now.max(at);
+                self.machine.handle_timeout(self.now);
+                self.drain();
+            } else {
+                panic!("stuck: nothing pending and no timer");
+            }
+        }
+        panic!("the live stream never settled");
+    }
+}
+
+/// `live_stream`: fuzzer bytes as a sequence of [`LiveStep`]s for a [`LiveSim`], then
+/// [`LiveSim::settle`].
+///
+/// Oracles: no message is delivered twice or out of the broker's order, across any sequence of
+/// disconnects, replays, resets, backfills and database swaps; backoff stays within 1 s - 20 %
+/// and 30 s + 20 %; after the faults stop, everything in the broker's log is delivered.
+pub fn live_ops(data: &[u8]) {
+    let mut input = Input::new(data);
+    let seed = u64::from(input.byte());
+    let mut sim = LiveSim::new(seed);
+    let mut steps = 0;
+    while !input.is_empty() && steps < 2_000 {
+        steps += 1;
+        let step = match input.below(14) {
+            0..=2 => LiveStep::Push,
+            3 => LiveStep::Tick(u16::from(input.byte()) * 8),
+            4 => LiveStep::Accept,
+            5 => LiveStep::Refuse,
+            6 | 7 => LiveStep::Feed(input.byte() % 8),
+            8 => LiveStep::Keepalive,
+            9 => LiveStep::Drop,
+            10 => LiveStep::Answer,
+            11 => LiveStep::FailFetch,
+            12 => match input.below(3) {
+                0 => LiveStep::Restart,
+                1 => LiveStep::Restore(input.byte()),
+                _ => LiveStep::Fresh,
+            },
+            _ => LiveStep::Tick(u16::from(input.byte())),
+        };
+        sim.step(&step);
+    }
+    sim.settle();
 }
 
 #[cfg(test)]
@@ -819,6 +1531,11 @@ mod tests {
         }
 
         #[test]
+        fn live_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            live_ops(&data);
+        }
+
+        #[test]
         fn runner_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
             runner_ops(&data);
         }
@@ -836,6 +1553,44 @@ mod tests {
         #[test]
         fn ash_host_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..512)) {
             ash_host_ops(&data);
+        }
+
+        #[test]
+        fn trace_http_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            trace_http(&data);
+        }
+
+        #[test]
+        fn trace_http_oracle_holds_on_http_like_input(
+            flags in any::<u8>(),
+            seed in any::<u8>(),
+            requests in proptest::collection::vec(prop_oneof![
+                Just("GET / HTTP/1.1\r\nHost: api.anthropic.com\r\n\r\n".to_owned()),
+                Just("POST /v1/messages HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}".to_owned()),
+                Just("POST /v1/responses HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n".to_owned()),
+                Just("GET /ws HTTP/1.1\r\nUpgrade: x\r\n\r\n".to_owned()),
+                "[ -~]{0,30}",
+            ], 0..5),
+            responses in proptest::collection::vec(prop_oneof![
+                Just("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}".to_owned()),
+                Just("HTTP/1.1 100 Continue\r\n\r\n".to_owned()),
+                Just("HTTP/1.1 101 Switching\r\n\r\nraw".to_owned()),
+                Just("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\ndata:\r\n0\r\n\r\n".to_owned()),
+                Just("HTTP/1.1 204 No Content\r\n\r\n".to_owned()),
+                "[ -~]{0,30}",
+            ], 0..5),
+        ) {
+            let client = requests.concat();
+            let mut data = vec![flags, seed];
+            data.extend_from_slice(&(client.len() as u16).to_le_bytes());
+            data.extend_from_slice(client.as_bytes());
+            data.extend_from_slice(responses.concat().as_bytes());
+            trace_http(&data);
+        }
+
+        #[test]
+        fn trace_redact_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..512)) {
+            trace_redact(&data);
         }
     }
 }

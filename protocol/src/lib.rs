@@ -81,6 +81,7 @@
 //! | [`ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
 //! | [`codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
 //! | [`schema`] | the JSON Schema subset tool input schemas use |
+//! | [`trace`] | activity events, the HTTP/1.1 exchange assembler, Messages / Responses decoding, redaction |
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -98,6 +99,7 @@ pub mod json;
 pub mod jsonrpc;
 pub mod length_prefixed;
 pub mod line;
+pub mod live;
 pub mod mcp;
 mod mcp_face;
 pub mod message;
@@ -109,6 +111,7 @@ pub mod schema;
 pub mod sse;
 pub mod team;
 pub mod toolbox;
+pub mod trace;
 pub mod tracker;
 pub mod vfs;
 

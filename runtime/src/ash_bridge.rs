@@ -1,32 +1,44 @@
 //! `ac7 ash-bridge`: the bridge side of the Ash protocol (seed 003). Listens on
 //! `$ASH_BRIDGE_SOCKET`, writes `R` to stdout once listening, and serves every connection with
 //! its own [`AshConnection`] (state is never shared between connections), running the agent
-//! (`claude`) as a child process per query.
+//! (`claude`) as a child process per query. The session map is shared by all connections.
 //!
 //! ```text
 //!   socket read ──▶ handle_bytes / handle_closed ──┐
 //!   agent stdout ─▶ agent_message / agent_finished ┤ AshConnection (one per connection)
 //!   exec result ──▶ exec_finished ─────────────────┘
 //!      poll_output: Send -> socket, StartQuery -> spawn the agent, StopAgent -> SIGINT (SIGKILL
-//!      after a grace period), ResumeSession -> remember the session, StartExec -> sh -c,
-//!      Shutdown -> stop every child, remove the socket, exit 0
+//!      after a grace period), ResumeSession -> look the session up in the SessionMap and
+//!      answer resume_finished, StartExec -> sh -c, Shutdown -> stop every child, remove the
+//!      socket, exit 0
 //! ```
 //!
-//! The agent: `claude -p --output-format stream-json --input-format stream-json --verbose`, plus
-//! `--resume <id>` when the session is known to this bridge (a `resume` for it, or an earlier
-//! query whose agent named it in a message, even if that turn failed or was interrupted) and
-//! `--session-id <id>` otherwise; `--include-partial-messages`, `--model`, `--max-turns`,
-//! `--allowedTools` and `--disallowedTools` (comma-joined) from the query's fields; its other
-//! fields are accepted and not passed on. No permission flags are added: the agent runs with
-//! its own settings (as root, claude refuses `--dangerously-skip-permissions`). The prompt goes
-//! in on its stdin as one stream-json user message. Each JSON object it prints is a `message`,
-//! unchanged; the session id of `done` is the result message's `session_id` when there is one.
-//! A non-zero exit without a result is `error` (with the end of its stderr) then `done`. It runs
-//! in its own process group, in `$ASH_WORKSPACE_DIR` when set.
+//! Commands on a connection queue and run in order, one at a time (see [`AshConnection`]);
+//! `done` always carries the session id the command named.
+//!
+//! The agent: `claude -p --output-format stream-json --input-format stream-json --verbose
+//! --permission-mode <mode>`, plus `--session-id <uuid>` for a new session or `--resume <uuid>`
+//! for one claude has started: the host's session ids are mapped to claude's UUIDs by
+//! [`SessionMap`], kept in the workspace so a restarted bridge resumes them.
+//! `--include-partial-messages`, `--model`, `--max-turns`, `--allowedTools` and
+//! `--disallowedTools` (comma-joined) come from the query's fields; its other fields are
+//! accepted and not passed on. The prompt goes in on its stdin as one stream-json user message.
+//! Each JSON object it prints is a `message`, unchanged. A non-zero exit is a failed turn
+//! (`error`, with the end of its stderr or the result's text, then `done`), even when it printed
+//! a result first. It runs in its own process group, in `$ASH_WORKSPACE_DIR` when set.
+//!
+//! `resume <id>` (the seed's form, no prompt) makes the next `query` for `<id>` continue that
+//! conversation: a session this bridge has started, or a claude session UUID it adopts; anything
+//! else is `error` then `done`. With a `prompt` (our extension) the turn runs at once.
+//!
+//! Permission mode (`--permission-mode`, env `ASH_PERMISSION_MODE`): nobody can answer a
+//! permission prompt in a headless turn, so by default the bridge runs claude as Ash does, with
+//! `bypassPermissions`: the bridge is meant to run inside a disposable sandbox. Claude refuses
+//! that mode as root (unless `IS_SANDBOX=1` is set), so as root the default is `acceptEdits`
+//! (file edits are allowed, other tools need `allowedTools`).
 
-use std::collections::BTreeSet;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,6 +56,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
+use crate::ash_sessions::{SessionArgs, SessionMap};
 use crate::stdio::recv_signal;
 use crate::unix_socket::{BindError, bind_private};
 
@@ -79,17 +92,47 @@ pub const HELP_FOOTER: &str = "\
 Environment:
   ASH_BRIDGE_SOCKET  the Unix socket to listen on (required; created 0600, removed at exit)
   CLAUDE_PATH        the agent binary (default: claude on PATH)
-  ASH_WORKSPACE_DIR  the agent's and exec's working directory (default: the bridge's)
+  ASH_WORKSPACE_DIR  the agent's and exec's working directory (default: the bridge's); the
+                     map of host session ids to claude's is kept there, in .ac7-ash-sessions.json
                      (ASH_AGENT_DIR is not read: claude finds CLAUDE.md from its working directory)
+  ASH_PERMISSION_MODE  the same as --permission-mode
   AC7_LOG            log filter for the JSON lines on stderr (default warn)
 
 Once listening, the bridge writes the single byte R to stdout. Exit status: 0 after a shutdown
 command, SIGINT or SIGTERM (every child is stopped and the socket removed first); 1 when
 ASH_BRIDGE_SOCKET is missing or the socket cannot be created (one line on stderr says why).";
 
+/// Claude's permission modes (`claude --permission-mode`).
+pub const PERMISSION_MODES: [&str; 6] = [
+    "acceptEdits",
+    "auto",
+    "bypassPermissions",
+    "default",
+    "dontAsk",
+    "plan",
+];
+
 /// `ac7 ash-bridge`: serve the Ash bridge protocol on `$ASH_BRIDGE_SOCKET`.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct AshBridgeArgs {}
+pub struct AshBridgeArgs {
+    /// The permission mode claude runs in, passed as claude's --permission-mode. Default:
+    /// bypassPermissions (as Ash: nobody can answer a permission prompt in a headless turn, and
+    /// the bridge runs in a sandbox); as root, where claude refuses that unless IS_SANDBOX=1 is
+    /// set, acceptEdits.
+    #[arg(long, env = "ASH_PERMISSION_MODE", value_name = "MODE", value_parser = PERMISSION_MODES)]
+    pub permission_mode: Option<String>,
+}
+
+/// The permission mode used when none is given: `bypassPermissions`, or `acceptEdits` as root
+/// without `IS_SANDBOX=1` (claude refuses to bypass permissions as root otherwise).
+pub fn default_permission_mode() -> &'static str {
+    let sandbox = std::env::var_os("IS_SANDBOX").is_some_and(|v| v == "1");
+    if rustix::process::geteuid().is_root() && !sandbox {
+        "acceptEdits"
+    } else {
+        "bypassPermissions"
+    }
+}
 
 /// Why the bridge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -108,8 +151,8 @@ pub enum AshBridgeError {
 }
 
 /// Runs `ac7 ash-bridge`; returns the exit code.
-pub fn run(_args: AshBridgeArgs) -> i32 {
-    match run_bridge() {
+pub fn run(args: AshBridgeArgs) -> i32 {
+    match run_bridge(args) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("ac7 ash-bridge: {err}");
@@ -118,7 +161,7 @@ pub fn run(_args: AshBridgeArgs) -> i32 {
     }
 }
 
-fn run_bridge() -> Result<(), AshBridgeError> {
+fn run_bridge(args: AshBridgeArgs) -> Result<(), AshBridgeError> {
     let path = std::env::var_os(SOCKET_ENV)
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
@@ -135,6 +178,9 @@ fn run_bridge() -> Result<(), AshBridgeError> {
         workspace: std::env::var_os(WORKSPACE_ENV)
             .filter(|s| !s.is_empty())
             .map(PathBuf::from),
+        permission_mode: args
+            .permission_mode
+            .unwrap_or_else(|| default_permission_mode().to_owned()),
     };
     runtime.block_on(async {
         let (listener, socket) = bind_private(&path, "ash-bridge")?;
@@ -147,7 +193,11 @@ fn run_bridge() -> Result<(), AshBridgeError> {
             .and_then(|()| stdout.flush())
             .map_err(AshBridgeError::Start)?;
         drop(stdout);
-        tracing::info!(path = %path.display(), "ash-bridge listening");
+        tracing::info!(
+            path = %path.display(),
+            permission_mode = %agent.permission_mode,
+            "ash-bridge listening"
+        );
         serve(listener, agent).await;
         drop(socket);
         Ok(())
@@ -159,20 +209,22 @@ fn run_bridge() -> Result<(), AshBridgeError> {
 struct AgentSpec {
     claude: PathBuf,
     workspace: Option<PathBuf>,
+    permission_mode: String,
 }
 
 struct Shared {
     agent: AgentSpec,
-    /// Sessions a query may continue with `--resume`.
-    known_sessions: Mutex<BTreeSet<String>>,
+    /// Host session id → claude session, shared by every connection.
+    sessions: Mutex<SessionMap>,
     shutdown: watch::Sender<bool>,
 }
 
 async fn serve(listener: tokio::net::UnixListener, agent: AgentSpec) {
     let (shutdown, mut shutdown_rx) = watch::channel(false);
+    let sessions = SessionMap::load(agent.workspace.as_deref().unwrap_or(Path::new(".")));
     let shared = Arc::new(Shared {
         agent,
-        known_sessions: Mutex::new(BTreeSet::new()),
+        sessions: Mutex::new(sessions),
         shutdown,
     });
     let mut sigterm = signal(SignalKind::terminate()).ok();
@@ -212,7 +264,7 @@ async fn serve(listener: tokio::net::UnixListener, agent: AgentSpec) {
 /// What a running turn reports to its connection.
 enum TurnEvent {
     Message(RawJson),
-    AgentFinished(Result<Option<String>, String>),
+    AgentFinished(Result<(), String>),
     ExecFinished {
         exit_code: i64,
         stdout: String,
@@ -249,8 +301,8 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                 }
                 AshBridgeOutput::StartQuery(query) => {
                     stop.send_replace(Stop::Run);
-                    let session = resume_flag(&shared, &query.session_id);
-                    let command = agent_command(&shared.agent, &query, session);
+                    let session = lock(&shared.sessions).for_turn(&query.session_id);
+                    let command = agent_command(&shared.agent, &query, &session);
                     turn = Some(tokio::spawn(run_agent(
                         command,
                         query,
@@ -267,7 +319,8 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                     });
                 }
                 AshBridgeOutput::ResumeSession { session_id } => {
-                    lock(&shared.known_sessions).insert(session_id);
+                    let resumed = lock(&shared.sessions).resume(&session_id);
+                    conn.resume_finished(resumed);
                 }
                 AshBridgeOutput::StartExec {
                     command,
@@ -329,16 +382,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `--resume` for a session this bridge knows, `--session-id` for a new one.
-fn resume_flag(shared: &Shared, session_id: &str) -> &'static str {
-    if lock(&shared.known_sessions).contains(session_id) {
-        "--resume"
-    } else {
-        "--session-id"
-    }
-}
-
-fn agent_command(agent: &AgentSpec, query: &Query, session_flag: &str) -> Command {
+fn agent_command(agent: &AgentSpec, query: &Query, session: &SessionArgs) -> Command {
     let mut command = Command::new(&agent.claude);
     command.args([
         "-p",
@@ -347,10 +391,11 @@ fn agent_command(agent: &AgentSpec, query: &Query, session_flag: &str) -> Comman
         "--input-format",
         "stream-json",
         "--verbose",
+        "--permission-mode",
+        &agent.permission_mode,
+        session.flag,
+        &session.agent_session,
     ]);
-    if !query.session_id.is_empty() {
-        command.args([session_flag, &query.session_id]);
-    }
     if query.include_partial_messages {
         command.arg("--include-partial-messages");
     }
@@ -428,7 +473,9 @@ async fn enforce_stop(group: Option<rustix::process::Pid>, mut stop: watch::Rece
 struct Peek {
     #[serde(rename = "type")]
     kind: Option<String>,
+    subtype: Option<String>,
     session_id: Option<String>,
+    result: Option<serde_json::Value>,
 }
 
 async fn run_agent(
@@ -444,12 +491,17 @@ async fn run_agent(
             let (finished, seen) = agent_turn(child, group, &query, &events, stop).await;
             // Once the agent has named the session (its init message does), it exists and can
             // be resumed, however the turn ended.
-            if let Some(session) = seen.filter(|s| !s.is_empty()) {
-                lock(&shared.known_sessions).insert(session);
+            let mut sessions = lock(&shared.sessions);
+            match seen.filter(|s| !s.is_empty()) {
+                Some(agent_session) => sessions.started(&query.session_id, &agent_session),
+                None => sessions.unnamed(&query.session_id),
             }
             finished
         }
-        Err(err) => Err(format!("cannot start the agent ({program}): {err}")),
+        Err(err) => {
+            lock(&shared.sessions).unnamed(&query.session_id);
+            Err(format!("cannot start the agent ({program}): {err}"))
+        }
     };
     let _ = events.send(TurnEvent::AgentFinished(result)).await;
 }
@@ -460,7 +512,7 @@ async fn agent_turn(
     query: &Query,
     events: &mpsc::Sender<TurnEvent>,
     stop: watch::Receiver<Stop>,
-) -> (Result<Option<String>, String>, Option<String>) {
+) -> (Result<(), String>, Option<String>) {
     if let Some(mut stdin) = child.stdin.take() {
         let message = user_message(&query.prompt);
         tokio::spawn(async move {
@@ -473,8 +525,7 @@ async fn agent_turn(
     tokio::pin!(enforcer);
     let mut lines = LineDecoder::new(MAX_AGENT_LINE_BYTES);
     let mut buf = vec![0u8; READ_CHUNK];
-    let mut reported = None;
-    let mut saw_result = false;
+    let mut result_text = None;
     let mut seen = None;
     while let Some(out) = stdout.as_mut() {
         let n = tokio::select! {
@@ -508,10 +559,13 @@ async fn agent_turn(
             };
             if let Ok(peek) = raw.parse::<Peek>() {
                 if peek.kind.as_deref() == Some("result") {
-                    saw_result = true;
-                    reported = peek.session_id.clone().or(reported);
+                    result_text = match peek.result {
+                        Some(serde_json::Value::String(text)) if !text.is_empty() => Some(text),
+                        _ => peek.subtype,
+                    };
                 }
-                seen = peek.session_id.or(seen);
+                // The first session named (the init message's) is the conversation's.
+                seen = seen.or(peek.session_id);
             }
             if events.send(TurnEvent::Message(raw)).await.is_err() {
                 break;
@@ -527,14 +581,18 @@ async fn agent_turn(
         None => String::new(),
     };
     let result = match status {
-        _ if saw_result => Ok(reported),
-        Ok(status) if status.success() => Ok(reported),
+        Ok(status) if status.success() => Ok(()),
+        // A failed turn, even when the agent printed a result first (claude does, with
+        // `is_error`, when the API fails).
         Ok(status) => {
-            let tail = tail.trim();
-            Err(if tail.is_empty() {
+            let why = match tail.trim() {
+                "" => result_text.unwrap_or_default(),
+                tail => tail.to_owned(),
+            };
+            Err(if why.is_empty() {
                 format!("the agent exited with {status}")
             } else {
-                format!("the agent exited with {status}: {tail}")
+                format!("the agent exited with {status}: {why}")
             })
         }
         Err(err) => Err(format!("waiting for the agent failed: {err}")),

@@ -351,6 +351,13 @@ fn log_event(event: &CallToolBridgeEvent) {
         } => {
             tracing::warn!(tool, error = %error, "call failed without a reply");
         }
+        CallToolBridgeEvent::InvalidResult { tool, detail } => {
+            tracing::warn!(
+                tool,
+                detail,
+                "the parent's result is not a valid MCP tool result; answered with isError"
+            );
+        }
         CallToolBridgeEvent::AgentNotificationIgnored { method } => {
             tracing::debug!(method, "notification from the agent ignored");
         }

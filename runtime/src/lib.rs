@@ -3,6 +3,7 @@
 
 pub mod ash_bridge;
 pub mod ash_client;
+pub mod ash_sessions;
 pub mod bench;
 pub mod bridge;
 pub mod broker;
@@ -19,4 +20,5 @@ pub mod peer;
 pub mod quickstart;
 pub mod runner;
 mod stdio;
+pub mod tls_client;
 pub mod unix_socket;

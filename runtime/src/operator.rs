@@ -184,7 +184,7 @@ impl Client {
             .clone()
             .filter(|t| !t.is_empty())
             .context("no token: set AC7_TOKEN or pass --token")?;
-        let http = reqwest::Client::builder()
+        let http = crate::tls_client::builder()?
             .timeout(std::time::Duration::from_secs(30))
             .build()?;
         Ok(Client {

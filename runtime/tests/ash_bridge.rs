@@ -7,13 +7,13 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use ac7_protocol::ash::host::{Completion, ExecOutcome};
 use ac7_protocol::ash::{Command, Query};
 use ac7_protocol::json::RawJson;
 use ac7_runtime::ash_client::{AshClient, JobEvent};
+use common::ash::spawn_ash_bridge;
 use common::{tempdir, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -28,42 +28,46 @@ struct AshBridge {
     child: tokio::process::Child,
     socket: PathBuf,
     workspace: PathBuf,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl AshBridge {
     /// Spawns `ac7 ash-bridge` and waits for its `R`.
     async fn start() -> Self {
         let dir = tempdir();
-        let socket = dir.path().join("bridge.sock");
-        let workspace = dir.path().join("ws");
-        std::fs::create_dir(&workspace).unwrap();
-        let mut child = tokio::process::Command::new(common::ac7())
-            .arg("ash-bridge")
-            .env("ASH_BRIDGE_SOCKET", &socket)
-            .env("CLAUDE_PATH", fake_claude())
-            .env("ASH_WORKSPACE_DIR", &workspace)
-            .env("AC7_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn ac7 ash-bridge");
-        let mut r = [0u8; 1];
-        let stdout = child.stdout.as_mut().unwrap();
-        within(10, "the bridge's R", stdout.read_exact(&mut r))
-            .await
-            .unwrap();
-        assert_eq!(&r, b"R");
+        let mut bridge = Self::start_in(dir.path(), &[]).await;
+        bridge._dir = Some(dir);
+        bridge
+    }
+
+    /// The same in `dir` (socket `dir/bridge.sock`, workspace `dir/ws`), with extra arguments.
+    async fn start_in(dir: &Path, args: &[&str]) -> Self {
+        let socket = dir.join("bridge.sock");
+        let workspace = dir.join("ws");
+        if !workspace.exists() {
+            std::fs::create_dir(&workspace).unwrap();
+        }
+        let child = spawn_ash_bridge(|command| {
+            command
+                .args(args)
+                .env("ASH_BRIDGE_SOCKET", &socket)
+                .env("CLAUDE_PATH", fake_claude())
+                .env("ASH_WORKSPACE_DIR", &workspace);
+        })
+        .await;
         let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "socket mode {mode:o}");
         Self {
             child,
             socket,
             workspace,
-            _dir: dir,
+            _dir: None,
         }
+    }
+
+    /// The claude session UUID the bridge keeps for host session `host`.
+    fn agent_session(&self, host: &str) -> String {
+        agent_session(&self.workspace, host)
     }
 
     async fn client(&self) -> AshClient {
@@ -155,6 +159,15 @@ fn assistant_text(messages: &[RawJson]) -> (Value, String) {
     (assistant, text)
 }
 
+/// The stand-in agent (message `agent`, echoing its argv) was told to resume `uuid`.
+fn assert_resumes(agent: &Value, uuid: &str) {
+    assert_eq!(
+        agent["argv"].as_array().unwrap()[8..10],
+        [json!("--resume"), json!(uuid)],
+        "{agent}"
+    );
+}
+
 fn done(session: &str) -> Completion {
     Completion {
         session_id: session.into(),
@@ -183,6 +196,16 @@ async fn query_resume_exec_and_shutdown() {
     let (assistant, text) = assistant_text(&messages);
     assert_eq!(text, "echo: hello");
     let argv = &assistant["argv"];
+    // The host's session id is not claude's: s1 maps to a fresh UUID, kept in the workspace.
+    let s1 = bridge.agent_session("s1");
+    assert!(uuid::Uuid::parse_str(&s1).is_ok(), "{s1}");
+    // Nobody can answer a permission prompt headless: Ash's bypassPermissions, which claude
+    // refuses as root, where the default is acceptEdits.
+    let mode = if rustix::process::geteuid().is_root() {
+        "acceptEdits"
+    } else {
+        "bypassPermissions"
+    };
     assert_eq!(
         argv,
         &json!([
@@ -192,10 +215,15 @@ async fn query_resume_exec_and_shutdown() {
             "--input-format",
             "stream-json",
             "--verbose",
+            "--permission-mode",
+            mode,
             "--session-id",
-            "s1"
+            s1
         ])
     );
+    let map = bridge.workspace.join(".ac7-ash-sessions.json");
+    let file_mode = std::fs::metadata(&map).unwrap().permissions().mode();
+    assert_eq!(file_mode & 0o777, 0o600, "session map mode {file_mode:o}");
     assert_eq!(
         Path::new(assistant["cwd"].as_str().unwrap())
             .canonicalize()
@@ -210,21 +238,61 @@ async fn query_resume_exec_and_shutdown() {
         messages[1].get()
     );
     // A session that finished a turn is continued with --resume.
-    let (messages, _) = client.query("again", "s1", false).finish().await;
+    let (messages, completion) = client.query("again", "s1", false).finish().await;
+    assert_eq!(completion, Ok(done("s1")));
     let (assistant, _) = assistant_text(&messages);
-    assert_eq!(
-        assistant["argv"].as_array().unwrap()[6..8],
-        [json!("--resume"), json!("s1")]
-    );
+    assert_resumes(&assistant, &s1);
 
-    // resume makes a session known; partial messages come first.
+    // resume (the seed's form, no prompt): done for a session the bridge has; the next query
+    // continues it.
+    let resume = |session: &str| {
+        client.submit(Command::Resume {
+            session_id: session.into(),
+            turn: None,
+        })
+    };
+    let (messages, completion) = resume("s1").finish().await;
+    assert_eq!((messages.len(), completion), (0, Ok(done("s1"))));
+    // A claude session made elsewhere, named by its UUID, is adopted.
+    let elsewhere = "0b4f6d5e-7c0a-4f3e-9d1b-2a6c8e0f1a2b";
+    std::fs::create_dir_all(bridge.workspace.join(".fake-claude")).unwrap();
+    std::fs::write(bridge.workspace.join(".fake-claude").join(elsewhere), b"").unwrap();
+    let (_, completion) = resume(elsewhere).finish().await;
+    assert_eq!(completion, Ok(done(elsewhere)));
+    let (messages, completion) = client.query("more", elsewhere, false).finish().await;
+    assert_eq!(completion, Ok(done(elsewhere)));
+    let (assistant, _) = assistant_text(&messages);
+    assert_resumes(&assistant, elsewhere);
+    // A session it has never seen cannot be resumed: error, then done.
+    let (_, completion) = resume("s2").finish().await;
+    let completion = completion.unwrap();
+    assert_eq!(completion.session_id, "s2");
+    assert_eq!(
+        completion.error.as_deref(),
+        Some(
+            "cannot resume session \"s2\": this bridge has no conversation for it (send a query \
+             to start one, or resume a claude session by its UUID)"
+        )
+    );
+    // With a prompt (our extension) the turn runs on the resumed session at once.
     let (messages, completion) = client
         .submit(Command::Resume {
-            session_id: "s2".into(),
+            session_id: "s1".into(),
+            turn: Some(Query {
+                prompt: RawJson::from_value("go on").unwrap(),
+                session_id: "s1".into(),
+                include_partial_messages: false,
+                options: Default::default(),
+            }),
         })
         .finish()
         .await;
-    assert_eq!((messages.len(), completion), (0, Ok(done("s2"))));
+    assert_eq!(completion, Ok(done("s1")));
+    let (assistant, text) = assistant_text(&messages);
+    assert_eq!(text, "echo: go on");
+    assert_resumes(&assistant, &s1);
+
+    // Partial messages come first; a query's options become flags.
     let mut options = std::collections::BTreeMap::new();
     for (key, value) in [
         ("model", json!("sonnet")),
@@ -245,11 +313,13 @@ async fn query_resume_exec_and_shutdown() {
     let first: Value = messages[1].parse().unwrap();
     assert_eq!(first["type"], "stream_event");
     let (assistant, _) = assistant_text(&messages);
+    let s2 = bridge.agent_session("s2");
+    assert_ne!(s1, s2);
     assert_eq!(
-        assistant["argv"].as_array().unwrap()[6..],
+        assistant["argv"].as_array().unwrap()[8..],
         [
-            "--resume",
-            "s2",
+            "--session-id",
+            &s2,
             "--include-partial-messages",
             "--model",
             "sonnet",
@@ -299,7 +369,8 @@ async fn query_resume_exec_and_shutdown() {
         other.recv().await["data"]["message"]["content"][0]["text"],
         "working"
     );
-    let pid = std::fs::read_to_string(bridge.workspace.join("s3.pid")).unwrap();
+    let s3 = bridge.agent_session("s3");
+    let pid = std::fs::read_to_string(bridge.workspace.join(format!("{s3}.pid"))).unwrap();
     client.shutdown();
     assert_eq!(bridge.exit().await, 0);
     process_gone(&pid).await;
@@ -324,20 +395,17 @@ async fn a_failing_agent_is_error_then_done() {
 
     // A missing agent binary is a failed turn too.
     drop(client);
-    let mut child = tokio::process::Command::new(common::ac7());
     let dir = tempdir();
     let socket = dir.path().join("b.sock");
-    child
-        .arg("ash-bridge")
-        .env("ASH_BRIDGE_SOCKET", &socket)
-        .env("CLAUDE_PATH", dir.path().join("no-such-claude"))
-        .stdout(Stdio::piped())
-        .kill_on_drop(true);
-    let mut child = child.spawn().unwrap();
-    let mut r = [0u8; 1];
-    within(10, "R", child.stdout.as_mut().unwrap().read_exact(&mut r))
-        .await
-        .unwrap();
+    let _child = spawn_ash_bridge(|command| {
+        command
+            .env("ASH_BRIDGE_SOCKET", &socket)
+            .env("CLAUDE_PATH", dir.path().join("no-such-claude"))
+            .env_remove("ASH_WORKSPACE_DIR")
+            // Without a workspace the session map is kept in the bridge's working directory.
+            .current_dir(dir.path());
+    })
+    .await;
     let client = within(10, "ready", AshClient::connect(&socket))
         .await
         .unwrap();
@@ -364,11 +432,13 @@ async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
             "working"
         );
     }
-    // One turn at a time per connection.
-    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#)
+    // One turn at a time per connection: a query sent while one runs, and one sent right after
+    // the interrupt (before the agent has exited), wait their turn and then run, in order.
+    a.send(r#"{"cmd":"query","prompt":"first","sessionId":"sa"}"#)
         .await;
-    assert!(a.error().await.starts_with("query refused"));
     a.send(r#"{"cmd":"interrupt"}"#).await;
+    a.send(r#"{"cmd":"query","prompt":"second","sessionId":"sa"}"#)
+        .await;
     assert_eq!(a.recv().await, json!({"ev": "done", "sessionId": "sa"}));
     // b's agent was not touched: it finishes normally.
     let events = b.turn().await;
@@ -376,15 +446,145 @@ async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
     assert_eq!(kinds, ["message", "message", "done"], "{events:?}");
     assert_eq!(events[1]["data"]["type"], "result");
     assert_eq!(events[2], json!({"ev": "done", "sessionId": "sb"}));
-    // a works again.
-    a.send(r#"{"cmd":"query","prompt":"hello","sessionId":"sa"}"#)
-        .await;
-    let events = a.turn().await;
-    assert_eq!(events.len(), 4, "{events:?}");
+    let sa = bridge.agent_session("sa");
+    for prompt in ["first", "second"] {
+        let events = a.turn().await;
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert_eq!(
+            events[1]["data"]["message"]["content"][0]["text"],
+            format!("echo: {prompt}")
+        );
+        assert_resumes(&events[1]["data"], &sa);
+        assert_eq!(events[3], json!({"ev": "done", "sessionId": "sa"}));
+    }
+}
+
+/// Seed 003: every command ends with `done`, so a host pairing each `error` with the next
+/// `done` (ours does) stays in step even when it sends commands without waiting.
+#[tokio::test]
+async fn commands_sent_without_waiting_each_get_their_own_done() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    let mut batch = String::new();
+    for (i, prompt) in ["pause", "fail", "hello"].iter().enumerate() {
+        batch.push_str(&format!(
+            "{{\"cmd\":\"query\",\"prompt\":\"{prompt}\",\"sessionId\":\"q{i}\"}}\n"
+        ));
+    }
+    batch.push_str("{\"cmd\":\"exec\",\"command\":\"echo x\"}\n");
+    raw.write(batch.as_bytes()).await;
+    let ends: Vec<Vec<Value>> = vec![
+        raw.turn().await,
+        raw.turn().await,
+        raw.turn().await,
+        raw.turn().await,
+    ];
+    let tails: Vec<Vec<&str>> = ends
+        .iter()
+        .map(|t| {
+            t.iter()
+                .map(|e| e["ev"].as_str().unwrap())
+                .filter(|e| *e != "message")
+                .collect()
+        })
+        .collect();
     assert_eq!(
-        events[1]["data"]["argv"].as_array().unwrap()[6..8],
-        [json!("--resume"), json!("sa")]
+        tails,
+        [
+            vec!["done"],
+            vec!["error", "done"],
+            vec!["done"],
+            vec!["exec_result", "done"]
+        ]
     );
+    let sessions: Vec<&Value> = ends
+        .iter()
+        .map(|t| &t.last().unwrap()["sessionId"])
+        .collect();
+    assert_eq!(sessions, ["q0", "q1", "q2", ""]);
+    // The same through AshClient, many at once.
+    let client = bridge.client().await;
+    let jobs: Vec<_> = (0..5)
+        .map(|i| client.query(&format!("n{i}"), &format!("c{i}"), false))
+        .collect();
+    for (i, job) in jobs.into_iter().enumerate() {
+        let (messages, completion) = job.finish().await;
+        assert_eq!(completion, Ok(done(&format!("c{i}"))));
+        assert_eq!(assistant_text(&messages).1, format!("echo: n{i}"));
+    }
+}
+
+/// Seed 003: "A failure is `error` then `done`" — also when claude printed a result before
+/// exiting non-zero (it does on API errors).
+#[tokio::test]
+async fn a_failed_turn_that_printed_a_result_is_error_then_done() {
+    let bridge = AshBridge::start().await;
+    let mut raw = bridge.raw().await;
+    raw.send(r#"{"cmd":"query","prompt":"fail_after_result","sessionId":"f"}"#)
+        .await;
+    let events = raw.turn().await;
+    let kinds: Vec<&str> = events.iter().map(|e| e["ev"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["message", "message", "error", "done"], "{events:?}");
+    assert_eq!(events[1]["data"]["type"], "result");
+    assert_eq!(
+        events[2]["error"],
+        "the agent exited with exit status: 1: API Error: 529 overloaded"
+    );
+    assert_eq!(events[3], json!({"ev": "done", "sessionId": "f"}));
+}
+
+/// Seed 003: `done` names the session the command named, even when the agent's result names
+/// another.
+#[tokio::test]
+async fn done_carries_the_session_the_command_named() {
+    let bridge = AshBridge::start().await;
+    let client = bridge.client().await;
+    let (messages, completion) = client.query("rename", "mine", false).finish().await;
+    let result: Value = messages.last().unwrap().parse().unwrap();
+    assert_eq!(result["session_id"], "a-session-of-its-own");
+    assert_eq!(completion, Ok(done("mine")));
+}
+
+/// The host's session ids are not claude's: any string works, and a restarted bridge with the
+/// same workspace continues the conversation (`--resume`) instead of failing with "already in
+/// use".
+#[tokio::test]
+async fn host_session_ids_survive_a_bridge_restart() {
+    let dir = tempdir();
+    let bridge = AshBridge::start_in(dir.path(), &["--permission-mode", "plan"]).await;
+    let client = bridge.client().await;
+    let (messages, completion) = client.query("hello", "chat #1 é", false).finish().await;
+    assert_eq!(completion, Ok(done("chat #1 é")));
+    let (assistant, _) = assistant_text(&messages);
+    let uuid = bridge.agent_session("chat #1 é");
+    assert_eq!(
+        assistant["argv"].as_array().unwrap()[6..10],
+        [
+            json!("--permission-mode"),
+            json!("plan"),
+            json!("--session-id"),
+            json!(uuid)
+        ]
+    );
+    client.shutdown();
+    assert_eq!(bridge.exit().await, 0);
+
+    let bridge = AshBridge::start_in(dir.path(), &[]).await;
+    let client = bridge.client().await;
+    let (messages, completion) = client.query("again", "chat #1 é", false).finish().await;
+    assert_eq!(completion, Ok(done("chat #1 é")));
+    let (assistant, text) = assistant_text(&messages);
+    assert_eq!(text, "echo: again");
+    assert_resumes(&assistant, &uuid);
+    // A first turn that failed after claude had created the session: the next one resumes it
+    // rather than failing with "already in use".
+    let (_, completion) = client.query("fail", "fresh", false).finish().await;
+    assert!(completion.unwrap().error.is_some());
+    let (messages, completion) = client.query("hello", "fresh", false).finish().await;
+    assert_eq!(completion, Ok(done("fresh")));
+    assert_eq!(assistant_text(&messages).0["argv"][8], "--resume");
+    client.shutdown();
+    assert_eq!(bridge.exit().await, 0);
 }
 
 #[tokio::test]
@@ -484,10 +684,22 @@ async fn sigterm_stops_the_bridge_and_removes_the_socket() {
     assert_eq!(bridge.exit().await, 0);
 }
 
-/// Waits (bounded) until the stand-in agent of `session` has exited.
+/// Waits (bounded) until the stand-in agent of host session `session` has exited.
 async fn agent_stopped(bridge: &AshBridge, session: &str) {
-    let pid = std::fs::read_to_string(bridge.workspace.join(format!("{session}.pid"))).unwrap();
+    let uuid = bridge.agent_session(session);
+    let pid = std::fs::read_to_string(bridge.workspace.join(format!("{uuid}.pid"))).unwrap();
     process_gone(&pid).await;
+}
+
+/// The claude session UUID kept for host session `host` in `workspace`'s session map.
+fn agent_session(workspace: &Path, host: &str) -> String {
+    let map: Value =
+        serde_json::from_slice(&std::fs::read(workspace.join(".ac7-ash-sessions.json")).unwrap())
+            .unwrap();
+    map["sessions"][host]["agentSession"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no session {host} in {map}"))
+        .to_owned()
 }
 
 /// Waits (bounded) until process `pid` no longer exists.

@@ -8,6 +8,8 @@ mod common;
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ac7_protocol::call_tool::{ToolSchema, decode_call};
@@ -146,70 +148,149 @@ async fn parent_restart_fails_the_call_in_flight_and_the_next_reconnects() {
         second
     };
     let (out, second) = tokio::join!(agent, restart);
-    assert_eq!(out["in_flight_error"]["code"], -32603, "{out}");
+    assert_eq!(
+        out["in_flight_error"],
+        "hang: the parent closed the connection before replying; the call may or may not have \
+         run. The next call reconnects.",
+        "{out}"
+    );
     assert_eq!(out["after_restart"], "after");
     assert_eq!(second.requests(), 1);
 }
 
-/// A parent that answers each connection's first request with `reply` and then waits for the
-/// bridge to close it; the last connection gets a proper answer.
-async fn fake_parent(
-    listener: UnixListener,
-    replies: Vec<Vec<u8>>,
-    accepted: mpsc::UnboundedSender<()>,
-) -> Vec<bool> {
-    let mut closed_by_bridge = Vec::new();
-    for reply in replies {
-        let (mut conn, _) = listener.accept().await.unwrap();
-        let _ = accepted.send(());
-        read_request(&mut conn).await;
-        conn.write_all(&reply).await.unwrap();
-        let mut rest = Vec::new();
-        let closed = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut rest))
-            .await
-            .is_ok_and(|r| r.is_ok());
-        closed_by_bridge.push(closed);
-    }
-    let (mut conn, _) = listener.accept().await.unwrap();
-    let call = read_request(&mut conn).await;
-    let mut frame = Vec::new();
-    let payload = format!(
-        r#"{{"result": {{"content": [{{"type": "text", "text": "ok {}"}}]}}}}"#,
-        call.name
-    );
-    length_prefixed::encode(payload.as_bytes(), &mut frame, usize::MAX).unwrap();
-    conn.write_all(&frame).await.unwrap();
-    closed_by_bridge
-}
-
-async fn read_request(conn: &mut UnixStream) -> ac7_protocol::call_tool::CallTool {
+async fn read_request(conn: &mut UnixStream) -> Option<ac7_protocol::call_tool::CallTool> {
     let mut prefix = [0u8; 4];
-    conn.read_exact(&mut prefix).await.unwrap();
+    conn.read_exact(&mut prefix).await.ok()?;
     let mut payload = vec![0u8; u32::from_be_bytes(prefix) as usize];
     conn.read_exact(&mut payload).await.unwrap();
-    decode_call(&payload).unwrap()
+    Some(decode_call(&payload).unwrap())
 }
 
-#[tokio::test]
-async fn oversized_and_invalid_replies_fail_one_call_and_the_bridge_reconnects() {
-    let dir = tempdir();
-    let schema_path = dir.path().join("tools.json");
-    std::fs::write(
-        &schema_path,
-        r#"[{"name": "echo", "description": "", "input_schema": {"type": "object"}}]"#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&schema_path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let socket = dir.path().join("p.sock");
-    let listener = UnixListener::bind(&socket).unwrap();
-    let over_cap = ((length_prefixed::MAX_PAYLOAD_BYTES + 1) as u32)
-        .to_be_bytes()
-        .to_vec();
-    let mut not_json = Vec::new();
-    length_prefixed::encode(b"{not json", &mut not_json, usize::MAX).unwrap();
-    let (accepted, mut accepts) = mpsc::unbounded_channel();
-    let parent = tokio::spawn(fake_parent(listener, vec![over_cap, not_json], accepted));
+/// How the broken parent answers each tool (`echo` gets a proper answer).
+const BROKEN: [(&str, &str); 9] = [
+    ("empty_object", r#"{"result": {}}"#),
+    ("content_not_list", r#"{"result": {"content": "hi"}}"#),
+    ("content_empty", r#"{"result": {"content": []}}"#),
+    (
+        "bad_type",
+        r#"{"result": {"content": [{"type": "video", "text": "x"}]}}"#,
+    ),
+    ("no_type", r#"{"result": {"content": [{"text": "x"}]}}"#),
+    // Transport failures: each closes the connection.
+    ("over_cap", "<over-cap length>"),
+    ("reply_over_cap", "<a reply over the cap>"),
+    ("not_json", "{not json"),
+    ("dropped", "<close without replying>"),
+];
 
+/// A parent that breaks the protocol in the ways [`BROKEN`] lists; reports, per connection,
+/// whether the bridge was the one to close it.
+async fn broken_parent(
+    listener: UnixListener,
+    accepted: Arc<AtomicUsize>,
+    done: mpsc::UnboundedSender<bool>,
+) {
+    loop {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        accepted.fetch_add(1, Ordering::SeqCst);
+        let done = done.clone();
+        tokio::spawn(async move {
+            while let Some(call) = read_request(&mut conn).await {
+                let reply = BROKEN
+                    .iter()
+                    .find(|(name, _)| *name == call.name)
+                    .map_or("", |(_, reply)| *reply);
+                let mut frame = Vec::new();
+                match reply {
+                    "" => {
+                        let args: Value = call.arguments.parse().unwrap();
+                        let payload = format!(
+                            r#"{{"result": {{"content": [{{"type": "text", "text": "ok {}"}}]}}}}"#,
+                            args["text"].as_str().unwrap_or_default()
+                        );
+                        length_prefixed::encode(payload.as_bytes(), &mut frame, usize::MAX)
+                            .unwrap();
+                    }
+                    "<close without replying>" => {
+                        let _ = done.send(false);
+                        return;
+                    }
+                    "<over-cap length>" => {
+                        frame = ((length_prefixed::MAX_PAYLOAD_BYTES + 1) as u32)
+                            .to_be_bytes()
+                            .to_vec()
+                    }
+                    "<a reply over the cap>" => {
+                        let text = "x".repeat(length_prefixed::MAX_PAYLOAD_BYTES);
+                        let payload = format!(
+                            r#"{{"result": {{"content": [{{"type": "text", "text": "{text}"}}]}}}}"#
+                        );
+                        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+                        frame.extend_from_slice(payload.as_bytes());
+                    }
+                    reply => {
+                        length_prefixed::encode(reply.as_bytes(), &mut frame, usize::MAX).unwrap()
+                    }
+                }
+                // The bridge may close while a reply over the cap is still being written.
+                if conn.write_all(&frame).await.is_err() {
+                    let _ = done.send(true);
+                    return;
+                }
+            }
+            let _ = done.send(true);
+        });
+    }
+}
+
+fn schema_file(dir: &Path, names: &[&str]) -> std::path::PathBuf {
+    let tools: Vec<Value> = names
+        .iter()
+        .map(|name| json!({"name": name, "description": "", "input_schema": {"type": "object"}}))
+        .collect();
+    let path = dir.join("tools.json");
+    std::fs::write(&path, serde_json::to_vec(&tools).unwrap()).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+/// Seed 001: a parent that is absent, drops mid-call, sends invalid JSON, a length over the cap
+/// or a reply over the cap, or a result that is not a valid MCP result: the agent (the official
+/// SDK, which would raise on a JSON-RPC error or an invalid result) gets an `isError` result
+/// saying what failed, and the next call reconnects.
+#[tokio::test]
+async fn sdk_sees_transport_failures_and_invalid_results_as_is_error_results() {
+    let dir = tempdir();
+    let mut names: Vec<&str> = BROKEN.iter().map(|(name, _)| *name).collect();
+    names.push("echo");
+    let schema_path = schema_file(dir.path(), &names);
+    let socket = dir.path().join("p.sock");
+
+    // No parent at all.
+    let env = [
+        ("AC7_TEST_SCHEMA", schema_path.as_path()),
+        ("AC7_TEST_SOCKET", socket.as_path()),
+        ("AC7_TEST_WORK", dir.path()),
+    ];
+    let out = run_python("call_tool_agent.py", "absent", &env).await;
+    for text in out["texts"].as_array().unwrap() {
+        let text = text.as_str().unwrap();
+        assert!(
+            text.starts_with("echo: cannot connect to the parent process (")
+                && text.ends_with(
+                    "); the call was not sent. Check that the parent is running; the next call \
+                     tries to connect again."
+                ),
+            "{text}"
+        );
+    }
+
+    let listener = UnixListener::bind(&socket).unwrap();
+    let (closed_tx, mut closed) = mpsc::unbounded_channel();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let parent = tokio::spawn(broken_parent(listener, Arc::clone(&accepted), closed_tx));
+
+    // initialize and tools/list never touch the socket; stdin EOF is a clean exit.
     let mut bridge = Bridge::spawn_with(
         &[
             OsStr::new("mcp-bridge"),
@@ -226,34 +307,85 @@ async fn oversized_and_invalid_replies_fail_one_call_and_the_bridge_reconnects()
         list["result"]["tools"][0]["inputSchema"],
         json!({"type": "object"})
     );
-    assert!(
-        accepts.try_recv().is_err(),
-        "initialize and tools/list must not connect to the parent"
-    );
-    let call = json!({"name": "echo", "arguments": {}});
-    for (id, what) in [(1, "over-cap length prefix"), (2, "invalid JSON")] {
-        let answer = bridge.request(json!(id), "tools/call", call.clone()).await;
-        assert_eq!(answer["error"]["code"], -32603, "{what}: {answer}");
-        let message = answer["error"]["message"].as_str().unwrap();
-        assert!(
-            message.contains("protocol error from the parent"),
-            "{what}: {message}"
-        );
-    }
-    let answer = bridge.request(json!(3), "tools/call", call).await;
-    assert_eq!(
-        answer["result"]["content"][0]["text"], "ok echo",
-        "{answer}"
-    );
-    let closed = within(10, "the fake parent", parent).await.unwrap();
-    assert_eq!(
-        closed,
-        [true, true],
-        "the bridge closed each broken connection"
-    );
     bridge.close_stdin();
     let (code, rest, _) = bridge.exit().await;
     assert_eq!((code, rest.len()), (0, 0));
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        0,
+        "the bridge connected early"
+    );
+
+    let broken = names[..names.len() - 1].join(",");
+    let mut env = env.to_vec();
+    env.push(("AC7_TEST_BROKEN", Path::new(&broken)));
+    let out = run_python("call_tool_agent.py", "broken", &env).await;
+    let invalid = |why: &str| {
+        format!(
+            "the parent returned an invalid tool result ({why}); a tool result needs a non-empty \
+             \"content\" list of content blocks"
+        )
+    };
+    for (name, want) in [
+        (
+            "empty_object",
+            invalid("the result has no \"content\" list"),
+        ),
+        (
+            "content_not_list",
+            invalid("\"content\" is string, not a list"),
+        ),
+        (
+            "content_empty",
+            invalid("\"content\" is empty; it must hold at least one content block"),
+        ),
+        (
+            "bad_type",
+            invalid(
+                "content[0] has type \"video\", which is none of text, image, audio, \
+                 resource_link, resource",
+            ),
+        ),
+        ("no_type", invalid("content[0] has no \"type\"")),
+        (
+            "dropped",
+            "the parent closed the connection before replying; the call may or may not have \
+             run. The next call reconnects."
+                .to_owned(),
+        ),
+    ] {
+        assert_eq!(out[name], format!("{name}: {want}"), "{out}");
+    }
+    for (name, why) in [
+        ("over_cap", "exceeds"),
+        ("reply_over_cap", "exceeds"),
+        ("not_json", "not valid JSON"),
+    ] {
+        let text = out[name].as_str().unwrap();
+        assert!(
+            text.starts_with(&format!("{name}: protocol error from the parent ("))
+                && text.contains(why)
+                && text.ends_with(
+                    "the connection was dropped and the call may or may not have run. The next \
+                     call reconnects."
+                ),
+            "{name}: {text}"
+        );
+    }
+    // Each transport failure cost one connection, closed by the bridge (or, `dropped`, by the
+    // parent); the last one closed when the agent exited.
+    let mut by_bridge = Vec::new();
+    for _ in 0..5 {
+        by_bridge.push(
+            within(10, "a connection to close", closed.recv())
+                .await
+                .unwrap(),
+        );
+    }
+    by_bridge.sort();
+    assert_eq!(by_bridge, [false, true, true, true, true]);
+    assert_eq!(accepted.load(Ordering::SeqCst), 5);
+    parent.abort();
 }
 
 async fn refused<S: AsRef<OsStr>>(args: impl IntoIterator<Item = S>) -> String {

@@ -24,31 +24,13 @@ fn codex() -> PathBuf {
     static CODEX: OnceLock<PathBuf> = OnceLock::new();
     CODEX
         .get_or_init(|| {
-            if let Some(path) = std::env::var_os("AC7_TEST_CODEX").filter(|p| !p.is_empty()) {
-                return PathBuf::from(path);
-            }
-            // Cargo's scratch directory for integration tests: `<target dir>/tmp`.
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("codex-npm");
-            let bin = dir.join("node_modules/.bin/codex");
-            std::fs::create_dir_all(&dir).unwrap();
-            let lock = std::fs::File::create(dir.join(".lock")).unwrap();
-            lock.lock().unwrap();
-            if !bin.exists() {
-                let out = std::process::Command::new("npm")
-                    .args(["install", "--no-audit", "--no-fund", "--prefix"])
-                    .arg(&dir)
-                    .arg(format!("@openai/codex@{CODEX_VERSION}"))
-                    .output()
-                    .unwrap_or_else(|e| {
-                        panic!("npm is needed to install @openai/codex for this test: {e}")
-                    });
-                assert!(
-                    out.status.success(),
-                    "npm install @openai/codex failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
-            bin
+            common::npm::npm_bin(
+                "AC7_TEST_CODEX",
+                "@openai/codex",
+                CODEX_VERSION,
+                "codex-npm",
+                "codex",
+            )
         })
         .clone()
 }

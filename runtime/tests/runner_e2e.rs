@@ -63,20 +63,6 @@ fn runner_with(
     cmd.spawn().unwrap()
 }
 
-/// `ac7 run` for `builder` with the agent running `scenario` and waiting for the bodies in
-/// `expect`; returns once the agent is listening (its `ready` marker).
-async fn listening_runner(broker: &TestBroker, dir: &Path, scenario: &str, expect: &str) -> Child {
-    let child = runner(
-        broker,
-        "builder",
-        dir,
-        scenario,
-        &[("AC7_TEST_EXPECT", expect)],
-    );
-    wait_for_file(&dir.join("ready"), "the agent to be listening").await;
-    child
-}
-
 async fn wait_for_file(path: &Path, what: &str) {
     within(30, what, async {
         while !path.exists() {
@@ -369,30 +355,59 @@ async fn nothing_is_lost_when_the_broker_restarts_over_websocket() {
     restart_mid_session("ws").await;
 }
 
-async fn restart_mid_session(stream: &str) {
-    let mut broker = start_broker().await;
-    let dir = config_dir();
-    let mut child = runner_with(
-        &broker,
-        "builder",
-        dir.path(),
-        "messages",
-        &[("AC7_TEST_EXPECT", "before,during-restart,after")],
-        stream,
-    );
-    wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
-    broker.push("director", json!({"body": "before"})).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+/// Waits until the agent's `received.txt` lists `body`.
+async fn wait_received(dir: &Path, body: &str) {
+    let path = dir.join("received.txt");
+    within(30, &format!("the agent to receive {body:?}"), async {
+        loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().any(|l| l == body) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+}
 
-    // Restart the broker on the same port and database.
+/// Logs a message from `from` to the general channel straight into the database at `db`
+/// (no broker running on it).
+fn log_offline(db: &Path, from: &str, body: &str) {
+    let store = ac7_runtime::broker::db::Store::open(db, ac7_runtime::broker::db::SyncMode::Normal)
+        .unwrap();
+    store.with(|conn| {
+        ac7_runtime::broker::publish::log(
+            conn,
+            ac7_runtime::broker::publish::Draft {
+                to: None,
+                from: from.into(),
+                title: None,
+                body: body.into(),
+                level: Default::default(),
+                data: Default::default(),
+                attachments: vec![],
+            },
+            ac7_runtime::broker::now_ms(),
+        )
+        .unwrap();
+    });
+}
+
+/// Stops the broker and starts another on the same port with the database at `db`, after
+/// `between` ran on the database.
+async fn restart_broker(
+    mut broker: TestBroker,
+    db: PathBuf,
+    between: impl FnOnce(&Path),
+) -> TestBroker {
     let addr = broker.broker.addr;
-    let db = broker.dir.path().join("ac7.db");
     broker.broker.shutdown().await.unwrap();
+    between(&db);
     let listener = within(10, "the port to be free again", async {
         loop {
             match tokio::net::TcpListener::bind(addr).await {
                 Ok(l) => return l,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
     })
@@ -401,24 +416,92 @@ async fn restart_mid_session(stream: &str) {
         ac7_runtime::broker::start(ac7_runtime::broker::BrokerConfig::new(db), listener)
             .await
             .unwrap();
-    // Pushed before the runner has reconnected: it must come through the replay.
     broker
-        .push("director", json!({"body": "during-restart"}))
-        .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    broker.push("director", json!({"body": "after"})).await;
+}
 
-    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
-    let out = result(dir.path());
+/// Fast reconnects for tests: the first delay 20 ms instead of 1 s.
+const FAST_RECONNECT: (&str, &str) = ("AC7_RECONNECT_BASE_MS", "20");
+
+/// `ac7 run` for builder with the agent waiting for `bodies`; returns once it listens.
+async fn messages_runner(broker: &TestBroker, dir: &Path, bodies: &[&str], stream: &str) -> Child {
+    let expect = bodies.join(",");
+    let child = runner_with(
+        broker,
+        "builder",
+        dir,
+        "messages",
+        &[("AC7_TEST_EXPECT", &expect), FAST_RECONNECT],
+        stream,
+    );
+    wait_for_file(&dir.join("ready"), "the agent to be listening").await;
+    child
+}
+
+/// The runner exits 0 once the agent had `bodies`, each exactly once, in this order.
+async fn assert_received_once_in_order(child: &mut Child, dir: &Path, bodies: &[&str], what: &str) {
+    assert_eq!(exit_code(child, "the runner to exit").await, 0, "{what}");
+    let out = result(dir);
     let received = out["received"].as_array().unwrap();
-    for body in ["before", "during-restart", "after"] {
+    for body in bodies {
         assert_eq!(
-            received.iter().filter(|b| *b == body).count(),
+            received.iter().filter(|b| b == body).count(),
             1,
-            "{body} exactly once: {received:?}"
+            "{what}: {body} exactly once: {received:?}"
         );
     }
+    let order = std::fs::read_to_string(dir.join("received.txt")).unwrap();
+    let expected: String = bodies.iter().map(|b| format!("{b}\n")).collect();
+    assert_eq!(order, expected, "{what}: in order");
+}
+
+async fn restart_mid_session(stream: &str) {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let bodies = ["before", "during-restart", "after"];
+    let mut child = messages_runner(&broker, dir.path(), &bodies, stream).await;
+    broker.push("director", json!({"body": "before"})).await;
+    wait_received(dir.path(), "before").await;
+
+    // Restart the broker on the same port and database; logged while it is down, so it can
+    // only come through the replay.
+    let db = broker.dir.path().join("ac7.db");
+    let broker = restart_broker(broker, db, |db| {
+        log_offline(db, "director", "during-restart")
+    })
+    .await;
+    broker.push("director", json!({"body": "after"})).await;
+
+    assert_received_once_in_order(&mut child, dir.path(), &bodies, stream).await;
     assert_restored(dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restored_from_a_backup_resets_and_the_runner_backfills() {
+    for stream in ["sse", "ws"] {
+        let broker = start_broker().await;
+        let dir = config_dir();
+        let bodies = ["zero", "before", "while-down", "after"];
+        let mut child = messages_runner(&broker, dir.path(), &bodies, stream).await;
+        broker.push("director", json!({"body": "zero"})).await;
+        wait_received(dir.path(), "zero").await;
+        // A backup taken now has "zero" but not what follows.
+        let backup = broker.dir.path().join("backup.db");
+        broker.broker.state.store.with(|conn| {
+            conn.execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+                .unwrap()
+        });
+        broker.push("director", json!({"body": "before"})).await;
+        wait_received(dir.path(), "before").await;
+
+        // The broker comes back on the backup: the runner's last id ("before") is unknown there.
+        let broker = restart_broker(broker, backup, |db| {
+            log_offline(db, "director", "while-down")
+        })
+        .await;
+        broker.push("director", json!({"body": "after"})).await;
+
+        assert_received_once_in_order(&mut child, dir.path(), &bodies, stream).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -625,11 +708,11 @@ async fn an_outsider_bridge_is_served_and_displaces_nothing() {
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
     let broker = start_broker().await;
     let dir = config_dir();
-    let mut child = listening_runner(
+    let mut child = messages_runner(
         &broker,
         dir.path(),
-        "messages",
-        "before,with-outsider,after-outsider",
+        &["before", "with-outsider", "after-outsider"],
+        "auto",
     )
     .await;
     broker
@@ -734,7 +817,14 @@ async fn an_outsider_bridge_is_served_and_displaces_nothing() {
 async fn a_second_bridge_from_the_agent_displaces_the_first() {
     let broker = start_broker().await;
     let dir = config_dir();
-    let mut child = listening_runner(&broker, dir.path(), "displace", "to-the-second").await;
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "displace",
+        &[("AC7_TEST_EXPECT", "to-the-second")],
+    );
+    wait_for_file(&dir.path().join("ready"), "the second bridge to attach").await;
     broker
         .push(
             "director",

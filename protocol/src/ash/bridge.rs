@@ -2,16 +2,25 @@
 //!
 //! A new connection gets `ready`. Then, per connection (state is never shared between
 //! connections):
+//! - `query`, `resume` and `exec` are queued and run in arrival order, one at a time; each ends
+//!   with exactly one `done`, carrying the session id the command named (`""` for `exec`). The
+//!   queue is bounded ([`MAX_QUEUED_COMMANDS`] commands and [`MAX_QUEUED_BYTES`] bytes waiting
+//!   behind the running one): a command over the bound is answered `error` then `done` at once
+//!   and never runs.
 //! - `query` starts the agent ([`AshBridgeOutput::StartQuery`]); each agent message becomes a
-//!   `message` event, then `done`. A failure is `error` then `done`. One turn at a time: a second
-//!   `query` (or an `exec`) while one runs is refused with `error`, and the running turn goes on.
+//!   `message` event, then `done`. A failure is `error` then `done`.
 //! - `interrupt` stops the running turn ([`AshBridgeOutput::StopAgent`]); when the agent has
-//!   stopped the turn ends with `done` and no `error`. While idle it does nothing.
-//! - `resume` makes a session resumable by later queries ([`AshBridgeOutput::ResumeSession`]) and
-//!   is acknowledged with `done` for that session.
+//!   stopped the turn ends with `done` and no `error`. Queued commands are not touched: they run
+//!   next. While idle it does nothing.
+//! - `resume` resolves the session ([`AshBridgeOutput::ResumeSession`], answered with
+//!   [`AshConnection::resume_finished`]). Without a prompt (the seed's form) it ends with `done`
+//!   (or `error` then `done` if the session cannot be resumed) and the next `query` for that
+//!   session continues it; with a `prompt` it goes on to run that turn on the resumed session,
+//!   like a `query`.
 //! - `exec` runs a command ([`AshBridgeOutput::StartExec`]): `exec_result`, then `done` with `""`.
 //! - `shutdown` asks the application to stop ([`AshBridgeOutput::Shutdown`]).
-//! - A malformed or oversized line is answered with `error`; the connection stays.
+//! - A malformed or oversized line is answered with `error` alone (there is no command to
+//!   finish); the connection stays.
 
 use std::collections::VecDeque;
 
@@ -22,6 +31,12 @@ use crate::line::{Line, LineDecoder};
 /// Cap on one command line (prompts may carry content blocks): 16 MiB.
 pub const MAX_COMMAND_BYTES: usize = 16 * 1024 * 1024;
 
+/// Commands that may wait behind the running one on a connection.
+pub const MAX_QUEUED_COMMANDS: usize = 32;
+
+/// Bytes of command lines that may wait behind the running one on a connection: 64 MiB.
+pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
+
 /// Something for the application to do for this connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AshBridgeOutput {
@@ -31,7 +46,7 @@ pub enum AshBridgeOutput {
     StartQuery(Query),
     /// Stop the running turn (signal the agent); it still reports `agent_finished`.
     StopAgent,
-    /// Later queries for this session continue it.
+    /// Make later turns of this session continue it; report with `resume_finished`.
     ResumeSession {
         /// The session.
         session_id: String,
@@ -54,6 +69,11 @@ enum Turn {
         session_id: String,
         interrupted: bool,
     },
+    Resume {
+        session_id: String,
+        turn: Option<Query>,
+        interrupted: bool,
+    },
     Exec,
 }
 
@@ -63,6 +83,9 @@ pub struct AshConnection {
     lines: LineDecoder,
     max_line_bytes: usize,
     turn: Turn,
+    /// Waiting commands, with the length of the line each came in.
+    queue: VecDeque<(Command, usize)>,
+    queued_bytes: usize,
     out: VecDeque<AshBridgeOutput>,
 }
 
@@ -80,6 +103,8 @@ impl AshConnection {
             lines: LineDecoder::new(max_line_bytes),
             max_line_bytes,
             turn: Turn::Idle,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
             out,
         }
     }
@@ -94,17 +119,22 @@ impl AshConnection {
         self.lines = lines;
     }
 
-    /// The host went away: a running turn is stopped.
+    /// The host went away: a running turn is stopped, queued commands are dropped.
     pub fn handle_closed(&mut self) {
+        self.queue.clear();
+        self.queued_bytes = 0;
         self.stop_turn();
     }
 
     fn stop_turn(&mut self) {
-        if let Turn::Query { interrupted, .. } = &mut self.turn
-            && !*interrupted
-        {
-            *interrupted = true;
-            self.out.push_back(AshBridgeOutput::StopAgent);
+        match &mut self.turn {
+            Turn::Query { interrupted, .. } if !*interrupted => {
+                *interrupted = true;
+                self.out.push_back(AshBridgeOutput::StopAgent);
+            }
+            // Not started yet: the turn it would run is skipped.
+            Turn::Resume { interrupted, .. } => *interrupted = true,
+            Turn::Idle | Turn::Query { .. } | Turn::Exec => {}
         }
     }
 
@@ -121,9 +151,9 @@ impl AshConnection {
         }
     }
 
-    /// The agent's turn ended: `Ok` with the session it reported (or `None` to keep the query's),
-    /// or `Err` with why it failed.
-    pub fn agent_finished(&mut self, result: Result<Option<String>, String>) {
+    /// The agent's turn ended: `Ok`, or `Err` with why it failed (a non-zero exit, even after a
+    /// result). `done` carries the session the command named.
+    pub fn agent_finished(&mut self, result: Result<(), String>) {
         let Turn::Query {
             session_id,
             interrupted,
@@ -131,15 +161,37 @@ impl AshConnection {
         else {
             return;
         };
-        let session_id = match result {
-            Ok(reported) => reported.unwrap_or(session_id),
-            Err(_) if interrupted => session_id,
-            Err(error) => {
-                self.send(&Event::Error { error });
-                session_id
-            }
-        };
+        if let Err(error) = result
+            && !interrupted
+        {
+            self.send(&Event::Error { error });
+        }
         self.send(&Event::Done { session_id });
+        self.pump();
+    }
+
+    /// The session of the running `resume` was resolved (`Err`: why it cannot be resumed).
+    pub fn resume_finished(&mut self, result: Result<(), String>) {
+        let Turn::Resume {
+            session_id,
+            turn,
+            interrupted,
+        } = std::mem::replace(&mut self.turn, Turn::Idle)
+        else {
+            return;
+        };
+        match (result, turn) {
+            (Ok(()), Some(query)) if !interrupted => self.start_query(query),
+            (Ok(()), _) => {
+                self.send(&Event::Done { session_id });
+                self.pump();
+            }
+            (Err(error), _) => {
+                self.send(&Event::Error { error });
+                self.send(&Event::Done { session_id });
+                self.pump();
+            }
+        }
     }
 
     /// The `exec` finished.
@@ -156,6 +208,7 @@ impl AshConnection {
         self.send(&Event::Done {
             session_id: String::new(),
         });
+        self.pump();
     }
 
     /// The next thing to do, until `None`.
@@ -163,12 +216,21 @@ impl AshConnection {
         self.out.pop_front()
     }
 
-    /// Whether a query or exec is running.
+    /// Commands waiting behind the running one.
+    pub fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether a command is running.
     pub fn is_busy(&self) -> bool {
         self.turn != Turn::Idle
     }
 
     fn line(&mut self, line: Line<'_>) {
+        let len = match &line {
+            Line::Complete(bytes) => bytes.len(),
+            Line::Oversized { len } => *len,
+        };
         let command = match line {
             Line::Oversized { len } => {
                 let max = self.max_line_bytes;
@@ -187,50 +249,78 @@ impl AshConnection {
             },
         };
         match command {
-            Command::Query(query) => {
-                if self.refuse_if_busy("query") {
+            Command::Interrupt => self.stop_turn(),
+            Command::Shutdown => self.out.push_back(AshBridgeOutput::Shutdown),
+            Command::Query(_) | Command::Resume { .. } | Command::Exec { .. } => {
+                let full = if self.queue.len() >= MAX_QUEUED_COMMANDS {
+                    Some(format!("{MAX_QUEUED_COMMANDS} commands are"))
+                } else if self.queued_bytes + len > MAX_QUEUED_BYTES {
+                    Some(format!("{} bytes of commands are", self.queued_bytes))
+                } else {
+                    None
+                };
+                if let Some(full) = full {
+                    let session_id = match &command {
+                        Command::Query(q) => q.session_id.clone(),
+                        Command::Resume { session_id, .. } => session_id.clone(),
+                        _ => String::new(),
+                    };
+                    self.send(&Event::Error {
+                        error: format!(
+                            "command refused: {full} already waiting on this connection; wait \
+                             for a done before sending more"
+                        ),
+                    });
+                    self.send(&Event::Done { session_id });
                     return;
                 }
-                self.turn = Turn::Query {
-                    session_id: query.session_id.clone(),
+                self.queue.push_back((command, len));
+                self.queued_bytes += len;
+                self.pump();
+            }
+        }
+    }
+
+    /// Starts the next queued command if nothing runs.
+    fn pump(&mut self) {
+        if self.turn != Turn::Idle {
+            return;
+        }
+        let Some((command, len)) = self.queue.pop_front() else {
+            return;
+        };
+        self.queued_bytes -= len;
+        match command {
+            Command::Query(query) => self.start_query(query),
+            Command::Resume { session_id, turn } => {
+                self.turn = Turn::Resume {
+                    session_id: session_id.clone(),
+                    turn,
                     interrupted: false,
                 };
-                self.out.push_back(AshBridgeOutput::StartQuery(query));
+                self.out
+                    .push_back(AshBridgeOutput::ResumeSession { session_id });
             }
             Command::Exec {
                 command,
                 timeout_ms,
             } => {
-                if self.refuse_if_busy("exec") {
-                    return;
-                }
                 self.turn = Turn::Exec;
                 self.out.push_back(AshBridgeOutput::StartExec {
                     command,
                     timeout_ms,
                 });
             }
-            Command::Resume { session_id } => {
-                self.out.push_back(AshBridgeOutput::ResumeSession {
-                    session_id: session_id.clone(),
-                });
-                self.send(&Event::Done { session_id });
-            }
-            Command::Interrupt => self.stop_turn(),
-            Command::Shutdown => self.out.push_back(AshBridgeOutput::Shutdown),
+            Command::Interrupt | Command::Shutdown => {}
         }
     }
 
-    fn refuse_if_busy(&mut self, what: &str) -> bool {
-        let busy = match &self.turn {
-            Turn::Idle => return false,
-            Turn::Query { session_id, .. } => format!("a query for session {session_id:?}"),
-            Turn::Exec => "an exec".to_owned(),
+    fn start_query(&mut self, query: Query) {
+        self.turn = Turn::Query {
+            session_id: query.session_id.clone(),
+            interrupted: false,
         };
-        self.send(&Event::Error {
-            error: format!("{what} refused: {busy} is still running on this connection"),
-        });
-        true
+        self.out.push_back(AshBridgeOutput::StartQuery(query));
     }
 
     fn send(&mut self, event: &Event) {

@@ -1,6 +1,6 @@
 use std::time::{Duration, Instant};
 
-use super::bridge::{AshBridgeOutput, AshConnection};
+use super::bridge::{AshBridgeOutput, AshConnection, MAX_QUEUED_BYTES, MAX_QUEUED_COMMANDS};
 use super::host::{AshHost, Completion, ExecOutcome, HostError, HostOutput, READY_TIMEOUT};
 use super::*;
 use crate::test_support::snapshots;
@@ -141,15 +141,12 @@ fn bridge_connection_transcript() {
         &mut t,
         r#"{"cmd":"query","prompt":"again","sessionId":"s2"}"#,
     );
-    assert!(
-        matches!(&sent(&out)[0], Event::Error { .. }),
-        "one query at a time"
-    );
-    assert!(c.is_busy());
-    t.push_str("(agent prints two messages and ends)\n");
+    assert!(out.is_empty(), "queued behind the running query");
+    assert_eq!(c.queued(), 1);
+    t.push_str("(agent prints two messages and ends, naming its own session)\n");
     c.agent_message(raw(r#"{"type":"assistant"}"#));
-    c.agent_message(raw(r#"{"type":"result","session_id":"s1"}"#));
-    c.agent_finished(Ok(None));
+    c.agent_message(raw(r#"{"type":"result","session_id":"0b5e…"}"#));
+    c.agent_finished(Ok(()));
     let out = drain(&mut c, &mut t);
     assert_eq!(
         sent(&out),
@@ -158,12 +155,24 @@ fn bridge_connection_transcript() {
                 data: raw(r#"{"type":"assistant"}"#)
             },
             Event::Message {
-                data: raw(r#"{"type":"result","session_id":"s1"}"#)
+                data: raw(r#"{"type":"result","session_id":"0b5e…"}"#)
             },
             Event::Done {
                 session_id: "s1".into()
             },
-        ]
+        ],
+        "done names the session the command named"
+    );
+    assert!(
+        matches!(out.last(), Some(AshBridgeOutput::StartQuery(q)) if q.session_id == "s2"),
+        "the queued query starts after done"
+    );
+    c.agent_finished(Ok(()));
+    assert_eq!(
+        sent(&drain(&mut c, &mut t)),
+        vec![Event::Done {
+            session_id: "s2".into()
+        }]
     );
 
     host(
@@ -230,10 +239,17 @@ fn bridge_connection_transcript() {
 
     let out = host(&mut c, &mut t, r#"{"cmd":"resume","sessionId":"s9"}"#);
     assert_eq!(
-        out[0],
-        AshBridgeOutput::ResumeSession {
+        out,
+        vec![AshBridgeOutput::ResumeSession {
             session_id: "s9".into()
-        }
+        }]
+    );
+    c.resume_finished(Ok(()));
+    assert_eq!(
+        sent(&drain(&mut c, &mut t)),
+        vec![Event::Done {
+            session_id: "s9".into()
+        }]
     );
     host(&mut c, &mut t, "{broken");
     host(
@@ -382,6 +398,7 @@ fn host_gives_up_without_ready() {
     h.submit(
         Command::Resume {
             session_id: "s".into(),
+            turn: None,
         },
         7,
     );
@@ -400,6 +417,7 @@ fn host_gives_up_without_ready() {
     h.submit(
         Command::Resume {
             session_id: "s".into(),
+            turn: None,
         },
         8,
     );
@@ -410,4 +428,181 @@ fn host_gives_up_without_ready() {
             result: Err(_)
         })
     ));
+}
+
+fn line(c: &mut AshConnection, line: &str) -> Vec<AshBridgeOutput> {
+    c.handle_bytes(format!("{line}\n").as_bytes());
+    std::iter::from_fn(|| c.poll_output()).collect()
+}
+
+#[test]
+fn commands_queue_in_order_and_an_interrupt_stops_only_the_running_one() {
+    let mut c = AshConnection::new();
+    c.poll_output();
+    line(&mut c, r#"{"cmd":"query","prompt":"long","sessionId":"a"}"#);
+    // Sent right after interrupt, before the agent exited: queued, and runs next.
+    let out = line(
+        &mut c,
+        "{\"cmd\":\"interrupt\"}\n{\"cmd\":\"query\",\"prompt\":\"next\",\"sessionId\":\"b\"}\n{\"cmd\":\"exec\",\"command\":\"ls\"}",
+    );
+    assert_eq!(out, vec![AshBridgeOutput::StopAgent]);
+    c.agent_finished(Err("killed by SIGINT".into()));
+    let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
+    assert_eq!(
+        sent(&out),
+        vec![Event::Done {
+            session_id: "a".into()
+        }]
+    );
+    let AshBridgeOutput::StartQuery(q) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(q.prompt, raw(r#""next""#), "the queued query runs");
+    // A failed turn that printed a result: error, then done.
+    c.agent_message(raw(r#"{"type":"result","is_error":true}"#));
+    c.agent_finished(Err("the agent exited with exit status: 1".into()));
+    let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
+    assert_eq!(
+        sent(&out)[1..],
+        [
+            Event::Error {
+                error: "the agent exited with exit status: 1".into()
+            },
+            Event::Done {
+                session_id: "b".into()
+            }
+        ]
+    );
+    assert!(matches!(
+        out.last(),
+        Some(AshBridgeOutput::StartExec { .. })
+    ));
+}
+
+#[test]
+fn the_queue_is_bounded_with_error_then_done() {
+    let mut c = AshConnection::new();
+    c.poll_output();
+    line(&mut c, r#"{"cmd":"query","prompt":"p","sessionId":"run"}"#);
+    for i in 0..MAX_QUEUED_COMMANDS {
+        let out = line(
+            &mut c,
+            &format!(r#"{{"cmd":"query","prompt":"p","sessionId":"q{i}"}}"#),
+        );
+        assert!(out.is_empty());
+    }
+    let out = line(&mut c, r#"{"cmd":"resume","sessionId":"over"}"#);
+    let events = sent(&out);
+    assert!(
+        matches!(&events[0], Event::Error { error } if error.starts_with("command refused: 32 commands are already waiting")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events[1],
+        Event::Done {
+            session_id: "over".into()
+        }
+    );
+    assert_eq!(c.queued(), MAX_QUEUED_COMMANDS);
+    // The host going away drops what waits.
+    c.handle_closed();
+    assert_eq!(c.queued(), 0);
+
+    // Bytes are bounded too: big prompts stop queueing before the count does.
+    let mut c = AshConnection::new();
+    c.poll_output();
+    line(&mut c, r#"{"cmd":"query","prompt":"p","sessionId":"run"}"#);
+    let big = "x".repeat(13 * 1024 * 1024);
+    let mut refused = None;
+    for i in 0..6 {
+        let out = line(
+            &mut c,
+            &format!(r#"{{"cmd":"query","prompt":"{big}","sessionId":"b{i}"}}"#),
+        );
+        if !out.is_empty() {
+            refused = Some((i, sent(&out)));
+            break;
+        }
+    }
+    let (i, events) = refused.expect("a byte bound");
+    assert_eq!(i, MAX_QUEUED_BYTES / (13 * 1024 * 1024 + 45));
+    assert!(
+        matches!(&events[0], Event::Error { error } if error.contains("bytes of commands are already waiting")),
+        "{events:?}"
+    );
+    assert_eq!(
+        events[1],
+        Event::Done {
+            session_id: format!("b{i}")
+        }
+    );
+}
+
+#[test]
+fn resume_with_and_without_a_prompt() {
+    let mut c = AshConnection::new();
+    c.poll_output();
+    let out = line(&mut c, r#"{"cmd":"resume","sessionId":"x"}"#);
+    assert_eq!(
+        out,
+        vec![AshBridgeOutput::ResumeSession {
+            session_id: "x".into()
+        }]
+    );
+    c.resume_finished(Err("no conversation for session \"x\"".into()));
+    let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
+    assert_eq!(
+        sent(&out),
+        vec![
+            Event::Error {
+                error: "no conversation for session \"x\"".into()
+            },
+            Event::Done {
+                session_id: "x".into()
+            }
+        ]
+    );
+    // With a prompt: the turn runs on the resumed session.
+    let out = line(
+        &mut c,
+        r#"{"cmd":"resume","prompt":"go on","sessionId":"y","model":"m"}"#,
+    );
+    assert_eq!(
+        out,
+        vec![AshBridgeOutput::ResumeSession {
+            session_id: "y".into()
+        }]
+    );
+    c.resume_finished(Ok(()));
+    let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
+    let [AshBridgeOutput::StartQuery(q)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((q.prompt.get(), q.session_id.as_str()), (r#""go on""#, "y"));
+    assert_eq!(q.options.keys().collect::<Vec<_>>(), ["model"]);
+    c.agent_finished(Ok(()));
+    assert_eq!(
+        sent(&std::iter::from_fn(|| c.poll_output()).collect::<Vec<_>>()),
+        vec![Event::Done {
+            session_id: "y".into()
+        }]
+    );
+    // Interrupted before the session was resolved: the turn is skipped, done only.
+    line(
+        &mut c,
+        "{\"cmd\":\"resume\",\"prompt\":\"p\",\"sessionId\":\"z\"}\n{\"cmd\":\"interrupt\"}",
+    );
+    c.resume_finished(Ok(()));
+    let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
+    assert_eq!(
+        out,
+        vec![AshBridgeOutput::Send(event_line(&Event::Done {
+            session_id: "z".into()
+        }))]
+    );
+    // The command round-trips.
+    let resume = br#"{"cmd":"resume","prompt":"p","sessionId":"z","model":"m"}"#;
+    let command = decode_command(resume).unwrap();
+    let again = command_line(&command);
+    assert_eq!(&again[..again.len() - 1], resume);
 }

@@ -329,3 +329,54 @@ fn closed_while_connecting_is_ignored() {
     c.handle_connected();
     assert_eq!(drain(&mut c).len(), 1, "the call goes out once connected");
 }
+
+#[test]
+fn tool_results_are_validated_like_an_mcp_client_would() {
+    let check =
+        |text: &str| validate_tool_result(&RawJson::from_text(text).unwrap()).map_err(|e| e.0);
+    assert_eq!(
+        check(r#"{"content":[{"type":"text","text":"ok"}]}"#),
+        Ok(())
+    );
+    assert_eq!(
+        check(
+            r#"{"content":[{"type":"resource","resource":{"uri":"u","blob":"AA=="}}],"_meta":null,"extra":1}"#
+        ),
+        Ok(())
+    );
+    for (text, why) in [
+        ("[]", "the result is not a JSON object"),
+        (r#"{"content":null}"#, "\"content\" is null, not a list"),
+        (r#"{"content":[1]}"#, "content[0] is number, not an object"),
+        (
+            r#"{"content":[{"type":1}]}"#,
+            "content[0] has type 1, which is none of text, image, audio, resource_link, resource",
+        ),
+        (
+            r#"{"content":[{"type":"image","data":"AA=="}]}"#,
+            "content[0] (image) has no \"mimeType\"",
+        ),
+        (
+            r#"{"content":[{"type":"resource_link","uri":"u"}]}"#,
+            "content[0] (resource_link) has no \"name\"",
+        ),
+        (
+            r#"{"content":[{"type":"resource","resource":"u"}]}"#,
+            "content[0] (resource): \"resource\" is string, not an object",
+        ),
+        (
+            r#"{"content":[{"type":"resource","resource":{"uri":"u"}}]}"#,
+            "content[0].resource has neither a \"text\" nor a \"blob\" string",
+        ),
+        (
+            r#"{"content":[{"type":"resource","resource":{"text":"t"}}]}"#,
+            "content[0].resource has no \"uri\" string",
+        ),
+        (
+            r#"{"content":[{"type":"text","text":"a"}],"_meta":[]}"#,
+            "\"_meta\" is array, not an object",
+        ),
+    ] {
+        assert_eq!(check(text), Err(why.to_owned()), "{text}");
+    }
+}

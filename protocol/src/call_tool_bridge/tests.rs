@@ -146,8 +146,17 @@ fn scripted_session() {
     );
     // The parent drops mid-call: that call fails, the next one reconnects.
     let out = h.event("(parent closed)", |b| b.handle_parent_closed());
-    assert_eq!(agent_lines(&out)[0]["error"]["code"], -32603);
-    assert_eq!(agent_lines(&out)[0]["id"], 5);
+    let lines = agent_lines(&out);
+    assert_eq!(lines[0]["id"], 5);
+    assert_eq!(
+        lines[0]["result"]["isError"], true,
+        "a result, not a JSON-RPC error"
+    );
+    assert_eq!(
+        lines[0]["result"]["content"][0]["text"],
+        "add: the parent closed the connection before replying; the call may or may not have \
+         run. The next call reconnects."
+    );
     let out = h.agent(r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"echo","arguments":{"text":"again"}}}"#);
     assert_eq!(out, vec![CallToolBridgeOutput::Connect]);
     h.event("(connected)", |b| b.handle_connected());
@@ -182,12 +191,11 @@ fn oversized_request_and_connect_failure_are_answered() {
         b.handle_connect_failed("No such file or directory")
     });
     let lines = agent_lines(&out);
-    assert_eq!(lines[0]["error"]["code"], -32603);
-    assert!(
-        lines[0]["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("No such file or directory")
+    assert_eq!(lines[0]["result"]["isError"], true, "{}", lines[0]);
+    assert_eq!(
+        lines[0]["result"]["content"][0]["text"],
+        "echo: cannot connect to the parent process (No such file or directory); the call was \
+         not sent. Check that the parent is running; the next call tries to connect again."
     );
     let out = h.agent("garbage");
     assert_eq!(agent_lines(&out)[0]["error"]["code"], -32700);
@@ -201,4 +209,96 @@ fn cancelled_call_is_not_answered() {
     h.agent(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#);
     let out = h.parent(&Reply::Result(mcp::tool_text("x")));
     assert!(agent_lines(&out).is_empty());
+}
+
+#[test]
+fn transport_failures_and_invalid_results_are_is_error_results() {
+    let mut h = Harness::new(MAX_PAYLOAD_BYTES);
+    let call = |id: u32| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"x"}}}}}}"#
+        )
+    };
+    h.agent(&call(1));
+    h.event("(connected)", |b| b.handle_connected());
+    for (id, result, why) in [
+        (1, "{}", "the result has no \"content\" list"),
+        (
+            2,
+            r#"{"content":"hi"}"#,
+            "\"content\" is string, not a list",
+        ),
+        (
+            3,
+            r#"{"content":[]}"#,
+            "\"content\" is empty; it must hold at least one content block",
+        ),
+        (
+            4,
+            r#"{"content":[{"type":"video","text":"x"}]}"#,
+            "content[0] has type \"video\", which is none of text, image, audio, resource_link, resource",
+        ),
+        (
+            5,
+            r#"{"content":[{"text":"x"}]}"#,
+            "content[0] has no \"type\"",
+        ),
+        (
+            6,
+            r#"{"content":[{"type":"text","text":"a"},{"type":"text","text":5}]}"#,
+            "content[1] (text): \"text\" is number, not a string",
+        ),
+        (
+            7,
+            r#"{"content":[{"type":"text","text":"a"}],"isError":"yes"}"#,
+            "\"isError\" is string, not a boolean",
+        ),
+    ] {
+        if id > 1 {
+            h.agent(&call(id));
+        }
+        let out = h.parent(&Reply::Result(RawJson::from_text(result).unwrap()));
+        let lines = agent_lines(&out);
+        assert_eq!(lines[0]["id"], id);
+        assert_eq!(lines[0]["result"]["isError"], true, "{result}");
+        assert_eq!(
+            lines[0]["result"]["content"][0]["text"],
+            format!(
+                "echo: the parent returned an invalid tool result ({why}); a tool result needs \
+                 a non-empty \"content\" list of content blocks"
+            ),
+            "{result}"
+        );
+        assert!(out.iter().any(|o| matches!(
+            o,
+            CallToolBridgeOutput::Event(CallToolBridgeEvent::InvalidResult { .. })
+        )));
+    }
+    // Valid results of every content type pass through unchanged.
+    let valid = r#"{"content":[{"type":"text","text":"t","annotations":{"priority":1}},{"type":"image","data":"AA==","mimeType":"image/png"},{"type":"audio","data":"AA==","mimeType":"audio/wav"},{"type":"resource_link","uri":"file:///a","name":"a"},{"type":"resource","resource":{"uri":"file:///b","text":"b"}}],"structuredContent":{"n":1},"isError":false,"_meta":{"k":1}}"#;
+    h.agent(&call(8));
+    let out = h.parent(&Reply::Result(RawJson::from_text(valid).unwrap()));
+    assert_eq!(
+        agent_lines(&out)[0]["result"],
+        serde_json::from_str::<Value>(valid).unwrap()
+    );
+
+    // A reply whose declared length is over the cap: framing is lost, the connection is dropped,
+    // the call is an isError result, and the next call reconnects.
+    h.agent(&call(9));
+    let over = ((MAX_PAYLOAD_BYTES + 1) as u32).to_be_bytes();
+    let out = h.event("(parent sends an over-cap length)", |b| {
+        b.handle_parent_bytes(&over)
+    });
+    let lines = agent_lines(&out);
+    assert_eq!(lines[0]["result"]["isError"], true);
+    let text = lines[0]["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.starts_with("echo: protocol error from the parent (")
+            && text.ends_with("the connection was dropped and the call may or may not have run. The next call reconnects."),
+        "{text}"
+    );
+    assert!(out.contains(&CallToolBridgeOutput::Disconnect));
+    let out = h.agent(&call(10));
+    assert_eq!(out, vec![CallToolBridgeOutput::Connect]);
 }

@@ -35,6 +35,8 @@ const DELIVERY_MESSAGES: usize = 2_000;
 #[allow(clippy::print_stdout)]
 pub fn child_main(args: &[String]) -> anyhow::Result<i32> {
     let db = PathBuf::from(args.first().context("db path required")?);
+    // As `ac7 serve` does.
+    crate::broker::server::tune_allocator();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -59,6 +61,14 @@ pub(super) struct BrokerChild {
 
 impl BrokerChild {
     pub(super) fn spawn(members: usize) -> anyhow::Result<BrokerChild> {
+        Self::spawn_with(members, |_| Ok(()))
+    }
+
+    /// [`BrokerChild::spawn`], with `seed` run on the store before the broker starts.
+    pub(super) fn spawn_with(
+        members: usize,
+        seed: impl FnOnce(&Store) -> anyhow::Result<()>,
+    ) -> anyhow::Result<BrokerChild> {
         let dir = std::env::temp_dir().join(format!(
             "ac7-bench-{}-{}",
             std::process::id(),
@@ -96,10 +106,12 @@ impl BrokerChild {
         }
         let tokens = {
             let store = Store::open(&db, SyncMode::Normal)?;
-            bootstrap(&store, &config)?
+            let tokens = bootstrap(&store, &config)?
                 .into_iter()
                 .map(|t| (t.name, t.token))
-                .collect()
+                .collect();
+            seed(&store)?;
+            tokens
         };
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
@@ -232,7 +244,7 @@ pub fn push() -> anyhow::Result<Report> {
 }
 
 /// Opens an SSE subscription and calls `on_message(data)` for each message event.
-async fn sse_loop(
+pub(super) async fn sse_loop(
     http: reqwest::Client,
     url: String,
     token: String,
@@ -263,6 +275,24 @@ async fn sse_loop(
         }
     }
     Ok(())
+}
+
+/// Up to `n` latency samples from `rx` (waiting at most 30 s), sorted.
+pub(super) async fn collect_samples(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<u64>,
+    n: usize,
+) -> Vec<u64> {
+    let mut samples = Vec::with_capacity(n);
+    let deadline = tokio::time::sleep(Duration::from_secs(30));
+    tokio::pin!(deadline);
+    while samples.len() < n {
+        tokio::select! {
+            s = rx.recv() => match s { Some(s) => samples.push(s), None => break },
+            () = &mut deadline => break,
+        }
+    }
+    samples.sort_unstable();
+    samples
 }
 
 /// Push -> SSE delivery latency to 10 subscribers.
@@ -348,19 +378,10 @@ pub fn delivery() -> anyhow::Result<Report> {
             // Space the pushes out so each one is measured on its own, not queued behind the last.
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
-        let mut samples = Vec::new();
-        let deadline = tokio::time::sleep(Duration::from_secs(30));
-        tokio::pin!(deadline);
-        while samples.len() < SUBSCRIBERS * DELIVERY_MESSAGES {
-            tokio::select! {
-                s = rx.recv() => match s { Some(s) => samples.push(s), None => break },
-                () = &mut deadline => break,
-            }
-        }
+        let samples = collect_samples(&mut rx, SUBSCRIBERS * DELIVERY_MESSAGES).await;
         for s in subs {
             s.abort();
         }
-        samples.sort_unstable();
         Ok::<_, anyhow::Error>((samples, baseline, alone))
     })?;
     let mut r = Report::new();
@@ -489,7 +510,7 @@ fn bytes_of(n: usize) -> axum::body::Bytes {
 
 /// The `data.seq` number of a delivered message, read without parsing the whole
 /// JSON (the measuring client should cost as little as possible).
-fn seq_of(json: &str) -> Option<u64> {
+pub(super) fn seq_of(json: &str) -> Option<u64> {
     let rest = &json[json.find("\"seq\":")? + 6..];
     let end = rest
         .find(|c: char| !c.is_ascii_digit())

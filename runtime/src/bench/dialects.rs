@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::bridge::{Agent, TempDir};
 use super::{Latency, median};
-use crate::ash_bridge::{CLAUDE_PATH_ENV, SOCKET_ENV};
+use crate::ash_bridge::{CLAUDE_PATH_ENV, SOCKET_ENV, WORKSPACE_ENV};
 use crate::call_tool_host::{CallToolHost, HostPaths};
 
 /// `call-tool` results.
@@ -211,6 +211,8 @@ impl AshBridgeProcess {
             .arg("ash-bridge")
             .env(SOCKET_ENV, socket)
             .env(CLAUDE_PATH_ENV, agent)
+            // The bridge keeps its session map in the workspace: the temporary directory.
+            .env(WORKSPACE_ENV, socket.parent().unwrap_or(Path::new(".")))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

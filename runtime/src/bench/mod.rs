@@ -9,6 +9,8 @@
 //! cargo run --release --bin ac7-bench -- broker-push      # durable pushes/s, 16 clients
 //! cargo run --release --bin ac7-bench -- broker-delivery  # push -> SSE delivery latency, 10 subscribers
 //! cargo run --release --bin ac7-bench -- broker-rss       # idle and loaded broker RSS
+//! cargo run --release --bin ac7-bench -- broker-history   # /history p50 (1 % of 100 k visible), /roster under it
+//! cargo run --release --bin ac7-bench -- broker-slow-consumer # stalled SSE client vs 600 x 900 KB
 //! cargo run --release --bin ac7-bench -- broker-upload    # broker RSS during 8 concurrent 24 MB uploads
 //! cargo run --release --bin ac7-bench -- runner           # roster round trips, push -> notification, RSS
 //! cargo run --release --bin ac7-bench -- call-tool        # call_tool round trip through the bridge
@@ -19,7 +21,9 @@
 pub mod bridge;
 pub mod broker;
 pub mod dialects;
+pub mod history;
 pub mod runner;
+pub mod slow_consumer;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +41,8 @@ pub const SCENARIOS: &[&str] = &[
     "broker-push",
     "broker-delivery",
     "broker-rss",
+    "broker-history",
+    "broker-slow-consumer",
     "broker-upload",
     "runner",
     "call-tool",
@@ -66,6 +72,8 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-push") => emit(&broker::push()?),
         Some("broker-delivery") => emit(&broker::delivery()?),
         Some("broker-rss") => emit(&broker::rss()?),
+        Some("broker-history") => emit(&history::history()?),
+        Some("broker-slow-consumer") => emit(&slow_consumer::run()?),
         Some("broker-upload") => emit(&broker::upload()?),
         Some("runner") => {
             print_json(&runner::run()?)?;

@@ -59,6 +59,30 @@ pub struct ServeArgs {
     /// Delete messages older than N days (at start, then hourly); 0 = keep everything.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub retain_days: u32,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key", value_name = "PATH")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "PATH")]
+    pub tls_key: Option<PathBuf>,
+    /// Open connections at most; more are answered 503 and closed.
+    #[arg(long, default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a complete request head once it started one.
+    #[arg(long, default_value_t = 10, value_name = "SECS")]
+    pub header_timeout: u64,
+    /// Seconds a connection with no request in progress may stay silent.
+    #[arg(long, default_value_t = 60, value_name = "SECS")]
+    pub idle_timeout: u64,
+    /// Seconds a write may make no progress (a client that stopped reading) before the connection is closed.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub write_timeout: u64,
+    /// Bytes a live subscriber may have queued before it is disconnected (it resumes with Last-Event-ID).
+    #[arg(long, default_value_t = 8 * 1024 * 1024, value_name = "BYTES")]
+    pub subscriber_queue_bytes: usize,
+    /// Live subscriptions (SSE or WebSocket) one member may hold at once; more get 429.
+    #[arg(long, default_value_t = 32)]
+    pub max_subscriptions: usize,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -117,6 +141,64 @@ fn team_config_from(args: &ServeArgs) -> anyhow::Result<Option<TeamConfig>> {
     }))
 }
 
+/// Applies the TLS, connection and subscriber flags to `config`.
+fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::Result<()> {
+    use std::time::Duration;
+    for (flag, secs) in [
+        ("--header-timeout", args.header_timeout),
+        ("--idle-timeout", args.idle_timeout),
+        ("--write-timeout", args.write_timeout),
+    ] {
+        if secs == 0 {
+            bail!("{flag} must be at least 1 second");
+        }
+    }
+    if args.max_connections == 0 || args.max_subscriptions == 0 {
+        bail!("--max-connections and --max-subscriptions must be at least 1");
+    }
+    config.limits = super::server::Limits {
+        header_timeout: Duration::from_secs(args.header_timeout),
+        idle_timeout: Duration::from_secs(args.idle_timeout),
+        write_timeout: Duration::from_secs(args.write_timeout),
+        max_connections: args.max_connections,
+    };
+    config.queue_bytes = args.subscriber_queue_bytes;
+    config.max_subscriptions_per_member = args.max_subscriptions;
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let files = super::server::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        // Refuse unusable files before anything is created.
+        super::server::tls_acceptor(&files)?;
+        config.tls = Some(files);
+    }
+    // Each connection is a file descriptor: make room for the cap, or say why not.
+    if let Some(fds) = super::server::raise_fd_limit() {
+        let needed = u64::try_from(args.max_connections)
+            .unwrap_or(u64::MAX)
+            .saturating_add(64);
+        if fds < needed {
+            tracing::warn!(
+                open_file_limit = fds,
+                max_connections = args.max_connections,
+                "the open-file limit is below --max-connections + 64: connections past it fail at accept; raise `ulimit -n` or lower --max-connections"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The loud warning for a broker reachable from other machines without TLS.
+#[allow(clippy::print_stderr)]
+fn warn_plaintext(addr: SocketAddr) {
+    let line = "!".repeat(78);
+    eprintln!(
+        "{line}\n!! WARNING: ac7 serve is listening on {addr} (not loopback) WITHOUT TLS.\n!! Bearer tokens and every message cross the network in clear text.\n!! Serve HTTPS with --tls-cert CERT.pem --tls-key KEY.pem, or put a TLS proxy\n!! in front and bind --host 127.0.0.1.\n{line}"
+    );
+    tracing::warn!(%addr, "listening on a non-loopback address without TLS");
+}
+
 /// Runs `ac7 serve` until Ctrl-C / SIGTERM.
 ///
 /// Order of a start: check the flags and the data directory, bind the listener,
@@ -129,6 +211,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
     }
     datadir::check_data_dir(&args.db)?;
+    // TLS, connection and subscriber settings: checked (TLS files read) before anything is created.
+    let mut settings = BrokerConfig::new(args.db.clone());
+    connection_settings(&args, &mut settings)?;
+    super::server::tune_allocator();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
@@ -144,10 +230,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                 "cannot listen on {addr} (is another broker running there? pick another --port)"
             )
         })?;
+        let tls = settings.tls.is_some();
+        if !tls && !addr.ip().is_loopback() {
+            warn_plaintext(addr);
+        }
         let created = datadir::CreatedFiles::before_start(&args.db);
         let started = async {
             let issued = open_team(&args)?;
-            let mut config = BrokerConfig::new(args.db.clone());
+            let mut config = settings;
             config.max_file_bytes = args.max_file_bytes;
             config.sync = args.sync;
             config.retain_days = (args.retain_days > 0).then_some(args.retain_days);
@@ -175,9 +265,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                 println!("  {:<width$}  {}", c.name, c.token);
             }
         }
-        println!("ac7 broker listening on http://{}", broker.addr);
+        let scheme = if tls { "https" } else { "http" };
+        println!("ac7 broker listening on {scheme}://{}", broker.addr);
         if let Some((_, creds)) = &issued {
-            let url = super::first_run::client_url(broker.addr);
+            let mut url = super::first_run::client_url(broker.addr);
+            if tls {
+                url = url.replacen("http://", "https://", 1);
+            }
             print!("{}", super::first_run::next_steps(&url, creds));
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

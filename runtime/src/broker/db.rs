@@ -6,9 +6,15 @@
 //! WAL frames are in the OS page cache as soon as `COMMIT` returns. `--sync full`
 //! additionally fsyncs the WAL on every commit, which also survives power loss.
 //!
-//! The file is opened in exclusive locking mode: one process owns it (no file
-//! locks per transaction, no shared-memory index). A second `ac7 serve`, or
-//! `ac7 member …` while the broker runs, is refused with [`StoreError::Busy`].
+//! One process owns the file: [`Store::open`] takes an exclusive advisory lock
+//! (`flock`) on it, so a second `ac7 serve`, or `ac7 member …` while the broker
+//! runs, is refused with [`StoreError::Busy`].
+//!
+//! Reads do not wait for writes: besides the one write connection (behind the
+//! mutex every mutation takes) the store keeps a few read-only connections
+//! ([`Store::read`]). In WAL mode a reader sees the last committed state and
+//! never blocks the writer, so a slow `/history` or a long replay does not hold
+//! up `/push` or `/roster`.
 
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
@@ -63,11 +69,19 @@ pub enum SyncMode {
     Full,
 }
 
-/// The one SQLite connection, behind a mutex. Critical sections are short and
-/// never span an `.await`.
+/// How many read-only connections a file-backed store keeps.
+const READERS: usize = 4;
+
+/// The write connection behind a mutex, plus read-only connections. Critical
+/// sections are short and never span an `.await`.
 #[derive(Debug)]
 pub struct Store {
     conn: Mutex<Connection>,
+    /// Read-only connections (empty for an in-memory store: reads use `conn`).
+    readers: Vec<Mutex<Connection>>,
+    next_reader: std::sync::atomic::AtomicUsize,
+    /// Holds the advisory lock on the database file while the store lives.
+    _lock: Option<std::fs::File>,
 }
 
 impl Store {
@@ -77,18 +91,47 @@ impl Store {
             what: format!("cannot create or secure {}", path.display()),
             source,
         })?;
+        let busy = || StoreError::Busy(path.display().to_string());
         let conn = Connection::open(path)?;
-        Store::init(conn, sync).map_err(|e| match e {
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .open(path)
+            .map_err(|source| StoreError::File {
+                what: format!("cannot open {}", path.display()),
+                source,
+            })?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Err(busy()),
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(StoreError::File {
+                    what: format!("cannot lock {}", path.display()),
+                    source,
+                });
+            }
+        }
+        let mut store = Store::init(conn, sync).map_err(|e| match e {
             StoreError::Sqlite(rusqlite::Error::SqliteFailure(f, _))
                 if matches!(
                     f.code,
                     rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
                 ) =>
             {
-                StoreError::Busy(path.display().to_string())
+                busy()
             }
             other => other,
-        })
+        })?;
+        for _ in 0..READERS {
+            let reader = Connection::open_with_flags(
+                path,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )?;
+            reader.busy_timeout(std::time::Duration::from_secs(2))?;
+            store.readers.push(Mutex::new(reader));
+        }
+        store._lock = Some(lock);
+        Ok(store)
     }
 
     /// An in-memory store (for tests of store functions).
@@ -98,7 +141,6 @@ impl Store {
 
     fn init(conn: Connection, sync: SyncMode) -> Result<Store, StoreError> {
         conn.busy_timeout(std::time::Duration::from_secs(2))?;
-        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(
             None,
@@ -109,12 +151,35 @@ impl Store {
             },
         )?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        // Take the exclusive lock now, so a second process fails at start, not later.
-        conn.execute_batch("BEGIN EXCLUSIVE; COMMIT;")?;
         conn.execute_batch(SCHEMA)?;
         Ok(Store {
             conn: Mutex::new(conn),
+            readers: Vec::new(),
+            next_reader: std::sync::atomic::AtomicUsize::new(0),
+            _lock: None,
         })
+    }
+
+    /// Runs the read-only `f` on a read connection (a free one if any, else the
+    /// next in turn), never on the write connection of a file-backed store. `f`
+    /// sees the last committed state.
+    pub fn read<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
+        if self.readers.is_empty() {
+            return self.with(|conn| f(conn));
+        }
+        for reader in &self.readers {
+            if let Ok(guard) = reader.try_lock() {
+                return f(&guard);
+            }
+        }
+        let i = self
+            .next_reader
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % self.readers.len();
+        let guard = self.readers[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        f(&guard)
     }
 
     /// Runs `f` if the connection is free right now; `None` if someone holds it.
@@ -174,6 +239,7 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_thread ON messages(thread, seq);
 CREATE INDEX IF NOT EXISTS messages_to ON messages(to_name, seq);
+CREATE INDEX IF NOT EXISTS messages_from ON messages(from_name, seq);
 CREATE TABLE IF NOT EXISTS channels (
     id TEXT PRIMARY KEY,
     slug TEXT NOT NULL UNIQUE,

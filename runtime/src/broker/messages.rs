@@ -2,16 +2,21 @@
 //!
 //! Every message is stored as its wire JSON plus the columns needed to query it.
 //! `seq` (the row id) gives the total order that live delivery also follows.
+//!
+//! Queries touch only rows the viewer may see. What a viewer sees
+//! ([`ac7_protocol::message::matches_viewer`]) is a union of *sources*, each an
+//! indexed column: DMs to it (`to_name`), everything it sent (`from_name`), the
+//! general channel and each channel and objective thread it belongs to
+//! (`thread`). [`page`] reads at most `limit` rows from each source in `seq`
+//! order through its index, then merges them: the cost follows the rows the
+//! viewer may see, not the size of the log.
 
 use std::collections::HashSet;
 
-use ac7_protocol::message::{Membership, Message, Route, matches_viewer};
+use ac7_protocol::message::{Membership, Message, Route};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::StoreError;
-
-/// The most messages one replay sends.
-pub const REPLAY_LIMIT: usize = 1000;
 
 /// Appends `msg`; returns its sequence number.
 pub fn insert(conn: &Connection, msg: &Message, json: &str) -> Result<i64, StoreError> {
@@ -94,122 +99,238 @@ pub enum Feed {
     With(String),
 }
 
-/// Newest-first history for `viewer`, `ts < before`, at most `limit` rows.
-pub fn history(
+/// Bounds and order of one page. Every bound is exclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Only rows with `seq` greater than this.
+    pub after_seq: Option<i64>,
+    /// Only rows with `seq` less than this.
+    pub before_seq: Option<i64>,
+    /// Only rows with `ts` greater than this (epoch ms).
+    pub after_ts: Option<i64>,
+    /// Only rows with `ts` less than this (epoch ms).
+    pub before_ts: Option<i64>,
+    /// Oldest first (`seq` ascending) instead of newest first.
+    pub oldest_first: bool,
+    /// At most this many rows.
+    pub limit: usize,
+}
+
+impl Window {
+    /// The newest `limit` rows.
+    pub fn newest(limit: usize) -> Window {
+        Window {
+            after_seq: None,
+            before_seq: None,
+            after_ts: None,
+            before_ts: None,
+            oldest_first: false,
+            limit,
+        }
+    }
+}
+
+/// One stored message: its position in the log, id and wire JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    /// The log position.
+    pub seq: i64,
+    /// The message id.
+    pub id: String,
+    /// The Message JSON as logged (and as sent live).
+    pub json: String,
+}
+
+/// One indexed slice of the log a viewer may see.
+enum Source<'a> {
+    /// DMs to this member (`messages_to`).
+    To(&'a str),
+    /// Everything this member sent (`messages_from`).
+    From(&'a str),
+    /// DMs from the second member to the first (`messages_to`).
+    Dm { to: &'a str, from: &'a str },
+    /// Posts in one thread (`messages_thread`).
+    Thread(String),
+    /// Posts in every objective thread (`members.manage` holders).
+    AllObjectives,
+}
+
+/// The sources whose union is what `viewer` may see of `feed`.
+fn sources<'a>(viewer: &'a str, scope: &ViewerScope, feed: &'a Feed) -> Vec<Source<'a>> {
+    match feed {
+        Feed::General => vec![Source::Thread("chan:general".into())],
+        Feed::Channel(id) => vec![Source::Thread(format!("chan:{id}"))],
+        Feed::With(other) => vec![
+            Source::Dm {
+                to: viewer,
+                from: other,
+            },
+            Source::Dm {
+                to: other,
+                from: viewer,
+            },
+        ],
+        Feed::All => {
+            let mut out = vec![
+                Source::To(viewer),
+                Source::From(viewer),
+                Source::Thread("chan:general".into()),
+            ];
+            // Any order: the rows are merged by seq.
+            out.extend(
+                scope
+                    .channels
+                    .iter()
+                    .map(|c| Source::Thread(format!("chan:{c}"))),
+            );
+            if scope.manager {
+                out.push(Source::AllObjectives);
+            } else {
+                out.extend(
+                    scope
+                        .objectives
+                        .iter()
+                        .map(|o| Source::Thread(format!("obj:{o}"))),
+                );
+            }
+            out
+        }
+    }
+}
+
+/// The query of one source: `condition` binds `?6` (and `?7`); `?1`–`?5` are the window.
+fn source_sql(condition: &str, order: &str) -> String {
+    // A range of threads ordered by seq would otherwise walk the whole log by seq.
+    let table = if condition == ALL_OBJECTIVES {
+        "messages INDEXED BY messages_thread"
+    } else {
+        "messages"
+    };
+    format!(
+        "SELECT seq, id, json FROM {table} WHERE {condition}
+         AND seq > ?1 AND seq < ?2 AND ts > ?3 AND ts < ?4 ORDER BY seq {order} LIMIT ?5"
+    )
+}
+
+/// A thread's posts. (`+to_name`: the check must not steer SQLite to the `to_name` index,
+/// where NULL matches every post in every thread.)
+const THREAD: &str = "thread = ?6 AND +to_name IS NULL";
+/// Every objective thread's posts.
+const ALL_OBJECTIVES: &str = "thread >= 'obj:' AND thread < 'obj;' AND +to_name IS NULL";
+
+/// Every source condition and the index it must search, for the query-plan test.
+#[cfg(test)]
+const CONDITIONS: &[(&str, &str)] = &[
+    ("to_name = ?6", "messages_to"),
+    ("from_name = ?6", "messages_from"),
+    ("to_name = ?6 AND from_name = ?7", "messages_"),
+    (THREAD, "messages_thread"),
+    (ALL_OBJECTIVES, "messages_thread"),
+];
+
+/// One page of what `viewer` may see of `feed` within `window`, in the
+/// window's order.
+pub fn page(
     conn: &Connection,
     viewer: &str,
     scope: &ViewerScope,
     feed: &Feed,
-    before: Option<i64>,
-    limit: usize,
-) -> Result<Vec<Message>, StoreError> {
-    let before = before.unwrap_or(i64::MAX);
-    let mut out = Vec::new();
-    let mut push = |json: String| -> Result<bool, StoreError> {
-        let msg: Message = serde_json::from_str(&json)?;
-        out.push(msg);
-        Ok(out.len() < limit)
-    };
-    match feed {
-        Feed::Channel(id) => {
-            let mut stmt = conn.prepare_cached(
-                "SELECT json FROM messages WHERE thread = ?1 AND to_name IS NULL AND ts < ?2 ORDER BY seq DESC LIMIT ?3",
-            )?;
-            for json in stmt
-                .query_map(params![format!("chan:{id}"), before, limit as i64], |r| {
-                    r.get(0)
-                })?
-            {
-                push(json?)?;
-            }
-        }
-        Feed::General => {
-            let mut stmt = conn.prepare_cached(
-                "SELECT json FROM messages WHERE thread = 'chan:general' AND to_name IS NULL AND ts < ?1
-                 ORDER BY seq DESC LIMIT ?2",
-            )?;
-            for json in stmt.query_map(params![before, limit as i64], |r| r.get(0))? {
-                push(json?)?;
-            }
-        }
-        Feed::With(other) => {
-            let mut stmt = conn.prepare_cached(
-                "SELECT json FROM messages WHERE to_name IS NOT NULL AND ts < ?3
-                 AND ((to_name = ?1 AND from_name = ?2) OR (to_name = ?2 AND from_name = ?1))
-                 ORDER BY seq DESC LIMIT ?4",
-            )?;
-            for json in
-                stmt.query_map(params![viewer, other, before, limit as i64], |r| r.get(0))?
-            {
-                push(json?)?;
-            }
-        }
-        Feed::All => {
-            let mut stmt = conn.prepare_cached(
-                "SELECT json, to_name, from_name, thread FROM messages WHERE ts < ?1 ORDER BY seq DESC",
-            )?;
-            let mut rows = stmt.query([before])?;
-            while let Some(row) = rows.next()? {
-                if visible(viewer, scope, row.get(1)?, row.get(2)?, row.get(3)?)
-                    && !push(row.get(0)?)?
-                {
-                    break;
+    window: &Window,
+) -> Result<Vec<Row>, StoreError> {
+    let order = if window.oldest_first { "ASC" } else { "DESC" };
+    let after_seq = window.after_seq.unwrap_or(i64::MIN);
+    let before_seq = window.before_seq.unwrap_or(i64::MAX);
+    let after_ts = window.after_ts.unwrap_or(i64::MIN);
+    let before_ts = window.before_ts.unwrap_or(i64::MAX);
+    let limit = window.limit as i64;
+    let mut rows: Vec<Row> = Vec::new();
+    for source in sources(viewer, scope, feed) {
+        let mut args: Vec<&dyn rusqlite::ToSql> =
+            vec![&after_seq, &before_seq, &after_ts, &before_ts, &limit];
+        let condition = match &source {
+            Source::To(name) | Source::From(name) => {
+                args.push(name);
+                if matches!(source, Source::To(_)) {
+                    "to_name = ?6"
+                } else {
+                    "from_name = ?6"
                 }
             }
-        }
-    }
-    Ok(out)
-}
-
-/// The messages `viewer` may see that were logged after `last_id`, oldest first,
-/// at most [`REPLAY_LIMIT`] (the newest ones when there are more). An unknown
-/// `last_id` replays nothing.
-pub fn replay_after(
-    conn: &Connection,
-    viewer: &str,
-    scope: &ViewerScope,
-    last_id: &str,
-) -> Result<Vec<Message>, StoreError> {
-    let Some(seq) = conn
-        .prepare_cached("SELECT seq FROM messages WHERE id = ?1")?
-        .query_row([last_id], |r| r.get::<_, i64>(0))
-        .optional()?
-    else {
-        return Ok(Vec::new());
-    };
-    let mut stmt = conn.prepare_cached(
-        "SELECT json, to_name, from_name, thread FROM messages WHERE seq > ?1 ORDER BY seq DESC",
-    )?;
-    let mut rows = stmt.query([seq])?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        if visible(viewer, scope, row.get(1)?, row.get(2)?, row.get(3)?) {
-            out.push(serde_json::from_str::<Message>(&row.get::<_, String>(0)?)?);
-            if out.len() >= REPLAY_LIMIT {
-                break;
+            Source::Dm { to, from } => {
+                args.push(to);
+                args.push(from);
+                "to_name = ?6 AND from_name = ?7"
             }
+            Source::Thread(thread) => {
+                args.push(thread);
+                THREAD
+            }
+            Source::AllObjectives => ALL_OBJECTIVES,
+        };
+        let mut stmt = conn.prepare_cached(&source_sql(condition, order))?;
+        let found = stmt.query_map(rusqlite::params_from_iter(args), |r| {
+            Ok(Row {
+                seq: r.get(0)?,
+                id: r.get(1)?,
+                json: r.get(2)?,
+            })
+        })?;
+        for row in found {
+            rows.push(row?);
         }
     }
-    out.reverse();
-    Ok(out)
+    if window.oldest_first {
+        rows.sort_unstable_by_key(|r| r.seq);
+    } else {
+        rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.seq));
+    }
+    rows.dedup_by_key(|r| r.seq);
+    rows.truncate(window.limit);
+    Ok(rows)
 }
 
-fn visible(
-    viewer: &str,
-    scope: &ViewerScope,
-    to: Option<String>,
-    from: Option<String>,
-    thread: Option<String>,
-) -> bool {
-    let route = match (to, thread) {
-        (Some(to), _) => Route::Direct { to },
-        (None, Some(t)) => match ac7_protocol::message::Thread::parse(&t) {
-            Ok(ac7_protocol::message::Thread::General) => Route::General,
-            Ok(ac7_protocol::message::Thread::Channel(id)) => Route::Channel(id),
-            Ok(ac7_protocol::message::Thread::Objective(id)) => Route::Objective(id),
-            Err(_) => Route::Unroutable,
-        },
-        (None, None) => Route::Unroutable,
-    };
-    matches_viewer(from.as_deref(), &route, viewer, scope)
+/// The log position of message `id`, if the log has it.
+pub fn seq_of(conn: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT seq FROM messages WHERE id = ?1")?
+        .query_row([id], |r| r.get::<_, i64>(0))
+        .optional()?)
+}
+
+/// The newest log position (0 for an empty log).
+pub fn head(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages")?
+        .query_row([], |r| r.get::<_, i64>(0))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each source reads through an index, so a query touches the viewer's rows only, never a
+    /// scan of the log (the rows another member sees cost nothing).
+    #[test]
+    fn every_source_is_an_index_search() {
+        let store = crate::broker::db::Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            for (condition, index) in CONDITIONS {
+                for order in ["ASC", "DESC"] {
+                    let sql = format!("EXPLAIN QUERY PLAN {}", source_sql(condition, order));
+                    let mut stmt = conn.prepare(&sql).unwrap();
+                    // Unbound parameters are NULL: the plan does not depend on them.
+                    let mut rows = stmt.raw_query();
+                    let mut plan = Vec::new();
+                    while let Some(row) = rows.next().unwrap() {
+                        plan.push(row.get::<_, String>(3).unwrap());
+                    }
+                    let plan = plan.join(" | ");
+                    assert!(
+                        plan.contains(&format!("USING INDEX {index}")) && !plan.contains("SCAN"),
+                        "{condition} {order}: {plan}"
+                    );
+                }
+            }
+        });
+    }
 }

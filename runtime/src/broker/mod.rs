@@ -16,9 +16,14 @@
 //!   live tail join without a gap or a duplicate.
 //! - **Replay.** `Last-Event-ID` header, or `lastEventId` query parameter (SSE and
 //!   WebSocket). At most 1,000 messages, the newest ones; an unknown id replays nothing.
-//! - **Slow subscribers.** Each has a 1,024-frame queue; when it is full the
-//!   subscriber is dropped (SSE stream ends; WebSocket closes with 1013) and the
-//!   client reconnects with `Last-Event-ID`.
+//! - **Slow subscribers.** Each has a queue of at most 1,024 frames and 8 MiB
+//!   (`--subscriber-queue-bytes`); past either the subscriber is dropped and its
+//!   queue freed (SSE stream ends; WebSocket closes with 1013), and the client
+//!   reconnects with `Last-Event-ID`. A client that stops reading is also cut by
+//!   the write timeout (see [`server`]). A member holds at most 32 live
+//!   subscriptions (`--max-subscriptions`; 429 past it).
+//! - **Connections.** Header, idle and write timeouts, a connection cap, and
+//!   optional TLS: see [`server`].
 //! - **Keepalive.** SSE `:` comment, WebSocket ping, every 15 s.
 //! - **Reserved `data` keys** (`from`, `ts`, `msg_id`, `level`, `title`, `target`,
 //!   `ts_ms`) are stripped on `/push`. `data.thread` must be absent, `chan:<id>` or
@@ -46,6 +51,9 @@
 //!   `retain_days` are pruned ([`retention`]).
 //! - **Tokens.** A resolved token is cached for 5 s (cleared at once by any
 //!   member or token change over HTTP); `lastUsedAt` is accurate to that.
+//!   Revoking a token (rotate, delete, member removal) ends the live streams
+//!   opened with it at once (WebSocket close 1008). A permission change leaves
+//!   streams open: what a stream delivers is decided per message, at push time.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
 //!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
 //!   inner `data` maps come out sorted (key order carries no meaning).
@@ -69,6 +77,7 @@ pub mod objectives;
 pub mod publish;
 pub mod ratelimit;
 pub mod retention;
+pub mod server;
 pub mod team;
 pub mod tokens;
 pub mod writer;
@@ -106,11 +115,21 @@ pub struct BrokerConfig {
     pub file_quota_bytes: Option<u64>,
     /// Days of messages to keep (`None`: all); see [`retention`].
     pub retain_days: Option<u32>,
+    /// Bytes a subscriber may have queued before it is disconnected.
+    pub queue_bytes: usize,
+    /// Live subscriptions (SSE or WebSocket) one member may hold at once.
+    pub max_subscriptions_per_member: usize,
+    /// Connection limits and timeouts of the accept loop.
+    pub limits: server::Limits,
+    /// Serve HTTPS with this certificate chain and key (PEM files).
+    pub tls: Option<server::TlsFiles>,
 }
 
 impl BrokerConfig {
-    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, 1024-frame
-    /// queues, no rate limit, no file quota (`ac7 serve` sets its own defaults from its flags).
+    /// Defaults for a database path: 25 MiB files, 1 MiB JSON, 15 s keepalive, subscriber
+    /// queues of 1024 frames and 8 MiB, 32 live subscriptions per member, the
+    /// [`server::Limits`] defaults, plain HTTP, no rate limit, no file quota (`ac7 serve`
+    /// sets its own defaults from its flags).
     pub fn new(db_path: PathBuf) -> BrokerConfig {
         BrokerConfig {
             db_path,
@@ -122,6 +141,10 @@ impl BrokerConfig {
             push_rate: None,
             file_quota_bytes: None,
             retain_days: None,
+            queue_bytes: 8 * 1024 * 1024,
+            max_subscriptions_per_member: 32,
+            limits: server::Limits::default(),
+            tls: None,
         }
     }
 }
@@ -140,6 +163,9 @@ pub enum StartError {
     /// The listener could not be created.
     #[error("cannot listen: {0}")]
     Listen(#[from] std::io::Error),
+    /// The TLS certificate or key could not be used.
+    #[error(transparent)]
+    Tls(#[from] server::TlsError),
 }
 
 /// Shared state of a running broker.
@@ -164,6 +190,7 @@ pub struct AppState {
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
 #[derive(Debug, Clone)]
 pub(crate) struct CachedAuth {
+    pub(crate) token_id: String,
     pub(crate) name: String,
     pub(crate) permissions: ac7_protocol::permission::PermissionSet,
     at: std::time::Instant,
@@ -196,6 +223,7 @@ impl AppState {
     pub(crate) fn remember_auth(
         &self,
         hash: String,
+        token_id: String,
         name: String,
         permissions: ac7_protocol::permission::PermissionSet,
     ) {
@@ -209,6 +237,7 @@ impl AppState {
         cache.insert(
             hash,
             CachedAuth {
+                token_id,
                 name,
                 permissions,
                 at: std::time::Instant::now(),
@@ -292,7 +321,12 @@ pub async fn start(
         })?;
     store.with(|conn| blobs::recover(conn, &blob_dir))?;
     let boot_time = now_ms();
-    let hub = Hub::new(config.queue_capacity);
+    let hub = Hub::new(hub::HubLimits {
+        queue_frames: config.queue_capacity,
+        queue_bytes: config.queue_bytes,
+        per_member: config.max_subscriptions_per_member,
+    });
+    let tls = config.tls.as_ref().map(server::tls_acceptor).transpose()?;
     let members = store.with(|conn| -> Result<_, StartError> {
         if team::team_get(conn)?.is_none() {
             return Err(StartError::NoTeam(config.db_path.clone()));
@@ -319,21 +353,12 @@ pub async fn start(
     }
     let addr = listener.local_addr()?;
     let app = http::router(Arc::clone(&state));
-    // Live frames are small and latency matters: no Nagle delay.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
     let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = rx.await;
-            })
-            .await
-    });
-    tracing::info!(%addr, "ac7 broker listening");
+    let limits = state.config.limits.clone();
+    let task = tokio::spawn(server::serve(listener, app, tls, limits, async move {
+        let _ = rx.await;
+    }));
+    tracing::info!(%addr, tls = state.config.tls.is_some(), "ac7 broker listening");
     Ok(RunningBroker {
         addr,
         state,

@@ -304,3 +304,10 @@ pub fn token_delete(conn: &Connection, member: &str, id: &str) -> Result<bool, S
 pub fn tokens_revoke_all(conn: &Connection, member: &str) -> Result<usize, StoreError> {
     Ok(conn.execute("DELETE FROM tokens WHERE member_name = ?1", [member])?)
 }
+
+/// Whether the token with this id still exists (it was not revoked).
+pub fn token_id_exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM tokens WHERE id = ?1")?
+        .exists([id])?)
+}

@@ -24,7 +24,8 @@ pub struct TransportError(pub String);
 impl BrokerClient {
     /// A client for the broker at `url` (no trailing slash needed).
     pub fn new(url: &str, token: &str) -> Result<Self, TransportError> {
-        let http = reqwest::Client::builder()
+        let http = crate::tls_client::builder()
+            .map_err(|e| TransportError(e.to_string()))?
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)

@@ -30,7 +30,6 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ac7_protocol::channel;
 use ac7_protocol::codex::{
     CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
 };
@@ -443,13 +442,8 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     let (me, tracker) = (b.name.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(
         args.opts.stream,
-        Box::new(move |message| {
-            if channel::is_objective_event(&message) {
-                tracker.trigger();
-            }
-            if !channel::suppress_self_echo(&message, &me) {
-                let _ = events_tx.send(SinkEvent::from_message(&message, &me));
-            }
+        super::forwarder::agent_sink(me.clone(), tracker, move |message| {
+            let _ = events_tx.send(SinkEvent::from_message(message, &me));
         }),
     );
 

@@ -1,24 +1,29 @@
 //! The live stream: broker → runner. Subscribes to `GET /subscribe?name=<me>` and hands every
 //! message to a sink, in order, once.
 //!
-//! - `--stream sse` reads `text/event-stream` ([`SseParser`]); `ws` reads one Message per
+//! A thin driver of [`ac7_protocol::live::LiveStream`], which decides everything (reconnect
+//! backoff with jitter, the silence watchdog, the last event id, dedupe, when and what to
+//! backfill from `/history` after a reset): this file opens connections, reads frames, runs
+//! `/history` requests and keeps the time.
+//!
+//! - `--stream sse` reads `text/event-stream` ([`SseParser`]); `ws` reads one frame per
 //!   WebSocket text frame; `auto` (the default) tries SSE and switches to WebSocket for good when
 //!   the broker does not answer with an event stream (the TypeScript ac7 broker serves only that).
-//! - Reconnects with exponential backoff: 1 s doubling to 30 s, ±20 % jitter, back to 1 s after a
-//!   connection that delivered a message or stayed up 10 s. No keepalive for 45 s counts as a
-//!   dead connection.
-//! - Nothing is lost across a reconnect: the last message id goes back as `Last-Event-ID` (SSE)
-//!   or `lastEventId` (WebSocket) and the broker replays what came after it; against a WebSocket
-//!   broker that cannot replay, the general feed is backfilled from `/history`. A bounded set of
-//!   recent ids keeps any message from being delivered twice.
+//! - `AC7_RECONNECT_BASE_MS` (undocumented, for tests) replaces the 1 s first reconnect delay;
+//!   the longest delay stays 30 times the first.
 
-use std::collections::{BTreeSet, VecDeque};
-use std::time::{Duration, Instant};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 
+use ac7_protocol::live::{
+    HistoryQuery, LiveConfig, LiveFrame, LiveOutput, LiveStream, REPLAY_HEADER,
+};
 use ac7_protocol::message::Message;
 use ac7_protocol::sse::{SseItem, SseParser};
 use futures_util::StreamExt;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite;
 
 use super::broker::{BrokerClient, describe};
@@ -35,334 +40,162 @@ pub enum StreamMode {
     Ws,
 }
 
-const BACKOFF_START: Duration = Duration::from_secs(1);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
-const HEALTHY_AFTER: Duration = Duration::from_secs(10);
-const SILENCE_LIMIT: Duration = Duration::from_secs(45);
-const REMEMBERED_IDS: usize = 4096;
+/// The environment variable that sets the first reconnect delay in milliseconds (tests).
+pub const RECONNECT_BASE_ENV: &str = "AC7_RECONNECT_BASE_MS";
 
 /// Where delivered messages go.
 pub type Sink = Box<dyn FnMut(Message) + Send>;
 
-/// The forwarder's state between connections.
+/// What every agent does with a live message: objective events wake the objectives tracker,
+/// the member's own chat is not echoed back, everything else goes to `forward` (which renders it
+/// for the agent: a Claude channel notification, a Codex turn). The Claude Code and Codex
+/// runners both route through here.
+pub fn agent_sink(
+    me: String,
+    tracker: super::tracker::TrackerHandle,
+    mut forward: impl FnMut(&Message) + Send + 'static,
+) -> Sink {
+    use ac7_protocol::channel;
+    Box::new(move |message| {
+        if channel::is_objective_event(&message) {
+            tracker.trigger();
+        }
+        if !channel::suppress_self_echo(&message, &me) {
+            forward(&message);
+        }
+    })
+}
+
+type WsStream =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// One open connection.
+enum Conn {
+    Sse(Box<(reqwest::Response, SseParser)>),
+    Ws(Box<WsStream>),
+}
+
+type Opening =
+    Pin<Box<dyn Future<Output = (StreamMode, Result<(Conn, bool, Option<i64>), String>)> + Send>>;
+type Fetching = Pin<Box<dyn Future<Output = (u64, Result<Vec<Message>, String>)> + Send>>;
+
+/// The forwarder: the machine, its driver state, and the sink.
 pub struct Forwarder {
     client: BrokerClient,
     me: String,
     mode: StreamMode,
     sink: Sink,
-    last_id: Option<String>,
-    last_ts: i64,
-    seen: BTreeSet<String>,
-    seen_order: VecDeque<String>,
-    connected_once: bool,
-}
-
-enum Ended {
-    /// The stream ended or failed after `delivered` messages.
-    Closed { delivered: usize, reason: String },
-    /// The broker does not serve SSE here.
-    NotSse(String),
-    /// Shutting down.
-    Shutdown,
+    machine: LiveStream,
 }
 
 impl Forwarder {
     /// A forwarder for member `me`.
     pub fn new(client: BrokerClient, me: String, mode: StreamMode, sink: Sink) -> Self {
+        let mut config = LiveConfig::default();
+        if let Some(ms) = std::env::var(RECONNECT_BASE_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+        {
+            config.backoff_start = Duration::from_millis(ms);
+            config.backoff_max = config.backoff_start * 30;
+        }
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        config.seed = u64::from_le_bytes(seed);
         Self {
             client,
             me,
             mode,
             sink,
-            last_id: None,
-            last_ts: 0,
-            seen: BTreeSet::new(),
-            seen_order: VecDeque::new(),
-            connected_once: false,
+            machine: LiveStream::new(config, Instant::now().into_std()),
         }
     }
 
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
-        let mut backoff = BACKOFF_START;
+        let mut conn: Option<Conn> = None;
+        let mut opening: Option<Opening> = None;
+        let mut fetching: Option<Fetching> = None;
         loop {
-            let started = Instant::now();
-            let ended = match self.mode {
-                StreamMode::Auto | StreamMode::Sse => self.sse_once(&mut shutdown).await,
-                StreamMode::Ws => self.ws_once(&mut shutdown).await,
-            };
-            let delivered = match ended {
-                Ended::Shutdown => return,
-                Ended::NotSse(why) if self.mode == StreamMode::Auto => {
-                    tracing::info!(why, "broker does not serve SSE; using WebSocket");
-                    self.mode = StreamMode::Ws;
-                    continue;
+            while let Some(output) = self.machine.poll_output() {
+                match output {
+                    LiveOutput::Deliver(message) => (self.sink)(message),
+                    LiveOutput::Connect { last_event_id } => {
+                        opening = Some(Box::pin(open(
+                            self.client.clone(),
+                            self.me.clone(),
+                            self.mode,
+                            last_event_id,
+                        )));
+                    }
+                    LiveOutput::Disconnect { reason } => {
+                        tracing::warn!(reason, "dropping the live stream");
+                        close(conn.take()).await;
+                        opening = None;
+                        fetching = None;
+                    }
+                    LiveOutput::Fetch(query) => {
+                        fetching = Some(Box::pin(fetch(self.client.clone(), query)));
+                    }
+                    LiveOutput::Backoff { delay, reason } => {
+                        tracing::warn!(
+                            reason,
+                            delay_ms = delay.as_millis() as u64,
+                            "live stream ended; reconnecting"
+                        );
+                        close(conn.take()).await;
+                        fetching = None;
+                    }
                 }
-                Ended::NotSse(reason) => {
-                    tracing::warn!(reason, "live stream refused");
-                    0
-                }
-                Ended::Closed { delivered, reason } => {
-                    tracing::warn!(reason, delivered, "live stream ended; reconnecting");
-                    delivered
-                }
-            };
-            if delivered > 0 || started.elapsed() >= HEALTHY_AFTER {
-                backoff = BACKOFF_START;
             }
-            let delay = jitter(backoff);
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            let deadline = self.machine.poll_timeout().map(Instant::from_std);
             tokio::select! {
-                () = tokio::time::sleep(delay) => {}
-                () = stopping(&mut shutdown) => return,
-            }
-        }
-    }
-
-    async fn sse_once(&mut self, shutdown: &mut watch::Receiver<bool>) -> Ended {
-        let mut request = self
-            .client
-            .builder(
-                reqwest::Method::GET,
-                &format!(
-                    "/subscribe?name={}",
-                    ac7_protocol::toolbox::encode_component(&self.me)
-                ),
-            )
-            .header(reqwest::header::ACCEPT, "text/event-stream")
-            // A live stream has no end: only the keepalive watchdog below bounds it.
-            .timeout(Duration::from_secs(365 * 24 * 3600));
-        if let Some(id) = &self.last_id {
-            request = request.header("Last-Event-ID", id);
-        }
-        let response = tokio::select! {
-            r = request.send() => r,
-            () = stopping(shutdown) => return Ended::Shutdown,
-        };
-        let mut response = match response {
-            Ok(r) => r,
-            Err(e) => {
-                return Ended::Closed {
-                    delivered: 0,
-                    reason: describe(e).0,
-                };
-            }
-        };
-        let is_sse = response
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if !response.status().is_success() || !is_sse {
-            let status = response.status();
-            let body = response.text().await.unwrap_or_default();
-            let reason = format!("GET /subscribe answered {status}: {}", body.trim());
-            return match status.as_u16() {
-                401 | 403 => Ended::Closed {
-                    delivered: 0,
-                    reason,
-                },
-                _ => Ended::NotSse(reason),
-            };
-        }
-        self.connected_once = true;
-        let mut parser = SseParser::default();
-        let mut delivered = 0;
-        loop {
-            let chunk = tokio::select! {
-                c = tokio::time::timeout(SILENCE_LIMIT, response.chunk()) => c,
-                () = stopping(shutdown) => return Ended::Shutdown,
-            };
-            let bytes = match chunk {
-                Err(_) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: "no keepalive for 45 s".into(),
-                    };
+                () = stopping(&mut shutdown) => {
+                    self.machine.shutdown();
+                    close(conn.take()).await;
+                    return;
                 }
-                Ok(Err(e)) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: describe(e).0,
-                    };
+                () = sleep_until(deadline) => self.machine.handle_timeout(Instant::now().into_std()),
+                (mode, result) = maybe(&mut opening) => {
+                    opening = None;
+                    if mode != self.mode {
+                        tracing::info!("broker does not serve SSE; using WebSocket");
+                        self.mode = mode;
+                    }
+                    let now = Instant::now().into_std();
+                    match result {
+                        Ok((opened, replays, broker_ms)) => {
+                            conn = Some(opened);
+                            self.machine.handle_connected(now, replays, broker_ms);
+                        }
+                        Err(reason) => self.machine.handle_closed(now, &reason),
+                    }
                 }
-                Ok(Ok(None)) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: "stream ended".into(),
-                    };
+                (query, result) = maybe(&mut fetching) => {
+                    fetching = None;
+                    let now = Instant::now().into_std();
+                    match result {
+                        Ok(messages) => self.machine.handle_history(now, query, messages),
+                        Err(reason) => self.machine.handle_history_failed(now, query, &reason),
+                    }
                 }
-                Ok(Ok(Some(bytes))) => bytes,
-            };
-            parser.push(&bytes);
-            while let Some(item) = parser.next() {
-                match item {
-                    SseItem::Event(event) if event.event == "message" => {
-                        match serde_json::from_str::<Message>(&event.data) {
-                            Ok(message) => {
-                                if self.deliver(message) {
-                                    delivered += 1;
-                                }
-                            }
-                            Err(e) => {
-                                tracing::warn!(error = %e, "dropped a live event that is not a Message")
+                result = next_frames(&mut conn) => {
+                    let now = Instant::now().into_std();
+                    match result {
+                        Ok(frames) => {
+                            for frame in frames {
+                                self.machine.handle_frame(now, frame);
                             }
                         }
-                    }
-                    SseItem::Event(_) => {}
-                    SseItem::Oversized { len } => {
-                        tracing::warn!(len, "dropped an oversized live event")
-                    }
-                    SseItem::InvalidUtf8 => tracing::warn!("live event with invalid UTF-8"),
-                }
-            }
-        }
-    }
-
-    async fn ws_once(&mut self, shutdown: &mut watch::Receiver<bool>) -> Ended {
-        let base = self.client.url().replacen("http", "ws", 1);
-        let mut url = format!(
-            "{base}/subscribe?name={}",
-            ac7_protocol::toolbox::encode_component(&self.me)
-        );
-        if let Some(id) = &self.last_id {
-            url.push_str(&format!(
-                "&lastEventId={}",
-                ac7_protocol::toolbox::encode_component(id)
-            ));
-        }
-        let request =
-            match tungstenite::client::IntoClientRequest::into_client_request(url.as_str()) {
-                Ok(mut request) => {
-                    let headers = request.headers_mut();
-                    if let Ok(v) = format!("Bearer {}", self.client.token()).parse() {
-                        headers.insert("Authorization", v);
-                    }
-                    if let Ok(v) = "1".parse() {
-                        headers.insert("X-AC7-Protocol", v);
-                    }
-                    request
-                }
-                Err(e) => {
-                    return Ended::Closed {
-                        delivered: 0,
-                        reason: e.to_string(),
-                    };
-                }
-            };
-        let connected = tokio::select! {
-            c = tokio_tungstenite::connect_async(request) => c,
-            () = stopping(shutdown) => return Ended::Shutdown,
-        };
-        let mut socket = match connected {
-            Ok((socket, _)) => socket,
-            Err(e) => {
-                return Ended::Closed {
-                    delivered: 0,
-                    reason: e.to_string(),
-                };
-            }
-        };
-        let mut delivered = 0;
-        if self.connected_once {
-            delivered += self.backfill().await;
-        }
-        self.connected_once = true;
-        loop {
-            let frame = tokio::select! {
-                f = tokio::time::timeout(SILENCE_LIMIT, socket.next()) => f,
-                () = stopping(shutdown) => {
-                    let _ = socket.close(None).await;
-                    return Ended::Shutdown;
-                }
-            };
-            match frame {
-                Err(_) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: "no frame or ping for 45 s".into(),
-                    };
-                }
-                Ok(None) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: "stream ended".into(),
-                    };
-                }
-                Ok(Some(Err(e))) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: e.to_string(),
-                    };
-                }
-                Ok(Some(Ok(tungstenite::Message::Text(text)))) => {
-                    match serde_json::from_str::<Message>(&text) {
-                        Ok(message) => {
-                            if self.deliver(message) {
-                                delivered += 1;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "dropped a live frame that is not a Message")
+                        Err(reason) => {
+                            conn = None;
+                            self.machine.handle_closed(now, &reason);
                         }
                     }
                 }
-                Ok(Some(Ok(tungstenite::Message::Close(_)))) => {
-                    return Ended::Closed {
-                        delivered,
-                        reason: "closed by the broker".into(),
-                    };
-                }
-                Ok(Some(Ok(_))) => {}
             }
         }
-    }
-
-    /// After a WebSocket reconnect: the general feed newer than the last message seen.
-    async fn backfill(&mut self) -> usize {
-        let request = ac7_protocol::toolbox::Request {
-            method: ac7_protocol::toolbox::Method::Get,
-            path: "/history?limit=100".into(),
-            body: ac7_protocol::toolbox::Body::Empty,
-        };
-        let Ok(response) = self.client.execute(&request).await else {
-            return 0;
-        };
-        #[derive(serde::Deserialize)]
-        struct History {
-            messages: Vec<Message>,
-        }
-        let Ok(history) = serde_json::from_slice::<History>(&response.body) else {
-            return 0;
-        };
-        let last_ts = self.last_ts;
-        let mut missed: Vec<Message> = history
-            .messages
-            .into_iter()
-            .filter(|m| m.ts >= last_ts)
-            .collect();
-        missed.reverse();
-        missed
-            .into_iter()
-            .filter(|m| self.deliver(m.clone()))
-            .count()
-    }
-
-    /// Hands a message to the sink unless it was delivered before.
-    fn deliver(&mut self, message: Message) -> bool {
-        self.last_id = Some(message.id.clone());
-        self.last_ts = self.last_ts.max(message.ts);
-        if !self.seen.insert(message.id.clone()) {
-            return false;
-        }
-        self.seen_order.push_back(message.id.clone());
-        if self.seen_order.len() > REMEMBERED_IDS
-            && let Some(old) = self.seen_order.pop_front()
-        {
-            self.seen.remove(&old);
-        }
-        (self.sink)(message);
-        true
     }
 }
 
@@ -371,10 +204,218 @@ async fn stopping(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
-/// `delay` ±20 %.
-fn jitter(delay: Duration) -> Duration {
-    let mut byte = [0u8; 1];
-    let _ = getrandom::fill(&mut byte);
-    let factor = 0.8 + 0.4 * f64::from(byte[0]) / 255.0;
-    delay.mul_f64(factor)
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The pending future's output; never resolves when there is none.
+async fn maybe<T>(future: &mut Option<Pin<Box<dyn Future<Output = T> + Send>>>) -> T {
+    match future {
+        Some(f) => f.await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn close(conn: Option<Conn>) {
+    if let Some(Conn::Ws(mut socket)) = conn {
+        let _ = tokio::time::timeout(Duration::from_secs(1), socket.close(None)).await;
+    }
+}
+
+/// Opens the stream with `mode` (falling back from SSE to WebSocket under `auto`); returns the
+/// mode in use and the connection with whether the broker replays.
+async fn open(
+    client: BrokerClient,
+    me: String,
+    mode: StreamMode,
+    last_id: Option<String>,
+) -> (StreamMode, Result<(Conn, bool, Option<i64>), String>) {
+    match mode {
+        StreamMode::Ws => (mode, open_ws(&client, &me, last_id.as_deref()).await),
+        StreamMode::Auto | StreamMode::Sse => {
+            match open_sse(&client, &me, last_id.as_deref()).await {
+                Err(Refused::NotSse(why)) if mode == StreamMode::Auto => {
+                    tracing::debug!(why, "no SSE here");
+                    (
+                        StreamMode::Ws,
+                        open_ws(&client, &me, last_id.as_deref()).await,
+                    )
+                }
+                Err(Refused::NotSse(reason) | Refused::Failed(reason)) => (mode, Err(reason)),
+                Ok(opened) => (mode, Ok(opened)),
+            }
+        }
+    }
+}
+
+enum Refused {
+    /// The broker does not serve SSE here.
+    NotSse(String),
+    /// Anything else.
+    Failed(String),
+}
+
+async fn open_sse(
+    client: &BrokerClient,
+    me: &str,
+    last_id: Option<&str>,
+) -> Result<(Conn, bool, Option<i64>), Refused> {
+    let mut request = client
+        .builder(
+            reqwest::Method::GET,
+            &format!(
+                "/subscribe?name={}",
+                ac7_protocol::toolbox::encode_component(me)
+            ),
+        )
+        .header(reqwest::header::ACCEPT, "text/event-stream")
+        // A live stream has no end: only the machine's watchdog bounds it.
+        .timeout(Duration::from_secs(365 * 24 * 3600));
+    if let Some(id) = last_id {
+        request = request.header("Last-Event-ID", id);
+    }
+    let response = request
+        .send()
+        .await
+        .map_err(|e| Refused::Failed(describe(e).0))?;
+    let is_sse = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if !response.status().is_success() || !is_sse {
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        let reason = format!("GET /subscribe answered {status}: {}", body.trim());
+        return Err(match status.as_u16() {
+            401 | 403 => Refused::Failed(reason),
+            _ => Refused::NotSse(reason),
+        });
+    }
+    let replays = response.headers().contains_key(REPLAY_HEADER);
+    let broker_ms = date_ms(response.headers());
+    Ok((
+        Conn::Sse(Box::new((response, SseParser::default()))),
+        replays,
+        broker_ms,
+    ))
+}
+
+async fn open_ws(
+    client: &BrokerClient,
+    me: &str,
+    last_id: Option<&str>,
+) -> Result<(Conn, bool, Option<i64>), String> {
+    let base = client.url().replacen("http", "ws", 1);
+    let mut url = format!(
+        "{base}/subscribe?name={}",
+        ac7_protocol::toolbox::encode_component(me)
+    );
+    if let Some(id) = last_id {
+        url.push_str(&format!(
+            "&lastEventId={}",
+            ac7_protocol::toolbox::encode_component(id)
+        ));
+    }
+    let mut request = tungstenite::client::IntoClientRequest::into_client_request(url.as_str())
+        .map_err(|e| e.to_string())?;
+    let headers = request.headers_mut();
+    if let Ok(v) = format!("Bearer {}", client.token()).parse() {
+        headers.insert("Authorization", v);
+    }
+    if let Ok(v) = "1".parse() {
+        headers.insert("X-AC7-Protocol", v);
+    }
+    let (socket, response) = tokio_tungstenite::connect_async(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let replays = response.headers().contains_key(REPLAY_HEADER);
+    let broker_ms = date_ms(response.headers());
+    Ok((Conn::Ws(Box::new(socket)), replays, broker_ms))
+}
+
+/// The `Date` header as epoch ms.
+fn date_ms(headers: &reqwest::header::HeaderMap) -> Option<i64> {
+    let text = headers.get(reqwest::header::DATE)?.to_str().ok()?;
+    let at = httpdate::parse_http_date(text).ok()?;
+    let since = at.duration_since(std::time::UNIX_EPOCH).ok()?;
+    i64::try_from(since.as_millis()).ok()
+}
+
+/// The frames of the next chunk or WebSocket frame (a sign of life first); `Err` when the
+/// connection ended. Never resolves without a connection.
+async fn next_frames(conn: &mut Option<Conn>) -> Result<Vec<LiveFrame>, String> {
+    match conn {
+        None => std::future::pending().await,
+        Some(Conn::Sse(sse)) => {
+            let (response, parser) = &mut **sse;
+            let bytes = match response.chunk().await {
+                Ok(Some(bytes)) => bytes,
+                Ok(None) => return Err("stream ended".into()),
+                Err(e) => return Err(describe(e).0),
+            };
+            parser.push(&bytes);
+            let mut frames = vec![LiveFrame::Alive];
+            while let Some(item) = parser.next() {
+                match item {
+                    SseItem::Event(event) => match LiveFrame::from_sse(&event.event, &event.data) {
+                        Ok(frame) => frames.push(frame),
+                        Err(e) => tracing::warn!(error = %e, "dropped a live event"),
+                    },
+                    SseItem::Oversized { len } => {
+                        tracing::warn!(len, "dropped an oversized live event")
+                    }
+                    SseItem::InvalidUtf8 => tracing::warn!("live event with invalid UTF-8"),
+                }
+            }
+            Ok(frames)
+        }
+        Some(Conn::Ws(socket)) => match socket.next().await {
+            None => Err("stream ended".into()),
+            Some(Err(e)) => Err(e.to_string()),
+            Some(Ok(tungstenite::Message::Text(text))) => match LiveFrame::from_ws_text(&text) {
+                Ok(frame) => Ok(vec![frame]),
+                Err(e) => {
+                    tracing::warn!(error = %e, "dropped a live frame");
+                    Ok(vec![LiveFrame::Alive])
+                }
+            },
+            Some(Ok(tungstenite::Message::Close(_))) => Err("closed by the broker".into()),
+            Some(Ok(_)) => Ok(vec![LiveFrame::Alive]),
+        },
+    }
+}
+
+/// Runs one `/history` query of the machine.
+async fn fetch(client: BrokerClient, query: HistoryQuery) -> (u64, Result<Vec<Message>, String>) {
+    #[derive(serde::Deserialize)]
+    struct History {
+        messages: Vec<Message>,
+    }
+    let request = ac7_protocol::toolbox::Request {
+        method: ac7_protocol::toolbox::Method::Get,
+        path: query.path(),
+        body: ac7_protocol::toolbox::Body::Empty,
+    };
+    let result = match client.execute(&request).await {
+        Err(e) => Err(e.0),
+        Ok(response) if response.status != 200 => Err(format!(
+            "GET {} answered {}: {}",
+            request.path,
+            response.status,
+            String::from_utf8_lossy(&response.body).trim()
+        )),
+        Ok(response) => serde_json::from_slice::<History>(&response.body)
+            .map(|h| h.messages)
+            .map_err(|e| {
+                format!(
+                    "GET {} answered JSON that is not a history: {e}",
+                    request.path
+                )
+            }),
+    };
+    (query.id, result)
 }

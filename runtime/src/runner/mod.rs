@@ -421,20 +421,13 @@ pub(crate) fn exit_code(status: std::io::Result<ExitStatus>) -> i32 {
     }
 }
 
-/// What happens to each live message: objective events wake the tracker; chat from self is
-/// dropped; everything else becomes a `notifications/claude/channel`.
+/// Each live message the agent gets (see [`forwarder::agent_sink`]) becomes a
+/// `notifications/claude/channel`.
 fn delivery(me: String, runner: RunnerHandle, tracker: tracker::TrackerHandle) -> forwarder::Sink {
-    use ac7_protocol::channel;
-    Box::new(move |message| {
-        if channel::is_objective_event(&message) {
-            tracker.trigger();
-        }
-        if channel::suppress_self_echo(&message, &me) {
-            return;
-        }
+    forwarder::agent_sink(me, tracker, move |message| {
         runner.notify(
             mcp::CLAUDE_CHANNEL,
-            Some(channel::claude_channel_params(&message)),
+            Some(ac7_protocol::channel::claude_channel_params(message)),
         );
     })
 }

@@ -179,9 +179,19 @@ impl TestBroker {
     }
 
     pub async fn ws(&self, who: &str, last_event_id: Option<&str>) -> WsClient {
+        self.ws_with(who, "", last_event_id).await
+    }
+
+    /// A WebSocket subscription with `lastEventId` in the query (as browsers must).
+    pub async fn ws_query(&self, who: &str, last_event_id: &str) -> WsClient {
+        self.ws_with(who, &format!("&lastEventId={last_event_id}"), None)
+            .await
+    }
+
+    async fn ws_with(&self, who: &str, query: &str, last_event_id: Option<&str>) -> WsClient {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
         let url = format!(
-            "{}/subscribe?name={who}",
+            "{}/subscribe?name={who}{query}",
             self.url.replace("http://", "ws://")
         );
         let mut req = url.into_client_request().unwrap();

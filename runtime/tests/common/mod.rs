@@ -19,6 +19,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
+pub mod ash;
+pub mod npm;
+
 /// The `ac7` binary under test.
 pub fn ac7() -> &'static str {
     env!("CARGO_BIN_EXE_ac7")

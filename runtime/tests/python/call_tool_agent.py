@@ -15,7 +15,6 @@ from pathlib import Path
 
 import anyio
 from mcp import Client, StdioServerParameters
-from mcp.shared.exceptions import MCPError
 
 AC7 = os.environ["AC7_BIN"]
 SCHEMA = os.environ["AC7_TEST_SCHEMA"]
@@ -94,11 +93,10 @@ async def scenario_restart() -> dict:
         r = await client.call_tool("echo", {"text": "before"})
         assert text(r) == "before", r
         with anyio.fail_after(WAIT):
-            try:
-                await client.call_tool("hang", {})
-                raise AssertionError("the call in flight should fail when the parent goes away")
-            except MCPError as e:
-                out["in_flight_error"] = {"code": e.code, "message": e.message}
+            # A tool failure is a result with isError (MCP), not a JSON-RPC error.
+            r = await client.call_tool("hang", {})
+            assert r.is_error is True, r
+            out["in_flight_error"] = text(r)
         with anyio.fail_after(WAIT):
             while not (WORK / "restarted").exists():
                 await anyio.sleep(0.01)
@@ -108,7 +106,40 @@ async def scenario_restart() -> dict:
     return out
 
 
-SCENARIOS = {"main": scenario_main, "restart": scenario_restart}
+async def scenario_absent() -> dict:
+    """No parent listens on SOCKET: each call is an isError result, and the bridge keeps trying."""
+    out: dict = {"texts": []}
+    async with Client(bridge(), mode="legacy", read_timeout_seconds=WAIT) as client:
+        for _ in range(2):
+            r = await client.call_tool("echo", {"text": "x"})
+            assert r.is_error is True, r
+            out["texts"].append(text(r))
+    return out
+
+
+async def scenario_broken() -> dict:
+    """A parent (the Rust test's fake) that answers each tool named in BROKEN wrongly; after
+    each, `echo` must work again."""
+    out: dict = {}
+    async with Client(bridge(), mode="legacy", read_timeout_seconds=WAIT) as client:
+        for name in os.environ["AC7_TEST_BROKEN"].split(","):
+            with anyio.fail_after(WAIT):
+                r = await client.call_tool(name, {})
+            assert r.is_error is True, (name, r)
+            assert len(r.content) == 1 and r.content[0].type == "text", (name, r)
+            out[name] = text(r)
+            with anyio.fail_after(WAIT):
+                r = await client.call_tool("echo", {"text": name})
+            assert not r.is_error and text(r) == f"ok {name}", (name, r)
+    return out
+
+
+SCENARIOS = {
+    "main": scenario_main,
+    "restart": scenario_restart,
+    "absent": scenario_absent,
+    "broken": scenario_broken,
+}
 
 
 def main() -> None:

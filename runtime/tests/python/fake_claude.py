@@ -8,9 +8,14 @@ It reads the stream-json user message from stdin and behaves according to the pr
 - `stubborn`: like `slow`, but ignores SIGINT (only SIGKILL stops it);
 - `pause`: prints one assistant message, sleeps 1 s, then finishes normally;
 - `unicode`: answers with multi-byte characters;
+- `fail_after_result`: prints an error result (`is_error`), then exits 1;
+- `rename`: like the default, but its result names another session id;
 - anything else: init, an assistant message echoing the prompt, argv and cwd, and a result.
-Every message carries the session id from --session-id / --resume. The process id is written
-to `<cwd>/<session>.pid`, so a test can check that the agent was stopped.
+Sessions behave like the real CLI's: `--session-id` must be a UUID that does not exist yet
+("already in use" otherwise), `--resume` needs one that exists; a session exists once its init
+message is printed (kept as `<cwd>/.fake-claude/<uuid>`). Every message carries the session id.
+The process id is written to `<cwd>/<session>.pid`, so a test can check that the agent was
+stopped.
 """
 
 import json
@@ -18,6 +23,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 
 
 def emit(message: dict) -> None:
@@ -28,20 +34,40 @@ def emit(message: dict) -> None:
 def main() -> int:
     argv = sys.argv[1:]
     session = ""
-    for flag in ("--session-id", "--resume"):
-        if flag in argv:
-            session = argv[argv.index(flag) + 1]
-    if session:
-        with open(f"{session}.pid", "w") as f:
-            f.write(str(os.getpid()))
+    store = os.path.join(os.getcwd(), ".fake-claude")
+    if "--session-id" in argv:
+        session = argv[argv.index("--session-id") + 1]
+        try:
+            uuid.UUID(session)
+        except ValueError:
+            sys.stderr.write("Error: Invalid session ID. Must be a valid UUID.\n")
+            return 1
+        if os.path.exists(os.path.join(store, session)):
+            sys.stderr.write(f"Error: Session ID {session} is already in use.\n")
+            return 1
+    elif "--resume" in argv:
+        session = argv[argv.index("--resume") + 1]
+        if not os.path.exists(os.path.join(store, session)):
+            sys.stderr.write(f"No conversation found with session ID: {session}\n")
+            return 1
+    else:
+        session = str(uuid.uuid4())
+    with open(f"{session}.pid", "w") as f:
+        f.write(str(os.getpid()))
     line = sys.stdin.readline()
     message = json.loads(line)
     assert message["type"] == "user", message
     content = message["message"]["content"]
     prompt = content if isinstance(content, str) else json.dumps(content)
+    os.makedirs(store, exist_ok=True)
+    open(os.path.join(store, session), "w").close()
     emit({"type": "system", "subtype": "init", "session_id": session})
     if "--include-partial-messages" in argv:
         emit({"type": "stream_event", "event": {"type": "message_start"}, "session_id": session})
+    if prompt == "fail_after_result":
+        emit({"type": "result", "subtype": "success", "is_error": True,
+              "result": "API Error: 529 overloaded", "session_id": session})
+        return 1
     if prompt == "fail":
         sys.stderr.write("boom: the model is unavailable\n")
         return 3
@@ -63,7 +89,8 @@ def main() -> int:
         "cwd": os.getcwd(),
         "session_id": session,
     })
-    emit({"type": "result", "subtype": "success", "result": text, "session_id": session or "generated"})
+    reported = "a-session-of-its-own" if prompt == "rename" else session
+    emit({"type": "result", "subtype": "success", "result": text, "session_id": reported})
     return 0
 
 

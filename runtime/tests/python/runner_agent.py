@@ -141,6 +141,8 @@ async def scenario_messages() -> dict:
             while not expect.issubset({p.content for p in channel.received}):
                 channel.changed = anyio.Event()
                 await channel.changed.wait()
+                # Progress for the test to poll: one body per line, in arrival order.
+                (WORK / "received.txt").write_text("".join(p.content + "\n" for p in channel.received))
     return {"received": sorted(p.content for p in channel.received)}
 
 

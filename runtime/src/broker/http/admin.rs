@@ -10,6 +10,7 @@ use serde_json::Value;
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::bootstrap::{self, add_member, is_last_admin, validate_member};
 use crate::broker::db::StoreError;
+use crate::broker::hub::Closed;
 use crate::broker::now_ms;
 use crate::broker::team::{self, MemberRecord, Role, Team};
 
@@ -320,6 +321,8 @@ pub(super) async fn rotate_token(
             now_ms(),
         )?;
         tx.commit().map_err(StoreError::from)?;
+        // Under the store lock, so no stream can register with an old token after this.
+        state.hub.close_member(&name, Closed::Revoked);
         Ok(reply(
             StatusCode::OK,
             &obj! {"token" => &token, "tokenInfo" => &info},
@@ -355,6 +358,7 @@ pub(super) async fn token_delete(
         }
         team::token_delete(conn, &name, &id)?;
         state.forget_auth();
+        state.hub.close_token(&name, &id);
         Ok(StatusCode::NO_CONTENT.into_response())
     })
 }

@@ -281,6 +281,9 @@ impl From<FsError> for ApiError {
 pub(crate) struct Caller {
     pub(crate) name: String,
     pub(crate) permissions: PermissionSet,
+    /// Id of the token the request authenticated with (live streams remember it, so
+    /// revoking the token ends them).
+    pub(crate) token_id: String,
 }
 
 impl Caller {
@@ -316,6 +319,7 @@ impl FromRequestParts<Shared> for Caller {
             return Ok(Caller {
                 name: c.name,
                 permissions: c.permissions,
+                token_id: c.token_id,
             });
         }
         let now = super::now_ms();
@@ -334,6 +338,7 @@ impl FromRequestParts<Shared> for Caller {
                     Ok(Caller {
                         name: m.name,
                         permissions: m.permissions,
+                        token_id,
                     })
                 }
                 None => {
@@ -342,7 +347,12 @@ impl FromRequestParts<Shared> for Caller {
                 }
             }
         })?;
-        state.remember_auth(hash, caller.name.clone(), caller.permissions);
+        state.remember_auth(
+            hash,
+            caller.token_id.clone(),
+            caller.name.clone(),
+            caller.permissions,
+        );
         Ok(caller)
     }
 }

@@ -4,17 +4,40 @@
 //! SSE: `id: <message id>`, `event: message`, one `data:` line with the Message
 //! JSON; a `:` comment every keepalive interval (15 s by default).
 //! WebSocket: one Message JSON per text frame; a ping every keepalive interval;
-//! client frames are ignored.
+//! client frames are ignored, and one over 64 KiB closes the socket.
 //!
-//! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), the messages the
-//! caller may see that were logged after that id are sent first (at most 1,000,
-//! the newest ones), then live traffic, with no gap and no duplicate: the replay
-//! query and the subscription happen under the same store lock that pushes take.
-//! An unknown id replays nothing.
+//! Each stream reads from its hub queue (bounded in frames and bytes; see
+//! [`crate::broker::hub`]) and remembers the token it authenticated with, so that
+//! revoking the token ends it. SSE responses carry `Connection: close`: when the
+//! broker ends a stream, the connection goes with it.
+//!
+//! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), every message
+//! the caller may see that was logged after that id is sent first, oldest first,
+//! then live traffic, with no gap and no duplicate. The subscription is taken
+//! together with the log's head position under the store lock that every push
+//! delivers under, so a message is either at or below the head (logged and
+//! delivered before: replayed) or above it (delivered later: in the subscriber's
+//! queue, which holds live frames while the replay runs). The replay is read
+//! from a read connection in pages of [`REPLAY_PAGE`] up to the head, so memory
+//! stays bounded whatever the gap. (Live frames that overflow the queue during a
+//! long replay end the stream as any overflow does; the client resumes from the
+//! last id it got.) Every response says `X-AC7-Replay: 1` (the runner backfills
+//! from `/history` only from brokers that lack it).
+//!
+//! Reset: an id the log does not have (another database, a restored backup, an
+//! id from the future) cannot be placed, so nothing can be replayed from it.
+//! The broker says so first, then goes live: SSE `event: reset` with one `data:`
+//! line, WebSocket one text frame, both holding
+//! `{"type":"reset","reason":"unknown-last-event-id","lastEventId":"<id>","detail":"…"}`
+//! ([`ac7_protocol::live::Reset`]; a Message never has a `type` key). A client
+//! backfills from `/history` (the runner does).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use super::{ApiError, Caller, Shared};
+use crate::broker::hub::{Closed, Frame, Receiver, SubscribeError};
+use crate::broker::{AppState, messages, now_ms};
 use ac7_protocol::permission::Permission;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
@@ -22,11 +45,8 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
-use tokio::sync::mpsc;
 
-use super::{ApiError, Caller, Shared};
-use crate::broker::hub::Frame;
-use crate::broker::{AppState, messages, now_ms};
+use ac7_protocol::live::{REPLAY_HEADER, RESET_EVENT, Reset};
 
 /// Deregisters the subscriber when the stream or socket task ends.
 struct Guard {
@@ -77,24 +97,33 @@ pub(super) async fn subscribe(
         Some(
             WebSocketUpgrade::from_request_parts(&mut parts, &state)
                 .await
-                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?,
+                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
+                // The broker ignores what clients send: keep their frames small.
+                .max_frame_size(WS_MAX_CLIENT_MESSAGE)
+                .max_message_size(WS_MAX_CLIENT_MESSAGE),
         )
     } else {
         None
     };
 
     let now = now_ms();
-    let (replay, sub) = state.store.with(|conn| -> Result<_, ApiError> {
-        let replay = match &last_id {
-            Some(id) => {
-                let scope = messages::viewer_scope(
-                    conn,
-                    &caller.name,
-                    caller.has(Permission::MembersManage),
-                )?;
-                messages::replay_after(conn, &caller.name, &scope, id)?
-            }
-            None => Vec::new(),
+    let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
+        let opening = match &last_id {
+            None => Opening::Live,
+            Some(id) => match messages::seq_of(conn, id)? {
+                None => Opening::Reset(Reset::unknown_id(id)),
+                Some(cursor) => Opening::Replay(Replay {
+                    state: Arc::clone(&state),
+                    viewer: caller.name.clone(),
+                    scope: Arc::new(messages::viewer_scope(
+                        conn,
+                        &caller.name,
+                        caller.has(Permission::MembersManage),
+                    )?),
+                    cursor,
+                    head: messages::head(conn)?,
+                }),
+            },
         };
         if !state.hub.has_member(&caller.name)
             && let Some(m) = crate::broker::team::member_get(conn, &caller.name)?
@@ -102,17 +131,23 @@ pub(super) async fn subscribe(
             // Added offline (`ac7 member add`) while the broker was running.
             state.hub.register_member(&m.name, m.role, now);
         }
+        // A token revoked since this request authenticated (the auth cache) gets no stream.
+        if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+            return Err(ApiError::unauthorized("unknown token"));
+        }
         let sub = state
             .hub
-            .subscribe(&caller.name, now)
-            .ok_or_else(|| ApiError::unauthorized("token references unknown member"))?;
-        Ok((replay, sub))
+            .subscribe(&caller.name, &caller.token_id, now)
+            .map_err(|e| match e {
+                SubscribeError::UnknownMember => ApiError::unauthorized(e.to_string()),
+                SubscribeError::TooMany { limit, .. } => {
+                    ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, e.to_string())
+                        .with("code", serde_json::json!("too_many_subscriptions"))
+                        .with("limit", serde_json::json!(limit))
+                }
+            })?;
+        Ok((opening, sub))
     })?;
-    let mut frames = Vec::with_capacity(replay.len());
-    for m in replay {
-        let json = serde_json::to_string(&m).map_err(crate::broker::db::StoreError::from)?;
-        frames.push(Arc::new(Frame::new(m.id, json)));
-    }
     let guard = Guard {
         state: Arc::clone(&state),
         name: sub.name,
@@ -121,74 +156,221 @@ pub(super) async fn subscribe(
     let keepalive = state.config.keepalive;
     match upgrade {
         Some(ws) => {
-            Ok(ws.on_upgrade(move |socket| run_socket(socket, frames, sub.rx, guard, keepalive)))
+            let mut response =
+                ws.on_upgrade(move |socket| run_socket(socket, opening, sub.rx, guard, keepalive));
+            response
+                .headers_mut()
+                .insert(REPLAY_HEADER, header::HeaderValue::from_static("1"));
+            Ok(response)
         }
         None => Ok((
             [
                 (header::CONTENT_TYPE, "text/event-stream"),
                 (header::CACHE_CONTROL, "no-cache"),
+                (header::HeaderName::from_static(REPLAY_HEADER), "1"),
+                // When the broker ends the stream (revocation, overflow), the connection goes too.
+                (header::CONNECTION, "close"),
             ],
-            Body::from_stream(sse_stream(frames, sub.rx, guard, keepalive)),
+            Body::from_stream(sse_stream(opening, sub.rx, guard, keepalive)),
         )
             .into_response()),
     }
 }
 
-/// The SSE body: the replay, then live frames, with a `:` comment whenever
-/// nothing was sent for `keepalive`. Ends when the hub drops the subscriber.
+/// Messages logged per replay page.
+pub(super) const REPLAY_PAGE: usize = 500;
+
+/// What goes out before live frames.
+enum Opening {
+    /// Nothing: no last event id.
+    Live,
+    /// The log after the last event id.
+    Replay(Replay),
+    /// The last event id cannot be placed.
+    Reset(Reset),
+}
+
+/// A replay in progress: the log after `cursor` up to `head`, paged.
+struct Replay {
+    state: Arc<AppState>,
+    viewer: String,
+    scope: Arc<messages::ViewerScope>,
+    /// The last position sent.
+    cursor: i64,
+    /// The log's head when the subscription was taken.
+    head: i64,
+}
+
+impl Replay {
+    /// The next page, `Ok(None)` once the head is reached.
+    async fn next_page(&mut self) -> Result<Option<Vec<Arc<Frame>>>, String> {
+        if self.cursor >= self.head {
+            return Ok(None);
+        }
+        let state = Arc::clone(&self.state);
+        let viewer = self.viewer.clone();
+        let scope = Arc::clone(&self.scope);
+        let window = messages::Window {
+            after_seq: Some(self.cursor),
+            before_seq: Some(self.head + 1),
+            after_ts: None,
+            before_ts: None,
+            oldest_first: true,
+            limit: REPLAY_PAGE,
+        };
+        let rows = tokio::task::spawn_blocking(move || {
+            state
+                .store
+                .read(|conn| messages::page(conn, &viewer, &scope, &messages::Feed::All, &window))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        if rows.len() < REPLAY_PAGE {
+            self.cursor = self.head;
+        }
+        let Some(last) = rows.last() else {
+            return Ok(None);
+        };
+        self.cursor = self.cursor.max(last.seq);
+        Ok(Some(
+            rows.into_iter()
+                .map(|r| Arc::new(Frame::new(r.id, r.json)))
+                .collect(),
+        ))
+    }
+}
+
+/// The opening frames as a stream (SSE bytes); `Err` ends the response (a
+/// replay that cannot be completed must not be followed by live frames).
+fn opening_sse(opening: Opening) -> impl Stream<Item = Result<Bytes, ()>> {
+    stream::unfold(Some(opening), |opening| async move {
+        match opening? {
+            Opening::Live => None,
+            Opening::Reset(reset) => {
+                let sse = format!("event: {RESET_EVENT}\ndata: {}\n\n", reset.to_json());
+                Some((vec![Ok(Bytes::from(sse))], Some(Opening::Live)))
+            }
+            Opening::Replay(mut replay) => match replay.next_page().await {
+                Ok(Some(frames)) => Some((
+                    frames.into_iter().map(|f| Ok(f.sse.clone())).collect(),
+                    Some(Opening::Replay(replay)),
+                )),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, "replay failed; closing the stream");
+                    Some((vec![Err(())], None))
+                }
+            },
+        }
+    })
+    .flat_map(stream::iter)
+}
+
+/// Largest frame or message the broker accepts from a WebSocket client (it reads
+/// only close, ping and pong; anything larger closes that socket).
+const WS_MAX_CLIENT_MESSAGE: usize = 64 * 1024;
+
+/// The SSE body: the opening (reset or replay), then live frames, with a `:`
+/// comment whenever nothing was sent for `keepalive`. Ends when the hub closes
+/// the subscriber (the hub logs why).
 fn sse_stream(
-    replay: Vec<Arc<Frame>>,
-    rx: mpsc::Receiver<Arc<Frame>>,
+    opening: Opening,
+    rx: Receiver,
     guard: Guard,
     keepalive: std::time::Duration,
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let live = stream::unfold((rx, guard), move |(mut rx, guard)| async move {
         match tokio::time::timeout(keepalive, rx.recv()).await {
-            Ok(Some(frame)) => Some((frame.sse.clone(), (rx, guard))),
-            Ok(None) => None,
+            Ok(Ok(frame)) => Some((frame.sse.clone(), (rx, guard))),
+            Ok(Err(_closed)) => None,
             Err(_) => Some((Bytes::from_static(b":\n\n"), (rx, guard))),
         }
     });
-    stream::iter(replay.into_iter().map(|f| f.sse.clone()))
-        .chain(live)
-        .map(Ok)
+    opening_sse(opening)
+        .chain(live.map(Ok))
+        .take_while(|item| std::future::ready(item.is_ok()))
+        .map(|item| Ok(item.unwrap_or_default()))
+}
+
+/// The WebSocket close code for a stream the hub ended.
+fn close_code(why: Closed) -> u16 {
+    match why {
+        // Policy violation: the credentials are gone; reconnecting with them fails.
+        Closed::Revoked | Closed::Removed => 1008,
+        // Try again later: reconnect with Last-Event-ID.
+        Closed::Overflow | Closed::Shutdown | Closed::Gone => 1013,
+    }
 }
 
 async fn run_socket(
     mut socket: WebSocket,
-    replay: Vec<Arc<Frame>>,
-    mut rx: mpsc::Receiver<Arc<Frame>>,
+    opening: Opening,
+    mut rx: Receiver,
     guard: Guard,
     keepalive: std::time::Duration,
 ) {
-    for f in replay {
-        if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
-            return;
+    match opening {
+        Opening::Live => {}
+        Opening::Reset(reset) => {
+            if socket
+                .send(WsMessage::Text(reset.to_json().into()))
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
+        Opening::Replay(mut replay) => loop {
+            match replay.next_page().await {
+                Ok(Some(frames)) => {
+                    for f in frames {
+                        if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "replay failed; closing the stream");
+                    let _ = socket
+                        .send(WsMessage::Close(Some(CloseFrame {
+                            code: 1011,
+                            reason: "replay failed; reconnect with lastEventId".into(),
+                        })))
+                        .await;
+                    return;
+                }
+            }
+        },
     }
     let mut ping = tokio::time::interval(keepalive);
     ping.tick().await;
     loop {
         tokio::select! {
             frame = rx.recv() => match frame {
-                Some(f) => {
+                Ok(f) => {
                     if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
                         break;
                     }
                 }
-                None => {
-                    // Dropped by the hub (queue overflow or shutdown): tell the client to reconnect.
+                Err(why) => {
+                    // Closed by the hub: tell the client why (and to reconnect, where it may).
                     let _ = socket
                         .send(WsMessage::Close(Some(CloseFrame {
-                            code: 1013,
-                            reason: "stream closed by the broker; reconnect with Last-Event-ID".into(),
+                            code: close_code(why),
+                            reason: why.reason().into(),
                         })))
                         .await;
                     break;
                 }
             },
             incoming = socket.recv() => match incoming {
-                Some(Ok(WsMessage::Close(_))) | None | Some(Err(_)) => break,
+                Some(Ok(WsMessage::Close(_))) | None => break,
+                Some(Err(e)) => {
+                    tracing::debug!(member = %guard.name, error = %e, "closing WebSocket after a bad client frame");
+                    break;
+                }
                 Some(Ok(_)) => {}
             },
             _ = ping.tick() => {
