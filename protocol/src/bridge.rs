@@ -11,7 +11,9 @@
 //!   `tools: {listChanged: true}`, the client's protocol version when supported) and `ping` itself;
 //! - forwards every other request as an `mcp_request` under its own monotonic id and answers the
 //!   agent under the agent's original id with the runner's result or error, code included;
-//! - relays `mcp_notification` frames as JSON-RPC notifications;
+//! - relays `mcp_notification` frames as JSON-RPC notifications — from start-up until the agent
+//!   is ready (`notifications/initialized` sent, first `tools/list` answered, then
+//!   [`START_GRACE`]) they are held, in order and bounded (see [`startup`]);
 //! - drops a pending request when the agent sends `notifications/cancelled` for it;
 //! - answers a request whose frame would exceed the cap with `-32603` without sending it, and a
 //!   malformed agent line with `-32700` / `-32600`;
@@ -20,7 +22,10 @@
 //!   when the socket is still usable, and [`BridgeOutput::Exit`] is the last output.
 //!
 //! Every request the agent sends gets exactly one answer, except one it cancelled itself.
-//! The bridge has no timers: a request waits for its answer or for teardown.
+//! A request waits for its answer or for teardown. The one timer is the start-up grace
+//! ([`BridgeSession::poll_timeout`] / [`BridgeSession::handle_timeout`]).
+
+pub mod startup;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -35,6 +40,8 @@ use crate::line::{Line, LineDecoder};
 use crate::mcp;
 use crate::mcp_face::{AgentLine, McpFace, error_line};
 use crate::pending::Pending;
+pub use startup::{MAX_HELD_BYTES, MAX_HELD_NOTIFICATIONS, START_GRACE};
+use startup::{Offer, StartupHold};
 
 /// Limits and identity of a bridge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +53,12 @@ pub struct BridgeConfig {
     pub max_agent_line_bytes: usize,
     /// `serverInfo.version` in the `initialize` result.
     pub server_version: String,
+    /// How long notifications stay held after the agent's handshake ([`START_GRACE`]).
+    pub start_grace: Duration,
+    /// Notifications held at most before the agent is ready ([`MAX_HELD_NOTIFICATIONS`]).
+    pub max_held_notifications: usize,
+    /// Bytes of notifications held at most before the agent is ready ([`MAX_HELD_BYTES`]).
+    pub max_held_bytes: usize,
 }
 
 impl Default for BridgeConfig {
@@ -54,6 +67,9 @@ impl Default for BridgeConfig {
             max_frame_bytes: MAX_FRAME_BYTES,
             max_agent_line_bytes: 16 * MAX_FRAME_BYTES,
             server_version: "0.0.0-dev".into(),
+            start_grace: START_GRACE,
+            max_held_notifications: MAX_HELD_NOTIFICATIONS,
+            max_held_bytes: MAX_HELD_BYTES,
         }
     }
 }
@@ -169,6 +185,25 @@ pub enum BridgeEvent {
         /// Its id, if any.
         id: Option<u64>,
     },
+    /// The agent is ready: the notifications held since start-up were relayed.
+    Released {
+        /// How many.
+        count: usize,
+    },
+    /// A notification arrived while the start-up hold was full: it was not kept (the older ones
+    /// are).
+    HoldFull {
+        /// Its method.
+        method: String,
+        /// Notifications held.
+        held: usize,
+    },
+    /// The bridge tore down before the agent was ready: the held notifications were not
+    /// delivered.
+    HeldDiscarded {
+        /// How many.
+        count: usize,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -193,6 +228,7 @@ pub struct BridgeSession {
     agent: LineDecoder,
     runner: FrameDecoder,
     pending: Pending<Forwarded>,
+    hold: StartupHold,
     out: VecDeque<BridgeOutput>,
 }
 
@@ -208,6 +244,11 @@ impl BridgeSession {
                 capabilities: mcp::AC7_CAPABILITIES.to_owned(),
                 max_line_bytes: config.max_agent_line_bytes,
             },
+            hold: StartupHold::new(
+                config.start_grace,
+                config.max_held_notifications,
+                config.max_held_bytes,
+            ),
             config,
             state: State::Relaying,
             pending: Pending::new(),
@@ -276,6 +317,37 @@ impl BridgeSession {
         self.out.pop_front()
     }
 
+    /// When [`handle_timeout`](Self::handle_timeout) is due: the end of the start-up grace,
+    /// while it runs.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_closed() {
+            return None;
+        }
+        self.hold.poll_timeout()
+    }
+
+    /// Time passed: ends the start-up grace when it is due, relaying what was held.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.is_closed() {
+            return;
+        }
+        if let Some(held) = self.hold.handle_timeout(now) {
+            let count = held.len();
+            self.out.extend(held.into_iter().map(BridgeOutput::ToAgent));
+            self.event(BridgeEvent::Released { count });
+        }
+    }
+
+    /// Whether the agent is ready and notifications are relayed at once.
+    pub fn is_delivering(&self) -> bool {
+        self.hold.is_open()
+    }
+
+    /// Notifications held until the agent is ready.
+    pub fn held_notifications(&self) -> usize {
+        self.hold.held()
+    }
+
     /// Whether teardown has happened (all further input is ignored).
     pub fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed)
@@ -305,6 +377,9 @@ impl BridgeSession {
                     self.pending.remove(id);
                     self.event(BridgeEvent::Cancelled { id });
                 }
+            }
+            AgentLine::Notification(method) if method == mcp::INITIALIZED => {
+                self.hold.initialized(now);
             }
             AgentLine::Notification(method) => {
                 self.event(BridgeEvent::AgentNotificationIgnored { method })
@@ -355,7 +430,17 @@ impl BridgeSession {
             Decoded::Frame(Frame::McpNotification(n)) => {
                 let mut line = Vec::new();
                 jsonrpc::encode_notification(&mut line, &n.method, n.params.as_ref());
-                self.out.push_back(BridgeOutput::ToAgent(line));
+                match self.hold.offer(line) {
+                    Offer::Pass(line) => self.out.push_back(BridgeOutput::ToAgent(line)),
+                    Offer::Held => {}
+                    Offer::Refused => {
+                        let held = self.hold.held();
+                        self.event(BridgeEvent::HoldFull {
+                            method: n.method,
+                            held,
+                        });
+                    }
+                }
             }
             Decoded::Frame(Frame::Shutdown(Shutdown { reason })) => {
                 self.close(ExitReason::RunnerShutdown { reason }, now);
@@ -404,6 +489,9 @@ impl BridgeSession {
         let mut line = Vec::new();
         jsonrpc::encode_outcome(&mut line, &forwarded.agent_id, outcome);
         self.out.push_back(BridgeOutput::ToAgent(line));
+        if forwarded.method == mcp::TOOLS_LIST {
+            self.hold.tools_listed(now);
+        }
         self.event(BridgeEvent::Answered {
             id,
             method: forwarded.method,
@@ -429,6 +517,10 @@ impl BridgeSession {
         ));
         for (id, forwarded) in self.pending.fail_all() {
             self.answer(id, forwarded, &error, now);
+        }
+        let count = self.hold.discard();
+        if count > 0 {
+            self.event(BridgeEvent::HeldDiscarded { count });
         }
         if matches!(reason, ExitReason::AgentClosed | ExitReason::Terminated) {
             let frame = Frame::Shutdown(Shutdown {

@@ -18,7 +18,7 @@ use crate::json::RawJson;
 use crate::jsonrpc::{self, Message, Outcome};
 use crate::length_prefixed::{self, LpDecoder};
 use crate::mcp;
-use crate::runner::{BridgePolicy, ConnId, RunnerConfig, RunnerOutput, RunnerSession};
+use crate::runner::{BridgePolicy, ConnId, Origin, RunnerConfig, RunnerOutput, RunnerSession};
 use crate::trace::activity::ActivityEvent;
 use crate::trace::http::{ConnId as TraceConn, HttpConfig};
 use crate::trace::redact::{TRUNCATED_MARK, preview, redact_text};
@@ -155,7 +155,8 @@ pub fn decode_chunks(data: &[u8]) {
 ///
 /// Oracles: every request the agent sends is answered at most once, and exactly once unless it
 /// cancelled it; `Exit` comes once and last; every frame to the runner fits the cap and is one
-/// line; every line to the agent is valid JSON-RPC; `poll_output` terminates.
+/// line; every line to the agent is valid JSON-RPC; no notification reaches the agent before it
+/// sent `notifications/initialized` and got a `tools/list` answer; `poll_output` terminates.
 pub fn bridge_ops(data: &[u8]) {
     let mut input = Input::new(data);
     let max_frame_bytes = 256 + usize::from(input.byte()) * 8;
@@ -163,7 +164,10 @@ pub fn bridge_ops(data: &[u8]) {
         max_frame_bytes,
         max_agent_line_bytes: max_frame_bytes * 2,
         server_version: "fuzz".into(),
+        max_held_notifications: 1 + usize::from(input.byte() % 8),
+        ..BridgeConfig::default()
     });
+    let mut ready = Readiness::default();
     let mut now = Instant::now();
     let mut next_agent_id = 0u64;
     let mut sent: BTreeSet<String> = BTreeSet::new();
@@ -195,6 +199,9 @@ pub fn bridge_ops(data: &[u8]) {
                 let line = format!(
                     "{{\"jsonrpc\":\"2.0\",\"id\":{id_json},\"method\":\"{method}\",\"params\":{{\"name\":\"t\",\"pad\":\"{pad}\"}}}}\n"
                 );
+                if method == "tools/list" {
+                    ready.lists.insert(key.clone());
+                }
                 sent.insert(key);
                 let split = input.below(line.len() + 1);
                 session.handle_agent_bytes(&line.as_bytes()[..split], now);
@@ -204,8 +211,16 @@ pub fn bridge_ops(data: &[u8]) {
                     &mut answered,
                     &mut forwarded,
                     &mut exited,
+                    &mut ready,
                 );
                 session.handle_agent_bytes(&line.as_bytes()[split..], now);
+            }
+            3 if input.byte().is_multiple_of(2) => {
+                ready.initialized = true;
+                session.handle_agent_bytes(
+                    b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n",
+                    now,
+                );
             }
             3 => {
                 let mut garbage = input.bytes(40).to_vec();
@@ -256,7 +271,16 @@ pub fn bridge_ops(data: &[u8]) {
                 1 => session.handle_runner_closed(now),
                 2 => session.handle_runner_bytes(b"{\"kind\":\"shutdown\"}\n", now),
                 3 => session.handle_terminate(now),
-                _ => {}
+                _ => {
+                    if let Some(due) = session.poll_timeout() {
+                        assert!(
+                            ready.initialized && ready.listed,
+                            "grace before the handshake"
+                        );
+                        now = now.max(due);
+                    }
+                    session.handle_timeout(now);
+                }
             },
         }
         drain_bridge(
@@ -265,6 +289,7 @@ pub fn bridge_ops(data: &[u8]) {
             &mut answered,
             &mut forwarded,
             &mut exited,
+            &mut ready,
         );
     }
     if !exited {
@@ -275,6 +300,7 @@ pub fn bridge_ops(data: &[u8]) {
             &mut answered,
             &mut forwarded,
             &mut exited,
+            &mut ready,
         );
     }
     assert!(exited, "the session exits");
@@ -288,12 +314,23 @@ pub fn bridge_ops(data: &[u8]) {
     }
 }
 
+/// What the agent has done towards being ready for notifications.
+#[derive(Default)]
+struct Readiness {
+    initialized: bool,
+    /// Keys of the `tools/list` requests sent.
+    lists: BTreeSet<String>,
+    /// Whether one of them was answered.
+    listed: bool,
+}
+
 fn drain_bridge(
     session: &mut BridgeSession,
     max_frame_bytes: usize,
     answered: &mut BTreeMap<String, usize>,
     forwarded: &mut Vec<u64>,
     exited: &mut bool,
+    ready: &mut Readiness,
 ) {
     let mut polls = 0;
     while let Some(output) = session.poll_output() {
@@ -306,12 +343,17 @@ fn drain_bridge(
                 assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
                 match jsonrpc::parse_message(&line[..line.len() - 1]) {
                     Ok(Message::Response(r)) => {
-                        *answered.entry(r.id.as_raw().get().to_owned()).or_default() += 1;
+                        let key = r.id.as_raw().get().to_owned();
+                        ready.listed |= ready.lists.contains(&key);
+                        *answered.entry(key).or_default() += 1;
                     }
                     // Garbage lines are answered under a null id (which this parser refuses).
                     Err(jsonrpc::Invalid::Request { id: None, .. })
                         if line.starts_with(b"{\"jsonrpc\":\"2.0\",\"id\":null,") => {}
-                    Ok(Message::Notification(_)) => {}
+                    Ok(Message::Notification(_)) => assert!(
+                        ready.initialized && ready.listed,
+                        "a notification reached the agent before it was ready"
+                    ),
                     other => panic!(
                         "bridge wrote something that is not a response or notification: {other:?}"
                     ),
@@ -338,7 +380,7 @@ fn drain_bridge(
 /// Oracles: a request is handed to the application at most once per (connection, id) while in
 /// flight; a response frame goes only to the connection that asked; nothing is transmitted to a
 /// connection after it was closed; every frame fits the cap; at most one bridge is attached
-/// (unless the policy is `AllowMany`);
+/// (unless the policy is `AllowMany`); an outsider never gets a notification;
 /// `respond` never reports misuse for requests the session handed out; `poll_output` terminates.
 pub fn runner_ops(data: &[u8]) {
     let mut input = Input::new(data);
@@ -357,11 +399,23 @@ pub fn runner_ops(data: &[u8]) {
     let mut conns: Vec<ConnId> = Vec::new();
     let mut closed: BTreeSet<ConnId> = BTreeSet::new();
     let mut app_pending: Vec<(ConnId, u64)> = Vec::new();
+    let mut outsiders: BTreeSet<ConnId> = BTreeSet::new();
 
     while !input.is_empty() {
         now += Duration::from_micros(u64::from(input.byte()));
         match input.byte() % 9 {
-            0 => conns.push(session.handle_connect(now)),
+            0 => {
+                let origin = if input.byte().is_multiple_of(3) {
+                    Origin::Outsider
+                } else {
+                    Origin::Agent
+                };
+                let conn = session.handle_connect(origin, now);
+                if origin == Origin::Outsider {
+                    outsiders.insert(conn);
+                }
+                conns.push(conn);
+            }
             1..=3 if !conns.is_empty() => {
                 let conn = conns[input.below(conns.len())];
                 let id = input.below(8);
@@ -382,6 +436,7 @@ pub fn runner_ops(data: &[u8]) {
                     &closed,
                     &mut newly_closed,
                     &mut app_pending,
+                    &outsiders,
                 );
                 closed.extend(newly_closed);
                 session.handle_bytes(conn, &line.as_bytes()[split..], now);
@@ -422,6 +477,7 @@ pub fn runner_ops(data: &[u8]) {
             &closed,
             &mut newly_closed,
             &mut app_pending,
+            &outsiders,
         );
         closed.extend(newly_closed);
     }
@@ -433,6 +489,7 @@ fn drain_runner(
     closed: &BTreeSet<ConnId>,
     newly_closed: &mut Vec<ConnId>,
     app_pending: &mut Vec<(ConnId, u64)>,
+    outsiders: &BTreeSet<ConnId>,
 ) {
     let mut polls = 0;
     let mut asked_here: BTreeMap<ConnId, BTreeSet<u64>> = BTreeMap::new();
@@ -451,7 +508,13 @@ fn drain_runner(
                 for line in bytes.split_inclusive(|b| *b == b'\n') {
                     assert!(line.len() <= max_frame_bytes, "frame over the cap");
                     assert_eq!(line.last(), Some(&b'\n'));
-                    decode_frame(&line[..line.len() - 1]).expect("the runner writes valid frames");
+                    let frame = decode_frame(&line[..line.len() - 1])
+                        .expect("the runner writes valid frames");
+                    assert!(
+                        !(outsiders.contains(&conn)
+                            && matches!(frame, crate::frame::Frame::McpNotification(_))),
+                        "a notification went to an outsider"
+                    );
                 }
             }
             RunnerOutput::Close { conn } => newly_closed.push(conn),

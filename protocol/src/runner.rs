@@ -9,6 +9,13 @@
 //! [`RunnerSession::poll_output`]; outputs for one connection are in order, and a
 //! [`RunnerOutput::Close`] follows that connection's last [`RunnerOutput::Transmit`].
 //!
+//! Who connected: the driver classifies each connection ([`Origin`]) by the peer's process —
+//! the agent's own bridges run inside the agent's process tree; anything else (`claude mcp list`
+//! doing a health check, a stray `ac7 mcp-bridge` in another terminal) is an outsider. An outsider
+//! is served — its requests are answered — but it never displaces the agent's bridge, never
+//! counts as attached, and never receives queued or live notifications. Everything below is
+//! about the agent's bridges.
+//!
 //! Policy (seed 000): one bridge at a time. With [`BridgePolicy::DisplaceOld`] (the default) a
 //! newcomer takes over and the old connection gets `shutdown{reason:"displaced-by-new-bridge"}`
 //! and is closed; with [`BridgePolicy::RejectNew`] the newcomer gets an `error` frame and is
@@ -68,6 +75,17 @@ impl Default for RunnerConfig {
             max_queued_notifications: 1024,
         }
     }
+}
+
+/// Where a connection comes from, as the driver established it (peer credentials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// A bridge the agent started (a process in the agent's tree): it gets the events and
+    /// follows the [`BridgePolicy`].
+    #[default]
+    Agent,
+    /// Any other process: served, but never displaces the agent's bridge and gets no events.
+    Outsider,
 }
 
 /// A connection, numbered by the session in accept order.
@@ -140,6 +158,18 @@ pub enum RunnerEvent {
         conn: ConnId,
         /// Why.
         reason: DetachReason,
+        /// Requests it had in flight, whose answers will be dropped.
+        abandoned: usize,
+    },
+    /// A connection from outside the agent's tree: served, gets no events.
+    OutsiderConnected {
+        /// Its connection.
+        conn: ConnId,
+    },
+    /// An outsider's connection ended.
+    OutsiderLeft {
+        /// Its connection.
+        conn: ConnId,
         /// Requests it had in flight, whose answers will be dropped.
         abandoned: usize,
     },
@@ -249,6 +279,7 @@ struct InFlight {
 
 #[derive(Debug, Clone)]
 struct Attached {
+    origin: Origin,
     decoder: FrameDecoder,
     in_flight: BTreeMap<u64, InFlight>,
 }
@@ -265,7 +296,8 @@ pub struct RunnerSession {
     config: RunnerConfig,
     lifecycle: Lifecycle,
     next_conn: u64,
-    /// Attached bridges by connection (at most one unless the policy is `AllowMany`).
+    /// Served connections: the agent's bridges (at most one unless the policy is `AllowMany`)
+    /// and outsiders.
     attached: BTreeMap<ConnId, Attached>,
     queued: VecDeque<Vec<u8>>,
     out: VecDeque<RunnerOutput>,
@@ -284,8 +316,8 @@ impl RunnerSession {
         }
     }
 
-    /// A bridge connected; returns the id the session gave it.
-    pub fn handle_connect(&mut self, _now: Instant) -> ConnId {
+    /// A bridge connected from `origin`; returns the id the session gave it.
+    pub fn handle_connect(&mut self, origin: Origin, _now: Instant) -> ConnId {
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
         if let Lifecycle::ShutDown { reason } = &self.lifecycle {
@@ -297,10 +329,15 @@ impl RunnerSession {
             self.event(RunnerEvent::Rejected { conn });
             return conn;
         }
+        if origin == Origin::Outsider {
+            self.serve(conn, origin);
+            self.event(RunnerEvent::OutsiderConnected { conn });
+            return conn;
+        }
         match self.config.policy {
             BridgePolicy::AllowMany => {}
             BridgePolicy::DisplaceOld => {
-                let old: Vec<ConnId> = self.attached.keys().copied().collect();
+                let old: Vec<ConnId> = self.agent_bridges().collect();
                 for old in old {
                     let frame = Frame::Shutdown(Shutdown {
                         reason: Some(DISPLACED_REASON.to_owned()),
@@ -311,7 +348,7 @@ impl RunnerSession {
                 }
             }
             BridgePolicy::RejectNew => {
-                if !self.attached.is_empty() {
+                if self.agent_bridges().next().is_some() {
                     let frame = Frame::Error(ErrorFrame {
                         message: ALREADY_ATTACHED.to_owned(),
                         id: None,
@@ -323,13 +360,7 @@ impl RunnerSession {
                 }
             }
         }
-        self.attached.insert(
-            conn,
-            Attached {
-                decoder: FrameDecoder::new(self.config.max_frame_bytes),
-                in_flight: BTreeMap::new(),
-            },
-        );
+        self.serve(conn, origin);
         let delivered = self.queued.len();
         if delivered > 0 {
             let bytes: Vec<u8> = self.queued.drain(..).flatten().collect();
@@ -401,7 +432,8 @@ impl RunnerSession {
         Ok(())
     }
 
-    /// Sends an MCP notification to the attached bridge(s), or queues it until one attaches.
+    /// Sends an MCP notification to the agent's attached bridge(s), or queues it until one
+    /// attaches. Outsiders never get one.
     pub fn notify(&mut self, method: &str, params: Option<RawJson>, _now: Instant) {
         if matches!(self.lifecycle, Lifecycle::ShutDown { .. }) {
             self.event(RunnerEvent::NotificationsDropped { count: 1 });
@@ -422,8 +454,8 @@ impl RunnerSession {
                 return;
             }
         };
-        if !self.attached.is_empty() {
-            let conns: Vec<ConnId> = self.attached.keys().copied().collect();
+        let conns: Vec<ConnId> = self.agent_bridges().collect();
+        if !conns.is_empty() {
             for conn in conns {
                 self.out.push_back(RunnerOutput::Transmit {
                     conn,
@@ -443,8 +475,9 @@ impl RunnerSession {
         }
     }
 
-    /// Ends the session (agent exited, signal): the attached bridge gets `shutdown{reason}` and
-    /// is closed; later connections get the same and are closed. Idempotent.
+    /// Ends the session (agent exited, signal): every connection (the attached bridge and any
+    /// outsider) gets `shutdown{reason}` and is closed; later connections get the same and are
+    /// closed. Idempotent.
     pub fn shutdown(&mut self, reason: Option<&str>, _now: Instant) {
         if matches!(self.lifecycle, Lifecycle::ShutDown { .. }) {
             return;
@@ -472,14 +505,26 @@ impl RunnerSession {
         self.out.pop_front()
     }
 
-    /// The attached bridge's connection (the newest one under `AllowMany`), if any.
+    /// The agent's attached bridge (the newest one under `AllowMany`), if any.
     pub fn attached(&self) -> Option<ConnId> {
-        self.attached.keys().next_back().copied()
+        self.agent_bridges().next_back()
     }
 
-    /// How many bridges are attached.
+    /// How many of the agent's bridges are attached.
     pub fn attached_count(&self) -> usize {
-        self.attached.len()
+        self.agent_bridges().count()
+    }
+
+    /// How many outsiders are being served.
+    pub fn outsider_count(&self) -> usize {
+        self.attached.len() - self.attached_count()
+    }
+
+    fn agent_bridges(&self) -> impl DoubleEndedIterator<Item = ConnId> + '_ {
+        self.attached
+            .iter()
+            .filter(|(_, a)| a.origin == Origin::Agent)
+            .map(|(conn, _)| *conn)
     }
 
     /// Notifications waiting for a bridge.
@@ -554,12 +599,28 @@ impl RunnerSession {
         }
     }
 
+    /// Starts listening to `conn`.
+    fn serve(&mut self, conn: ConnId, origin: Origin) {
+        self.attached.insert(
+            conn,
+            Attached {
+                origin,
+                decoder: FrameDecoder::new(self.config.max_frame_bytes),
+                in_flight: BTreeMap::new(),
+            },
+        );
+    }
+
     fn detach(&mut self, conn: ConnId, reason: DetachReason) {
         if let Some(attached) = self.attached.remove(&conn) {
-            self.event(RunnerEvent::Detached {
-                conn,
-                reason,
-                abandoned: attached.in_flight.len(),
+            let abandoned = attached.in_flight.len();
+            self.event(match attached.origin {
+                Origin::Agent => RunnerEvent::Detached {
+                    conn,
+                    reason,
+                    abandoned,
+                },
+                Origin::Outsider => RunnerEvent::OutsiderLeft { conn, abandoned },
             });
         }
     }

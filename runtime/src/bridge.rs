@@ -7,7 +7,8 @@
 //! ```text
 //!   stdin ─────────────────▶ handle_agent_bytes / handle_agent_eof ─┐
 //!   socket read  ──────────▶ handle_runner_bytes / handle_runner_closed ─┤ BridgeSession
-//!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┘
+//!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┤
+//!   poll_timeout elapsed ──▶ handle_timeout (start-up grace) ─────────┘
 //!        poll_output: ToAgent -> stdout (blocking write + flush), ToRunner -> socket buffer,
 //!                     Event -> stderr log, Exit -> flush and exit 0
 //! ```
@@ -278,6 +279,9 @@ impl Relay {
                     tracing::info!("SIGINT");
                     self.session.handle_terminate(Instant::now());
                 }
+                () = sleep_until(self.session.poll_timeout()) => {
+                    self.session.handle_timeout(Instant::now());
+                }
             }
             if let Some(reason) = self.pump() {
                 self.flush_socket().await;
@@ -360,6 +364,14 @@ impl Relay {
     }
 }
 
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
 fn log_event(event: &BridgeEvent) {
     match event {
         BridgeEvent::AgentLineInvalid { len, code, detail } => {
@@ -409,6 +421,22 @@ fn log_event(event: &BridgeEvent) {
         }
         BridgeEvent::RunnerError { message, id } => {
             tracing::warn!(message, id, "error frame from the runner");
+        }
+        BridgeEvent::Released { count } => {
+            tracing::debug!(count, "the agent is ready; held notifications relayed");
+        }
+        BridgeEvent::HoldFull { method, held } => {
+            tracing::warn!(
+                method,
+                held,
+                "notification not kept: the start-up hold is full (the agent has not finished its handshake)"
+            );
+        }
+        BridgeEvent::HeldDiscarded { count } => {
+            tracing::warn!(
+                count,
+                "notifications held for start-up not delivered: the bridge closed before the agent was ready"
+            );
         }
     }
 }

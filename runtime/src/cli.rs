@@ -141,15 +141,17 @@ pub fn parse() -> Cli {
 
 /// Runs the parsed command line and returns the process exit code.
 pub fn run(cli: Cli) -> anyhow::Result<i32> {
-    if matches!(cli.command, Command::Quickstart(_)) {
+    match &cli.command {
+        // The bridges (and the demo agent) set up their own logging (their stdout is a protocol).
+        Command::McpBridge(_) | Command::AshBridge(_) | Command::DemoAgent(_) => {}
         // Its own output is the point; the broker's info lines would bury it.
-        crate::logging::init(crate::logging::DEFAULT_LEVEL);
-    } else if !matches!(
-        cli.command,
-        Command::McpBridge(_) | Command::AshBridge(_) | Command::DemoAgent(_)
-    ) {
-        // The bridges set up their own logging (their stdout is a protocol).
-        crate::logging::init("info");
+        Command::Quickstart(_) => crate::logging::init(crate::logging::DEFAULT_LEVEL),
+        // Runners log at warn, and to a file when the agent owns the terminal.
+        Command::ClaudeCode(_) | Command::Run(_) => {
+            crate::runner::logs::init(crate::runner::logs::agent_owns_terminal());
+        }
+        Command::Codex(_) => crate::runner::logs::init(false),
+        _ => crate::logging::init("info"),
     }
     match cli.command {
         Command::McpBridge(args) => Ok(crate::bridge::run(args)),

@@ -2,7 +2,7 @@
 //!
 //! It is a minimal MCP client, like any agent a runner wraps: it starts the `ac7` MCP server
 //! from the config the runner wrote (`./.mcp.json`, entry `mcpServers.ac7` — the real
-//! `ac7 mcp-bridge`), initializes, and answers each direct message that arrives as a
+//! `ac7 mcp-bridge`), initializes, lists the tools, and answers each direct message that arrives as a
 //! `notifications/claude/channel` by calling the `send` tool. So a new user sees a push reach an
 //! agent and the agent's reply come back, with no model and no API key. It stops on SIGINT,
 //! SIGTERM or when the bridge closes.
@@ -121,8 +121,15 @@ async fn agent(args: DemoAgentArgs) -> anyhow::Result<()> {
         &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
     )
     .await?;
+    // Like every real agent, list the tools: the bridge relays events only after the agent's
+    // first `tools/list` has been answered (its start-up hold). The answer is read below.
+    send(
+        &mut stdin,
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+    )
+    .await?;
 
-    let mut next_id = 1u64;
+    let mut next_id = 2u64;
     loop {
         let line = tokio::select! {
             line = lines.next_line() => line?,

@@ -2,13 +2,19 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Writes `bytes` to `path` atomically with mode 0600: a fresh temp file in the same directory
 /// (created exclusively), fsync, rename over `path`, fsync of the directory. On failure the temp
 /// file is removed and `path` is untouched.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+/// [`write_atomic`] with the file's permission bits set to `mode` (exactly: the umask does not
+/// apply). The temp file is 0600 until it holds the bytes.
+pub(crate) fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
@@ -28,6 +34,9 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
             .mode(0o600)
             .open(&temp)?;
         file.write_all(bytes)?;
+        if mode != 0o600 {
+            file.set_permissions(fs::Permissions::from_mode(mode))?;
+        }
         file.sync_all()?;
         fs::rename(&temp, path)?;
         File::open(&dir)?.sync_all()

@@ -17,6 +17,11 @@
 //! # Ok(()) }
 //! ```
 //!
+//! Each accepted connection is classified by its peer's credentials (`SO_PEERCRED`, see
+//! [`crate::peer`]) when [`IpcServerOptions::agent`] is set: a bridge from the agent's process tree
+//! is the agent's; anything else is an outsider, served but never given events nor allowed to
+//! displace the agent's bridge. Without it every connection counts as the agent's.
+//!
 //! One task owns the session. Each connection has a reader task (bytes into the session, through
 //! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
 //! writer task (frames out, in order; a bridge that lets more than
@@ -37,7 +42,7 @@ use std::time::{Duration, Instant};
 use ac7_protocol::json::RawJson;
 use ac7_protocol::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
 use ac7_protocol::runner::{
-    ConnId, IncomingRequest, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
+    ConnId, IncomingRequest, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -45,6 +50,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
+use crate::peer::AgentPid;
 use crate::unix_socket::SocketFile;
 pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 
@@ -90,6 +96,10 @@ pub struct IpcServerOptions {
     /// Bytes that may wait to be written to one connection. A bridge that stops reading until
     /// more than this is queued for it is treated as gone: its connection is closed.
     pub max_backlog_bytes: usize,
+    /// The agent whose bridges get the events: connections from outside its process tree (and
+    /// every connection before its pid is set) are outsiders. `None`: every connection is the
+    /// agent's.
+    pub agent: Option<AgentPid>,
 }
 
 impl Default for IpcServerOptions {
@@ -99,6 +109,7 @@ impl Default for IpcServerOptions {
             session: RunnerConfig::default(),
             events: None,
             max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
+            agent: None,
         }
     }
 }
@@ -119,6 +130,78 @@ pub fn socket_path_in(dir: Option<PathBuf>, pid: u32) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/tmp"));
     let dir: PathBuf = dir.components().collect();
     dir.join(format!(".ac7-runner-{pid}.sock"))
+}
+
+/// Removes `.ac7-runner-<pid>.sock` and `.ac7-runner-<pid>.sock.lock` files in `dir` left by
+/// runners that died without cleaning up (`kill -9`, a crash): the pid is not running, the file
+/// is ours (same uid) and of the expected type (a socket, a regular file), and nobody holds the
+/// lock. Files of live runners, of other users, and anything else are left alone. Returns how
+/// many files were removed.
+pub fn remove_stale_sockets(dir: &Path) -> usize {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(".ac7-runner-") else {
+            continue;
+        };
+        let (pid, is_lock) = match rest.strip_suffix(".sock.lock") {
+            Some(pid) => (pid, true),
+            None => match rest.strip_suffix(".sock") {
+                Some(pid) => (pid, false),
+                None => continue,
+            },
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let right_type = if is_lock {
+            meta.file_type().is_file()
+        } else {
+            meta.file_type().is_socket()
+        };
+        if !right_type || meta.uid() != me {
+            continue;
+        }
+        let lock = if is_lock {
+            path.clone()
+        } else {
+            dir.join(format!("{name}.lock"))
+        };
+        if lock_is_held(&lock) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), pid, "removed a dead runner's leftover");
+                removed += 1;
+            }
+            Err(err) => {
+                tracing::debug!(path = %path.display(), error = %err, "cannot remove a dead runner's leftover");
+            }
+        }
+    }
+    removed
+}
+
+/// Whether someone holds the lock on `path` (a missing file is not held).
+fn lock_is_held(path: &Path) -> bool {
+    match std::fs::File::open(path) {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
 }
 
 /// A bound socket, not yet serving. See the [module docs](self).
@@ -219,6 +302,7 @@ impl IpcServer {
             request_ids: HashMap::new(),
             events: self.options.events,
             max_backlog_bytes: self.options.max_backlog_bytes,
+            agent: self.options.agent,
             _socket: self.socket,
         };
         let task = tokio::spawn(driver.run());
@@ -308,6 +392,7 @@ struct Driver<H> {
     request_ids: HashMap<tokio::task::Id, (ConnId, u64)>,
     events: Option<mpsc::UnboundedSender<RunnerEvent>>,
     max_backlog_bytes: usize,
+    agent: Option<AgentPid>,
     /// Unlinked when the driver ends, however it ends.
     _socket: SocketFile,
 }
@@ -374,7 +459,26 @@ impl<H: Handler> Driver<H> {
     }
 
     fn connect(&mut self, stream: UnixStream) {
-        let conn = self.session.handle_connect(Instant::now());
+        let origin = match &self.agent {
+            None => Origin::Agent,
+            Some(agent) => {
+                let peer = stream
+                    .peer_cred()
+                    .ok()
+                    .and_then(|cred| cred.pid())
+                    .and_then(|pid| u32::try_from(pid).ok());
+                let origin = agent.classify(peer);
+                if origin == Origin::Outsider {
+                    tracing::info!(
+                        peer,
+                        agent = agent.get(),
+                        "a bridge from outside the agent's process tree connected: served, gets no events"
+                    );
+                }
+                origin
+            }
+        };
+        let conn = self.session.handle_connect(origin, Instant::now());
         let (read_half, write_half) = stream.into_split();
         let (writer, queue) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
@@ -516,6 +620,12 @@ fn log_event(event: &RunnerEvent) {
             abandoned,
         } => tracing::info!(conn = conn.0, ?reason, abandoned, "bridge detached"),
         RunnerEvent::Rejected { conn } => tracing::warn!(conn = conn.0, "bridge refused"),
+        RunnerEvent::OutsiderConnected { conn } => {
+            tracing::info!(conn = conn.0, "outsider connected");
+        }
+        RunnerEvent::OutsiderLeft { conn, abandoned } => {
+            tracing::info!(conn = conn.0, abandoned, "outsider left");
+        }
         RunnerEvent::FrameDropped { conn, dropped } => tracing::warn!(
             conn = conn.0,
             len = dropped.len,
@@ -569,6 +679,43 @@ fn log_event(event: &RunnerEvent) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leftovers_of_dead_runners_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // Above the kernel's pid_max (4194304): never a live process.
+        let dead = 999_999_999u32;
+        let live = std::os::unix::process::parent_id();
+        let bind = |name: String| std::os::unix::net::UnixListener::bind(d.join(name)).unwrap();
+        let _dead_sock = bind(format!(".ac7-runner-{dead}.sock"));
+        std::fs::write(d.join(format!(".ac7-runner-{dead}.sock.lock")), b"").unwrap();
+        let _live_sock = bind(format!(".ac7-runner-{live}.sock"));
+        std::fs::write(d.join(format!(".ac7-runner-{live}.sock.lock")), b"").unwrap();
+        // Not ours to touch: not a socket, another name, a dead pid whose lock someone holds.
+        std::fs::write(d.join(".ac7-runner-999999998.sock"), b"file").unwrap();
+        std::fs::write(d.join(".ac7-runner-x.sock"), b"").unwrap();
+        let _held_sock = bind(".ac7-runner-999999997.sock".into());
+        let held = std::fs::File::create(d.join(".ac7-runner-999999997.sock.lock")).unwrap();
+        held.lock().unwrap();
+
+        assert_eq!(remove_stale_sockets(d), 2);
+        let mut left: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut expected = vec![
+            format!(".ac7-runner-{live}.sock"),
+            format!(".ac7-runner-{live}.sock.lock"),
+            ".ac7-runner-999999997.sock".to_owned(),
+            ".ac7-runner-999999997.sock.lock".to_owned(),
+            ".ac7-runner-999999998.sock".to_owned(),
+            ".ac7-runner-x.sock".to_owned(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected);
+    }
 
     #[test]
     fn default_path_has_no_doubled_slash() {

@@ -17,6 +17,22 @@ pub const DEFAULT_LEVEL: &str = "warn";
 /// `AC7_LOG` is unset or invalid. Does nothing if one is already installed (tests, or a second
 /// call).
 pub fn init(default_level: &str) {
+    let human = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    install(default_level, std::io::stderr, human);
+}
+
+/// [`init`] writing JSON lines to `writer` instead of stderr (the runner's log file).
+pub fn init_with_writer<W>(default_level: &str, writer: W)
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
+    install(default_level, writer, false);
+}
+
+fn install<W>(default_level: &str, writer: W, human: bool)
+where
+    W: for<'a> tracing_subscriber::fmt::MakeWriter<'a> + Send + Sync + 'static,
+{
     let configured = std::env::var(LOG_ENV).ok().filter(|v| !v.trim().is_empty());
     let (filter, invalid) = match configured.as_deref().map(EnvFilter::try_new) {
         None => (EnvFilter::new(default_level), None),
@@ -25,8 +41,8 @@ pub fn init(default_level: &str) {
     };
     let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let installed = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        .with_writer(writer);
+    let installed = if human {
         fmt.try_init().is_ok()
     } else {
         fmt.json()

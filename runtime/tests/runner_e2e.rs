@@ -7,6 +7,7 @@
 mod broker_support;
 mod common;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -78,6 +79,11 @@ async fn exit_code(child: &mut Child, what: &str) -> i32 {
         .unwrap_or_else(|| panic!("{what}: killed by a signal: {status:?}"))
 }
 
+/// What the Python agent wrote to `result.json`.
+fn result(dir: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap()
+}
+
 fn config_dir() -> tempfile::TempDir {
     let dir = common::tempdir();
     std::fs::write(dir.path().join(".mcp.json"), ORIGINAL_CONFIG).unwrap();
@@ -138,9 +144,7 @@ async fn a_session_tools_pushes_objectives_and_self_echo() {
 
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
     assert_restored(dir.path());
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
 
     let tools = out["tools"].as_array().unwrap();
     assert_eq!(
@@ -436,8 +440,7 @@ async fn messages_runner(broker: &TestBroker, dir: &Path, bodies: &[&str], strea
 /// The runner exits 0 once the agent had `bodies`, each exactly once, in this order.
 async fn assert_received_once_in_order(child: &mut Child, dir: &Path, bodies: &[&str], what: &str) {
     assert_eq!(exit_code(child, "the runner to exit").await, 0, "{what}");
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap();
+    let out = result(dir);
     let received = out["received"].as_array().unwrap();
     for body in bodies {
         assert_eq!(
@@ -612,9 +615,7 @@ async fn an_admin_sees_and_uses_the_authority_and_admin_tools() {
     );
     assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
     assert_restored(dir.path());
-    let out: Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap())
-            .unwrap();
+    let out = result(dir.path());
     assert_eq!(
         out["tools"].as_array().unwrap().len(),
         31,
@@ -658,4 +659,397 @@ fn redact_token(text: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Issue 10 item 1: an event queued while the agent starts reaches it only after the agent's
+/// handshake (`initialized` sent, first `tools/list` answered) — and does reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_queued_before_the_agent_attaches_waits_for_its_handshake() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(&broker, "builder", dir.path(), "early", &[]);
+    wait_for_file(&dir.path().join("waiting"), "the agent to start").await;
+    broker
+        .push("director", json!({"to": "builder", "body": "early"}))
+        .await;
+    // Let the runner take it from the stream and queue it (no bridge is attached yet).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    std::fs::write(dir.path().join("go"), "go").unwrap();
+
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    let out = result(dir.path());
+    let log = out["log"].as_array().unwrap();
+    let position = |pred: &dyn Fn(&Value) -> bool| log.iter().position(pred);
+    let initialized_sent =
+        position(&|e| e["dir"] == "out" && e["msg"]["method"] == "notifications/initialized")
+            .unwrap();
+    let listed = position(&|e| e["dir"] == "in" && e["msg"]["id"] == 1).unwrap();
+    let event =
+        position(&|e| e["dir"] == "in" && e["msg"]["method"] == "notifications/claude/channel")
+            .unwrap_or_else(|| panic!("the early event never arrived: {log:#?}"));
+    assert_eq!(log[event]["msg"]["params"]["content"], "early");
+    assert!(
+        event > listed && event > initialized_sent,
+        "the event came before the handshake finished: {log:#?}"
+    );
+    assert!(
+        log[listed]["msg"]["result"]["tools"].is_array(),
+        "{:?}",
+        log[listed]
+    );
+    assert_restored(dir.path());
+}
+
+/// Issue 10 item 2: a bridge started by a process outside the agent's tree (here: this test, as
+/// `claude mcp list` would from another terminal) is served, but the agent's bridge stays
+/// attached and keeps receiving pushes, and the outsider never gets an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outsider_bridge_is_served_and_displaces_nothing() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = messages_runner(
+        &broker,
+        dir.path(),
+        &["before", "with-outsider", "after-outsider"],
+        "auto",
+    )
+    .await;
+    broker
+        .push("director", json!({"to": "builder", "body": "before"}))
+        .await;
+
+    let mut outsider = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .arg("mcp-bridge")
+        .env("AC7_RUNNER_SOCKET", dir.path().join("r.sock"))
+        .env("AC7_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = outsider.stdin.take().unwrap();
+    let mut stdout = BufReader::new(outsider.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for line in [
+        r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"health-check","version":"0"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"roster","arguments":{}}}"#,
+    ] {
+        stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    stdin.flush().await.unwrap();
+    let mut answers = BTreeMap::new();
+    within(20, "the outsider's answers", async {
+        while answers.len() < 3 {
+            let mut line = String::new();
+            assert_ne!(
+                stdout.read_line(&mut line).await.unwrap(),
+                0,
+                "outsider closed"
+            );
+            let msg: Value = serde_json::from_str(&line).unwrap();
+            match msg["id"].as_u64() {
+                Some(id) => {
+                    answers.insert(id, msg);
+                }
+                None => seen.push(msg),
+            }
+        }
+    })
+    .await;
+    assert!(
+        answers[&1]["result"]["tools"].as_array().unwrap().len() > 10,
+        "{:?}",
+        answers[&1]
+    );
+    let roster = answers[&2]["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap();
+    assert!(roster.contains("builder"), "{roster}");
+
+    // The agent's bridge is still the one getting events, while the outsider stays connected.
+    broker
+        .push(
+            "director",
+            json!({"to": "builder", "body": "with-outsider"}),
+        )
+        .await;
+    broker
+        .push("director", json!({"body": "after-outsider"}))
+        .await;
+    assert_eq!(
+        exit_code(&mut child, "the runner (the agent got every push)").await,
+        0
+    );
+    // The runner shut down: the outsider's bridge was told so and exited; it saw no event.
+    let mut rest = String::new();
+    within(
+        20,
+        "the outsider to finish",
+        stdout.read_to_string(&mut rest),
+    )
+    .await
+    .unwrap();
+    for line in rest.lines().filter(|l| !l.trim().is_empty()) {
+        seen.push(serde_json::from_str(line).unwrap());
+    }
+    assert!(
+        seen.iter()
+            .all(|m| m["method"] != "notifications/claude/channel"),
+        "an outsider got an event: {seen:?}"
+    );
+    let out = result(dir.path());
+    assert_eq!(
+        out["received"],
+        json!(["after-outsider", "before", "with-outsider"])
+    );
+    assert_restored(dir.path());
+}
+
+/// Issue 10 item 2: a new bridge from inside the agent's own tree still displaces the old one
+/// (seed 000), and the new one gets the events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_bridge_from_the_agent_displaces_the_first() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "displace",
+        &[("AC7_TEST_EXPECT", "to-the-second")],
+    );
+    wait_for_file(&dir.path().join("ready"), "the second bridge to attach").await;
+    broker
+        .push(
+            "director",
+            json!({"to": "builder", "body": "to-the-second"}),
+        )
+        .await;
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    let out = result(dir.path());
+    assert_eq!(
+        out["first_answers"],
+        json!([0, 1]),
+        "the first bridge was served"
+    );
+    assert_eq!(out["first_rest"], "", "the first bridge got no events");
+    assert_eq!(out["first_exit"], 0, "the displaced bridge exited cleanly");
+    assert_eq!(out["received"], json!(["to-the-second"]));
+    assert_restored(dir.path());
+}
+
+/// Issue 10 item 7: a runner removes the sockets and lock files dead runners left in `$TMPDIR`,
+/// and leaves a live runner's alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_removes_what_dead_runners_left_in_tmpdir() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let tmp = common::tempdir();
+    let dead = 999_999_999u32; // above pid_max: never alive
+    let live = std::process::id();
+    let _dead =
+        std::os::unix::net::UnixListener::bind(tmp.path().join(format!(".ac7-runner-{dead}.sock")))
+            .unwrap();
+    std::fs::write(tmp.path().join(format!(".ac7-runner-{dead}.sock.lock")), "").unwrap();
+    let _live =
+        std::os::unix::net::UnixListener::bind(tmp.path().join(format!(".ac7-runner-{live}.sock")))
+            .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--url", &broker.url, "--", "true"])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("TMPDIR", tmp.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let left: Vec<String> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(left, [format!(".ac7-runner-{live}.sock")], "{left:?}");
+}
+
+/// Issue 10 item 7: `ac7 claude-code --doctor` finds claude, reports its version, and checks
+/// that our MCP server starts and lists its tools. Uses the real Claude Code when
+/// `AC7_TEST_CLAUDE` names it, else a stand-in on `CLAUDE_PATH` (only `--version` is run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_doctor_checks_claude_and_our_server() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let (claude, version) = match std::env::var_os("AC7_TEST_CLAUDE").filter(|p| !p.is_empty()) {
+        Some(path) => (PathBuf::from(path), None),
+        None => {
+            let fake = dir.path().join("fake-claude");
+            std::fs::write(
+                &fake,
+                "#!/bin/sh\n[ \"$1\" = --version ] && echo '2.1.197 (Claude Code)' && exit 0\nexit 9\n",
+            )
+            .unwrap();
+            std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+            (fake, Some("2.1.197 (Claude Code)"))
+        }
+    };
+    let doctor = |claude: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_ac7"))
+            .args(["claude-code", "--doctor", "--url", &broker.url])
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("CLAUDE_PATH", claude)
+            .output()
+    };
+    let out = within(60, "ac7 claude-code --doctor", doctor(&claude))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "ac7 claude-code --doctor: claude found at {}",
+            claude.display()
+        )),
+        "{stderr}"
+    );
+    let version_line = stderr
+        .lines()
+        .find(|l| l.starts_with("ac7 claude-code --doctor: claude version "))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    if let Some(version) = version {
+        assert!(version_line.ends_with(version), "{version_line}");
+    }
+    assert!(
+        stderr.contains("ac7 claude-code --doctor: the ac7 MCP server starts and lists 19 tools"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("roster, "), "{stderr}");
+    assert!(stderr.trim_end().ends_with("all good"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join(".mcp.json")).unwrap(),
+        ORIGINAL_CONFIG,
+        "the doctor writes nothing"
+    );
+
+    // A claude that cannot say its version fails the check.
+    let broken = dir.path().join("broken-claude");
+    std::fs::write(&broken, "#!/bin/sh\nexit 3\n").unwrap();
+    std::fs::set_permissions(&broken, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = within(60, "a failing doctor", doctor(&broken))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("FAILED: "),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 10 item 6: when the agent owns a terminal, the runner's logs go to a 0600 file under
+/// `$XDG_STATE_HOME/ac7/` whose path is printed once before the agent starts — never to the
+/// terminal the agent draws on. Runs the runner under a pty (`script`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_terminal_the_runner_logs_to_a_private_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let state = common::tempdir();
+    let command = format!(
+        "{} run --url {} -- sh -c 'echo agent-ran'",
+        env!("CARGO_BIN_EXE_ac7"),
+        broker.url
+    );
+    let out = within(
+        30,
+        "the runner under a pty",
+        Command::new("script")
+            .args(["-qec", &command, "/dev/null"])
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("AC7_LOG", "trace")
+            .env("XDG_STATE_HOME", state.path())
+            .stdin(Stdio::null())
+            .output(),
+    )
+    .await
+    .unwrap();
+    let screen = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{screen}");
+    assert!(
+        !screen.contains("\"timestamp\""),
+        "log lines on the agent's terminal: {screen}"
+    );
+    let announce = screen
+        .lines()
+        .position(|l| l.starts_with("ac7: runner logs: "))
+        .unwrap_or_else(|| panic!("no log path printed: {screen}"));
+    let lines: Vec<&str> = screen.lines().collect();
+    assert_eq!(
+        lines.iter().filter(|l| l.contains("runner logs")).count(),
+        1,
+        "printed once"
+    );
+    let ran = lines.iter().position(|l| l.trim() == "agent-ran").unwrap();
+    assert!(announce < ran, "printed before the agent starts: {screen}");
+    let path = PathBuf::from(lines[announce]["ac7: runner logs: ".len()..].trim());
+    assert_eq!(path.parent().unwrap(), state.path().join("ac7"));
+    let meta = std::fs::metadata(&path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let log = std::fs::read_to_string(&path).unwrap();
+    assert!(!log.is_empty());
+    for line in log.lines() {
+        let entry: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(entry["timestamp"].is_string(), "{line}");
+    }
+}
+
+/// Issue 10 item 6: a runner logs at `warn` unless `AC7_LOG` says otherwise (no `bridge attached`
+/// info line); without a terminal its logs stay on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_logs_at_warn_by_default() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let socket = dir.path().join("r.sock");
+    let run = |log: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ac7"));
+        // The agent is a bridge that attaches and leaves at once (its stdin is empty).
+        cmd.args(["run", "--url", &broker.url, "--socket"])
+            .arg(&socket)
+            .arg("--")
+            .arg(env!("CARGO_BIN_EXE_ac7"))
+            .arg("mcp-bridge")
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("AC7_RUNNER_SOCKET", &socket)
+            .env_remove("AC7_LOG")
+            .stdin(Stdio::null());
+        if let Some(log) = log {
+            cmd.env("AC7_LOG", log);
+        }
+        cmd.output()
+    };
+    let out = within(30, "the runner", run(Some("info"))).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("bridge attached"), "AC7_LOG=info: {stderr}");
+    assert!(
+        !stderr.contains("runner logs:"),
+        "no terminal, no file: {stderr}"
+    );
+
+    let out = within(30, "the runner", run(None)).await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(!stderr.contains("\"INFO\""), "default is warn: {stderr}");
 }

@@ -59,6 +59,15 @@ impl Harness {
         self.drain()
     }
 
+    /// Time passes until `after` from now; the session's timer fires if due.
+    fn wait(&mut self, after: Duration) -> Vec<BridgeOutput> {
+        self.now += after;
+        self.transcript
+            .push_str(&format!("(+{} ms)\n", after.as_millis()));
+        self.session.handle_timeout(self.now);
+        self.drain()
+    }
+
     fn drain(&mut self) -> Vec<BridgeOutput> {
         let mut outputs = Vec::new();
         while let Some(output) = self.session.poll_output() {
@@ -147,6 +156,9 @@ fn relays_requests_responses_and_notifications() {
     );
     let out = h.runner(r#"{"kind":"mcp_response","id":1,"result":{"tools":[]}}"#);
     assert_eq!(to_agent(&out)[0]["id"], 1);
+    // The agent is ready once the start-up grace has passed.
+    h.wait(START_GRACE);
+    assert!(h.session.is_delivering());
     let out = h.runner(r#"{"kind":"mcp_notification","method":"notifications/claude/channel","params":{"content":"hi","meta":{"from":"alice"}}}"#);
     assert_eq!(
         to_agent(&out),
@@ -202,6 +214,7 @@ fn bad_input_gets_answers_and_the_session_goes_on() {
         max_frame_bytes: 256,
         max_agent_line_bytes: 1024,
         server_version: "1.2.3".into(),
+        ..BridgeConfig::default()
     });
     let out = h.agent("{not json");
     assert_eq!(to_agent(&out)[0]["error"]["code"], -32700);
@@ -342,4 +355,260 @@ fn frames_split_across_reads_and_crlf() {
     }
     let out = h.drain();
     assert_eq!(to_agent(&out)[0]["result"]["t"], "ü");
+}
+
+const INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}"#;
+const INITIALIZED: &str = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+
+fn channel(n: usize) -> String {
+    format!(
+        r#"{{"kind":"mcp_notification","method":"notifications/claude/channel","params":{{"content":"m{n}","meta":{{}}}}}}"#
+    )
+}
+
+/// The `content` of every channel notification written to the agent, in order.
+fn delivered(outputs: &[BridgeOutput]) -> Vec<String> {
+    to_agent(outputs)
+        .iter()
+        .filter(|m| m["method"] == "notifications/claude/channel")
+        .map(|m| m["params"]["content"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn notifications_wait_for_the_handshake_the_first_tools_list_and_the_grace() {
+    let mut h = Harness::new();
+    let mut seen = Vec::new();
+    // Queued events arrive the moment the bridge connects, before the agent said anything.
+    seen.extend(h.runner(&channel(1)));
+    seen.extend(
+        h.runner(r#"{"kind":"mcp_notification","method":"notifications/tools/list_changed"}"#),
+    );
+    seen.extend(h.agent(INITIALIZE));
+    seen.extend(h.runner(&channel(2)));
+    seen.extend(h.agent(INITIALIZED));
+    seen.extend(h.runner(&channel(3)));
+    seen.extend(h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#));
+    seen.extend(h.wait(Duration::from_secs(5)));
+    assert!(
+        !to_agent(&seen).iter().any(|m| m.get("method").is_some()),
+        "nothing relayed before the first tools/list answer: {:?}",
+        to_agent(&seen)
+    );
+    assert_eq!(h.session.poll_timeout(), None, "no timer before the answer");
+    assert_eq!(h.session.held_notifications(), 4);
+
+    let out = h.runner(r#"{"kind":"mcp_response","id":1,"result":{"tools":[]}}"#);
+    assert_eq!(to_agent(&out).len(), 1, "only the answer: {out:?}");
+    let answered_at = h.now;
+    assert_eq!(h.session.poll_timeout(), Some(answered_at + START_GRACE));
+    let out = h.runner(&channel(4));
+    assert!(to_agent(&out).is_empty(), "still held during the grace");
+    let out = h.wait(START_GRACE - Duration::from_millis(2));
+    assert!(to_agent(&out).is_empty(), "not due yet");
+
+    let out = h.wait(Duration::from_millis(1));
+    let methods: Vec<_> = to_agent(&out)
+        .iter()
+        .map(|m| m["method"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        methods,
+        [
+            "notifications/claude/channel",
+            "notifications/tools/list_changed",
+            "notifications/claude/channel",
+            "notifications/claude/channel",
+            "notifications/claude/channel",
+        ]
+    );
+    assert_eq!(
+        delivered(&out),
+        ["m1", "m2", "m3", "m4"],
+        "in arrival order"
+    );
+    assert!(out.contains(&BridgeOutput::Event(BridgeEvent::Released { count: 5 })));
+    assert_eq!(h.session.poll_timeout(), None);
+    assert!(h.session.is_delivering());
+
+    // From now on: at once, as before.
+    let out = h.runner(&channel(5));
+    assert_eq!(delivered(&out), ["m5"]);
+    // A later tools/list changes nothing.
+    h.agent(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    h.runner(r#"{"kind":"mcp_response","id":2,"result":{"tools":[]}}"#);
+    assert_eq!(delivered(&h.runner(&channel(6))), ["m6"]);
+    snapshots(|| insta::assert_snapshot!("bridge_startup_hold_transcript", h.transcript));
+}
+
+#[test]
+fn the_grace_starts_when_the_later_condition_is_met_and_an_error_answer_counts() {
+    let mut h = Harness::new();
+    h.runner(&channel(1));
+    h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    h.runner(r#"{"kind":"mcp_response","id":1,"error":{"code":-32603,"message":"x"}}"#);
+    assert_eq!(h.session.poll_timeout(), None, "not initialized yet");
+    h.wait(Duration::from_secs(1));
+    let out = h.agent(INITIALIZED);
+    assert!(to_agent(&out).is_empty());
+    assert_eq!(h.session.poll_timeout(), Some(h.now + START_GRACE));
+    assert_eq!(delivered(&h.wait(START_GRACE)), ["m1"]);
+}
+
+#[test]
+fn a_full_hold_keeps_the_oldest_and_reports_the_rest() {
+    let mut h = Harness::with(BridgeConfig {
+        max_held_notifications: 3,
+        ..BridgeConfig::default()
+    });
+    let mut events = Vec::new();
+    for n in 1..=5 {
+        events.extend(h.runner(&channel(n)));
+    }
+    let full: Vec<_> = events
+        .iter()
+        .filter(|o| matches!(o, BridgeOutput::Event(BridgeEvent::HoldFull { .. })))
+        .collect();
+    assert_eq!(
+        full,
+        [&BridgeOutput::Event(BridgeEvent::HoldFull {
+            method: "notifications/claude/channel".into(),
+            held: 3
+        }); 2]
+    );
+    h.agent(INITIALIZED);
+    h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    h.runner(r#"{"kind":"mcp_response","id":1,"result":{"tools":[]}}"#);
+    assert_eq!(delivered(&h.wait(START_GRACE)), ["m1", "m2", "m3"]);
+
+    // The byte bound too.
+    let mut h = Harness::with(BridgeConfig {
+        max_held_bytes: 2 * (channel(1).len() + 30),
+        ..BridgeConfig::default()
+    });
+    for n in 1..=3 {
+        h.runner(&channel(n));
+    }
+    assert_eq!(h.session.held_notifications(), 2);
+}
+
+#[test]
+fn teardown_before_the_agent_is_ready_reports_what_was_held() {
+    let mut h = Harness::new();
+    h.runner(&channel(1));
+    h.runner(&channel(2));
+    let out = h.agent_eof();
+    assert!(
+        out.contains(&BridgeOutput::Event(BridgeEvent::HeldDiscarded {
+            count: 2
+        }))
+    );
+    assert_eq!(
+        out.last(),
+        Some(&BridgeOutput::Exit(ExitReason::AgentClosed))
+    );
+    assert_eq!(h.session.poll_timeout(), None);
+}
+
+mod hold_props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Notify,
+        Initialized,
+        ListTools,
+        AnswerList,
+        Wait(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Notify),
+            1 => Just(Op::Initialized),
+            1 => Just(Op::ListTools),
+            1 => Just(Op::AnswerList),
+            2 => (0u64..400).prop_map(Op::Wait),
+        ]
+    }
+
+    proptest! {
+        /// For any interleaving: nothing reaches the agent before it sent `initialized`, got a
+        /// `tools/list` answer and the grace passed; what the cap admitted arrives exactly once,
+        /// in order; what it refused is reported; once open, notifications pass at once.
+        #[test]
+        fn held_until_ready_in_order_and_bounded(ops in proptest::collection::vec(op(), 0..60), cap in 1usize..6) {
+            let mut h = Harness::with(BridgeConfig {
+                max_held_notifications: cap,
+                ..BridgeConfig::default()
+            });
+            let (mut sent, mut next_list, mut initialized) = (0usize, 1u64, false);
+            let mut lists: Vec<u64> = Vec::new();
+            let mut ready_since: Option<Instant> = None;
+            let mut listed_at: Option<Instant> = None;
+            let (mut got, mut refused) = (Vec::new(), 0usize);
+            for op in ops {
+                let out = match op {
+                    Op::Notify => {
+                        sent += 1;
+                        h.runner(&channel(sent))
+                    }
+                    Op::Initialized => {
+                        let out = h.agent(INITIALIZED);
+                        if !initialized && listed_at.is_some() {
+                            ready_since.get_or_insert(h.now);
+                        }
+                        initialized = true;
+                        out
+                    }
+                    Op::ListTools => {
+                        let id = next_list;
+                        next_list += 1;
+                        lists.push(id);
+                        h.agent(&format!(r#"{{"jsonrpc":"2.0","id":"l{id}","method":"tools/list"}}"#))
+                    }
+                    Op::AnswerList => {
+                        let Some(id) = lists.pop() else { continue };
+                        let out = h.runner(&format!(r#"{{"kind":"mcp_response","id":{id},"result":{{"tools":[]}}}}"#));
+                        if listed_at.is_none() {
+                            listed_at = Some(h.now);
+                            if initialized {
+                                ready_since.get_or_insert(h.now);
+                            }
+                        }
+                        out
+                    }
+                    Op::Wait(ms) => h.wait(Duration::from_millis(ms)),
+                };
+                refused += out
+                    .iter()
+                    .filter(|o| matches!(o, BridgeOutput::Event(BridgeEvent::HoldFull { .. })))
+                    .count();
+                let now_got = delivered(&out);
+                if !now_got.is_empty() {
+                    let since = ready_since.expect("delivered before the handshake");
+                    prop_assert!(h.now >= since + START_GRACE, "delivered during the grace");
+                }
+                got.extend(now_got);
+            }
+            // Finish the handshake and let the grace pass: everything admitted arrives.
+            h.agent(INITIALIZED);
+            h.agent(r#"{"jsonrpc":"2.0","id":"last","method":"tools/list"}"#);
+            h.runner(&format!(r#"{{"kind":"mcp_response","id":{next_list},"result":{{"tools":[]}}}}"#));
+            got.extend(delivered(&h.wait(START_GRACE)));
+            prop_assert!(h.session.is_delivering());
+            let expected: Vec<String> = (1..=sent).map(|n| format!("m{n}")).collect();
+            // In order, without repeats, and only the refused ones missing.
+            let mut it = expected.iter();
+            for g in &got {
+                prop_assert!(it.any(|e| e == g), "{g} out of order or repeated: {got:?}");
+            }
+            prop_assert_eq!(got.len() + refused, sent);
+            prop_assert!(got.len() >= cap.min(sent));
+            sent += 1;
+            prop_assert_eq!(delivered(&h.runner(&channel(sent))), vec![format!("m{sent}")]);
+        }
+    }
 }

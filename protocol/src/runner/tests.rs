@@ -53,6 +53,11 @@ fn transmitted(outputs: &[RunnerOutput]) -> Vec<(u64, String)> {
         .collect()
 }
 
+/// The connections transmitted to, in order.
+fn connections(outputs: &[RunnerOutput]) -> Vec<u64> {
+    transmitted(outputs).iter().map(|(c, _)| *c).collect()
+}
+
 #[test]
 fn scripted_session_displace_respond_notify_shutdown() {
     let mut s = RunnerSession::new(RunnerConfig {
@@ -78,7 +83,7 @@ fn scripted_session_displace_respond_notify_shutdown() {
     assert_eq!(s.queued_notifications(), 1);
 
     let n = step("bridge A connects", &mut t);
-    let a = s.handle_connect(n);
+    let a = s.handle_connect(Origin::Agent, n);
     let out = drain(&mut s, &mut t);
     assert_eq!(
         transmitted(&out).len(),
@@ -125,7 +130,7 @@ fn scripted_session_displace_respond_notify_shutdown() {
     );
 
     let n = step("bridge B connects and displaces A", &mut t);
-    let b = s.handle_connect(n);
+    let b = s.handle_connect(Origin::Agent, n);
     let out = drain(&mut s, &mut t);
     assert_eq!(
         transmitted(&out),
@@ -172,7 +177,7 @@ fn scripted_session_displace_respond_notify_shutdown() {
     assert_eq!(s.attached(), None);
 
     let n = step("a late bridge C connects after shutdown", &mut t);
-    let c = s.handle_connect(n);
+    let c = s.handle_connect(Origin::Agent, n);
     let out = drain(&mut s, &mut t);
     assert_eq!(
         transmitted(&out),
@@ -192,8 +197,8 @@ fn reject_new_keeps_the_first_bridge() {
         ..RunnerConfig::default()
     });
     let now = Instant::now();
-    let a = s.handle_connect(now);
-    let b = s.handle_connect(now);
+    let a = s.handle_connect(Origin::Agent, now);
+    let b = s.handle_connect(Origin::Agent, now);
     let mut t = String::new();
     let out = drain(&mut s, &mut t);
     assert_eq!(
@@ -223,9 +228,11 @@ fn allow_many_keeps_every_bridge_and_routes_responses_to_the_asker() {
         ..RunnerConfig::default()
     });
     let now = Instant::now();
-    let a = s.handle_connect(now);
-    let b = s.handle_connect(now);
-    assert_eq!(s.attached_count(), 2);
+    let a = s.handle_connect(Origin::Agent, now);
+    let b = s.handle_connect(Origin::Agent, now);
+    // AllowMany applies within the agent's tree only: an outsider is no bridge of the agent's.
+    let outsider = s.handle_connect(Origin::Outsider, now);
+    assert_eq!((s.attached_count(), s.outsider_count()), (2, 1));
     let mut t = String::new();
     assert!(
         transmitted(&drain(&mut s, &mut t)).is_empty(),
@@ -245,21 +252,13 @@ fn allow_many_keeps_every_bridge_and_routes_responses_to_the_asker() {
     s.respond(b, 1, Outcome::Result(raw("{\"tools\":[]}")), now)
         .unwrap();
     let out = drain(&mut s, &mut t);
-    assert_eq!(
-        transmitted(&out)
-            .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>(),
-        vec![b.0]
-    );
+    assert_eq!(connections(&out), vec![b.0]);
     s.notify("n", None, now);
     let out = drain(&mut s, &mut t);
     assert_eq!(
-        transmitted(&out)
-            .iter()
-            .map(|(c, _)| *c)
-            .collect::<Vec<_>>(),
-        vec![a.0, b.0]
+        connections(&out),
+        vec![a.0, b.0],
+        "not to the outsider {outsider:?}"
     );
     s.handle_closed(b, now);
     assert_eq!(s.attached(), Some(a));
@@ -276,7 +275,7 @@ fn allow_many_keeps_every_bridge_and_routes_responses_to_the_asker() {
 fn bridge_shutdown_and_close_detach() {
     let mut s = RunnerSession::new(RunnerConfig::default());
     let now = Instant::now();
-    let a = s.handle_connect(now);
+    let a = s.handle_connect(Origin::Agent, now);
     s.handle_bytes(
         a,
         b"{\"kind\":\"shutdown\",\"reason\":\"stdio-closed\"}\n",
@@ -286,7 +285,7 @@ fn bridge_shutdown_and_close_detach() {
     let out = drain(&mut s, &mut t);
     assert!(out.contains(&RunnerOutput::Close { conn: a }));
     assert_eq!(s.attached(), None);
-    let b = s.handle_connect(now);
+    let b = s.handle_connect(Origin::Agent, now);
     s.handle_closed(b, now);
     assert_eq!(s.attached(), None);
     assert_eq!(
@@ -315,7 +314,7 @@ fn queue_is_bounded_and_overflow_is_reported() {
         })
         .sum();
     assert_eq!(dropped, 2);
-    let a = s.handle_connect(now);
+    let a = s.handle_connect(Origin::Agent, now);
     let out = drain(&mut s, &mut t);
     let (_, bytes) = &transmitted(&out)[0];
     assert_eq!(
@@ -325,6 +324,81 @@ fn queue_is_bounded_and_overflow_is_reported() {
     assert_eq!(s.attached(), Some(a));
 }
 
+#[test]
+fn an_outsider_is_served_but_never_displaces_nor_gets_events() {
+    let mut s = RunnerSession::new(RunnerConfig::default());
+    let now = Instant::now();
+    let mut t = String::new();
+    s.notify("queued", None, now);
+    let outsider = s.handle_connect(Origin::Outsider, now);
+    let out = drain(&mut s, &mut t);
+    assert!(transmitted(&out).is_empty(), "no queued events: {out:?}");
+    assert_eq!(s.attached(), None, "an outsider is not the agent's bridge");
+    assert_eq!(s.queued_notifications(), 1, "the queue waits for the agent");
+
+    let agent = s.handle_connect(Origin::Agent, now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(
+        transmitted(&out),
+        vec![(
+            agent.0,
+            "{\"kind\":\"mcp_notification\",\"method\":\"queued\"}\n".to_owned()
+        )]
+    );
+    // A second outsider while the agent's bridge is attached: nobody is displaced.
+    let second = s.handle_connect(Origin::Outsider, now);
+    let out = drain(&mut s, &mut t);
+    assert!(
+        transmitted(&out).is_empty()
+            && !out.iter().any(|o| matches!(o, RunnerOutput::Close { .. }))
+    );
+    assert_eq!(s.attached(), Some(agent));
+    assert_eq!(s.outsider_count(), 2);
+
+    // Served: its request reaches the application and the answer goes back to it.
+    s.handle_bytes(
+        outsider,
+        b"{\"kind\":\"mcp_request\",\"id\":1,\"method\":\"tools/list\"}\n",
+        now,
+    );
+    let out = drain(&mut s, &mut t);
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, RunnerOutput::Request(r) if r.conn == outsider))
+    );
+    s.respond(outsider, 1, Outcome::Result(raw("{\"tools\":[]}")), now)
+        .unwrap();
+    let out = drain(&mut s, &mut t);
+    assert_eq!(transmitted(&out)[0].0, outsider.0);
+
+    // Live events go to the agent's bridge only.
+    s.notify("live", None, now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(connections(&out), vec![agent.0]);
+    // A new bridge from the agent's tree still displaces the old one.
+    let newer = s.handle_connect(Origin::Agent, now);
+    let out = drain(&mut s, &mut t);
+    assert!(out.contains(&RunnerOutput::Close { conn: agent }));
+    assert!(!out.iter().any(
+        |o| matches!(o, RunnerOutput::Close { conn } if *conn == outsider || *conn == second)
+    ));
+    assert_eq!(s.attached(), Some(newer));
+
+    s.handle_closed(second, now);
+    let out = drain(&mut s, &mut t);
+    assert!(
+        out.contains(&RunnerOutput::Event(RunnerEvent::OutsiderLeft {
+            conn: second,
+            abandoned: 0
+        }))
+    );
+    s.shutdown(Some("bye"), now);
+    let out = drain(&mut s, &mut t);
+    assert!(out.contains(&RunnerOutput::Close { conn: outsider }));
+    assert!(out.contains(&RunnerOutput::Close { conn: newer }));
+    snapshots(|| insta::assert_snapshot!("runner_outsider_transcript", t));
+}
+
 // ---- model-based test ----
 
 #[derive(Debug, Clone)]
@@ -332,6 +406,8 @@ struct Model {
     policy: BridgePolicy,
     next_conn: u64,
     attached: Option<u64>,
+    /// Outsiders being served.
+    outsiders: BTreeSet<u64>,
     /// Connections the peer can still write to (the runner has not closed them).
     open: BTreeSet<u64>,
     /// Requests the application holds and has not answered: (conn, id).
@@ -347,6 +423,7 @@ const QUEUE_LIMIT: usize = 4;
 #[derive(Debug, Clone)]
 enum Step {
     Connect,
+    ConnectOutsider,
     Request { conn: u64, id: u64 },
     Respond { conn: u64, id: u64 },
     PeerClose { conn: u64 },
@@ -371,6 +448,7 @@ impl ReferenceStateMachine for RunnerModel {
             policy,
             next_conn: 0,
             attached: None,
+            outsiders: BTreeSet::new(),
             open: BTreeSet::new(),
             app_pending: BTreeSet::new(),
             in_flight: BTreeMap::new(),
@@ -383,6 +461,7 @@ impl ReferenceStateMachine for RunnerModel {
     fn transitions(state: &Model) -> BoxedStrategy<Step> {
         let mut options: Vec<BoxedStrategy<Step>> = vec![
             Just(Step::Connect).boxed(),
+            Just(Step::ConnectOutsider).boxed(),
             Just(Step::Notify).boxed(),
             Just(Step::Shutdown).boxed(),
         ];
@@ -448,8 +527,17 @@ impl ReferenceStateMachine for RunnerModel {
                     }
                 }
             }
+            Step::ConnectOutsider => {
+                let conn = m.next_conn;
+                m.next_conn += 1;
+                if !m.shut_down {
+                    m.outsiders.insert(conn);
+                    m.open.insert(conn);
+                    m.in_flight.insert(conn, BTreeSet::new());
+                }
+            }
             Step::Request { conn, id } => {
-                if m.attached == Some(conn) {
+                if m.served(conn) {
                     let ids = m.in_flight.entry(conn).or_default();
                     if ids.insert(id) {
                         m.app_pending.insert((conn, id));
@@ -466,6 +554,7 @@ impl ReferenceStateMachine for RunnerModel {
             Step::PeerClose { conn } | Step::BridgeShutdown { conn } => {
                 m.open.remove(&conn);
                 m.in_flight.remove(&conn);
+                m.outsiders.remove(&conn);
                 if m.attached == Some(conn) {
                     m.attached = None;
                 }
@@ -476,6 +565,10 @@ impl ReferenceStateMachine for RunnerModel {
                 }
             }
             Step::Shutdown => {
+                for conn in std::mem::take(&mut m.outsiders) {
+                    m.open.remove(&conn);
+                    m.in_flight.remove(&conn);
+                }
                 if let Some(conn) = m.attached.take() {
                     m.open.remove(&conn);
                     m.in_flight.remove(&conn);
@@ -485,6 +578,13 @@ impl ReferenceStateMachine for RunnerModel {
             }
         }
         m
+    }
+}
+
+impl Model {
+    /// Whether requests from `conn` are served (the agent's bridge or an outsider).
+    fn served(&self, conn: u64) -> bool {
+        self.attached == Some(conn) || self.outsiders.contains(&conn)
     }
 }
 
@@ -518,7 +618,11 @@ impl StateMachineTest for RunnerModel {
         let s = &mut sut.session;
         match step {
             Step::Connect => {
-                let conn = s.handle_connect(now);
+                let conn = s.handle_connect(Origin::Agent, now);
+                assert_eq!(conn.0, before.next_conn);
+            }
+            Step::ConnectOutsider => {
+                let conn = s.handle_connect(Origin::Outsider, now);
                 assert_eq!(conn.0, before.next_conn);
             }
             Step::Request { conn, id } => s.handle_bytes(
@@ -551,6 +655,7 @@ impl StateMachineTest for RunnerModel {
 
     fn check_invariants(sut: &Sut, model: &Model) {
         assert_eq!(sut.session.attached().map(|c| c.0), model.attached);
+        assert_eq!(sut.session.outsider_count(), model.outsiders.len());
         assert_eq!(sut.session.queued_notifications(), model.queued);
         assert_eq!(sut.session.is_shut_down(), model.shut_down);
     }
@@ -630,8 +735,20 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
                 assert!(delivered.iter().all(|f| f["kind"] == "mcp_notification"));
             }
         }
+        Step::ConnectOutsider => {
+            let new = before.next_conn;
+            if before.shut_down {
+                assert_eq!(frames_to(outputs, new)[0]["kind"], "shutdown");
+                assert_eq!(closes, vec![new]);
+            } else {
+                assert!(
+                    targets.is_empty(),
+                    "an outsider displaces nobody and gets no queued events: {outputs:?}"
+                );
+            }
+        }
         Step::Request { conn, id } => {
-            let fresh = before.attached == Some(conn)
+            let fresh = before.served(conn)
                 && !before
                     .in_flight
                     .get(&conn)
@@ -639,7 +756,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
             if fresh {
                 assert_eq!(requests, vec![(conn, id)]);
                 assert!(targets.is_empty());
-            } else if before.attached == Some(conn) {
+            } else if before.served(conn) {
                 assert!(requests.is_empty());
                 let errors = frames_to(outputs, conn);
                 assert_eq!(errors.len(), 1);
@@ -654,7 +771,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
         }
         Step::MalformedRequest { conn, id } => {
             assert!(requests.is_empty());
-            if before.attached == Some(conn) && !before.in_flight[&conn].contains(&id) {
+            if before.served(conn) && !before.in_flight[&conn].contains(&id) {
                 let errors = frames_to(outputs, conn);
                 assert_eq!(errors.len(), 1);
                 assert_eq!(errors[0]["id"], id);
@@ -663,7 +780,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
             }
         }
         Step::Respond { conn, id } => {
-            if before.attached == Some(conn) {
+            if before.served(conn) {
                 let frames = frames_to(outputs, conn);
                 assert_eq!(frames.len(), 1);
                 assert_eq!(frames[0]["kind"], "mcp_response");
@@ -682,7 +799,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
         }
         Step::PeerClose { .. } => assert!(targets.is_empty()),
         Step::BridgeShutdown { conn } => {
-            if before.attached == Some(conn) {
+            if before.served(conn) {
                 assert_eq!(closes, vec![conn]);
             } else {
                 assert!(targets.is_empty());
@@ -693,16 +810,22 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
                 let frames = frames_to(outputs, conn);
                 assert_eq!(frames.len(), 1);
                 assert_eq!(frames[0]["kind"], "mcp_notification");
+                assert_eq!(targets, BTreeSet::from([conn]), "never to an outsider");
             }
             _ => assert!(targets.is_empty()),
         },
-        Step::Shutdown => match before.attached {
-            Some(conn) if !before.shut_down => {
-                assert_eq!(frames_to(outputs, conn)[0]["kind"], "shutdown");
-                assert_eq!(closes, vec![conn]);
+        Step::Shutdown => {
+            let mut served: BTreeSet<u64> = before.outsiders.clone();
+            served.extend(before.attached);
+            if before.shut_down {
+                assert!(targets.is_empty());
+            } else {
+                for conn in &served {
+                    assert_eq!(frames_to(outputs, *conn)[0]["kind"], "shutdown");
+                }
+                assert_eq!(closes.iter().copied().collect::<BTreeSet<_>>(), served);
             }
-            _ => assert!(targets.is_empty()),
-        },
+        }
     }
 }
 

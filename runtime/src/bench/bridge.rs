@@ -342,6 +342,11 @@ impl Agent {
     }
 
     /// The bridge's peak RSS so far.
+    /// The child's pid.
+    pub(super) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(super) fn peak_rss_kib(&self) -> Option<u64> {
         peak_rss_kib(self.child.id())
     }

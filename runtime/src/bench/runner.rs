@@ -1,15 +1,17 @@
 //! `ac7-bench runner`: the runner with a real broker and a real bridge.
 //!
-//! A broker child process, `ac7 run -- sleep 3600` as the runner (the agent itself idles), and
-//! this process playing the agent through a bridge it spawns from the runner's socket. Measures
+//! A broker child process and `ac7 run -- ac7 mcp-bridge` as the runner: its agent is the bridge
+//! itself, whose stdin/stdout (inherited through the runner) are this process's pipes, so this
+//! process plays the agent through a bridge in the agent's own process tree (a bridge it spawned
+//! itself would be an outsider and get no events). Measures
 //! (a) `tools/call roster` round trips including the broker, N=1000 sequential; (b) roster calls
 //! with 32 in flight; (c) `POST /push` → `notifications/claude/channel` read at the agent, N=500;
 //! (d) the runner's and the bridge's peak RSS.
 
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use ac7_protocol::bridge::START_GRACE;
 use ac7_protocol::mcp;
 use anyhow::{Context as _, bail};
 use serde::Serialize;
@@ -17,6 +19,7 @@ use serde::Serialize;
 use super::bridge::{Agent, Throughput};
 use super::broker::{BrokerChild, client, rt};
 use super::{Latency, peak_rss_kib, sibling_binary};
+use crate::bridge::RUNNER_SOCKET_ENV;
 
 const ROUNDTRIPS: usize = 1_000;
 const THROUGHPUT_CALLS: usize = 2_000;
@@ -34,21 +37,6 @@ pub struct Report {
     bridge_peak_rss_kib: Option<u64>,
 }
 
-/// The runner child; terminated (SIGTERM, forwarded to its agent) on drop.
-struct RunnerChild(std::process::Child);
-
-impl Drop for RunnerChild {
-    fn drop(&mut self) {
-        if let Some(pid) = i32::try_from(self.0.id())
-            .ok()
-            .and_then(rustix::process::Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
-        }
-        let _ = self.0.wait();
-    }
-}
-
 /// Runs the scenario.
 pub fn run() -> anyhow::Result<Report> {
     let ac7 = sibling_binary("ac7")?;
@@ -56,23 +44,24 @@ pub fn run() -> anyhow::Result<Report> {
     let dir = std::env::temp_dir().join(format!("ac7-bench-runner-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let socket = dir.join("r.sock");
-    let runner = RunnerChild(
-        Command::new(&ac7)
-            .args(["run", "--url", &broker.url, "--socket"])
-            .arg(&socket)
-            .arg("--mcp-config")
-            .arg(dir.join("mcp.json"))
-            .args(["--", "sleep", "3600"])
-            .env("AC7_TOKEN", broker.token("m0"))
-            .env("AC7_LOG", "error")
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning ac7 run")?,
-    );
-    wait_for(&socket)?;
-    let mut agent = Agent::spawn(&ac7, &socket)?;
+    let mut runner = Command::new(&ac7);
+    runner
+        .args(["run", "--url", &broker.url, "--socket"])
+        .arg(&socket)
+        .arg("--mcp-config")
+        .arg(dir.join("mcp.json"))
+        .arg("--")
+        .arg(&ac7)
+        .arg("mcp-bridge")
+        .env(RUNNER_SOCKET_ENV, &socket)
+        .env("AC7_TOKEN", broker.token("m0"))
+        .env("AC7_LOG", "error");
+    let mut agent = Agent::spawn_command(runner)?;
     agent.initialize()?;
+    // The agent's first tools/list; the bridge relays events once the start-up grace after it
+    // has passed.
+    agent.call(mcp::TOOLS_LIST, None)?;
+    std::thread::sleep(START_GRACE);
 
     let roster = Some(r#"{"name":"roster","arguments":{}}"#);
     let mut samples = Vec::with_capacity(ROUNDTRIPS);
@@ -116,10 +105,9 @@ pub fn run() -> anyhow::Result<Report> {
     }
     let push_to_notification = Latency::of(&mut samples).context("no samples")?;
 
-    let runner_peak_rss_kib = peak_rss_kib(runner.0.id());
-    let bridge_peak_rss_kib = agent.peak_rss_kib();
+    let runner_peak_rss_kib = agent.peak_rss_kib();
+    let bridge_peak_rss_kib = child_of(agent.pid()).and_then(peak_rss_kib);
     agent.close()?;
-    drop(runner);
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Report {
         scenario: "runner",
@@ -131,13 +119,8 @@ pub fn run() -> anyhow::Result<Report> {
     })
 }
 
-fn wait_for(socket: &Path) -> anyhow::Result<()> {
-    let start = Instant::now();
-    while !socket.exists() {
-        if start.elapsed() > Duration::from_secs(10) {
-            bail!("the runner never bound {}", socket.display());
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    Ok(())
+/// The first child of process `pid` (the runner's agent).
+fn child_of(pid: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    children.split_whitespace().next()?.parse().ok()
 }

@@ -40,7 +40,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{RunnerOpts, StartError, locate_binary, start_core, start_failed};
+use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
 use crate::bridge::RUNNER_SOCKET_ENV;
 
 /// `ac7 codex`.
@@ -67,7 +67,7 @@ pub struct CodexArgs {
 }
 
 /// How long `--doctor` waits for each step.
-const DOCTOR_STEP: Duration = Duration::from_secs(20);
+const DOCTOR_STEP: Duration = doctor::STEP;
 /// How long codex gets to exit after its stdin closes.
 const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// How long teardown waits for "not delivered" DMs still in flight.
@@ -366,6 +366,13 @@ enum End {
 }
 
 async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
+    if args.doctor {
+        doctor::say("codex", &format!("codex found at {}", codex.display()));
+        match doctor::version(&codex).await {
+            Ok(v) => doctor::say("codex", &format!("codex version {v}")),
+            Err(e) => return i32::from(!doctor::failed("codex", &e)),
+        }
+    }
     // Codex runs more than one instance of an MCP server (one per thread, more for status
     // listing): every bridge stays attached.
     let core = match start_core(&args.opts, BridgePolicy::AllowMany).await {
@@ -417,6 +424,10 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             )));
         }
     };
+    // Codex's own bridges (it may start several) are those in its process tree.
+    if let Some(pid) = child.id() {
+        core.agent.set(pid);
+    }
     let b = &core.briefing;
     eprintln!(
         "ac7 codex: {} ({}) on team {} — cwd {}",
@@ -636,7 +647,10 @@ impl Default for Doctor {
 
 impl Doctor {
     fn ready(&mut self, client: &mut CodexClient, thread_id: &str) {
-        eprintln!("ac7 codex --doctor: codex app-server started thread {thread_id}");
+        doctor::say(
+            "codex",
+            &format!("codex app-server started thread {thread_id}"),
+        );
         self.thread = thread_id.to_owned();
         self.list(client);
     }
@@ -665,7 +679,10 @@ impl Doctor {
                     self.list(client);
                     return None;
                 }
-                eprintln!("ac7 codex --doctor: the ac7 MCP server is running with {tools} tools");
+                doctor::say(
+                    "codex",
+                    &format!("the ac7 MCP server is running with {tools} tools"),
+                );
                 let params = json!({"threadId": self.thread, "server": "ac7", "tool": "roster", "arguments": {}});
                 self.step = Step::Calling(client.request("mcpServer/tool/call", &params));
                 None
@@ -673,27 +690,23 @@ impl Doctor {
             (Step::Calling(want), Ok(result)) if want == id => {
                 let text = result["content"][0]["text"].as_str().unwrap_or_default();
                 let ok = result["isError"] != true && text.contains("roster");
-                eprintln!(
-                    "ac7 codex --doctor: roster through codex: {}",
-                    if ok { "ok" } else { "FAILED" }
+                doctor::say(
+                    "codex",
+                    &format!("roster through codex: {}", if ok { "ok" } else { "FAILED" }),
                 );
                 eprintln!("{text}");
                 Some(ok)
             }
-            (_, Err(error)) => {
-                eprintln!("ac7 codex --doctor: FAILED: {error}");
-                Some(false)
-            }
+            (_, Err(error)) => Some(doctor::failed("codex", &error)),
             _ => None,
         }
     }
 
     fn timed_out(&self) -> bool {
-        eprintln!(
-            "ac7 codex --doctor: FAILED: no answer from codex at step {:?}",
-            self.step
-        );
-        false
+        doctor::failed(
+            "codex",
+            &format!("no answer from codex at step {:?}", self.step),
+        )
     }
 }
 

@@ -10,8 +10,10 @@
 //! doing anything else — unless the pid in it is still alive, in which case that runner owns the
 //! file and the new one refuses to start.
 //!
-//! Every write is atomic (`fsutil::write_atomic`: a 0600 temp file in the same directory, fsync,
-//! rename, fsync of the directory). The merged file keeps every other top-level key and server entry; it is written as
+//! Every write is atomic (`fsutil::write_atomic_mode`: a temp file in the same directory, fsync,
+//! rename, fsync of the directory). The merged and the restored config keep the original file's
+//! permission bits (saved in the backup record too); a config the runner creates is 0600, like the
+//! backup record. The merged file keeps every other top-level key and server entry; it is written as
 //! 2-space indented JSON (key order may change while the runner runs; the original bytes come
 //! back at the end).
 
@@ -66,6 +68,9 @@ struct Backup {
     pid: u32,
     /// The original bytes, base64; `None` when there was no file.
     original: Option<String>,
+    /// The original file's permission bits (absent in records of older runners: 0600).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    mode: Option<u32>,
 }
 
 /// The installed config; restores the original when told to or when dropped.
@@ -74,6 +79,7 @@ pub struct McpConfigGuard {
     path: PathBuf,
     backup: PathBuf,
     original: Option<Vec<u8>>,
+    mode: u32,
     restored: bool,
 }
 
@@ -110,7 +116,7 @@ pub fn recover_stale(path: &Path) -> Result<Option<u32>, ConfigError> {
         });
     }
     let original = record.original.as_deref().map(base64::decode_lenient);
-    put_back(path, original.as_deref())?;
+    put_back(path, original.as_deref(), record.mode.unwrap_or(0o600))?;
     remove_if_exists(&backup)?;
     Ok(Some(record.pid))
 }
@@ -122,6 +128,17 @@ pub fn install(path: &Path, name: &str, entry: Value) -> Result<McpConfigGuard, 
         Ok(bytes) => Some(bytes),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(source) => return Err(io_error("read", path, source)),
+    };
+    let mode = match &original {
+        None => 0o600,
+        Some(_) => {
+            use std::os::unix::fs::PermissionsExt;
+            fs::metadata(path)
+                .map_err(|source| io_error("stat", path, source))?
+                .permissions()
+                .mode()
+                & 0o7777
+        }
     };
     let mut config = match &original {
         None => Map::new(),
@@ -145,15 +162,17 @@ pub fn install(path: &Path, name: &str, entry: Value) -> Result<McpConfigGuard, 
     let record = Backup {
         pid: std::process::id(),
         original: original.as_deref().map(base64::encode),
+        mode: Some(mode),
     };
     let record = serde_json::to_vec(&record)
         .map_err(|e| io_error("encode", &backup, io::Error::other(e)))?;
-    write_atomic(&backup, &record)?;
+    write_atomic(&backup, &record, 0o600)?;
 
     let guard = McpConfigGuard {
         path: path.to_owned(),
         backup,
         original,
+        mode,
         restored: false,
     };
     let servers = config
@@ -169,7 +188,7 @@ pub fn install(path: &Path, name: &str, entry: Value) -> Result<McpConfigGuard, 
         .map_err(|e| io_error("encode", path, io::Error::other(e)))?;
     text.push(b'\n');
     // On failure the guard restores (drops) what was there.
-    write_atomic(path, &text)?;
+    write_atomic(path, &text, mode)?;
     Ok(guard)
 }
 
@@ -185,7 +204,7 @@ impl McpConfigGuard {
         if self.restored {
             return Ok(());
         }
-        put_back(&self.path, self.original.as_deref())?;
+        put_back(&self.path, self.original.as_deref(), self.mode)?;
         remove_if_exists(&self.backup)?;
         self.restored = true;
         Ok(())
@@ -204,9 +223,9 @@ impl Drop for McpConfigGuard {
     }
 }
 
-fn put_back(path: &Path, original: Option<&[u8]>) -> Result<(), ConfigError> {
+fn put_back(path: &Path, original: Option<&[u8]>, mode: u32) -> Result<(), ConfigError> {
     match original {
-        Some(bytes) => write_atomic(path, bytes),
+        Some(bytes) => write_atomic(path, bytes, mode),
         None => remove_if_exists(path),
     }
 }
@@ -218,8 +237,9 @@ fn remove_if_exists(path: &Path) -> Result<(), ConfigError> {
     }
 }
 
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ConfigError> {
-    crate::fsutil::write_atomic(path, bytes).map_err(|source| io_error("write", path, source))
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ConfigError> {
+    crate::fsutil::write_atomic_mode(path, bytes, mode)
+        .map_err(|source| io_error("write", path, source))
 }
 
 fn io_error(op: &'static str, path: &Path, source: io::Error) -> ConfigError {
@@ -253,10 +273,6 @@ mod tests {
         assert_eq!(merged["mcpServers"]["other"], json!({"command": "x"}));
         assert_eq!(merged["mcpServers"]["ac7"], entry());
         assert_eq!(merged["keep"], json!([1, 2]));
-        assert_eq!(
-            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
-            0o600
-        );
         assert!(backup_path(&path).exists());
         guard.restore().unwrap();
         assert_eq!(fs::read(&path).unwrap(), original);
@@ -264,6 +280,40 @@ mod tests {
         guard.restore().unwrap();
         drop(guard);
         assert_eq!(fs::read(&path).unwrap(), original, "restore is idempotent");
+    }
+
+    #[test]
+    fn the_merged_and_the_restored_file_keep_the_original_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(".mcp.json");
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        for original in [0o644, 0o640, 0o666] {
+            fs::write(&path, b"{}").unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(original)).unwrap();
+            let mut guard = install(&path, "ac7", entry()).unwrap();
+            assert_eq!(mode(&path), original, "merged");
+            assert_eq!(mode(&backup_path(&path)), 0o600, "the record stays private");
+            guard.restore().unwrap();
+            assert_eq!(mode(&path), original, "restored");
+
+            // After kill -9 the next runner restores the mode too.
+            let guard = install(&path, "ac7", entry()).unwrap();
+            std::mem::forget(guard);
+            let record: Value =
+                serde_json::from_slice(&fs::read(backup_path(&path)).unwrap()).unwrap();
+            let mut record = record.as_object().unwrap().clone();
+            record.insert("pid".into(), json!(u32::MAX));
+            fs::write(backup_path(&path), serde_json::to_vec(&record).unwrap()).unwrap();
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+            assert_eq!(recover_stale(&path).unwrap(), Some(u32::MAX));
+            assert_eq!(mode(&path), original, "recovered");
+            assert_eq!(fs::read(&path).unwrap(), b"{}");
+        }
+        // A config the runner creates is private.
+        fs::remove_file(&path).unwrap();
+        let guard = install(&path, "ac7", entry()).unwrap();
+        assert_eq!(mode(&path), 0o600);
+        drop(guard);
     }
 
     #[test]

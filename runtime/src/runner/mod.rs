@@ -3,7 +3,8 @@
 //! Start-up, in order (any failure: one `ac7: …` line on stderr, exit 2, nothing left behind):
 //! 1. the token (`--token` / `AC7_TOKEN`) and the broker (`--url` / `AC7_URL`, default
 //!    `http://127.0.0.1:8717`); `GET /briefing`;
-//! 2. the IPC socket (`$TMPDIR/.ac7-runner-<pid>.sock`, 0600) and the request handler: `tools/list`
+//! 2. the IPC socket (`$TMPDIR/.ac7-runner-<pid>.sock`, 0600; the sockets and lock files that
+//!    runners which died left in `$TMPDIR` are removed first) and the request handler: `tools/list`
 //!    from the briefing and the live open objectives, `tools/call` through the toolbox plans,
 //!    anything else `-32601`;
 //! 3. the agent's MCP config (`./.mcp.json`, or `--mcp-config`): an `ac7` entry that starts
@@ -16,7 +17,9 @@
 
 pub mod broker;
 pub mod codex;
+pub(crate) mod doctor;
 pub mod forwarder;
+pub mod logs;
 pub mod mcp_config;
 pub mod tracker;
 
@@ -63,6 +66,10 @@ pub struct ClaudeCodeArgs {
     /// Runner options.
     #[command(flatten)]
     pub opts: RunnerOpts,
+    /// Check the set-up (claude found and its version, the broker, our MCP server starts and
+    /// lists its tools) and exit: 0 all good, 1 not.
+    #[arg(long)]
+    pub doctor: bool,
     /// Arguments for `claude` (after `--`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub claude_args: Vec<String>,
@@ -89,11 +96,22 @@ pub struct StartError(String);
 
 /// Runs `ac7 claude-code`; returns the exit code.
 pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
+    if args.doctor {
+        return match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt.block_on(doctor::claude_code(args.opts, locate_claude())),
+            Err(e) => start_failed(&StartError(format!("cannot start: {e}"))),
+        };
+    }
     let claude = match locate_claude() {
         Ok(path) => path,
         Err(e) => return start_failed(&e),
     };
-    let ClaudeCodeArgs { opts, claude_args } = args;
+    let ClaudeCodeArgs {
+        opts, claude_args, ..
+    } = args;
     run_runner(opts, PathBuf::from(".mcp.json"), move |briefing| {
         let mut argv = vec![claude.to_string_lossy().into_owned()];
         argv.extend(claude_flags(&claude_args, &briefing.instructions));
@@ -207,6 +225,8 @@ pub(crate) struct Core {
     pub(crate) runner: RunnerHandle,
     pub(crate) tracker: tracker::TrackerHandle,
     pub(crate) socket_path: PathBuf,
+    /// Set to the agent's pid once it is spawned: only bridges from its process tree get events.
+    pub(crate) agent: crate::peer::AgentPid,
 }
 
 pub(crate) async fn start_core(
@@ -231,12 +251,17 @@ pub(crate) async fn start_core(
         StartError(text)
     })?;
     let briefing = Arc::new(briefing);
+    if let Some(dir) = crate::ipc_server::default_socket_path().parent() {
+        crate::ipc_server::remove_stale_sockets(dir);
+    }
+    let agent = crate::peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
         path: opts.socket.clone(),
         session: RunnerConfig {
             policy,
             ..RunnerConfig::default()
         },
+        agent: Some(agent.clone()),
         ..IpcServerOptions::default()
     })
     .map_err(|e| StartError(format!("runner: failed to bind the IPC socket: {e}")))?;
@@ -262,6 +287,7 @@ pub(crate) async fn start_core(
         runner,
         tracker,
         socket_path,
+        agent,
     })
 }
 
@@ -314,6 +340,7 @@ async fn start(
         b.team.name,
         config.path().display()
     );
+    logs::announce();
     let sink = delivery(b.name.clone(), core.runner.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(opts.stream, sink);
 
@@ -326,6 +353,10 @@ async fn start(
         .kill_on_drop(false)
         .spawn()
         .map_err(|e| StartError(format!("cannot start {program}: {e}")))?;
+    // Set before the runtime can accept the bridge the agent is about to start.
+    if let Some(pid) = child.id() {
+        core.agent.set(pid);
+    }
     Ok(Running {
         child,
         config,

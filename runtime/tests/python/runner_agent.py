@@ -11,6 +11,12 @@ Scenarios:
   messages  wait for the bodies listed in AC7_TEST_EXPECT (comma-separated), in any order
   calls     list the tools, then make the calls in AC7_TEST_CALLS (a JSON list of [tool, args]);
             a "$last_objective" argument value is replaced by the id the last objectives_create made
+  early     raw JSON lines, no SDK: write the marker `waiting`, wait for the file `go`, then start
+            the bridge and handshake slowly (initialize, 0.3 s, initialized, 0.3 s, tools/list);
+            record every line in and out with its time until a channel event arrives
+  displace  start a first bridge by hand (raw lines: handshake and tools/list), then an SDK client
+            on a second one; record that the first one's stdout closed (it was displaced), then
+            wait for the bodies in AC7_TEST_EXPECT on the second
   exit:N    exit with code N at once (never starts the bridge)
   hang      sleep until killed
 """
@@ -154,6 +160,94 @@ async def scenario_calls() -> dict:
     return out
 
 
+def scenario_early_sync() -> dict:
+    import subprocess
+    import threading
+
+    (WORK / "waiting").write_text("waiting")
+    deadline = time.monotonic() + WAIT
+    while not (WORK / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no go")
+        time.sleep(0.02)
+    entry = server()
+    bridge = subprocess.Popen([entry.command, *entry.args], env={**os.environ, **(entry.env or {})},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    log: list[dict] = []
+    lock = threading.Condition()
+
+    def reader() -> None:
+        for line in bridge.stdout:
+            msg = json.loads(line)
+            with lock:
+                log.append({"dir": "in", "at": time.monotonic(), "msg": msg})
+                lock.notify_all()
+
+    threading.Thread(target=reader, daemon=True).start()
+
+    def send(msg: dict) -> None:
+        with lock:
+            log.append({"dir": "out", "at": time.monotonic(), "msg": msg})
+        bridge.stdin.write((json.dumps(msg) + "\n").encode())
+        bridge.stdin.flush()
+
+    def wait_in(predicate) -> None:
+        with lock:
+            if not lock.wait_for(lambda: any(e["dir"] == "in" and predicate(e["msg"]) for e in log), timeout=WAIT):
+                raise TimeoutError("bridge did not send what was expected")
+
+    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+          "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "early", "version": "0"}}})
+    wait_in(lambda m: m.get("id") == 0)
+    time.sleep(0.3)
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    time.sleep(0.3)
+    send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    wait_in(lambda m: m.get("id") == 1)
+    wait_in(lambda m: m.get("method") == "notifications/claude/channel")
+    bridge.stdin.close()
+    bridge.wait(timeout=WAIT)
+    with lock:
+        return {"log": [{"dir": e["dir"], "at": e["at"], "msg": e["msg"]} for e in log]}
+
+
+async def scenario_early() -> dict:
+    return await anyio.to_thread.run_sync(scenario_early_sync)
+
+
+async def scenario_displace() -> dict:
+    import subprocess
+
+    entry = server()
+    first = subprocess.Popen([entry.command, *entry.args], env={**os.environ, **(entry.env or {})},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "first", "version": "0"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}):
+        first.stdin.write((json.dumps(msg) + "\n").encode())
+        first.stdin.flush()
+    first_lines = [json.loads(first.stdout.readline()) for _ in range(2)]
+    expect = set(os.environ["AC7_TEST_EXPECT"].split(","))
+    channel = ClaudeChannel()
+    async with Client(server(), mode="legacy", extensions=[channel], read_timeout_seconds=WAIT) as client:
+        await client.list_tools()
+        # The second bridge displaced the first: the runner shut it down, so its stdout closes.
+        rest = await anyio.to_thread.run_sync(first.stdout.read)
+        code = await anyio.to_thread.run_sync(lambda: first.wait(timeout=WAIT))
+        (WORK / "ready").write_text("ready")
+        with anyio.fail_after(WAIT * 2):
+            while not expect.issubset({p.content for p in channel.received}):
+                channel.changed = anyio.Event()
+                await channel.changed.wait()
+    return {
+        "first_answers": [m.get("id") for m in first_lines],
+        "first_rest": rest.decode(),
+        "first_exit": code,
+        "received": sorted(p.content for p in channel.received),
+    }
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario.startswith("exit:"):
@@ -162,7 +256,7 @@ def main() -> None:
         (WORK / "ready").write_text("ready")
         time.sleep(3600)
         return
-    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls}[scenario])
+    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace}[scenario])
     (WORK / "result.json").write_text(json.dumps(result))
 
 

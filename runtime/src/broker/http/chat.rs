@@ -83,13 +83,11 @@ struct Roster<'a> {
 /// The briefing prose: who you are, the team, your teammates, and how to work here.
 fn compose_briefing(me: &MemberRecord, team: &Team, members: &[MemberRecord]) -> String {
     let mut lines = vec![format!("You are {}, a member of an ac7 team.", me.name)];
-    lines.push(if me.role.description.trim().is_empty() {
+    let description = me.role.description.trim();
+    lines.push(if description.is_empty() {
         format!("Your role here: {}", me.role.title)
     } else {
-        format!(
-            "Your role here: {} — {}",
-            me.role.title, me.role.description
-        )
+        format!("Your role here: {} — {description}", me.role.title)
     });
     lines.push(String::new());
     lines.push(format!("Team: {}", team.name));
@@ -112,10 +110,12 @@ fn compose_briefing(me: &MemberRecord, team: &Team, members: &[MemberRecord]) ->
             .unwrap_or(0);
         lines.push("Teammates on the net:".into());
         for m in others {
-            lines.push(format!(
-                "  {:<width$} — {}: {}",
-                m.name, m.role.title, m.role.description
-            ));
+            let description = m.role.description.trim();
+            lines.push(if description.is_empty() {
+                format!("  {:<width$} — {}", m.name, m.role.title)
+            } else {
+                format!("  {:<width$} — {}: {description}", m.name, m.role.title)
+            });
         }
         lines.push(String::new());
     }
@@ -427,4 +427,44 @@ pub(super) async fn history(
         )
             .into_response())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, title: &str, description: &str) -> MemberRecord {
+        MemberRecord {
+            name: name.into(),
+            role: ac7_protocol::team::Role {
+                title: title.into(),
+                description: description.into(),
+            },
+            instructions: String::new(),
+            permissions: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_role_without_description_gets_no_dash_or_colon() {
+        let team = Team {
+            name: "t".into(),
+            directive: "d".into(),
+            ..Team::default()
+        };
+        let members = [
+            member("me", "engineer", " "),
+            member("ana", "lead", ""),
+            member("bo", "qa", "Tests things."),
+        ];
+        let prose = compose_briefing(&members[0], &team, &members);
+        let lines: Vec<&str> = prose.lines().collect();
+        assert!(lines.contains(&"Your role here: engineer"), "{prose}");
+        assert!(lines.contains(&"  ana — lead"), "{prose}");
+        assert!(lines.contains(&"  bo  — qa: Tests things."), "{prose}");
+        assert!(
+            !prose.contains(": \n") && !prose.contains("— \n"),
+            "{prose}"
+        );
+    }
 }
