@@ -301,4 +301,14 @@ CREATE INDEX IF NOT EXISTS fs_grants_member ON fs_grants(member_name);
 CREATE TABLE IF NOT EXISTS blob_trash (
     hash TEXT PRIMARY KEY
 );
+CREATE TABLE IF NOT EXISTS member_activity (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    member_name TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    event_json TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS member_activity_member ON member_activity(member_name, id);
+CREATE INDEX IF NOT EXISTS member_activity_ts ON member_activity(ts);
 "#;

@@ -61,6 +61,7 @@
 //!   TOTP sessions and cookies, activity upload/streams (all out of scope for the
 //!   runner with `--no-trace`).
 
+pub mod activity;
 pub mod blobs;
 pub mod bootstrap;
 pub mod channels;

@@ -1,5 +1,6 @@
 //! The HTTP face of the broker: the router, errors, authentication, body parsing.
 
+mod activity;
 mod admin;
 mod channels;
 mod chat;
@@ -98,6 +99,10 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/members/{name}/rotate-token", post(admin::rotate_token))
         .route("/members/{name}/tokens", get(admin::tokens_list))
         .route("/members/{name}/tokens/{id}", delete(admin::token_delete))
+        .route(
+            "/members/{name}/activity",
+            get(activity::list).post(activity::upload),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))

@@ -1,0 +1,151 @@
+//! The activity store: one append-only stream of [`ActivityEvent`]s per member
+//! (activity.md §3.1), kept in the broker's database in `member_activity`.
+//!
+//! Unlike the public ac7 the rows live in the main database file (one file to back
+//! up, one lock, one `--retain-days`), and the table is created on open like every
+//! other table. Rows are never tied to a member row: they outlive a deleted member.
+//!
+//! Reads are newest first in append order (`id` descending), so the `before_id`
+//! cursor of [`Query`] is exact: a page never repeats or skips a row, even when
+//! runner clocks put `ts` out of order. `from`/`to` filter on the event's own `ts`.
+
+use ac7_protocol::trace::activity::{ActivityEvent, ActivityRow, OpaqueEntryKind, OpaqueHttpEntry};
+use rusqlite::{Connection, params_from_iter};
+
+use super::db::StoreError;
+
+/// Rows a list returns when the client names no `limit`.
+pub const DEFAULT_LIMIT: usize = 200;
+/// Most rows one list returns.
+pub const MAX_LIMIT: usize = 1000;
+
+/// Appends `events` for `member` in one transaction (all or nothing); returns
+/// the stored rows in upload order.
+pub fn append(
+    conn: &mut Connection,
+    member: &str,
+    events: Vec<ActivityEvent>,
+    now: i64,
+) -> Result<Vec<ActivityRow>, StoreError> {
+    let tx = conn.transaction()?;
+    let mut rows = Vec::with_capacity(events.len());
+    {
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+        )?;
+        for event in events {
+            let json = serde_json::to_string(&event)?;
+            insert.execute(rusqlite::params![
+                member,
+                i64::try_from(event.ts()).unwrap_or(i64::MAX),
+                event.kind(),
+                json,
+                now
+            ])?;
+            rows.push(ActivityRow {
+                id: u64::try_from(tx.last_insert_rowid()).unwrap_or(0),
+                member_name: member.to_owned(),
+                event,
+                created_at: u64::try_from(now).unwrap_or(0),
+            });
+        }
+    }
+    tx.commit()?;
+    Ok(rows)
+}
+
+/// A list request.
+#[derive(Debug, Clone, Default)]
+pub struct Query {
+    /// Only events with `ts >= from`.
+    pub from: Option<i64>,
+    /// Only events with `ts <= to`.
+    pub to: Option<i64>,
+    /// Only these kinds (any of them); empty = all.
+    pub kinds: Vec<&'static str>,
+    /// Only rows appended before row `before_id` (exclusive).
+    pub before_id: Option<i64>,
+    /// Only rows appended after row `after_id` (exclusive).
+    pub after_id: Option<i64>,
+    /// At most this many rows.
+    pub limit: usize,
+}
+
+/// `member`'s rows matching `q`, newest first (or oldest first with `ascending`).
+pub fn list(
+    conn: &Connection,
+    member: &str,
+    q: &Query,
+    ascending: bool,
+) -> Result<Vec<ActivityRow>, StoreError> {
+    let mut sql = String::from(
+        "SELECT id, member_name, event_json, created_at FROM member_activity WHERE member_name = ?",
+    );
+    let mut args: Vec<rusqlite::types::Value> = vec![member.to_owned().into()];
+    for (cond, v) in [
+        (" AND ts >= ?", q.from),
+        (" AND ts <= ?", q.to),
+        (" AND id < ?", q.before_id),
+        (" AND id > ?", q.after_id),
+    ] {
+        if let Some(v) = v {
+            sql.push_str(cond);
+            args.push(v.into());
+        }
+    }
+    if !q.kinds.is_empty() {
+        sql.push_str(" AND kind IN (");
+        sql.push_str(&vec!["?"; q.kinds.len()].join(","));
+        sql.push(')');
+        args.extend(q.kinds.iter().map(|k| (*k).to_owned().into()));
+    }
+    sql.push_str(if ascending {
+        " ORDER BY id ASC LIMIT ?"
+    } else {
+        " ORDER BY id DESC LIMIT ?"
+    });
+    args.push(i64::try_from(q.limit).unwrap_or(i64::MAX).into());
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt
+        .query_map(params_from_iter(args), |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?
+        .map(|r| r.map(|(id, name, json, created)| row(id, name, &json, created)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
+/// A stored row; one whose JSON no longer decodes comes back as an
+/// `opaque_http` placeholder with host `malformed-payload` (activity.md §3.1).
+fn row(id: i64, member_name: String, json: &str, created_at: i64) -> ActivityRow {
+    let event = serde_json::from_str(json).unwrap_or_else(|_| ActivityEvent::OpaqueHttp {
+        ts: 0,
+        duration: 0,
+        entry: OpaqueHttpEntry {
+            kind: OpaqueEntryKind::OpaqueHttp,
+            started_at: 0,
+            ended_at: 0,
+            host: "malformed-payload".to_owned(),
+            method: "UNKNOWN".to_owned(),
+            url: String::new(),
+            status: None,
+            request_headers: Default::default(),
+            response_headers: Default::default(),
+            request_body_preview: None,
+            response_body_preview: None,
+            truncated: Vec::new(),
+        },
+    });
+    ActivityRow {
+        id: u64::try_from(id).unwrap_or(0),
+        member_name,
+        event,
+        created_at: u64::try_from(created_at).unwrap_or(0),
+    }
+}

@@ -1,0 +1,199 @@
+//! Member activity over HTTP (activity.md §3): uploads in the TypeScript runner's
+//! shape, listing with filters and cursor, visibility, the live stream.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+mod broker_support;
+
+use broker_support::start_broker;
+use serde_json::{Value, json};
+
+/// An `llm_exchange` exactly as the TypeScript runner uploads it (activity.md §1.1, §1.2).
+fn exchange(ts: u64) -> Value {
+    json!({
+        "kind": "llm_exchange",
+        "ts": ts,
+        "duration": 1200,
+        "entry": {
+            "kind": "anthropic_messages",
+            "startedAt": ts,
+            "endedAt": ts + 1200,
+            "request": {
+                "model": "claude-sonnet-4-5",
+                "maxTokens": 4096,
+                "temperature": null,
+                "system": "You are builder.",
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "work on obj-1"}]},
+                    {"role": "assistant", "content": [{"type": "tool_use", "id": "tu_1", "name": "ls", "input": {"path": "/"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "toolUseId": "tu_1", "content": "a b", "isError": false}]}
+                ],
+                "tools": [{"name": "ls", "description": null, "inputSchema": {"type": "object"}}]
+            },
+            "response": {
+                "stopReason": "end_turn",
+                "stopSequence": null,
+                "messages": [{"role": "assistant", "content": [{"type": "text", "text": "done"}]}],
+                "usage": {"inputTokens": 100, "outputTokens": 20, "cacheCreationInputTokens": 5, "cacheReadInputTokens": 50},
+                "status": 200
+            }
+        }
+    })
+}
+
+fn ids(r: &Value) -> Vec<u64> {
+    r["activity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn upload_list_filters_and_visibility() {
+    let b = start_broker().await;
+    let body = json!({"events": [
+        {"kind": "objective_open", "ts": 1000, "objectiveId": "obj-1"},
+        exchange(2000),
+        {"kind": "opaque_http", "ts": 3000, "duration": 5, "entry": {
+            "kind": "opaque_http", "startedAt": 3000, "endedAt": 3005, "host": "example.com",
+            "method": "GET", "url": "/x?y=1", "status": 200,
+            "requestHeaders": {"accept": "*/*"}, "responseHeaders": {},
+            "requestBodyPreview": null, "responseBodyPreview": "ok"}},
+        {"kind": "objective_close", "ts": 4000, "objectiveId": "obj-1", "result": "done"}
+    ]});
+    let r = b.post("/members/builder/activity", "builder", body).await;
+    assert_eq!((r.status, r.json.clone()), (201, json!({"accepted": 4})));
+
+    // Someone else's stream: 403, whoever uploads.
+    let r = b
+        .post(
+            "/members/reviewer/activity",
+            "builder",
+            json!({"events": [exchange(1)]}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "user 'builder' cannot upload activity for 'reviewer'"})
+        )
+    );
+    // Bad bodies: 400, nothing stored.
+    for bad in [
+        json!({"events": []}),
+        json!({"events": [{"kind": "objective_open", "ts": 1, "objectiveId": ""}]}),
+        json!({"events": [{"kind": "nope", "ts": 1}]}),
+        json!([]),
+    ] {
+        let r = b.post("/members/builder/activity", "builder", bad).await;
+        assert_eq!(
+            (r.status, r.json["error"].clone()),
+            (400, json!("invalid activity payload"))
+        );
+    }
+    let too_many: Vec<Value> = (0..501)
+        .map(|i| json!({"kind": "objective_open", "ts": i, "objectiveId": "o"}))
+        .collect();
+    let r = b
+        .post(
+            "/members/builder/activity",
+            "builder",
+            json!({"events": too_many}),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    let r = b
+        .post(
+            "/members/bad%20name/activity",
+            "builder",
+            json!({"events": [exchange(1)]}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (400, json!({"error": "invalid name"}))
+    );
+
+    // The member reads its own stream, newest first, the upload's shape intact.
+    let r = b.get("/members/builder/activity", "builder").await;
+    assert_eq!(r.status, 200);
+    let rows = r.json["activity"].as_array().unwrap();
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[0]["event"]["kind"], "objective_close");
+    assert_eq!(rows[2]["event"], exchange(2000));
+    assert_eq!(rows[2]["memberName"], "builder");
+    assert!(rows[2]["createdAt"].as_u64().unwrap() > 1_600_000_000_000);
+    let all = ids(&r.json);
+    assert!(all.windows(2).all(|w| w[0] > w[1]));
+
+    // An admin (holds activity.read) reads it; a plain member does not.
+    assert_eq!(
+        b.get("/members/builder/activity", "director").await.status,
+        200
+    );
+    let r = b.get("/members/builder/activity", "reviewer").await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "reading activity requires activity.read permission, or self"})
+        )
+    );
+
+    // Filters: time range (inclusive), kind (repeatable), cursor, limit.
+    let r = b
+        .get("/members/builder/activity?from=2000&to=3000", "builder")
+        .await;
+    assert_eq!(ids(&r.json), vec![all[1], all[2]]);
+    let r = b
+        .get(
+            "/members/builder/activity?kind=objective_open&kind=objective_close",
+            "builder",
+        )
+        .await;
+    assert_eq!(ids(&r.json), vec![all[0], all[3]]);
+    let r = b.get("/members/builder/activity?limit=2", "builder").await;
+    assert_eq!(ids(&r.json), vec![all[0], all[1]]);
+    let r = b
+        .get(
+            &format!("/members/builder/activity?limit=2&before_id={}", all[1]),
+            "builder",
+        )
+        .await;
+    assert_eq!(ids(&r.json), vec![all[2], all[3]]);
+    let r = b
+        .get("/members/builder/activity?limit=5000", "builder")
+        .await;
+    assert_eq!(ids(&r.json), all);
+    for (q, msg) in [
+        (
+            "limit=-1",
+            "invalid `limit` parameter: expected a positive integer",
+        ),
+        (
+            "limit=0",
+            "invalid `limit` parameter: expected a positive integer",
+        ),
+        (
+            "limit=ten",
+            "invalid `limit` parameter: expected an integer",
+        ),
+        ("from=x", "invalid `from` parameter: expected an integer"),
+        ("kind=chat", "invalid kind: chat"),
+    ] {
+        let r = b
+            .get(&format!("/members/builder/activity?{q}"), "builder")
+            .await;
+        assert_eq!(
+            (r.status, r.json.clone()),
+            (400, json!({"error": msg})),
+            "{q}"
+        );
+    }
+    // A member with no activity (or no such member): an empty list.
+    let r = b.get("/members/ghost/activity", "director").await;
+    assert_eq!((r.status, r.json.clone()), (200, json!({"activity": []})));
+}
