@@ -197,3 +197,88 @@ async fn upload_list_filters_and_visibility() {
     let r = b.get("/members/ghost/activity", "director").await;
     assert_eq!((r.status, r.json.clone()), (200, json!({"activity": []})));
 }
+
+fn marker(ts: u64) -> Value {
+    json!({"kind": "objective_open", "ts": ts, "objectiveId": "obj-9"})
+}
+
+#[tokio::test]
+async fn live_stream_sse_ws_replay_and_visibility() {
+    let b = start_broker().await;
+    let path = "/members/builder/activity/stream";
+    // Visibility: a plain member may not watch another's stream.
+    let r = b.get(path, "reviewer").await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (
+            403,
+            json!({"error": "streaming activity requires activity.read permission, or self"})
+        )
+    );
+    let mut agent = b.sse("builder", None).await;
+    let mut sse = b.sse_path("director", path, None).await;
+    let mut ws = b.ws_path("builder", path, None).await;
+    let r = b
+        .post(
+            "/members/builder/activity",
+            "builder",
+            json!({"events": [marker(1), exchange(2)]}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let first = sse.next_event().await;
+    assert_eq!(first.event.as_deref(), Some("activity"));
+    let row: Value = serde_json::from_str(&first.data).unwrap();
+    assert_eq!(first.id, Some(row["id"].to_string()));
+    assert_eq!(
+        (row["memberName"].clone(), row["event"].clone()),
+        (json!("builder"), marker(1))
+    );
+    let second: Value = serde_json::from_str(&sse.next_event().await.data).unwrap();
+    assert_eq!(second["event"], exchange(2));
+    assert_eq!(ws.next_message().await, row);
+    assert_eq!(ws.next_message().await, second);
+    // Another member's uploads do not reach this stream.
+    b.post(
+        "/members/reviewer/activity",
+        "reviewer",
+        json!({"events": [marker(3)]}),
+    )
+    .await;
+    // Activity never reaches the agent's own channel.
+    let m = b
+        .push("director", json!({"to": "builder", "body": "ping"}))
+        .await;
+    let got = agent.next_event().await;
+    assert_eq!(
+        (got.event.as_deref(), got.id),
+        (Some("message"), Some(m["id"].as_str().unwrap().to_owned()))
+    );
+
+    // Last-Event-ID: replay after that row, then live.
+    b.post(
+        "/members/builder/activity",
+        "builder",
+        json!({"events": [marker(4)]}),
+    )
+    .await;
+    let mut resumed = b
+        .sse_path("builder", path, Some(&first.id.clone().unwrap()))
+        .await;
+    let ev: Value = serde_json::from_str(&resumed.next_event().await.data).unwrap();
+    assert_eq!(ev, second);
+    let ev: Value = serde_json::from_str(&resumed.next_event().await.data).unwrap();
+    assert_eq!(ev["event"], marker(4));
+    b.post(
+        "/members/builder/activity",
+        "builder",
+        json!({"events": [marker(5)]}),
+    )
+    .await;
+    let ev: Value = serde_json::from_str(&resumed.next_event().await.data).unwrap();
+    assert_eq!(ev["event"], marker(5));
+    // An id this broker never handed out: reset first.
+    let mut reset = b.sse_path("builder", path, Some("999999")).await;
+    let ev = reset.next_event().await;
+    assert_eq!(ev.event.as_deref(), Some("reset"));
+}

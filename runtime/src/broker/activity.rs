@@ -121,6 +121,32 @@ pub fn list(
     Ok(rows)
 }
 
+/// A row as a live-stream frame: SSE `id: <row id>`, `event: activity`, the
+/// row's JSON as data (and as the WebSocket text frame).
+pub fn frame(row: &ActivityRow) -> Result<super::hub::Frame, StoreError> {
+    Ok(super::hub::Frame::event(
+        row.id.to_string(),
+        "activity",
+        serde_json::to_string(row)?,
+    ))
+}
+
+/// The last row id of `member` (0 if none).
+pub fn head(conn: &Connection, member: &str) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM member_activity WHERE member_name = ?1")?
+        .query_row([member], |r| r.get::<_, i64>(0))?)
+}
+
+/// The last row id of anyone (0 if none): ids above it were never handed out.
+pub fn last_id(conn: &Connection) -> Result<i64, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'member_activity'",
+        )?
+        .query_row([], |r| r.get::<_, i64>(0))?)
+}
+
 /// A stored row; one whose JSON no longer decodes comes back as an
 /// `opaque_http` placeholder with host `malformed-payload` (activity.md §3.1).
 fn row(id: i64, member_name: String, json: &str, created_at: i64) -> ActivityRow {

@@ -40,11 +40,17 @@ pub struct Frame {
 impl Frame {
     /// Renders a frame from a message id and its JSON (which holds no raw newline).
     pub fn new(id: String, json: String) -> Frame {
-        const HEAD: &str = "\nevent: message\ndata: ";
-        let mut sse = String::with_capacity(4 + id.len() + HEAD.len() + json.len() + 2);
+        Frame::event(id, "message", json)
+    }
+
+    /// Renders a frame whose SSE event is named `event` (`message`, `activity`).
+    pub fn event(id: String, event: &str, json: String) -> Frame {
+        let mut sse = String::with_capacity(4 + id.len() + 16 + event.len() + json.len() + 2);
         sse.push_str("id: ");
         sse.push_str(&id);
-        sse.push_str(HEAD);
+        sse.push_str("\nevent: ");
+        sse.push_str(event);
+        sse.push_str("\ndata: ");
         let start = sse.len();
         sse.push_str(&json);
         let end = sse.len();
@@ -214,6 +220,9 @@ struct Sub {
     id: u64,
     /// Id of the token the stream authenticated with.
     token: String,
+    /// The member holding the stream (the entry's own name on `/subscribe`; the
+    /// watcher on a hub of watched streams, see [`Hub::watch`]).
+    owner: String,
     queue: Arc<Queue>,
 }
 
@@ -325,6 +334,46 @@ impl Hub {
         token_id: &str,
         now: i64,
     ) -> Result<Subscription, SubscribeError> {
+        self.subscribe_as(name, name, token_id, now)
+    }
+
+    /// On a hub of watched streams (one entry per watched member, e.g. member
+    /// activity): registers `owner`, authenticated with `token_id`, as a
+    /// subscriber of `name`'s entry, creating the entry if needed. The limit per
+    /// member applies per watched entry.
+    pub fn watch(
+        &self,
+        name: &str,
+        owner: &str,
+        token_id: &str,
+        now: i64,
+    ) -> Result<Subscription, SubscribeError> {
+        if !self.has_member(name) {
+            self.register_member(name, Role::default(), now);
+        }
+        self.subscribe_as(name, owner, token_id, now)
+    }
+
+    /// Closes, in every entry, the subscribers held by `owner` (only those with
+    /// token `token_id` when given): the watcher's token was revoked or the
+    /// watcher removed.
+    pub fn close_owner(&self, owner: &str, token_id: Option<&str>, why: Closed) {
+        for (name, entry) in self.lock().members.iter_mut() {
+            let (gone, kept) = std::mem::take(&mut entry.subs)
+                .into_iter()
+                .partition(|s| s.owner == owner && token_id.is_none_or(|t| s.token == t));
+            entry.subs = kept;
+            close_subs(name, gone, why);
+        }
+    }
+
+    fn subscribe_as(
+        &self,
+        name: &str,
+        owner: &str,
+        token_id: &str,
+        now: i64,
+    ) -> Result<Subscription, SubscribeError> {
         let queue = Arc::new(Queue::default());
         let mut inner = self.lock();
         inner.next_id += 1;
@@ -344,6 +393,7 @@ impl Hub {
         entry.subs.push(Sub {
             id,
             token: token_id.to_owned(),
+            owner: owner.to_owned(),
             queue: Arc::clone(&queue),
         });
         Ok(Subscription {

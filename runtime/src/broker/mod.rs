@@ -176,6 +176,9 @@ pub struct AppState {
     pub store: Store,
     /// The fanout hub.
     pub hub: Hub,
+    /// Live activity streams, one entry per watched member (kept apart from `hub`:
+    /// watching someone's activity is not presence).
+    pub activity_hub: Hub,
     /// Settings.
     pub config: BrokerConfig,
     /// When this process started (epoch ms).
@@ -293,6 +296,7 @@ impl RunningBroker {
             let _ = tx.send(());
         }
         self.state.hub.close_all();
+        self.state.activity_hub.close_all();
         self.task
             .await
             .unwrap_or_else(|e| Err(std::io::Error::other(e)))
@@ -322,11 +326,13 @@ pub async fn start(
         })?;
     store.with(|conn| blobs::recover(conn, &blob_dir))?;
     let boot_time = now_ms();
-    let hub = Hub::new(hub::HubLimits {
+    let limits = hub::HubLimits {
         queue_frames: config.queue_capacity,
         queue_bytes: config.queue_bytes,
         per_member: config.max_subscriptions_per_member,
-    });
+    };
+    let hub = Hub::new(limits);
+    let activity_hub = Hub::new(limits);
     let tls = config.tls.as_ref().map(server::tls_acceptor).transpose()?;
     let members = store.with(|conn| -> Result<_, StartError> {
         if team::team_get(conn)?.is_none() {
@@ -343,6 +349,7 @@ pub async fn start(
         writer,
         store,
         hub,
+        activity_hub,
         config,
         boot_time,
         objective_counter: AtomicU16::new(0),

@@ -155,9 +155,15 @@ impl TestBroker {
     }
 
     pub async fn sse(&self, who: &str, last_event_id: Option<&str>) -> SseClient {
+        self.sse_path(who, &format!("/subscribe?name={who}"), last_event_id)
+            .await
+    }
+
+    /// An SSE stream of any path (e.g. `/members/x/activity/stream`) as `who`.
+    pub async fn sse_path(&self, who: &str, path: &str, last_event_id: Option<&str>) -> SseClient {
         let mut req = self
             .http
-            .get(format!("{}/subscribe?name={who}", self.url))
+            .get(format!("{}{path}", self.url))
             .bearer_auth(self.token(who))
             .header("accept", "text/event-stream")
             .timeout(Duration::from_secs(3600));
@@ -189,11 +195,14 @@ impl TestBroker {
     }
 
     async fn ws_with(&self, who: &str, query: &str, last_event_id: Option<&str>) -> WsClient {
+        self.ws_path(who, &format!("/subscribe?name={who}{query}"), last_event_id)
+            .await
+    }
+
+    /// A WebSocket on any path as `who`.
+    pub async fn ws_path(&self, who: &str, path: &str, last_event_id: Option<&str>) -> WsClient {
         use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-        let url = format!(
-            "{}/subscribe?name={who}{query}",
-            self.url.replace("http://", "ws://")
-        );
+        let url = format!("{}{path}", self.url.replace("http://", "ws://"));
         let mut req = url.into_client_request().unwrap();
         req.headers_mut().insert(
             "authorization",

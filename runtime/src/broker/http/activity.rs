@@ -6,15 +6,30 @@
 //! bounds on the event's `ts`, epoch ms), `kind` (repeatable, any of the four
 //! kinds), `before_id` (row id: only older rows, the paging cursor), `limit`
 //! (a positive integer, default 200, at most 1000 — larger values are clamped).
+//!
+//! `GET /members/:name/activity/stream` is the live tail, with the same
+//! visibility: a WebSocket for an upgrade request (one `ActivityRow` JSON per text
+//! frame), SSE otherwise (`id: <row id>`, `event: activity`, `data: <row>`, a `:`
+//! keepalive). With `Last-Event-ID` (or `?lastEventId=`) the member's rows after
+//! that id are replayed first, oldest first, then live rows, with no gap and no
+//! duplicate; an id that is not a row id of this broker gets the `reset` event of
+//! `/subscribe` first. It shares `/subscribe`'s machinery (byte- and
+//! frame-capped queues, paged replay, revocation) but not its hub: activity never
+//! reaches an agent's `/subscribe` stream.
 
-use ac7_protocol::message::is_valid_name;
+use std::sync::Arc;
+
+use ac7_protocol::live::{REPLAY_HEADER, Reset};
+use ac7_protocol::message::{Audience, is_valid_name};
 use ac7_protocol::permission::Permission;
 use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityUpload};
-use axum::extract::{Path, RawQuery, State};
-use axum::http::StatusCode;
-use axum::response::Response;
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::subscribe::{Guard, Opening, Replay, Source, run_socket, sse_stream};
 use super::{ApiError, Body, Caller, Shared, percent_decode, reply};
 use crate::broker::activity::{self, DEFAULT_LIMIT, MAX_LIMIT, Query};
 use crate::broker::now_ms;
@@ -55,10 +70,19 @@ pub(super) async fn upload(
     }
     let upload = ActivityUpload::parse(&body)
         .map_err(|e| ApiError::invalid("activity", vec![json!({"message": e.to_string()})]))?;
-    let rows = state
-        .store
-        .with(|conn| activity::append(conn, &name, upload.events, now_ms()))?;
-    let n = rows.len();
+    let now = now_ms();
+    // Delivered under the store lock, like `/push`, so a stream opening with
+    // `Last-Event-ID` sees each row either in its replay or live, never both.
+    let n = state.store.with(|conn| -> Result<usize, ApiError> {
+        let rows = activity::append(conn, &name, upload.events, now)?;
+        let only = Audience::Only([name.clone()].into());
+        for row in &rows {
+            state
+                .activity_hub
+                .deliver(&only, &Arc::new(activity::frame(row)?), now);
+        }
+        Ok(rows.len())
+    })?;
     Ok(reply(StatusCode::CREATED, &json!({"accepted": n})))
 }
 
@@ -133,4 +157,101 @@ pub(super) async fn list(
         .store
         .read(|conn| activity::list(conn, &name, &q, false))?;
     Ok(reply(StatusCode::OK, &json!({"activity": rows})))
+}
+
+/// `GET /members/:name/activity/stream`: SSE or WebSocket (see the module docs).
+pub(super) async fn stream(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let (mut parts, _body) = req.into_parts();
+    let caller = Caller::from_request_parts(&mut parts, &state).await?;
+    check_name(&name)?;
+    check_reader(&caller, &name, "streaming")?;
+    let query = parts.uri.query();
+    let last_id = parts
+        .headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| {
+            super::query_bytes(query, "lastEventId")
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+        })
+        .filter(|s| !s.is_empty());
+    let upgrade = if parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+    {
+        Some(
+            WebSocketUpgrade::from_request_parts(&mut parts, &state)
+                .await
+                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
+                .max_frame_size(64 * 1024)
+                .max_message_size(64 * 1024),
+        )
+    } else {
+        None
+    };
+    let now = now_ms();
+    let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
+        let head = activity::head(conn, &name)?;
+        let opening = match &last_id {
+            None => Opening::Live,
+            Some(id) => match id.trim().parse::<i64>() {
+                Ok(cursor) if (0..=activity::last_id(conn)?).contains(&cursor) => {
+                    Opening::Replay(Replay {
+                        state: Arc::clone(&state),
+                        source: Source::Activity {
+                            member: name.clone(),
+                        },
+                        cursor,
+                        head,
+                    })
+                }
+                _ => Opening::Reset(Reset::unknown_id(id)),
+            },
+        };
+        if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+            return Err(ApiError::unauthorized("unknown token"));
+        }
+        let sub = state
+            .activity_hub
+            .watch(&name, &caller.name, &caller.token_id, now)
+            .map_err(|e| {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
+                    .with("code", json!("too_many_subscriptions"))
+            })?;
+        Ok((opening, sub))
+    })?;
+    let guard = Guard {
+        state: Arc::clone(&state),
+        name: sub.name,
+        id: sub.id,
+        activity: true,
+    };
+    let keepalive = state.config.keepalive;
+    match upgrade {
+        Some(ws) => {
+            let mut response =
+                ws.on_upgrade(move |socket| run_socket(socket, opening, sub.rx, guard, keepalive));
+            response
+                .headers_mut()
+                .insert(REPLAY_HEADER, header::HeaderValue::from_static("1"));
+            Ok(response)
+        }
+        None => Ok((
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+                (header::HeaderName::from_static(REPLAY_HEADER), "1"),
+                (header::CONNECTION, "close"),
+            ],
+            axum::body::Body::from_stream(sse_stream(opening, sub.rx, guard, keepalive)),
+        )
+            .into_response()),
+    }
 }

@@ -286,6 +286,7 @@ pub(super) async fn member_delete(
     })?;
     state.forget_auth();
     state.hub.remove_member(&name);
+    state.activity_hub.close_owner(&name, None, Closed::Removed);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -323,6 +324,7 @@ pub(super) async fn rotate_token(
         tx.commit().map_err(StoreError::from)?;
         // Under the store lock, so no stream can register with an old token after this.
         state.hub.close_member(&name, Closed::Revoked);
+        state.activity_hub.close_owner(&name, None, Closed::Revoked);
         Ok(reply(
             StatusCode::OK,
             &obj! {"token" => &token, "tokenInfo" => &info},
@@ -359,6 +361,9 @@ pub(super) async fn token_delete(
         team::token_delete(conn, &name, &id)?;
         state.forget_auth();
         state.hub.close_token(&name, &id);
+        state
+            .activity_hub
+            .close_owner(&name, Some(&id), Closed::Revoked);
         Ok(StatusCode::NO_CONTENT.into_response())
     })
 }

@@ -103,6 +103,7 @@ pub(crate) fn router(state: Shared) -> Router {
             "/members/{name}/activity",
             get(activity::list).post(activity::upload),
         )
+        .route("/members/{name}/activity/stream", get(activity::stream))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))

@@ -49,15 +49,22 @@ use futures_util::stream::{self, Stream, StreamExt};
 use ac7_protocol::live::{REPLAY_HEADER, RESET_EVENT, Reset};
 
 /// Deregisters the subscriber when the stream or socket task ends.
-struct Guard {
-    state: Arc<AppState>,
-    name: String,
-    id: u64,
+pub(super) struct Guard {
+    pub(super) state: Arc<AppState>,
+    pub(super) name: String,
+    pub(super) id: u64,
+    /// Registered on [`AppState::activity_hub`] rather than [`AppState::hub`].
+    pub(super) activity: bool,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        self.state.hub.unsubscribe(&self.name, self.id);
+        let hub = if self.activity {
+            &self.state.activity_hub
+        } else {
+            &self.state.hub
+        };
+        hub.unsubscribe(&self.name, self.id);
     }
 }
 
@@ -114,12 +121,14 @@ pub(super) async fn subscribe(
                 None => Opening::Reset(Reset::unknown_id(id)),
                 Some(cursor) => Opening::Replay(Replay {
                     state: Arc::clone(&state),
-                    viewer: caller.name.clone(),
-                    scope: Arc::new(messages::viewer_scope(
-                        conn,
-                        &caller.name,
-                        caller.has(Permission::MembersManage),
-                    )?),
+                    source: Source::Messages {
+                        viewer: caller.name.clone(),
+                        scope: Arc::new(messages::viewer_scope(
+                            conn,
+                            &caller.name,
+                            caller.has(Permission::MembersManage),
+                        )?),
+                    },
                     cursor,
                     head: messages::head(conn)?,
                 }),
@@ -152,6 +161,7 @@ pub(super) async fn subscribe(
         state: Arc::clone(&state),
         name: sub.name,
         id: sub.id,
+        activity: false,
     };
     let keepalive = state.config.keepalive;
     match upgrade {
@@ -181,7 +191,7 @@ pub(super) async fn subscribe(
 pub(super) const REPLAY_PAGE: usize = 500;
 
 /// What goes out before live frames.
-enum Opening {
+pub(super) enum Opening {
     /// Nothing: no last event id.
     Live,
     /// The log after the last event id.
@@ -191,14 +201,24 @@ enum Opening {
 }
 
 /// A replay in progress: the log after `cursor` up to `head`, paged.
-struct Replay {
-    state: Arc<AppState>,
-    viewer: String,
-    scope: Arc<messages::ViewerScope>,
+pub(super) struct Replay {
+    pub(super) state: Arc<AppState>,
+    pub(super) source: Source,
     /// The last position sent.
-    cursor: i64,
+    pub(super) cursor: i64,
     /// The log's head when the subscription was taken.
-    head: i64,
+    pub(super) head: i64,
+}
+
+/// What a replay reads.
+pub(super) enum Source {
+    /// The message log as `viewer` sees it (`/subscribe`).
+    Messages {
+        viewer: String,
+        scope: Arc<messages::ViewerScope>,
+    },
+    /// One member's activity rows (`/members/:name/activity/stream`).
+    Activity { member: String },
 }
 
 impl Replay {
@@ -208,36 +228,63 @@ impl Replay {
             return Ok(None);
         }
         let state = Arc::clone(&self.state);
-        let viewer = self.viewer.clone();
-        let scope = Arc::clone(&self.scope);
-        let window = messages::Window {
-            after_seq: Some(self.cursor),
-            before_seq: Some(self.head + 1),
-            after_ts: None,
-            before_ts: None,
-            oldest_first: true,
-            limit: REPLAY_PAGE,
+        let (cursor, head) = (self.cursor, self.head);
+        let page = match &self.source {
+            Source::Messages { viewer, scope } => {
+                let (viewer, scope) = (viewer.clone(), Arc::clone(scope));
+                let window = messages::Window {
+                    after_seq: Some(cursor),
+                    before_seq: Some(head + 1),
+                    after_ts: None,
+                    before_ts: None,
+                    oldest_first: true,
+                    limit: REPLAY_PAGE,
+                };
+                tokio::task::spawn_blocking(move || {
+                    state.store.read(|conn| {
+                        messages::page(conn, &viewer, &scope, &messages::Feed::All, &window)
+                    })
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|r| (r.seq, Frame::new(r.id, r.json)))
+                .collect::<Vec<_>>()
+            }
+            Source::Activity { member } => {
+                let member = member.clone();
+                let q = crate::broker::activity::Query {
+                    after_id: Some(cursor),
+                    before_id: Some(head + 1),
+                    limit: REPLAY_PAGE,
+                    ..Default::default()
+                };
+                tokio::task::spawn_blocking(move || {
+                    state
+                        .store
+                        .read(|conn| crate::broker::activity::list(conn, &member, &q, true))
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?
+                .iter()
+                .map(|r| {
+                    let seq = i64::try_from(r.id).unwrap_or(i64::MAX);
+                    crate::broker::activity::frame(r).map(|f| (seq, f))
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| e.to_string())?
+            }
         };
-        let rows = tokio::task::spawn_blocking(move || {
-            state
-                .store
-                .read(|conn| messages::page(conn, &viewer, &scope, &messages::Feed::All, &window))
-        })
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-        if rows.len() < REPLAY_PAGE {
+        if page.len() < REPLAY_PAGE {
             self.cursor = self.head;
         }
-        let Some(last) = rows.last() else {
+        let Some((last, _)) = page.last() else {
             return Ok(None);
         };
-        self.cursor = self.cursor.max(last.seq);
-        Ok(Some(
-            rows.into_iter()
-                .map(|r| Arc::new(Frame::new(r.id, r.json)))
-                .collect(),
-        ))
+        self.cursor = self.cursor.max(*last);
+        Ok(Some(page.into_iter().map(|(_, f)| Arc::new(f)).collect()))
     }
 }
 
@@ -274,7 +321,7 @@ const WS_MAX_CLIENT_MESSAGE: usize = 64 * 1024;
 /// The SSE body: the opening (reset or replay), then live frames, with a `:`
 /// comment whenever nothing was sent for `keepalive`. Ends when the hub closes
 /// the subscriber (the hub logs why).
-fn sse_stream(
+pub(super) fn sse_stream(
     opening: Opening,
     rx: Receiver,
     guard: Guard,
@@ -303,7 +350,7 @@ fn close_code(why: Closed) -> u16 {
     }
 }
 
-async fn run_socket(
+pub(super) async fn run_socket(
     mut socket: WebSocket,
     opening: Opening,
     mut rx: Receiver,
