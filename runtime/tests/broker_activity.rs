@@ -282,3 +282,70 @@ async fn live_stream_sse_ws_replay_and_visibility() {
     let ev = reset.next_event().await;
     assert_eq!(ev.event.as_deref(), Some("reset"));
 }
+
+#[tokio::test]
+async fn objective_activity_spans_assignees_intervals() {
+    let b = start_broker().await;
+    let r = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "t", "outcome": "o", "assignee": "builder", "watchers": ["reviewer"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let id = r.json["id"].as_str().unwrap().to_owned();
+    let open = |ts: u64, o: &str| json!({"kind": "objective_open", "ts": ts, "objectiveId": o});
+    let close = |ts: u64, o: &str| json!({"kind": "objective_close", "ts": ts, "objectiveId": o, "result": "reassigned"});
+    // builder: works on it 100..200, then on something else; reviewer from 300, still open.
+    let r = b
+        .post(
+            "/members/builder/activity",
+            "builder",
+            json!({"events": [exchange(50), open(100, &id), exchange(150), close(200, &id),
+                              open(240, "obj-other"), exchange(250)]}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let r = b
+        .post(
+            "/members/reviewer/activity",
+            "reviewer",
+            json!({"events": [exchange(290), open(300, &id), exchange(350)]}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+
+    let path = format!("/objectives/{id}/activity");
+    let r = b.get(&path, "director").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let got: Vec<(String, u64)> = r.json["activity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            (
+                row["memberName"].as_str().unwrap().to_owned(),
+                row["event"]["ts"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![("reviewer".to_owned(), 350), ("builder".to_owned(), 150)]
+    );
+    assert_eq!(
+        r.json["intervals"],
+        json!([{"memberName": "builder", "from": 100, "to": 200},
+               {"memberName": "reviewer", "from": 300, "to": null}])
+    );
+    // Without activity.read: only the caller's own part.
+    let r = b.get(&path, "builder").await;
+    assert_eq!(r.json["activity"].as_array().unwrap().len(), 1);
+    assert_eq!(r.json["activity"][0]["memberName"], "builder");
+    // Paging and errors.
+    let r = b.get(&format!("{path}?limit=1"), "director").await;
+    assert_eq!(r.json["activity"][0]["event"]["ts"], 350);
+    let r = b.get("/objectives/obj-nope/activity", "director").await;
+    assert_eq!(r.status, 404);
+}

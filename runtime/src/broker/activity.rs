@@ -121,6 +121,104 @@ pub fn list(
     Ok(rows)
 }
 
+/// One member's working interval on an objective: from an `objective_open`
+/// marker to the next `objective_close` (inclusive, on `ts`); `to` is `None`
+/// while still open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Interval {
+    /// Whose activity.
+    pub member: String,
+    /// The open marker's `ts`.
+    pub from: i64,
+    /// The close marker's `ts`, if closed.
+    pub to: Option<i64>,
+}
+
+/// The intervals in which members worked on `objective`, from their markers in
+/// append order. A second open while one is open keeps the first; a close
+/// without an open is ignored.
+pub fn objective_intervals(
+    conn: &Connection,
+    objective: &str,
+) -> Result<Vec<Interval>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT member_name, kind, ts FROM member_activity
+         WHERE kind IN ('objective_open', 'objective_close')
+           AND json_extract(event_json, '$.objectiveId') = ?1
+         ORDER BY id",
+    )?;
+    let markers = stmt
+        .query_map([objective], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut open: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut out = Vec::new();
+    for (member, kind, ts) in markers {
+        if kind == "objective_open" {
+            open.entry(member).or_insert(ts);
+        } else if let Some(from) = open.remove(&member) {
+            out.push(Interval {
+                member,
+                from,
+                to: Some(ts),
+            });
+        }
+    }
+    out.extend(open.into_iter().map(|(member, from)| Interval {
+        member,
+        from,
+        to: None,
+    }));
+    Ok(out)
+}
+
+/// Exchanges (`llm_exchange`, `opaque_http`) inside `intervals`, newest first,
+/// at most `limit`, only rows before `before_id` when given.
+pub fn in_intervals(
+    conn: &Connection,
+    intervals: &[Interval],
+    before_id: Option<i64>,
+    limit: usize,
+) -> Result<Vec<ActivityRow>, StoreError> {
+    if intervals.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut sql = String::from(
+        "SELECT id, member_name, event_json, created_at FROM member_activity
+         WHERE kind IN ('llm_exchange', 'opaque_http') AND id < ? AND (",
+    );
+    let mut args: Vec<rusqlite::types::Value> = vec![before_id.unwrap_or(i64::MAX).into()];
+    for (i, iv) in intervals.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(" OR ");
+        }
+        sql.push_str("(member_name = ? AND ts >= ? AND ts <= ?)");
+        args.push(iv.member.clone().into());
+        args.push(iv.from.into());
+        args.push(iv.to.unwrap_or(i64::MAX).into());
+    }
+    sql.push_str(") ORDER BY id DESC LIMIT ?");
+    args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
+    let mut stmt = conn.prepare(&sql)?;
+    let rows = stmt
+        .query_map(params_from_iter(args), |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })?
+        .map(|r| r.map(|(id, name, json, created)| row(id, name, &json, created)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(rows)
+}
+
 /// A row as a live-stream frame: SSE `id: <row id>`, `event: activity`, the
 /// row's JSON as data (and as the WebSocket text frame).
 pub fn frame(row: &ActivityRow) -> Result<super::hub::Frame, StoreError> {

@@ -311,4 +311,5 @@ CREATE TABLE IF NOT EXISTS member_activity (
 );
 CREATE INDEX IF NOT EXISTS member_activity_member ON member_activity(member_name, id);
 CREATE INDEX IF NOT EXISTS member_activity_ts ON member_activity(ts);
+CREATE INDEX IF NOT EXISTS member_activity_kind ON member_activity(kind, ts);
 "#;

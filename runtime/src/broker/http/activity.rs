@@ -255,3 +255,35 @@ pub(super) async fn stream(
             .into_response()),
     }
 }
+
+/// `GET /objectives/:id/activity`: the exchanges of every member within its
+/// open intervals on the objective (from its `objective_open`/`objective_close`
+/// markers), newest first: `{"activity": [row…], "intervals": [{memberName,
+/// from, to}…]}`. The caller must be able to view the objective; without
+/// `activity.read` only the caller's own rows and intervals are included.
+/// `before_id` and `limit` page as on the member list.
+pub(super) async fn objective(
+    State(state): State<Shared>,
+    caller: Caller,
+    Path(id): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Result<Response, ApiError> {
+    let q = parse_query(raw.as_deref())?;
+    state.store.read(|conn| {
+        let obj = super::objectives::load(conn, &id)?;
+        super::objectives::authorize(&obj, &caller, ac7_protocol::objective::Action::View)?;
+        let mut intervals = activity::objective_intervals(conn, &id)?;
+        if !caller.has(Permission::ActivityRead) {
+            intervals.retain(|iv| iv.member == caller.name);
+        }
+        let rows = activity::in_intervals(conn, &intervals, q.before_id, q.limit)?;
+        let intervals: Vec<_> = intervals
+            .iter()
+            .map(|iv| json!({"memberName": iv.member, "from": iv.from, "to": iv.to}))
+            .collect();
+        Ok(reply(
+            StatusCode::OK,
+            &json!({"activity": rows, "intervals": intervals}),
+        ))
+    })
+}

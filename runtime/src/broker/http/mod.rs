@@ -70,6 +70,7 @@ pub(crate) fn router(state: Shared) -> Router {
             post(objectives::watchers).patch(objectives::watchers),
         )
         .route("/objectives/{id}/discuss", post(objectives::discuss))
+        .route("/objectives/{id}/activity", get(activity::objective))
         .route("/fs/ls", get(fs::ls))
         .route("/fs/stat", get(fs::stat))
         .route("/fs/read/{*path}", get(fs::read))

@@ -89,11 +89,11 @@ pub(super) async fn list(
     Ok(reply(StatusCode::OK, &obj! {"objectives" => &objectives}))
 }
 
-fn load(conn: &Connection, id: &str) -> Result<Objective, ApiError> {
+pub(super) fn load(conn: &Connection, id: &str) -> Result<Objective, ApiError> {
     store::get(conn, id)?.ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))
 }
 
-fn authorize(obj: &Objective, caller: &Caller, action: Action) -> Result<(), ApiError> {
+pub(super) fn authorize(obj: &Objective, caller: &Caller, action: Action) -> Result<(), ApiError> {
     rules::authorize(obj, &caller.name, caller.permissions, action)
         .map_err(|e| ApiError::forbidden(e.0))
 }
