@@ -52,6 +52,10 @@ pub enum Command {
     History(HistoryArgs),
     /// List, view and manage objectives.
     Objectives(ObjectivesArgs),
+    /// Show a member's model exchanges, one line each (`--objective`, `--follow`).
+    Activity(crate::operator_activity::ActivityArgs),
+    /// Tokens used per member and per objective over a time range.
+    Usage(crate::operator_activity::UsageArgs),
     /// The bridge side of the Ash protocol: listens on `ASH_BRIDGE_SOCKET` and runs `claude`
     /// per query for the hosts that connect.
     #[command(after_help = crate::ash_bridge::HELP_FOOTER)]
@@ -165,6 +169,8 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Roster(conn) => crate::operator::roster(conn),
         Command::History(args) => crate::operator::history(args),
         Command::Objectives(args) => crate::operator::objectives(args),
+        Command::Activity(args) => crate::operator_activity::activity(args),
+        Command::Usage(args) => crate::operator_activity::usage(args),
         Command::AshBridge(args) => Ok(crate::ash_bridge::run(args)),
         Command::Quickstart(args) => crate::quickstart::quickstart(args),
         Command::DemoAgent(args) => Ok(crate::demo_agent::run(args)),

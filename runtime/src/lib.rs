@@ -16,6 +16,7 @@ mod fsutil;
 pub mod ipc_server;
 pub mod logging;
 pub mod operator;
+pub mod operator_activity;
 pub mod peer;
 pub mod quickstart;
 pub mod runner;

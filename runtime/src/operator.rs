@@ -171,14 +171,14 @@ enum ObjectivesAction {
     },
 }
 
-struct Client {
-    http: reqwest::Client,
-    base: String,
-    token: String,
+pub(crate) struct Client {
+    pub(crate) http: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) token: String,
 }
 
 impl Client {
-    fn new(conn: &OperatorConn) -> anyhow::Result<Client> {
+    pub(crate) fn new(conn: &OperatorConn) -> anyhow::Result<Client> {
         let token = conn
             .token
             .clone()
@@ -194,7 +194,7 @@ impl Client {
         })
     }
 
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,
@@ -263,7 +263,7 @@ fn broker_error(value: &Value, text: &str) -> String {
     msg
 }
 
-fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+pub(crate) fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
@@ -293,7 +293,7 @@ pub fn format_ts(ms: i64) -> String {
 }
 
 #[allow(clippy::print_stdout)]
-fn out(conn: &OperatorConn, value: &Value, text: impl FnOnce(&Value) -> String) {
+pub(crate) fn out(conn: &OperatorConn, value: &Value, text: impl FnOnce(&Value) -> String) {
     if conn.json {
         println!(
             "{}",

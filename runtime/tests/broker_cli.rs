@@ -698,7 +698,7 @@ fn prune_and_retain_days_delete_only_old_messages() {
     let (ok, out, err) = prune(&["--older-than-days", "30"]);
     assert!(ok, "{err}");
     assert!(
-        out.contains("pruned 2 messages older than 30 days"),
+        out.contains("pruned 2 rows (messages and activity) older than 30 days"),
         "{out}"
     );
 
@@ -874,4 +874,128 @@ fn logs_are_text_on_a_terminal_and_json_otherwise() {
         !first.trim_start().starts_with('{'),
         "JSON on a terminal: {tty}"
     );
+}
+
+/// An `llm_exchange` as the runner uploads it.
+fn llm_exchange(ts: u64, input: u64, output: u64) -> Value {
+    json!({"kind": "llm_exchange", "ts": ts, "duration": 1500, "entry": {
+        "kind": "anthropic_messages", "startedAt": ts, "endedAt": ts + 1500,
+        "request": {"model": "claude-opus-4", "maxTokens": 1024, "temperature": null, "system": null,
+                    "messages": [], "tools": null},
+        "response": {"stopReason": "end_turn", "stopSequence": null, "messages": [], "status": 200,
+                     "usage": {"inputTokens": input, "outputTokens": output,
+                               "cacheCreationInputTokens": 3, "cacheReadInputTokens": 7}}}})
+}
+
+#[test]
+fn activity_and_usage_verbs() {
+    let (_dir, _db, s) = serve_team();
+    let (director, builder) = (
+        token(&s, "director").to_owned(),
+        token(&s, "builder").to_owned(),
+    );
+    let now = u64::try_from(ac7_runtime::clock::now_ms()).unwrap();
+    let (old, t1, t2) = (now - 3 * 86_400_000, now - 60_000, now - 30_000);
+    let (ok, out, err) = ac7(
+        &s.url,
+        &director,
+        &[
+            "objectives",
+            "create",
+            "--json",
+            "--title",
+            "T",
+            "--outcome",
+            "O",
+            "--assignee",
+            "builder",
+        ],
+    );
+    assert!(ok, "{err}");
+    let obj: Value = serde_json::from_str(&out).unwrap();
+    let obj = obj["id"].as_str().unwrap().to_owned();
+    let events = json!({"events": [
+        llm_exchange(old, 1000, 1000),
+        {"kind": "objective_open", "ts": t1 - 1, "objectiveId": obj},
+        llm_exchange(t1, 100, 10),
+        {"kind": "objective_close", "ts": t1 + 1, "objectiveId": obj, "result": "done"},
+        llm_exchange(t2, 20, 2),
+    ]});
+    let rt = current_thread_rt();
+    let status = rt.block_on(async {
+        client()
+            .post(format!("{}/members/builder/activity", s.url))
+            .bearer_auth(&builder)
+            .json(&events)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(status, 201);
+    let run = |tok: &str, args: &[&str]| ac7(&s.url, tok, args);
+
+    let (ok, out, err) = run(&director, &["activity", "builder"]);
+    assert!(ok, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[1].ends_with("  claude-opus-4  in 100 out 10 cache 3w/7r  end_turn  1500 ms"),
+        "{out}"
+    );
+    let (ok, out, err) = run(&director, &["activity", "builder", "--objective", &obj]);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(out.contains("in 100 out 10"), "{out}");
+    // A member without activity.read cannot read someone else's.
+    let (ok, _, err) = run(&builder, &["activity", "director"]);
+    assert!(!ok);
+    assert!(err.contains("activity.read"), "{err}");
+
+    let (ok, out, err) = run(&director, &["usage", "--since", "1d", "--json"]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["members"]["builder"]["inputTokens"], 120);
+    assert_eq!(v["members"]["builder"]["outputTokens"], 12);
+    assert_eq!(v["members"]["builder"]["exchanges"], 2);
+    assert_eq!(v["members"]["director"]["exchanges"], 0);
+    assert_eq!(v["objectives"][&obj]["inputTokens"], 100);
+    assert_eq!(v["objectives"][&obj]["cacheReadInputTokens"], 7);
+    let (ok, out, err) = run(&director, &["usage"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("by member") && out.contains(&obj), "{out}");
+    let builder_line = out.lines().find(|l| l.starts_with("builder")).unwrap();
+    assert!(builder_line.contains("1120"), "all time: {out}");
+    let (ok, _, err) = run(&director, &["usage", "--since", "yesterday"]);
+    assert!(!ok);
+    assert!(err.contains("neither epoch ms nor an age"), "{err}");
+
+    // --follow prints new exchanges as they arrive.
+    let mut child = Command::new(AC7)
+        .args(["activity", "builder", "--follow", "--limit", "1"])
+        .env("AC7_URL", &s.url)
+        .env("AC7_TOKEN", &director)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert!(lines.next().unwrap().unwrap().contains("in 20 out 2"));
+    let status = rt.block_on(async {
+        client()
+            .post(format!("{}/members/builder/activity", s.url))
+            .bearer_auth(&builder)
+            .json(&json!({"events": [llm_exchange(now, 5, 6)]}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    assert_eq!(status, 201);
+    let next = lines.next().unwrap().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(next.contains("in 5 out 6"), "{next}");
 }

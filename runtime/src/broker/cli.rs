@@ -56,7 +56,7 @@ pub struct ServeArgs {
     /// Bytes of files each member may own (its home, and files it wrote in objective folders); 0 = no quota.
     #[arg(long, default_value_t = 1024 * 1024 * 1024, value_name = "BYTES")]
     pub file_quota_bytes: u64,
-    /// Delete messages older than N days (at start, then hourly); 0 = keep everything.
+    /// Delete messages and member activity older than N days (at start, then hourly); 0 = keep everything.
     #[arg(long, default_value_t = 0, value_name = "N")]
     pub retain_days: u32,
     /// Serve HTTPS with this PEM certificate chain (with --tls-key).
@@ -472,12 +472,12 @@ pub struct PruneArgs {
     /// SQLite database file (the broker must be stopped).
     #[arg(long, default_value = "./ac7.db", env = "AC7_DB")]
     pub db: PathBuf,
-    /// Delete messages older than this many days (at least 1).
+    /// Delete messages and member activity older than this many days (at least 1).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub older_than_days: u32,
 }
 
-/// Runs `ac7 prune`: deletes old messages (see [`super::retention`]).
+/// Runs `ac7 prune`: deletes old messages and activity (see [`super::retention`]).
 #[allow(clippy::print_stdout)]
 pub fn prune(args: PruneArgs) -> anyhow::Result<i32> {
     if !args.db.exists() {
@@ -487,7 +487,7 @@ pub fn prune(args: PruneArgs) -> anyhow::Result<i32> {
     let cutoff = super::retention::cutoff(now_ms(), args.older_than_days);
     let n = super::retention::prune_all(|f| store.with(|conn| f(conn)), cutoff)?;
     println!(
-        "pruned {n} message{} older than {} days from {}",
+        "pruned {n} row{} (messages and activity) older than {} days from {}",
         if n == 1 { "" } else { "s" },
         args.older_than_days,
         args.db.display()

@@ -1,8 +1,9 @@
-//! Retention: pruning messages older than a number of days.
+//! Retention: pruning messages and member activity older than a number of days.
 //!
 //! What is pruned: rows of the message log (DMs, broadcasts, channel posts,
 //! objective discussion and lifecycle messages) whose timestamp is older than
-//! the cutoff. What never is: the team, members and tokens, channels and their
+//! the cutoff, and member activity rows (model exchanges, objective markers)
+//! whose event `ts` is older than the cutoff. What never is: the team, members and tokens, channels and their
 //! membership, objectives and their audit events (an objective's history stays
 //! complete), files and their read grants. A client resuming with the id of a
 //! pruned message is handled like any id the broker cannot place.
@@ -35,18 +36,25 @@ pub fn cutoff(now_ms: i64, days: u32) -> i64 {
     now_ms.saturating_sub(i64::from(days).saturating_mul(DAY_MS))
 }
 
-/// Deletes up to `limit` messages older than `cutoff` (epoch ms), oldest first,
-/// in one transaction; returns how many.
+/// Deletes up to `limit` messages and up to `limit` activity rows older than
+/// `cutoff` (epoch ms), oldest first, in one transaction; returns how many rows
+/// in all (below `limit` means both tables are done).
 pub fn prune_batch(conn: &mut Connection, cutoff: i64, limit: usize) -> Result<usize, StoreError> {
     let tx = conn.transaction()?;
-    let n = tx
+    let messages = tx
         .prepare_cached(
             "DELETE FROM messages WHERE seq IN
              (SELECT seq FROM messages WHERE ts < ?1 ORDER BY seq LIMIT ?2)",
         )?
         .execute(rusqlite::params![cutoff, limit as i64])?;
+    let activity = tx
+        .prepare_cached(
+            "DELETE FROM member_activity WHERE id IN
+             (SELECT id FROM member_activity WHERE ts < ?1 ORDER BY ts LIMIT ?2)",
+        )?
+        .execute(rusqlite::params![cutoff, limit as i64])?;
     tx.commit()?;
-    Ok(n)
+    Ok(messages + activity)
 }
 
 /// Deletes every message older than `cutoff`, batch by batch, taking the
@@ -90,7 +98,7 @@ pub(crate) fn spawn(state: &Arc<AppState>, days: u32) {
             .await;
             match run {
                 Ok(Ok(0)) => {}
-                Ok(Ok(n)) => tracing::info!(pruned = n, days, "pruned old messages"),
+                Ok(Ok(n)) => tracing::info!(pruned = n, days, "pruned old messages and activity"),
                 Ok(Err(e)) => tracing::error!(error = %e, "pruning old messages failed"),
                 Err(e) => tracing::error!(error = %e, "pruning task failed"),
             }
@@ -128,6 +136,31 @@ mod tests {
         let n = prune_all(|f| store.with(|c| f(c)), 95).unwrap();
         assert_eq!(n, 5);
         assert_eq!(cutoff(10 * DAY_MS, 3), 7 * DAY_MS);
+    }
+
+    #[test]
+    fn prunes_old_activity_too() {
+        let store = Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            for ts in [10i64, 20, 30, 40] {
+                conn.execute(
+                    "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
+                     VALUES ('a', ?1, 'objective_open', '{}', 0)",
+                    [ts],
+                )
+                .unwrap();
+            }
+        });
+        prune_all(|f| store.with(|c| f(c)), 30).unwrap();
+        let left: Vec<i64> = store.with(|conn| {
+            conn.prepare("SELECT ts FROM member_activity ORDER BY id")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        });
+        assert_eq!(left, vec![30, 40]);
         assert_eq!(cutoff(0, u32::MAX), -(i64::from(u32::MAX) * DAY_MS));
     }
 }
