@@ -922,18 +922,20 @@ fn activity_and_usage_verbs() {
         llm_exchange(t2, 20, 2),
     ]});
     let rt = current_thread_rt();
-    let status = rt.block_on(async {
-        client()
-            .post(format!("{}/members/builder/activity", s.url))
-            .bearer_auth(&builder)
-            .json(&events)
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    });
-    assert_eq!(status, 201);
+    let upload = |body: &Value| {
+        rt.block_on(async {
+            client()
+                .post(format!("{}/members/builder/activity", s.url))
+                .bearer_auth(&builder)
+                .json(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        })
+    };
+    assert_eq!(upload(&events), 201);
     let run = |tok: &str, args: &[&str]| ac7(&s.url, tok, args);
 
     let (ok, out, err) = run(&director, &["activity", "builder"]);
@@ -982,18 +984,7 @@ fn activity_and_usage_verbs() {
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert!(lines.next().unwrap().unwrap().contains("in 20 out 2"));
-    let status = rt.block_on(async {
-        client()
-            .post(format!("{}/members/builder/activity", s.url))
-            .bearer_auth(&builder)
-            .json(&json!({"events": [llm_exchange(now, 5, 6)]}))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .as_u16()
-    });
-    assert_eq!(status, 201);
+    assert_eq!(upload(&json!({"events": [llm_exchange(now, 5, 6)]})), 201);
     let next = lines.next().unwrap().unwrap();
     let _ = child.kill();
     let _ = child.wait();

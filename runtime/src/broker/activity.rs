@@ -106,19 +106,7 @@ pub fn list(
         " ORDER BY id DESC LIMIT ?"
     });
     args.push(i64::try_from(q.limit).unwrap_or(i64::MAX).into());
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt
-        .query_map(params_from_iter(args), |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        })?
-        .map(|r| r.map(|(id, name, json, created)| row(id, name, &json, created)))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(rows)
+    query_rows(conn, &sql, args)
 }
 
 /// One member's working interval on an objective: from an `objective_open`
@@ -204,7 +192,16 @@ pub fn in_intervals(
     }
     sql.push_str(") ORDER BY id DESC LIMIT ?");
     args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
-    let mut stmt = conn.prepare(&sql)?;
+    query_rows(conn, &sql, args)
+}
+
+/// Runs `sql` (selecting id, member_name, event_json, created_at) into rows.
+fn query_rows(
+    conn: &Connection,
+    sql: &str,
+    args: Vec<rusqlite::types::Value>,
+) -> Result<Vec<ActivityRow>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql)?;
     let rows = stmt
         .query_map(params_from_iter(args), |r| {
             Ok((

@@ -19,17 +19,16 @@
 
 use std::sync::Arc;
 
-use ac7_protocol::live::{REPLAY_HEADER, Reset};
+use ac7_protocol::live::Reset;
 use ac7_protocol::message::{Audience, is_valid_name};
 use ac7_protocol::permission::Permission;
 use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityUpload};
-use axum::extract::ws::WebSocketUpgrade;
 use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use serde_json::json;
 
-use super::subscribe::{Guard, Opening, Replay, Source, run_socket, sse_stream};
+use super::subscribe::{Opening, Replay, Source, respond, stream_request, subscribe_error};
 use super::{ApiError, Body, Caller, Shared, percent_decode, reply};
 use crate::broker::activity::{self, DEFAULT_LIMIT, MAX_LIMIT, Query};
 use crate::broker::now_ms;
@@ -169,33 +168,7 @@ pub(super) async fn stream(
     let caller = Caller::from_request_parts(&mut parts, &state).await?;
     check_name(&name)?;
     check_reader(&caller, &name, "streaming")?;
-    let query = parts.uri.query();
-    let last_id = parts
-        .headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| {
-            super::query_bytes(query, "lastEventId")
-                .map(|b| String::from_utf8_lossy(&b).into_owned())
-        })
-        .filter(|s| !s.is_empty());
-    let upgrade = if parts
-        .headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
-    {
-        Some(
-            WebSocketUpgrade::from_request_parts(&mut parts, &state)
-                .await
-                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
-                .max_frame_size(64 * 1024)
-                .max_message_size(64 * 1024),
-        )
-    } else {
-        None
-    };
+    let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
     let now = now_ms();
     let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
         let head = activity::head(conn, &name)?;
@@ -221,39 +194,10 @@ pub(super) async fn stream(
         let sub = state
             .activity_hub
             .watch(&name, &caller.name, &caller.token_id, now)
-            .map_err(|e| {
-                ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string())
-                    .with("code", json!("too_many_subscriptions"))
-            })?;
+            .map_err(subscribe_error)?;
         Ok((opening, sub))
     })?;
-    let guard = Guard {
-        state: Arc::clone(&state),
-        name: sub.name,
-        id: sub.id,
-        activity: true,
-    };
-    let keepalive = state.config.keepalive;
-    match upgrade {
-        Some(ws) => {
-            let mut response =
-                ws.on_upgrade(move |socket| run_socket(socket, opening, sub.rx, guard, keepalive));
-            response
-                .headers_mut()
-                .insert(REPLAY_HEADER, header::HeaderValue::from_static("1"));
-            Ok(response)
-        }
-        None => Ok((
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-                (header::HeaderName::from_static(REPLAY_HEADER), "1"),
-                (header::CONNECTION, "close"),
-            ],
-            axum::body::Body::from_stream(sse_stream(opening, sub.rx, guard, keepalive)),
-        )
-            .into_response()),
-    }
+    Ok(respond(&state, upgrade, opening, sub, true))
 }
 
 /// `GET /objectives/:id/activity`: the exchanges of every member within its

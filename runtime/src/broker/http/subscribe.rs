@@ -43,18 +43,19 @@ use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, Request, State};
 use axum::http::header;
+use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 
 use ac7_protocol::live::{REPLAY_HEADER, RESET_EVENT, Reset};
 
 /// Deregisters the subscriber when the stream or socket task ends.
-pub(super) struct Guard {
-    pub(super) state: Arc<AppState>,
-    pub(super) name: String,
-    pub(super) id: u64,
+struct Guard {
+    state: Arc<AppState>,
+    name: String,
+    id: u64,
     /// Registered on [`AppState::activity_hub`] rather than [`AppState::hub`].
-    pub(super) activity: bool,
+    activity: bool,
 }
 
 impl Drop for Guard {
@@ -88,30 +89,7 @@ pub(super) async fn subscribe(
             caller.name
         )));
     }
-    let last_id = parts
-        .headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| query_param(query, "lastEventId"))
-        .filter(|s| !s.is_empty());
-    let is_upgrade = parts
-        .headers
-        .get(header::UPGRADE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-    let upgrade = if is_upgrade {
-        Some(
-            WebSocketUpgrade::from_request_parts(&mut parts, &state)
-                .await
-                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
-                // The broker ignores what clients send: keep their frames small.
-                .max_frame_size(WS_MAX_CLIENT_MESSAGE)
-                .max_message_size(WS_MAX_CLIENT_MESSAGE),
-        )
-    } else {
-        None
-    };
+    let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
 
     let now = now_ms();
     let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
@@ -147,33 +125,83 @@ pub(super) async fn subscribe(
         let sub = state
             .hub
             .subscribe(&caller.name, &caller.token_id, now)
-            .map_err(|e| match e {
-                SubscribeError::UnknownMember => ApiError::unauthorized(e.to_string()),
-                SubscribeError::TooMany { limit, .. } => {
-                    ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, e.to_string())
-                        .with("code", serde_json::json!("too_many_subscriptions"))
-                        .with("limit", serde_json::json!(limit))
-                }
-            })?;
+            .map_err(subscribe_error)?;
         Ok((opening, sub))
     })?;
+    Ok(respond(&state, upgrade, opening, sub, false))
+}
+
+/// A refused subscription as an answer.
+pub(super) fn subscribe_error(e: SubscribeError) -> ApiError {
+    match e {
+        SubscribeError::UnknownMember => ApiError::unauthorized(e.to_string()),
+        SubscribeError::TooMany { limit, .. } => {
+            ApiError::new(axum::http::StatusCode::TOO_MANY_REQUESTS, e.to_string())
+                .with("code", serde_json::json!("too_many_subscriptions"))
+                .with("limit", serde_json::json!(limit))
+        }
+    }
+}
+
+/// What a stream request asks for: the last event id it saw (`Last-Event-ID`
+/// header, else `lastEventId` query), and the WebSocket upgrade if it is one.
+pub(super) async fn stream_request(
+    parts: &mut Parts,
+    state: &Shared,
+) -> Result<(Option<String>, Option<WebSocketUpgrade>), ApiError> {
+    let last_id = parts
+        .headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| query_param(parts.uri.query(), "lastEventId"))
+        .filter(|s| !s.is_empty());
+    let is_upgrade = parts
+        .headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    let upgrade = if is_upgrade {
+        Some(
+            WebSocketUpgrade::from_request_parts(parts, state)
+                .await
+                .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
+                // The broker ignores what clients send: keep their frames small.
+                .max_frame_size(WS_MAX_CLIENT_MESSAGE)
+                .max_message_size(WS_MAX_CLIENT_MESSAGE),
+        )
+    } else {
+        None
+    };
+    Ok((last_id, upgrade))
+}
+
+/// The stream's response: the WebSocket upgrade, or an SSE body; `activity`
+/// says which hub `sub` is registered on.
+pub(super) fn respond(
+    state: &Shared,
+    upgrade: Option<WebSocketUpgrade>,
+    opening: Opening,
+    sub: crate::broker::hub::Subscription,
+    activity: bool,
+) -> Response {
     let guard = Guard {
-        state: Arc::clone(&state),
+        state: Arc::clone(state),
         name: sub.name,
         id: sub.id,
-        activity: false,
+        activity,
     };
-    let keepalive = state.config.keepalive;
+    let (rx, keepalive) = (sub.rx, state.config.keepalive);
     match upgrade {
         Some(ws) => {
             let mut response =
-                ws.on_upgrade(move |socket| run_socket(socket, opening, sub.rx, guard, keepalive));
+                ws.on_upgrade(move |socket| run_socket(socket, opening, rx, guard, keepalive));
             response
                 .headers_mut()
                 .insert(REPLAY_HEADER, header::HeaderValue::from_static("1"));
-            Ok(response)
+            response
         }
-        None => Ok((
+        None => (
             [
                 (header::CONTENT_TYPE, "text/event-stream"),
                 (header::CACHE_CONTROL, "no-cache"),
@@ -181,9 +209,9 @@ pub(super) async fn subscribe(
                 // When the broker ends the stream (revocation, overflow), the connection goes too.
                 (header::CONNECTION, "close"),
             ],
-            Body::from_stream(sse_stream(opening, sub.rx, guard, keepalive)),
+            Body::from_stream(sse_stream(opening, rx, guard, keepalive)),
         )
-            .into_response()),
+            .into_response(),
     }
 }
 
