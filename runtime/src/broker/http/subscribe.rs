@@ -349,7 +349,7 @@ const WS_MAX_CLIENT_MESSAGE: usize = 64 * 1024;
 /// The SSE body: the opening (reset or replay), then live frames, with a `:`
 /// comment whenever nothing was sent for `keepalive`. Ends when the hub closes
 /// the subscriber (the hub logs why).
-pub(super) fn sse_stream(
+fn sse_stream(
     opening: Opening,
     rx: Receiver,
     guard: Guard,
@@ -378,7 +378,7 @@ fn close_code(why: Closed) -> u16 {
     }
 }
 
-pub(super) async fn run_socket(
+async fn run_socket(
     mut socket: WebSocket,
     opening: Opening,
     mut rx: Receiver,
