@@ -8,4 +8,5 @@
 //! * [`enroll`]: the device-code enrollment store behind `POST /enroll`, `/enroll/poll` and the
 //!   approval screen.
 
+pub mod limiter;
 pub mod totp;
