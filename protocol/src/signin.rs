@@ -8,5 +8,6 @@
 //! * [`enroll`]: the device-code enrollment store behind `POST /enroll`, `/enroll/poll` and the
 //!   approval screen.
 
+pub mod enroll;
 pub mod limiter;
 pub mod totp;
