@@ -108,6 +108,7 @@ pub mod pending;
 pub mod permission;
 pub mod runner;
 pub mod schema;
+pub mod signin;
 pub mod sse;
 pub mod team;
 pub mod toolbox;
