@@ -628,6 +628,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::test_support::proptest_config("signin_enroll"))]
+
         /// Every approved grant leaves exactly once — handed to the device or revoked — and
         /// never after expiry; user codes are unique among live enrollments; limits hold.
         #[test]

@@ -388,6 +388,8 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(crate::test_support::proptest_config("signin_totp"))]
+
         #[test]
         fn base32_round_trips(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             let enc = base32_encode(&bytes);
