@@ -373,14 +373,10 @@ pub fn create(
     let title = new.title.trim().to_owned();
     let outcome = new.outcome.trim().to_owned();
     if title.is_empty() {
-        return Err(TransitionError::InvalidInput(
-            "title must not be empty".into(),
-        ));
+        return Err(TransitionError::InvalidInput("title is required".into()));
     }
     if outcome.is_empty() {
-        return Err(TransitionError::InvalidInput(
-            "outcome must not be empty".into(),
-        ));
+        return Err(TransitionError::InvalidInput("outcome is required".into()));
     }
     let mut watchers: Vec<String> = Vec::new();
     for w in new.watchers {

@@ -178,9 +178,10 @@ pub fn default_presets() -> Presets {
 /// Why a permission list could not be resolved. The message is what the API returns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PermissionError {
-    /// An entry is neither a leaf nor a preset name.
+    /// An entry is neither a leaf nor a preset name (or, in a preset definition, not a leaf:
+    /// presets may not nest). The text is the spec's (broker-api §1), byte for byte.
     #[error(
-        "{context}: unknown permission or preset '{entry}'. Valid leaves: {leaves}. Presets: {presets}"
+        "{context}: unknown permission or preset '{entry}'. Valid leaves: {leaves}. Presets: {presets}."
     )]
     Unknown {
         /// Where the list came from (e.g. `member 'alice'`).
@@ -191,14 +192,6 @@ pub enum PermissionError {
         leaves: String,
         /// Comma-separated preset names (or `(none)`).
         presets: String,
-    },
-    /// A preset refers to something that is not a leaf (presets may not nest).
-    #[error("preset '{preset}' may only contain leaf permissions, found '{entry}'")]
-    NestedPreset {
-        /// The preset being defined.
-        preset: String,
-        /// The non-leaf entry.
-        entry: String,
     },
 }
 
@@ -223,33 +216,38 @@ pub fn resolve<S: AsRef<str>>(
                 }
             }
         } else {
-            return Err(PermissionError::Unknown {
-                context: context.to_owned(),
-                entry: entry.to_owned(),
-                leaves: PermissionSet::all().names().join(", "),
-                presets: if presets.is_empty() {
-                    "(none)".to_owned()
-                } else {
-                    presets.keys().cloned().collect::<Vec<_>>().join(", ")
-                },
-            });
+            return Err(unknown(context, entry, presets));
         }
     }
     Ok(set)
 }
 
-/// Validates a preset definition: leaves only. Returns the canonical leaf set.
+fn unknown(context: &str, entry: &str, presets: &Presets) -> PermissionError {
+    PermissionError::Unknown {
+        context: context.to_owned(),
+        entry: entry.to_owned(),
+        leaves: PermissionSet::all().names().join(", "),
+        presets: if presets.is_empty() {
+            "(none)".to_owned()
+        } else {
+            presets.keys().cloned().collect::<Vec<_>>().join(", ")
+        },
+    }
+}
+
+/// Validates a preset definition: leaves only (presets may not nest). Returns the canonical
+/// leaf set. An entry that is not a leaf fails with the same text as [`resolve`], context
+/// `preset '<name>'`; `presets` are the team's presets the text lists.
 pub fn resolve_preset<S: AsRef<str>>(
     preset: &str,
     entries: &[S],
+    presets: &Presets,
 ) -> Result<PermissionSet, PermissionError> {
     entries
         .iter()
         .map(|e| {
-            Permission::parse(e.as_ref()).ok_or_else(|| PermissionError::NestedPreset {
-                preset: preset.to_owned(),
-                entry: e.as_ref().to_owned(),
-            })
+            Permission::parse(e.as_ref())
+                .ok_or_else(|| unknown(&format!("preset '{preset}'"), e.as_ref(), presets))
         })
         .collect()
 }
@@ -311,14 +309,29 @@ mod tests {
         assert!(text.starts_with(
             "member 'a': unknown permission or preset 'boss'. Valid leaves: team.manage, "
         ));
-        assert!(text.ends_with("Presets: admin, operator"));
+        assert_eq!(
+            text,
+            "member 'a': unknown permission or preset 'boss'. Valid leaves: team.manage, \
+             members.manage, objectives.create, objectives.cancel, objectives.reassign, \
+             objectives.watch, activity.read. Presets: admin, operator."
+        );
     }
 
     #[test]
     fn presets_may_not_nest() {
-        assert!(resolve_preset("p", &["admin"]).is_err());
+        let presets = default_presets();
         assert_eq!(
-            resolve_preset("p", &["objectives.watch"]).unwrap().names(),
+            resolve_preset("p", &["admin"], &presets)
+                .unwrap_err()
+                .to_string(),
+            "preset 'p': unknown permission or preset 'admin'. Valid leaves: team.manage, \
+             members.manage, objectives.create, objectives.cancel, objectives.reassign, \
+             objectives.watch, activity.read. Presets: admin, operator."
+        );
+        assert_eq!(
+            resolve_preset("p", &["objectives.watch"], &presets)
+                .unwrap()
+                .names(),
             vec!["objectives.watch"]
         );
     }

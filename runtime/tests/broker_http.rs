@@ -791,3 +791,79 @@ async fn message_floods_get_429_with_retry_after() {
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
     b.push("builder", json!({"body": "later"})).await;
 }
+
+/// Where broker-api.md gives an error text, ours is that text byte for byte.
+#[tokio::test]
+async fn error_texts_are_the_specs() {
+    const LEAVES: &str = "Valid leaves: team.manage, members.manage, objectives.create, \
+                          objectives.cancel, objectives.reassign, objectives.watch, activity.read. \
+                          Presets: admin, operator.";
+    let b = start_broker().await;
+    // §1: member create with an unknown permission
+    let r = b
+        .post(
+            "/members",
+            "director",
+            json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]}),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json["error"],
+        format!("create member 'x': unknown permission or preset 'boss'. {LEAVES}")
+    );
+    // §1: member update with an unknown permission
+    let r = b
+        .call(
+            "PATCH",
+            "/members/builder",
+            "director",
+            Some(json!({"permissions": ["boss"]})),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.json["error"],
+        format!("update member 'builder': unknown permission or preset 'boss'. {LEAVES}")
+    );
+    // §1: a preset holds leaves only (presets may not nest); an unknown leaf is refused
+    for bad in ["objectives.fly", "admin"] {
+        let r = b
+            .call(
+                "PUT",
+                "/team/presets/qa",
+                "director",
+                Some(json!({"permissions": ["objectives.watch", bad]})),
+            )
+            .await;
+        assert_eq!(r.status, 400);
+        assert_eq!(
+            r.json["error"],
+            format!("preset 'qa': unknown permission or preset '{bad}'. {LEAVES}")
+        );
+    }
+    // §7: a blank objective title
+    let r = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "   ", "outcome": "o", "assignee": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json["error"], "title is required");
+    // §9.4: removing members.manage from the last admin
+    let r = b
+        .call(
+            "PATCH",
+            "/members/director",
+            "director",
+            Some(json!({"permissions": ["operator"]})),
+        )
+        .await;
+    assert_eq!(r.status, 409);
+    assert_eq!(
+        r.json["error"],
+        "cannot remove members.manage from the last admin — promote someone else first"
+    );
+}

@@ -89,7 +89,7 @@ pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>,
     let mut presets = default_presets();
     presets.extend(config.team.permission_presets.clone());
     for (name, leaves) in &presets {
-        ac7_protocol::permission::resolve_preset(name, leaves)
+        ac7_protocol::permission::resolve_preset(name, leaves, &presets)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
     }
     let team = Team {

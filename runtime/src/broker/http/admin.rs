@@ -94,11 +94,11 @@ pub(super) async fn preset_put(
         .len("name", &name, 1, 64)
         .count("permissions", b.permissions.len(), 32)
         .finish("preset")?;
-    let set = permission::resolve_preset(&name, &b.permissions)
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let leaves: Vec<String> = set.names().into_iter().map(str::to_owned).collect();
     state.store.with(|conn| {
         let mut team = load_team(conn)?;
+        let set = permission::resolve_preset(&name, &b.permissions, &team.permission_presets)
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let leaves: Vec<String> = set.names().into_iter().map(str::to_owned).collect();
         team.permission_presets.insert(name.clone(), leaves.clone());
         team::team_put(conn, &team, now_ms())?;
         Ok(reply(
@@ -172,7 +172,7 @@ pub(super) async fn members_create(
         let permissions = permission::resolve(
             &b.permissions,
             &team.permission_presets,
-            &format!("member '{}'", b.name),
+            &format!("create member '{}'", b.name),
         )
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if let Some(existing) = team::member_name_taken(conn, &b.name)? {
@@ -239,9 +239,12 @@ pub(super) async fn member_update(
             m.instructions = i;
         }
         if let Some(p) = b.permissions {
-            let perms =
-                permission::resolve(&p, &team.permission_presets, &format!("member '{name}'"))
-                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let perms = permission::resolve(
+                &p,
+                &team.permission_presets,
+                &format!("update member '{name}'"),
+            )
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
             if !perms.contains(Permission::MembersManage) && is_last_admin(conn, &name)? {
                 return Err(ApiError::conflict(
                     "cannot remove members.manage from the last admin — promote someone else first",

@@ -187,9 +187,11 @@ pub(super) async fn create(
     let b: CreateBody = parse_json(&body, "objective")?;
     let watchers = b.watchers.unwrap_or_default();
     let mut issues = Issues::default();
+    // The schema checks the text as sent (as ac7's does): "" is a payload issue, while a
+    // blank "   " passes here and the store, which trims, answers "title is required".
     issues
-        .len("title", b.title.trim(), 1, MAX_TITLE_CHARS)
-        .len("outcome", b.outcome.trim(), 1, MAX_OUTCOME_CHARS)
+        .len("title", &b.title, 1, MAX_TITLE_CHARS)
+        .len("outcome", &b.outcome, 1, MAX_OUTCOME_CHARS)
         .opt_len("body", b.body.as_deref(), 0, MAX_BODY_CHARS)
         .name("assignee", &b.assignee)
         .count("watchers", watchers.len(), MAX_WATCHERS)
