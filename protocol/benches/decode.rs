@@ -4,6 +4,7 @@
 use std::hint::black_box;
 
 use ac7_protocol::frame::{Decoded, FrameDecoder, MAX_FRAME_BYTES};
+use ac7_protocol::message::LogLevel;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 
@@ -23,7 +24,7 @@ fn tools_list_response(id: u64) -> String {
                     "properties": {
                         "id": {"type": "string", "description": "The objective id (e.g. obj-xxxxx-y)."},
                         "body": {"type": "string", "description": "The message body."},
-                        "level": {"type": "string", "enum": ["debug", "info", "notice", "warning", "error", "critical"], "description": "Optional severity; defaults to 'info'."}
+                        "level": {"type": "string", "enum": LogLevel::ALL.map(LogLevel::as_str), "description": "Optional severity; defaults to 'info'."}
                     },
                     "required": ["id"]
                 }

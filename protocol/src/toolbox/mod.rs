@@ -13,8 +13,13 @@
 //!                                                                               └▶ Done(text)
 //! ```
 
+mod admin;
+mod chat;
 mod defs;
 mod format;
+mod fs;
+mod objectives;
+mod registry;
 mod tools;
 
 use std::sync::Arc;
@@ -22,8 +27,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::Value;
 
-pub use defs::tool_list;
-pub use tools::plan;
+pub use registry::{plan, tool_list};
 
 use crate::objective::Objective;
 pub use crate::team::{Role, Team};

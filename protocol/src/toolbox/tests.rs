@@ -703,3 +703,36 @@ fn components_are_percent_encoded() {
     assert_eq!(encode_component("a b/c?d=é"), "a%20b%2Fc%3Fd%3D%C3%A9");
     assert_eq!(encode_component("obj-1_x.y~!*'()"), "obj-1_x.y~!*'()");
 }
+
+/// `tools/list` and `plan` read the same registry: every tool an agent with every leaf is shown
+/// has a plan, and a name nobody lists has none.
+#[test]
+fn every_listed_tool_has_a_plan() {
+    let all: Vec<&str> = crate::permission::Permission::ALL
+        .into_iter()
+        .map(crate::permission::Permission::as_str)
+        .collect();
+    let ctx = ctx("director", &all);
+    let list = tool_list(&ctx, &[]);
+    let names: Vec<&str> = list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 31);
+    for name in names {
+        if let Plan::Done(text) = plan(&ctx, name, &json!({})) {
+            assert!(
+                !text.text.starts_with("unknown tool"),
+                "{name}: {}",
+                text.text
+            );
+        }
+    }
+    let Plan::Done(text) = plan(&ctx, "objectives_frobnicate", &json!({})) else {
+        panic!("an unknown tool must not reach the broker");
+    };
+    assert_eq!(text.text, "unknown tool: objectives_frobnicate");
+    assert!(text.is_error);
+}

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use ac7_protocol::json::RawJson;
 use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
 use ac7_protocol::mcp;
+use ac7_protocol::message::LogLevel;
 use ac7_protocol::runner::IncomingRequest;
 use anyhow::{Context, bail};
 use serde::Serialize;
@@ -79,7 +80,7 @@ pub fn tools_list_result() -> RawJson {
                     "properties": {
                         "id": {"type": "string", "description": "The id this tool acts on."},
                         "body": {"type": "string", "description": "The message or note."},
-                        "level": {"type": "string", "enum": ["debug", "info", "notice", "warning", "error", "critical"], "description": "Optional severity; defaults to info."}
+                        "level": {"type": "string", "enum": LogLevel::ALL.map(LogLevel::as_str), "description": "Optional severity; defaults to info."}
                     },
                     "required": ["id"]
                 }
