@@ -4,6 +4,9 @@
 
 use std::path::PathBuf;
 
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
 /// The environment variable naming extra trusted certificates (PEM, one or more).
 pub const CA_ENV: &str = "AC7_CA_CERT";
 
@@ -36,6 +39,17 @@ pub fn builder() -> Result<reqwest::ClientBuilder, CaError> {
 }
 
 fn extra_roots() -> Result<Vec<reqwest::Certificate>, CaError> {
+    extra_root_ders()?
+        .iter()
+        .map(|der| reqwest::Certificate::from_der(der))
+        .collect::<Result<_, _>>()
+        .map_err(|_| CaError::NoCertificate {
+            path: std::env::var_os(CA_ENV).unwrap_or_default().into(),
+        })
+}
+
+/// The certificates of `AC7_CA_CERT` (none when it is unset), DER.
+pub fn extra_root_ders() -> Result<Vec<CertificateDer<'static>>, CaError> {
     let Some(path) = std::env::var_os(CA_ENV).filter(|p| !p.is_empty()) else {
         return Ok(Vec::new());
     };
@@ -44,8 +58,11 @@ fn extra_roots() -> Result<Vec<reqwest::Certificate>, CaError> {
         path: path.clone(),
         source,
     })?;
-    match reqwest::Certificate::from_pem_bundle(&pem) {
-        Ok(certs) if !certs.is_empty() => Ok(certs),
-        _ => Err(CaError::NoCertificate { path }),
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .filter_map(Result::ok)
+        .collect();
+    if certs.is_empty() {
+        return Err(CaError::NoCertificate { path });
     }
+    Ok(certs)
 }

@@ -21,6 +21,7 @@ pub(crate) mod doctor;
 pub mod forwarder;
 pub mod logs;
 pub mod mcp_config;
+pub mod trace;
 pub mod tracker;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,152 @@
+//! The runner's trace host (activity.md §2): a loopback proxy that decrypts the agent's model
+//! API traffic with a per-session CA, turns each exchange into an activity event, and leaves
+//! everything else alone.
+//!
+//! - [`ca`]: the session CA and its per-host leaves; the CA file on disk (0600, removed on exit);
+//! - [`proxy`]: the proxy (MITM for model hosts, raw tunnel for the rest, plain `http://`
+//!   forwarding, a per-session secret);
+//! - [`env`]: what the agent's command gets in its environment.
+//!
+//! Which runners trace: `ac7 claude-code` and `ac7 codex` by default (`--no-trace` turns it off);
+//! `ac7 run -- <cmd>` only with `--trace` (an arbitrary command may not honour, or may break on,
+//! a proxy; it gets the Node variables). A trace host that fails to start is one warning, and the
+//! agent runs untraced, with no environment changes.
+//!
+//! `--unsafe-tls` stops the proxy from verifying the model hosts' certificates (for a TLS-
+//! inspecting corporate proxy in front of them whose CA is not at hand — prefer `AC7_CA_CERT`);
+//! the runner prints a boxed warning. The agent's own TLS checks are unchanged.
+
+pub mod ca;
+pub mod env;
+pub mod proxy;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use env::{AgentEnv, AgentKind};
+pub use proxy::{TraceProxy, TraceSink};
+
+use ca::{CaFile, TraceCa};
+
+/// The tracing flags of `ac7 claude-code` and `ac7 codex`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TraceArgs {
+    /// Do not trace the agent's model API calls (no proxy, no CA, no environment changes).
+    #[arg(long)]
+    pub no_trace: bool,
+    /// Do not verify the model API hosts' TLS certificates in the trace proxy. Unsafe: anyone
+    /// on the network path can read and change the agent's model traffic.
+    #[arg(long)]
+    pub unsafe_tls: bool,
+}
+
+/// A running trace host.
+#[derive(Debug)]
+pub struct TraceHost {
+    proxy: Option<TraceProxy>,
+    ca_file: CaFile,
+    bundle: Option<CaFile>,
+    env: AgentEnv,
+}
+
+fn temp_dir() -> PathBuf {
+    std::env::temp_dir()
+}
+
+impl TraceHost {
+    /// Generates the CA, writes its file, starts the proxy.
+    pub async fn start(
+        kind: AgentKind,
+        unsafe_tls: bool,
+        sink: Arc<dyn TraceSink>,
+    ) -> Result<Self, String> {
+        let upstream_override = match std::env::var(proxy::UPSTREAM_ENV) {
+            Ok(text) => proxy::parse_upstream_override(&text)?,
+            Err(_) => Default::default(),
+        };
+        let upstream_tls = proxy::upstream_tls(unsafe_tls)?;
+        let ca = Arc::new(TraceCa::generate().map_err(|e| e.to_string())?);
+        let dir = temp_dir();
+        let ca_file = ca.write_pem(&dir).map_err(|e| e.to_string())?;
+        let bundle = match kind {
+            AgentKind::Node => None,
+            AgentKind::Codex => {
+                let mut pem = env::system_bundle().unwrap_or_default();
+                if !pem.is_empty() && !pem.ends_with(b"\n") {
+                    pem.push(b'\n');
+                }
+                pem.extend_from_slice(ca.pem().as_bytes());
+                Some(CaFile::create(&dir, "ac7-trace-bundle", &pem).map_err(|e| e.to_string())?)
+            }
+        };
+        let mut secret = [0u8; 16];
+        getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
+        let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let proxy = TraceProxy::start(
+            proxy::ProxyConfig {
+                ca,
+                upstream_tls,
+                upstream_override,
+                secret,
+            },
+            sink,
+        )
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+        let trusted = bundle.as_ref().unwrap_or(&ca_file).path().to_owned();
+        let env = env::agent_env(kind, &proxy.url(), &trusted);
+        if unsafe_tls {
+            eprintln!(
+                "ac7: ┌──────────────────────────────────────────────────────────────────┐\n\
+                 ac7: │ UNSAFE-TLS MODE: the trace proxy does not verify the certificates │\n\
+                 ac7: │ of the model API hosts. Anyone on the network path can read and   │\n\
+                 ac7: │ change the agent's model traffic. Prefer AC7_CA_CERT=<your CA>.   │\n\
+                 ac7: └──────────────────────────────────────────────────────────────────┘"
+            );
+        }
+        Ok(Self {
+            proxy: Some(proxy),
+            ca_file,
+            bundle,
+            env,
+        })
+    }
+
+    /// [`TraceHost::start`], or `None` after one warning on stderr.
+    pub async fn start_or_warn(
+        kind: AgentKind,
+        unsafe_tls: bool,
+        sink: Arc<dyn TraceSink>,
+    ) -> Option<Self> {
+        match Self::start(kind, unsafe_tls, sink).await {
+            Ok(host) => Some(host),
+            Err(e) => {
+                eprintln!(
+                    "ac7: warning: the trace host failed to start ({e}); the agent runs untraced"
+                );
+                None
+            }
+        }
+    }
+
+    /// The agent's environment delta.
+    pub fn env(&self) -> &AgentEnv {
+        &self.env
+    }
+
+    /// The CA certificate file.
+    pub fn ca_path(&self) -> &std::path::Path {
+        self.ca_file.path()
+    }
+
+    /// Stops the proxy (unfinished exchanges are reported request-only) and removes the files.
+    pub async fn close(mut self) {
+        if let Some(proxy) = self.proxy.take() {
+            proxy.close().await;
+        }
+        self.ca_file.close();
+        if let Some(bundle) = &mut self.bundle {
+            bundle.close();
+        }
+    }
+}

@@ -1,0 +1,708 @@
+//! The trace host's proxy: a loopback HTTP proxy the agent's traffic goes through.
+//!
+//! - Listener on `127.0.0.1:0`; every connection gets an id (from 1), the key of its busy count.
+//! - Every request must carry the session's secret as `Proxy-Authorization: Basic` (user `ac7`):
+//!   the proxy URL given to the agent is `http://ac7:<secret>@127.0.0.1:<port>`, which Node
+//!   (undici), reqwest, curl and git all turn into that header. Another local process cannot
+//!   relay through the proxy (its traffic would be recorded as this member's, activity.md §5 bug
+//!   13): without the secret it gets `407`.
+//! - `CONNECT host:port` (`[v6]:port` too) to a model API host ([`is_model_host`]: `anthropic.com`,
+//!   `openai.com`, `openai.azure.com`, `chatgpt.com` and their subdomains, any port): the proxy
+//!   first dials the upstream as a TLS client (SNI = the host, ALPN `http/1.1`, verified against
+//!   the system and web PKI roots plus `AC7_CA_CERT`; `--unsafe-tls` skips verification). A
+//!   failure before the handshake completes — refused, timed out, an untrusted certificate — is
+//!   `502 Bad Gateway`. Then `200`, and the client's TLS is terminated with the host's leaf from
+//!   the session CA. The plaintext goes through a [`Tracer`]; client→server bytes are written
+//!   only from its `ToServer` outputs (request heads leave with `Accept-Encoding: identity`).
+//! - `CONNECT` to any other host: a raw TCP tunnel, never parsed (§5 bug 1).
+//! - An absolute-form request (`GET http://host[:port]/path HTTP/1.1`) is forwarded to the host
+//!   in origin form, without the `Proxy-*` headers and with `Connection: close` (one request per
+//!   proxied connection), traced only when the host is a model API host (§5 bug 2).
+//! - Anything else: `400 Bad Request`; the listener stays up.
+//!
+//! For tests, `AC7_TRACE_UPSTREAM=host=addr[,host=addr…]` dials `addr` instead of `host:port`;
+//! the TLS name checked is still `host`.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ac7_protocol::trace::activity::ActivityEvent;
+use ac7_protocol::trace::http::{ConnId, HttpConfig};
+use ac7_protocol::trace::{TraceConfig, TraceOutput, Tracer};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use super::ca::TraceCa;
+
+/// The test-only upstream override variable.
+pub const UPSTREAM_ENV: &str = "AC7_TRACE_UPSTREAM";
+
+/// Largest request head the proxy reads before deciding.
+const MAX_HEAD: usize = 64 * 1024;
+/// How long a client may take to send its first request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long dialling (and the TLS handshake with) an upstream may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long [`TraceProxy::close`] waits for open connections to wind up.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Where the proxy's findings go: the activity pipeline (and a channel in tests).
+pub trait TraceSink: Send + Sync + 'static {
+    /// A request on connection `conn` was sent: an LLM call is in flight.
+    fn request_sent(&self, conn: u64);
+    /// An exchange on connection `conn` finished (one per [`TraceSink::request_sent`]).
+    fn exchange(&self, conn: u64, event: ActivityEvent);
+}
+
+/// Whether `host` is a model API host whose traffic is decrypted and traced.
+pub fn is_model_host(host: &str) -> bool {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    [
+        "anthropic.com",
+        "openai.com",
+        "openai.azure.com",
+        "chatgpt.com",
+    ]
+    .iter()
+    .any(|d| host == *d || host.strip_suffix(d).is_some_and(|rest| rest.ends_with('.')))
+}
+
+/// Parses `AC7_TRACE_UPSTREAM` (`host=addr[,host=addr…]`).
+pub fn parse_upstream_override(text: &str) -> Result<HashMap<String, String>, String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((host, addr)) if !host.is_empty() && !addr.is_empty() => {
+                Ok((host.to_ascii_lowercase(), addr.to_owned()))
+            }
+            _ => Err(format!(
+                "{UPSTREAM_ENV}: expected host=address, got {pair:?}"
+            )),
+        })
+        .collect()
+}
+
+/// What the proxy needs.
+pub struct ProxyConfig {
+    /// The session CA (leaves for the model hosts).
+    pub ca: Arc<TraceCa>,
+    /// The TLS client configuration for upstream model hosts.
+    pub upstream_tls: Arc<rustls::ClientConfig>,
+    /// Test-only dial overrides (`host` → `addr`).
+    pub upstream_override: HashMap<String, String>,
+    /// The secret every request must carry.
+    pub secret: String,
+}
+
+struct Shared {
+    config: ProxyConfig,
+    /// `Basic base64("ac7:<secret>")`.
+    authorization: String,
+    sink: Arc<dyn TraceSink>,
+    next_id: AtomicU64,
+}
+
+/// A running proxy.
+pub struct TraceProxy {
+    addr: SocketAddr,
+    secret: String,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for TraceProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceProxy")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceProxy {
+    /// Binds `127.0.0.1:0` and starts serving.
+    pub async fn start(config: ProxyConfig, sink: Arc<dyn TraceSink>) -> io::Result<Self> {
+        use base64::Engine as _;
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let secret = config.secret.clone();
+        let authorization = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("ac7:{secret}"))
+        );
+        let shared = Arc::new(Shared {
+            config,
+            authorization,
+            sink,
+            next_id: AtomicU64::new(1),
+        });
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(accept_loop(listener, shared, stopped));
+        Ok(Self {
+            addr,
+            secret,
+            stop,
+            task,
+        })
+    }
+
+    /// The listening address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The proxy URL for the agent, with the credentials.
+    pub fn url(&self) -> String {
+        format!("http://ac7:{}@{}", self.secret, self.addr)
+    }
+
+    /// Stops listening; open connections end (their unfinished requests are reported
+    /// request-only) within a second.
+    pub async fn close(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+                    conns.spawn(serve(shared.clone(), id, stream, stopped.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!("trace proxy: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            _ = stopped.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        while conns.join_next().await.is_some() {}
+    })
+    .await;
+    conns.abort_all();
+}
+
+/// The first request head of a connection.
+#[derive(Debug, PartialEq, Eq)]
+struct Head {
+    method: String,
+    target: String,
+    version: String,
+    headers: Vec<(String, String)>,
+}
+
+fn parse_head(bytes: &[u8]) -> Option<Head> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let mut lines = text.split("\r\n");
+    let mut start = lines.next()?.split(' ');
+    let (method, target, version) = (start.next()?, start.next()?, start.next()?);
+    if start.next().is_some()
+        || method.is_empty()
+        || target.is_empty()
+        || !matches!(version, "HTTP/1.1" | "HTTP/1.0")
+    {
+        return None;
+    }
+    let mut headers = Vec::new();
+    for line in lines.take_while(|l| !l.is_empty()) {
+        let (name, value) = line.split_once(':')?;
+        if name.is_empty() || name.contains(char::is_whitespace) {
+            return None;
+        }
+        headers.push((name.to_owned(), value.trim().to_owned()));
+    }
+    Some(Head {
+        method: method.to_owned(),
+        target: target.to_owned(),
+        version: version.to_owned(),
+        headers,
+    })
+}
+
+/// `host:port` or `[v6]:port` → (host without brackets, port).
+fn split_authority(authority: &str) -> Option<(String, u16)> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (host, port) = rest.split_once("]:")?;
+        host.parse::<std::net::Ipv6Addr>().ok()?;
+        (host, port)
+    } else {
+        let (host, port) = authority.rsplit_once(':')?;
+        if host.contains(':') {
+            return None;
+        }
+        (host, port)
+    };
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    (!host.is_empty()).then(|| (host.to_ascii_lowercase(), port))
+}
+
+/// `http://authority/path?q` → (host, port, origin-form target).
+fn split_absolute(target: &str) -> Option<(String, u16, String)> {
+    let rest = target
+        .get(..7)
+        .filter(|s| s.eq_ignore_ascii_case("http://"))
+        .map(|_| &target[7..])?;
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let authority = authority.rsplit('@').next()?;
+    let (host, port) = match split_authority(authority) {
+        Some(hp) => hp,
+        None if !authority.contains(':') && !authority.is_empty() => {
+            (authority.to_ascii_lowercase(), 80)
+        }
+        None => {
+            let v6 = authority.strip_prefix('[')?.strip_suffix(']')?;
+            v6.parse::<std::net::Ipv6Addr>().ok()?;
+            (v6.to_owned(), 80)
+        }
+    };
+    let path = match path {
+        "" => "/".to_owned(),
+        p if p.starts_with('?') => format!("/{p}"),
+        p => p.to_owned(),
+    };
+    Some((host, port, path))
+}
+
+/// Reads until the end of the first head; returns (head, bytes after it).
+async fn read_head(client: &mut TcpStream) -> io::Result<(Vec<u8>, Vec<u8>)> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        let from = buf.len().saturating_sub(3);
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(i) = memchr::memmem::find(&buf[from..], b"\r\n\r\n") {
+            let end = from + i + 4;
+            let rest = buf.split_off(end);
+            return Ok((buf, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "head too large"));
+        }
+    }
+}
+
+async fn reply(client: &mut TcpStream, status: &str, extra: &str) {
+    let _ = client
+        .write_all(
+            format!("HTTP/1.1 {status}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await;
+    let _ = client.shutdown().await;
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    id: u64,
+    mut client: TcpStream,
+    stopped: watch::Receiver<bool>,
+) {
+    let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
+        Ok(Ok(read)) => read,
+        Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
+            return reply(&mut client, "431 Request Header Fields Too Large", "").await;
+        }
+        _ => return,
+    };
+    let Some(head) = parse_head(&head) else {
+        return reply(&mut client, "400 Bad Request", "").await;
+    };
+    let authorized = head
+        .headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("proxy-authorization") && *v == shared.authorization);
+    if !authorized {
+        return reply(
+            &mut client,
+            "407 Proxy Authentication Required",
+            "Proxy-Authenticate: Basic realm=\"ac7 trace\"\r\n",
+        )
+        .await;
+    }
+    if head.method.eq_ignore_ascii_case("CONNECT") {
+        let Some((host, port)) = split_authority(&head.target) else {
+            return reply(&mut client, "400 Bad Request", "").await;
+        };
+        if is_model_host(&host) {
+            mitm(&shared, id, client, &host, port, rest, stopped).await;
+        } else {
+            tunnel(&shared, client, &host, port, rest).await;
+        }
+        return;
+    }
+    let Some((host, port, path)) = split_absolute(&head.target) else {
+        return reply(&mut client, "400 Bad Request", "").await;
+    };
+    let Ok(upstream) = dial(&shared, &host, port).await else {
+        return reply(&mut client, "502 Bad Gateway", "").await;
+    };
+    let mut forwarded = format!("{} {path} {}\r\n", head.method, head.version);
+    for (name, value) in &head.headers {
+        let lower = name.to_ascii_lowercase();
+        if lower.starts_with("proxy-") || lower == "connection" || lower == "keep-alive" {
+            continue;
+        }
+        forwarded.push_str(&format!("{name}: {value}\r\n"));
+    }
+    forwarded.push_str("Connection: close\r\n\r\n");
+    let mut first = forwarded.into_bytes();
+    first.extend_from_slice(&rest);
+    if is_model_host(&host) {
+        relay_traced(&shared, id, &host, client, upstream, first, stopped).await;
+    } else {
+        relay_raw(client, upstream, &first).await;
+    }
+}
+
+async fn dial(shared: &Shared, host: &str, port: u16) -> io::Result<TcpStream> {
+    let addr = match shared.config.upstream_override.get(host) {
+        Some(addr) => addr.clone(),
+        None if host.contains(':') => format!("[{host}]:{port}"),
+        None => format!("{host}:{port}"),
+    };
+    let stream = tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))??;
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+async fn tunnel(shared: &Shared, mut client: TcpStream, host: &str, port: u16, rest: Vec<u8>) {
+    match dial(shared, host, port).await {
+        Ok(upstream) => {
+            if client
+                .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                .await
+                .is_ok()
+            {
+                relay_raw(client, upstream, &rest).await;
+            }
+        }
+        Err(e) => {
+            tracing::debug!("trace proxy: {host}:{port}: {e}");
+            reply(&mut client, "502 Bad Gateway", "").await;
+        }
+    }
+}
+
+async fn relay_raw(mut client: TcpStream, mut upstream: TcpStream, first: &[u8]) {
+    if upstream.write_all(first).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+}
+
+async fn mitm(
+    shared: &Shared,
+    id: u64,
+    mut client: TcpStream,
+    host: &str,
+    port: u16,
+    rest: Vec<u8>,
+    stopped: watch::Receiver<bool>,
+) {
+    let upstream = async {
+        let name = ServerName::try_from(host.to_owned())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let tcp = dial(shared, host, port).await?;
+        let connector = tokio_rustls::TlsConnector::from(shared.config.upstream_tls.clone());
+        tokio::time::timeout(DIAL_TIMEOUT, connector.connect(name, tcp))
+            .await
+            .map_err(|_| io::Error::from(io::ErrorKind::TimedOut))?
+    };
+    let leaf = match shared.config.ca.server_config(host) {
+        Ok(leaf) => leaf,
+        Err(e) => {
+            tracing::warn!("trace proxy: {e}");
+            return reply(&mut client, "502 Bad Gateway", "").await;
+        }
+    };
+    let upstream = match upstream.await {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            tracing::warn!("trace proxy: upstream {host}:{port} failed: {e}");
+            return reply(&mut client, "502 Bad Gateway", "").await;
+        }
+    };
+    if client
+        .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(leaf);
+    let client = Prefixed {
+        rest,
+        at: 0,
+        inner: client,
+    };
+    let client = match tokio::time::timeout(DIAL_TIMEOUT, acceptor.accept(client)).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => {
+            tracing::debug!("trace proxy: client TLS for {host} failed: {e}");
+            return;
+        }
+        Err(_) => return,
+    };
+    relay_traced(shared, id, host, client, upstream, Vec::new(), stopped).await;
+}
+
+/// Relays one decrypted connection through a [`Tracer`].
+async fn relay_traced<C, S>(
+    shared: &Shared,
+    id: u64,
+    host: &str,
+    client: C,
+    server: S,
+    first: Vec<u8>,
+    mut stopped: watch::Receiver<bool>,
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let conn = ConnId(id);
+    let sink = &*shared.sink;
+    let mut tracer = Tracer::new(TraceConfig {
+        http: HttpConfig {
+            rewrite_accept_encoding: true,
+            ..HttpConfig::default()
+        },
+        ..TraceConfig::default()
+    });
+    tracer.handle_open(conn, host);
+    let (mut cr, mut cw) = tokio::io::split(client);
+    let (mut sr, mut sw) = tokio::io::split(server);
+    let now = || u64::try_from(crate::clock::now_ms()).unwrap_or(0);
+    if !first.is_empty() {
+        tracer.handle_client_bytes(conn, &first, now());
+        if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
+            tracer.handle_closed(conn, now());
+            let _ = drain(&mut tracer, sink, None::<&mut S>).await;
+            return;
+        }
+    }
+    let mut cbuf = vec![0u8; 16 * 1024];
+    let mut sbuf = vec![0u8; 16 * 1024];
+    let mut client_open = true;
+    loop {
+        tokio::select! {
+            read = cr.read(&mut cbuf), if client_open => match read {
+                Ok(0) | Err(_) => {
+                    client_open = false;
+                    let _ = sw.shutdown().await;
+                }
+                Ok(n) => {
+                    tracer.handle_client_bytes(conn, &cbuf[..n], now());
+                    if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            read = sr.read(&mut sbuf) => match read {
+                Ok(0) | Err(_) => {
+                    tracer.handle_server_eof(conn, now());
+                    let _ = drain(&mut tracer, sink, Some(&mut sw)).await;
+                    let _ = cw.shutdown().await;
+                    break;
+                }
+                Ok(n) => {
+                    tracer.handle_server_bytes(conn, &sbuf[..n], now());
+                    let written = async {
+                        cw.write_all(&sbuf[..n]).await?;
+                        cw.flush().await
+                    };
+                    if written.await.is_err() {
+                        break;
+                    }
+                    if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
+                        break;
+                    }
+                }
+            },
+            _ = stopped.changed() => break,
+        }
+    }
+    tracer.handle_closed(conn, now());
+    let _ = drain(&mut tracer, sink, None::<&mut tokio::io::WriteHalf<S>>).await;
+}
+
+/// Hands the tracer's outputs on: bytes to the server, findings to the sink.
+async fn drain<W: AsyncWrite + Unpin>(
+    tracer: &mut Tracer,
+    sink: &dyn TraceSink,
+    mut server: Option<&mut W>,
+) -> io::Result<()> {
+    let mut wrote = false;
+    while let Some(output) = tracer.poll_output() {
+        match output {
+            TraceOutput::ToServer { bytes, .. } => {
+                if let Some(server) = server.as_deref_mut() {
+                    server.write_all(&bytes).await?;
+                    wrote = true;
+                }
+            }
+            TraceOutput::RequestSent { conn } => sink.request_sent(conn.0),
+            TraceOutput::Event { conn, event } => sink.exchange(conn.0, *event),
+            TraceOutput::Untraced { conn, reason } => {
+                tracing::debug!("trace proxy: connection {} untraced: {reason}", conn.0);
+            }
+        }
+    }
+    if wrote && let Some(server) = server {
+        server.flush().await?;
+    }
+    Ok(())
+}
+
+/// A stream that first yields bytes already read from it.
+struct Prefixed<T> {
+    rest: Vec<u8>,
+    at: usize,
+    inner: T,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Prefixed<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.at < self.rest.len() {
+            let n = (self.rest.len() - self.at).min(buf.remaining());
+            let at = self.at;
+            buf.put_slice(&self.rest[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The TLS client configuration for upstream model hosts: the system roots (the first bundle
+/// found at the usual places, or `$SSL_CERT_FILE`), the web PKI roots and `AC7_CA_CERT`; with
+/// `unsafe_tls`, no verification at all.
+pub fn upstream_tls(unsafe_tls: bool) -> Result<Arc<rustls::ClientConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    let mut config = if unsafe_tls {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            .with_no_client_auth()
+    } else {
+        let mut roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        if let Some(pem) = super::env::system_bundle() {
+            use rustls::pki_types::pem::PemObject;
+            roots.add_parsable_certificates(
+                rustls::pki_types::CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok),
+            );
+        }
+        let extra = crate::tls_client::extra_root_ders().map_err(|e| e.to_string())?;
+        roots.add_parsable_certificates(extra);
+        builder.with_root_certificates(roots).with_no_client_auth()
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// `--unsafe-tls`: accepts any upstream certificate (signatures are still checked).
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests;
