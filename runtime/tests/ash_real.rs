@@ -12,14 +12,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use ac7_protocol::ash::Command;
 use ac7_runtime::ash_client::AshClient;
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use common::ash::spawn_ash_bridge;
+use common::messages_api::{self, Seen};
 use common::{tempdir, within};
 use serde_json::{Value, json};
 
@@ -40,103 +39,9 @@ fn claude() -> PathBuf {
         .clone()
 }
 
-/// What the stand-in saw: per `/v1/messages` request with tools (a turn of the agent), the
-/// number of messages in the conversation it carried.
-type Seen = Arc<Mutex<Vec<usize>>>;
-
-fn sse(model: &str) -> String {
-    let events = [
-        (
-            "message_start",
-            json!({"type": "message_start", "message": {"id": "msg_standin", "type": "message",
-                "role": "assistant", "model": model, "content": [], "stop_reason": null,
-                "stop_sequence": null, "usage": {"input_tokens": 5, "output_tokens": 1}}}),
-        ),
-        (
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-        ),
-        (
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                "delta": {"type": "text_delta", "text": "hello from the stand-in"}}),
-        ),
-        (
-            "content_block_stop",
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        (
-            "message_delta",
-            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
-                "stop_sequence": null}, "usage": {"output_tokens": 5}}),
-        ),
-        ("message_stop", json!({"type": "message_stop"})),
-    ];
-    events
-        .iter()
-        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
-        .collect()
-}
-
-async fn messages(seen: Seen, body: Bytes) -> Response {
-    let request: Value = serde_json::from_slice(&body).unwrap_or_default();
-    // The text the user sent last (claude merges a failed turn's prompt with the next one).
-    let content = request["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .map(|m| m["content"].clone())
-        .unwrap_or_default();
-    let last = match &content {
-        Value::Array(blocks) => blocks
-            .iter()
-            .rev()
-            .find_map(|b| b["text"].as_str())
-            .unwrap_or_default()
-            .to_owned(),
-        other => other.as_str().unwrap_or_default().to_owned(),
-    };
-    if request["tools"].as_array().is_some_and(|t| !t.is_empty()) {
-        seen.lock()
-            .unwrap()
-            .push(request["messages"].as_array().map_or(0, Vec::len));
-    }
-    if last.contains("please fail") {
-        let error = json!({"type": "error", "error": {"type": "invalid_request_error",
-            "message": "the stand-in refuses this prompt"}});
-        return (StatusCode::BAD_REQUEST, axum::Json(error)).into_response();
-    }
-    let model = request["model"].as_str().unwrap_or("claude-stand-in");
-    if request["stream"] == true {
-        let mut headers = HeaderMap::new();
-        headers.insert(header::CONTENT_TYPE, "text/event-stream".parse().unwrap());
-        (headers, sse(model)).into_response()
-    } else {
-        axum::Json(
-            json!({"id": "msg_standin", "type": "message", "role": "assistant",
-            "model": model, "content": [{"type": "text", "text": "hello from the stand-in"}],
-            "stop_reason": "end_turn", "stop_sequence": null,
-            "usage": {"input_tokens": 5, "output_tokens": 5}}),
-        )
-        .into_response()
-    }
-}
-
 /// Starts the Messages API stand-in; returns its base URL.
 async fn stand_in(seen: Seen) -> String {
-    let app = axum::Router::new()
-        .route(
-            "/v1/messages",
-            axum::routing::post(move |body: Bytes| messages(seen.clone(), body)),
-        )
-        .route("/", axum::routing::any(|| async { StatusCode::OK }))
-        .fallback(|| async {
-            (
-                StatusCode::NOT_FOUND,
-                axum::Json(json!({"type": "error", "error": {"type": "not_found_error",
-                    "message": "not served by the stand-in"}})),
-            )
-        });
+    let app = messages_api::router(seen);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });

@@ -20,6 +20,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
 pub mod ash;
+pub mod messages_api;
 pub mod npm;
 
 /// The `ac7` binary under test.
