@@ -16,7 +16,6 @@ use std::sync::{Arc, OnceLock};
 
 use ac7_protocol::ash::Command;
 use ac7_runtime::ash_client::AshClient;
-use axum::response::{IntoResponse, Response};
 use common::ash::spawn_ash_bridge;
 use common::messages_api::{self, Seen};
 use common::{tempdir, within};
