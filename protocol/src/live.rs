@@ -626,17 +626,22 @@ impl LiveStream {
         self.out.push_back(LiveOutput::Backoff { delay, reason });
     }
 
-    /// `delay` ±20 %, from the seeded generator (splitmix64).
+    /// `delay` ±20 %, from the seeded generator.
     fn jitter(&mut self, delay: Duration) -> Duration {
-        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.rng;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        // 0.8 ..= 1.2 in 1/1000 steps.
-        let permille = 800 + (z % 401);
-        delay * u32::try_from(permille).unwrap_or(1000) / 1000
+        jitter(&mut self.rng, delay)
     }
+}
+
+/// `delay` ±20 %, from the seeded generator `rng` (splitmix64; advances it).
+pub(crate) fn jitter(rng: &mut u64, delay: Duration) -> Duration {
+    *rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *rng;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    // 0.8 ..= 1.2 in 1/1000 steps.
+    let permille = 800 + (z % 401);
+    delay * u32::try_from(permille).unwrap_or(1000) / 1000
 }
 
 #[cfg(test)]

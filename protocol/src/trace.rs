@@ -21,9 +21,11 @@
 
 pub mod activity;
 pub mod anthropic;
+pub mod busy;
 pub mod http;
 pub mod openai;
 pub mod redact;
+pub mod uploader;
 
 use std::collections::BTreeMap;
 

@@ -107,6 +107,36 @@ impl BrokerClient {
     }
 }
 
+impl BrokerClient {
+    /// `POST /members/<member>/activity` with an upload body (`{"events":[…]}`); the status.
+    pub async fn post_activity(&self, member: &str, body: Vec<u8>) -> Result<u16, TransportError> {
+        let path = format!(
+            "/members/{}/activity",
+            ac7_protocol::toolbox::encode_component(member)
+        );
+        let response = self
+            .builder(reqwest::Method::POST, &path)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(describe)?;
+        Ok(response.status().as_u16())
+    }
+
+    /// `POST /presence/busy {"busy": busy}`; the status. `timeout` bounds the whole request.
+    pub async fn set_busy(&self, busy: bool, timeout: Duration) -> Result<u16, TransportError> {
+        let response = self
+            .builder(reqwest::Method::POST, "/presence/busy")
+            .timeout(timeout)
+            .json(&serde_json::json!({ "busy": busy }))
+            .send()
+            .await
+            .map_err(describe)?;
+        Ok(response.status().as_u16())
+    }
+}
+
 /// The error chain in one line (reqwest's top-level message alone hides the cause).
 pub(crate) fn describe(error: reqwest::Error) -> TransportError {
     let mut text = error.to_string();

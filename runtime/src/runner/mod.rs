@@ -15,6 +15,7 @@
 //! When the agent exits: the config is restored, the bridge gets `shutdown`, the socket is
 //! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it).
 
+pub mod activity;
 pub mod broker;
 pub mod codex;
 pub(crate) mod doctor;

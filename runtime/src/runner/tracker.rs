@@ -90,7 +90,8 @@ pub fn spawn(
     TrackerHandle { tx }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
+/// Sleeps until `deadline`, or forever without one.
+pub(crate) async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
         None => std::future::pending().await,

@@ -1,0 +1,159 @@
+//! The runner's activity pipeline against a real broker on 127.0.0.1: uploads arrive in order,
+//! survive a broker that is down for a while, and the busy flag follows LLM calls.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+mod broker_support;
+
+use std::time::Duration;
+
+use ac7_protocol::trace::activity::ActivityEvent;
+use ac7_runtime::broker::{BrokerConfig, start};
+use ac7_runtime::runner::BrokerClient;
+use ac7_runtime::runner::activity::{ActivityPipeline, PipelineConfig};
+use broker_support::{TestBroker, start_broker};
+use serde_json::Value;
+
+fn open(ts: u64) -> ActivityEvent {
+    ActivityEvent::ObjectiveOpen {
+        ts,
+        objective_id: format!("obj-{ts}"),
+    }
+}
+
+/// The builder's stored event timestamps, oldest first.
+async fn stored_ts(b: &TestBroker) -> Vec<u64> {
+    let r = b
+        .get("/members/builder/activity?limit=1000", "builder")
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let mut ts: Vec<u64> = r.json["activity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["event"]["ts"].as_u64().unwrap())
+        .collect();
+    ts.reverse();
+    ts
+}
+
+/// Polls `check` every 50 ms for up to 10 s.
+async fn eventually<F: AsyncFnMut() -> bool>(what: &str, mut check: F) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn builder_busy(roster: &Value) -> Option<Value> {
+    roster["connected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "builder")
+        .unwrap()
+        .get("busy")
+        .cloned()
+}
+
+#[tokio::test]
+async fn recorded_events_arrive_in_order() {
+    let b = start_broker().await;
+    let client = BrokerClient::new(&b.url, b.token("builder")).unwrap();
+    let (pipeline, handle) =
+        ActivityPipeline::start(client, "builder".into(), PipelineConfig::default());
+    // One event goes within the 500 ms linger, without a shutdown.
+    handle.record(open(1));
+    eventually("the first event", async || stored_ts(&b).await == [1]).await;
+    // 130 more from two clones: several batches, in order, all there after shutdown.
+    let other = handle.clone();
+    for ts in 2..=130 {
+        if ts % 2 == 0 {
+            handle.record(open(ts));
+        } else {
+            other.record(open(ts));
+        }
+    }
+    pipeline.shutdown().await;
+    assert_eq!(stored_ts(&b).await, (1..=130).collect::<Vec<_>>());
+    // After shutdown the handle drops events quietly.
+    handle.record(open(999));
+    assert_eq!(stored_ts(&b).await.len(), 130);
+}
+
+#[tokio::test]
+async fn a_broker_down_for_a_while_still_gets_every_event() {
+    let TestBroker {
+        url,
+        tokens,
+        broker,
+        http,
+        dir,
+    } = start_broker().await;
+    let addr = broker.addr;
+    broker.shutdown().await.unwrap();
+    let client = BrokerClient::new(&url, &tokens["builder"]).unwrap();
+    let (pipeline, handle) =
+        ActivityPipeline::start(client, "builder".into(), PipelineConfig::default());
+    for ts in 1..=75 {
+        handle.record(open(ts));
+    }
+    // Several failed uploads (connection refused) and backoffs.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let broker = start(BrokerConfig::new(dir.path().join("ac7.db")), listener)
+        .await
+        .unwrap();
+    let b = TestBroker {
+        url,
+        tokens,
+        broker,
+        http,
+        dir,
+    };
+    for ts in 76..=80 {
+        handle.record(open(ts));
+    }
+    eventually("every event after the broker came back", async || {
+        stored_ts(&b).await.len() >= 80
+    })
+    .await;
+    pipeline.shutdown().await;
+    assert_eq!(stored_ts(&b).await, (1..=80).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn llm_calls_mark_the_member_busy_on_the_roster() {
+    let b = start_broker().await;
+    let client = BrokerClient::new(&b.url, b.token("builder")).unwrap();
+    let (pipeline, handle) =
+        ActivityPipeline::start(client, "builder".into(), PipelineConfig::default());
+    let roster = async || b.get("/roster", "director").await.json;
+    assert_eq!(builder_busy(&roster().await), None);
+    handle.llm_started(7);
+    handle.llm_started(7);
+    eventually("busy: true", async || {
+        builder_busy(&roster().await) == Some(Value::Bool(true))
+    })
+    .await;
+    handle.llm_finished(7);
+    // Still one call in flight under key 7: busy stays past the idle debounce.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(builder_busy(&roster().await), Some(Value::Bool(true)));
+    handle.llm_finished(7);
+    eventually("busy cleared", async || {
+        builder_busy(&roster().await).is_none()
+    })
+    .await;
+    // Busy at shutdown: the final report clears it.
+    handle.llm_started(8);
+    eventually("busy again", async || {
+        builder_busy(&roster().await) == Some(Value::Bool(true))
+    })
+    .await;
+    pipeline.shutdown().await;
+    assert_eq!(builder_busy(&roster().await), None);
+}
