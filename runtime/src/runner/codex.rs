@@ -64,6 +64,9 @@ pub struct CodexArgs {
     /// Check the set-up (Codex starts the ac7 MCP server, lists its tools, runs `roster`) and exit.
     #[arg(long)]
     pub doctor: bool,
+    /// Tracing of Codex's model API calls.
+    #[command(flatten)]
+    pub tracing: super::trace::TraceArgs,
 }
 
 /// How long `--doctor` waits for each step.
@@ -397,7 +400,16 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         Ok(cwd) => cwd,
         Err(e) => return start_failed(&StartError(format!("no working directory: {e}"))),
     };
+    let trace = if args.tracing.no_trace || args.doctor {
+        None
+    } else {
+        core.start_trace(super::trace::AgentKind::Codex, args.tracing.unsafe_tls)
+            .await
+    };
     let mut command = tokio::process::Command::new(&codex);
+    if let Some(trace) = &trace {
+        trace.env().apply(&mut command);
+    }
     command.arg("app-server");
     for value in &args.config {
         command.args(["-c", value]);
@@ -563,6 +575,9 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         }
     };
     core.server.shutdown(Some(&reason)).await;
+    if let Some(trace) = trace {
+        trace.close().await;
+    }
     code
 }
 

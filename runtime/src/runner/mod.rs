@@ -72,6 +72,9 @@ pub struct ClaudeCodeArgs {
     /// lists its tools) and exit: 0 all good, 1 not.
     #[arg(long)]
     pub doctor: bool,
+    /// Tracing of the agent's model API calls.
+    #[command(flatten)]
+    pub tracing: trace::TraceArgs,
     /// Arguments for `claude` (after `--`).
     #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
     pub claude_args: Vec<String>,
@@ -86,6 +89,13 @@ pub struct RunArgs {
     /// The MCP config file the agent reads.
     #[arg(long, default_value = ".mcp.json")]
     pub mcp_config: PathBuf,
+    /// Trace the agent's model API calls (off by default for `ac7 run`; the command gets the
+    /// proxy and the CA in its environment the way Node programs read them).
+    #[arg(long, conflicts_with = "no_trace")]
+    pub trace: bool,
+    /// Tracing flags.
+    #[command(flatten)]
+    pub tracing: trace::TraceArgs,
     /// The agent command and its arguments.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -112,9 +122,13 @@ pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
         Err(e) => return start_failed(&e),
     };
     let ClaudeCodeArgs {
-        opts, claude_args, ..
+        opts,
+        claude_args,
+        tracing,
+        ..
     } = args;
-    run_runner(opts, PathBuf::from(".mcp.json"), move |briefing| {
+    let trace = (!tracing.no_trace).then_some((trace::AgentKind::Node, tracing.unsafe_tls));
+    run_runner(opts, PathBuf::from(".mcp.json"), trace, move |briefing| {
         let mut argv = vec![claude.to_string_lossy().into_owned()];
         argv.extend(claude_flags(&claude_args, &briefing.instructions));
         argv
@@ -127,8 +141,12 @@ pub fn run_command(args: RunArgs) -> i32 {
         opts,
         mcp_config,
         command,
+        trace,
+        tracing,
     } = args;
-    run_runner(opts, mcp_config, move |_| command)
+    let trace =
+        (trace && !tracing.no_trace).then_some((trace::AgentKind::Node, tracing.unsafe_tls));
+    run_runner(opts, mcp_config, trace, move |_| command)
 }
 
 /// The flags `ac7 claude-code` adds in front of the user's, unless the user passed them.
@@ -194,6 +212,7 @@ pub(crate) fn start_failed(error: &StartError) -> i32 {
 fn run_runner(
     opts: RunnerOpts,
     config: PathBuf,
+    trace: Option<(trace::AgentKind, bool)>,
     argv: impl FnOnce(&Briefing) -> Vec<String>,
 ) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -204,7 +223,7 @@ fn run_runner(
         Err(e) => return start_failed(&StartError(format!("cannot start: {e}"))),
     };
     runtime.block_on(async move {
-        match start(opts, &config, argv).await {
+        match start(opts, &config, trace, argv).await {
             Ok(running) => running.wait().await,
             Err(e) => start_failed(&e),
         }
@@ -216,6 +235,7 @@ struct Running {
     config: mcp_config::McpConfigGuard,
     server: crate::ipc_server::ServerTask,
     stop_stream: watch::Sender<bool>,
+    trace: Option<trace::TraceHost>,
 }
 
 /// What every runner sets up before its agent starts: the briefing, the IPC socket serving the
@@ -301,6 +321,16 @@ impl Core {
         Ok((exe, self.socket_path.clone()))
     }
 
+    /// Starts the trace host for the agent (see [`trace`]); `None` after a warning when it
+    /// cannot start.
+    pub(crate) async fn start_trace(
+        &self,
+        kind: trace::AgentKind,
+        unsafe_tls: bool,
+    ) -> Option<trace::TraceHost> {
+        trace::TraceHost::start_or_warn(kind, unsafe_tls, &self.client, &self.briefing.name).await
+    }
+
     /// Starts the live stream; every message goes to `sink`. Send `true` to stop it.
     pub(crate) fn start_stream(
         &self,
@@ -318,6 +348,7 @@ impl Core {
 async fn start(
     opts: RunnerOpts,
     config_path: &Path,
+    trace: Option<(trace::AgentKind, bool)>,
     argv: impl FnOnce(&Briefing) -> Vec<String>,
 ) -> Result<Running, StartError> {
     let core = start_core(&opts, BridgePolicy::DisplaceOld).await?;
@@ -350,7 +381,15 @@ async fn start(
     let Some((program, args)) = argv.split_first() else {
         return Err(StartError("no agent command given".into()));
     };
-    let child = tokio::process::Command::new(program)
+    let trace = match trace {
+        Some((kind, unsafe_tls)) => core.start_trace(kind, unsafe_tls).await,
+        None => None,
+    };
+    let mut command = tokio::process::Command::new(program);
+    if let Some(trace) = &trace {
+        trace.env().apply(&mut command);
+    }
+    let child = command
         .args(args)
         .kill_on_drop(false)
         .spawn()
@@ -364,6 +403,7 @@ async fn start(
         config,
         server: core.server,
         stop_stream,
+        trace,
     })
 }
 
@@ -378,6 +418,9 @@ impl Running {
         self.server
             .shutdown(Some(&format!("agent-exited-{code}")))
             .await;
+        if let Some(trace) = self.trace {
+            trace.close().await;
+        }
         code
     }
 }

@@ -28,6 +28,23 @@ pub use proxy::{TraceProxy, TraceSink};
 
 use ca::{CaFile, TraceCa};
 
+use super::activity::{ActivityHandle, ActivityPipeline, PipelineConfig};
+use super::broker::BrokerClient;
+use ac7_protocol::trace::activity::ActivityEvent;
+
+/// The proxy's findings go to the activity pipeline: each request sent counts as an LLM call in
+/// flight under its connection id (the busy flag), each finished exchange ends one and is uploaded.
+impl TraceSink for ActivityHandle {
+    fn request_sent(&self, conn: u64) {
+        self.llm_started(conn);
+    }
+
+    fn exchange(&self, conn: u64, event: ActivityEvent) {
+        self.llm_finished(conn);
+        self.record(event);
+    }
+}
+
 /// The tracing flags of `ac7 claude-code` and `ac7 codex`.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TraceArgs {
@@ -40,10 +57,12 @@ pub struct TraceArgs {
     pub unsafe_tls: bool,
 }
 
-/// A running trace host.
+/// A running trace host: the proxy, the CA file, and the activity pipeline its findings go to.
 #[derive(Debug)]
 pub struct TraceHost {
     proxy: Option<TraceProxy>,
+    pipeline: Option<ActivityPipeline>,
+    activity: ActivityHandle,
     ca_file: CaFile,
     bundle: Option<CaFile>,
     env: AgentEnv,
@@ -54,11 +73,13 @@ fn temp_dir() -> PathBuf {
 }
 
 impl TraceHost {
-    /// Generates the CA, writes its file, starts the proxy.
+    /// Generates the CA, writes its file, starts the activity pipeline for `member` and the
+    /// proxy.
     pub async fn start(
         kind: AgentKind,
         unsafe_tls: bool,
-        sink: Arc<dyn TraceSink>,
+        client: &BrokerClient,
+        member: &str,
     ) -> Result<Self, String> {
         let upstream_override = match std::env::var(proxy::UPSTREAM_ENV) {
             Ok(text) => proxy::parse_upstream_override(&text)?,
@@ -82,6 +103,8 @@ impl TraceHost {
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
         let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+        let (pipeline, activity) =
+            ActivityPipeline::start(client.clone(), member.to_owned(), PipelineConfig::default());
         let proxy = TraceProxy::start(
             proxy::ProxyConfig {
                 ca,
@@ -89,10 +112,16 @@ impl TraceHost {
                 upstream_override,
                 secret,
             },
-            sink,
+            Arc::new(activity.clone()),
         )
-        .await
-        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
+        .await;
+        let proxy = match proxy {
+            Ok(proxy) => proxy,
+            Err(e) => {
+                pipeline.shutdown().await;
+                return Err(format!("cannot listen on 127.0.0.1: {e}"));
+            }
+        };
         let trusted = bundle.as_ref().unwrap_or(&ca_file).path().to_owned();
         let env = env::agent_env(kind, &proxy.url(), &trusted);
         if unsafe_tls {
@@ -106,6 +135,8 @@ impl TraceHost {
         }
         Ok(Self {
             proxy: Some(proxy),
+            pipeline: Some(pipeline),
+            activity,
             ca_file,
             bundle,
             env,
@@ -116,9 +147,10 @@ impl TraceHost {
     pub async fn start_or_warn(
         kind: AgentKind,
         unsafe_tls: bool,
-        sink: Arc<dyn TraceSink>,
+        client: &BrokerClient,
+        member: &str,
     ) -> Option<Self> {
-        match Self::start(kind, unsafe_tls, sink).await {
+        match Self::start(kind, unsafe_tls, client, member).await {
             Ok(host) => Some(host),
             Err(e) => {
                 eprintln!(
@@ -134,15 +166,25 @@ impl TraceHost {
         &self.env
     }
 
+    /// The activity pipeline's handle (objective markers go there too).
+    pub fn activity(&self) -> &ActivityHandle {
+        &self.activity
+    }
+
     /// The CA certificate file.
     pub fn ca_path(&self) -> &std::path::Path {
         self.ca_file.path()
     }
 
-    /// Stops the proxy (unfinished exchanges are reported request-only) and removes the files.
+    /// Stops the proxy (unfinished exchanges are reported request-only), drains the activity
+    /// pipeline (a final `busy: false` if needed, then every queued event, within its close
+    /// deadline) and removes the files.
     pub async fn close(mut self) {
         if let Some(proxy) = self.proxy.take() {
             proxy.close().await;
+        }
+        if let Some(pipeline) = self.pipeline.take() {
+            pipeline.shutdown().await;
         }
         self.ca_file.close();
         if let Some(bundle) = &mut self.bundle {
