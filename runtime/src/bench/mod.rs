@@ -16,6 +16,7 @@
 //! cargo run --release --bin ac7-bench -- call-tool        # call_tool round trip through the bridge
 //! cargo run --release --bin ac7-bench -- ash-spawn        # ash-bridge spawn -> R
 //! cargo run --release --bin ac7-bench -- ash-query        # query -> done with an instant stand-in agent
+//! cargo run --release --bin ac7-bench -- trace            # model call direct vs via the trace proxy, runner RSS
 //! ```
 
 pub mod bridge;
@@ -24,6 +25,7 @@ pub mod dialects;
 pub mod history;
 pub mod runner;
 pub mod slow_consumer;
+pub mod trace;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -48,6 +50,7 @@ pub const SCENARIOS: &[&str] = &[
     "call-tool",
     "ash-spawn",
     "ash-query",
+    "trace",
 ];
 
 /// Runs the scenario named by `args[0]`; returns the process exit code.
@@ -89,6 +92,10 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
         }
         Some("ash-query") => {
             print_json(&dialects::ash_query(&sibling_binary("ac7")?, 200)?)?;
+            Ok(0)
+        }
+        Some("trace") => {
+            print_json(&trace::run()?)?;
             Ok(0)
         }
         Some(broker::CHILD_ARG) => broker::child_main(&args[1..]),
