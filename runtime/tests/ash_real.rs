@@ -12,7 +12,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use ac7_protocol::ash::Command;
 use ac7_runtime::ash_client::AshClient;
@@ -20,23 +20,6 @@ use common::ash::spawn_ash_bridge;
 use common::messages_api::{self, Seen};
 use common::{tempdir, within};
 use serde_json::{Value, json};
-
-const CLAUDE_VERSION: &str = "2.1.197";
-
-fn claude() -> PathBuf {
-    static CLAUDE: OnceLock<PathBuf> = OnceLock::new();
-    CLAUDE
-        .get_or_init(|| {
-            common::npm::npm_bin(
-                "AC7_TEST_CLAUDE",
-                "@anthropic-ai/claude-code",
-                CLAUDE_VERSION,
-                "claude-npm",
-                "claude",
-            )
-        })
-        .clone()
-}
 
 /// Starts the Messages API stand-in; returns its base URL.
 async fn stand_in(seen: Seen) -> String {
@@ -64,7 +47,7 @@ impl Bridge {
             command
                 .env("ASH_BRIDGE_SOCKET", &socket)
                 .env("ASH_WORKSPACE_DIR", &workspace)
-                .env("CLAUDE_PATH", claude())
+                .env("CLAUDE_PATH", common::npm::claude())
                 // claude keeps its sessions under $HOME/.claude: one per test, kept across
                 // restarts.
                 .env("HOME", &home)

@@ -18,7 +18,7 @@ mod broker_support;
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use broker_support::start_broker;
@@ -28,23 +28,7 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const CLAUDE_VERSION: &str = "2.1.197";
 const API_KEY: &str = "sk-ant-api03-trace-test-dummy-key-0123456789abcdef";
-
-fn claude() -> PathBuf {
-    static CLAUDE: OnceLock<PathBuf> = OnceLock::new();
-    CLAUDE
-        .get_or_init(|| {
-            common::npm::npm_bin(
-                "AC7_TEST_CLAUDE",
-                "@anthropic-ai/claude-code",
-                CLAUDE_VERSION,
-                "claude-npm",
-                "claude",
-            )
-        })
-        .clone()
-}
 
 /// A test CA and a TLS server config for `host` signed by it.
 struct TestCa {
@@ -121,7 +105,7 @@ fn ca_files(dir: &Path) -> Vec<String> {
 /// the stand-in's answer, without the API key; the CA file is gone after the runner exits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_claude_exchange_is_traced_live_without_secrets() {
-    let claude = claude();
+    let claude = common::npm::claude();
     let broker = start_broker().await;
     let dir = tempdir();
     let tmp = dir.path().join("tmp");

@@ -29,3 +29,23 @@ pub fn npm_bin(env_var: &str, package: &str, version: &str, dir: &str, bin: &str
     }
     path
 }
+
+/// The Claude Code version the tests run.
+pub const CLAUDE_VERSION: &str = "2.1.197";
+
+/// The real `claude`: `$AC7_TEST_CLAUDE`, else `@anthropic-ai/claude-code@CLAUDE_VERSION`
+/// installed once into `<target dir>/tmp/claude-npm`.
+pub fn claude() -> PathBuf {
+    static CLAUDE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CLAUDE
+        .get_or_init(|| {
+            npm_bin(
+                "AC7_TEST_CLAUDE",
+                "@anthropic-ai/claude-code",
+                CLAUDE_VERSION,
+                "claude-npm",
+                "claude",
+            )
+        })
+        .clone()
+}
