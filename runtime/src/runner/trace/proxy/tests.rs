@@ -71,6 +71,10 @@ async fn proxy_for(
     overrides: &[(&str, SocketAddr)],
     roots: &[&str],
 ) -> (TraceProxy, Arc<TraceCa>, Arc<Recorded>) {
+    proxy_with(overrides, upstream_config(roots)).await
+}
+
+fn upstream_config(roots: &[&str]) -> Arc<rustls::ClientConfig> {
     use rustls::pki_types::pem::PemObject;
     let mut store = rustls::RootCertStore::empty();
     for pem in roots {
@@ -86,12 +90,19 @@ async fn proxy_for(
     .with_root_certificates(store)
     .with_no_client_auth();
     upstream.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(upstream)
+}
+
+async fn proxy_with(
+    overrides: &[(&str, SocketAddr)],
+    upstream: Arc<rustls::ClientConfig>,
+) -> (TraceProxy, Arc<TraceCa>, Arc<Recorded>) {
     let ca = Arc::new(TraceCa::generate().unwrap());
     let sink = Arc::new(Recorded::default());
     let proxy = TraceProxy::start(
         ProxyConfig {
             ca: ca.clone(),
-            upstream_tls: Arc::new(upstream),
+            upstream_tls: upstream,
             upstream_override: overrides
                 .iter()
                 .map(|(h, a)| ((*h).to_owned(), a.to_string()))
@@ -324,4 +335,50 @@ fn model_hosts_and_targets() {
         "y"
     );
     assert!(parse_upstream_override("nonsense").is_err());
+}
+
+#[tokio::test]
+async fn unsafe_tls_accepts_an_untrusted_upstream() {
+    let upstream = stand_in("api.anthropic.com", sse()).await;
+    let (proxy, _, _) = proxy_with(
+        &[("api.anthropic.com", upstream.addr)],
+        upstream_tls(true).unwrap(),
+    )
+    .await;
+    let (_, head) = connect(&proxy, "api.anthropic.com:443").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    proxy.close().await;
+}
+
+#[tokio::test]
+async fn plain_http_to_a_model_host_is_traced() {
+    let origin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = origin.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = origin.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = s.read(&mut buf).await.unwrap();
+        s.write_all(&sse()).await.unwrap();
+    });
+    let (proxy, _, sink) = proxy_for(&[("api.anthropic.com", addr)], &[]).await;
+    let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    let body = r#"{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}"#;
+    tcp.write_all(
+        format!(
+            "POST http://api.anthropic.com/v1/messages HTTP/1.1\r\nHost: api.anthropic.com\r\n{AUTH}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let got = read_all(&mut tcp).await;
+    assert_eq!(got, sse());
+    proxy.close().await;
+    let events = sink.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        serde_json::to_value(&events[0].1).unwrap()["kind"],
+        "llm_exchange"
+    );
 }
