@@ -23,6 +23,7 @@ pub mod activity;
 pub mod anthropic;
 pub mod busy;
 pub mod http;
+pub mod markers;
 pub mod openai;
 pub mod redact;
 pub mod uploader;

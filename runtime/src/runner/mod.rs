@@ -215,6 +215,7 @@ struct Running {
     config: mcp_config::McpConfigGuard,
     server: crate::ipc_server::ServerTask,
     stop_stream: watch::Sender<bool>,
+    activity: Option<activity::Activity>,
 }
 
 /// What every runner sets up before its agent starts: the briefing, the IPC socket serving the
@@ -228,11 +229,15 @@ pub(crate) struct Core {
     pub(crate) socket_path: PathBuf,
     /// Set to the agent's pid once it is spawned: only bridges from its process tree get events.
     pub(crate) agent: crate::peer::AgentPid,
+    /// Activity upload, busy reports and objective markers; shut down before `server`.
+    pub(crate) activity: Option<activity::Activity>,
 }
 
+/// `record_activity`: start the activity pipeline and objective markers ([`activity::Activity`]).
 pub(crate) async fn start_core(
     opts: &RunnerOpts,
     policy: BridgePolicy,
+    record_activity: bool,
 ) -> Result<Core, StartError> {
     let token = opts.token.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
         StartError(
@@ -269,11 +274,20 @@ pub(crate) async fn start_core(
     let socket_path = server.path().to_owned();
     let runner = server.handle();
     let open: tracker::OpenObjectives = Arc::new(Mutex::new(briefing.open_objectives.clone()));
+    // Every runner kind records activity (markers now; the trace host's exchanges too).
+    let activity = record_activity.then(|| {
+        activity::Activity::start(
+            client.clone(),
+            briefing.name.clone(),
+            briefing.open_objectives.clone(),
+        )
+    });
     let tracker = tracker::spawn(
         client.clone(),
         briefing.name.clone(),
         open.clone(),
         runner.clone(),
+        activity.as_ref().map(activity::Activity::markers),
     );
     let server = server.serve(handler(
         client.clone(),
@@ -289,6 +303,7 @@ pub(crate) async fn start_core(
         tracker,
         socket_path,
         agent,
+        activity,
     })
 }
 
@@ -319,7 +334,7 @@ async fn start(
     config_path: &Path,
     argv: impl FnOnce(&Briefing) -> Vec<String>,
 ) -> Result<Running, StartError> {
-    let core = start_core(&opts, BridgePolicy::DisplaceOld).await?;
+    let core = start_core(&opts, BridgePolicy::DisplaceOld, true).await?;
     let (exe, socket) = core.bridge_command()?;
     let entry = json!({
         "command": exe.to_string_lossy(),
@@ -329,6 +344,9 @@ async fn start(
     let config = match mcp_config::install(config_path, mcp::SERVER_NAME, entry) {
         Ok(guard) => guard,
         Err(e) => {
+            if let Some(activity) = core.activity {
+                activity.shutdown().await;
+            }
             core.server.shutdown(Some("mcp-config-failed")).await;
             return Err(StartError(e.to_string()));
         }
@@ -363,6 +381,7 @@ async fn start(
         config,
         server: core.server,
         stop_stream,
+        activity: core.activity,
     })
 }
 
@@ -374,6 +393,9 @@ impl Running {
             eprintln!("ac7: warning: {e}");
         }
         let _ = self.stop_stream.send(true);
+        if let Some(activity) = self.activity {
+            activity.shutdown().await;
+        }
         self.server
             .shutdown(Some(&format!("agent-exited-{code}")))
             .await;
