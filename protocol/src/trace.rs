@@ -26,6 +26,7 @@ pub mod http;
 pub mod markers;
 pub mod openai;
 pub mod redact;
+pub mod reminder;
 pub mod uploader;
 
 use std::collections::BTreeMap;
