@@ -23,8 +23,10 @@ pub mod activity;
 pub mod anthropic;
 pub mod busy;
 pub mod http;
+pub mod markers;
 pub mod openai;
 pub mod redact;
+pub mod reminder;
 pub mod uploader;
 
 use std::collections::BTreeMap;

@@ -349,3 +349,79 @@ async fn objective_activity_spans_assignees_intervals() {
     let r = b.get("/objectives/obj-nope/activity", "director").await;
     assert_eq!(r.status, 404);
 }
+
+/// An `llm_exchange` whose request carries `messages` user texts and, when `tools`, one tool.
+fn exchange_with(ts: u64, texts: &[&str], tools: bool) -> Value {
+    let mut e = exchange(ts);
+    let request = &mut e["entry"]["request"];
+    request["messages"] = texts
+        .iter()
+        .map(|t| json!({"role": "user", "content": [{"type": "text", "text": t}]}))
+        .collect();
+    request["system"] = json!([{"type": "text", "text": "You are builder."}]);
+    if !tools {
+        request["tools"] = Value::Null;
+    }
+    e
+}
+
+#[tokio::test]
+async fn objective_context_reminder_once_per_cooldown_and_not_for_side_requests() {
+    let b = start_broker().await;
+    let mut ids = Vec::new();
+    for (title, assignee) in [
+        ("Kept", "builder"),
+        ("Forgotten", "builder"),
+        ("Theirs", "reviewer"),
+    ] {
+        let r = b
+            .post(
+                "/objectives",
+                "director",
+                json!({"title": title, "outcome": format!("{title} done"), "assignee": assignee}),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        ids.push(r.json["id"].as_str().unwrap().to_owned());
+    }
+    let mut builder = b.sse("builder", None).await;
+    let upload = |events: Vec<Value>| {
+        let b = &b;
+        async move {
+            let r = b
+                .post(
+                    "/members/builder/activity",
+                    "builder",
+                    json!({ "events": events }),
+                )
+                .await;
+            assert_eq!(r.status, 201, "{}", r.text);
+        }
+    };
+    // Side requests (no tools, or a single message) never remind, even as the last exchange.
+    upload(vec![exchange_with(1, &["summarize", "this"], false)]).await;
+    upload(vec![
+        exchange_with(2, &["x", "y"], true),
+        exchange_with(3, &["title?"], true),
+    ])
+    .await;
+    builder.expect_silence(300).await;
+    // A main-loop request that mentions only the first objective: one DM for the second.
+    let kept = format!("working on {}", ids[0]);
+    upload(vec![exchange_with(4, &["hi", &kept, "ok"], true)]).await;
+    let m = builder.next_message().await;
+    assert_eq!(m["from"], "ac7");
+    assert_eq!(m["to"], "builder");
+    assert_eq!(m["title"], "objective context reminder");
+    assert_eq!(m["level"], "notice");
+    assert_eq!(
+        m["body"],
+        format!(
+            "You have 1 active objective(s) that are no longer in your context. Here they are — call `objectives_view` for full details:\n  {}: Forgotten\n    outcome: Forgotten done",
+            ids[1]
+        )
+    );
+    // Within 5 minutes the same objective does not fire again.
+    upload(vec![exchange_with(5, &["hi", &kept, "ok"], true)]).await;
+    builder.expect_silence(300).await;
+}

@@ -157,3 +157,124 @@ async fn llm_calls_mark_the_member_busy_on_the_roster() {
     pipeline.shutdown().await;
     assert_eq!(builder_busy(&roster().await), None);
 }
+
+/// `(kind, objectiveId, result)` of the builder's markers, oldest first.
+async fn markers(b: &TestBroker) -> Vec<(String, String, String)> {
+    let r = b
+        .get("/members/builder/activity?limit=1000", "builder")
+        .await;
+    let mut rows: Vec<(String, String, String)> = r.json["activity"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| {
+            let e = &row["event"];
+            let text = |v: &Value| v.as_str().unwrap_or("").to_owned();
+            (
+                text(&e["kind"]),
+                text(&e["objectiveId"]),
+                text(&e["result"]),
+            )
+        })
+        .collect();
+    rows.reverse();
+    rows
+}
+
+async fn create(b: &TestBroker, title: &str, assignee: &str) -> String {
+    let r = b
+        .post(
+            "/objectives",
+            "director",
+            serde_json::json!({"title": title, "outcome": "o", "assignee": assignee}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["id"].as_str().unwrap().to_owned()
+}
+
+fn mark(kind: &str, id: &str, result: &str) -> (String, String, String) {
+    (kind.into(), id.into(), result.into())
+}
+
+#[tokio::test]
+async fn objective_markers_follow_the_tracker_with_real_close_reasons() {
+    let b = start_broker().await;
+    let a = create(&b, "from the briefing", "builder").await;
+    let theirs = create(&b, "someone else's", "reviewer").await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut runner = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--url", &b.url, "--socket"])
+        .arg(dir.path().join("r.sock"))
+        .args(["--", "sh", "-c", "while [ ! -e stop ]; do sleep 0.05; done"])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", b.token("builder"))
+        .env("AC7_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    eventually("the briefing's open marker", async || {
+        markers(&b).await == [mark("objective_open", &a, "")]
+    })
+    .await;
+    let (moved, done, cancelled) = (
+        create(&b, "to be reassigned", "builder").await,
+        create(&b, "to be completed", "builder").await,
+        create(&b, "to be cancelled", "builder").await,
+    );
+    eventually("three more opens", async || markers(&b).await.len() == 4).await;
+    let r = b
+        .post(
+            &format!("/objectives/{moved}/reassign"),
+            "director",
+            serde_json::json!({"to": "reviewer"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = b
+        .post(
+            &format!("/objectives/{done}/complete"),
+            "builder",
+            serde_json::json!({"result": "shipped"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let r = b
+        .post(
+            &format!("/objectives/{cancelled}/cancel"),
+            "director",
+            serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    eventually("three closes", async || markers(&b).await.len() == 7).await;
+    std::fs::write(dir.path().join("stop"), "").unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(30), runner.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    let all = markers(&b).await;
+    let mut opens: Vec<_> = all[1..4].to_vec();
+    opens.sort();
+    let mut expected = vec![
+        mark("objective_open", &moved, ""),
+        mark("objective_open", &done, ""),
+        mark("objective_open", &cancelled, ""),
+    ];
+    expected.sort();
+    assert_eq!(opens, expected);
+    let mut closes: Vec<_> = all[4..7].to_vec();
+    closes.sort();
+    let mut expected = vec![
+        mark("objective_close", &moved, "reassigned"),
+        mark("objective_close", &done, "done"),
+        mark("objective_close", &cancelled, "cancelled"),
+    ];
+    expected.sort();
+    assert_eq!(closes, expected);
+    assert_eq!(all[0], mark("objective_open", &a, ""));
+    assert_eq!(all[7..], [mark("objective_close", &a, "runner_shutdown")]);
+    assert!(all.iter().all(|m| m.1 != theirs), "{all:?}");
+}

@@ -189,6 +189,8 @@ pub struct AppState {
     auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
     /// Per-member buckets for message-creating requests.
     pub(crate) push_limiter: ratelimit::Limiter,
+    /// Cooldowns of the objective context reminder (activity.md §3.6).
+    pub(crate) reminders: std::sync::Mutex<ac7_protocol::trace::reminder::Reminders>,
 }
 
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
@@ -354,6 +356,7 @@ pub async fn start(
         boot_time,
         objective_counter: AtomicU16::new(0),
         auth_cache: Default::default(),
+        reminders: Default::default(),
     });
     writer::spawn(queue, Arc::downgrade(&state))?;
     if let Some(days) = state.config.retain_days {

@@ -10,15 +10,24 @@
 //!
 //! [`ActivityPipeline::shutdown`] reports `busy: false` if the member was reported busy, then
 //! uploads everything still queued, giving up after the uploader's close deadline (5 s).
+//!
+//! [`Activity`] is what the runners start (every runner kind): the pipeline plus the objective
+//! markers (`ac7_protocol::trace::markers`) — an `objective_open` per open objective assigned to
+//! the member at start, opens and closes (with the real reason, looked up with
+//! `GET /objectives/:id`) after each objectives-tracker refresh, and `runner_shutdown` closes
+//! at exit, before the final upload.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use ac7_protocol::objective::Objective;
+use ac7_protocol::toolbox::{Body, Method, Request, encode_component};
 use ac7_protocol::trace::activity::ActivityEvent;
 use ac7_protocol::trace::busy::{BusyConfig, BusyOutput, BusyReporter};
+use ac7_protocol::trace::markers::{Lookup, ObjectiveMarkers};
 use ac7_protocol::trace::uploader::{UploadResult, Uploader, UploaderConfig, UploaderLog};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -254,5 +263,150 @@ fn log_uploader(log: &UploaderLog) {
             events,
             "activity: shutdown deadline passed; events never uploaded"
         ),
+    }
+}
+
+/// Feeds the objective markers task (see [`Activity::start`]).
+#[derive(Debug, Clone)]
+pub struct MarkersHandle {
+    tx: mpsc::UnboundedSender<MarkerCommand>,
+}
+
+#[derive(Debug)]
+enum MarkerCommand {
+    Refreshed(Vec<Objective>),
+    Shutdown(oneshot::Sender<()>),
+}
+
+impl MarkersHandle {
+    /// The member's open objectives after a tracker refresh.
+    pub fn refreshed(&self, open: Vec<Objective>) {
+        let _ = self.tx.send(MarkerCommand::Refreshed(open));
+    }
+
+    /// Closes the open markers with `runner_shutdown` and stops the task.
+    async fn shutdown(&self) {
+        let (ack, done) = oneshot::channel();
+        if self.tx.send(MarkerCommand::Shutdown(ack)).is_ok() {
+            let _ = done.await;
+        }
+    }
+}
+
+/// The runner's activity: the upload pipeline and the objective markers.
+#[derive(Debug)]
+pub struct Activity {
+    pipeline: ActivityPipeline,
+    handle: ActivityHandle,
+    markers: MarkersHandle,
+}
+
+impl Activity {
+    /// Starts the pipeline for `me` and opens a marker per objective of `initial` assigned to
+    /// `me` (the briefing's open objectives).
+    pub fn start(client: BrokerClient, me: String, initial: Vec<Objective>) -> Self {
+        let (pipeline, handle) =
+            ActivityPipeline::start(client.clone(), me.clone(), PipelineConfig::default());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(MarkerCommand::Refreshed(initial));
+        tokio::spawn(run_markers(client, me, rx, handle.clone()));
+        Self {
+            pipeline,
+            handle,
+            markers: MarkersHandle { tx },
+        }
+    }
+
+    /// Records events and LLM calls (for the trace host).
+    pub fn handle(&self) -> ActivityHandle {
+        self.handle.clone()
+    }
+
+    /// Feeds the markers (for the objectives tracker).
+    pub fn markers(&self) -> MarkersHandle {
+        self.markers.clone()
+    }
+
+    /// Closes the markers (`runner_shutdown`), reports not busy, uploads what is queued.
+    pub async fn shutdown(self) {
+        self.markers.shutdown().await;
+        self.pipeline.shutdown().await;
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+async fn run_markers(
+    client: BrokerClient,
+    me: String,
+    mut rx: mpsc::UnboundedReceiver<MarkerCommand>,
+    activity: ActivityHandle,
+) {
+    let mut markers = ObjectiveMarkers::new(me);
+    while let Some(command) = rx.recv().await {
+        // Only the newest refresh matters.
+        let mut latest = command;
+        while let Ok(next) = rx.try_recv() {
+            if matches!(latest, MarkerCommand::Shutdown(_)) {
+                break;
+            }
+            latest = next;
+        }
+        match latest {
+            MarkerCommand::Refreshed(open) => {
+                let (opens, gone) = markers.refreshed(&open, now_ms());
+                opens.into_iter().for_each(|e| activity.record(e));
+                for id in gone {
+                    let lookup = look_up(&client, &id).await;
+                    if let Some(close) = markers.resolve(&id, &lookup, now_ms()) {
+                        activity.record(close);
+                    }
+                }
+            }
+            MarkerCommand::Shutdown(ack) => {
+                markers
+                    .shutdown(now_ms())
+                    .into_iter()
+                    .for_each(|e| activity.record(e));
+                let _ = ack.send(());
+                return;
+            }
+        }
+    }
+}
+
+/// `GET /objectives/:id` for a marker that may close.
+async fn look_up(client: &BrokerClient, id: &str) -> Lookup {
+    #[derive(serde::Deserialize)]
+    struct View {
+        objective: Objective,
+    }
+    let request = Request {
+        method: Method::Get,
+        path: format!("/objectives/{}", encode_component(id)),
+        body: Body::Empty,
+    };
+    match client.execute(&request).await {
+        Ok(r) if r.status == 200 => match serde_json::from_slice::<View>(&r.body) {
+            Ok(view) => Lookup::Found(Box::new(view.objective)),
+            Err(e) => {
+                tracing::warn!(error = %e, "activity: objective look-up answer not understood");
+                Lookup::Failed
+            }
+        },
+        Ok(r) if r.status == 403 => Lookup::Forbidden,
+        Ok(r) if r.status == 404 => Lookup::NotFound,
+        Ok(r) => {
+            tracing::warn!(status = r.status, "activity: objective look-up failed");
+            Lookup::Failed
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "activity: objective look-up failed");
+            Lookup::Failed
+        }
     }
 }

@@ -378,7 +378,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     }
     // Codex runs more than one instance of an MCP server (one per thread, more for status
     // listing): every bridge stays attached.
-    let core = match start_core(&args.opts, BridgePolicy::AllowMany).await {
+    let core = match start_core(&args.opts, BridgePolicy::AllowMany, !args.doctor).await {
         Ok(core) => core,
         Err(e) => return start_failed(&e),
     };
@@ -574,10 +574,14 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             (code, format!("codex-exited-{code}"))
         }
     };
-    core.server.shutdown(Some(&reason)).await;
+    // The proxy first: its unfinished exchanges reach the pipeline before it drains.
     if let Some(trace) = trace {
         trace.close().await;
     }
+    if let Some(activity) = core.activity {
+        activity.shutdown().await;
+    }
+    core.server.shutdown(Some(&reason)).await;
     code
 }
 

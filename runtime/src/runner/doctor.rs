@@ -77,7 +77,7 @@ pub(crate) async fn claude_code(
         Ok(v) => say(CMD, &format!("claude version {v}")),
         Err(e) => return i32::from(!failed(CMD, &e)),
     }
-    let core = match start_core(&opts, BridgePolicy::DisplaceOld).await {
+    let core = match start_core(&opts, BridgePolicy::DisplaceOld, false).await {
         Ok(core) => core,
         Err(e) => return i32::from(!failed(CMD, &e.to_string())),
     };

@@ -236,6 +236,7 @@ struct Running {
     server: crate::ipc_server::ServerTask,
     stop_stream: watch::Sender<bool>,
     trace: Option<trace::TraceHost>,
+    activity: Option<activity::Activity>,
 }
 
 /// What every runner sets up before its agent starts: the briefing, the IPC socket serving the
@@ -249,11 +250,15 @@ pub(crate) struct Core {
     pub(crate) socket_path: PathBuf,
     /// Set to the agent's pid once it is spawned: only bridges from its process tree get events.
     pub(crate) agent: crate::peer::AgentPid,
+    /// Activity upload, busy reports and objective markers; shut down before `server`.
+    pub(crate) activity: Option<activity::Activity>,
 }
 
+/// `record_activity`: start the activity pipeline and objective markers ([`activity::Activity`]).
 pub(crate) async fn start_core(
     opts: &RunnerOpts,
     policy: BridgePolicy,
+    record_activity: bool,
 ) -> Result<Core, StartError> {
     let token = opts.token.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
         StartError(
@@ -290,11 +295,20 @@ pub(crate) async fn start_core(
     let socket_path = server.path().to_owned();
     let runner = server.handle();
     let open: tracker::OpenObjectives = Arc::new(Mutex::new(briefing.open_objectives.clone()));
+    // Every runner kind records activity (markers now; the trace host's exchanges too).
+    let activity = record_activity.then(|| {
+        activity::Activity::start(
+            client.clone(),
+            briefing.name.clone(),
+            briefing.open_objectives.clone(),
+        )
+    });
     let tracker = tracker::spawn(
         client.clone(),
         briefing.name.clone(),
         open.clone(),
         runner.clone(),
+        activity.as_ref().map(activity::Activity::markers),
     );
     let server = server.serve(handler(
         client.clone(),
@@ -310,6 +324,7 @@ pub(crate) async fn start_core(
         tracker,
         socket_path,
         agent,
+        activity,
     })
 }
 
@@ -321,14 +336,15 @@ impl Core {
         Ok((exe, self.socket_path.clone()))
     }
 
-    /// Starts the trace host for the agent (see [`trace`]); `None` after a warning when it
-    /// cannot start.
+    /// Starts the trace host for the agent (see [`trace`]), its exchanges going to the activity
+    /// pipeline; `None` without one, or after a warning when it cannot start.
     pub(crate) async fn start_trace(
         &self,
         kind: trace::AgentKind,
         unsafe_tls: bool,
     ) -> Option<trace::TraceHost> {
-        trace::TraceHost::start_or_warn(kind, unsafe_tls, &self.client, &self.briefing.name).await
+        let activity = self.activity.as_ref()?.handle();
+        trace::TraceHost::start_or_warn(kind, unsafe_tls, activity).await
     }
 
     /// Starts the live stream; every message goes to `sink`. Send `true` to stop it.
@@ -351,7 +367,7 @@ async fn start(
     trace: Option<(trace::AgentKind, bool)>,
     argv: impl FnOnce(&Briefing) -> Vec<String>,
 ) -> Result<Running, StartError> {
-    let core = start_core(&opts, BridgePolicy::DisplaceOld).await?;
+    let core = start_core(&opts, BridgePolicy::DisplaceOld, true).await?;
     let (exe, socket) = core.bridge_command()?;
     let entry = json!({
         "command": exe.to_string_lossy(),
@@ -361,6 +377,9 @@ async fn start(
     let config = match mcp_config::install(config_path, mcp::SERVER_NAME, entry) {
         Ok(guard) => guard,
         Err(e) => {
+            if let Some(activity) = core.activity {
+                activity.shutdown().await;
+            }
             core.server.shutdown(Some("mcp-config-failed")).await;
             return Err(StartError(e.to_string()));
         }
@@ -404,6 +423,7 @@ async fn start(
         server: core.server,
         stop_stream,
         trace,
+        activity: core.activity,
     })
 }
 
@@ -415,12 +435,16 @@ impl Running {
             eprintln!("ac7: warning: {e}");
         }
         let _ = self.stop_stream.send(true);
-        self.server
-            .shutdown(Some(&format!("agent-exited-{code}")))
-            .await;
+        // The proxy first: its unfinished exchanges reach the pipeline before it drains.
         if let Some(trace) = self.trace {
             trace.close().await;
         }
+        if let Some(activity) = self.activity {
+            activity.shutdown().await;
+        }
+        self.server
+            .shutdown(Some(&format!("agent-exited-{code}")))
+            .await;
         code
     }
 }

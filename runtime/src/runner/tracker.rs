@@ -10,6 +10,7 @@ use ac7_protocol::tracker::{ObjectivesTracker, TrackerOutput};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::activity::MarkersHandle;
 use super::broker::BrokerClient;
 use crate::ipc_server::RunnerHandle;
 
@@ -42,6 +43,7 @@ pub fn spawn(
     me: String,
     open: OpenObjectives,
     runner: RunnerHandle,
+    markers: Option<MarkersHandle>,
 ) -> TrackerHandle {
     let (tx, mut triggers) = mpsc::unbounded_channel::<()>();
     let initial: Vec<Summary> = open
@@ -64,6 +66,9 @@ pub fn spawn(
                         && let Ok(mut shared) = open.lock()
                     {
                         shared.clone_from(fresh);
+                    }
+                    if let (Some(fresh), Some(markers)) = (&fresh, &markers) {
+                        markers.refreshed(fresh.clone());
                     }
                     let summaries = fresh.map(|f| f.iter().map(summary).collect());
                     machine.handle_refreshed(summaries, Instant::now().into_std());

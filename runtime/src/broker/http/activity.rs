@@ -17,12 +17,14 @@
 //! frame-capped queues, paged replay, revocation) but not its hub: activity never
 //! reaches an agent's `/subscribe` stream.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use ac7_protocol::live::Reset;
-use ac7_protocol::message::{Audience, is_valid_name};
+use ac7_protocol::message::{self, Audience, LogLevel, Route, is_valid_name};
 use ac7_protocol::permission::Permission;
 use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityUpload};
+use ac7_protocol::trace::reminder;
 use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -31,7 +33,8 @@ use serde_json::json;
 use super::subscribe::{Opening, Replay, Source, respond, stream_request, subscribe_error};
 use super::{ApiError, Body, Caller, Shared, percent_decode, reply};
 use crate::broker::activity::{self, DEFAULT_LIMIT, MAX_LIMIT, Query};
-use crate::broker::now_ms;
+use crate::broker::publish::Draft;
+use crate::broker::{now_ms, objectives};
 
 /// 400 unless `name` is a valid member name.
 pub(super) fn check_name(name: &str) -> Result<(), ApiError> {
@@ -70,6 +73,7 @@ pub(super) async fn upload(
     let upload = ActivityUpload::parse(&body)
         .map_err(|e| ApiError::invalid("activity", vec![json!({"message": e.to_string()})]))?;
     let now = now_ms();
+    let context = reminder::reminder_context(&upload.events);
     // Delivered under the store lock, like `/push`, so a stream opening with
     // `Last-Event-ID` sees each row either in its replay or live, never both.
     let n = state.store.with(|conn| -> Result<usize, ApiError> {
@@ -82,8 +86,50 @@ pub(super) async fn upload(
         }
         Ok(rows.len())
     })?;
+    if let Some(context) = context {
+        remind(&state, &name, &context, now).await;
+    }
     Ok(reply(StatusCode::CREATED, &json!({"accepted": n})))
 }
+
+/// The objective context reminder (activity.md §3.6): a DM from `ac7` listing the member's
+/// open objectives missing from `context`, at most once per objective per 5 minutes. A failure
+/// is logged; the upload it follows has succeeded either way.
+async fn remind(state: &Shared, member: &str, context: &str, now: i64) {
+    let open = match state.store.with(|conn| objectives::open_for(conn, member)) {
+        Ok(open) => open,
+        Err(e) => {
+            tracing::warn!(error = %e, "objective context reminder: cannot list objectives");
+            return;
+        }
+    };
+    let body = match state.reminders.lock() {
+        Ok(mut reminders) => reminders.check(member, context, &open, now),
+        Err(_) => return,
+    };
+    let Some(body) = body else {
+        return;
+    };
+    let route = Route::Direct {
+        to: member.to_owned(),
+    };
+    let draft = Draft {
+        to: Some(member.to_owned()),
+        from: REMINDER_SENDER.to_owned(),
+        title: Some(reminder::TITLE.to_owned()),
+        body,
+        level: LogLevel::Notice,
+        data: Default::default(),
+        attachments: Vec::new(),
+    };
+    let audience = message::audience(Some(REMINDER_SENDER), &route, &BTreeSet::new());
+    if let Err(e) = state.writer.push(state, draft, audience, now).await {
+        tracing::warn!(error = %e, "objective context reminder: cannot send");
+    }
+}
+
+/// Who the reminder is from (a reserved name no member can take).
+const REMINDER_SENDER: &str = "ac7";
 
 /// The query pairs of `raw`, percent-decoded.
 fn pairs(raw: Option<&str>) -> Vec<(String, String)> {

@@ -28,8 +28,7 @@ pub use proxy::{TraceProxy, TraceSink};
 
 use ca::{CaFile, TraceCa};
 
-use super::activity::{ActivityHandle, ActivityPipeline, PipelineConfig};
-use super::broker::BrokerClient;
+use super::activity::ActivityHandle;
 use ac7_protocol::trace::activity::ActivityEvent;
 
 /// The proxy's findings go to the activity pipeline: each request sent counts as an LLM call in
@@ -57,12 +56,11 @@ pub struct TraceArgs {
     pub unsafe_tls: bool,
 }
 
-/// A running trace host: the proxy, the CA file, and the activity pipeline its findings go to.
+/// A running trace host: the proxy and the CA file. Its findings go to the runner's activity
+/// pipeline, which must be shut down after [`TraceHost::close`].
 #[derive(Debug)]
 pub struct TraceHost {
     proxy: Option<TraceProxy>,
-    pipeline: Option<ActivityPipeline>,
-    activity: ActivityHandle,
     ca_file: CaFile,
     bundle: Option<CaFile>,
     env: AgentEnv,
@@ -73,13 +71,11 @@ fn temp_dir() -> PathBuf {
 }
 
 impl TraceHost {
-    /// Generates the CA, writes its file, starts the activity pipeline for `member` and the
-    /// proxy.
+    /// Generates the CA, writes its file, starts the proxy; exchanges go to `activity`.
     pub async fn start(
         kind: AgentKind,
         unsafe_tls: bool,
-        client: &BrokerClient,
-        member: &str,
+        activity: ActivityHandle,
     ) -> Result<Self, String> {
         let upstream_override = match std::env::var(proxy::UPSTREAM_ENV) {
             Ok(text) => proxy::parse_upstream_override(&text)?,
@@ -103,8 +99,6 @@ impl TraceHost {
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
         let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-        let (pipeline, activity) =
-            ActivityPipeline::start(client.clone(), member.to_owned(), PipelineConfig::default());
         let proxy = TraceProxy::start(
             proxy::ProxyConfig {
                 ca,
@@ -112,16 +106,10 @@ impl TraceHost {
                 upstream_override,
                 secret,
             },
-            Arc::new(activity.clone()),
+            Arc::new(activity),
         )
-        .await;
-        let proxy = match proxy {
-            Ok(proxy) => proxy,
-            Err(e) => {
-                pipeline.shutdown().await;
-                return Err(format!("cannot listen on 127.0.0.1: {e}"));
-            }
-        };
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1: {e}"))?;
         let trusted = bundle.as_ref().unwrap_or(&ca_file).path().to_owned();
         let env = env::agent_env(kind, &proxy.url(), &trusted);
         if unsafe_tls {
@@ -135,8 +123,6 @@ impl TraceHost {
         }
         Ok(Self {
             proxy: Some(proxy),
-            pipeline: Some(pipeline),
-            activity,
             ca_file,
             bundle,
             env,
@@ -147,10 +133,9 @@ impl TraceHost {
     pub async fn start_or_warn(
         kind: AgentKind,
         unsafe_tls: bool,
-        client: &BrokerClient,
-        member: &str,
+        activity: ActivityHandle,
     ) -> Option<Self> {
-        match Self::start(kind, unsafe_tls, client, member).await {
+        match Self::start(kind, unsafe_tls, activity).await {
             Ok(host) => Some(host),
             Err(e) => {
                 eprintln!(
@@ -166,25 +151,16 @@ impl TraceHost {
         &self.env
     }
 
-    /// The activity pipeline's handle (objective markers go there too).
-    pub fn activity(&self) -> &ActivityHandle {
-        &self.activity
-    }
-
     /// The CA certificate file.
     pub fn ca_path(&self) -> &std::path::Path {
         self.ca_file.path()
     }
 
-    /// Stops the proxy (unfinished exchanges are reported request-only), drains the activity
-    /// pipeline (a final `busy: false` if needed, then every queued event, within its close
-    /// deadline) and removes the files.
+    /// Stops the proxy (unfinished exchanges are reported request-only, before the pipeline
+    /// drains) and removes the files.
     pub async fn close(mut self) {
         if let Some(proxy) = self.proxy.take() {
             proxy.close().await;
-        }
-        if let Some(pipeline) = self.pipeline.take() {
-            pipeline.shutdown().await;
         }
         self.ca_file.close();
         if let Some(bundle) = &mut self.bundle {
