@@ -1,9 +1,9 @@
 //! The bridge session: the agent's MCP stdio on one side, the runner's IPC socket on the other.
 //!
 //! ```text
-//!   agent ──stdin──▶ handle_agent_bytes ─┐                ┌─ ToRunner ──▶ socket
+//!   agent ──stdin──▶ handle_agent_bytes ─┐      ┌─ Transmit { to: Runner } ─▶ socket
 //!                                        ├─ BridgeSession ┤
-//!   runner ─socket─▶ handle_runner_bytes ┘                └─ ToAgent ───▶ stdout
+//!   runner ─socket─▶ handle_runner_bytes ┘      └─ Transmit { to: Agent } ───▶ stdout
 //! ```
 //!
 //! What the bridge does:
@@ -74,13 +74,25 @@ impl Default for BridgeConfig {
     }
 }
 
+/// The bridge's two peers: where a [`BridgeOutput::Transmit`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// The agent, on the bridge's stdout: one JSON-RPC line (newline included).
+    Agent,
+    /// The runner, on the IPC socket: one encoded frame.
+    Runner,
+}
+
 /// Something for the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BridgeOutput {
-    /// Write this JSON-RPC line (newline included) to the agent (the bridge's stdout).
-    ToAgent(Vec<u8>),
-    /// Write this IPC frame (newline included) to the runner's socket.
-    ToRunner(Vec<u8>),
+    /// Write these bytes to a peer, in order.
+    Transmit {
+        /// Where the bytes go.
+        to: Peer,
+        /// One line for the agent, or one frame for the runner.
+        bytes: Vec<u8>,
+    },
     /// Something worth logging.
     Event(BridgeEvent),
     /// Teardown is complete: flush what was written and exit 0. Always the last output.
@@ -220,6 +232,12 @@ enum State {
 }
 
 /// The bridge's protocol state. See the [module docs](self).
+///
+/// Contract: every input is `handle_*(…, now)` — agent bytes / EOF, runner bytes / close,
+/// `handle_terminate`, `handle_timeout` (the start-up grace; [`poll_timeout`](Self::poll_timeout)
+/// says when). Outputs are drained from [`poll_output`](Self::poll_output):
+/// [`BridgeOutput::Transmit`] `{ to: Peer::Agent | Peer::Runner, bytes }`, `Event`s for the log,
+/// and `Exit` last.
 #[derive(Debug, Clone)]
 pub struct BridgeSession {
     config: BridgeConfig,
@@ -264,7 +282,7 @@ impl BridgeSession {
         // Taken out for the loop so lines can be handled in place, without copying them.
         let mut agent = std::mem::take(&mut self.agent);
         agent.push(bytes);
-        while let Some(line) = agent.next_line() {
+        while let Some(line) = agent.decode() {
             self.agent_line(line, now);
         }
         self.agent = agent;
@@ -276,7 +294,7 @@ impl BridgeSession {
             return;
         }
         let mut agent = std::mem::take(&mut self.agent);
-        if let Some(line) = agent.finish() {
+        if let Some(line) = agent.decode_eof() {
             self.agent_line(line, now);
         }
         self.close(ExitReason::AgentClosed, now);
@@ -288,7 +306,7 @@ impl BridgeSession {
             return;
         }
         self.runner.push(bytes);
-        while let Some(decoded) = self.runner.next() {
+        while let Some(decoded) = self.runner.decode() {
             self.runner_decoded(decoded, now);
             if self.is_closed() {
                 return;
@@ -301,7 +319,7 @@ impl BridgeSession {
         if self.is_closed() {
             return;
         }
-        if let Some(decoded) = self.runner.finish() {
+        if let Some(decoded) = self.runner.decode_eof() {
             self.runner_decoded(decoded, now);
         }
         self.close(ExitReason::RunnerClosed, now);
@@ -333,7 +351,11 @@ impl BridgeSession {
         }
         if let Some(held) = self.hold.handle_timeout(now) {
             let count = held.len();
-            self.out.extend(held.into_iter().map(BridgeOutput::ToAgent));
+            self.out
+                .extend(held.into_iter().map(|bytes| BridgeOutput::Transmit {
+                    to: Peer::Agent,
+                    bytes,
+                }));
             self.event(BridgeEvent::Released { count });
         }
     }
@@ -367,10 +389,16 @@ impl BridgeSession {
                 code,
                 detail,
             } => {
-                self.out.push_back(BridgeOutput::ToAgent(answer));
+                self.out.push_back(BridgeOutput::Transmit {
+                    to: Peer::Agent,
+                    bytes: answer,
+                });
                 self.event(BridgeEvent::AgentLineInvalid { len, code, detail });
             }
-            AgentLine::Answered(answer) => self.out.push_back(BridgeOutput::ToAgent(answer)),
+            AgentLine::Answered(answer) => self.out.push_back(BridgeOutput::Transmit {
+                to: Peer::Agent,
+                bytes: answer,
+            }),
             AgentLine::Request(req) => self.forward(req.id, req.method, req.params, now),
             AgentLine::Cancelled(agent_id) => {
                 if let Some(id) = self.pending.find(|f| f.agent_id == agent_id) {
@@ -404,7 +432,10 @@ impl BridgeSession {
                     since: now,
                 });
                 debug_assert_eq!(inserted, id);
-                self.out.push_back(BridgeOutput::ToRunner(bytes));
+                self.out.push_back(BridgeOutput::Transmit {
+                    to: Peer::Runner,
+                    bytes,
+                });
                 self.event(BridgeEvent::Forwarded { id, method });
             }
             Err(too_large) => {
@@ -431,7 +462,10 @@ impl BridgeSession {
                 let mut line = Vec::new();
                 jsonrpc::encode_notification(&mut line, &n.method, n.params.as_ref());
                 match self.hold.offer(line) {
-                    Offer::Pass(line) => self.out.push_back(BridgeOutput::ToAgent(line)),
+                    Offer::Pass(line) => self.out.push_back(BridgeOutput::Transmit {
+                        to: Peer::Agent,
+                        bytes: line,
+                    }),
                     Offer::Held => {}
                     Offer::Refused => {
                         let held = self.hold.held();
@@ -488,7 +522,10 @@ impl BridgeSession {
     fn answer(&mut self, id: u64, forwarded: Forwarded, outcome: &Outcome, now: Instant) {
         let mut line = Vec::new();
         jsonrpc::encode_outcome(&mut line, &forwarded.agent_id, outcome);
-        self.out.push_back(BridgeOutput::ToAgent(line));
+        self.out.push_back(BridgeOutput::Transmit {
+            to: Peer::Agent,
+            bytes: line,
+        });
         if forwarded.method == mcp::TOOLS_LIST {
             self.hold.tools_listed(now);
         }
@@ -528,7 +565,10 @@ impl BridgeSession {
             });
             let mut bytes = Vec::new();
             if encode_frame(&frame, &mut bytes, self.config.max_frame_bytes).is_ok() {
-                self.out.push_back(BridgeOutput::ToRunner(bytes));
+                self.out.push_back(BridgeOutput::Transmit {
+                    to: Peer::Runner,
+                    bytes,
+                });
             }
         }
         self.state = State::Closed;
@@ -536,8 +576,10 @@ impl BridgeSession {
     }
 
     fn answer_agent(&mut self, id: Option<&Id>, error: &RpcError) {
-        self.out
-            .push_back(BridgeOutput::ToAgent(error_line(id, error)));
+        self.out.push_back(BridgeOutput::Transmit {
+            to: Peer::Agent,
+            bytes: error_line(id, error),
+        });
     }
 
     fn event(&mut self, event: BridgeEvent) {

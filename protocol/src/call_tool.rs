@@ -416,7 +416,7 @@ pub enum ClientOutput<T> {
     /// Open the connection; report with `handle_connected` or `handle_connect_failed`.
     Connect,
     /// Write these bytes (one frame).
-    Send(Vec<u8>),
+    Transmit(Vec<u8>),
     /// Close the connection (framing was lost); no `handle_closed` is needed for it.
     Disconnect,
     /// A call finished.
@@ -428,11 +428,16 @@ pub enum ClientOutput<T> {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The connection to the parent. Only a connected link has a decoder and a call on the wire.
+#[derive(Debug, Clone)]
 enum Link {
     Disconnected,
     Connecting,
-    Connected,
+    Connected {
+        decoder: LpDecoder,
+        /// The call on the wire, if any; the protocol is sequential.
+        in_flight: Option<u64>,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -442,13 +447,17 @@ struct Queued<T> {
 }
 
 /// The bridge's side of the dialect. See the [module docs](self).
+///
+/// Contract: a timeless machine (no `now`). The application issues calls with
+/// [`request`](Self::request); the driver reports the connection's life with
+/// `handle_connected` / `handle_connect_failed` / `handle_bytes` / `handle_closed` and drains
+/// [`poll_output`](Self::poll_output): [`ClientOutput::Connect`], [`ClientOutput::Transmit`],
+/// [`ClientOutput::Disconnect`], and one [`ClientOutput::Completed`] per call.
 #[derive(Debug, Clone)]
 pub struct CallToolClient<T> {
     max_payload_bytes: usize,
     link: Link,
-    decoder: LpDecoder,
     calls: Pending<Queued<T>>,
-    in_flight: Option<u64>,
     out: VecDeque<ClientOutput<T>>,
 }
 
@@ -458,15 +467,13 @@ impl<T> CallToolClient<T> {
         Self {
             max_payload_bytes,
             link: Link::Disconnected,
-            decoder: LpDecoder::new(max_payload_bytes),
             calls: Pending::new(),
-            in_flight: None,
             out: VecDeque::new(),
         }
     }
 
     /// Queues a call; it goes on the wire when every earlier one is answered.
-    pub fn call(&mut self, call: &CallTool, token: T) {
+    pub fn request(&mut self, call: &CallTool, token: T) {
         let mut frame = Vec::new();
         match length_prefixed::encode(&encode_call(call), &mut frame, self.max_payload_bytes) {
             Ok(()) => {
@@ -482,16 +489,18 @@ impl<T> CallToolClient<T> {
 
     /// The connection is open.
     pub fn handle_connected(&mut self) {
-        if self.link == Link::Connecting {
-            self.link = Link::Connected;
-            self.decoder = LpDecoder::new(self.max_payload_bytes);
+        if matches!(self.link, Link::Connecting) {
+            self.link = Link::Connected {
+                decoder: LpDecoder::new(self.max_payload_bytes),
+                in_flight: None,
+            };
             self.pump();
         }
     }
 
     /// The connection could not be opened: every queued call fails with the reason.
     pub fn handle_connect_failed(&mut self, reason: &str) {
-        if self.link != Link::Connecting {
+        if !matches!(self.link, Link::Connecting) {
             return;
         }
         self.link = Link::Disconnected;
@@ -505,25 +514,28 @@ impl<T> CallToolClient<T> {
 
     /// Bytes from the parent.
     pub fn handle_bytes(&mut self, bytes: &[u8]) {
-        if self.link != Link::Connected {
+        let Link::Connected { decoder, .. } = &mut self.link else {
             return;
-        }
-        self.decoder.push(bytes);
+        };
+        decoder.push(bytes);
         loop {
-            match self.decoder.next() {
+            let Link::Connected { decoder, in_flight } = &mut self.link else {
+                return;
+            };
+            match decoder.decode() {
                 Ok(None) => return,
                 Ok(Some(payload)) => {
-                    let Some(id) = self.in_flight.take() else {
+                    let Some(id) = *in_flight else {
                         self.drop_link(Fatal::UnexpectedReply("a reply nobody asked for".into()));
                         return;
                     };
                     match decode_reply(&payload) {
                         Ok(reply) => {
+                            *in_flight = None;
                             self.complete(id, Ok(reply));
                             self.pump();
                         }
                         Err(fatal) => {
-                            self.in_flight = Some(id);
                             self.drop_link(fatal);
                             return;
                         }
@@ -540,12 +552,15 @@ impl<T> CallToolClient<T> {
     /// The parent closed the connection (ignored unless connected: a connection attempt that
     /// fails is reported with `handle_connect_failed`).
     pub fn handle_closed(&mut self) {
-        if self.link != Link::Connected {
-            return;
-        }
-        self.link = Link::Disconnected;
-        if let Some(id) = self.in_flight.take() {
-            let outcome = match self.decoder.finish() {
+        let (mut decoder, in_flight) = match std::mem::replace(&mut self.link, Link::Disconnected) {
+            Link::Connected { decoder, in_flight } => (decoder, in_flight),
+            unconnected @ (Link::Disconnected | Link::Connecting) => {
+                self.link = unconnected;
+                return;
+            }
+        };
+        if let Some(id) = in_flight {
+            let outcome = match decoder.decode_eof() {
                 Err(error) => Err(CallError::Protocol(Fatal::Framing(error))),
                 Ok(()) => Err(CallError::ConnectionLost),
             };
@@ -556,16 +571,18 @@ impl<T> CallToolClient<T> {
 
     /// Fails every queued and in-flight call (teardown); the tokens come out as `Completed`.
     pub fn shutdown(&mut self) {
-        self.in_flight = None;
+        let link = std::mem::replace(&mut self.link, Link::Disconnected);
         for (_, queued) in self.calls.fail_all() {
             self.out.push_back(ClientOutput::Completed {
                 token: queued.token,
                 outcome: Err(CallError::Shutdown),
             });
         }
-        if self.link != Link::Disconnected {
-            self.link = Link::Disconnected;
-            self.out.push_back(ClientOutput::Disconnect);
+        match link {
+            Link::Disconnected => {}
+            Link::Connecting | Link::Connected { .. } => {
+                self.out.push_back(ClientOutput::Disconnect);
+            }
         }
     }
 
@@ -581,7 +598,13 @@ impl<T> CallToolClient<T> {
 
     /// Whether a call is on the wire.
     pub fn is_busy(&self) -> bool {
-        self.in_flight.is_some()
+        matches!(
+            self.link,
+            Link::Connected {
+                in_flight: Some(_),
+                ..
+            }
+        )
     }
 
     fn complete(&mut self, id: u64, outcome: Result<Reply, CallError>) {
@@ -596,21 +619,27 @@ impl<T> CallToolClient<T> {
     /// Framing or the reply stream broke: fail the call in flight, close, and reconnect for what
     /// is still queued.
     fn drop_link(&mut self, fatal: Fatal) {
-        if let Some(id) = self.in_flight.take() {
+        if let Link::Connected {
+            in_flight: Some(id),
+            ..
+        } = std::mem::replace(&mut self.link, Link::Disconnected)
+        {
             self.complete(id, Err(CallError::Protocol(fatal)));
         }
-        self.link = Link::Disconnected;
         self.out.push_back(ClientOutput::Disconnect);
         self.pump();
     }
 
     fn pump(&mut self) {
-        match self.link {
+        match &mut self.link {
             Link::Disconnected if !self.calls.is_empty() => {
                 self.link = Link::Connecting;
                 self.out.push_back(ClientOutput::Connect);
             }
-            Link::Connected if self.in_flight.is_none() => {
+            Link::Connected {
+                in_flight: in_flight @ None,
+                ..
+            } => {
                 let Some(id) = self.calls.ids().next() else {
                     return;
                 };
@@ -621,10 +650,10 @@ impl<T> CallToolClient<T> {
                         .expect("the id was just listed")
                         .frame,
                 );
-                self.in_flight = Some(id);
-                self.out.push_back(ClientOutput::Send(frame));
+                *in_flight = Some(id);
+                self.out.push_back(ClientOutput::Transmit(frame));
             }
-            Link::Disconnected | Link::Connecting | Link::Connected => {}
+            Link::Disconnected | Link::Connecting | Link::Connected { .. } => {}
         }
     }
 }

@@ -58,15 +58,27 @@ impl Default for CallToolBridgeConfig {
     }
 }
 
+/// The bridge's two peers: where a [`CallToolBridgeOutput::Transmit`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// The agent, on stdout: one JSON-RPC line.
+    Agent,
+    /// The parent, on the socket: one length-prefixed frame.
+    Parent,
+}
+
 /// Something for the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallToolBridgeOutput {
-    /// Write this JSON-RPC line to the agent.
-    ToAgent(Vec<u8>),
+    /// Write these bytes to a peer, in order.
+    Transmit {
+        /// Where the bytes go.
+        to: Peer,
+        /// One line for the agent, or one frame for the parent.
+        bytes: Vec<u8>,
+    },
     /// Connect to the parent; report with `handle_connected` / `handle_connect_failed`.
     Connect,
-    /// Write these bytes to the parent.
-    ToParent(Vec<u8>),
     /// Close the connection to the parent.
     Disconnect,
     /// Something worth logging.
@@ -122,6 +134,12 @@ struct Token {
 }
 
 /// The session. See the [module docs](self).
+///
+/// Contract: a timeless machine (no `now`: no timers, nothing timed). Inputs are `handle_*`:
+/// agent bytes / EOF, the parent connection's life (`handle_connected`, `handle_connect_failed`,
+/// `handle_parent_bytes`, `handle_parent_closed`) and `handle_terminate`. Outputs are drained from
+/// [`poll_output`](Self::poll_output): [`CallToolBridgeOutput::Transmit`] `{ to, bytes }`,
+/// `Connect` / `Disconnect` for the parent socket, `Event`s for the log, and `Exit` last.
 #[derive(Debug)]
 pub struct CallToolBridge {
     face: McpFace,
@@ -167,7 +185,7 @@ impl CallToolBridge {
         }
         let mut agent = std::mem::take(&mut self.agent);
         agent.push(bytes);
-        while let Some(line) = agent.next_line() {
+        while let Some(line) = agent.decode() {
             let line = self.face.classify(line);
             self.agent_line(line);
         }
@@ -180,7 +198,7 @@ impl CallToolBridge {
         if self.closed {
             return;
         }
-        if let Some(line) = self.agent.finish() {
+        if let Some(line) = self.agent.decode_eof() {
             let line = self.face.classify(line);
             self.agent_line(line);
         }
@@ -249,12 +267,16 @@ impl CallToolBridge {
                 code,
                 detail,
             } => {
-                self.out.push_back(CallToolBridgeOutput::ToAgent(answer));
+                self.out.push_back(CallToolBridgeOutput::Transmit {
+                    to: Peer::Agent,
+                    bytes: answer,
+                });
                 self.event(CallToolBridgeEvent::AgentLineInvalid { len, code, detail });
             }
-            AgentLine::Answered(answer) => {
-                self.out.push_back(CallToolBridgeOutput::ToAgent(answer))
-            }
+            AgentLine::Answered(answer) => self.out.push_back(CallToolBridgeOutput::Transmit {
+                to: Peer::Agent,
+                bytes: answer,
+            }),
             AgentLine::Cancelled(id) => {
                 self.cancelled.insert(id.as_raw().get().to_owned());
             }
@@ -313,7 +335,7 @@ impl CallToolBridge {
             name: name.clone(),
             arguments: RawJson::from_value(&arguments).expect("JSON values serialize"),
         };
-        self.client.call(
+        self.client.request(
             &call,
             Token {
                 agent_id,
@@ -327,8 +349,11 @@ impl CallToolBridge {
         while let Some(output) = self.client.poll_output() {
             match output {
                 ClientOutput::Connect => self.out.push_back(CallToolBridgeOutput::Connect),
-                ClientOutput::Send(bytes) => {
-                    self.out.push_back(CallToolBridgeOutput::ToParent(bytes))
+                ClientOutput::Transmit(bytes) => {
+                    self.out.push_back(CallToolBridgeOutput::Transmit {
+                        to: Peer::Parent,
+                        bytes,
+                    })
                 }
                 ClientOutput::Disconnect => self.out.push_back(CallToolBridgeOutput::Disconnect),
                 ClientOutput::Completed { token, outcome } => self.completed(token, outcome),
@@ -382,7 +407,10 @@ impl CallToolBridge {
     }
 
     fn send_agent(&mut self, line: Vec<u8>) {
-        self.out.push_back(CallToolBridgeOutput::ToAgent(line));
+        self.out.push_back(CallToolBridgeOutput::Transmit {
+            to: Peer::Agent,
+            bytes: line,
+        });
     }
 
     fn event(&mut self, event: CallToolBridgeEvent) {

@@ -9,7 +9,7 @@
 //! `turn/completed` notifications. Approval requests from codex are denied
 //! (`{"decision":"deny","action":"cancel"}`); any other server request gets `-32601`.
 //!
-//! The sink ([`CodexClient::push_event`]) takes [`SinkEvent`]s: a rendered `<channel>` text and
+//! The sink ([`CodexClient::notify`]) takes [`SinkEvent`]s: a rendered `<channel>` text and
 //! whom to tell if it cannot be delivered. Events arriving within [`BUNDLE_WINDOW`] of the first
 //! buffered one are joined with `\n` into one text input. A flush (window elapsed, status changed,
 //! shutdown) routes the bundle by the thread's state: `idle` or `systemError` → `turn/start`;
@@ -164,7 +164,7 @@ pub enum ThreadStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CodexOutput {
     /// Write this line to codex's stdin.
-    Send(Vec<u8>),
+    Transmit(Vec<u8>),
     /// The thread exists; the sink delivers from now on.
     Ready {
         /// Its id.
@@ -237,23 +237,38 @@ enum Call {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
+    /// `initialize` sent, not answered yet.
     Initializing,
+    /// `thread/start` sent, not answered yet.
     StartingThread,
-    Running,
+    /// The thread exists; events can be delivered.
+    Running {
+        /// The thread every turn goes to.
+        thread_id: String,
+        /// The turn codex is running, between `turn/started` and `turn/completed`.
+        active_turn: Option<String>,
+    },
+    /// `initialize` or `thread/start` failed.
     Failed,
+    /// `shutdown` ran.
     Closed,
 }
 
 /// The client's state. See the [module docs](self).
+///
+/// Contract: every input and command takes `now` last. What happened is `handle_bytes` (codex's
+/// stdout) and `handle_timeout` (the bundle window; [`poll_timeout`](Self::poll_timeout) says
+/// when); the application emits channel events with [`notify`](Self::notify), sends requests of
+/// its own with [`request`](Self::request) and ends with [`shutdown`](Self::shutdown). Outputs are
+/// drained from [`poll_output`](Self::poll_output): [`CodexOutput::Transmit`] (a line for codex's
+/// stdin), `Ready` / `Failed`, `CloseStdin`, `Response`s, `Undelivered` notices and `Event`s.
 #[derive(Debug, Clone)]
 pub struct CodexClient {
     config: CodexConfig,
     phase: Phase,
     lines: LineDecoder,
     calls: Pending<Call>,
-    thread_id: Option<String>,
     status: ThreadStatus,
-    active_turn: Option<String>,
     buffer: VecDeque<SinkEvent>,
     flush_at: Option<Instant>,
     delivering: bool,
@@ -285,9 +300,7 @@ impl CodexClient {
             phase: Phase::Initializing,
             lines: LineDecoder::new(64 * 1024 * 1024),
             calls: Pending::new(),
-            thread_id: None,
             status: ThreadStatus::NotLoaded,
-            active_turn: None,
             buffer: VecDeque::new(),
             flush_at: None,
             delivering: false,
@@ -299,7 +312,7 @@ impl CodexClient {
     }
 
     /// An event for the agent.
-    pub fn push_event(&mut self, event: impl Into<SinkEvent>, now: Instant) {
+    pub fn notify(&mut self, event: impl Into<SinkEvent>, now: Instant) {
         let event = event.into();
         if matches!(self.phase, Phase::Closed | Phase::Failed) {
             self.drop_events(vec![event], "codex is not running".into());
@@ -315,7 +328,7 @@ impl CodexClient {
     pub fn handle_bytes(&mut self, bytes: &[u8], now: Instant) {
         let mut lines = std::mem::take(&mut self.lines);
         lines.push(bytes);
-        while let Some(line) = lines.next_line() {
+        while let Some(line) = lines.decode() {
             match line {
                 Line::Oversized { len } => self.event(CodexEvent::Unparseable { len }),
                 Line::Complete(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {}
@@ -348,7 +361,10 @@ impl CodexClient {
         }
         self.flush_at = None;
         self.flush();
-        if let (Some(thread_id), Some(turn_id)) = (self.thread_id.clone(), self.active_turn.clone())
+        if let Phase::Running {
+            thread_id,
+            active_turn: Some(turn_id),
+        } = &self.phase
         {
             let params = json!({"threadId": thread_id, "turnId": turn_id});
             self.request_call("turn/interrupt", &params, Call::Interrupt);
@@ -366,7 +382,7 @@ impl CodexClient {
 
     /// Sends any other request to codex (e.g. `mcpServerStatus/list`); the answer comes out as
     /// [`CodexOutput::Response`] with the returned id.
-    pub fn request(&mut self, method: &str, params: &Value) -> u64 {
+    pub fn request(&mut self, method: &str, params: &Value, _now: Instant) -> u64 {
         self.request_call(method, params, Call::App)
     }
 
@@ -377,7 +393,10 @@ impl CodexClient {
 
     /// The thread's id, once `thread/start` answered.
     pub fn thread_id(&self) -> Option<&str> {
-        self.thread_id.as_deref()
+        match &self.phase {
+            Phase::Running { thread_id, .. } => Some(thread_id),
+            Phase::Initializing | Phase::StartingThread | Phase::Failed | Phase::Closed => None,
+        }
     }
 
     /// The thread's status.
@@ -387,7 +406,10 @@ impl CodexClient {
 
     /// The active turn, if known.
     pub fn active_turn(&self) -> Option<&str> {
-        self.active_turn.as_deref()
+        match &self.phase {
+            Phase::Running { active_turn, .. } => active_turn.as_deref(),
+            Phase::Initializing | Phase::StartingThread | Phase::Failed | Phase::Closed => None,
+        }
     }
 
     /// Events waiting for delivery.
@@ -420,7 +442,7 @@ impl CodexClient {
                     );
                     jsonrpc::encode_error(&mut line, Some(&request.id), &error);
                 }
-                self.out.push_back(CodexOutput::Send(line));
+                self.out.push_back(CodexOutput::Transmit(line));
                 self.event(CodexEvent::ServerRequest {
                     method: request.method,
                     denied,
@@ -434,8 +456,10 @@ impl CodexClient {
                     .unwrap_or(Value::Null);
                 match n.method.as_str() {
                     "thread/started" => {
-                        if let Some(id) = params["thread"]["id"].as_str() {
-                            self.thread_id = Some(id.to_owned());
+                        if let (Some(id), Phase::Running { thread_id, .. }) =
+                            (params["thread"]["id"].as_str(), &mut self.phase)
+                        {
+                            id.clone_into(thread_id);
                         }
                         if let Some(status) = parse_status(params["thread"].get("status")) {
                             self.set_status(status);
@@ -447,13 +471,19 @@ impl CodexClient {
                         }
                     }
                     "turn/started" => {
-                        if let Some(id) = params["turn"]["id"].as_str() {
-                            self.active_turn = Some(id.to_owned());
+                        if let (Some(id), Phase::Running { active_turn, .. }) =
+                            (params["turn"]["id"].as_str(), &mut self.phase)
+                        {
+                            *active_turn = Some(id.to_owned());
                             // Events waiting for a steerable turn can go now.
                             self.flush();
                         }
                     }
-                    "turn/completed" => self.active_turn = None,
+                    "turn/completed" => {
+                        if let Phase::Running { active_turn, .. } = &mut self.phase {
+                            *active_turn = None;
+                        }
+                    }
                     "error" => self.event(CodexEvent::CodexError(params.to_string())),
                     _ => {}
                 }
@@ -490,8 +520,10 @@ impl CodexClient {
                     let Some(id) = result["thread"]["id"].as_str() else {
                         return self.fail("codex thread/start failed: no thread id".into());
                     };
-                    self.thread_id = Some(id.to_owned());
-                    self.phase = Phase::Running;
+                    self.phase = Phase::Running {
+                        thread_id: id.to_owned(),
+                        active_turn: None,
+                    };
                     self.out.push_back(CodexOutput::Ready {
                         thread_id: id.to_owned(),
                     });
@@ -539,7 +571,8 @@ impl CodexClient {
 
     /// Sends the buffered events if the state allows; one delivery at a time.
     fn flush(&mut self) {
-        if self.delivering || self.buffer.is_empty() || self.phase != Phase::Running {
+        if self.delivering || self.buffer.is_empty() || !matches!(self.phase, Phase::Running { .. })
+        {
             return;
         }
         let events: Vec<SinkEvent> = self.buffer.drain(..).collect();
@@ -547,16 +580,21 @@ impl CodexClient {
     }
 
     fn route(&mut self, events: Vec<SinkEvent>, retried: bool) {
-        let thread_id = match (&self.thread_id, self.status) {
-            (None, _) | (_, ThreadStatus::NotLoaded) => return self.rebuffer(events),
-            // After a failed turn: codex takes a new turn/start, so route as idle.
-            (Some(id), ThreadStatus::Idle | ThreadStatus::Active | ThreadStatus::SystemError) => {
-                id.clone()
-            }
+        let Phase::Running {
+            thread_id,
+            active_turn,
+        } = &self.phase
+        else {
+            return self.rebuffer(events);
         };
+        match self.status {
+            ThreadStatus::NotLoaded => return self.rebuffer(events),
+            // After a failed turn: codex takes a new turn/start, so route as idle.
+            ThreadStatus::Idle | ThreadStatus::Active | ThreadStatus::SystemError => {}
+        }
         let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
         let input = json!([{"type": "text", "text": texts.join("\n")}]);
-        let (method, params, steer) = match (self.status, &self.active_turn) {
+        let (method, params, steer) = match (self.status, active_turn) {
             (ThreadStatus::Active, None) => return self.rebuffer(events),
             (ThreadStatus::Active, Some(turn)) => (
                 "turn/steer",
@@ -596,7 +634,7 @@ impl CodexClient {
         let params = RawJson::from_value(params).expect("JSON values serialize");
         let mut line = Vec::new();
         jsonrpc::encode_request(&mut line, &Id::number(id), method, Some(&params));
-        self.out.push_back(CodexOutput::Send(line));
+        self.out.push_back(CodexOutput::Transmit(line));
         id
     }
 

@@ -239,25 +239,24 @@ impl FrameDecoder {
         }
     }
 
-    /// Appends bytes read from the socket; drain with [`next`](Self::next).
+    /// Appends bytes read from the socket; drain with [`decode`](Self::decode).
     pub fn push(&mut self, bytes: &[u8]) {
         self.lines.push(bytes);
     }
 
     /// The next outcome, or `None` when more bytes are needed.
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Option<Decoded> {
+    pub fn decode(&mut self) -> Option<Decoded> {
         loop {
-            let decoded = outcome(self.lines.next_line()?);
+            let decoded = outcome(self.lines.decode()?);
             if decoded.is_some() {
                 return decoded;
             }
         }
     }
 
-    /// Ends the stream: decodes an unterminated last line, if any. Call after `next` is `None`.
-    pub fn finish(&mut self) -> Option<Decoded> {
-        self.lines.finish().and_then(outcome)
+    /// Ends the stream: decodes an unterminated last line, if any. Call after `decode` is `None`.
+    pub fn decode_eof(&mut self) -> Option<Decoded> {
+        self.lines.decode_eof().and_then(outcome)
     }
 
     /// Bytes currently buffered.

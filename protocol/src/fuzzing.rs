@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use crate::ash::{
     self,
-    bridge::{AshBridgeOutput, AshConnection},
+    bridge::{Answer, AshBridgeOutput, AshConnection},
     host::{AshHost, HostOutput},
 };
-use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession};
+use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer as BridgePeer};
 use crate::frame::{Decoded, DropReason, Dropped, FrameDecoder, decode_frame, encode_frame_vec};
 use crate::json::RawJson;
 use crate::jsonrpc::{self, Message, Outcome};
@@ -94,7 +94,7 @@ pub fn decode_chunks(data: &[u8]) {
             "buffer exceeds cap + chunk"
         );
         let mut polls = 0;
-        while let Some(decoded) = decoder.next() {
+        while let Some(decoded) = decoder.decode() {
             got.push(decoded);
             polls += 1;
             assert!(polls <= MAX_POLLS);
@@ -104,7 +104,7 @@ pub fn decode_chunks(data: &[u8]) {
             "drained buffer holds less than the cap"
         );
     }
-    got.extend(decoder.finish());
+    got.extend(decoder.decode_eof());
 
     let mut expected = Vec::new();
     let mut lines: Vec<&[u8]> = stream.split(|b| *b == b'\n').collect();
@@ -338,7 +338,10 @@ fn drain_bridge(
         assert!(polls <= MAX_POLLS, "poll_output does not terminate");
         assert!(!*exited, "output after Exit: {output:?}");
         match output {
-            BridgeOutput::ToAgent(line) => {
+            BridgeOutput::Transmit {
+                to: BridgePeer::Agent,
+                bytes: line,
+            } => {
                 assert_eq!(line.last(), Some(&b'\n'));
                 assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
                 match jsonrpc::parse_message(&line[..line.len() - 1]) {
@@ -359,7 +362,10 @@ fn drain_bridge(
                     ),
                 }
             }
-            BridgeOutput::ToRunner(frame) => {
+            BridgeOutput::Transmit {
+                to: BridgePeer::Runner,
+                bytes: frame,
+            } => {
                 assert!(frame.len() <= max_frame_bytes, "frame over the cap");
                 assert_eq!(frame.iter().filter(|b| **b == b'\n').count(), 1);
                 match decode_frame(&frame[..frame.len() - 1]) {
@@ -500,7 +506,7 @@ fn drain_runner(
         polls += 1;
         assert!(polls <= MAX_POLLS, "poll_output does not terminate");
         match output {
-            RunnerOutput::Transmit { conn, bytes } => {
+            RunnerOutput::Transmit { to: conn, bytes } => {
                 assert!(
                     !closed.contains(&conn) && !newly_closed.contains(&conn),
                     "transmit to a closed connection"
@@ -558,7 +564,7 @@ pub fn decode_lp(data: &[u8]) {
             rest = tail;
             decoder.push(chunk);
             loop {
-                match decoder.next() {
+                match decoder.decode() {
                     Ok(Some(payload)) => payloads.push(payload),
                     Ok(None) => {
                         assert!(
@@ -575,7 +581,7 @@ pub fn decode_lp(data: &[u8]) {
             }
         }
         if failure.is_none() {
-            failure = decoder.finish().err();
+            failure = decoder.decode_eof().err();
         }
         (payloads, failure)
     };
@@ -628,7 +634,7 @@ pub fn ash_bridge_ops(data: &[u8]) {
     let mut feed = |conn: &mut AshConnection, bytes: &[u8], expected: &mut Vec<String>| {
         conn.handle_bytes(bytes);
         shadow.push(bytes);
-        while let Some(line) = shadow.next_line() {
+        while let Some(line) = shadow.decode() {
             if let crate::line::Line::Complete(line) = line {
                 match ash::decode_command(line) {
                     Ok(ash::Command::Query(q)) => expected.push(q.session_id),
@@ -645,7 +651,7 @@ pub fn ash_bridge_ops(data: &[u8]) {
             polls += 1;
             assert!(polls <= MAX_POLLS, "poll_output does not terminate");
             match output {
-                AshBridgeOutput::Send(line) => {
+                AshBridgeOutput::Transmit(line) => {
                     let event = ash::decode_event(&line[..line.len() - 1]).expect("valid event");
                     assert_eq!(first, event == ash::Event::Ready, "ready comes first, once");
                     first = false;
@@ -690,26 +696,30 @@ pub fn ash_bridge_ops(data: &[u8]) {
                 let bytes = input.bytes(80);
                 feed(&mut conn, bytes, &mut expected);
             }
-            4 => conn.agent_message(RawJson::from_text("{}").expect("valid JSON")),
+            4 => conn.notify(RawJson::from_text("{}").expect("valid JSON")),
             5 if running == Some("query") => {
                 running = None;
-                conn.agent_finished(if input.byte().is_multiple_of(2) {
+                conn.respond(Answer::Query(if input.byte().is_multiple_of(2) {
                     Ok(())
                 } else {
                     Err("x".into())
-                });
+                }));
             }
             5 if running == Some("resume") => {
                 running = None;
-                conn.resume_finished(if input.byte().is_multiple_of(2) {
+                conn.respond(Answer::Resume(if input.byte().is_multiple_of(2) {
                     Ok(())
                 } else {
                     Err("x".into())
-                });
+                }));
             }
             6 if running == Some("exec") => {
                 running = None;
-                conn.exec_finished(0, String::new(), String::new());
+                conn.respond(Answer::Exec {
+                    exit_code: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                });
             }
             _ => {
                 closed = true;
@@ -723,9 +733,13 @@ pub fn ash_bridge_ops(data: &[u8]) {
     // Finish whatever runs until the queue is empty.
     while let Some(kind) = running.take() {
         match kind {
-            "query" => conn.agent_finished(Ok(())),
-            "resume" => conn.resume_finished(Ok(())),
-            _ => conn.exec_finished(0, String::new(), String::new()),
+            "query" => conn.respond(Answer::Query(Ok(()))),
+            "resume" => conn.respond(Answer::Resume(Ok(()))),
+            _ => conn.respond(Answer::Exec {
+                exit_code: 0,
+                stdout: String::new(),
+                stderr: String::new(),
+            }),
         }
         drain(&mut conn, &mut running);
     }
@@ -769,7 +783,7 @@ pub fn ash_host_ops(data: &[u8]) {
             polls += 1;
             assert!(polls <= MAX_POLLS, "poll_output does not terminate");
             match output {
-                HostOutput::Send(line) => {
+                HostOutput::Transmit(line) => {
                     assert!(ready, "sent before ready");
                     match ash::decode_command(&line[..line.len() - 1]).expect("valid command") {
                         ash::Command::Interrupt | ash::Command::Shutdown => {}
@@ -807,9 +821,9 @@ pub fn ash_host_ops(data: &[u8]) {
                 };
                 if !matches!(command, ash::Command::Interrupt) {
                     submitted += 1;
-                    host.submit(command, submitted);
+                    host.request(command, submitted, now);
                 } else {
-                    host.submit(command, 0);
+                    host.request(command, 0, now);
                 }
             }
             2 | 3 => {
@@ -943,7 +957,7 @@ fn trace_feed(
 ) -> (Vec<TraceOutput>, Vec<u8>) {
     let conn = TraceConn(7);
     let mut tracer = Tracer::new(config.clone());
-    tracer.handle_open(conn, host);
+    tracer.handle_open(conn, host, 0);
     let mut outputs = Vec::new();
     let mut forwarded = Vec::new();
     let mut drain = |tracer: &mut Tracer| {
@@ -952,7 +966,7 @@ fn trace_feed(
             polls += 1;
             assert!(polls <= MAX_POLLS, "poll_output does not terminate");
             match output {
-                TraceOutput::ToServer { bytes, .. } => forwarded.extend_from_slice(&bytes),
+                TraceOutput::Transmit { bytes, .. } => forwarded.extend_from_slice(&bytes),
                 other => outputs.push(other),
             }
         }
@@ -1278,12 +1292,12 @@ impl LiveSim {
                     }
                     self.inbound = Some(inbound);
                     self.before_first.get_or_insert(self.next_serial);
-                    self.machine.handle_connected(self.now, true, Some(self.ms));
+                    self.machine.handle_connected(true, Some(self.ms), self.now);
                 }
             }
             LiveStep::Refuse => {
                 if self.connect_pending.take().is_some() {
-                    self.machine.handle_closed(self.now, "refused");
+                    self.machine.handle_closed("refused", self.now);
                 }
             }
             LiveStep::Feed(n) => {
@@ -1291,25 +1305,25 @@ impl LiveSim {
                     let Some(frame) = self.inbound.as_mut().and_then(|i| i.pop_front()) else {
                         break;
                     };
-                    self.machine.handle_frame(self.now, frame);
+                    self.machine.handle_frame(frame, self.now);
                     self.drain();
                 }
             }
             LiveStep::Keepalive => {
                 if self.inbound.is_some() {
                     self.machine
-                        .handle_frame(self.now, crate::live::LiveFrame::Alive);
+                        .handle_frame(crate::live::LiveFrame::Alive, self.now);
                 }
             }
             LiveStep::Drop => self.disconnect(),
             LiveStep::Answer => {
                 if let Some(query) = self.fetch_pending.take() {
                     match self.history(&query) {
-                        Some(messages) => self.machine.handle_history(self.now, query.id, messages),
+                        Some(messages) => self.machine.handle_history(query.id, messages, self.now),
                         None => self.machine.handle_history_failed(
-                            self.now,
                             query.id,
                             "400 unknown after_id",
+                            self.now,
                         ),
                     }
                 }
@@ -1317,7 +1331,7 @@ impl LiveSim {
             LiveStep::FailFetch => {
                 if let Some(query) = self.fetch_pending.take() {
                     self.machine
-                        .handle_history_failed(self.now, query.id, "503");
+                        .handle_history_failed(query.id, "503", self.now);
                 }
             }
             LiveStep::Restart => self.disconnect(),
@@ -1337,7 +1351,7 @@ impl LiveSim {
     fn disconnect(&mut self) {
         self.fetch_pending = None;
         if self.connect_pending.take().is_some() || self.inbound.take().is_some() {
-            self.machine.handle_closed(self.now, "connection lost");
+            self.machine.handle_closed("connection lost", self.now);
         }
     }
 

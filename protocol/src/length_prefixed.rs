@@ -80,8 +80,7 @@ impl LpDecoder {
 
     /// The next payload, `Ok(None)` when more bytes are needed, or the fatal error (repeated on
     /// every later call).
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Result<Option<Vec<u8>>, LpError> {
+    pub fn decode(&mut self) -> Result<Option<Vec<u8>>, LpError> {
         if let Some(error) = self.failed {
             return Err(error);
         }
@@ -103,8 +102,8 @@ impl LpDecoder {
         Ok(Some(payload))
     }
 
-    /// The stream ended: an error if it stopped inside a frame. Call after `next` gave `Ok(None)`.
-    pub fn finish(&mut self) -> Result<(), LpError> {
+    /// The stream ended: an error if it stopped inside a frame. Call after `decode` gave `Ok(None)`.
+    pub fn decode_eof(&mut self) -> Result<(), LpError> {
         if let Some(error) = self.failed {
             return Err(error);
         }
@@ -167,7 +166,7 @@ mod tests {
             assert_eq!(encode(&payload, &mut out, max).is_ok(), ok, "encode {len}");
             let mut dec = LpDecoder::new(max);
             dec.push(&frame(&payload));
-            match dec.next() {
+            match dec.decode() {
                 Ok(Some(p)) => assert!(ok && p == payload),
                 Err(LpError::TooLarge { len: l, max: m }) => assert!(!ok && l == len && m == max),
                 other => panic!("{other:?}"),
@@ -176,11 +175,11 @@ mod tests {
         // The prefix alone is enough to refuse: nothing of the payload is awaited.
         let mut dec = LpDecoder::new(max);
         dec.push(&((max as u32) + 1).to_be_bytes());
-        assert_eq!(dec.next(), Err(LpError::TooLarge { len: max + 1, max }));
+        assert_eq!(dec.decode(), Err(LpError::TooLarge { len: max + 1, max }));
         assert_eq!(dec.buffered_len(), 0);
         dec.push(b"more");
         assert_eq!(
-            dec.next(),
+            dec.decode(),
             Err(LpError::TooLarge { len: max + 1, max }),
             "fatal stays fatal"
         );
@@ -191,13 +190,13 @@ mod tests {
         let mut dec = LpDecoder::default();
         dec.push(&(10_485_760u32).to_be_bytes());
         assert_eq!(
-            dec.next(),
+            dec.decode(),
             Ok(None),
             "exactly the cap is accepted and awaited"
         );
         let mut dec = LpDecoder::default();
         dec.push(&(10_485_761u32).to_be_bytes());
-        assert!(matches!(dec.next(), Err(LpError::TooLarge { .. })));
+        assert!(matches!(dec.decode(), Err(LpError::TooLarge { .. })));
     }
 
     #[test]
@@ -205,10 +204,10 @@ mod tests {
         let mut dec = LpDecoder::new(64);
         dec.push(&frame(b""));
         dec.push(&frame(b"abc")[..5]);
-        assert_eq!(dec.next(), Ok(Some(Vec::new())));
-        assert_eq!(dec.next(), Ok(None));
+        assert_eq!(dec.decode(), Ok(Some(Vec::new())));
+        assert_eq!(dec.decode(), Ok(None));
         assert_eq!(
-            dec.finish(),
+            dec.decode_eof(),
             Err(LpError::Truncated {
                 expected: 7,
                 got: 5
@@ -216,16 +215,16 @@ mod tests {
         );
         let mut dec = LpDecoder::new(64);
         dec.push(&[0, 0]);
-        assert_eq!(dec.next(), Ok(None));
+        assert_eq!(dec.decode(), Ok(None));
         assert_eq!(
-            dec.finish(),
+            dec.decode_eof(),
             Err(LpError::Truncated {
                 expected: 4,
                 got: 2
             })
         );
         let mut dec = LpDecoder::new(64);
-        assert_eq!(dec.finish(), Ok(()));
+        assert_eq!(dec.decode_eof(), Ok(()));
     }
 
     proptest! {
@@ -248,7 +247,7 @@ mod tests {
                 dec.push(&stream[last..p]);
                 last = p;
                 loop {
-                    match dec.next() {
+                    match dec.decode() {
                         Ok(Some(payload)) => got.push(payload),
                         Ok(None) => break,
                         Err(e) => { failed = Some(e); break; }
@@ -262,7 +261,7 @@ mod tests {
             prop_assert_eq!(&got, &ok);
             prop_assert_eq!(failed.is_some(), ok.len() < payloads.len());
             if failed.is_none() {
-                prop_assert_eq!(dec.finish(), Ok(()));
+                prop_assert_eq!(dec.decode_eof(), Ok(()));
             }
         }
     }

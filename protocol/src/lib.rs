@@ -2,16 +2,41 @@
 //! machines of the runner ⇄ bridge IPC protocol.
 //!
 //! Nothing here reads a clock, touches a socket or spawns a task. Every machine is a plain value
-//! you feed and drain:
+//! you feed and drain.
 //!
-//! - **inputs** are `handle_*` methods (bytes read, a peer connected or closed, an answer from the
-//!   application). They never block and never do I/O. Time is an argument (`now: Instant`).
-//! - **outputs** come out of `poll_output()`, drained until `None`: bytes to write (tagged with
-//!   where they go), requests for the application, events worth logging, connections to close.
-//!   Every output is queued inside the machine, so inputs may interleave in any order.
-//! - machines with timers also offer `poll_timeout()` / `handle_timeout(now)` (the objectives
-//!   [`tracker`]); the bridge and runner sessions have none (a request waits for its answer or
-//!   for teardown).
+//! # The machine contract
+//!
+//! Every machine in this crate speaks the same vocabulary (each type's own "Contract" paragraph
+//! says which parts it has):
+//!
+//! - **inputs — what happened** are `handle_*` methods: bytes read (`handle_bytes`,
+//!   `handle_agent_bytes`, …), a peer connected or closed (`handle_connect`, `handle_connected`,
+//!   `handle_closed`, `handle_*_eof`), the outcome of I/O the machine asked the driver to do
+//!   (`handle_refreshed`, `handle_history`), a timer (`handle_timeout`). They never block and
+//!   never do I/O.
+//! - **commands — what the application does** use three verbs: [`respond`] answers a request the
+//!   machine handed to the application (`runner`'s tool calls, an Ash bridge's turn); [`notify`]
+//!   emits an event towards the peer (an MCP notification, a channel event for Codex, an agent
+//!   message on an Ash connection); [`request`] starts a request of the application's own (a
+//!   `call_tool` call, an Ash command, a Codex JSON-RPC call). `shutdown` ends a machine.
+//! - **time** is an argument, never read: a machine that keeps time (it has timers, or reports
+//!   durations) takes `now` as the **last** argument of every input and command, whether it
+//!   needs it today or not, so adding a timer never changes a caller. A machine that keeps no
+//!   time (`call_tool`, `call_tool_bridge`, `ash::bridge`) takes none. Machines whose clock is the
+//!   wall clock (sign-in, traces) take it as epoch units (`now: u64`), also last.
+//! - **outputs** come out of `poll_output()`, drained until `None`. Bytes to write are always a
+//!   `Transmit` variant: `Transmit(bytes)` where the machine has one peer, `Transmit { to, bytes
+//!   }` where it has several (`to` is a `Peer` or a `ConnId`). Every output is queued inside the
+//!   machine, so inputs may interleave in any order.
+//! - **timers**: machines with timers offer `poll_timeout()` (when to call `handle_timeout(now)`
+//!   next, `None` for never) and `handle_timeout(now)`.
+//! - **decoders** (tokio-util style) are fed with `push(bytes)` and drained with `decode()` until
+//!   `None`; at end of input, `decode_eof()` yields what a final unterminated line or frame held
+//!   (or the framing error).
+//!
+//! [`respond`]: runner::RunnerSession::respond
+//! [`notify`]: runner::RunnerSession::notify
+//! [`request`]: call_tool::CallToolClient::request
 //!
 //! # The run loop
 //!
@@ -20,7 +45,7 @@
 //! ```no_run
 //! use std::io::{Read, Write};
 //! use std::time::Instant;
-//! use ac7_protocol::bridge::{BridgeConfig, BridgeOutput, BridgeSession};
+//! use ac7_protocol::bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer};
 //!
 //! # fn drive(mut stdin: impl Read, mut stdout: impl Write, mut socket: impl Read + Write) -> std::io::Result<()> {
 //! let mut session = BridgeSession::new(BridgeConfig::default());
@@ -36,8 +61,8 @@
 //!     // 2. Drain every output and act on it, in order.
 //!     while let Some(output) = session.poll_output() {
 //!         match output {
-//!             BridgeOutput::ToAgent(line) => stdout.write_all(&line)?,
-//!             BridgeOutput::ToRunner(frame) => socket.write_all(&frame)?,
+//!             BridgeOutput::Transmit { to: Peer::Agent, bytes } => stdout.write_all(&bytes)?,
+//!             BridgeOutput::Transmit { to: Peer::Runner, bytes } => socket.write_all(&bytes)?,
 //!             BridgeOutput::Event(event) => eprintln!("{event:?}"),
 //!             BridgeOutput::Exit(_) => {
 //!                 stdout.flush()?;
@@ -50,15 +75,15 @@
 //! ```
 //!
 //! The runner side is the same shape with [`runner::RunnerSession`]: report connections with
-//! `handle_connect`, feed bytes with `handle_bytes(conn, …)`, answer each
+//! `handle_connect`, feed bytes with `handle_bytes(conn, …, now)`, answer each
 //! [`runner::RunnerOutput::Request`] with `respond`, push events with `notify`, and write each
-//! [`runner::RunnerOutput::Transmit`] to its connection.
+//! [`runner::RunnerOutput::Transmit`] to its connection (`to`).
 //!
 //! # Modules
 //!
 //! | module | what it models |
 //! |---|---|
-//! | [`line`] | capped NDJSON line splitting with discard-until-newline (shared by every line dialect) |
+//! | [`line`](mod@line) | capped NDJSON line splitting with discard-until-newline (shared by every line dialect) |
 //! | [`frame`] | the five IPC frame kinds, their lenient decoder and capped encoder |
 //! | [`length_prefixed`] | 4-byte big-endian length framing with a 10 MiB cap checked before allocating |
 //! | [`pending`] | the correlation table: monotonic ids, out-of-order answers, `fail_all` |

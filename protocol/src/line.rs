@@ -1,7 +1,7 @@
 //! Capped newline-delimited line splitting, the framing shared by every NDJSON dialect.
 //!
 //! [`LineDecoder`] is fed arbitrary byte chunks with [`LineDecoder::push`] and drained with
-//! [`LineDecoder::next_line`] until it returns `None`. Every complete line comes out exactly once,
+//! [`LineDecoder::decode`] until it returns `None`. Every complete line comes out exactly once,
 //! in order, either as its bytes or as a report that it was too long.
 //!
 //! # The cap
@@ -14,7 +14,7 @@
 //!
 //! Memory stays bounded: once the unterminated tail of the buffer reaches the cap, those bytes are
 //! thrown away and the decoder discards until the next `\n`, counting what it skipped. Between a
-//! `push` and the `next_line` that returns `None`, the buffer holds at most the cap plus the pushed
+//! `push` and the `decode` that returns `None`, the buffer holds at most the cap plus the pushed
 //! chunk; once drained it holds less than the cap.
 
 use memchr::memchr;
@@ -22,7 +22,7 @@ use memchr::memchr;
 /// The default cap: 1 MiB per line, newline included (`MAX_FRAME_BYTES` of the ac7 IPC protocol).
 pub const DEFAULT_MAX_LINE_BYTES: usize = 1024 * 1024;
 
-/// One item out of [`LineDecoder::next_line`].
+/// One item out of [`LineDecoder::decode`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Line<'a> {
     /// A complete line without its `\n` and without one trailing `\r`. May be empty.
@@ -65,13 +65,13 @@ impl LineDecoder {
         self.max_line_bytes
     }
 
-    /// Appends bytes read from the stream. Drain with [`next_line`](Self::next_line) afterwards.
+    /// Appends bytes read from the stream. Drain with [`decode`](Self::decode) afterwards.
     pub fn push(&mut self, chunk: &[u8]) {
         self.buf.extend_from_slice(chunk);
     }
 
     /// The next complete line, or `None` when more bytes are needed.
-    pub fn next_line(&mut self) -> Option<Line<'_>> {
+    pub fn decode(&mut self) -> Option<Line<'_>> {
         if let Some(skipped) = self.discarding {
             return match memchr(b'\n', &self.buf[self.start..]) {
                 Some(i) => {
@@ -124,8 +124,8 @@ impl LineDecoder {
     /// Ends the stream: an unterminated last line is handed out as if it had ended with `\n`
     /// (an oversized one as [`Line::Oversized`]), then the decoder is empty.
     ///
-    /// Call after [`next_line`](Self::next_line) has returned `None`.
-    pub fn finish(&mut self) -> Option<Line<'_>> {
+    /// Call after [`decode`](Self::decode) has returned `None`.
+    pub fn decode_eof(&mut self) -> Option<Line<'_>> {
         if let Some(skipped) = self.discarding.take() {
             let more = self.buf.len() - self.start;
             self.reset();
@@ -139,7 +139,7 @@ impl LineDecoder {
         }
         // Terminate the tail and read it as an ordinary line.
         self.buf.push(b'\n');
-        let line = self.next_line();
+        let line = self.decode();
         line.map(|line| match line {
             Line::Complete(bytes) => Line::Complete(bytes),
             Line::Oversized { len } => Line::Oversized { len: len - 1 },
@@ -185,7 +185,7 @@ mod tests {
 
     fn drain(dec: &mut LineDecoder) -> Vec<Result<Vec<u8>, usize>> {
         let mut out = Vec::new();
-        while let Some(line) = dec.next_line() {
+        while let Some(line) = dec.decode() {
             out.push(match line {
                 Line::Complete(b) => Ok(b.to_vec()),
                 Line::Oversized { len } => Err(len),
@@ -266,20 +266,20 @@ mod tests {
         let mut dec = LineDecoder::new(8);
         dec.push(b"one\ntwo");
         assert_eq!(drain(&mut dec), vec![Ok(b"one".to_vec())]);
-        assert_eq!(dec.finish(), Some(Line::Complete(b"two")));
-        assert_eq!(dec.finish(), None);
+        assert_eq!(dec.decode_eof(), Some(Line::Complete(b"two")));
+        assert_eq!(dec.decode_eof(), None);
 
         let mut dec = LineDecoder::new(8);
         dec.push(b"0123456789");
         assert_eq!(drain(&mut dec), vec![]);
-        assert_eq!(dec.finish(), Some(Line::Oversized { len: 10 }));
+        assert_eq!(dec.decode_eof(), Some(Line::Oversized { len: 10 }));
         assert_eq!(dec.buffered_len(), 0);
 
         // Seven bytes fit a cap of 8 once terminated; eight do not.
         let mut dec = LineDecoder::new(8);
         dec.push(b"0123456");
         assert_eq!(drain(&mut dec), vec![]);
-        assert_eq!(dec.finish(), Some(Line::Complete(b"0123456")));
+        assert_eq!(dec.decode_eof(), Some(Line::Complete(b"0123456")));
     }
 
     #[test]

@@ -281,6 +281,13 @@ enum Phase {
 }
 
 /// The live-stream machine. See the module docs.
+///
+/// Contract: every input takes `now` last. What happened is `handle_connected` /
+/// `handle_frame` / `handle_closed` for the stream, `handle_history` / `handle_history_failed`
+/// for the fetch a [`LiveOutput::Fetch`] asked for, and `handle_timeout` when
+/// [`poll_timeout`](Self::poll_timeout) is due; [`shutdown`](Self::shutdown) stops it. Outputs are
+/// drained from [`poll_output`](Self::poll_output). It writes no bytes: the driver owns the HTTP
+/// request, so there is no `Transmit`.
 #[derive(Debug, Clone)]
 pub struct LiveStream {
     config: LiveConfig,
@@ -388,7 +395,7 @@ impl LiveStream {
     /// The connection asked for is open. `replays`: the broker replays after the last event id
     /// (our broker says so with [`REPLAY_HEADER`]); when it does not, a reconnect backfills.
     /// `broker_ms`: the broker's clock when it answered (its `Date` header, epoch ms), if known.
-    pub fn handle_connected(&mut self, now: Instant, replays: bool, broker_ms: Option<i64>) {
+    pub fn handle_connected(&mut self, replays: bool, broker_ms: Option<i64>, now: Instant) {
         if !matches!(self.phase, Phase::Connecting { .. }) {
             return;
         }
@@ -419,14 +426,14 @@ impl LiveStream {
     }
 
     /// The connection (or the attempt) ended.
-    pub fn handle_closed(&mut self, now: Instant, reason: &str) {
+    pub fn handle_closed(&mut self, reason: &str, now: Instant) {
         if matches!(self.phase, Phase::Connecting { .. } | Phase::Open { .. }) {
             self.closed(now, reason.to_owned());
         }
     }
 
     /// A frame arrived on the open connection.
-    pub fn handle_frame(&mut self, now: Instant, frame: LiveFrame) {
+    pub fn handle_frame(&mut self, frame: LiveFrame, now: Instant) {
         let Phase::Open {
             heard, backfill, ..
         } = &mut self.phase
@@ -466,7 +473,7 @@ impl LiveStream {
     }
 
     /// The answer to [`LiveOutput::Fetch`] `query`: the `messages` array, in the broker's order.
-    pub fn handle_history(&mut self, now: Instant, query: u64, messages: Vec<Message>) {
+    pub fn handle_history(&mut self, query: u64, messages: Vec<Message>, now: Instant) {
         let Phase::Open {
             backfill: Some(b), ..
         } = &mut self.phase
@@ -514,7 +521,7 @@ impl LiveStream {
 
     /// [`LiveOutput::Fetch`] `query` failed: drop the connection and try again later (the
     /// broker will say reset again, and the backfill restarts where the deliveries left off).
-    pub fn handle_history_failed(&mut self, now: Instant, query: u64, reason: &str) {
+    pub fn handle_history_failed(&mut self, query: u64, reason: &str, now: Instant) {
         let Phase::Open {
             backfill: Some(b), ..
         } = &self.phase
@@ -532,7 +539,7 @@ impl LiveStream {
     }
 
     /// Stops for good: no more connects.
-    pub fn shutdown(&mut self) {
+    pub fn shutdown(&mut self, _now: Instant) {
         self.phase = Phase::Stopped;
     }
 
@@ -699,7 +706,7 @@ mod tests {
         let mut now = t0;
         let mut delays = Vec::new();
         for _ in 0..8 {
-            m.handle_closed(now, "refused");
+            m.handle_closed("refused", now);
             let out = drain(&mut m);
             let LiveOutput::Backoff { delay, .. } = out[0] else {
                 panic!("{out:?}")
@@ -719,10 +726,10 @@ mod tests {
             );
         }
         // Up 10 s: healthy, so the next delay is about 1 s again.
-        m.handle_connected(now, true, None);
+        m.handle_connected(true, None, now);
         now += Duration::from_secs(10);
-        m.handle_frame(now, LiveFrame::Alive);
-        m.handle_closed(now, "stream ended");
+        m.handle_frame(LiveFrame::Alive, now);
+        m.handle_closed("stream ended", now);
         let out = drain(&mut m);
         let LiveOutput::Backoff { delay, .. } = out[0] else {
             panic!("{out:?}")
@@ -741,7 +748,7 @@ mod tests {
                 },
                 t0,
             );
-            m.handle_closed(t0, "x");
+            m.handle_closed("x", t0);
             drain(&mut m)
         };
         assert_eq!(run(7), run(7));
@@ -753,11 +760,11 @@ mod tests {
         let t0 = Instant::now();
         let mut m = LiveStream::new(LiveConfig::default(), t0);
         drain(&mut m);
-        m.handle_connected(t0, true, Some(1_000_000));
-        m.handle_frame(t0, LiveFrame::Message(message("a", 5)));
+        m.handle_connected(true, Some(1_000_000), t0);
+        m.handle_frame(LiveFrame::Message(message("a", 5)), t0);
         assert_eq!(delivered(&drain(&mut m)), ["a"]);
         let t1 = t0 + Duration::from_secs(30);
-        m.handle_frame(t1, LiveFrame::Alive);
+        m.handle_frame(LiveFrame::Alive, t1);
         assert_eq!(m.poll_timeout(), Some(t1 + Duration::from_secs(45)));
         m.handle_timeout(t1 + Duration::from_secs(44));
         assert!(drain(&mut m).is_empty());
@@ -787,37 +794,37 @@ mod tests {
             t0,
         );
         drain(&mut m);
-        m.handle_connected(t0, true, None);
-        m.handle_frame(t0, LiveFrame::Message(message("a", 100)));
-        m.handle_closed(t0, "broker restarted");
+        m.handle_connected(true, None, t0);
+        m.handle_frame(LiveFrame::Message(message("a", 100)), t0);
+        m.handle_closed("broker restarted", t0);
         m.handle_timeout(m.poll_timeout().unwrap());
         drain(&mut m);
-        m.handle_connected(t0, true, None);
-        m.handle_frame(t0, LiveFrame::Reset(Reset::unknown_id("a")));
+        m.handle_connected(true, None, t0);
+        m.handle_frame(LiveFrame::Reset(Reset::unknown_id("a")), t0);
         let q = fetch(&drain(&mut m));
         assert_eq!(q.path(), "/history?limit=1&before=100");
         // Live messages wait for the backfill.
-        m.handle_frame(t0, LiveFrame::Message(message("d", 103)));
+        m.handle_frame(LiveFrame::Message(message("d", 103)), t0);
         assert!(delivered(&drain(&mut m)).is_empty());
-        m.handle_history(t0, q.id, vec![message("z", 99)]);
+        m.handle_history(q.id, vec![message("z", 99)], t0);
         let q = fetch(&drain(&mut m));
         assert_eq!(q.path(), "/history?limit=2&after_id=z");
-        m.handle_history(t0, q.id, vec![message("a", 100), message("b", 101)]);
+        m.handle_history(q.id, vec![message("a", 100), message("b", 101)], t0);
         let out = drain(&mut m);
         assert_eq!(delivered(&out), ["b"], "a was delivered before");
         let q = fetch(&out);
         assert_eq!(q.path(), "/history?limit=2&after_id=b");
-        m.handle_history(t0, q.id, vec![message("c", 102), message("d", 103)]);
+        m.handle_history(q.id, vec![message("c", 102), message("d", 103)], t0);
         let out = drain(&mut m);
         assert_eq!(delivered(&out), ["c", "d"]);
         let q = fetch(&out);
-        m.handle_history(t0, q.id, vec![]);
+        m.handle_history(q.id, vec![], t0);
         assert!(
             delivered(&drain(&mut m)).is_empty(),
             "the held d was a duplicate"
         );
         assert!(!m.is_backfilling());
-        m.handle_frame(t0, LiveFrame::Message(message("e", 104)));
+        m.handle_frame(LiveFrame::Message(message("e", 104)), t0);
         assert_eq!(delivered(&drain(&mut m)), ["e"]);
         assert_eq!(m.last_event_id(), Some("e"));
     }
@@ -827,16 +834,15 @@ mod tests {
         let t0 = Instant::now();
         let mut m = LiveStream::new(LiveConfig::default(), t0);
         drain(&mut m);
-        m.handle_connected(t0, false, None);
-        m.handle_frame(t0, LiveFrame::Message(message("a", 100)));
-        m.handle_closed(t0, "x");
+        m.handle_connected(false, None, t0);
+        m.handle_frame(LiveFrame::Message(message("a", 100)), t0);
+        m.handle_closed("x", t0);
         m.handle_timeout(m.poll_timeout().unwrap());
         drain(&mut m);
-        m.handle_connected(t0, false, None);
+        m.handle_connected(false, None, t0);
         let q = fetch(&drain(&mut m));
         assert_eq!(q.path(), "/history?limit=100");
         m.handle_history(
-            t0,
             q.id,
             vec![
                 message("c", 102),
@@ -844,6 +850,7 @@ mod tests {
                 message("a", 100),
                 message("y", 1),
             ],
+            t0,
         );
         assert_eq!(delivered(&drain(&mut m)), ["b", "c"]);
     }
@@ -853,8 +860,8 @@ mod tests {
         let t0 = Instant::now();
         let mut m = LiveStream::new(LiveConfig::default(), t0);
         drain(&mut m);
-        m.handle_connected(t0, true, Some(1_700_000_000_456));
-        m.handle_closed(t0, "broker restarted");
+        m.handle_connected(true, Some(1_700_000_000_456), t0);
+        m.handle_closed("broker restarted", t0);
         m.handle_timeout(m.poll_timeout().unwrap());
         assert_eq!(
             drain(&mut m).last(),
@@ -862,10 +869,10 @@ mod tests {
                 last_event_id: None
             })
         );
-        m.handle_connected(t0, true, Some(1_700_000_009_000));
+        m.handle_connected(true, Some(1_700_000_009_000), t0);
         let q = fetch(&drain(&mut m));
         assert_eq!(q.path(), "/history?limit=100&after=1699999999999");
-        m.handle_history(t0, q.id, vec![message("a", 1_700_000_001_000)]);
+        m.handle_history(q.id, vec![message("a", 1_700_000_001_000)], t0);
         assert_eq!(delivered(&drain(&mut m)), ["a"]);
         assert!(!m.is_backfilling());
     }

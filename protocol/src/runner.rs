@@ -110,8 +110,8 @@ pub struct IncomingRequest {
 pub enum RunnerOutput {
     /// Write these bytes (one or more frames) to the connection.
     Transmit {
-        /// Where.
-        conn: ConnId,
+        /// Which connection.
+        to: ConnId,
         /// What.
         bytes: Vec<u8>,
     },
@@ -291,6 +291,13 @@ enum Lifecycle {
 }
 
 /// The runner's protocol state. See the [module docs](self).
+///
+/// Contract: every input takes `now` last. What happened on a socket is `handle_connect` /
+/// `handle_bytes` / `handle_closed`; the application answers each [`RunnerOutput::Request`] with
+/// [`respond`](Self::respond), pushes an MCP notification to the agent with
+/// [`notify`](Self::notify), and ends the session with [`shutdown`](Self::shutdown). Outputs are
+/// drained from [`poll_output`](Self::poll_output): [`RunnerOutput::Transmit`] `{ to, bytes }`,
+/// `Close`, `Request`s and `Event`s. No timers: a request waits for its answer or for teardown.
 #[derive(Debug, Clone)]
 pub struct RunnerSession {
     config: RunnerConfig,
@@ -364,7 +371,8 @@ impl RunnerSession {
         let delivered = self.queued.len();
         if delivered > 0 {
             let bytes: Vec<u8> = self.queued.drain(..).flatten().collect();
-            self.out.push_back(RunnerOutput::Transmit { conn, bytes });
+            self.out
+                .push_back(RunnerOutput::Transmit { to: conn, bytes });
         }
         self.event(RunnerEvent::Attached { conn, delivered });
         conn
@@ -376,7 +384,11 @@ impl RunnerSession {
             return;
         };
         attached.decoder.push(bytes);
-        while let Some(decoded) = self.attached.get_mut(&conn).and_then(|a| a.decoder.next()) {
+        while let Some(decoded) = self
+            .attached
+            .get_mut(&conn)
+            .and_then(|a| a.decoder.decode())
+        {
             self.frame_from_bridge(conn, decoded, now);
         }
     }
@@ -386,7 +398,7 @@ impl RunnerSession {
         if let Some(decoded) = self
             .attached
             .get_mut(&conn)
-            .and_then(|a| a.decoder.finish())
+            .and_then(|a| a.decoder.decode_eof())
         {
             self.frame_from_bridge(conn, decoded, now);
         }
@@ -422,7 +434,8 @@ impl RunnerSession {
                 too_large_response(id, &in_flight, len, max)
             }
         };
-        self.out.push_back(RunnerOutput::Transmit { conn, bytes });
+        self.out
+            .push_back(RunnerOutput::Transmit { to: conn, bytes });
         self.event(RunnerEvent::Responded {
             conn,
             id,
@@ -458,7 +471,7 @@ impl RunnerSession {
         if !conns.is_empty() {
             for conn in conns {
                 self.out.push_back(RunnerOutput::Transmit {
-                    conn,
+                    to: conn,
                     bytes: bytes.clone(),
                 });
             }
@@ -647,7 +660,8 @@ impl RunnerSession {
             };
             encode_frame_vec(&short, usize::MAX).unwrap_or_default()
         });
-        self.out.push_back(RunnerOutput::Transmit { conn, bytes });
+        self.out
+            .push_back(RunnerOutput::Transmit { to: conn, bytes });
     }
 
     fn event(&mut self, event: RunnerEvent) {

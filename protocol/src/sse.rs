@@ -1,6 +1,6 @@
 //! Incremental `text/event-stream` parser with a size cap, for the runner's live stream.
 //!
-//! Feed bytes with [`SseParser::push`]; drain [`SseParser::next`] until `None`. Follows the
+//! Feed bytes with [`SseParser::push`]; drain [`SseParser::decode`] until `None`. Follows the
 //! WHATWG event-stream rules: `field: value` lines (one leading space of the value removed),
 //! `data` lines joined with `\n`, a blank line dispatches the event, lines starting with `:` are
 //! comments (keepalives), an `id` without NUL sets the last event id (kept across events, sent
@@ -78,10 +78,9 @@ impl SseParser {
     }
 
     /// The next item, or `None` when more bytes are needed.
-    #[allow(clippy::should_implement_trait)]
-    pub fn next(&mut self) -> Option<SseItem> {
+    pub fn decode(&mut self) -> Option<SseItem> {
         loop {
-            let item = match self.lines.next_line()? {
+            let item = match self.lines.decode()? {
                 Line::Oversized { len } => {
                     self.start_dropping(len);
                     None
@@ -219,7 +218,7 @@ mod tests {
         let mut out = Vec::new();
         for chunk in chunks {
             p.push(chunk);
-            out.extend(std::iter::from_fn(|| p.next()));
+            out.extend(std::iter::from_fn(|| p.decode()));
         }
         out
     }
@@ -249,7 +248,7 @@ mod tests {
         let stream = "\u{feff}data:a\ndata:  b\r\ndata\nretry: 2500\nretry: x\nevent: ping\nignored: field\n\nid\ndata: c\n\nevent: empty\n\n".as_bytes();
         let mut p = SseParser::new(1024);
         p.push(stream);
-        let items: Vec<_> = std::iter::from_fn(|| p.next()).collect();
+        let items: Vec<_> = std::iter::from_fn(|| p.decode()).collect();
         assert_eq!(
             items,
             vec![event("ping", "a\n b\n", None), event("message", "c", None)]
@@ -259,7 +258,7 @@ mod tests {
         // dispatched.
         let mut p = SseParser::new(1024);
         p.push(b"id: 7\ndata: x\n\ndata: y\n\nid: a\0b\ndata: z\n\nid: 8\n\n");
-        let items: Vec<_> = std::iter::from_fn(|| p.next()).collect();
+        let items: Vec<_> = std::iter::from_fn(|| p.decode()).collect();
         assert_eq!(
             items,
             vec![
@@ -272,7 +271,7 @@ mod tests {
         p.push(b"data: partial");
         p.reset_connection();
         p.push(b"\n\ndata: fresh\n\n");
-        let items: Vec<_> = std::iter::from_fn(|| p.next()).collect();
+        let items: Vec<_> = std::iter::from_fn(|| p.decode()).collect();
         assert_eq!(
             items,
             vec![event("message", "fresh", Some("8"))],
@@ -285,15 +284,15 @@ mod tests {
         let cap = 64;
         let mut p = SseParser::new(cap);
         p.push(b"data: ok\n\n");
-        assert_eq!(p.next(), Some(event("message", "ok", None)));
+        assert_eq!(p.decode(), Some(event("message", "ok", None)));
         p.push(b"id: big\ndata: ");
         for _ in 0..1000 {
             p.push(&[b'x'; 100]);
-            assert!(p.next().is_none());
+            assert!(p.decode().is_none());
             assert!(p.lines.buffered_len() < cap);
         }
         p.push(b"\ndata: more\n\ndata: after\n\n");
-        let items: Vec<_> = std::iter::from_fn(|| p.next()).collect();
+        let items: Vec<_> = std::iter::from_fn(|| p.decode()).collect();
         assert_eq!(items.len(), 2);
         assert!(matches!(items[0], SseItem::Oversized { len } if len > 100_000));
         assert_eq!(items[1], event("message", "after", Some("big")));
@@ -304,7 +303,7 @@ mod tests {
             p.push(b"data: 0123456789\n");
         }
         p.push(b"\ndata: next\n\n");
-        let items: Vec<_> = std::iter::from_fn(|| p.next()).collect();
+        let items: Vec<_> = std::iter::from_fn(|| p.decode()).collect();
         assert!(matches!(items[0], SseItem::Oversized { .. }));
         assert_eq!(items[1], event("message", "next", None));
     }

@@ -38,6 +38,11 @@ enum Refresh {
 
 /// The tracker's state, generic over how an open objective is summarised (`T` compares equal
 /// when nothing the agent sees about it changed).
+///
+/// Contract: every input takes `now` last — `handle_trigger`, `handle_timeout` (due at
+/// [`poll_timeout`](Self::poll_timeout)) and `handle_refreshed`, the outcome of the fetch a
+/// [`TrackerOutput::Refresh`] asked for. Outputs are drained from
+/// [`poll_output`](Self::poll_output).
 #[derive(Debug, Clone)]
 pub struct ObjectivesTracker<T> {
     open: Vec<T>,

@@ -4,13 +4,13 @@
 //! (`claude`) as a child process per query. The session map is shared by all connections.
 //!
 //! ```text
-//!   socket read ──▶ handle_bytes / handle_closed ──┐
-//!   agent stdout ─▶ agent_message / agent_finished ┤ AshConnection (one per connection)
-//!   exec result ──▶ exec_finished ─────────────────┘
-//!      poll_output: Send -> socket, StartQuery -> spawn the agent, StopAgent -> SIGINT (SIGKILL
-//!      after a grace period), ResumeSession -> look the session up in the SessionMap and
-//!      answer resume_finished, StartExec -> sh -c, Shutdown -> stop every child, remove the
-//!      socket, exit 0
+//!   socket read ──▶ handle_bytes / handle_closed ─────┐
+//!   agent stdout ─▶ notify / respond(Answer::Query) ──┤ AshConnection (one per connection)
+//!   exec result ──▶ respond(Answer::Exec) ────────────┘
+//!      poll_output: Transmit -> socket, StartQuery -> spawn the agent, StopAgent -> SIGINT
+//!      (SIGKILL after a grace period), ResumeSession -> look the session up in the SessionMap
+//!      and respond(Answer::Resume), StartExec -> sh -c, Shutdown -> stop every child, remove
+//!      the socket, exit 0
 //! ```
 //!
 //! Commands on a connection queue and run in order, one at a time (see [`AshConnection`]);
@@ -44,7 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ac7_protocol::ash::Query;
-use ac7_protocol::ash::bridge::{AshBridgeOutput, AshConnection};
+use ac7_protocol::ash::bridge::{Answer, AshBridgeOutput, AshConnection};
 use ac7_protocol::ash::host::MAX_EVENT_BYTES;
 use ac7_protocol::json::RawJson;
 use ac7_protocol::line::{Line, LineDecoder};
@@ -293,7 +293,7 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
     loop {
         while let Some(output) = conn.poll_output() {
             match output {
-                AshBridgeOutput::Send(line) => {
+                AshBridgeOutput::Transmit(line) => {
                     if writable && let Err(err) = write.write_all(&line).await {
                         tracing::debug!(error = %err, "writing to an Ash connection failed");
                         writable = false;
@@ -320,7 +320,7 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                 }
                 AshBridgeOutput::ResumeSession { session_id } => {
                     let resumed = lock(&shared.sessions).resume(&session_id);
-                    conn.resume_finished(resumed);
+                    conn.respond(Answer::Resume(resumed));
                 }
                 AshBridgeOutput::StartExec {
                     command,
@@ -352,14 +352,14 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                 Ok(n) => conn.handle_bytes(&buf[..n]),
             },
             Some(event) = events.recv() => match event {
-                TurnEvent::Message(data) => conn.agent_message(data),
+                TurnEvent::Message(data) => conn.notify(data),
                 TurnEvent::AgentFinished(result) => {
                     turn = None;
-                    conn.agent_finished(result);
+                    conn.respond(Answer::Query(result));
                 }
                 TurnEvent::ExecFinished { exit_code, stdout, stderr } => {
                     turn = None;
-                    conn.exec_finished(exit_code, stdout, stderr);
+                    conn.respond(Answer::Exec { exit_code, stdout, stderr });
                 }
             },
             _ = async { shutdown.wait_for(|stop| *stop).await.map(|_| ()) } => {
@@ -538,7 +538,7 @@ async fn agent_turn(
         } else {
             lines.push(&buf[..n]);
         }
-        while let Some(line) = lines.next_line() {
+        while let Some(line) = lines.decode() {
             let bytes = match line {
                 Line::Complete(bytes) => bytes,
                 Line::Oversized { len } => {

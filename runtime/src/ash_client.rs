@@ -211,7 +211,7 @@ async fn drive(
     loop {
         while let Some(output) = host.poll_output() {
             match output {
-                HostOutput::Send(line) => {
+                HostOutput::Transmit(line) => {
                     if open && write.write_all(&line).await.is_err() {
                         open = false;
                         host.handle_closed(Instant::now());
@@ -249,10 +249,10 @@ async fn drive(
                     let token = next_token;
                     next_token += 1;
                     jobs.insert(token, tx);
-                    host.submit(command, token);
+                    host.request(command, token, Instant::now());
                 }
-                Some(Request::Interrupt) => host.interrupt(),
-                Some(Request::Shutdown) => host.shutdown(),
+                Some(Request::Interrupt) => host.interrupt(Instant::now()),
+                Some(Request::Shutdown) => host.shutdown(Instant::now()),
                 None => inbox_open = false,
             },
         }

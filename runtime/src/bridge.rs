@@ -9,7 +9,7 @@
 //!   socket read  ──────────▶ handle_runner_bytes / handle_runner_closed ─┤ BridgeSession
 //!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┤
 //!   poll_timeout elapsed ──▶ handle_timeout (start-up grace) ─────────┘
-//!        poll_output: ToAgent -> stdout (blocking write + flush), ToRunner -> socket buffer,
+//!        poll_output: Transmit{Agent} -> stdout (blocking write + flush), Transmit{Runner} -> socket buffer,
 //!                     Event -> stderr log, Exit -> flush and exit 0
 //! ```
 //!
@@ -30,7 +30,9 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ac7_protocol::bridge::{BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason};
+use ac7_protocol::bridge::{
+    BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason, Peer,
+};
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -317,8 +319,14 @@ impl Relay {
             while let Some(output) = self.session.poll_output() {
                 any = true;
                 match output {
-                    BridgeOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
-                    BridgeOutput::ToRunner(bytes) => self.to_runner.push(bytes),
+                    BridgeOutput::Transmit {
+                        to: Peer::Agent,
+                        bytes,
+                    } => append(&mut self.to_agent, bytes),
+                    BridgeOutput::Transmit {
+                        to: Peer::Runner,
+                        bytes,
+                    } => self.to_runner.push(bytes),
                     BridgeOutput::Event(event) => log_event(&event),
                     BridgeOutput::Exit(reason) => exit = Some(reason),
                 }

@@ -8,7 +8,7 @@
 //!   connect result ───▶ handle_connected / handle_connect_failed ┤
 //!   socket read ──────▶ handle_parent_bytes / handle_parent_closed ┤ CallToolBridge
 //!   SIGINT/SIGTERM ───▶ handle_terminate ────────────────────────┘
-//!        poll_output: ToAgent -> stdout, Connect -> start connecting, ToParent -> socket buffer,
+//!        poll_output: Transmit{Agent} -> stdout, Connect -> start connecting, Transmit{Parent} -> socket buffer,
 //!                     Disconnect -> drop the socket, Event -> stderr log, Exit -> exit 0
 //! ```
 //!
@@ -23,7 +23,7 @@ use std::pin::Pin;
 
 use ac7_protocol::call_tool::{ToolSchema, parse_schema_file};
 use ac7_protocol::call_tool_bridge::{
-    CallToolBridge, CallToolBridgeConfig, CallToolBridgeEvent, CallToolBridgeOutput,
+    CallToolBridge, CallToolBridgeConfig, CallToolBridgeEvent, CallToolBridgeOutput, Peer,
 };
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
@@ -266,7 +266,10 @@ impl Driver {
             while let Some(output) = self.session.poll_output() {
                 any = true;
                 match output {
-                    CallToolBridgeOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
+                    CallToolBridgeOutput::Transmit {
+                        to: Peer::Agent,
+                        bytes,
+                    } => append(&mut self.to_agent, bytes),
                     CallToolBridgeOutput::Connect => {
                         let path = self.path.clone();
                         self.connecting = Some(Box::pin(async move {
@@ -281,7 +284,10 @@ impl Driver {
                             }
                         }));
                     }
-                    CallToolBridgeOutput::ToParent(bytes) => self.to_parent.push(bytes),
+                    CallToolBridgeOutput::Transmit {
+                        to: Peer::Parent,
+                        bytes,
+                    } => self.to_parent.push(bytes),
                     CallToolBridgeOutput::Disconnect => {
                         self.socket = None;
                         self.connecting = None;

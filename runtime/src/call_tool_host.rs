@@ -304,7 +304,7 @@ async fn connection(
     let mut buf = vec![0u8; READ_CHUNK];
     let mut open = true;
     loop {
-        let payload = match decoder.next() {
+        let payload = match decoder.decode() {
             Ok(Some(payload)) => payload,
             Ok(None) if open => {
                 match stream.read(&mut buf).await {
@@ -318,7 +318,7 @@ async fn connection(
                 continue;
             }
             Ok(None) => {
-                if let Err(err) = decoder.finish() {
+                if let Err(err) = decoder.decode_eof() {
                     tracing::warn!(error = %err, "call_tool connection ended inside a frame");
                 }
                 return;

@@ -525,7 +525,7 @@ impl<H: Handler> Driver<H> {
     fn pump(&mut self) {
         while let Some(output) = self.session.poll_output() {
             match output {
-                RunnerOutput::Transmit { conn, bytes } => {
+                RunnerOutput::Transmit { to: conn, bytes } => {
                     let Some(c) = self.conns.get(&conn) else {
                         continue;
                     };

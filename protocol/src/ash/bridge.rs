@@ -13,7 +13,7 @@
 //!   stopped the turn ends with `done` and no `error`. Queued commands are not touched: they run
 //!   next. While idle it does nothing.
 //! - `resume` resolves the session ([`AshBridgeOutput::ResumeSession`], answered with
-//!   [`AshConnection::resume_finished`]). Without a prompt (the seed's form) it ends with `done`
+//!   [`AshConnection::respond`] with [`Answer::Resume`]). Without a prompt (the seed's form) it ends with `done`
 //!   (or `error` then `done` if the session cannot be resumed) and the next `query` for that
 //!   session continues it; with a `prompt` it goes on to run that turn on the resumed session,
 //!   like a `query`.
@@ -41,17 +41,18 @@ pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AshBridgeOutput {
     /// Write this event line to the host.
-    Send(Vec<u8>),
-    /// Run a turn of the agent; report with `agent_message` and `agent_finished`.
+    Transmit(Vec<u8>),
+    /// Run a turn of the agent; report its messages with `notify`, its end with
+    /// `respond(Answer::Query(…))`.
     StartQuery(Query),
-    /// Stop the running turn (signal the agent); it still reports `agent_finished`.
+    /// Stop the running turn (signal the agent); it still ends with `respond(Answer::Query(…))`.
     StopAgent,
-    /// Make later turns of this session continue it; report with `resume_finished`.
+    /// Make later turns of this session continue it; answer with `respond(Answer::Resume(…))`.
     ResumeSession {
         /// The session.
         session_id: String,
     },
-    /// Run a command; report with `exec_finished`.
+    /// Run a command; answer with `respond(Answer::Exec { … })`.
     StartExec {
         /// The command line.
         command: String,
@@ -60,6 +61,28 @@ pub enum AshBridgeOutput {
     },
     /// Stop the bridge: end every turn, remove the socket, exit 0.
     Shutdown,
+}
+
+/// The application's answer to a request of [`AshBridgeOutput`], passed to
+/// [`AshConnection::respond`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The agent's turn ([`AshBridgeOutput::StartQuery`]) ended: `Ok`, or `Err` with why it
+    /// failed (a non-zero exit, even after a result). `done` carries the session the command
+    /// named.
+    Query(Result<(), String>),
+    /// The session of the running `resume` ([`AshBridgeOutput::ResumeSession`]) was resolved
+    /// (`Err`: why it cannot be resumed).
+    Resume(Result<(), String>),
+    /// The `exec` ([`AshBridgeOutput::StartExec`]) finished.
+    Exec {
+        /// Its exit code.
+        exit_code: i64,
+        /// What it printed on stdout.
+        stdout: String,
+        /// What it printed on stderr.
+        stderr: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +101,12 @@ enum Turn {
 }
 
 /// One connection's state. See the [module docs](self).
+///
+/// Contract: a timeless machine (no `now`). What happened on the socket is `handle_bytes` /
+/// `handle_closed`; the application reports the running turn's messages with
+/// [`notify`](Self::notify) and answers each request ([`AshBridgeOutput::StartQuery`],
+/// `ResumeSession`, `StartExec`) with [`respond`](Self::respond). Outputs are drained from
+/// [`poll_output`](Self::poll_output): [`AshBridgeOutput::Transmit`] and the requests.
 #[derive(Debug, Clone)]
 pub struct AshConnection {
     lines: LineDecoder,
@@ -98,7 +127,7 @@ impl AshConnection {
     /// The same with another cap on a command line.
     pub fn with_max_line(max_line_bytes: usize) -> Self {
         let mut out = VecDeque::new();
-        out.push_back(AshBridgeOutput::Send(event_line(&Event::Ready)));
+        out.push_back(AshBridgeOutput::Transmit(event_line(&Event::Ready)));
         Self {
             lines: LineDecoder::new(max_line_bytes),
             max_line_bytes,
@@ -113,7 +142,7 @@ impl AshConnection {
     pub fn handle_bytes(&mut self, bytes: &[u8]) {
         let mut lines = std::mem::take(&mut self.lines);
         lines.push(bytes);
-        while let Some(line) = lines.next_line() {
+        while let Some(line) = lines.decode() {
             self.line(line);
         }
         self.lines = lines;
@@ -139,7 +168,7 @@ impl AshConnection {
     }
 
     /// One message the agent printed during the running query.
-    pub fn agent_message(&mut self, data: RawJson) {
+    pub fn notify(&mut self, data: RawJson) {
         if matches!(
             self.turn,
             Turn::Query {
@@ -151,9 +180,21 @@ impl AshConnection {
         }
     }
 
-    /// The agent's turn ended: `Ok`, or `Err` with why it failed (a non-zero exit, even after a
-    /// result). `done` carries the session the command named.
-    pub fn agent_finished(&mut self, result: Result<(), String>) {
+    /// The application's answer to the running request; one that does not match it (e.g. a late
+    /// answer after the connection closed) is ignored.
+    pub fn respond(&mut self, answer: Answer) {
+        match answer {
+            Answer::Query(result) => self.query_finished(result),
+            Answer::Resume(result) => self.resume_finished(result),
+            Answer::Exec {
+                exit_code,
+                stdout,
+                stderr,
+            } => self.exec_finished(exit_code, stdout, stderr),
+        }
+    }
+
+    fn query_finished(&mut self, result: Result<(), String>) {
         let Turn::Query {
             session_id,
             interrupted,
@@ -170,8 +211,7 @@ impl AshConnection {
         self.pump();
     }
 
-    /// The session of the running `resume` was resolved (`Err`: why it cannot be resumed).
-    pub fn resume_finished(&mut self, result: Result<(), String>) {
+    fn resume_finished(&mut self, result: Result<(), String>) {
         let Turn::Resume {
             session_id,
             turn,
@@ -194,8 +234,7 @@ impl AshConnection {
         }
     }
 
-    /// The `exec` finished.
-    pub fn exec_finished(&mut self, exit_code: i64, stdout: String, stderr: String) {
+    fn exec_finished(&mut self, exit_code: i64, stdout: String, stderr: String) {
         if self.turn != Turn::Exec {
             return;
         }
@@ -324,7 +363,8 @@ impl AshConnection {
     }
 
     fn send(&mut self, event: &Event) {
-        self.out.push_back(AshBridgeOutput::Send(event_line(event)));
+        self.out
+            .push_back(AshBridgeOutput::Transmit(event_line(event)));
     }
 }
 

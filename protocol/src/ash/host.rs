@@ -1,6 +1,6 @@
 //! The host's side of an Ash connection: wait for `ready`, then run commands one at a time.
 //!
-//! [`AshHost::submit`] queues a `query`, `resume` or `exec`; they go to the bridge in order, each
+//! [`AshHost::request`] queues a `query`, `resume` or `exec`; they go to the bridge in order, each
 //! after the previous one's `done`. `message` events reach the caller as they come; an `error`
 //! is remembered and reported with the `done` that follows it (the reference host stopped reading
 //! at `error` and handed the `done` to the next command). [`AshHost::interrupt`] and
@@ -59,7 +59,7 @@ pub struct Completion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostOutput<T> {
     /// Write this command line to the bridge.
-    Send(Vec<u8>),
+    Transmit(Vec<u8>),
     /// The bridge is ready.
     Ready,
     /// An agent message for the command `token`.
@@ -80,10 +80,15 @@ pub enum HostOutput<T> {
     InvalidEvent(String),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
-    WaitingReady { deadline: Instant },
-    Ready,
+#[derive(Debug, Clone)]
+enum State<T> {
+    WaitingReady {
+        deadline: Instant,
+    },
+    Ready {
+        /// The command on the wire, until its `done`.
+        running: Option<Job<T>>,
+    },
     Failed(HostError),
 }
 
@@ -96,12 +101,19 @@ struct Job<T> {
 }
 
 /// The host's state. See the [module docs](self).
+///
+/// Contract: every input takes `now` last. The application issues commands with
+/// [`request`](Self::request) (and [`interrupt`](Self::interrupt) / [`shutdown`](Self::shutdown));
+/// what happened on the socket is `handle_bytes` / `handle_closed`; the `ready` deadline is
+/// [`poll_timeout`](Self::poll_timeout) / [`handle_timeout`](Self::handle_timeout). Outputs are
+/// drained from [`poll_output`](Self::poll_output): [`HostOutput::Transmit`], `Ready`,
+/// `Message`s, one `Completed` per request, and `InvalidEvent`s for the log.
 #[derive(Debug, Clone)]
 pub struct AshHost<T> {
-    state: State,
+    state: State<T>,
     lines: LineDecoder,
+    /// Requests waiting for the bridge to be ready or for the running one to finish.
     jobs: Pending<Job<T>>,
-    current: Option<u64>,
     out: VecDeque<HostOutput<T>>,
 }
 
@@ -114,16 +126,15 @@ impl<T: Clone> AshHost<T> {
             },
             lines: LineDecoder::new(MAX_EVENT_BYTES),
             jobs: Pending::new(),
-            current: None,
             out: VecDeque::new(),
         }
     }
 
     /// Queues a `query`, `resume` or `exec` (an `interrupt` or `shutdown` is sent at once).
-    pub fn submit(&mut self, command: Command, token: T) {
+    pub fn request(&mut self, command: Command, token: T, now: Instant) {
         match command {
-            Command::Interrupt => return self.interrupt(),
-            Command::Shutdown => return self.shutdown(),
+            Command::Interrupt => return self.interrupt(now),
+            Command::Shutdown => return self.shutdown(now),
             Command::Query(_) | Command::Resume { .. } | Command::Exec { .. } => {}
         }
         if let State::Failed(error) = &self.state {
@@ -144,18 +155,18 @@ impl<T: Clone> AshHost<T> {
     }
 
     /// Interrupts the running command.
-    pub fn interrupt(&mut self) {
-        if self.state == State::Ready {
+    pub fn interrupt(&mut self, _now: Instant) {
+        if self.is_ready() {
             self.out
-                .push_back(HostOutput::Send(command_line(&Command::Interrupt)));
+                .push_back(HostOutput::Transmit(command_line(&Command::Interrupt)));
         }
     }
 
     /// Asks the bridge to shut down.
-    pub fn shutdown(&mut self) {
-        if self.state == State::Ready {
+    pub fn shutdown(&mut self, _now: Instant) {
+        if self.is_ready() {
             self.out
-                .push_back(HostOutput::Send(command_line(&Command::Shutdown)));
+                .push_back(HostOutput::Transmit(command_line(&Command::Shutdown)));
         }
     }
 
@@ -166,7 +177,7 @@ impl<T: Clone> AshHost<T> {
         }
         let mut lines = std::mem::take(&mut self.lines);
         lines.push(bytes);
-        while let Some(line) = lines.next_line() {
+        while let Some(line) = lines.decode() {
             match line {
                 Line::Oversized { len } => self.out.push_back(HostOutput::InvalidEvent(format!(
                     "event of {len} bytes exceeds the limit"
@@ -190,7 +201,7 @@ impl<T: Clone> AshHost<T> {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
             State::WaitingReady { deadline } => Some(deadline),
-            State::Ready | State::Failed(_) => None,
+            State::Ready { .. } | State::Failed(_) => None,
         }
     }
 
@@ -210,25 +221,42 @@ impl<T: Clone> AshHost<T> {
 
     /// Whether `ready` has arrived (and nothing failed).
     pub fn is_ready(&self) -> bool {
-        self.state == State::Ready
+        matches!(self.state, State::Ready { .. })
     }
 
     fn event(&mut self, event: Event) {
         if let Event::Ready = event {
             if matches!(self.state, State::WaitingReady { .. }) {
-                self.state = State::Ready;
+                self.state = State::Ready { running: None };
                 self.out.push_back(HostOutput::Ready);
                 self.pump();
             }
             return;
         }
-        let Some(job) = self.current.and_then(|id| self.jobs.get_mut(id)) else {
+        // Only a ready host has a running job; it is put back unless this event ends it.
+        let running = match &mut self.state {
+            State::Ready { running } => running.take(),
+            State::WaitingReady { .. } | State::Failed(_) => None,
+        };
+        let Some(mut job) = running else {
             self.out.push_back(HostOutput::InvalidEvent(format!(
                 "{event:?} while no command runs"
             )));
             return;
         };
         match event {
+            Event::Done { session_id } => {
+                self.out.push_back(HostOutput::Completed {
+                    token: job.token,
+                    result: Ok(Completion {
+                        session_id,
+                        error: job.error,
+                        exec: job.exec,
+                    }),
+                });
+                self.pump();
+                return;
+            }
             Event::Ready => {}
             Event::Message { data } => {
                 let token = job.token.clone();
@@ -246,41 +274,37 @@ impl<T: Clone> AshHost<T> {
                     stderr,
                 });
             }
-            Event::Done { session_id } => {
-                let id = self.current.take().expect("a job is current");
-                let job = self.jobs.take(id).expect("the current job is pending");
-                self.out.push_back(HostOutput::Completed {
-                    token: job.token,
-                    result: Ok(Completion {
-                        session_id,
-                        error: job.error,
-                        exec: job.exec,
-                    }),
-                });
-                self.pump();
-            }
         }
+        self.state = State::Ready { running: Some(job) };
     }
 
     fn pump(&mut self) {
-        if self.state != State::Ready || self.current.is_some() {
+        let State::Ready { running: None } = self.state else {
             return;
-        }
+        };
         let Some(id) = self.jobs.ids().next() else {
             return;
         };
-        let line = command_line(&self.jobs.get_mut(id).expect("listed").command);
-        self.current = Some(id);
-        self.out.push_back(HostOutput::Send(line));
+        let Ok(job) = self.jobs.take(id) else {
+            return;
+        };
+        let line = command_line(&job.command);
+        self.state = State::Ready { running: Some(job) };
+        self.out.push_back(HostOutput::Transmit(line));
     }
 
     fn fail(&mut self, error: HostError) {
-        if matches!(self.state, State::Failed(_)) {
-            return;
-        }
-        self.state = State::Failed(error.clone());
-        self.current = None;
-        for (_, job) in self.jobs.fail_all() {
+        let previous = std::mem::replace(&mut self.state, State::Failed(error.clone()));
+        let running = match previous {
+            State::Failed(error) => {
+                self.state = State::Failed(error);
+                return;
+            }
+            State::Ready { running } => running,
+            State::WaitingReady { .. } => None,
+        };
+        let waiting = self.jobs.fail_all().into_iter().map(|(_, job)| job);
+        for job in running.into_iter().chain(waiting) {
             self.out.push_back(HostOutput::Completed {
                 token: job.token,
                 result: Err(error.clone()),

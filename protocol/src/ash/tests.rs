@@ -1,6 +1,8 @@
 use std::time::{Duration, Instant};
 
-use super::bridge::{AshBridgeOutput, AshConnection, MAX_QUEUED_BYTES, MAX_QUEUED_COMMANDS};
+use super::bridge::{
+    Answer, AshBridgeOutput, AshConnection, MAX_QUEUED_BYTES, MAX_QUEUED_COMMANDS,
+};
 use super::host::{AshHost, Completion, ExecOutcome, HostError, HostOutput, READY_TIMEOUT};
 use super::*;
 use crate::test_support::snapshots;
@@ -102,7 +104,9 @@ fn drain(c: &mut AshConnection, t: &mut String) -> Vec<AshBridgeOutput> {
     let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
     for o in &out {
         t.push_str(&match o {
-            AshBridgeOutput::Send(line) => format!("  send < {}", String::from_utf8_lossy(line)),
+            AshBridgeOutput::Transmit(line) => {
+                format!("  send < {}", String::from_utf8_lossy(line))
+            }
             other => format!("  {other:?}\n"),
         });
     }
@@ -112,7 +116,7 @@ fn drain(c: &mut AshConnection, t: &mut String) -> Vec<AshBridgeOutput> {
 fn sent(out: &[AshBridgeOutput]) -> Vec<Event> {
     out.iter()
         .filter_map(|o| match o {
-            AshBridgeOutput::Send(line) => Some(decode_event(&line[..line.len() - 1]).unwrap()),
+            AshBridgeOutput::Transmit(line) => Some(decode_event(&line[..line.len() - 1]).unwrap()),
             _ => None,
         })
         .collect()
@@ -144,9 +148,9 @@ fn bridge_connection_transcript() {
     assert!(out.is_empty(), "queued behind the running query");
     assert_eq!(c.queued(), 1);
     t.push_str("(agent prints two messages and ends, naming its own session)\n");
-    c.agent_message(raw(r#"{"type":"assistant"}"#));
-    c.agent_message(raw(r#"{"type":"result","session_id":"0b5e…"}"#));
-    c.agent_finished(Ok(()));
+    c.notify(raw(r#"{"type":"assistant"}"#));
+    c.notify(raw(r#"{"type":"result","session_id":"0b5e…"}"#));
+    c.respond(Answer::Query(Ok(())));
     let out = drain(&mut c, &mut t);
     assert_eq!(
         sent(&out),
@@ -167,7 +171,7 @@ fn bridge_connection_transcript() {
         matches!(out.last(), Some(AshBridgeOutput::StartQuery(q)) if q.session_id == "s2"),
         "the queued query starts after done"
     );
-    c.agent_finished(Ok(()));
+    c.respond(Answer::Query(Ok(())));
     assert_eq!(
         sent(&drain(&mut c, &mut t)),
         vec![Event::Done {
@@ -181,7 +185,7 @@ fn bridge_connection_transcript() {
         r#"{"cmd":"query","prompt":"fail","sessionId":"s1"}"#,
     );
     t.push_str("(agent fails)\n");
-    c.agent_finished(Err("claude exited with status 1".into()));
+    c.respond(Answer::Query(Err("claude exited with status 1".into())));
     let out = drain(&mut c, &mut t);
     assert_eq!(
         sent(&out),
@@ -203,8 +207,8 @@ fn bridge_connection_transcript() {
     let out = host(&mut c, &mut t, r#"{"cmd":"interrupt"}"#);
     assert_eq!(out, vec![AshBridgeOutput::StopAgent]);
     t.push_str("(agent prints after the interrupt, then dies of the signal)\n");
-    c.agent_message(raw("{}"));
-    c.agent_finished(Err("killed by SIGINT".into()));
+    c.notify(raw("{}"));
+    c.respond(Answer::Query(Err("killed by SIGINT".into())));
     let out = drain(&mut c, &mut t);
     assert_eq!(
         sent(&out),
@@ -228,7 +232,11 @@ fn bridge_connection_transcript() {
             timeout_ms: 500
         }]
     );
-    c.exec_finished(0, "hi\n".into(), String::new());
+    c.respond(Answer::Exec {
+        exit_code: 0,
+        stdout: "hi\n".into(),
+        stderr: String::new(),
+    });
     let out = drain(&mut c, &mut t);
     assert_eq!(
         sent(&out)[1],
@@ -244,7 +252,7 @@ fn bridge_connection_transcript() {
             session_id: "s9".into()
         }]
     );
-    c.resume_finished(Ok(()));
+    c.respond(Answer::Resume(Ok(())));
     assert_eq!(
         sent(&drain(&mut c, &mut t)),
         vec![Event::Done {
@@ -277,7 +285,7 @@ fn state_is_per_connection() {
         drain(&mut a, &mut t).is_empty(),
         "an interrupt on one connection never touches another"
     );
-    a.agent_message(raw("{}"));
+    a.notify(raw("{}"));
     assert_eq!(sent(&drain(&mut a, &mut t)).len(), 1);
 }
 
@@ -324,20 +332,21 @@ fn host_waits_for_ready_runs_in_order_and_keeps_errors_with_their_done() {
             options: Default::default(),
         })
     };
-    h.submit(q("one"), 1);
-    h.submit(
+    h.request(q("one"), 1, Instant::now());
+    h.request(
         Command::Exec {
             command: "true".into(),
             timeout_ms: 100,
         },
         2,
+        Instant::now(),
     );
     assert_eq!(h.poll_output(), None, "nothing is sent before ready");
     h.handle_bytes(b"{\"ev\":\"ready\"}\n", start);
     assert_eq!(h.poll_output(), Some(HostOutput::Ready));
     assert_eq!(
         h.poll_output(),
-        Some(HostOutput::Send(command_line(&q("one"))))
+        Some(HostOutput::Transmit(command_line(&q("one"))))
     );
     assert_eq!(h.poll_output(), None, "one command at a time");
     h.handle_bytes(b"{\"ev\":\"message\",\"data\":{\"n\":1}}\n{\"ev\":\"error\",\"error\":\"bad\"}\n{\"ev\":\"done\",\"sessionId\":\"s\"}\n", start);
@@ -360,7 +369,7 @@ fn host_waits_for_ready_runs_in_order_and_keeps_errors_with_their_done() {
         })
     );
     assert!(
-        matches!(h.poll_output(), Some(HostOutput::Send(_))),
+        matches!(h.poll_output(), Some(HostOutput::Transmit(_))),
         "the exec goes out after done"
     );
     h.handle_bytes(b"{\"ev\":\"exec_result\",\"exitCode\":0,\"stdout\":\"\",\"stderr\":\"\"}\n{\"ev\":\"done\",\"sessionId\":\"\"}\n", start);
@@ -379,7 +388,7 @@ fn host_waits_for_ready_runs_in_order_and_keeps_errors_with_their_done() {
             })
         })
     );
-    h.submit(q("two"), 3);
+    h.request(q("two"), 3, Instant::now());
     h.poll_output();
     h.handle_closed(start);
     assert_eq!(
@@ -395,12 +404,13 @@ fn host_waits_for_ready_runs_in_order_and_keeps_errors_with_their_done() {
 fn host_gives_up_without_ready() {
     let start = Instant::now();
     let mut h = AshHost::new(start);
-    h.submit(
+    h.request(
         Command::Resume {
             session_id: "s".into(),
             turn: None,
         },
         7,
+        Instant::now(),
     );
     assert_eq!(h.poll_timeout(), Some(start + READY_TIMEOUT));
     h.handle_timeout(start + READY_TIMEOUT - Duration::from_millis(1));
@@ -414,12 +424,13 @@ fn host_gives_up_without_ready() {
         })
     );
     assert_eq!(h.poll_timeout(), None);
-    h.submit(
+    h.request(
         Command::Resume {
             session_id: "s".into(),
             turn: None,
         },
         8,
+        Instant::now(),
     );
     assert!(matches!(
         h.poll_output(),
@@ -446,7 +457,7 @@ fn commands_queue_in_order_and_an_interrupt_stops_only_the_running_one() {
         "{\"cmd\":\"interrupt\"}\n{\"cmd\":\"query\",\"prompt\":\"next\",\"sessionId\":\"b\"}\n{\"cmd\":\"exec\",\"command\":\"ls\"}",
     );
     assert_eq!(out, vec![AshBridgeOutput::StopAgent]);
-    c.agent_finished(Err("killed by SIGINT".into()));
+    c.respond(Answer::Query(Err("killed by SIGINT".into())));
     let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
     assert_eq!(
         sent(&out),
@@ -459,8 +470,10 @@ fn commands_queue_in_order_and_an_interrupt_stops_only_the_running_one() {
     };
     assert_eq!(q.prompt, raw(r#""next""#), "the queued query runs");
     // A failed turn that printed a result: error, then done.
-    c.agent_message(raw(r#"{"type":"result","is_error":true}"#));
-    c.agent_finished(Err("the agent exited with exit status: 1".into()));
+    c.notify(raw(r#"{"type":"result","is_error":true}"#));
+    c.respond(Answer::Query(Err(
+        "the agent exited with exit status: 1".into()
+    )));
     let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
     assert_eq!(
         sent(&out)[1..],
@@ -549,7 +562,9 @@ fn resume_with_and_without_a_prompt() {
             session_id: "x".into()
         }]
     );
-    c.resume_finished(Err("no conversation for session \"x\"".into()));
+    c.respond(Answer::Resume(Err(
+        "no conversation for session \"x\"".into()
+    )));
     let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
     assert_eq!(
         sent(&out),
@@ -573,14 +588,14 @@ fn resume_with_and_without_a_prompt() {
             session_id: "y".into()
         }]
     );
-    c.resume_finished(Ok(()));
+    c.respond(Answer::Resume(Ok(())));
     let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
     let [AshBridgeOutput::StartQuery(q)] = &out[..] else {
         panic!("{out:?}")
     };
     assert_eq!((q.prompt.get(), q.session_id.as_str()), (r#""go on""#, "y"));
     assert_eq!(q.options.keys().collect::<Vec<_>>(), ["model"]);
-    c.agent_finished(Ok(()));
+    c.respond(Answer::Query(Ok(())));
     assert_eq!(
         sent(&std::iter::from_fn(|| c.poll_output()).collect::<Vec<_>>()),
         vec![Event::Done {
@@ -592,11 +607,11 @@ fn resume_with_and_without_a_prompt() {
         &mut c,
         "{\"cmd\":\"resume\",\"prompt\":\"p\",\"sessionId\":\"z\"}\n{\"cmd\":\"interrupt\"}",
     );
-    c.resume_finished(Ok(()));
+    c.respond(Answer::Resume(Ok(())));
     let out: Vec<_> = std::iter::from_fn(|| c.poll_output()).collect();
     assert_eq!(
         out,
-        vec![AshBridgeOutput::Send(event_line(&Event::Done {
+        vec![AshBridgeOutput::Transmit(event_line(&Event::Done {
             session_id: "z".into()
         }))]
     );

@@ -72,8 +72,14 @@ impl Harness {
         let mut outputs = Vec::new();
         while let Some(output) = self.session.poll_output() {
             self.transcript.push_str(&match &output {
-                BridgeOutput::ToAgent(b) => format!("  to agent  < {}", String::from_utf8_lossy(b)),
-                BridgeOutput::ToRunner(b) => {
+                BridgeOutput::Transmit {
+                    to: Peer::Agent,
+                    bytes: b,
+                } => format!("  to agent  < {}", String::from_utf8_lossy(b)),
+                BridgeOutput::Transmit {
+                    to: Peer::Runner,
+                    bytes: b,
+                } => {
                     format!("  to runner < {}", String::from_utf8_lossy(b))
                 }
                 BridgeOutput::Event(e) => format!("  event {}\n", redact(e)),
@@ -98,7 +104,10 @@ fn to_agent(outputs: &[BridgeOutput]) -> Vec<serde_json::Value> {
     outputs
         .iter()
         .filter_map(|o| match o {
-            BridgeOutput::ToAgent(b) => Some(serde_json::from_slice(b).unwrap()),
+            BridgeOutput::Transmit {
+                to: Peer::Agent,
+                bytes: b,
+            } => Some(serde_json::from_slice(b).unwrap()),
             _ => None,
         })
         .collect()
@@ -108,7 +117,10 @@ fn to_runner(outputs: &[BridgeOutput]) -> Vec<String> {
     outputs
         .iter()
         .filter_map(|o| match o {
-            BridgeOutput::ToRunner(b) => Some(String::from_utf8(b.clone()).unwrap()),
+            BridgeOutput::Transmit {
+                to: Peer::Runner,
+                bytes: b,
+            } => Some(String::from_utf8(b.clone()).unwrap()),
             _ => None,
         })
         .collect()
@@ -199,7 +211,11 @@ fn responses_pass_the_result_through_byte_exact() {
     let out = h.runner(&format!(
         r#"{{"kind":"mcp_response","id":1,"result":{result}}}"#
     ));
-    let BridgeOutput::ToAgent(line) = &out[0] else {
+    let BridgeOutput::Transmit {
+        to: Peer::Agent,
+        bytes: line,
+    } = &out[0]
+    else {
         panic!("{out:?}")
     };
     assert_eq!(

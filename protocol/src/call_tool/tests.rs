@@ -124,14 +124,14 @@ fn lazy_connect_then_strictly_one_on_the_wire() {
         drain(&mut c).is_empty(),
         "nothing happens before the first call"
     );
-    c.call(&call("a"), 1);
-    c.call(&call("b"), 2);
+    c.request(&call("a"), 1);
+    c.request(&call("b"), 2);
     assert_eq!(drain(&mut c), vec![ClientOutput::Connect]);
     c.handle_connected();
     let out = drain(&mut c);
     assert_eq!(
         out,
-        vec![ClientOutput::Send(framed(&encode_call(&call("a"))))]
+        vec![ClientOutput::Transmit(framed(&encode_call(&call("a"))))]
     );
     c.handle_bytes(&framed(br#"{"result":{"content":[{"type":"text","text":"A"}]}}"#)[..7]);
     assert!(drain(&mut c).is_empty());
@@ -144,7 +144,10 @@ fn lazy_connect_then_strictly_one_on_the_wire() {
             outcome: Ok(Reply::Result(_))
         }
     ));
-    assert_eq!(out[1], ClientOutput::Send(framed(&encode_call(&call("b")))));
+    assert_eq!(
+        out[1],
+        ClientOutput::Transmit(framed(&encode_call(&call("b"))))
+    );
     c.handle_bytes(&framed(
         br#"{"error":{"message":"Unknown tool: b","type":"ToolNotFoundError"}}"#,
     ));
@@ -163,10 +166,10 @@ fn lazy_connect_then_strictly_one_on_the_wire() {
 #[test]
 fn parent_drop_fails_the_call_in_flight_and_the_next_call_reconnects() {
     let mut c = CallToolClient::new(1024);
-    c.call(&call("a"), 1);
+    c.request(&call("a"), 1);
     c.handle_connected();
     drain(&mut c);
-    c.call(&call("b"), 2);
+    c.request(&call("b"), 2);
     c.handle_closed();
     let out = drain(&mut c);
     assert_eq!(
@@ -180,15 +183,15 @@ fn parent_drop_fails_the_call_in_flight_and_the_next_call_reconnects() {
     c.handle_connected();
     assert_eq!(
         drain(&mut c),
-        vec![ClientOutput::Send(framed(&encode_call(&call("b"))))]
+        vec![ClientOutput::Transmit(framed(&encode_call(&call("b"))))]
     );
 }
 
 #[test]
 fn broken_replies_drop_the_link_and_fail_only_the_call_in_flight() {
     let mut c = CallToolClient::new(128);
-    c.call(&call("a"), 1);
-    c.call(&call("b"), 2);
+    c.request(&call("a"), 1);
+    c.request(&call("b"), 2);
     c.handle_connected();
     drain(&mut c);
     c.handle_bytes(&(1000u32).to_be_bytes());
@@ -222,7 +225,7 @@ fn broken_replies_drop_the_link_and_fail_only_the_call_in_flight() {
 #[test]
 fn too_large_request_and_connect_failure() {
     let mut c = CallToolClient::new(32);
-    c.call(&call("a-very-long-tool-name"), 1);
+    c.request(&call("a-very-long-tool-name"), 1);
     assert!(matches!(
         &drain(&mut c)[0],
         ClientOutput::Completed {
@@ -231,8 +234,8 @@ fn too_large_request_and_connect_failure() {
         }
     ));
     let mut c = CallToolClient::new(1024);
-    c.call(&call("a"), 1);
-    c.call(&call("b"), 2);
+    c.request(&call("a"), 1);
+    c.request(&call("b"), 2);
     drain(&mut c);
     c.handle_connect_failed("connection refused");
     let out = drain(&mut c);
@@ -244,7 +247,7 @@ fn too_large_request_and_connect_failure() {
             ..
         }
     )));
-    c.call(&call("c"), 3);
+    c.request(&call("c"), 3);
     assert_eq!(
         drain(&mut c),
         vec![ClientOutput::Connect],
@@ -281,7 +284,7 @@ proptest! {
         let mut sent_order: Vec<u32> = Vec::new();
         for op in ops {
             match op {
-                Op::Call => { c.call(&call("t"), next); next += 1; }
+                Op::Call => { c.request(&call("t"), next); next += 1; }
                 Op::Connected if connecting => { connecting = false; c.handle_connected(); }
                 Op::ConnectFailed if connecting => { connecting = false; c.handle_connect_failed("no"); }
                 Op::Reply if on_wire == 1 => c.handle_bytes(&framed(br#"{"result":{"content":[]}}"#)),
@@ -293,7 +296,7 @@ proptest! {
                 match o {
                     ClientOutput::Connect => { prop_assert!(!connecting); connecting = true; on_wire = 0; }
                     ClientOutput::Disconnect => on_wire = 0,
-                    ClientOutput::Send(_) => { on_wire += 1; prop_assert!(on_wire <= 1, "two requests on the wire"); sent_order.push(next); }
+                    ClientOutput::Transmit(_) => { on_wire += 1; prop_assert!(on_wire <= 1, "two requests on the wire"); sent_order.push(next); }
                     ClientOutput::Completed { token, outcome } => {
                         prop_assert!(!completed.contains(&token), "completed twice");
                         if outcome.is_ok() { replied.push(token); on_wire = 0; }
@@ -322,7 +325,7 @@ proptest! {
 #[test]
 fn closed_while_connecting_is_ignored() {
     let mut c = CallToolClient::new(1024);
-    c.call(&call("a"), 1);
+    c.request(&call("a"), 1);
     assert_eq!(drain(&mut c), vec![ClientOutput::Connect]);
     c.handle_closed();
     assert!(drain(&mut c).is_empty());

@@ -62,13 +62,19 @@ impl Harness {
         let out: Vec<_> = std::iter::from_fn(|| self.bridge.poll_output()).collect();
         for o in &out {
             self.transcript.push_str(&match o {
-                CallToolBridgeOutput::ToAgent(l) => {
+                CallToolBridgeOutput::Transmit {
+                    to: Peer::Agent,
+                    bytes: l,
+                } => {
                     format!("  to agent  < {}", String::from_utf8_lossy(l))
                 }
-                CallToolBridgeOutput::ToParent(f) => {
+                CallToolBridgeOutput::Transmit {
+                    to: Peer::Parent,
+                    bytes: f,
+                } => {
                     let mut dec = LpDecoder::default();
                     dec.push(f);
-                    let payload = dec.next().unwrap().unwrap();
+                    let payload = dec.decode().unwrap().unwrap();
                     format!("  to parent < {}\n", String::from_utf8_lossy(&payload))
                 }
                 other => format!("  {other:?}\n"),
@@ -81,7 +87,10 @@ impl Harness {
 fn agent_lines(out: &[CallToolBridgeOutput]) -> Vec<Value> {
     out.iter()
         .filter_map(|o| match o {
-            CallToolBridgeOutput::ToAgent(l) => Some(serde_json::from_slice(l).unwrap()),
+            CallToolBridgeOutput::Transmit {
+                to: Peer::Agent,
+                bytes: l,
+            } => Some(serde_json::from_slice(l).unwrap()),
             _ => None,
         })
         .collect()
@@ -89,7 +98,15 @@ fn agent_lines(out: &[CallToolBridgeOutput]) -> Vec<Value> {
 
 fn sent(out: &[CallToolBridgeOutput]) -> usize {
     out.iter()
-        .filter(|o| matches!(o, CallToolBridgeOutput::ToParent(_)))
+        .filter(|o| {
+            matches!(
+                o,
+                CallToolBridgeOutput::Transmit {
+                    to: Peer::Parent,
+                    bytes: _
+                }
+            )
+        })
         .count()
 }
 

@@ -44,7 +44,7 @@ impl Codex {
         let out: Vec<_> = std::iter::from_fn(|| self.client.poll_output()).collect();
         for o in &out {
             match o {
-                CodexOutput::Send(line) => {
+                CodexOutput::Transmit(line) => {
                     self.transcript
                         .push_str(&format!("  to codex < {}", String::from_utf8_lossy(line)));
                     let v: Value = serde_json::from_slice(line).unwrap();
@@ -96,7 +96,7 @@ impl Codex {
 
     fn push(&mut self, text: &str) {
         self.transcript.push_str(&format!("event: {text}\n"));
-        self.client.push_event(text.to_owned(), self.now);
+        self.client.notify(text.to_owned(), self.now);
     }
 
     fn status(&mut self, status: &str) -> Vec<CodexOutput> {
@@ -185,7 +185,7 @@ fn start_up_then_bundled_turns_and_steering() {
 
     // Approvals are denied; other server requests are unknown.
     let out = c.codex_says(json!({"jsonrpc": "2.0", "id": 77, "method": "item/commandExecution/requestApproval", "params": {}}));
-    let CodexOutput::Send(line) = &out[0] else {
+    let CodexOutput::Transmit(line) = &out[0] else {
         panic!()
     };
     assert_eq!(
@@ -194,7 +194,7 @@ fn start_up_then_bundled_turns_and_steering() {
     );
     let out =
         c.codex_says(json!({"jsonrpc": "2.0", "id": "x", "method": "account/login", "params": {}}));
-    let CodexOutput::Send(line) = &out[0] else {
+    let CodexOutput::Transmit(line) = &out[0] else {
         panic!()
     };
     assert_eq!(
@@ -301,7 +301,7 @@ fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
     for m in &events {
         let event = SinkEvent::from_message(m, "builder");
         assert_eq!(event.text, crate::channel::codex_text(m));
-        c.client.push_event(event, c.now);
+        c.client.notify(event, c.now);
     }
     c.advance(200);
     let out = c.answer("turn/start", Err("thread th-1 is closed"));
@@ -343,7 +343,7 @@ fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
     // Events still waiting at shutdown are reported the same way.
     let mut c = Codex::start();
     c.client
-        .push_event(SinkEvent::from_message(&events[1], "builder"), c.now);
+        .notify(SinkEvent::from_message(&events[1], "builder"), c.now);
     c.client.shutdown(c.now);
     let out = c.drain();
     assert!(out.contains(&CodexOutput::Undelivered(Undelivered {
@@ -452,7 +452,7 @@ proptest! {
 fn other_requests_are_answered_through_response() {
     let mut c = Codex::start();
     c.ready("idle");
-    let id = c.client.request("mcpServerStatus/list", &json!({}));
+    let id = c.client.request("mcpServerStatus/list", &json!({}), c.now);
     c.drain();
     let out = c.answer(
         "mcpServerStatus/list",
@@ -467,7 +467,7 @@ fn other_requests_are_answered_through_response() {
     );
     let id = c
         .client
-        .request("mcpServer/tool/call", &json!({"server": "ac7"}));
+        .request("mcpServer/tool/call", &json!({"server": "ac7"}), c.now);
     c.drain();
     let out = c.answer("mcpServer/tool/call", Err("no such server"));
     assert_eq!(

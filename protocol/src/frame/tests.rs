@@ -242,8 +242,8 @@ fn encoder_and_decoder_agree_at_cap_minus_one_cap_and_cap_plus_one() {
                 reason: DropReason::Oversized,
             })
         };
-        assert_eq!(dec.next(), Some(expected));
-        assert_eq!(dec.next(), None);
+        assert_eq!(dec.decode(), Some(expected));
+        assert_eq!(dec.decode(), None);
     }
 }
 
@@ -265,21 +265,21 @@ fn decoder_skips_blank_lines_and_keeps_going_after_garbage() {
     let mut dec = FrameDecoder::new(MAX_FRAME_BYTES);
     dec.push(b"\n  \r\n{oops\n{\"kind\":\"shutdown\"}\r\n");
     assert!(matches!(
-        dec.next(),
+        dec.decode(),
         Some(Decoded::Dropped(Dropped {
             len: 5,
             reason: DropReason::InvalidJson { .. }
         }))
     ));
     assert_eq!(
-        dec.next(),
+        dec.decode(),
         Some(Decoded::Frame(Frame::Shutdown(Shutdown::default())))
     );
-    assert_eq!(dec.next(), None);
+    assert_eq!(dec.decode(), None);
     dec.push(b"{\"kind\":\"shutdown\"}");
-    assert_eq!(dec.next(), None);
+    assert_eq!(dec.decode(), None);
     assert_eq!(
-        dec.finish(),
+        dec.decode_eof(),
         Some(Decoded::Frame(Frame::Shutdown(Shutdown::default())))
     );
 }
@@ -372,12 +372,12 @@ fn decode_all(chunks: &[&[u8]], cap: usize) -> Vec<Decoded> {
     let mut out = Vec::new();
     for chunk in chunks {
         dec.push(chunk);
-        while let Some(d) = dec.next() {
+        while let Some(d) = dec.decode() {
             out.push(d);
         }
         assert!(dec.buffered_len() < cap);
     }
-    out.extend(dec.finish());
+    out.extend(dec.decode_eof());
     out
 }
 

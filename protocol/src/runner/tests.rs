@@ -15,7 +15,7 @@ fn drain(session: &mut RunnerSession, transcript: &mut String) -> Vec<RunnerOutp
     let mut outputs = Vec::new();
     while let Some(output) = session.poll_output() {
         transcript.push_str(&match &output {
-            RunnerOutput::Transmit { conn, bytes } => {
+            RunnerOutput::Transmit { to: conn, bytes } => {
                 let text = String::from_utf8_lossy(bytes);
                 text.lines()
                     .map(|l| format!("  to #{} < {l}\n", conn.0))
@@ -45,7 +45,7 @@ fn transmitted(outputs: &[RunnerOutput]) -> Vec<(u64, String)> {
     outputs
         .iter()
         .filter_map(|o| match o {
-            RunnerOutput::Transmit { conn, bytes } => {
+            RunnerOutput::Transmit { to: conn, bytes } => {
                 Some((conn.0, String::from_utf8(bytes.clone()).unwrap()))
             }
             _ => None,
@@ -665,7 +665,7 @@ fn frames_to(outputs: &[RunnerOutput], conn: u64) -> Vec<serde_json::Value> {
     outputs
         .iter()
         .filter_map(|o| match o {
-            RunnerOutput::Transmit { conn: c, bytes } if c.0 == conn => Some(bytes),
+            RunnerOutput::Transmit { to: c, bytes } if c.0 == conn => Some(bytes),
             _ => None,
         })
         .flat_map(|b| {
@@ -682,7 +682,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
     let targets: BTreeSet<u64> = outputs
         .iter()
         .filter_map(|o| match o {
-            RunnerOutput::Transmit { conn, .. } | RunnerOutput::Close { conn } => Some(conn.0),
+            RunnerOutput::Transmit { to: conn, .. } | RunnerOutput::Close { conn } => Some(conn.0),
             _ => None,
         })
         .collect();
