@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
-use crate::bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 
 /// `ac7 codex`.
 #[derive(Debug, Clone, clap::Args)]

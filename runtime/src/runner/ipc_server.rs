@@ -3,9 +3,9 @@
 //! and sends its answer back.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), ac7_runtime::ipc_server::BindError> {
+//! # async fn demo() -> Result<(), ac7_runtime::runner::ipc_server::BindError> {
 //! use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
-//! use ac7_runtime::ipc_server::{IpcServer, IpcServerOptions};
+//! use ac7_runtime::runner::ipc_server::{IpcServer, IpcServerOptions};
 //!
 //! let server = IpcServer::bind(IpcServerOptions::default())?;
 //! let handle = server.handle(); // notify / shutdown from anywhere

@@ -56,8 +56,8 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 
-use crate::ash_sessions::{SessionArgs, SessionMap};
-use crate::stdio::recv_signal;
+use crate::dialects::ash_sessions::{SessionArgs, SessionMap};
+use crate::dialects::stdio::recv_signal;
 use crate::unix_socket::{BindError, bind_private};
 
 /// The socket the bridge listens on.

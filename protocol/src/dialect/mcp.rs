@@ -158,7 +158,7 @@ mod tests {
             .parse()
             .unwrap();
         let capture: serde_json::Value = serde_json::from_str(include_str!(
-            "../../../shared/spec/captures/mcp/mcp-initialize-result.json"
+            "../../../../shared/spec/captures/mcp/mcp-initialize-result.json"
         ))
         .unwrap();
         assert_eq!(got, capture["result"]);

@@ -36,7 +36,9 @@ use ac7_protocol::bridge::{
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::stdio::{AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout};
+use crate::dialects::stdio::{
+    AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout,
+};
 use crate::unix_socket::SendBuf;
 
 /// The environment variable the runner sets in the bridge's MCP server entry.
@@ -76,7 +78,7 @@ pub struct McpBridgeArgs {
     #[arg(long, value_name = "PATH")]
     pub schema_file: Option<PathBuf>,
     /// call-tool: the parent's Unix socket.
-    #[arg(long, value_name = "PATH", env = crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
+    #[arg(long, value_name = "PATH", env = crate::dialects::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
     pub socket: Option<PathBuf>,
 }
 
@@ -132,7 +134,7 @@ pub enum BridgeError {
 /// could not start (the reason is printed on stderr as one line).
 pub fn run(args: McpBridgeArgs) -> i32 {
     if args.dialect == Dialect::CallTool {
-        return crate::call_tool_bridge::run(args.schema_file, args.socket);
+        return crate::dialects::call_tool_bridge::run(args.schema_file, args.socket);
     }
     if args.schema_file.is_some() {
         eprintln!("ac7 mcp-bridge: --schema-file is only used with --dialect call-tool");

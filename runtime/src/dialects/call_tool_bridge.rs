@@ -28,8 +28,10 @@ use ac7_protocol::call_tool_bridge::{
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::bridge::CONNECT_TIMEOUT;
-use crate::stdio::{AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout};
+use crate::dialects::mcp_bridge::CONNECT_TIMEOUT;
+use crate::dialects::stdio::{
+    AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout,
+};
 use crate::unix_socket::SendBuf;
 
 /// The environment variable naming the parent's socket when `--socket` is not given.

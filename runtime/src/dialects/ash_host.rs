@@ -3,8 +3,8 @@
 //! agent's messages to the caller.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), ac7_runtime::ash_client::AshClientError> {
-//! use ac7_runtime::ash_client::{AshClient, JobEvent};
+//! # async fn demo() -> Result<(), ac7_runtime::dialects::ash_host::AshClientError> {
+//! use ac7_runtime::dialects::ash_host::{AshClient, JobEvent};
 //!
 //! let client = AshClient::connect("/sandbox/bridge.sock").await?;
 //! let mut job = client.query("Say hi", "6d1f…", false);

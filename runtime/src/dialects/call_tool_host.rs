@@ -2,10 +2,10 @@
 //! to `ac7 mcp-bridge --dialect call-tool`.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), ac7_runtime::call_tool_host::HostError> {
+//! # async fn demo() -> Result<(), ac7_runtime::dialects::call_tool_host::HostError> {
 //! use ac7_protocol::call_tool::ToolSchema;
 //! use ac7_protocol::mcp;
-//! use ac7_runtime::call_tool_host::{CallToolHost, HostPaths};
+//! use ac7_runtime::dialects::call_tool_host::{CallToolHost, HostPaths};
 //! use serde_json::json;
 //!
 //! let mut host = CallToolHost::new();
