@@ -8,8 +8,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod broker_support;
-mod common;
+use crate::broker_support;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;

@@ -3,7 +3,7 @@
 //! sockets for what a well-behaved host never sends.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns are test code too
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;
