@@ -705,12 +705,12 @@ fn agent_session(workspace: &Path, host: &str) -> String {
 /// Waits (bounded) until process `pid` no longer exists.
 async fn process_gone(pid: &str) {
     let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
-    within(10, "the agent to be stopped", async {
-        // A reaped child disappears from /proc; the bridge reaps its children.
-        while proc.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    // A reaped child disappears from /proc; the bridge reaps its children.
+    common::wait_until(
+        "the agent to be stopped",
+        Duration::from_secs(10),
+        async || !proc.exists(),
+    )
     .await;
 }
 

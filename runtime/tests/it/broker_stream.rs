@@ -119,13 +119,12 @@ async fn sse_keepalive_comment() {
 async fn websocket_delivers_one_message_per_text_frame() {
     let b = start_broker().await;
     let mut ws = b.ws("builder", None).await;
-    // wait until the socket is registered
-    for _ in 0..50 {
-        if b.get("/roster", "director").await.json["connected"][1]["connected"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::wait_until(
+        "the socket to be registered",
+        Duration::from_secs(5),
+        async || b.get("/roster", "director").await.json["connected"][1]["connected"] == 1,
+    )
+    .await;
     let sent = b
         .push(
             "director",

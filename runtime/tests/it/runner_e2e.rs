@@ -64,12 +64,7 @@ fn runner_with(
 }
 
 async fn wait_for_file(path: &Path, what: &str) {
-    within(30, what, async {
-        while !path.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    common::wait_until(what, Duration::from_secs(30), async || path.exists()).await;
 }
 
 async fn exit_code(child: &mut Child, what: &str) -> i32 {
@@ -358,15 +353,17 @@ async fn nothing_is_lost_when_the_broker_restarts_over_websocket() {
 /// Waits until the agent's `received.txt` lists `body`.
 async fn wait_received(dir: &Path, body: &str) {
     let path = dir.join("received.txt");
-    within(30, &format!("the agent to receive {body:?}"), async {
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text.lines().any(|l| l == body) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    common::wait_until_showing(
+        &format!("the agent to receive {body:?}"),
+        Duration::from_secs(30),
+        || format!("received.txt: {:?}", std::fs::read_to_string(&path)),
+        async || {
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l == body)
+        },
+    )
     .await;
 }
 
