@@ -1757,7 +1757,7 @@ fn printable(bytes: &[u8]) -> String {
 /// with the id in force, whole or chunked.
 pub fn sse_stream(data: &[u8]) {
     let mut input = Input::new(data);
-    if input.byte() % 2 == 0 {
+    if input.byte().is_multiple_of(2) {
         let cap = 16 + 4 * usize::from(input.byte());
         let seed = input.byte();
         let stream = &data[data.len().min(3)..];
@@ -1782,7 +1782,11 @@ pub fn sse_stream(data: &[u8]) {
     let mut events = 0;
     while !input.is_empty() && events < 64 {
         events += 1;
-        let eol = if input.byte() % 2 == 0 { "\n" } else { "\r\n" };
+        let eol = if input.byte().is_multiple_of(2) {
+            "\n"
+        } else {
+            "\r\n"
+        };
         let flags = input.byte();
         if flags & 1 != 0 {
             stream.push_str(&format!(":{}{eol}", printable(input.bytes(8))));
