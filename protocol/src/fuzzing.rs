@@ -1717,3 +1717,338 @@ mod tests {
         }
     }
 }
+
+/// Splits `stream` into chunks whose sizes follow a small generator seeded by `seed` (1 to 64
+/// bytes, so chunk borders fall inside `\r\n`, inside UTF-8 sequences and inside fields).
+fn chunked(stream: &[u8], seed: u8) -> Vec<&[u8]> {
+    let mut state = u32::from(seed) | 1;
+    let mut chunks = Vec::new();
+    let mut rest = stream;
+    while !rest.is_empty() {
+        state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let size = ((state >> 16) as usize % 64 + 1).min(rest.len());
+        let (chunk, tail) = rest.split_at(size);
+        chunks.push(chunk);
+        rest = tail;
+    }
+    chunks
+}
+
+/// Everything an [`SseParser`] yields for `chunks`, then its last event id and retry.
+fn sse_parse(
+    cap: usize,
+    chunks: &[&[u8]],
+) -> (Vec<crate::sse::SseItem>, Option<String>, Option<u64>) {
+    let mut parser = crate::sse::SseParser::new(cap);
+    let mut items = Vec::new();
+    for chunk in chunks {
+        parser.push(chunk);
+        while let Some(item) = parser.next() {
+            items.push(item);
+            assert!(items.len() <= MAX_POLLS, "next() does not terminate");
+        }
+    }
+    (
+        items,
+        parser.last_event_id().map(str::to_owned),
+        parser.retry_ms(),
+    )
+}
+
+/// Printable ASCII for a field value built from fuzzer bytes (no line ends, no NUL).
+fn printable(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| char::from(b' ' + b % 95)).collect()
+}
+
+/// `sse`: fuzzer bytes through an [`crate::sse::SseParser`]. Byte 0 picks the mode. Even: the
+/// rest is a raw stream (byte 1 the cap: `16 + 4 * byte1`; byte 2 the chunking). Odd: the rest
+/// describes events (name, data lines, id, comments, `\n` or `\r\n` line ends) that are
+/// encoded as `text/event-stream` and parsed under a cap they never reach.
+///
+/// Oracles: raw — the items, last event id and retry are the same however the stream is
+/// chunked; no event's data exceeds the cap; ids hold no NUL; there are no more dispatches (events
+/// and oversized drops) than line ends. Encoded — exactly the encoded events come out, in order,
+/// with the id in force, whole or chunked.
+pub fn sse_stream(data: &[u8]) {
+    let mut input = Input::new(data);
+    if input.byte().is_multiple_of(2) {
+        let cap = 16 + 4 * usize::from(input.byte());
+        let seed = input.byte();
+        let stream = &data[data.len().min(3)..];
+        let whole = sse_parse(cap, &[stream]);
+        let parts = sse_parse(cap, &chunked(stream, seed));
+        assert_eq!(whole, parts, "chunking changed what the parser saw");
+        let line_ends = stream.iter().filter(|b| **b == b'\n').count();
+        assert!(whole.0.len() <= line_ends, "more items than line ends");
+        for item in &whole.0 {
+            if let crate::sse::SseItem::Event(event) = item {
+                assert!(event.data.len() <= cap, "event data over the cap");
+                assert!(!event.event.is_empty());
+                assert!(event.id.as_ref().is_none_or(|id| !id.contains('\0')));
+            }
+        }
+        return;
+    }
+    let mut stream = String::new();
+    let mut expected = Vec::new();
+    let mut id: Option<String> = None;
+    let seed = input.byte();
+    let mut events = 0;
+    while !input.is_empty() && events < 64 {
+        events += 1;
+        let eol = if input.byte().is_multiple_of(2) {
+            "\n"
+        } else {
+            "\r\n"
+        };
+        let flags = input.byte();
+        if flags & 1 != 0 {
+            stream.push_str(&format!(":{}{eol}", printable(input.bytes(8))));
+        }
+        let name = printable(input.bytes(8));
+        if flags & 2 != 0 {
+            stream.push_str(&format!("event: {name}{eol}"));
+        }
+        if flags & 4 != 0 {
+            let value = printable(input.bytes(8));
+            stream.push_str(&format!("id: {value}{eol}"));
+            id = (!value.is_empty()).then_some(value);
+        }
+        let lines: Vec<String> = (0..input.below(4))
+            .map(|_| printable(input.bytes(16)))
+            .collect();
+        for line in &lines {
+            stream.push_str(&format!("data: {line}{eol}"));
+        }
+        stream.push_str(eol);
+        if !lines.is_empty() {
+            expected.push(crate::sse::SseItem::Event(crate::sse::SseEvent {
+                event: if flags & 2 != 0 && !name.is_empty() {
+                    name
+                } else {
+                    "message".to_owned()
+                },
+                data: lines.join("\n"),
+                id: id.clone(),
+            }));
+        }
+    }
+    let cap = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+    let whole = sse_parse(cap, &[stream.as_bytes()]);
+    assert_eq!(whole.0, expected, "stream:\n{stream}");
+    assert_eq!(whole.1, id);
+    let parts = sse_parse(cap, &chunked(stream.as_bytes(), seed));
+    assert_eq!(parts, whole, "chunking changed what the parser saw");
+}
+
+/// `tracker`: fuzzer bytes as 2-byte operations `[kind, arg]` on an
+/// [`crate::tracker::ObjectivesTracker`] over a "true" open set that changes only together with
+/// a trigger (as objective events do): trigger (maybe changing the truth), time passing
+/// (`arg` ms), the refresh in flight answered with the truth as it was when that refresh started,
+/// or failed. Then the tracker settles: time runs to every timer and every refresh is answered.
+///
+/// Oracles: one refresh in flight at a time; a refresh starts only once [`crate::tracker::DEBOUNCE`]
+/// passed since the last trigger (or right after the previous refresh, when a timer fired during
+/// it); `ListChanged` exactly when an answered set differs from the one known before; a timer is
+/// never left in the past; after settling nothing is pending, and unless a refresh failed since
+/// the last trigger the tracker knows the true set (no change was missed).
+pub fn tracker_ops(data: &[u8]) {
+    use crate::tracker::{DEBOUNCE, ObjectivesTracker, TrackerOutput};
+    let mut input = Input::new(data);
+    let start = Instant::now();
+    let mut now = start;
+    let mut truth: Vec<u8> = Vec::new();
+    let mut tracker: ObjectivesTracker<u8> = ObjectivesTracker::new(truth.clone());
+    let mut in_flight = false;
+    // What the refresh in flight read: the truth when it started (a fetch sees the state of
+    // its time; a change after that needs the next refresh).
+    let mut read = truth.clone();
+    let mut last_trigger: Option<Instant> = None;
+    // A timer fired while a refresh was in flight: the next refresh may start without a wait.
+    let mut owed = false;
+    // A refresh failed since the last trigger (a failed refresh keeps the old set, by design).
+    let mut failed = false;
+    let drain = |tracker: &mut ObjectivesTracker<u8>,
+                 in_flight: &mut bool,
+                 read: &mut Vec<u8>,
+                 truth: &[u8],
+                 owed: &mut bool,
+                 last_trigger: Option<Instant>,
+                 now: Instant,
+                 before: &[u8]| {
+        let mut polls = 0;
+        while let Some(out) = tracker.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match out {
+                TrackerOutput::Refresh => {
+                    assert!(!*in_flight, "a second refresh while one is in flight");
+                    let waited = last_trigger.is_some_and(|t| now >= t + DEBOUNCE);
+                    assert!(waited || *owed, "a refresh before the debounce");
+                    *owed = false;
+                    *in_flight = true;
+                    *read = truth.to_vec();
+                }
+                TrackerOutput::ListChanged => {
+                    assert_ne!(tracker.open(), before, "ListChanged without a change");
+                }
+            }
+        }
+    };
+    let mut steps = 0;
+    while !input.is_empty() && steps < 2_000 {
+        steps += 1;
+        let (kind, arg) = (input.below(5), input.byte());
+        let before = tracker.open().to_vec();
+        match kind {
+            0 => {
+                if arg % 2 == 1 {
+                    truth = (0..arg % 5).collect();
+                }
+                tracker.handle_trigger(now);
+                last_trigger = Some(now);
+                failed = false;
+            }
+            1 | 2 => {
+                now += Duration::from_millis(u64::from(arg));
+                if tracker.poll_timeout().is_some_and(|at| at <= now) {
+                    if in_flight {
+                        owed = true;
+                    }
+                    tracker.handle_timeout(now);
+                }
+            }
+            3 if in_flight => {
+                in_flight = false;
+                tracker.handle_refreshed(Some(read.clone()), now);
+                assert_eq!(tracker.open(), read);
+                let changed = before != read;
+                let mut saw_change = false;
+                let mut polls = 0;
+                while let Some(out) = tracker.poll_output() {
+                    polls += 1;
+                    assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+                    match out {
+                        TrackerOutput::ListChanged => saw_change = true,
+                        TrackerOutput::Refresh => {
+                            assert!(owed, "a refresh after a refresh nobody asked for");
+                            owed = false;
+                            in_flight = true;
+                            read = truth.clone();
+                        }
+                    }
+                }
+                assert_eq!(
+                    saw_change, changed,
+                    "ListChanged must say whether the set changed"
+                );
+                continue;
+            }
+            4 if in_flight => {
+                in_flight = false;
+                failed = true;
+                tracker.handle_refreshed(None, now);
+                assert_eq!(tracker.open(), before, "a failed refresh changed the set");
+            }
+            _ => {}
+        }
+        drain(
+            &mut tracker,
+            &mut in_flight,
+            &mut read,
+            &truth,
+            &mut owed,
+            last_trigger,
+            now,
+            &before,
+        );
+        assert!(
+            tracker.poll_timeout().is_none_or(|at| at > now),
+            "a timer left in the past"
+        );
+    }
+    // Settle: run every timer, answer every refresh with the truth.
+    for _ in 0..16 {
+        let before = tracker.open().to_vec();
+        if in_flight {
+            in_flight = false;
+            tracker.handle_refreshed(Some(read.clone()), now);
+        } else if let Some(at) = tracker.poll_timeout() {
+            now = now.max(at);
+            tracker.handle_timeout(now);
+        } else {
+            break;
+        }
+        let mut polls = 0;
+        while let Some(out) = tracker.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match out {
+                TrackerOutput::Refresh => {
+                    assert!(!in_flight, "a second refresh while one is in flight");
+                    in_flight = true;
+                    read = truth.clone();
+                }
+                TrackerOutput::ListChanged => assert_ne!(tracker.open(), before),
+            }
+        }
+    }
+    assert!(
+        !in_flight && tracker.poll_timeout().is_none(),
+        "the tracker never settled"
+    );
+    // The truth changes only with a trigger, and every trigger is followed by a refresh that
+    // starts after it: unless one failed since, the last answer is the truth.
+    if !failed {
+        assert_eq!(tracker.open(), truth, "a change was missed");
+    }
+}
+
+#[cfg(test)]
+mod sse_tracker_oracle_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::test_support::proptest_config;
+
+    proptest! {
+        #![proptest_config(proptest_config("fuzzing"))]
+
+        #[test]
+        fn sse_oracle_holds_raw(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut data = data;
+            if let Some(first) = data.first_mut() {
+                *first &= !1;
+            }
+            sse_stream(&data);
+        }
+
+        #[test]
+        fn sse_oracle_holds_encoded(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut data = data;
+            if let Some(first) = data.first_mut() {
+                *first |= 1;
+            }
+            sse_stream(&data);
+        }
+
+        #[test]
+        fn tracker_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            tracker_ops(&data);
+        }
+    }
+
+    /// Raw SSE text with the usual shapes (comments, ids, multi-line data, CRLF, a BOM).
+    #[test]
+    fn sse_oracle_holds_on_typical_streams() {
+        for text in [
+            "\u{feff}: hi\n\nid: 1\nevent: message\ndata: {\"a\":1}\n\n",
+            "data: a\r\ndata: b\r\n\r\nretry: 50\n: keepalive\n\n",
+            "id: 7\ndata\n\nid\ndata: x\n\n",
+        ] {
+            let mut data = vec![0, 255, 3];
+            data.extend_from_slice(text.as_bytes());
+            sse_stream(&data);
+        }
+    }
+}

@@ -40,7 +40,7 @@
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ac7_protocol::ash::Query;
@@ -69,6 +69,14 @@ pub const WORKSPACE_ENV: &str = "ASH_WORKSPACE_DIR";
 
 /// How long an interrupted agent gets between SIGINT and SIGKILL.
 pub const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// The grace this process uses: [`INTERRUPT_GRACE`], unless the hidden `--interrupt-grace-ms`
+/// (for tests, so they need not wait 2 s) set another at start-up.
+static GRACE: OnceLock<Duration> = OnceLock::new();
+
+fn interrupt_grace() -> Duration {
+    GRACE.get().copied().unwrap_or(INTERRUPT_GRACE)
+}
 
 /// How long shutdown waits for the connections to stop their children.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -121,6 +129,10 @@ pub struct AshBridgeArgs {
     /// set, acceptEdits.
     #[arg(long, env = "ASH_PERMISSION_MODE", value_name = "MODE", value_parser = PERMISSION_MODES)]
     pub permission_mode: Option<String>,
+    /// Milliseconds between SIGINT and SIGKILL for an interrupted agent (default 2000). Hidden:
+    /// for tests.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub interrupt_grace_ms: Option<u64>,
 }
 
 /// The permission mode used when none is given: `bypassPermissions`, or `acceptEdits` as root
@@ -162,6 +174,9 @@ pub fn run(args: AshBridgeArgs) -> i32 {
 }
 
 fn run_bridge(args: AshBridgeArgs) -> Result<(), AshBridgeError> {
+    if let Some(ms) = args.interrupt_grace_ms {
+        let _ = GRACE.set(Duration::from_millis(ms));
+    }
     let path = std::env::var_os(SOCKET_ENV)
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
@@ -454,7 +469,7 @@ fn signal_group(group: Option<rustix::process::Pid>, signal: rustix::process::Si
     }
 }
 
-/// Follows `stop`: SIGINT on `Interrupt`, then SIGKILL after [`INTERRUPT_GRACE`] (or at once on
+/// Follows `stop`: SIGINT on `Interrupt`, then SIGKILL after the grace (see [`GRACE`]; or at once on
 /// `Kill`). Never returns.
 async fn enforce_stop(group: Option<rustix::process::Pid>, mut stop: watch::Receiver<Stop>) {
     use rustix::process::Signal;
@@ -463,7 +478,7 @@ async fn enforce_stop(group: Option<rustix::process::Pid>, mut stop: watch::Rece
     }
     if *stop.borrow() == Stop::Interrupt {
         signal_group(group, Signal::INT);
-        let _ = tokio::time::timeout(INTERRUPT_GRACE, stop.wait_for(|s| *s == Stop::Kill)).await;
+        let _ = tokio::time::timeout(interrupt_grace(), stop.wait_for(|s| *s == Stop::Kill)).await;
     }
     signal_group(group, Signal::KILL);
     std::future::pending().await

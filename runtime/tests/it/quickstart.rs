@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -88,31 +88,31 @@ async fn quickstart_agent_answers_a_push_and_ctrl_c_cleans_up() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let reply = loop {
-        let history: Value = http
-            .get(format!("{url}/history?with=builder"))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let reply = history["messages"].as_array().and_then(|msgs| {
-            msgs.iter()
-                .find(|m| m["from"] == "builder" && m["to"] == "director")
-                .cloned()
-        });
-        if let Some(reply) = reply {
-            break reply;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no reply from the demo agent: {history}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let history = std::cell::RefCell::new(Value::Null);
+    let reply = crate::common::wait_until_showing(
+        "a reply from the demo agent",
+        Duration::from_secs(30),
+        || format!("history: {}", history.borrow()),
+        async || {
+            let page: Value = http
+                .get(format!("{url}/history?with=builder"))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            let reply = page["messages"].as_array().and_then(|msgs| {
+                msgs.iter()
+                    .find(|m| m["from"] == "builder" && m["to"] == "director")
+                    .cloned()
+            });
+            *history.borrow_mut() = page;
+            reply
+        },
+    )
+    .await;
     assert!(
         reply["body"]
             .as_str()
@@ -124,17 +124,12 @@ async fn quickstart_agent_answers_a_push_and_ctrl_c_cleans_up() {
     let pid = i32::try_from(qs.0.id()).unwrap();
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = qs.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "quickstart did not stop on SIGINT"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = crate::common::wait_until(
+        "quickstart to stop on SIGINT",
+        Duration::from_secs(20),
+        async || qs.0.try_wait().unwrap(),
+    )
+    .await;
     assert_eq!(status.code(), Some(0), "{status:?}");
     assert!(!dir.exists(), "{} was left behind", dir.display());
     let left: Vec<_> = std::fs::read_dir(tmp.path())

@@ -3,7 +3,7 @@
 //! sockets for what a well-behaved host never sends.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -705,18 +705,20 @@ fn agent_session(workspace: &Path, host: &str) -> String {
 /// Waits (bounded) until process `pid` no longer exists.
 async fn process_gone(pid: &str) {
     let proc = PathBuf::from(format!("/proc/{}", pid.trim()));
-    within(10, "the agent to be stopped", async {
-        // A reaped child disappears from /proc; the bridge reaps its children.
-        while proc.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    // A reaped child disappears from /proc; the bridge reaps its children.
+    common::wait_until(
+        "the agent to be stopped",
+        Duration::from_secs(10),
+        async || !proc.exists(),
+    )
     .await;
 }
 
 #[tokio::test]
 async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
-    let bridge = AshBridge::start().await;
+    // The grace is 2 s; this bridge uses 300 ms so the test need not wait 2 s.
+    let dir = tempdir();
+    let bridge = AshBridge::start_in(dir.path(), &["--interrupt-grace-ms", "300"]).await;
     let mut raw = bridge.raw().await;
     raw.send(r#"{"cmd":"query","prompt":"stubborn","sessionId":"s1"}"#)
         .await;
@@ -730,7 +732,7 @@ async fn an_agent_ignoring_sigint_is_killed_after_the_grace_period() {
     assert_eq!(raw.recv().await, json!({"ev": "done", "sessionId": "s1"}));
     let waited = t.elapsed();
     assert!(
-        waited >= Duration::from_secs(2),
+        waited >= Duration::from_millis(300),
         "SIGKILL came after {waited:?}"
     );
     agent_stopped(&bridge, "s1").await;

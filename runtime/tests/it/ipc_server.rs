@@ -1,7 +1,7 @@
 //! The runner-side socket server on real sockets, with raw connections playing the bridge.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns are test code too
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;

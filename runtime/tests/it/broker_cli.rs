@@ -638,8 +638,7 @@ fn offline_member_names_are_checked() {
 
 /// Moves the messages whose body contains `marker` `days` days into the past.
 fn age_messages(db: &Path, marker: &str, days: i64) {
-    let store = ac7_runtime::broker::db::Store::open(db, ac7_runtime::broker::db::SyncMode::Normal)
-        .unwrap();
+    let store = crate::broker_support::open_store(db);
     store.with(|c| {
         let n = c
             .execute(

@@ -1,7 +1,7 @@
 //! The official Python MCP SDK (pinned in `tests/python/requirements.txt`) plays the agent and
 //! spawns the real `ac7 mcp-bridge`; the scripted runner-side server answers.
 
-mod common;
+use crate::common;
 
 use ac7_protocol::runner::{BridgePolicy, DetachReason, RunnerEvent};
 use common::{run_agent, start_runner, tempdir, within};

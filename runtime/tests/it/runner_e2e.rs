@@ -4,8 +4,8 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod broker_support;
-mod common;
+use crate::broker_support;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -64,12 +64,7 @@ fn runner_with(
 }
 
 async fn wait_for_file(path: &Path, what: &str) {
-    within(30, what, async {
-        while !path.exists() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    common::wait_until(what, Duration::from_secs(30), async || path.exists()).await;
 }
 
 async fn exit_code(child: &mut Child, what: &str) -> i32 {
@@ -197,8 +192,8 @@ async fn a_session_tools_pushes_objectives_and_self_echo() {
             )
         })
         .collect();
-    insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => true}, {
-        insta::assert_snapshot!("runner_session_tool_calls", texts.join("\n"));
+    insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!("runner_e2e__runner_session_tool_calls", texts.join("\n"));
     });
 }
 
@@ -358,23 +353,24 @@ async fn nothing_is_lost_when_the_broker_restarts_over_websocket() {
 /// Waits until the agent's `received.txt` lists `body`.
 async fn wait_received(dir: &Path, body: &str) {
     let path = dir.join("received.txt");
-    within(30, &format!("the agent to receive {body:?}"), async {
-        loop {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text.lines().any(|l| l == body) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
+    common::wait_until_showing(
+        &format!("the agent to receive {body:?}"),
+        Duration::from_secs(30),
+        || format!("received.txt: {:?}", std::fs::read_to_string(&path)),
+        async || {
+            std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l == body)
+        },
+    )
     .await;
 }
 
 /// Logs a message from `from` to the general channel straight into the database at `db`
 /// (no broker running on it).
 fn log_offline(db: &Path, from: &str, body: &str) {
-    let store = ac7_runtime::broker::db::Store::open(db, ac7_runtime::broker::db::SyncMode::Normal)
-        .unwrap();
+    let store = broker_support::open_store(db);
     store.with(|conn| {
         ac7_runtime::broker::publish::log(
             conn,
@@ -403,19 +399,8 @@ async fn restart_broker(
     let addr = broker.broker.addr;
     broker.broker.shutdown().await.unwrap();
     between(&db);
-    let listener = within(10, "the port to be free again", async {
-        loop {
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => return l,
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-    })
-    .await;
     broker.broker =
-        ac7_runtime::broker::start(ac7_runtime::broker::BrokerConfig::new(db), listener)
-            .await
-            .unwrap();
+        broker_support::start_on(ac7_runtime::broker::BrokerConfig::new(db), addr).await;
     broker
 }
 
@@ -644,8 +629,8 @@ async fn an_admin_sees_and_uses_the_authority_and_admin_tools() {
     for (call, text) in out["calls"].as_array().unwrap().iter().zip(&texts) {
         assert_eq!(call["isError"], false, "{text}");
     }
-    insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => true}, {
-        insta::assert_snapshot!("runner_admin_tool_calls", texts.join("\n"));
+    insta::with_settings!({snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"), prepend_module_to_snapshot => false}, {
+        insta::assert_snapshot!("runner_e2e__runner_admin_tool_calls", texts.join("\n"));
     });
 }
 

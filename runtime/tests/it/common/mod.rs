@@ -35,6 +35,60 @@ pub async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T
     }
 }
 
+/// Polls `check` every 20 ms until it returns `Some(value)` (or `true`), for at most `timeout`;
+/// panics naming `what` otherwise. The one way a test waits for a condition it cannot await.
+pub async fn wait_until<T: Ready>(
+    what: &str,
+    timeout: Duration,
+    check: impl AsyncFnMut() -> T,
+) -> T::Value {
+    wait_until_showing(what, timeout, String::new, check).await
+}
+
+/// [`wait_until`], and on time-out the panic message also shows `context()` (a log, a listing).
+pub async fn wait_until_showing<T: Ready>(
+    what: &str,
+    timeout: Duration,
+    context: impl FnOnce() -> String,
+    mut check: impl AsyncFnMut() -> T,
+) -> T::Value {
+    let poll = async {
+        loop {
+            if let Some(value) = check().await.ready() {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    match tokio::time::timeout(timeout, poll).await {
+        Ok(value) => value,
+        Err(_) => panic!(
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            context()
+        ),
+    }
+}
+
+/// What a [`wait_until`] check returns: `bool` (done or not) or `Option<T>` (done with a value).
+pub trait Ready {
+    type Value;
+    fn ready(self) -> Option<Self::Value>;
+}
+
+impl Ready for bool {
+    type Value = ();
+    fn ready(self) -> Option<()> {
+        self.then_some(())
+    }
+}
+
+impl<T> Ready for Option<T> {
+    type Value = T;
+    fn ready(self) -> Option<T> {
+        self
+    }
+}
+
 /// A fresh temporary directory (short path: Unix socket paths are limited to 107 bytes).
 pub fn tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -3,7 +3,7 @@
 //! host never sends.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
 
-mod common;
+use crate::common;
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;

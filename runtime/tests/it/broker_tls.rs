@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
-mod broker_support;
+use crate::broker_support;
 
 use std::time::Duration;
 

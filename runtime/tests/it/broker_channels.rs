@@ -2,7 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
-mod broker_support;
+use crate::broker_support;
 
 use broker_support::start_broker;
 use serde_json::{Value, json};

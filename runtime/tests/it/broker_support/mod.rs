@@ -3,11 +3,13 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use ac7_runtime::broker::config::TeamConfig;
-use ac7_runtime::broker::db::{Store, SyncMode};
-use ac7_runtime::broker::{BrokerConfig, RunningBroker, bootstrap, start};
+use ac7_runtime::broker::db::{Store, StoreError, SyncMode};
+use ac7_runtime::broker::{BrokerConfig, RunningBroker, StartError, bootstrap, start};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
@@ -37,13 +39,12 @@ pub async fn start_with(tweak: impl FnOnce(&mut BrokerConfig)) -> TestBroker {
     let db = dir.path().join("ac7.db");
     let config: TeamConfig = serde_json::from_str(TEAM).unwrap();
     let issued = {
-        let store = Store::open(&db, SyncMode::Normal).unwrap();
+        let store = open_store(&db);
         bootstrap::bootstrap(&store, &config).unwrap()
     };
     let mut cfg = BrokerConfig::new(db);
     tweak(&mut cfg);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let broker = start(cfg, listener).await.unwrap();
+    let broker = start_on(cfg, "127.0.0.1:0".parse().unwrap()).await;
     TestBroker {
         url: format!("http://{}", broker.addr),
         tokens: issued.into_iter().map(|i| (i.name, i.token)).collect(),
@@ -54,6 +55,41 @@ pub async fn start_with(tweak: impl FnOnce(&mut BrokerConfig)) -> TestBroker {
             .unwrap(),
         dir,
     }
+}
+
+/// Why opening a database can find it busy although nothing uses it any more: every test shares
+/// this process, and a child process another test spawns while a store is open inherits the
+/// descriptor holding the store's lock until it `exec`s (close-on-exec then drops it), so the lock
+/// can outlive the store by a few milliseconds. A real second broker is a second process and
+/// stays refused; here we retry, bounded.
+const LOCK_RELEASE: Duration = Duration::from_secs(5);
+
+/// Opens the store at `db` (see [`LOCK_RELEASE`]; blocks the thread while it waits, usable from
+/// sync tests and helpers).
+pub fn open_store(db: &Path) -> Store {
+    let deadline = std::time::Instant::now() + LOCK_RELEASE;
+    loop {
+        match Store::open(db, SyncMode::Normal) {
+            Ok(store) => return store,
+            Err(StoreError::Busy(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(other) => panic!("cannot open {}: {other}", db.display()),
+        }
+    }
+}
+
+/// Starts a broker with `cfg` listening on `addr` (see [`LOCK_RELEASE`]).
+pub async fn start_on(cfg: BrokerConfig, addr: SocketAddr) -> RunningBroker {
+    crate::common::wait_until("the broker to start", LOCK_RELEASE, async || {
+        let listener = tokio::net::TcpListener::bind(addr).await.ok()?;
+        match start(cfg.clone(), listener).await {
+            Ok(broker) => Some(broker),
+            Err(StartError::Store(StoreError::Busy(_))) => None,
+            Err(other) => panic!("the broker did not start: {other}"),
+        }
+    })
+    .await
 }
 
 pub struct Resp {
@@ -368,16 +404,23 @@ pub fn redact(v: &Value) -> Value {
     }
 }
 
-/// Asserts a JSON snapshot stored in the top-level `snapshots/` directory.
+/// Asserts a JSON snapshot stored in the top-level `snapshots/` directory as
+/// `<test file>__<name>.snap` (the file's module name, without the `it::` of the one test binary).
 #[macro_export]
 macro_rules! snap {
     ($name:expr, $value:expr) => {
         let __value = $value;
+        let __name = format!("{}__{}", $crate::broker_support::file_module(module_path!()), $name);
         insta::with_settings!({
             snapshot_path => concat!(env!("CARGO_MANIFEST_DIR"), "/../snapshots"),
-            prepend_module_to_snapshot => true,
+            prepend_module_to_snapshot => false,
         }, {
-            insta::assert_json_snapshot!($name, $crate::broker_support::redact(&__value));
+            insta::assert_json_snapshot!(__name.as_str(), $crate::broker_support::redact(&__value));
         });
     };
+}
+
+/// The test file's module in `module_path` (`it::broker_http::inner` → `broker_http`).
+pub fn file_module(module_path: &str) -> &str {
+    module_path.split("::").nth(1).unwrap_or(module_path)
 }

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
-mod broker_support;
+use crate::broker_support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -155,15 +155,12 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout() {
         .await;
     }
     // 12 MB is far under the byte and frame caps: only the write deadline can cut it.
-    let mut open = true;
-    for _ in 0..50 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if connected(&b, "builder").await == 0 {
-            open = false;
-            break;
-        }
-    }
-    assert!(!open, "the stalled connection is still open after 5 s");
+    crate::common::wait_until(
+        "the stalled connection to be closed",
+        Duration::from_secs(5),
+        async || connected(&b, "builder").await == 0,
+    )
+    .await;
     healthz_answers(&b).await;
 }
 

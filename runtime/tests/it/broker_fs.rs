@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
-mod broker_support;
+use crate::broker_support;
 
 use broker_support::{start_broker, start_with};
 use serde_json::json;
@@ -719,15 +719,13 @@ async fn an_upload_cut_off_or_over_the_cap_leaves_nothing() {
         .await
         .unwrap();
     assert_eq!(resp.status().as_u16(), 413);
-    let mut left = files_under(&blobs);
-    for _ in 0..50 {
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        left = files_under(&blobs);
-    }
-    assert!(left.is_empty(), "half-written blobs left: {left:?}");
+    crate::common::wait_until_showing(
+        "the half-written blobs to be removed",
+        std::time::Duration::from_secs(5),
+        || format!("left: {:?}", files_under(&blobs)),
+        async || files_under(&blobs).is_empty(),
+    )
+    .await;
     for p in ["/builder/cut.bin", "/builder/big.bin"] {
         let r = b.get(&format!("/fs/stat?path={p}"), "builder").await;
         assert_eq!(r.status, 404, "{p}");

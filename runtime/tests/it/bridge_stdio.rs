@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)] // helpers outside #[test] fns are test code too
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Stdio;
@@ -526,11 +526,11 @@ async fn a_runner_that_stops_reading_does_not_stall_the_bridge() {
     });
     // The bridge takes requests until its buffer for the deaf runner is full (4 MiB), so at
     // least four are taken; then it is stuck on the runner and must still hear the signal.
-    within(10, "the bridge to take four requests", async {
-        while written.load(std::sync::atomic::Ordering::SeqCst) < 4 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-    })
+    common::wait_until(
+        "the bridge to take four requests",
+        std::time::Duration::from_secs(10),
+        async || written.load(std::sync::atomic::Ordering::SeqCst) >= 4,
+    )
     .await;
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 

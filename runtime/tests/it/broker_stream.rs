@@ -3,7 +3,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
-mod broker_support;
+use crate::broker_support;
 
 use std::time::Duration;
 
@@ -119,13 +119,12 @@ async fn sse_keepalive_comment() {
 async fn websocket_delivers_one_message_per_text_frame() {
     let b = start_broker().await;
     let mut ws = b.ws("builder", None).await;
-    // wait until the socket is registered
-    for _ in 0..50 {
-        if b.get("/roster", "director").await.json["connected"][1]["connected"] == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    crate::common::wait_until(
+        "the socket to be registered",
+        Duration::from_secs(5),
+        async || b.get("/roster", "director").await.json["connected"][1]["connected"] == 1,
+    )
+    .await;
     let sent = b
         .push(
             "director",
@@ -532,10 +531,12 @@ async fn queued_pushes_are_group_committed_in_order() {
     assert_eq!(sub.next_message().await, first);
     let state = std::sync::Arc::clone(&b.broker.state);
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    // Hold the store until every push below is queued (at most 10 s).
     let holder = std::thread::spawn(move || {
         state.store.with(|_| {
             locked_tx.send(()).unwrap();
-            std::thread::sleep(Duration::from_millis(300));
+            let _ = release_rx.recv_timeout(Duration::from_secs(10));
         });
     });
     locked_rx.recv().unwrap();
@@ -557,10 +558,22 @@ async fn queued_pushes_are_group_committed_in_order() {
             assert_eq!(r.status().as_u16(), 200);
         }));
     }
+    crate::common::wait_until("20 pushes queued", Duration::from_secs(10), async || {
+        b.broker.state.commit_stats().queued == 20
+    })
+    .await;
+    release_tx.send(()).unwrap();
     for p in pushes {
         p.await.unwrap();
     }
     holder.join().unwrap();
+    // The 20 pushes queued behind the held lock were committed in batches, not one by one.
+    let stats = b.broker.state.commit_stats();
+    assert_eq!(stats.pushes, 21, "{stats:?}");
+    assert!(
+        stats.grouped >= 1 && stats.largest > 1 && stats.commits < 21,
+        "no group commit happened: {stats:?}"
+    );
     let mut history = b.get("/history?limit=20", "builder").await.json["messages"]
         .as_array()
         .unwrap()

@@ -8,8 +8,9 @@
 
 #![allow(clippy::unwrap_used)]
 
-mod broker_support;
-mod common;
+use crate::broker_support;
+use crate::common;
+use common::wait_until_showing;
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -272,26 +273,6 @@ mod standin {
     }
 }
 
-/// Polls `check` every 50 ms until it returns `Some`, for at most `secs` seconds; on time-out
-/// panics naming `what` and showing `context()`.
-async fn wait_for<T>(
-    secs: u64,
-    what: &str,
-    context: impl Fn() -> String,
-    mut check: impl AsyncFnMut() -> Option<T>,
-) -> T {
-    let found = tokio::time::timeout(std::time::Duration::from_secs(secs), async {
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| panic!("timed out after {secs} s waiting for {what}\n{}", context()))
-}
-
 /// With the user's own model provider (a Responses-API stand-in on loopback) merged into the
 /// ephemeral config, a `--profile` layered over it and a `-c` override passed through: (a) a
 /// push becomes a turn, (b) the model's `send` call reaches the broker, (c) after a failed turn
@@ -379,18 +360,26 @@ command = "/nonexistent/ac7"
             .await
     };
     let logged = async |what: &str, text: &str| {
-        wait_for(60, what, context, async || {
-            log().contains(text).then_some(())
-        })
+        wait_until_showing(
+            what,
+            std::time::Duration::from_secs(60),
+            context,
+            async || log().contains(text).then_some(()),
+        )
         .await;
     };
     let turn_with = async |what: &str, text: &str| {
-        wait_for(60, what, context, async || {
-            model
-                .requests()
-                .into_iter()
-                .find(|r| r.last_user_text().is_some_and(|t| t.contains(text)))
-        })
+        wait_until_showing(
+            what,
+            std::time::Duration::from_secs(60),
+            context,
+            async || {
+                model
+                    .requests()
+                    .into_iter()
+                    .find(|r| r.last_user_text().is_some_and(|t| t.contains(text)))
+            },
+        )
         .await
     };
     logged("the codex session to start", "agent connected").await;
@@ -431,21 +420,26 @@ command = "/nonexistent/ac7"
     );
 
     // (b) The model's send call reaches the broker as a DM from builder.
-    wait_for(60, "the model's DM in /history", context, async || {
-        let history = broker.get("/history?with=builder", "director").await;
-        history.json["messages"]
-            .as_array()?
-            .iter()
-            .any(|m| m["from"] == "builder" && m["body"] == "hello from the stand-in model")
-            .then_some(())
-    })
+    wait_until_showing(
+        "the model's DM in /history",
+        std::time::Duration::from_secs(60),
+        context,
+        async || {
+            let history = broker.get("/history?with=builder", "director").await;
+            history.json["messages"]
+                .as_array()?
+                .iter()
+                .any(|m| m["from"] == "builder" && m["body"] == "hello from the stand-in model")
+                .then_some(())
+        },
+    )
     .await;
 
     // (c) A failed turn (HTTP 500) does not make the member deaf. (First let the model see the
     // tool result, so the failing text starts a turn of its own.)
-    wait_for(
-        60,
+    wait_until_showing(
         "the tool result to reach the model",
+        std::time::Duration::from_secs(60),
         context,
         async || {
             model
@@ -476,9 +470,9 @@ command = "/nonexistent/ac7"
         .iter()
         .map(|sent| sent["id"].as_str().unwrap().to_owned())
         .collect();
-    let notice = wait_for(
-        60,
+    let notice = wait_until_showing(
         "a not-delivered DM to the sender",
+        std::time::Duration::from_secs(60),
         context,
         async || {
             let history = broker.get("/history?with=builder", "director").await;
