@@ -702,6 +702,167 @@ async fn wire_key_order_matches_ac7() {
     );
 }
 
+/// The keys of a JSON object, in the order they came over the wire (serde_json keeps it).
+fn keys(v: &serde_json::Value) -> Vec<&str> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+/// Every shape of broker-api §2 the broker sends — on its own and inside event payloads, with the
+/// `data` bags of §3.2 and the audit payloads of §2.8 — has exactly the spec's keys in the spec's
+/// order; a client's `data` comes back in the client's order.
+#[tokio::test]
+async fn every_shape_has_the_specs_key_order() {
+    const MESSAGE: [&str; 9] = [
+        "id",
+        "ts",
+        "to",
+        "from",
+        "title",
+        "body",
+        "level",
+        "data",
+        "attachments",
+    ];
+    const OBJECTIVE: [&str; 14] = [
+        "id",
+        "title",
+        "body",
+        "outcome",
+        "status",
+        "assignee",
+        "originator",
+        "watchers",
+        "createdAt",
+        "updatedAt",
+        "completedAt",
+        "result",
+        "blockReason",
+        "attachments",
+    ];
+    let b = start_broker().await;
+    let mut live = b.sse("builder", None).await;
+
+    // A client's `data`, verbatim and in its order, live and from history.
+    let r = b
+        .post(
+            "/push",
+            "director",
+            json!({"to": "builder", "body": "x", "data": {"zeta": 1, "alpha": {"y": 1, "b": 2}, "mid": "m"}}),
+        )
+        .await;
+    assert_eq!(keys(&r.json), ["delivery", "message"]);
+    assert_eq!(keys(&r.json["delivery"]), ["live", "targets"]);
+    for m in [r.json["message"].clone(), live.next_message().await] {
+        assert_eq!(keys(&m), MESSAGE);
+        assert_eq!(keys(&m["data"]), ["zeta", "alpha", "mid"]);
+        assert_eq!(keys(&m["data"]["alpha"]), ["y", "b"]);
+    }
+
+    // An objective, its audit events and its lifecycle pushes.
+    let obj = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "t", "outcome": "o", "assignee": "builder", "watchers": ["reviewer"]}),
+        )
+        .await
+        .json;
+    assert_eq!(keys(&obj), OBJECTIVE);
+    let id = obj["id"].as_str().unwrap();
+    let r = b
+        .post(
+            &format!("/objectives/{id}/reassign"),
+            "director",
+            json!({"to": "reviewer", "note": "n"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let view = b.get(&format!("/objectives/{id}"), "director").await.json;
+    assert_eq!(keys(&view), ["objective", "events"]);
+    assert_eq!(keys(&view["objective"]), OBJECTIVE);
+    let events = view["events"].as_array().unwrap();
+    for e in events {
+        assert_eq!(keys(e), ["objectiveId", "ts", "actor", "kind", "payload"]);
+    }
+    let payload = |kind: &str| {
+        let e = events.iter().find(|e| e["kind"] == kind).unwrap();
+        keys(&e["payload"])
+    };
+    assert_eq!(
+        payload("assigned"),
+        ["title", "outcome", "assignee", "watchers"]
+    );
+    assert_eq!(payload("reassigned"), ["from", "to", "note"]);
+    assert_eq!(payload("watcher_added"), ["name"]);
+    let pushed = live.next_message().await;
+    assert_eq!(keys(&pushed), MESSAGE);
+    assert_eq!(
+        keys(&pushed["data"]),
+        [
+            "kind",
+            "event",
+            "objective_id",
+            "objective_status",
+            "thread",
+            "actor"
+        ]
+    );
+    let r = b
+        .post(
+            &format!("/objectives/{id}/discuss"),
+            "director",
+            json!({"body": "d"}),
+        )
+        .await;
+    assert_eq!(keys(&r.json), MESSAGE);
+    assert_eq!(keys(&r.json["data"]), ["kind", "objective_id", "thread"]);
+    let history = b.get("/history?limit=50", "director").await.json;
+    for m in history["messages"].as_array().unwrap() {
+        assert_eq!(keys(m), MESSAGE);
+    }
+
+    // Channels: Channel, ChannelSummary (Channel's keys first), ChannelMember.
+    let r = b.post("/channels", "builder", json!({"slug": "dev"})).await;
+    assert_eq!(
+        keys(&r.json),
+        ["id", "slug", "createdBy", "createdAt", "archivedAt"]
+    );
+    let summary = [
+        "id",
+        "slug",
+        "createdBy",
+        "createdAt",
+        "archivedAt",
+        "joined",
+        "myRole",
+        "memberCount",
+    ];
+    let r = b.get("/channels/dev", "builder").await.json;
+    assert_eq!(keys(&r), ["channel", "members"]);
+    assert_eq!(keys(&r["channel"]), summary);
+    assert_eq!(
+        keys(&r["members"][0]),
+        ["channelId", "memberName", "role", "joinedAt"]
+    );
+    let r = b.get("/channels", "builder").await.json;
+    for c in r["channels"].as_array().unwrap() {
+        assert_eq!(keys(c), summary);
+    }
+
+    // Presence (no `busy` while nobody reported busy).
+    let r = b.get("/roster", "builder").await.json;
+    for p in r["connected"].as_array().unwrap() {
+        assert_eq!(
+            keys(p),
+            ["name", "connected", "createdAt", "lastSeen", "role"]
+        );
+    }
+}
+
 #[tokio::test]
 async fn reserved_and_case_twin_names_are_refused() {
     let b = start_broker().await;
