@@ -959,72 +959,268 @@ async fn error_texts_are_the_specs() {
     const LEAVES: &str = "Valid leaves: team.manage, members.manage, objectives.create, \
                           objectives.cancel, objectives.reassign, objectives.watch, activity.read. \
                           Presets: admin, operator.";
+    let unknown =
+        |context: &str, x: &str| format!("{context}: unknown permission or preset '{x}'. {LEAVES}");
     let b = start_broker().await;
-    // §1: member create with an unknown permission
-    let r = b
-        .post(
-            "/members",
-            "director",
-            json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]}),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(
-        r.json["error"],
-        format!("create member 'x': unknown permission or preset 'boss'. {LEAVES}")
-    );
-    // §1: member update with an unknown permission
-    let r = b
-        .call(
-            "PATCH",
-            "/members/builder",
-            "director",
-            Some(json!({"permissions": ["boss"]})),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(
-        r.json["error"],
-        format!("update member 'builder': unknown permission or preset 'boss'. {LEAVES}")
-    );
-    // §1: a preset holds leaves only (presets may not nest); an unknown leaf is refused
-    for bad in ["objectives.fly", "admin"] {
-        let r = b
-            .call(
-                "PUT",
-                "/team/presets/qa",
-                "director",
-                Some(json!({"permissions": ["objectives.watch", bad]})),
-            )
-            .await;
-        assert_eq!(r.status, 400);
-        assert_eq!(
-            r.json["error"],
-            format!("preset 'qa': unknown permission or preset '{bad}'. {LEAVES}")
-        );
-    }
-    // §7: a blank objective title
-    let r = b
+    let obj = b
         .post(
             "/objectives",
             "director",
-            json!({"title": "   ", "outcome": "o", "assignee": "builder"}),
+            json!({"title": "t", "outcome": "o", "assignee": "builder"}),
         )
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.json["error"], "title is required");
-    // §9.4: removing members.manage from the last admin
-    let r = b
-        .call(
-            "PATCH",
-            "/members/director",
-            "director",
-            Some(json!({"permissions": ["operator"]})),
-        )
-        .await;
-    assert_eq!(r.status, 409);
-    assert_eq!(
-        r.json["error"],
-        "cannot remove members.manage from the last admin — promote someone else first"
+        .await
+        .json;
+    let id = obj["id"].as_str().unwrap();
+    // (where in the spec, method, path, caller, raw body, status, the spec's text). The text is
+    // `None` where the spec gives only a status (and a `code`, checked below).
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        String,
+        &'a str,
+        Option<String>,
+        u16,
+        Option<String>,
     );
+    let cases: Vec<Case> = vec![
+        (
+            "§1 member create, unknown permission",
+            "POST",
+            "/members".into(),
+            "director",
+            Some(json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]}).to_string()),
+            400,
+            Some(unknown("create member 'x'", "boss")),
+        ),
+        (
+            "§1 member update, unknown permission",
+            "PATCH",
+            "/members/builder".into(),
+            "director",
+            Some(json!({"permissions": ["boss"]}).to_string()),
+            400,
+            Some(unknown("update member 'builder'", "boss")),
+        ),
+        (
+            "§1 a preset with an unknown leaf",
+            "PUT",
+            "/team/presets/qa".into(),
+            "director",
+            Some(json!({"permissions": ["objectives.watch", "objectives.fly"]}).to_string()),
+            400,
+            Some(unknown("preset 'qa'", "objectives.fly")),
+        ),
+        (
+            "§1 presets may not nest",
+            "PUT",
+            "/team/presets/qa".into(),
+            "director",
+            Some(json!({"permissions": ["objectives.watch", "admin"]}).to_string()),
+            400,
+            Some(unknown("preset 'qa'", "admin")),
+        ),
+        (
+            "§2.7 a blank objective title",
+            "POST",
+            "/objectives".into(),
+            "director",
+            Some(json!({"title": "   ", "outcome": "o", "assignee": "builder"}).to_string()),
+            400,
+            Some("title is required".into()),
+        ),
+        (
+            "§6.2 members.manage off the last admin",
+            "PATCH",
+            "/members/director".into(),
+            "director",
+            Some(json!({"permissions": ["operator"]}).to_string()),
+            409,
+            Some(
+                "cannot remove members.manage from the last admin — promote someone else first"
+                    .into(),
+            ),
+        ),
+        (
+            "§6.2 deleting the last admin",
+            "DELETE",
+            "/members/director".into(),
+            "director",
+            None,
+            409,
+            None,
+        ),
+        (
+            "§6.2 a member that exists",
+            "POST",
+            "/members".into(),
+            "director",
+            Some(json!({"name": "builder", "role": {"title": "x"}, "permissions": []}).to_string()),
+            409,
+            Some("member 'builder' already exists".into()),
+        ),
+        (
+            "§6.2 rotating someone else's token",
+            "POST",
+            "/members/director/rotate-token".into(),
+            "builder",
+            None,
+            403,
+            None,
+        ),
+        (
+            "§6.1 a team patch with no fields",
+            "PATCH",
+            "/team".into(),
+            "director",
+            Some(json!({"name": 3}).to_string()),
+            400,
+            Some("no fields to update (name, directive, context)".into()),
+        ),
+        (
+            "activity §3.5 a malformed busy report",
+            "POST",
+            "/presence/busy".into(),
+            "builder",
+            Some(json!({"busy": "yes"}).to_string()),
+            400,
+            Some("invalid busy report".into()),
+        ),
+        (
+            "activity §3.5 a busy report that is not JSON",
+            "POST",
+            "/presence/busy".into(),
+            "builder",
+            Some("{".into()),
+            400,
+            Some("invalid busy report".into()),
+        ),
+        (
+            "§4 a push to nobody",
+            "POST",
+            "/push".into(),
+            "director",
+            Some(json!({"to": "ghost", "body": "x"}).to_string()),
+            404,
+            Some("no such agent: ghost".into()),
+        ),
+        (
+            "§4 history with and channel",
+            "GET",
+            "/history?with=builder&channel=general".into(),
+            "director",
+            None,
+            400,
+            Some("`with` and `channel` are mutually exclusive".into()),
+        ),
+        (
+            "§4 history of an unknown channel",
+            "GET",
+            "/history?channel=nope".into(),
+            "director",
+            None,
+            404,
+            Some("no such channel: nope".into()),
+        ),
+        (
+            "§4 an unknown channel",
+            "GET",
+            "/channels/nope".into(),
+            "director",
+            None,
+            404,
+            Some("no such channel: nope".into()),
+        ),
+        (
+            "§6.5 creating the reserved general channel",
+            "POST",
+            "/channels".into(),
+            "builder",
+            Some(json!({"slug": "general"}).to_string()),
+            403,
+            None,
+        ),
+        (
+            "§5.3 an unknown objective",
+            "GET",
+            "/objectives/nope".into(),
+            "director",
+            None,
+            404,
+            Some("no such objective: nope".into()),
+        ),
+        (
+            "§5.3 an unknown assignee",
+            "POST",
+            "/objectives".into(),
+            "director",
+            Some(json!({"title": "t", "outcome": "o", "assignee": "ghost"}).to_string()),
+            400,
+            Some("unknown assignee: ghost".into()),
+        ),
+        (
+            "§5.3 an unknown watcher",
+            "POST",
+            format!("/objectives/{id}/watchers"),
+            "director",
+            Some(json!({"add": ["ghost"]}).to_string()),
+            400,
+            Some("unknown watcher: ghost".into()),
+        ),
+        (
+            "§5.3 reassigning to nobody",
+            "POST",
+            format!("/objectives/{id}/reassign"),
+            "director",
+            Some(json!({"to": "ghost"}).to_string()),
+            400,
+            Some("unknown assignee: ghost".into()),
+        ),
+        (
+            "§8.3 fs/stat without a path",
+            "GET",
+            "/fs/stat".into(),
+            "builder",
+            None,
+            400,
+            Some("`path` query parameter is required".into()),
+        ),
+        (
+            "§8.3 fs/stat of a missing path",
+            "GET",
+            "/fs/stat?path=/builder/nope".into(),
+            "builder",
+            None,
+            404,
+            Some("no such path: /builder/nope".into()),
+        ),
+        (
+            "§8.3 fs/stat of /",
+            "GET",
+            "/fs/stat?path=/".into(),
+            "builder",
+            None,
+            400,
+            None,
+        ),
+    ];
+    for (what, method, path, who, body, status, text) in cases {
+        let r = b
+            .raw(method, &path, Some(who), body.map(String::into_bytes))
+            .await;
+        assert_eq!(r.status, status, "{what}: {}", r.text);
+        assert!(r.json["error"].is_string(), "{what}: {}", r.text);
+        if let Some(text) = text {
+            assert_eq!(r.json["error"], text.as_str(), "{what}");
+        }
+    }
+    // §6.5: the channel store's errors carry their code.
+    let r = b
+        .post("/channels", "builder", json!({"slug": "general"}))
+        .await;
+    assert_eq!(r.json["code"], "reserved");
+    // activity §3.5: a malformed busy report says what was wrong.
+    let r = b
+        .post("/presence/busy", "builder", json!({"busy": 1}))
+        .await;
+    assert!(r.json["details"].is_array(), "{}", r.text);
 }

@@ -222,6 +222,12 @@ impl ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, msg)
     }
 
+    /// The same error with another text (same status and extras).
+    pub(crate) fn saying(mut self, msg: impl Into<String>) -> ApiError {
+        self.error = msg.into();
+        self
+    }
+
     /// `{"error": "invalid <thing> payload", "details": [...]}`.
     pub(crate) fn invalid(thing: &str, details: Vec<Value>) -> ApiError {
         ApiError::bad_request(format!("invalid {thing} payload"))
