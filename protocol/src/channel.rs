@@ -24,6 +24,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::civil::UtcDateTime;
 use crate::json::RawJson;
 use crate::message::Message;
 
@@ -60,31 +61,16 @@ pub fn suppress_self_echo(message: &Message, me: &str) -> bool {
 
 /// `MM/DD/YY HH:MM:SS UTC` for epoch milliseconds.
 pub fn format_ts(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
+    let t = UtcDateTime::from_epoch_ms(ms);
     format!(
-        "{month:02}/{day:02}/{:02} {:02}:{:02}:{:02} UTC",
-        year.rem_euclid(100),
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{:02}/{:02}/{:02} {:02}:{:02}:{:02} UTC",
+        t.month,
+        t.day,
+        t.year.rem_euclid(100),
+        t.hour,
+        t.minute,
+        t.second
     )
-}
-
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// The meta map, in runner.md §9.3's order (see the [module docs](self)).

@@ -91,6 +91,7 @@ pub mod bridge;
 pub mod call_tool;
 pub mod call_tool_bridge;
 pub mod channel;
+pub mod civil;
 pub mod codex;
 pub mod frame;
 #[cfg(any(test, feature = "fuzzing"))]
