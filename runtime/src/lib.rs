@@ -19,6 +19,7 @@ pub mod operator;
 pub mod operator_activity;
 pub mod peer;
 pub mod quickstart;
+pub mod relay;
 pub mod runner;
 mod stdio;
 pub mod tls_client;
