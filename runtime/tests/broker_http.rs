@@ -982,6 +982,18 @@ async fn error_texts_are_the_specs() {
         u16,
         Option<String>,
     );
+    // A preset holds leaves only; `bad` is refused with the preset as context.
+    let preset = |what: &'static str, bad: &str| -> Case<'static> {
+        (
+            what,
+            "PUT",
+            "/team/presets/qa".into(),
+            "director",
+            Some(json!({"permissions": ["objectives.watch", bad]}).to_string()),
+            400,
+            Some(unknown("preset 'qa'", bad)),
+        )
+    };
     let cases: Vec<Case> = vec![
         (
             "§1 member create, unknown permission",
@@ -1001,24 +1013,8 @@ async fn error_texts_are_the_specs() {
             400,
             Some(unknown("update member 'builder'", "boss")),
         ),
-        (
-            "§1 a preset with an unknown leaf",
-            "PUT",
-            "/team/presets/qa".into(),
-            "director",
-            Some(json!({"permissions": ["objectives.watch", "objectives.fly"]}).to_string()),
-            400,
-            Some(unknown("preset 'qa'", "objectives.fly")),
-        ),
-        (
-            "§1 presets may not nest",
-            "PUT",
-            "/team/presets/qa".into(),
-            "director",
-            Some(json!({"permissions": ["objectives.watch", "admin"]}).to_string()),
-            400,
-            Some(unknown("preset 'qa'", "admin")),
-        ),
+        preset("§1 a preset with an unknown leaf", "objectives.fly"),
+        preset("§1 presets may not nest", "admin"),
         (
             "§2.7 a blank objective title",
             "POST",
