@@ -593,6 +593,36 @@ async fn team_members_and_tokens() {
     );
 }
 
+/// broker-api §2.5 Message's keys, in the spec's order.
+const MESSAGE: [&str; 9] = [
+    "id",
+    "ts",
+    "to",
+    "from",
+    "title",
+    "body",
+    "level",
+    "data",
+    "attachments",
+];
+/// broker-api §2.7 Objective's keys, in the spec's order.
+const OBJECTIVE: [&str; 14] = [
+    "id",
+    "title",
+    "body",
+    "outcome",
+    "status",
+    "assignee",
+    "originator",
+    "watchers",
+    "createdAt",
+    "updatedAt",
+    "completedAt",
+    "result",
+    "blockReason",
+    "attachments",
+];
+
 /// Keys come out in ac7's order (the captures), not sorted.
 #[tokio::test]
 async fn wire_key_order_matches_ac7() {
@@ -619,20 +649,7 @@ async fn wire_key_order_matches_ac7() {
         "{}",
         r.text
     );
-    order(
-        &r.text,
-        &[
-            "id",
-            "ts",
-            "to",
-            "from",
-            "title",
-            "body",
-            "level",
-            "data",
-            "attachments",
-        ],
-    );
+    order(&r.text, &MESSAGE);
     let r = b
         .post(
             "/objectives",
@@ -640,25 +657,7 @@ async fn wire_key_order_matches_ac7() {
             json!({"title": "t", "outcome": "o", "assignee": "builder"}),
         )
         .await;
-    order(
-        &r.text,
-        &[
-            "id",
-            "title",
-            "body",
-            "outcome",
-            "status",
-            "assignee",
-            "originator",
-            "watchers",
-            "createdAt",
-            "updatedAt",
-            "completedAt",
-            "result",
-            "blockReason",
-            "attachments",
-        ],
-    );
+    order(&r.text, &OBJECTIVE);
     let r = b.get("/briefing", "builder").await;
     order(
         &r.text,
@@ -716,33 +715,6 @@ fn keys(v: &serde_json::Value) -> Vec<&str> {
 /// order; a client's `data` comes back in the client's order.
 #[tokio::test]
 async fn every_shape_has_the_specs_key_order() {
-    const MESSAGE: [&str; 9] = [
-        "id",
-        "ts",
-        "to",
-        "from",
-        "title",
-        "body",
-        "level",
-        "data",
-        "attachments",
-    ];
-    const OBJECTIVE: [&str; 14] = [
-        "id",
-        "title",
-        "body",
-        "outcome",
-        "status",
-        "assignee",
-        "originator",
-        "watchers",
-        "createdAt",
-        "updatedAt",
-        "completedAt",
-        "result",
-        "blockReason",
-        "attachments",
-    ];
     let b = start_broker().await;
     let mut live = b.sse("builder", None).await;
 
