@@ -1743,7 +1743,7 @@ fn sse_parse(
     let mut items = Vec::new();
     for chunk in chunks {
         parser.push(chunk);
-        while let Some(item) = parser.next() {
+        while let Some(item) = parser.decode() {
             items.push(item);
             assert!(items.len() <= MAX_POLLS, "next() does not terminate");
         }

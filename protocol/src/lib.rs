@@ -130,6 +130,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod civil;
 pub mod codec;
 pub mod dialect;
 pub mod domain;

@@ -21,4 +21,5 @@ pub mod ash_sessions;
 pub mod call_tool_bridge;
 pub mod call_tool_host;
 pub mod mcp_bridge;
+pub mod relay;
 pub(crate) mod stdio;

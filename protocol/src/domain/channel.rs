@@ -2,12 +2,16 @@
 //! `notifications/claude/channel` params for Claude Code, and the `<channel>` text for Codex
 //! (seed 004, with the thread values of `../shared/spec/DECISIONS.md`).
 //!
-//! Meta is a flat string → string map (clients drop a push whose meta values are not strings):
-//! `from`, `thread` (`general`, `chan:<id>`, `obj:<id>` or `dm`), `level`, `msg_id`, `ts`
-//! (`MM/DD/YY HH:MM:SS UTC`), `ts_ms`, `title` when set, `target` for DMs, then every `data` key
-//! that survives sanitising (characters outside `[A-Za-z0-9_]` become `_`; empty keys, keys
-//! starting with a digit, reserved keys and `thread` are skipped; strings are copied, numbers and
-//! booleans stringified, nulls, objects and arrays dropped). Attachments are listed in the content.
+//! Meta is a flat string → string map (clients drop a push whose meta values are not strings), in
+//! runner.md §9.3's order: `msg_id`, `level`, `ts` (`MM/DD/YY HH:MM:SS UTC`), `ts_ms`, `thread`
+//! (`general`, `chan:<id>`, `obj:<id>` or `dm`, per DECISIONS.md), `from` and `title` when
+//! non-empty, `target` for DMs, `channel` (the id) for a named channel's thread, then every `data`
+//! key that survives sanitising (characters outside `[A-Za-z0-9_]` become `_`; empty keys, keys
+//! starting with a digit and the reserved keys [`RESERVED_META_KEYS`] are skipped; strings are
+//! copied, numbers and booleans stringified, nulls, objects and arrays dropped), in `data`'s own
+//! order. As in the spec, a surviving key that is already present (`channel`, or two `data` keys
+//! that sanitise alike) overwrites the earlier value in its place. Attachments are listed in the
+//! content.
 //!
 //! Codex gets one `<channel ATTRS>\nCONTENT\n</channel>` text per message ([`codex_text`]).
 //! Attribute values escape `\`, `"` and line breaks with a backslash; values and content both
@@ -20,12 +24,14 @@ use std::fmt::Write as _;
 
 use serde_json::Value;
 
+use crate::civil::UtcDateTime;
 use crate::json::RawJson;
 use crate::message::Message;
 
-/// Meta keys the runner sets itself; a `data` key with one of these names is skipped.
-pub const RESERVED_META_KEYS: [&str; 9] = [
-    "msg_id", "level", "ts", "ts_ms", "thread", "from", "title", "target", "channel",
+/// Meta keys the runner sets itself; a `data` key with one of these names is skipped
+/// (runner.md §9.3). `channel` is not among them: a `data.channel` overwrites it.
+pub const RESERVED_META_KEYS: [&str; 8] = [
+    "msg_id", "level", "ts", "ts_ms", "thread", "from", "title", "target",
 ];
 
 /// The thread a message belongs to, as the agent sees it.
@@ -55,49 +61,40 @@ pub fn suppress_self_echo(message: &Message, me: &str) -> bool {
 
 /// `MM/DD/YY HH:MM:SS UTC` for epoch milliseconds.
 pub fn format_ts(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (year, month, day) = civil_from_days(days);
+    let t = UtcDateTime::from_epoch_ms(ms);
     format!(
-        "{month:02}/{day:02}/{:02} {:02}:{:02}:{:02} UTC",
-        year.rem_euclid(100),
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{:02}/{:02}/{:02} {:02}:{:02}:{:02} UTC",
+        t.month,
+        t.day,
+        t.year.rem_euclid(100),
+        t.hour,
+        t.minute,
+        t.second
     )
 }
 
-/// Days since 1970-01-01 to (year, month, day) in the proleptic Gregorian calendar.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
-
-/// The meta map, in order (see the [module docs](self)).
+/// The meta map, in runner.md §9.3's order (see the [module docs](self)).
 pub fn meta(message: &Message) -> Vec<(String, String)> {
-    let mut meta = Vec::new();
+    let thread = thread_of(message);
+    let channel = thread.strip_prefix("chan:").map(str::to_owned);
+    let mut meta = vec![
+        ("msg_id".to_owned(), message.id.clone()),
+        ("level".to_owned(), message.level.as_str().to_owned()),
+        ("ts".to_owned(), format_ts(message.ts)),
+        ("ts_ms".to_owned(), message.ts.to_string()),
+        ("thread".to_owned(), thread),
+    ];
     if let Some(from) = message.from.as_deref().filter(|f| !f.is_empty()) {
         meta.push(("from".to_owned(), from.to_owned()));
     }
-    meta.push(("thread".to_owned(), thread_of(message)));
-    meta.push(("level".to_owned(), message.level.as_str().to_owned()));
-    meta.push(("msg_id".to_owned(), message.id.clone()));
-    meta.push(("ts".to_owned(), format_ts(message.ts)));
-    meta.push(("ts_ms".to_owned(), message.ts.to_string()));
     if let Some(title) = message.title.as_deref().filter(|t| !t.is_empty()) {
         meta.push(("title".to_owned(), title.to_owned()));
     }
     if let Some(to) = &message.to {
         meta.push(("target".to_owned(), to.clone()));
+    }
+    if let Some(channel) = channel {
+        meta.push(("channel".to_owned(), channel));
     }
     for (key, value) in &message.data {
         let value = match value {
@@ -119,11 +116,14 @@ pub fn meta(message: &Message) -> Vec<(String, String)> {
         if key.is_empty()
             || key.starts_with(|c: char| c.is_ascii_digit())
             || RESERVED_META_KEYS.contains(&key.as_str())
-            || meta.iter().any(|(k, _)| *k == key)
         {
             continue;
         }
-        meta.push((key, value));
+        // A later key overwrites an earlier entry in its place, as assigning to a JS object does.
+        match meta.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => *old = value,
+            None => meta.push((key, value)),
+        }
     }
     meta
 }

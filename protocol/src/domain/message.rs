@@ -146,7 +146,7 @@ pub struct PushPayload {
 pub fn strip_reserved(data: &mut Map<String, Value>) -> Vec<&'static str> {
     RESERVED_DATA_KEYS
         .into_iter()
-        .filter(|k| data.remove(*k).is_some())
+        .filter(|k| data.shift_remove(*k).is_some())
         .collect()
 }
 

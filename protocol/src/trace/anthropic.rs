@@ -217,7 +217,7 @@ impl MessageStream {
                         Some("tool_use" | "server_tool_use")
                     ) && block.get("input") == Some(&Value::Object(Map::new()))
                     {
-                        block.remove("input");
+                        block.shift_remove("input");
                     }
                     self.blocks.insert(index, (block, String::new()));
                 }

@@ -647,7 +647,7 @@ fn opaque_exchanges_are_redacted_and_capped() {
     );
     assert_eq!(
         entry["responseBodyPreview"],
-        json!(r#"{"access_token":"[REDACTED]","expires_in":3600,"id_token":"[REDACTED]"}"#)
+        json!(r#"{"access_token":"[REDACTED]","id_token":"[REDACTED]","expires_in":3600}"#)
     );
     assert!(!events[0].to_string().contains("rt_secret_value"));
 }

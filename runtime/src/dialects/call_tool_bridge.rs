@@ -1,16 +1,9 @@
 //! `ac7 mcp-bridge --dialect call-tool`: MCP on the agent's stdio, length-prefixed `call_tool`
 //! requests (seed 001) to a parent process on a Unix socket.
 //!
-//! All protocol decisions are made by [`CallToolBridge`]; this driver only pumps bytes:
-//!
-//! ```text
-//!   stdin ────────────▶ handle_agent_bytes / handle_agent_eof ──┐
-//!   connect result ───▶ handle_connected / handle_connect_failed ┤
-//!   socket read ──────▶ handle_parent_bytes / handle_parent_closed ┤ CallToolBridge
-//!   SIGINT/SIGTERM ───▶ handle_terminate ────────────────────────┘
-//!        poll_output: Transmit{Agent} -> stdout, Connect -> start connecting, Transmit{Parent} -> socket buffer,
-//!                     Disconnect -> drop the socket, Event -> stderr log, Exit -> exit 0
-//! ```
+//! All protocol decisions are made by [`CallToolBridge`]; [`crate::dialects::relay::Relay`] (shared with
+//! the ac7 dialect) pumps the bytes, connects when the session asks (`Connect`) and drops the
+//! connection when it says so (`Disconnect`).
 //!
 //! The tool-schema file must be readable by its owner only (the parent writes it 0600); a file
 //! readable by group or others is refused, as is one that is missing or not a valid schema list.
@@ -19,20 +12,15 @@
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
+use std::time::Instant;
 
 use ac7_protocol::call_tool::{ToolSchema, parse_schema_file};
 use ac7_protocol::call_tool_bridge::{
     CallToolBridge, CallToolBridgeConfig, CallToolBridgeEvent, CallToolBridgeOutput, Peer,
 };
-use tokio::net::UnixStream;
-use tokio::signal::unix::{SignalKind, signal};
 
-use crate::dialects::mcp_bridge::CONNECT_TIMEOUT;
-use crate::dialects::stdio::{
-    AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout,
-};
-use crate::unix_socket::SendBuf;
+use crate::dialects::relay::{Relay, RelayOutput, RelaySession};
+use crate::dialects::stdio::AgentStdin;
 
 /// The environment variable naming the parent's socket when `--socket` is not given.
 pub const CALL_TOOL_SOCKET_ENV: &str = "AC7_CALL_TOOL_SOCKET";
@@ -136,7 +124,7 @@ fn run_bridge(
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             ..CallToolBridgeConfig::default()
         };
-        Driver::new(CallToolBridge::new(config, tools), socket)
+        Relay::new(CallToolBridge::new(config, tools), socket, None)
             .run(&mut stdin)
             .await;
         stdin.restore();
@@ -144,196 +132,54 @@ fn run_bridge(
     })
 }
 
-type Connecting = Pin<Box<dyn Future<Output = io::Result<UnixStream>>>>;
+// The session has no timers and no use for the time.
+impl RelaySession for CallToolBridge {
+    type Event = CallToolBridgeEvent;
+    type Exit = ();
 
-struct Driver {
-    session: CallToolBridge,
-    path: PathBuf,
-    connecting: Option<Connecting>,
-    socket: Option<UnixStream>,
-    to_parent: SendBuf,
-    to_agent: Vec<u8>,
-    stdout_open: bool,
-}
-
-impl Driver {
-    fn new(session: CallToolBridge, path: PathBuf) -> Self {
-        Self {
-            session,
-            path,
-            connecting: None,
-            socket: None,
-            to_parent: SendBuf::default(),
-            to_agent: Vec::new(),
-            stdout_open: true,
-        }
+    fn handle_agent_bytes(&mut self, bytes: &[u8], _now: Instant) {
+        CallToolBridge::handle_agent_bytes(self, bytes);
     }
-
-    async fn run(mut self, stdin: &mut AgentStdin) {
-        let mut sigterm = signal(SignalKind::terminate())
-            .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGTERM"))
-            .ok();
-        let mut sigint = signal(SignalKind::interrupt())
-            .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGINT"))
-            .ok();
-        let mut stdin_open = true;
-        let mut stdin_buf = vec![0u8; READ_CHUNK];
-        let mut buf = vec![0u8; READ_CHUNK];
-        loop {
-            let write_socket = self.socket.is_some() && self.to_parent.pending() > 0;
-            tokio::select! {
-                input = stdin.read(&mut stdin_buf), if stdin_open => match input {
-                    AgentRead::Data(n) => self.session.handle_agent_bytes(&stdin_buf[..n]),
-                    AgentRead::Failed(err) => {
-                        tracing::warn!(error = %err, "reading stdin failed; treating it as closed");
-                        stdin_open = false;
-                        self.session.handle_agent_eof();
-                    }
-                    AgentRead::Eof => {
-                        stdin_open = false;
-                        self.session.handle_agent_eof();
-                    }
-                },
-                connected = connect_result(&mut self.connecting) => {
-                    self.connecting = None;
-                    match connected {
-                        Ok(stream) => {
-                            tracing::debug!(path = %self.path.display(), "connected to the parent");
-                            self.socket = Some(stream);
-                            self.session.handle_connected();
-                        }
-                        Err(err) => {
-                            tracing::warn!(path = %self.path.display(), error = %err, "cannot connect to the parent");
-                            let reason = format!("{}: {err}", self.path.display());
-                            self.session.handle_connect_failed(&reason);
-                        }
-                    }
-                }
-                ready = readable(self.socket.as_ref()) => {
-                    let read = ready.and_then(|()| match &self.socket {
-                        Some(socket) => socket.try_read(&mut buf),
-                        None => Err(io::ErrorKind::WouldBlock.into()),
-                    });
-                    match read {
-                        Ok(0) => self.parent_gone(None),
-                        Ok(n) => self.session.handle_parent_bytes(&buf[..n]),
-                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(err) => self.parent_gone(Some(err)),
-                    }
-                }
-                ready = writable(self.socket.as_ref()), if write_socket => {
-                    match ready {
-                        Ok(()) => self.write_socket(),
-                        Err(err) => self.parent_gone(Some(err)),
-                    }
-                }
-                Some(()) = recv_signal(&mut sigterm) => {
-                    tracing::info!("SIGTERM");
-                    self.session.handle_terminate();
-                }
-                Some(()) = recv_signal(&mut sigint) => {
-                    tracing::info!("SIGINT");
-                    self.session.handle_terminate();
-                }
-            }
-            if self.pump() {
-                return;
-            }
-        }
+    fn handle_agent_eof(&mut self, _now: Instant) {
+        CallToolBridge::handle_agent_eof(self);
     }
-
-    /// The connection to the parent closed or failed.
-    fn parent_gone(&mut self, err: Option<io::Error>) {
-        if let Some(err) = err {
-            tracing::warn!(error = %err, "the parent socket failed");
-        }
-        self.socket = None;
-        self.to_parent.clear();
-        self.session.handle_parent_closed();
+    fn handle_connected(&mut self, _now: Instant) {
+        CallToolBridge::handle_connected(self);
     }
-
-    fn write_socket(&mut self) {
-        if let Some(socket) = &self.socket
-            && let Err(err) = self.to_parent.write_to(socket)
-        {
-            self.parent_gone(Some(err));
-        }
+    fn handle_connect_failed(&mut self, reason: &str, _now: Instant) {
+        CallToolBridge::handle_connect_failed(self, reason);
     }
-
-    /// Drains the session's outputs and performs them; true once it has exited.
-    fn pump(&mut self) -> bool {
-        let mut exit = false;
-        loop {
-            let mut any = false;
-            while let Some(output) = self.session.poll_output() {
-                any = true;
-                match output {
-                    CallToolBridgeOutput::Transmit {
-                        to: Peer::Agent,
-                        bytes,
-                    } => append(&mut self.to_agent, bytes),
-                    CallToolBridgeOutput::Connect => {
-                        let path = self.path.clone();
-                        self.connecting = Some(Box::pin(async move {
-                            match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&path))
-                                .await
-                            {
-                                Ok(result) => result,
-                                Err(_) => Err(io::Error::new(
-                                    io::ErrorKind::TimedOut,
-                                    format!("timeout after {}ms", CONNECT_TIMEOUT.as_millis()),
-                                )),
-                            }
-                        }));
-                    }
-                    CallToolBridgeOutput::Transmit {
-                        to: Peer::Parent,
-                        bytes,
-                    } => self.to_parent.push(bytes),
-                    CallToolBridgeOutput::Disconnect => {
-                        self.socket = None;
-                        self.connecting = None;
-                        self.to_parent.clear();
-                    }
-                    CallToolBridgeOutput::Event(event) => log_event(&event),
-                    CallToolBridgeOutput::Exit => exit = true,
-                }
-            }
-            if !any {
-                return exit;
-            }
-            self.write_socket();
-            let bytes = std::mem::take(&mut self.to_agent);
-            if !bytes.is_empty()
-                && self.stdout_open
-                && let Err(err) = write_stdout(&bytes)
-            {
-                tracing::warn!(error = %err, "writing to stdout failed; the agent is gone");
-                self.stdout_open = false;
-                self.session.handle_agent_eof();
-            }
-        }
+    fn handle_parent_bytes(&mut self, bytes: &[u8], _now: Instant) {
+        CallToolBridge::handle_parent_bytes(self, bytes);
     }
-}
-
-async fn connect_result(connecting: &mut Option<Connecting>) -> io::Result<UnixStream> {
-    match connecting {
-        Some(fut) => fut.await,
-        None => std::future::pending().await,
+    fn handle_parent_closed(&mut self, _now: Instant) {
+        CallToolBridge::handle_parent_closed(self);
     }
-}
-
-async fn readable(socket: Option<&UnixStream>) -> io::Result<()> {
-    match socket {
-        Some(socket) => socket.readable().await,
-        None => std::future::pending().await,
+    fn handle_terminate(&mut self, _now: Instant) {
+        CallToolBridge::handle_terminate(self);
     }
-}
-
-async fn writable(socket: Option<&UnixStream>) -> io::Result<()> {
-    match socket {
-        Some(socket) => socket.writable().await,
-        None => std::future::pending().await,
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
+    fn handle_timeout(&mut self, _now: Instant) {}
+    fn poll_output(&mut self) -> Option<RelayOutput<CallToolBridgeEvent, ()>> {
+        Some(match CallToolBridge::poll_output(self)? {
+            CallToolBridgeOutput::Transmit {
+                to: Peer::Agent,
+                bytes,
+            } => RelayOutput::ToAgent(bytes),
+            CallToolBridgeOutput::Connect => RelayOutput::Connect,
+            CallToolBridgeOutput::Transmit {
+                to: Peer::Parent,
+                bytes,
+            } => RelayOutput::ToParent(bytes),
+            CallToolBridgeOutput::Disconnect => RelayOutput::Disconnect,
+            CallToolBridgeOutput::Event(event) => RelayOutput::Event(event),
+            CallToolBridgeOutput::Exit => RelayOutput::Exit(()),
+        })
+    }
+    fn log_event(event: &CallToolBridgeEvent) {
+        log_event(event);
     }
 }
 

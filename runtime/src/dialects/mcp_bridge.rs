@@ -2,28 +2,15 @@
 //! between the agent (its stdin/stdout) and the runner (the Unix socket named by
 //! `AC7_RUNNER_SOCKET`).
 //!
-//! All protocol decisions are made by [`BridgeSession`]; this driver only pumps bytes:
-//!
-//! ```text
-//!   stdin ─────────────────▶ handle_agent_bytes / handle_agent_eof ─┐
-//!   socket read  ──────────▶ handle_runner_bytes / handle_runner_closed ─┤ BridgeSession
-//!   SIGINT/SIGTERM ────────▶ handle_terminate ───────────────────────┤
-//!   poll_timeout elapsed ──▶ handle_timeout (start-up grace) ─────────┘
-//!        poll_output: Transmit{Agent} -> stdout (blocking write + flush), Transmit{Runner} -> socket buffer,
-//!                     Event -> stderr log, Exit -> flush and exit 0
-//! ```
+//! All protocol decisions are made by [`BridgeSession`]; [`crate::dialects::relay::Relay`] (shared with
+//! the call-tool dialect) pumps the bytes: stdin and the runner's socket into the session, its
+//! outputs to stdout and the socket, signals and the start-up grace timer as inputs.
 //!
 //! Design notes, chosen for start-up time and memory (see `ac7-bench bridge`):
 //! - a current-thread tokio runtime (no worker pool), created only after the environment check;
-//! - stdin, when it is a pipe or a socket (what agents pass), is read on the runtime thread itself;
-//!   otherwise by one small dedicated thread into a bounded channel (tokio's own stdin would go
-//!   through the blocking pool), which the process does not join at exit, since it may be
-//!   blocked in `read`;
-//! - stdout gets plain blocking writes of complete lines followed by a flush, so a slow agent
-//!   applies backpressure;
-//! - socket writes never block the loop (frames wait in a buffer until the socket is writable,
-//!   and stdin is not read while more than 4 MiB wait), so EOF and signals are handled even when
-//!   the runner stopped reading; after [`BridgeOutput::Exit`] the last frames get 250 ms.
+//! - stdin as [`crate::dialects::stdio`] reads it (on the runtime thread for pipes and sockets);
+//! - the relay's bounded socket buffer: stdin is not read while more than 4 MiB wait for the
+//!   runner, and after [`BridgeOutput::Exit`] the last frames get 250 ms.
 
 use std::ffi::OsString;
 use std::io;
@@ -34,21 +21,14 @@ use ac7_protocol::bridge::{
     BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason, Peer,
 };
 use tokio::net::UnixStream;
-use tokio::signal::unix::{SignalKind, signal};
 
-use crate::dialects::stdio::{
-    AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout,
-};
-use crate::unix_socket::SendBuf;
+use crate::dialects::relay::{Relay, RelayOutput, RelaySession};
+use crate::dialects::stdio::AgentStdin;
+
+pub use crate::dialects::relay::CONNECT_TIMEOUT;
 
 /// The environment variable the runner sets in the bridge's MCP server entry.
 pub const RUNNER_SOCKET_ENV: &str = "AC7_RUNNER_SOCKET";
-
-/// How long the bridge waits for the runner's socket to accept it.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long teardown waits for the runner to take the bridge's last frames.
-const FINAL_WRITE_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// Environment and exit codes, shown by `ac7 mcp-bridge --help`.
 pub const HELP_FOOTER: &str = "\
@@ -78,7 +58,7 @@ pub struct McpBridgeArgs {
     #[arg(long, value_name = "PATH")]
     pub schema_file: Option<PathBuf>,
     /// call-tool: the parent's Unix socket.
-    #[arg(long, value_name = "PATH", env = crate::dialects::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
+    #[arg(long, value_name = "PATH", env = crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
     pub socket: Option<PathBuf>,
 }
 
@@ -134,7 +114,7 @@ pub enum BridgeError {
 /// could not start (the reason is printed on stderr as one line).
 pub fn run(args: McpBridgeArgs) -> i32 {
     if args.dialect == Dialect::CallTool {
-        return crate::dialects::call_tool_bridge::run(args.schema_file, args.socket);
+        return crate::call_tool_bridge::run(args.schema_file, args.socket);
     }
     if args.schema_file.is_some() {
         eprintln!("ac7 mcp-bridge: --schema-file is only used with --dialect call-tool");
@@ -171,7 +151,7 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             ..BridgeConfig::default()
         };
-        let reason = Relay::new(BridgeSession::new(config), stream)
+        let reason = Relay::new(BridgeSession::new(config), path.clone(), Some(stream))
             .run(&mut stdin)
             .await;
         stdin.restore();
@@ -193,192 +173,52 @@ async fn connect(path: &Path) -> Result<UnixStream, BridgeError> {
     }
 }
 
-/// The event loop: inputs into the session, its outputs to stdout / the socket.
-///
-/// Socket writes never block the loop: frames wait in `to_runner` and go out as the socket
-/// becomes writable, so the agent's EOF and signals are handled even while a runner is not
-/// reading. While more than [`MAX_PENDING_TO_RUNNER`] bytes wait, stdin is not read (the agent
-/// is slowed down rather than buffered without limit).
-struct Relay {
-    session: BridgeSession,
-    socket: UnixStream,
-    /// Cleared once the socket reached EOF or failed.
-    socket_open: bool,
-    /// Cleared once a stdout write failed (the agent is gone).
-    stdout_open: bool,
-    to_agent: Vec<u8>,
-    /// Frames for the runner, still to be written.
-    to_runner: SendBuf,
-}
+impl RelaySession for BridgeSession {
+    type Event = BridgeEvent;
+    type Exit = ExitReason;
 
-/// Bytes waiting for the runner above which stdin is not read.
-const MAX_PENDING_TO_RUNNER: usize = 4 * 1024 * 1024;
-
-impl Relay {
-    fn new(session: BridgeSession, socket: UnixStream) -> Self {
-        Self {
-            session,
-            socket,
-            socket_open: true,
-            stdout_open: true,
-            to_agent: Vec::new(),
-            to_runner: SendBuf::default(),
-        }
+    fn handle_agent_bytes(&mut self, bytes: &[u8], now: Instant) {
+        BridgeSession::handle_agent_bytes(self, bytes, now);
     }
-
-    fn pending_to_runner(&self) -> usize {
-        self.to_runner.pending()
+    fn handle_agent_eof(&mut self, now: Instant) {
+        BridgeSession::handle_agent_eof(self, now);
     }
-
-    async fn run(mut self, stdin: &mut AgentStdin) -> ExitReason {
-        // Installing the handlers replaces the default "terminate" action, so a signal always
-        // goes through the session's teardown. If they cannot be installed the defaults stay.
-        let mut sigterm = signal(SignalKind::terminate())
-            .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGTERM"))
-            .ok();
-        let mut sigint = signal(SignalKind::interrupt())
-            .inspect_err(|err| tracing::warn!(error = %err, "cannot handle SIGINT"))
-            .ok();
-        let mut stdin_open = true;
-        let mut stdin_buf = vec![0u8; READ_CHUNK];
-        let mut buf = vec![0u8; READ_CHUNK];
-        loop {
-            let read_stdin = stdin_open && self.pending_to_runner() <= MAX_PENDING_TO_RUNNER;
-            let write_socket = self.socket_open && self.pending_to_runner() > 0;
-            tokio::select! {
-                input = stdin.read(&mut stdin_buf), if read_stdin => {
-                    let now = Instant::now();
-                    match input {
-                        AgentRead::Data(n) => self.session.handle_agent_bytes(&stdin_buf[..n], now),
-                        AgentRead::Failed(err) => {
-                            tracing::warn!(error = %err, "reading stdin failed; treating it as closed");
-                            stdin_open = false;
-                            self.session.handle_agent_eof(now);
-                        }
-                        AgentRead::Eof => {
-                            stdin_open = false;
-                            self.session.handle_agent_eof(now);
-                        }
-                    }
-                }
-                ready = self.socket.readable(), if self.socket_open => {
-                    match ready.and_then(|()| self.socket.try_read(&mut buf)) {
-                        Ok(0) => self.runner_gone(None),
-                        Ok(n) => self.session.handle_runner_bytes(&buf[..n], Instant::now()),
-                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
-                        Err(err) => self.runner_gone(Some(err)),
-                    }
-                }
-                ready = self.socket.writable(), if write_socket => {
-                    if let Err(err) = ready {
-                        self.runner_gone(Some(err));
-                    }
-                    self.write_socket();
-                }
-                Some(()) = recv_signal(&mut sigterm) => {
-                    tracing::info!("SIGTERM");
-                    self.session.handle_terminate(Instant::now());
-                }
-                Some(()) = recv_signal(&mut sigint) => {
-                    tracing::info!("SIGINT");
-                    self.session.handle_terminate(Instant::now());
-                }
-                () = sleep_until(self.session.poll_timeout()) => {
-                    self.session.handle_timeout(Instant::now());
-                }
-            }
-            if let Some(reason) = self.pump() {
-                self.flush_socket().await;
-                return reason;
-            }
-        }
+    // The runner's socket is connected before the relay starts; the session never asks again.
+    fn handle_connected(&mut self, _now: Instant) {}
+    fn handle_connect_failed(&mut self, _reason: &str, now: Instant) {
+        self.handle_runner_closed(now);
     }
-
-    /// The socket reached EOF or failed.
-    fn runner_gone(&mut self, err: Option<io::Error>) {
-        if let Some(err) = err {
-            tracing::warn!(error = %err, "the runner socket failed");
-        }
-        self.socket_open = false;
-        self.session.handle_runner_closed(Instant::now());
+    fn handle_parent_bytes(&mut self, bytes: &[u8], now: Instant) {
+        self.handle_runner_bytes(bytes, now);
     }
-
-    /// Writes what the socket takes now, without waiting.
-    fn write_socket(&mut self) {
-        if self.socket_open
-            && let Err(err) = self.to_runner.write_to(&self.socket)
-        {
-            self.runner_gone(Some(err));
-        }
+    fn handle_parent_closed(&mut self, now: Instant) {
+        self.handle_runner_closed(now);
     }
-
-    /// Drains the session's outputs and performs them: stdout synchronously, the socket as far as
-    /// it takes bytes now. Returns the exit reason once the session has torn down.
-    fn pump(&mut self) -> Option<ExitReason> {
-        let mut exit = None;
-        loop {
-            let mut any = false;
-            while let Some(output) = self.session.poll_output() {
-                any = true;
-                match output {
-                    BridgeOutput::Transmit {
-                        to: Peer::Agent,
-                        bytes,
-                    } => append(&mut self.to_agent, bytes),
-                    BridgeOutput::Transmit {
-                        to: Peer::Runner,
-                        bytes,
-                    } => self.to_runner.push(bytes),
-                    BridgeOutput::Event(event) => log_event(&event),
-                    BridgeOutput::Exit(reason) => exit = Some(reason),
-                }
-            }
-            if !any {
-                return exit;
-            }
-            // A failed write feeds the session (runner closed / agent gone), which queues the
-            // teardown's outputs: the next round performs them.
-            if self.socket_open {
-                self.write_socket();
-            } else {
-                self.to_runner.clear();
-            }
-            let bytes = std::mem::take(&mut self.to_agent);
-            if !bytes.is_empty()
-                && self.stdout_open
-                && let Err(err) = write_stdout(&bytes)
-            {
-                tracing::warn!(error = %err, "writing to stdout failed; the agent is gone");
-                self.stdout_open = false;
-                self.session.handle_agent_eof(Instant::now());
-            }
-        }
+    fn handle_terminate(&mut self, now: Instant) {
+        BridgeSession::handle_terminate(self, now);
     }
-
-    /// At exit: gives the runner a short time to take the last frames (the `shutdown` frame).
-    async fn flush_socket(&mut self) {
-        let flushed = async {
-            while self.socket_open && self.pending_to_runner() > 0 {
-                match self.socket.writable().await {
-                    Ok(()) => self.write_socket(),
-                    Err(_) => return,
-                }
-            }
-        };
-        if tokio::time::timeout(FINAL_WRITE_TIMEOUT, flushed)
-            .await
-            .is_err()
-        {
-            tracing::warn!("the runner did not read the bridge's last frames");
-        }
+    fn poll_timeout(&self) -> Option<Instant> {
+        BridgeSession::poll_timeout(self)
     }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-        None => std::future::pending().await,
+    fn handle_timeout(&mut self, now: Instant) {
+        BridgeSession::handle_timeout(self, now);
+    }
+    fn poll_output(&mut self) -> Option<RelayOutput<BridgeEvent, ExitReason>> {
+        Some(match BridgeSession::poll_output(self)? {
+            BridgeOutput::Transmit {
+                to: Peer::Agent,
+                bytes,
+            } => RelayOutput::ToAgent(bytes),
+            BridgeOutput::Transmit {
+                to: Peer::Runner,
+                bytes,
+            } => RelayOutput::ToParent(bytes),
+            BridgeOutput::Event(event) => RelayOutput::Event(event),
+            BridgeOutput::Exit(reason) => RelayOutput::Exit(reason),
+        })
+    }
+    fn log_event(event: &BridgeEvent) {
+        log_event(event);
     }
 }
 

@@ -280,7 +280,7 @@ async fn open_sse(
     let response = request
         .send()
         .await
-        .map_err(|e| Refused::Failed(describe(e).0))?;
+        .map_err(|e| Refused::Failed(describe(&e)))?;
     let is_sse = response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
@@ -355,7 +355,7 @@ async fn next_frames(conn: &mut Option<Conn>) -> Result<Vec<LiveFrame>, String> 
             let bytes = match response.chunk().await {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => return Err("stream ended".into()),
-                Err(e) => return Err(describe(e).0),
+                Err(e) => return Err(describe(&e)),
             };
             parser.push(&bytes);
             let mut frames = vec![LiveFrame::Alive];
@@ -401,7 +401,7 @@ async fn fetch(client: BrokerClient, query: HistoryQuery) -> (u64, Result<Vec<Me
         body: ac7_protocol::toolbox::Body::Empty,
     };
     let result = match client.execute(&request).await {
-        Err(e) => Err(e.0),
+        Err(e) => Err(e.to_string()),
         Ok(response) if response.status != 200 => Err(format!(
             "GET {} answered {}: {}",
             request.path,

@@ -593,6 +593,36 @@ async fn team_members_and_tokens() {
     );
 }
 
+/// broker-api §2.5 Message's keys, in the spec's order.
+const MESSAGE: [&str; 9] = [
+    "id",
+    "ts",
+    "to",
+    "from",
+    "title",
+    "body",
+    "level",
+    "data",
+    "attachments",
+];
+/// broker-api §2.7 Objective's keys, in the spec's order.
+const OBJECTIVE: [&str; 14] = [
+    "id",
+    "title",
+    "body",
+    "outcome",
+    "status",
+    "assignee",
+    "originator",
+    "watchers",
+    "createdAt",
+    "updatedAt",
+    "completedAt",
+    "result",
+    "blockReason",
+    "attachments",
+];
+
 /// Keys come out in ac7's order (the captures), not sorted.
 #[tokio::test]
 async fn wire_key_order_matches_ac7() {
@@ -619,20 +649,7 @@ async fn wire_key_order_matches_ac7() {
         "{}",
         r.text
     );
-    order(
-        &r.text,
-        &[
-            "id",
-            "ts",
-            "to",
-            "from",
-            "title",
-            "body",
-            "level",
-            "data",
-            "attachments",
-        ],
-    );
+    order(&r.text, &MESSAGE);
     let r = b
         .post(
             "/objectives",
@@ -640,25 +657,7 @@ async fn wire_key_order_matches_ac7() {
             json!({"title": "t", "outcome": "o", "assignee": "builder"}),
         )
         .await;
-    order(
-        &r.text,
-        &[
-            "id",
-            "title",
-            "body",
-            "outcome",
-            "status",
-            "assignee",
-            "originator",
-            "watchers",
-            "createdAt",
-            "updatedAt",
-            "completedAt",
-            "result",
-            "blockReason",
-            "attachments",
-        ],
-    );
+    order(&r.text, &OBJECTIVE);
     let r = b.get("/briefing", "builder").await;
     order(
         &r.text,
@@ -700,6 +699,140 @@ async fn wire_key_order_matches_ac7() {
         "{}",
         r.text
     );
+}
+
+/// The keys of a JSON object, in the order they came over the wire (serde_json keeps it).
+fn keys(v: &serde_json::Value) -> Vec<&str> {
+    v.as_object()
+        .unwrap_or_else(|| panic!("not an object: {v}"))
+        .keys()
+        .map(String::as_str)
+        .collect()
+}
+
+/// Every shape of broker-api §2 the broker sends — on its own and inside event payloads, with the
+/// `data` bags of §3.2 and the audit payloads of §2.8 — has exactly the spec's keys in the spec's
+/// order; a client's `data` comes back in the client's order.
+#[tokio::test]
+async fn every_shape_has_the_specs_key_order() {
+    let b = start_broker().await;
+    let mut live = b.sse("builder", None).await;
+
+    // A client's `data`, verbatim and in its order, live and from history.
+    let r = b
+        .post(
+            "/push",
+            "director",
+            json!({"to": "builder", "body": "x", "data": {"zeta": 1, "alpha": {"y": 1, "b": 2}, "mid": "m"}}),
+        )
+        .await;
+    assert_eq!(keys(&r.json), ["delivery", "message"]);
+    assert_eq!(keys(&r.json["delivery"]), ["live", "targets"]);
+    for m in [r.json["message"].clone(), live.next_message().await] {
+        assert_eq!(keys(&m), MESSAGE);
+        assert_eq!(keys(&m["data"]), ["zeta", "alpha", "mid"]);
+        assert_eq!(keys(&m["data"]["alpha"]), ["y", "b"]);
+    }
+
+    // An objective, its audit events and its lifecycle pushes.
+    let obj = b
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "t", "outcome": "o", "assignee": "builder", "watchers": ["reviewer"]}),
+        )
+        .await
+        .json;
+    assert_eq!(keys(&obj), OBJECTIVE);
+    let id = obj["id"].as_str().unwrap();
+    let r = b
+        .post(
+            &format!("/objectives/{id}/reassign"),
+            "director",
+            json!({"to": "reviewer", "note": "n"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let view = b.get(&format!("/objectives/{id}"), "director").await.json;
+    assert_eq!(keys(&view), ["objective", "events"]);
+    assert_eq!(keys(&view["objective"]), OBJECTIVE);
+    let events = view["events"].as_array().unwrap();
+    for e in events {
+        assert_eq!(keys(e), ["objectiveId", "ts", "actor", "kind", "payload"]);
+    }
+    let payload = |kind: &str| {
+        let e = events.iter().find(|e| e["kind"] == kind).unwrap();
+        keys(&e["payload"])
+    };
+    assert_eq!(
+        payload("assigned"),
+        ["title", "outcome", "assignee", "watchers"]
+    );
+    assert_eq!(payload("reassigned"), ["from", "to", "note"]);
+    assert_eq!(payload("watcher_added"), ["name"]);
+    let pushed = live.next_message().await;
+    assert_eq!(keys(&pushed), MESSAGE);
+    assert_eq!(
+        keys(&pushed["data"]),
+        [
+            "kind",
+            "event",
+            "objective_id",
+            "objective_status",
+            "thread",
+            "actor"
+        ]
+    );
+    let r = b
+        .post(
+            &format!("/objectives/{id}/discuss"),
+            "director",
+            json!({"body": "d"}),
+        )
+        .await;
+    assert_eq!(keys(&r.json), MESSAGE);
+    assert_eq!(keys(&r.json["data"]), ["kind", "objective_id", "thread"]);
+    let history = b.get("/history?limit=50", "director").await.json;
+    for m in history["messages"].as_array().unwrap() {
+        assert_eq!(keys(m), MESSAGE);
+    }
+
+    // Channels: Channel, ChannelSummary (Channel's keys first), ChannelMember.
+    let r = b.post("/channels", "builder", json!({"slug": "dev"})).await;
+    assert_eq!(
+        keys(&r.json),
+        ["id", "slug", "createdBy", "createdAt", "archivedAt"]
+    );
+    let summary = [
+        "id",
+        "slug",
+        "createdBy",
+        "createdAt",
+        "archivedAt",
+        "joined",
+        "myRole",
+        "memberCount",
+    ];
+    let r = b.get("/channels/dev", "builder").await.json;
+    assert_eq!(keys(&r), ["channel", "members"]);
+    assert_eq!(keys(&r["channel"]), summary);
+    assert_eq!(
+        keys(&r["members"][0]),
+        ["channelId", "memberName", "role", "joinedAt"]
+    );
+    let r = b.get("/channels", "builder").await.json;
+    for c in r["channels"].as_array().unwrap() {
+        assert_eq!(keys(c), summary);
+    }
+
+    // Presence (no `busy` while nobody reported busy).
+    let r = b.get("/roster", "builder").await.json;
+    for p in r["connected"].as_array().unwrap() {
+        assert_eq!(
+            keys(p),
+            ["name", "connected", "createdAt", "lastSeen", "role"]
+        );
+    }
 }
 
 #[tokio::test]
@@ -798,72 +931,264 @@ async fn error_texts_are_the_specs() {
     const LEAVES: &str = "Valid leaves: team.manage, members.manage, objectives.create, \
                           objectives.cancel, objectives.reassign, objectives.watch, activity.read. \
                           Presets: admin, operator.";
+    let unknown =
+        |context: &str, x: &str| format!("{context}: unknown permission or preset '{x}'. {LEAVES}");
     let b = start_broker().await;
-    // §1: member create with an unknown permission
-    let r = b
-        .post(
-            "/members",
-            "director",
-            json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]}),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(
-        r.json["error"],
-        format!("create member 'x': unknown permission or preset 'boss'. {LEAVES}")
-    );
-    // §1: member update with an unknown permission
-    let r = b
-        .call(
-            "PATCH",
-            "/members/builder",
-            "director",
-            Some(json!({"permissions": ["boss"]})),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(
-        r.json["error"],
-        format!("update member 'builder': unknown permission or preset 'boss'. {LEAVES}")
-    );
-    // §1: a preset holds leaves only (presets may not nest); an unknown leaf is refused
-    for bad in ["objectives.fly", "admin"] {
-        let r = b
-            .call(
-                "PUT",
-                "/team/presets/qa",
-                "director",
-                Some(json!({"permissions": ["objectives.watch", bad]})),
-            )
-            .await;
-        assert_eq!(r.status, 400);
-        assert_eq!(
-            r.json["error"],
-            format!("preset 'qa': unknown permission or preset '{bad}'. {LEAVES}")
-        );
-    }
-    // §7: a blank objective title
-    let r = b
+    let obj = b
         .post(
             "/objectives",
             "director",
-            json!({"title": "   ", "outcome": "o", "assignee": "builder"}),
+            json!({"title": "t", "outcome": "o", "assignee": "builder"}),
         )
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.json["error"], "title is required");
-    // §9.4: removing members.manage from the last admin
-    let r = b
-        .call(
-            "PATCH",
-            "/members/director",
-            "director",
-            Some(json!({"permissions": ["operator"]})),
-        )
-        .await;
-    assert_eq!(r.status, 409);
-    assert_eq!(
-        r.json["error"],
-        "cannot remove members.manage from the last admin — promote someone else first"
+        .await
+        .json;
+    let id = obj["id"].as_str().unwrap();
+    // (where in the spec, method, path, caller, raw body, status, the spec's text). The text is
+    // `None` where the spec gives only a status (and a `code`, checked below).
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        String,
+        &'a str,
+        Option<String>,
+        u16,
+        Option<String>,
     );
+    // A preset holds leaves only; `bad` is refused with the preset as context.
+    let preset = |what: &'static str, bad: &str| -> Case<'static> {
+        (
+            what,
+            "PUT",
+            "/team/presets/qa".into(),
+            "director",
+            Some(json!({"permissions": ["objectives.watch", bad]}).to_string()),
+            400,
+            Some(unknown("preset 'qa'", bad)),
+        )
+    };
+    let cases: Vec<Case> = vec![
+        (
+            "§1 member create, unknown permission",
+            "POST",
+            "/members".into(),
+            "director",
+            Some(json!({"name": "x", "role": {"title": "x"}, "permissions": ["boss"]}).to_string()),
+            400,
+            Some(unknown("create member 'x'", "boss")),
+        ),
+        (
+            "§1 member update, unknown permission",
+            "PATCH",
+            "/members/builder".into(),
+            "director",
+            Some(json!({"permissions": ["boss"]}).to_string()),
+            400,
+            Some(unknown("update member 'builder'", "boss")),
+        ),
+        preset("§1 a preset with an unknown leaf", "objectives.fly"),
+        preset("§1 presets may not nest", "admin"),
+        (
+            "§2.7 a blank objective title",
+            "POST",
+            "/objectives".into(),
+            "director",
+            Some(json!({"title": "   ", "outcome": "o", "assignee": "builder"}).to_string()),
+            400,
+            Some("title is required".into()),
+        ),
+        (
+            "§6.2 members.manage off the last admin",
+            "PATCH",
+            "/members/director".into(),
+            "director",
+            Some(json!({"permissions": ["operator"]}).to_string()),
+            409,
+            Some(
+                "cannot remove members.manage from the last admin — promote someone else first"
+                    .into(),
+            ),
+        ),
+        (
+            "§6.2 deleting the last admin",
+            "DELETE",
+            "/members/director".into(),
+            "director",
+            None,
+            409,
+            None,
+        ),
+        (
+            "§6.2 a member that exists",
+            "POST",
+            "/members".into(),
+            "director",
+            Some(json!({"name": "builder", "role": {"title": "x"}, "permissions": []}).to_string()),
+            409,
+            Some("member 'builder' already exists".into()),
+        ),
+        (
+            "§6.2 rotating someone else's token",
+            "POST",
+            "/members/director/rotate-token".into(),
+            "builder",
+            None,
+            403,
+            None,
+        ),
+        (
+            "§6.1 a team patch with no fields",
+            "PATCH",
+            "/team".into(),
+            "director",
+            Some(json!({"name": 3}).to_string()),
+            400,
+            Some("no fields to update (name, directive, context)".into()),
+        ),
+        (
+            "activity §3.5 a malformed busy report",
+            "POST",
+            "/presence/busy".into(),
+            "builder",
+            Some(json!({"busy": "yes"}).to_string()),
+            400,
+            Some("invalid busy report".into()),
+        ),
+        (
+            "activity §3.5 a busy report that is not JSON",
+            "POST",
+            "/presence/busy".into(),
+            "builder",
+            Some("{".into()),
+            400,
+            Some("invalid busy report".into()),
+        ),
+        (
+            "§4 a push to nobody",
+            "POST",
+            "/push".into(),
+            "director",
+            Some(json!({"to": "ghost", "body": "x"}).to_string()),
+            404,
+            Some("no such agent: ghost".into()),
+        ),
+        (
+            "§4 history with and channel",
+            "GET",
+            "/history?with=builder&channel=general".into(),
+            "director",
+            None,
+            400,
+            Some("`with` and `channel` are mutually exclusive".into()),
+        ),
+        (
+            "§4 history of an unknown channel",
+            "GET",
+            "/history?channel=nope".into(),
+            "director",
+            None,
+            404,
+            Some("no such channel: nope".into()),
+        ),
+        (
+            "§4 an unknown channel",
+            "GET",
+            "/channels/nope".into(),
+            "director",
+            None,
+            404,
+            Some("no such channel: nope".into()),
+        ),
+        (
+            "§6.5 creating the reserved general channel",
+            "POST",
+            "/channels".into(),
+            "builder",
+            Some(json!({"slug": "general"}).to_string()),
+            403,
+            None,
+        ),
+        (
+            "§5.3 an unknown objective",
+            "GET",
+            "/objectives/nope".into(),
+            "director",
+            None,
+            404,
+            Some("no such objective: nope".into()),
+        ),
+        (
+            "§5.3 an unknown assignee",
+            "POST",
+            "/objectives".into(),
+            "director",
+            Some(json!({"title": "t", "outcome": "o", "assignee": "ghost"}).to_string()),
+            400,
+            Some("unknown assignee: ghost".into()),
+        ),
+        (
+            "§5.3 an unknown watcher",
+            "POST",
+            format!("/objectives/{id}/watchers"),
+            "director",
+            Some(json!({"add": ["ghost"]}).to_string()),
+            400,
+            Some("unknown watcher: ghost".into()),
+        ),
+        (
+            "§5.3 reassigning to nobody",
+            "POST",
+            format!("/objectives/{id}/reassign"),
+            "director",
+            Some(json!({"to": "ghost"}).to_string()),
+            400,
+            Some("unknown assignee: ghost".into()),
+        ),
+        (
+            "§8.3 fs/stat without a path",
+            "GET",
+            "/fs/stat".into(),
+            "builder",
+            None,
+            400,
+            Some("`path` query parameter is required".into()),
+        ),
+        (
+            "§8.3 fs/stat of a missing path",
+            "GET",
+            "/fs/stat?path=/builder/nope".into(),
+            "builder",
+            None,
+            404,
+            Some("no such path: /builder/nope".into()),
+        ),
+        (
+            "§8.3 fs/stat of /",
+            "GET",
+            "/fs/stat?path=/".into(),
+            "builder",
+            None,
+            400,
+            None,
+        ),
+    ];
+    for (what, method, path, who, body, status, text) in cases {
+        let r = b
+            .raw(method, &path, Some(who), body.map(String::into_bytes))
+            .await;
+        assert_eq!(r.status, status, "{what}: {}", r.text);
+        assert!(r.json["error"].is_string(), "{what}: {}", r.text);
+        if let Some(text) = text {
+            assert_eq!(r.json["error"], text.as_str(), "{what}");
+        }
+    }
+    // §6.5: the channel store's errors carry their code.
+    let r = b
+        .post("/channels", "builder", json!({"slug": "general"}))
+        .await;
+    assert_eq!(r.json["code"], "reserved");
+    // activity §3.5: a malformed busy report says what was wrong.
+    let r = b
+        .post("/presence/busy", "builder", json!({"busy": 1}))
+        .await;
+    assert!(r.json["details"].is_array(), "{}", r.text);
 }

@@ -78,23 +78,31 @@ fn meta_is_flat_strings_with_data_keys_sanitised() {
     m.title = Some("ch title".into());
     let meta = meta(&m);
     let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
+    // runner.md §9.3's order, then `data`'s keys in their own order.
     assert_eq!(
         keys,
         [
-            "from",
-            "thread",
-            "level",
             "msg_id",
+            "level",
             "ts",
             "ts_ms",
+            "thread",
+            "from",
             "title",
+            "channel",
             "custom_key",
-            "kind",
             "n",
-            "ok"
+            "ok",
+            "kind"
         ]
     );
-    assert_eq!(meta[0].1, "reviewer", "a data key cannot spoof from");
+    let value = |key: &str| meta.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    assert_eq!(
+        value("from"),
+        Some("reviewer"),
+        "a data key cannot spoof from"
+    );
+    assert_eq!(value("channel"), Some("b0e8"));
     let params: serde_json::Value = claude_channel_params(&m).parse().unwrap();
     assert!(
         params["meta"]
@@ -104,6 +112,51 @@ fn meta_is_flat_strings_with_data_keys_sanitised() {
             .all(Value::is_string)
     );
     assert_eq!(params["meta"]["n"], "3");
+}
+
+#[test]
+fn meta_follows_the_specs_order_and_overwrite_rule() {
+    let keys = |m: &Message| -> Vec<String> { meta(m).into_iter().map(|(k, _)| k).collect() };
+    // A DM: `target`, no `channel`.
+    let mut dm = message(
+        Some("builder"),
+        "director",
+        json!({"zeta": "1", "alpha": "2"}),
+    );
+    dm.title = Some("t".into());
+    assert_eq!(
+        keys(&dm),
+        [
+            "msg_id", "level", "ts", "ts_ms", "thread", "from", "title", "target", "zeta", "alpha"
+        ]
+    );
+    // The general thread (named or not) and objective threads carry no `channel`.
+    for data in [
+        json!({}),
+        json!({"thread": "chan:general"}),
+        json!({"thread": "obj:o-1"}),
+    ] {
+        let m = message(None, "director", data);
+        assert!(!keys(&m).contains(&"channel".to_owned()), "{:?}", m.data);
+    }
+    // A data key that collides with a non-reserved meta key overwrites it in its place; reserved
+    // keys are skipped; two keys that sanitise alike: the later wins, at the earlier's place.
+    let m = message(
+        None,
+        "director",
+        json!({"thread": "chan:c1", "kind": "x", "channel": "spoofed", "a-b": "1", "target": "t",
+               "a_b": "2", "ts": "no"}),
+    );
+    assert_eq!(
+        meta(&m)[4..],
+        [
+            ("thread".to_owned(), "chan:c1".to_owned()),
+            ("from".to_owned(), "director".to_owned()),
+            ("channel".to_owned(), "spoofed".to_owned()),
+            ("kind".to_owned(), "x".to_owned()),
+            ("a_b".to_owned(), "2".to_owned()),
+        ]
+    );
 }
 
 #[test]
