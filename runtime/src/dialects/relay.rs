@@ -28,7 +28,9 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::dialects::stdio::{AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout};
+use crate::dialects::stdio::{
+    AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout,
+};
 use crate::unix_socket::SendBuf;
 
 /// How long connecting to the parent's socket may take.
