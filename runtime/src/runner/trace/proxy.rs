@@ -13,7 +13,7 @@
 //!   failure before the handshake completes — refused, timed out, an untrusted certificate — is
 //!   `502 Bad Gateway`. Then `200`, and the client's TLS is terminated with the host's leaf from
 //!   the session CA. The plaintext goes through a [`Tracer`]; client→server bytes are written
-//!   only from its `ToServer` outputs (request heads leave with `Accept-Encoding: identity`).
+//!   only from its `Transmit` outputs (request heads leave with `Accept-Encoding: identity`).
 //! - `CONNECT` to any other host: a raw TCP tunnel, never parsed (§5 bug 1).
 //! - An absolute-form request (`GET http://host[:port]/path HTTP/1.1`) is forwarded to the host
 //!   in origin form, without the `Proxy-*` headers and with `Connection: close` (one request per
@@ -497,10 +497,10 @@ async fn relay_traced<C, S>(
         },
         ..TraceConfig::default()
     });
-    tracer.handle_open(conn, host);
+    let now = || u64::try_from(crate::clock::now_ms()).unwrap_or(0);
+    tracer.handle_open(conn, host, now());
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut sr, mut sw) = tokio::io::split(server);
-    let now = || u64::try_from(crate::clock::now_ms()).unwrap_or(0);
     if !first.is_empty() {
         tracer.handle_client_bytes(conn, &first, now());
         if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
@@ -563,7 +563,7 @@ async fn drain<W: AsyncWrite + Unpin>(
     let mut wrote = false;
     while let Some(output) = tracer.poll_output() {
         match output {
-            TraceOutput::ToServer { bytes, .. } => {
+            TraceOutput::Transmit { bytes, .. } => {
                 if let Some(server) = server.as_deref_mut() {
                     server.write_all(&bytes).await?;
                     wrote = true;
