@@ -491,3 +491,168 @@ async fn security_headers_on_every_response() {
     assert_eq!(r.status, 403);
     assert_security_headers(&r.headers, "403");
 }
+
+#[tokio::test]
+async fn totp_enrollment_is_pending_until_confirmed() {
+    let b = start_broker().await;
+    let old = enroll_direct(&b, "builder");
+    // Only the member or a members.manage holder may enroll.
+    let r = b
+        .post("/members/builder/enroll-totp", "reviewer", json!({}))
+        .await;
+    assert_eq!(r.status, 403, "{}", r.json);
+    let r = b
+        .post("/members/builder/enroll-totp", "director", json!({}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let secret = r.json["totpSecret"].as_str().unwrap().to_owned();
+    assert_eq!(secret.len(), 32, "160-bit base32 secret");
+    let uri = r.json["totpUri"].as_str().unwrap();
+    assert!(
+        uri.starts_with("otpauth://totp/ac7:builder%20%28peer-team%29?secret="),
+        "{uri}"
+    );
+    assert!(uri.contains(&secret));
+    let svg = r.json["qrSvg"].as_str().unwrap();
+    assert!(svg.contains("<svg") && svg.contains("</svg>"), "{svg}");
+    // Pending: the old secret is still the one that signs in; the new one does not yet.
+    let row = b
+        .broker
+        .state
+        .store
+        .with(|c| sessions::totp_get(c, "builder"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.secret.as_deref(), Some(old.as_str()));
+    let r = send(
+        &b,
+        "POST",
+        "/session/totp",
+        None,
+        None,
+        Some(json!({"code": code(&secret, 0), "member": "builder"})),
+    )
+    .await;
+    assert_eq!(r.status, 401, "a pending secret signed in: {}", r.json);
+    // Confirmation: wrong code refused, right code makes it the secret and is used up.
+    let wrong = format!(
+        "{:06}",
+        (code(&secret, 0).parse::<u32>().unwrap() + 7) % 1_000_000
+    );
+    let r = b
+        .post(
+            "/members/builder/enroll-totp/confirm",
+            "builder",
+            json!({"code": wrong}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (401, json!("invalid code"))
+    );
+    let confirm = code(&secret, 0);
+    let r = b
+        .post(
+            "/members/builder/enroll-totp/confirm",
+            "builder",
+            json!({"code": confirm}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let r = send(
+        &b,
+        "POST",
+        "/session/totp",
+        None,
+        None,
+        Some(json!({"code": confirm, "member": "builder"})),
+    )
+    .await;
+    assert_eq!(r.status, 401, "the confirming code signed in again");
+    let r = send(
+        &b,
+        "POST",
+        "/session/totp",
+        None,
+        None,
+        Some(json!({"code": code(&secret, 1), "member": "builder"})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // Nothing pending any more.
+    let r = b
+        .post(
+            "/members/builder/enroll-totp/confirm",
+            "builder",
+            json!({"code": confirm}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.json);
+}
+
+#[tokio::test]
+async fn first_admin_setup_needs_the_code_once() {
+    let b = start_broker().await;
+    let setup = b
+        .broker
+        .setup_code
+        .clone()
+        .expect("a new team has a setup code");
+    let r = send(&b, "GET", "/setup/status", None, None, None).await;
+    assert_eq!((r.status, r.json.clone()), (200, json!({"needed": true})));
+    let r = send(
+        &b,
+        "POST",
+        "/setup",
+        None,
+        None,
+        Some(json!({"code": "guess"})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json.clone()),
+        (401, json!({"error": "invalid setup code"}))
+    );
+    let r = send(&b, "POST", "/setup", None, None, Some(json!({}))).await;
+    assert_eq!(r.status, 400);
+    let r = send(
+        &b,
+        "POST",
+        "/setup",
+        None,
+        None,
+        Some(json!({"code": setup})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["member"], "director");
+    let secret = r.json["totpSecret"].as_str().unwrap().to_owned();
+    assert!(r.json["qrSvg"].as_str().unwrap().contains("<svg"));
+    // Used up.
+    let r = send(
+        &b,
+        "POST",
+        "/setup",
+        None,
+        None,
+        Some(json!({"code": setup})),
+    )
+    .await;
+    assert_eq!(r.status, 409, "{}", r.json);
+    let r = send(&b, "GET", "/setup/status", None, None, None).await;
+    assert_eq!(r.json, json!({"needed": false}));
+    // The admin signs in with it.
+    let r = send(
+        &b,
+        "POST",
+        "/session/totp",
+        None,
+        None,
+        Some(json!({"code": code(&secret, 0)})),
+    )
+    .await;
+    assert_eq!(
+        (r.status, r.json["member"].clone()),
+        (200, json!("director"))
+    );
+}

@@ -274,6 +274,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             }
             print!("{}", super::first_run::next_steps(&url, creds));
         }
+        if let Some(code) = &broker.setup_code {
+            let mut url = super::first_run::client_url(broker.addr);
+            if tls {
+                url = url.replacen("http://", "https://", 1);
+            }
+            print!("{}", super::first_run::setup_text(&url, code));
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}

@@ -110,6 +110,13 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/session", get(session::get))
         .route("/session/totp", post(session::login))
         .route("/session/logout", post(session::logout))
+        .route("/members/{name}/enroll-totp", post(session::enroll_totp))
+        .route(
+            "/members/{name}/enroll-totp/confirm",
+            post(session::enroll_totp_confirm),
+        )
+        .route("/setup/status", get(session::setup_status))
+        .route("/setup", post(session::setup))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
