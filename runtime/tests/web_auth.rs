@@ -656,3 +656,261 @@ async fn first_admin_setup_needs_the_code_once() {
         (200, json!("director"))
     );
 }
+
+#[tokio::test]
+async fn uploaded_html_is_never_served_as_active_content() {
+    let b = start_broker().await;
+    let html = b"<html><script>fetch('/members')</script></html>";
+    for (path, mime) in [
+        ("/builder/x.html", "text/html"),
+        ("/builder/x.svg", "image/svg+xml"),
+    ] {
+        let r = b.write_file("builder", path, mime, html, None).await;
+        assert_eq!(r.status, 200, "{}", r.text);
+        // Read with the browser's credentials (the cookie), as a navigation would.
+        let cookie = login(&b, "builder").await;
+        let r = send(
+            &b,
+            "GET",
+            &format!("/fs/read{path}"),
+            Some(&cookie),
+            None,
+            None,
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        let disp = r.headers["content-disposition"].to_str().unwrap();
+        assert!(disp.starts_with("attachment;"), "{path}: {disp}");
+        assert_eq!(
+            r.headers["content-security-policy"].to_str().unwrap(),
+            "sandbox; default-src 'none'",
+            "{path}"
+        );
+        assert_eq!(r.headers["x-content-type-options"], "nosniff");
+        assert_eq!(r.headers["x-frame-options"], "DENY");
+    }
+    // A passive type stays inline, still sandboxed.
+    b.write_file("builder", "/builder/p.png", "image/png", b"\x89PNG", None)
+        .await;
+    let r = b.get("/fs/read/builder/p.png", "builder").await;
+    assert!(
+        r.headers["content-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("inline;")
+    );
+    assert_eq!(
+        r.headers["content-security-policy"].to_str().unwrap(),
+        "sandbox; default-src 'none'"
+    );
+}
+
+async fn enroll_start(b: &TestBroker, hint: &str) -> Value {
+    let r = send(
+        &b,
+        "POST",
+        "/enroll",
+        None,
+        None,
+        Some(json!({"labelHint": hint})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    r.json
+}
+
+async fn poll(b: &TestBroker, device: &str) -> Reply {
+    send(
+        &b,
+        "POST",
+        "/enroll/poll",
+        None,
+        None,
+        Some(json!({"deviceCode": device})),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn device_enrollment_over_the_api() {
+    let b = start_broker().await;
+    let e = enroll_start(&b, "laptop").await;
+    let device = e["deviceCode"].as_str().unwrap().to_owned();
+    let user = e["userCode"].as_str().unwrap().to_owned();
+    assert!(device.starts_with("ac7-dc_"), "{e}");
+    assert_eq!(user.len(), 9);
+    assert_eq!(e["verificationUri"], "/enroll");
+    assert_eq!(e["verificationUriComplete"], format!("/enroll?code={user}"));
+    assert_eq!(e["interval"], 5);
+    assert!(e["expiresIn"].as_u64().unwrap() > 0);
+    // Pending, then too soon.
+    let r = poll(&b, &device).await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("authorization_pending"))
+    );
+    let r = poll(&b, &device).await;
+    assert_eq!(r.json["error"], "slow_down");
+    // Only members.manage sees and decides.
+    assert_eq!(b.get("/enroll/pending", "builder").await.status, 403);
+    let r = b.get("/enroll/pending", "director").await;
+    assert_eq!(r.status, 200);
+    let list = r.json["enrollments"].as_array().unwrap();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0]["userCode"], user.as_str());
+    assert_eq!(list[0]["labelHint"], "laptop");
+    assert_eq!(list[0]["sourceIp"], "127.0.0.1");
+    // Approve by creating a member (the code typed in lower case without the hyphen).
+    let typed = user.replace('-', "").to_lowercase();
+    let r = b
+        .post(
+            "/enroll/approve",
+            "builder",
+            json!({"mode": "bind", "userCode": typed, "memberName": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 403);
+    let r = b
+        .post(
+            "/enroll/approve",
+            "director",
+            json!({"mode": "create", "userCode": typed, "memberName": "laptop-agent",
+                   "role": {"title": "engineer"}, "permissions": []}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["member"]["name"], "laptop-agent");
+    assert_eq!(r.json["tokenInfo"]["origin"], "enroll");
+    assert_eq!(r.json["tokenInfo"]["label"], "laptop");
+    assert!(
+        r.json.get("token").is_none(),
+        "the approver must not see the token"
+    );
+    // Decided: a second approval is a conflict.
+    let r = b
+        .post(
+            "/enroll/approve",
+            "director",
+            json!({"mode": "bind", "userCode": user, "memberName": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{}", r.json);
+    // The device collects its token once; it works.
+    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    let r = poll(&b, &device).await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    assert_eq!(r.json["member"]["name"], "laptop-agent");
+    let token = r.json["token"].as_str().unwrap().to_owned();
+    let roster = b
+        .http
+        .get(format!("{}/roster", b.url))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(roster.status().as_u16(), 200);
+    let r = poll(&b, &device).await;
+    assert_eq!(r.json["error"], "expired_token");
+
+    // Reject: the device hears access_denied with the reason.
+    let e = enroll_start(&b, "phone").await;
+    let r = b
+        .post(
+            "/enroll/reject",
+            "director",
+            json!({"userCode": e["userCode"], "reason": "not ours"}),
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.json);
+    let r = poll(&b, e["deviceCode"].as_str().unwrap()).await;
+    assert_eq!(
+        r.json,
+        json!({"error": "access_denied", "errorDescription": "not ours"})
+    );
+    let r = b
+        .post(
+            "/enroll/reject",
+            "director",
+            json!({"userCode": "ZZZZ-ZZZZ"}),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+}
+
+#[tokio::test]
+async fn enrollment_is_rate_limited_per_address() {
+    let b = start_broker().await;
+    // At most 3 live per address; a forwarded address is ignored without --trust-proxy.
+    let mut devices = Vec::new();
+    for _ in 0..3 {
+        let r = b
+            .http
+            .post(format!("{}/enroll", b.url))
+            .header("x-forwarded-for", "10.9.9.9")
+            .json(&json!({}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.unwrap();
+        devices.push((v["deviceCode"].clone(), v["userCode"].clone()));
+    }
+    let r = send(&b, "POST", "/enroll", None, None, Some(json!({}))).await;
+    assert_eq!(r.status, 429, "{}", r.json);
+    assert!(r.headers.contains_key("retry-after"));
+    assert!(r.json["retryAfter"].as_u64().unwrap() >= 1);
+    let pending = b.get("/enroll/pending", "director").await.json;
+    assert!(
+        pending["enrollments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["sourceIp"] == "127.0.0.1"),
+        "{pending}"
+    );
+    // Decided and collected, they stop counting as live; the hourly cap (10) still counts.
+    let settle = |(device, user): (Value, Value)| {
+        let b = &b;
+        async move {
+            let r = b
+                .post("/enroll/reject", "director", json!({"userCode": user}))
+                .await;
+            assert_eq!(r.status, 204);
+            assert_eq!(
+                poll(b, device.as_str().unwrap()).await.json["error"],
+                "access_denied"
+            );
+        }
+    };
+    for d in devices {
+        settle(d).await;
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let r = send(&b, "POST", "/enroll", None, None, Some(json!({}))).await;
+        statuses.push(r.status);
+        if r.status == 200 {
+            settle((r.json["deviceCode"].clone(), r.json["userCode"].clone())).await;
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 429]);
+}
+
+#[tokio::test]
+async fn trusted_proxy_address_keys_the_limits() {
+    let b = start_with(|c| c.trust_proxy = true).await;
+    let r = b
+        .http
+        .post(format!("{}/enroll", b.url))
+        .header("x-forwarded-for", "10.9.9.9, 10.0.0.1")
+        .json(&json!({"labelHint": "behind proxy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let pending = b.get("/enroll/pending", "director").await.json;
+    assert_eq!(
+        pending["enrollments"][0]["sourceIp"], "10.9.9.9",
+        "{pending}"
+    );
+}

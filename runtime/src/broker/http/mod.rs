@@ -4,6 +4,7 @@ mod activity;
 mod admin;
 mod channels;
 mod chat;
+pub(crate) mod enroll;
 mod fs;
 mod objectives;
 mod security;
@@ -117,6 +118,11 @@ pub(crate) fn router(state: Shared) -> Router {
         )
         .route("/setup/status", get(session::setup_status))
         .route("/setup", post(session::setup))
+        .route("/enroll", post(enroll::create))
+        .route("/enroll/poll", post(enroll::poll))
+        .route("/enroll/pending", get(enroll::pending))
+        .route("/enroll/approve", post(enroll::approve))
+        .route("/enroll/reject", post(enroll::reject))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
