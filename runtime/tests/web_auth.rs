@@ -707,7 +707,7 @@ async fn uploaded_html_is_never_served_as_active_content() {
 
 async fn enroll_start(b: &TestBroker, hint: &str) -> Value {
     let r = send(
-        &b,
+        b,
         "POST",
         "/enroll",
         None,
@@ -721,7 +721,7 @@ async fn enroll_start(b: &TestBroker, hint: &str) -> Value {
 
 async fn poll(b: &TestBroker, device: &str) -> Reply {
     send(
-        &b,
+        b,
         "POST",
         "/enroll/poll",
         None,
@@ -913,4 +913,241 @@ async fn trusted_proxy_address_keys_the_limits() {
         pending["enrollments"][0]["sourceIp"], "10.9.9.9",
         "{pending}"
     );
+}
+
+/// A real `ac7 serve` process on a new team; reads its stdout until the listening line.
+struct Served {
+    child: std::process::Child,
+    url: String,
+    tokens: std::collections::HashMap<String, String>,
+    setup_url: Option<String>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_process(dir: &std::path::Path) -> Served {
+    use std::io::BufRead as _;
+    let cfg = dir.join("team.json");
+    std::fs::write(&cfg, broker_support::TEAM).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["serve", "--port", "0", "--db"])
+        .arg(dir.join("ac7.db"))
+        .arg("--team-config")
+        .arg(&cfg)
+        .env("AC7_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut served = Served {
+        child,
+        url: String::new(),
+        tokens: Default::default(),
+        setup_url: None,
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // Everything up to the end of the first-run text (the setup URL comes last).
+    while served.setup_url.is_none() {
+        let line = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("ac7 serve did not print its setup URL");
+        let parts: Vec<&str> = line.split_whitespace().collect();
+        if parts.len() == 2 && parts[1].starts_with("ac7_") {
+            served.tokens.insert(parts[0].into(), parts[1].into());
+        }
+        if let Some(url) = line.strip_prefix("ac7 broker listening on ") {
+            served.url = url.to_owned();
+        }
+        if let Some(u) = line
+            .trim()
+            .strip_prefix(&format!("{}/setup?code=", served.url))
+            && !served.url.is_empty()
+        {
+            served.setup_url = Some(u.to_owned());
+        }
+    }
+    served
+}
+
+#[tokio::test]
+async fn ac7_connect_end_to_end() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve_process(dir.path());
+    let http = reqwest::Client::new();
+    // The printed setup code works once (for the first admin).
+    let code = served.setup_url.clone().unwrap();
+    let r = http
+        .post(format!("{}/setup", served.url))
+        .json(&json!({"code": code}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = http
+        .post(format!("{}/setup", served.url))
+        .json(&json!({"code": code}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 409);
+
+    // ac7 connect as a real process, with a private config home and no token anywhere.
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    let config = home.join("config");
+    let mut connect = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["connect", "--url", &served.url, "--label", "ci-box"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("HOME", &home)
+        .env_remove("AC7_TOKEN")
+        .env_remove("AC7_URL")
+        .env_remove("AC7_AUTH_FILE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt as _;
+    let mut out = tokio::io::BufReader::new(connect.stdout.take().unwrap()).lines();
+    let mut user_code = None;
+    let mut visit = None;
+    while user_code.is_none() {
+        let line = tokio::time::timeout(Duration::from_secs(20), out.next_line())
+            .await
+            .expect("ac7 connect printed no code")
+            .unwrap()
+            .expect("ac7 connect ended early");
+        if let Some(v) = line.trim().strip_prefix("visit:") {
+            visit = Some(v.trim().to_owned());
+        }
+        if let Some(c) = line.trim().strip_prefix("code:") {
+            user_code = Some(c.trim().to_owned());
+        }
+    }
+    let user_code = user_code.unwrap();
+    assert_eq!(
+        visit.as_deref(),
+        Some(format!("{}/enroll?code={user_code}", served.url).as_str())
+    );
+    // An admin approves through the API, binding the device to `builder`.
+    let r = http
+        .post(format!("{}/enroll/approve", served.url))
+        .bearer_auth(&served.tokens["director"])
+        .json(&json!({"mode": "bind", "userCode": user_code, "memberName": "builder"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let status = tokio::time::timeout(Duration::from_secs(30), connect.wait())
+        .await
+        .expect("ac7 connect did not finish after approval")
+        .unwrap();
+    let mut rest = String::new();
+    while let Ok(Some(l)) = out.next_line().await {
+        rest.push_str(&l);
+        rest.push('\n');
+    }
+    assert!(status.success(), "ac7 connect failed: {status}\n{rest}");
+    assert!(
+        rest.contains("approved: this device is now builder"),
+        "{rest}"
+    );
+
+    let auth_dir = config.join("ac7");
+    let auth = auth_dir.join("auth.json");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&auth_dir), 0o700);
+    assert_eq!(mode(&auth), 0o600);
+    let saved: Value = serde_json::from_slice(&std::fs::read(&auth).unwrap()).unwrap();
+    assert_eq!(saved["schema"], 1);
+    assert_eq!(saved["entries"][0]["url"], served.url.as_str());
+    assert_eq!(saved["entries"][0]["member"], "builder");
+
+    // A verb with no --token and no AC7_TOKEN finds the stored token for its URL.
+    let roster = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["roster", "--json", "--url", &served.url])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("HOME", &home)
+        .env_remove("AC7_TOKEN")
+        .env_remove("AC7_AUTH_FILE")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        roster.status.success(),
+        "{}",
+        String::from_utf8_lossy(&roster.stderr)
+    );
+    let v: Value = serde_json::from_slice(&roster.stdout).unwrap();
+    assert!(v["teammates"].is_array(), "{v}");
+    // …and a different URL does not get it.
+    let other = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["roster", "--url", "http://127.0.0.1:1"])
+        .env("XDG_CONFIG_HOME", &config)
+        .env("HOME", &home)
+        .env_remove("AC7_TOKEN")
+        .env_remove("AC7_AUTH_FILE")
+        .output()
+        .await
+        .unwrap();
+    assert!(!other.status.success());
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("ac7 connect --url http://127.0.0.1:1"),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+}
+
+#[tokio::test]
+async fn ac7_connect_cancelled_saves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = start_broker().await;
+    let config = dir.path().join("config");
+    let mut connect = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["connect", "--url", &b.url])
+        .env("XDG_CONFIG_HOME", &config)
+        .env_remove("AC7_AUTH_FILE")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt as _;
+    let mut out = tokio::io::BufReader::new(connect.stdout.take().unwrap()).lines();
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(20), out.next_line())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if line.starts_with("waiting for approval") {
+            break;
+        }
+    }
+    let pid = connect.id().unwrap();
+    // SIGINT, as Ctrl-C sends.
+    let _ = std::process::Command::new("kill")
+        .args(["-INT", &pid.to_string()])
+        .status();
+    let status = tokio::time::timeout(Duration::from_secs(10), connect.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert!(!config.join("ac7").join("auth.json").exists());
 }
