@@ -1151,3 +1151,41 @@ async fn ac7_connect_cancelled_saves_nothing() {
     assert_eq!(status.code(), Some(130));
     assert!(!config.join("ac7").join("auth.json").exists());
 }
+
+#[tokio::test]
+async fn an_uncollected_enrollment_token_is_revoked() {
+    let b = start_with(|c| c.enroll.ttl = 2).await;
+    let e = enroll_start(&b, "gone").await;
+    let r = b
+        .post(
+            "/enroll/approve",
+            "director",
+            json!({"mode": "bind", "userCode": e["userCode"], "memberName": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let id = r.json["tokenInfo"]["id"].as_str().unwrap().to_owned();
+    let listed = |v: &Value| {
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == id.as_str())
+    };
+    assert!(listed(
+        &b.get("/members/builder/tokens", "director").await.json
+    ));
+    // Never polled: once it expires, the token goes (the expiry tick runs every 5 s).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut gone = false;
+    for _ in 0..30 {
+        if !listed(&b.get("/members/builder/tokens", "director").await.json) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(gone, "the uncollected enrollment token is still live");
+    let r = poll(&b, e["deviceCode"].as_str().unwrap()).await;
+    assert_eq!(r.json["error"], "expired_token");
+}

@@ -65,10 +65,11 @@ pub(crate) struct EnrollDesk {
     mints: AttemptLimiter<String>,
 }
 
-impl Default for EnrollDesk {
-    fn default() -> Self {
+impl EnrollDesk {
+    /// An empty desk.
+    pub(crate) fn new(config: EnrollConfig) -> Self {
         EnrollDesk {
-            store: EnrollStore::new(EnrollConfig::default()),
+            store: EnrollStore::new(config),
             user_agents: BTreeMap::new(),
             mints: AttemptLimiter::new(MINTS),
         }
