@@ -1189,3 +1189,55 @@ async fn an_uncollected_enrollment_token_is_revoked() {
     let r = poll(&b, e["deviceCode"].as_str().unwrap()).await;
     assert_eq!(r.json["error"], "expired_token");
 }
+
+#[tokio::test]
+async fn over_https_the_cookie_is_secure_and_hsts_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let files = ac7_runtime::broker::server::TlsFiles {
+        cert: dir.path().join("cert.pem"),
+        key: dir.path().join("key.pem"),
+    };
+    std::fs::write(&files.cert, certified.cert.pem()).unwrap();
+    std::fs::write(&files.key, certified.signing_key.serialize_pem()).unwrap();
+    let tls = files.clone();
+    let b = start_with(move |c| c.tls = Some(tls)).await;
+    let origin = format!("https://localhost:{}", b.broker.addr.port());
+    let http = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap(),
+        )
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let secret = enroll_direct(&b, "builder");
+    let r = http
+        .post(format!("{origin}/session/totp"))
+        .json(&json!({"code": code(&secret, 0), "member": "builder"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["strict-transport-security"].to_str().unwrap(),
+        "max-age=31536000"
+    );
+    let set = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(set.ends_with("; Secure"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    // The own origin is https://…; the http:// spelling of the same host is foreign.
+    for (o, want) in [
+        (format!("http://localhost:{}", b.broker.addr.port()), 403),
+        (origin.clone(), 200),
+    ] {
+        let r = http
+            .post(format!("{origin}/push"))
+            .header("cookie", &cookie)
+            .header("origin", o.as_str())
+            .json(&json!({"to": "director", "body": "tls"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "origin {o}");
+    }
+}
