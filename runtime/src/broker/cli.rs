@@ -285,7 +285,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             if tls {
                 url = url.replacen("http://", "https://", 1);
             }
-            print!("{}", super::first_run::setup_text(&url, code));
+            // Part of the first-run text on stdout; on a later start (still nobody enrolled)
+            // on stderr, beside the logs, so stdout stays the one listening line.
+            if issued.is_some() {
+                print!("{}", super::first_run::setup_text(&url, code));
+            } else {
+                #[allow(clippy::print_stderr)]
+                {
+                    eprint!("{}", super::first_run::setup_text(&url, code));
+                }
+            }
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
