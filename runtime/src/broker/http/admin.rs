@@ -162,9 +162,7 @@ pub(super) fn new_member_record(
     )
     .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if let Some(existing) = team::member_name_taken(conn, name)? {
-        return Err(ApiError::conflict(format!(
-            "member '{existing}' already exists (names are unique without regard to case)"
-        )));
+        return Err(ApiError::conflict(team::name_taken_text(name, &existing)));
     }
     Ok(MemberRecord {
         name: name.to_owned(),
