@@ -5,6 +5,7 @@ pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod clock;
+pub mod connect;
 pub mod demo_agent;
 pub mod dialects;
 mod fsutil;

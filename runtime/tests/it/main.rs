@@ -37,3 +37,4 @@ mod quickstart;
 mod runner_activity;
 mod runner_e2e;
 mod trace_real;
+mod web_auth;

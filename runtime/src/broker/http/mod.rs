@@ -4,8 +4,11 @@ mod activity;
 mod admin;
 mod channels;
 mod chat;
+pub(crate) mod enroll;
 mod fs;
 mod objectives;
+mod security;
+mod session;
 mod subscribe;
 
 use std::sync::Arc;
@@ -105,11 +108,30 @@ pub(crate) fn router(state: Shared) -> Router {
             get(activity::list).post(activity::upload),
         )
         .route("/members/{name}/activity/stream", get(activity::stream))
+        .route("/session", get(session::get))
+        .route("/session/totp", post(session::login))
+        .route("/session/logout", post(session::logout))
+        .route("/members/{name}/enroll-totp", post(session::enroll_totp))
+        .route(
+            "/members/{name}/enroll-totp/confirm",
+            post(session::enroll_totp_confirm),
+        )
+        .route("/setup/status", get(session::setup_status))
+        .route("/setup", post(session::setup))
+        .route("/enroll", post(enroll::create))
+        .route("/enroll/poll", post(enroll::poll))
+        .route("/enroll/pending", get(enroll::pending))
+        .route("/enroll/approve", post(enroll::approve))
+        .route("/enroll/reject", post(enroll::reject))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            security::layer,
+        ))
         .with_state(state)
 }
 
@@ -295,7 +317,7 @@ pub(crate) struct Caller {
     pub(crate) name: String,
     pub(crate) permissions: PermissionSet,
     /// Id of the token the request authenticated with (live streams remember it, so
-    /// revoking the token ends them).
+    /// revoking the token ends them); `session:<hash>` for a browser session.
     pub(crate) token_id: String,
 }
 
@@ -312,8 +334,9 @@ impl FromRequestParts<Shared> for Caller {
         parts: &mut Parts,
         state: &Shared,
     ) -> Result<Self, Self::Rejection> {
+        // Bearer first; a request without `Authorization` may sign in with the session cookie.
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
-            return Err(ApiError::unauthorized("missing credentials"));
+            return session::cookie_caller(parts, state);
         };
         let value = value.to_str().unwrap_or("");
         // "Bearer" with nothing after it (proxies trim the trailing space) is an empty token.
