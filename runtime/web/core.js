@@ -146,7 +146,10 @@ export async function api(method, path, body) {
 const routes = []; // {re, keys, render, opts}
 let outlet = null; // where views render
 let cleanup = null;
+let renderToken = null;
 let onRouteChange = () => {};
+
+const esc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 // route('/objectives/:id', render[, {chrome: false}]). `:name` matches one segment,
 // a trailing `*` the rest (as params.rest). render({params, query, el, path}) may
@@ -158,11 +161,13 @@ export function route(pattern, render, opts = {}) {
     if (seg === '*') {
       keys.push('rest');
       src += '(?:/(.*))?';
-    } else if (seg.startsWith(':')) {
-      keys.push(seg.slice(1));
-      src += '/([^/]+)';
+    } else if (seg.includes(':')) {
+      // '/:id' or a literal prefix such as '/@:name'.
+      const i = seg.indexOf(':');
+      keys.push(seg.slice(i + 1));
+      src += '/' + esc(seg.slice(0, i)) + '([^/]+)';
     } else {
-      src += '/' + seg.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+      src += '/' + esc(seg);
     }
   }
   routes.push({ re: new RegExp('^' + (src || '/') + '/?$'), keys, render, opts, pattern });
@@ -221,7 +226,6 @@ export async function render() {
     el.replaceChildren(h('div', { class: 'error-box', role: 'alert' }, String(e.message || e)));
   }
 }
-let renderToken = null;
 
 // Links: any same-origin <a href="/…"> without target/download navigates in-app.
 function onClick(ev) {
@@ -451,6 +455,35 @@ export function fmtBytes(n) {
     i++;
   }
   return (v < 10 ? v.toFixed(1) : Math.round(v)) + ' ' + u[i];
+}
+
+// ---------------------------------------------------------------- theme
+
+// 'auto' (follow prefers-color-scheme; no stored key), 'light' or 'dark', kept in
+// localStorage['ac7:theme'] and applied as <html data-theme>.
+export function theme() {
+  try {
+    const t = localStorage.getItem('ac7:theme');
+    return t === 'light' || t === 'dark' ? t : 'auto';
+  } catch {
+    return 'auto';
+  }
+}
+
+export function setTheme(t) {
+  try {
+    if (t === 'light' || t === 'dark') localStorage.setItem('ac7:theme', t);
+    else localStorage.removeItem('ac7:theme');
+  } catch {
+    /* memory only */
+  }
+  applyTheme();
+}
+
+export function applyTheme() {
+  const t = theme();
+  if (t === 'auto') document.documentElement.removeAttribute('data-theme');
+  else document.documentElement.setAttribute('data-theme', t);
 }
 
 // ---------------------------------------------------------------- small shared helpers
