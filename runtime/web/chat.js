@@ -340,7 +340,7 @@ function attachmentNode(a) {
   return h(
     'a',
     { class: 'chip', href: url, download: a.name, 'data-external': '' },
-    '📎 ' + a.name + ' · ' + fmtBytes(a.size),
+    a.name + ' · ' + fmtBytes(a.size),
   );
 }
 
@@ -640,7 +640,7 @@ function composer(key, push) {
     if (send.disabled) return;
     const atts = uploads.filter((u) => u.status === 'ok').map((u) => u.att);
     const text = ta.value;
-    const body = text.trim() ? text : ' ';
+    const body = text.trim() ? text.replace(/\s+$/, '') : ' ';
     const payload = { body, level: level.value, attachments: atts };
     push(payload);
     // Optimistic row, replaced by the stored message (same thread, de-duplicated by id).
@@ -684,7 +684,7 @@ function composer(key, push) {
     h(
       'div',
       { class: 'row' },
-      h('button', { type: 'button', class: 'icon', 'aria-label': 'Attach files', title: 'Attach files', onClick: () => fileIn.click() }, '📎'),
+      h('button', { type: 'button', class: 'icon', 'aria-label': 'Attach files', title: 'Attach files', onClick: () => fileIn.click() }, 'Attach'),
       fileIn,
       ta,
       level,
