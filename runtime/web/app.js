@@ -66,16 +66,21 @@ async function enter() {
   start();
 }
 
+let signInNotice = null;
+
 function signedOut(notice) {
+  if (!identity()) return; // several requests may see the same 401
   stopSync();
   resetLive();
   setIdentity(null);
   shell = null;
+  signInNotice = notice || null;
   render();
-  if (notice) showSignIn(notice);
 }
 
-function showSignIn(notice) {
+function showSignIn() {
+  const notice = signInNotice;
+  signInNotice = null;
   signInScreen(
     root,
     (s) => {
@@ -183,8 +188,8 @@ function drawNav() {
             } catch {
               /* signed out either way */
             }
-            signedOut();
             history.replaceState(null, '', '/');
+            signedOut();
           },
         },
         'Sign out',

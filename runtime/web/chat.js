@@ -192,6 +192,9 @@ export function startSync() {
   stopSync();
   liveOff.push(
     live('*', (m) => {
+      const k = threadKey(m);
+      // A channel we have not listed yet: someone added us, or created it just now.
+      if (k.startsWith('chan:') && !channelById(k.slice(5))) loadChannels().catch(() => {});
       const fresh = addMessages([m]);
       if (fresh.length) notify(m);
     }),
@@ -203,7 +206,9 @@ export function startSync() {
     }),
   );
   const poll = () => {
-    if (document.visibilityState === 'visible') loadRoster().catch(() => {});
+    if (document.visibilityState !== 'visible') return;
+    loadRoster().catch(() => {});
+    loadChannels().catch(() => {});
   };
   pollTimer = setInterval(poll, 10000);
   document.addEventListener('visibilitychange', poll);
@@ -698,6 +703,8 @@ function composer(key, push) {
 
 // ---------------------------------------------------------------- screens
 
+export const plural = (n, w) => n + ' ' + w + (n === 1 ? '' : 's');
+
 function roleTitle(name) {
   const t = state.teammates.find((x) => x.name === name);
   return t && t.role ? t.role.title : '';
@@ -824,7 +831,7 @@ route('/channels', ({ el }) => {
               'li',
               null,
               h('a', { href: '/c/' + c.slug }, '#' + c.slug),
-              h('span', { class: 'muted' }, c.id === 'general' ? ' everyone' : ' ' + c.memberCount + ' members'),
+              h('span', { class: 'muted' }, c.id === 'general' ? ' everyone' : ' ' + plural(c.memberCount, 'member')),
               c.joined
                 ? null
                 : h(
@@ -945,7 +952,7 @@ route('/c/:slug', async ({ el, params }) => {
     'header',
     { class: 'thread-head' },
     h('h1', null, '#' + slug),
-    h('span', { class: 'muted' }, general ? 'team channel · everyone' : c.memberCount + ' members'),
+    h('span', { class: 'muted' }, general ? 'team channel · everyone' : plural(c.memberCount, 'member')),
     general
       ? null
       : h(
