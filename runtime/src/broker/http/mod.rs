@@ -105,11 +105,14 @@ pub(crate) fn router(state: Shared) -> Router {
             get(activity::list).post(activity::upload),
         )
         .route("/members/{name}/activity/stream", get(activity::stream))
+        // The web app: its assets, and the shell for browser navigations (broker/web.rs).
+        .route("/_app/{*path}", get(super::web::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(super::web::shell))
         .with_state(state)
 }
 
