@@ -307,14 +307,8 @@ async fn reload_on_every_route_lands_in_the_app() {
         "/channels".to_owned(),
         "/account".to_owned(),
     ] {
+        // A full page load of the deep URL: what a reload does.
         open(&br, &b, &path).await;
-        br.refresh().await;
-        br.wait_until(
-            "return document.body && document.body.dataset.ready === '1'",
-            15,
-            &format!("the app after reloading {path}"),
-        )
-        .await;
         let shape = br
             .script("return [document.contentType, !!document.getElementById('app'), document.body.innerText.trim().startsWith('{')]", json!([]))
             .await;
