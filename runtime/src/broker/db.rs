@@ -312,4 +312,20 @@ CREATE TABLE IF NOT EXISTS member_activity (
 CREATE INDEX IF NOT EXISTS member_activity_member ON member_activity(member_name, id);
 CREATE INDEX IF NOT EXISTS member_activity_ts ON member_activity(ts);
 CREATE INDEX IF NOT EXISTS member_activity_kind ON member_activity(kind, ts);
+CREATE TABLE IF NOT EXISTS sessions (
+    hash TEXT PRIMARY KEY,
+    member_name TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    last_seen INTEGER NOT NULL,
+    user_agent TEXT
+);
+CREATE INDEX IF NOT EXISTS sessions_member ON sessions(member_name);
+CREATE INDEX IF NOT EXISTS sessions_expires ON sessions(expires_at);
+CREATE TABLE IF NOT EXISTS member_totp (
+    member_name TEXT PRIMARY KEY,
+    secret TEXT,
+    last_step INTEGER,
+    pending_secret TEXT
+);
 "#;

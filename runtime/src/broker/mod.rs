@@ -57,9 +57,9 @@
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
 //!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
 //!   inner `data` maps come out sorted (key order carries no meaning).
-//! - **Not implemented:** the "session online" notice, device-code enrollment,
-//!   TOTP sessions and cookies, activity upload/streams (all out of scope for the
-//!   runner with `--no-trace`).
+//! - **Sign-in.** Browser sessions (TOTP login, cookie, CSRF and security headers),
+//!   first-admin setup and device-code enrollment: see [`sessions`] and `http::session`.
+//! - **Not implemented:** the "session online" notice.
 
 pub mod activity;
 pub mod blobs;
@@ -79,6 +79,7 @@ pub mod publish;
 pub mod ratelimit;
 pub mod retention;
 pub mod server;
+pub mod sessions;
 pub mod team;
 pub mod tokens;
 pub mod writer;
@@ -124,6 +125,11 @@ pub struct BrokerConfig {
     pub limits: server::Limits,
     /// Serve HTTPS with this certificate chain and key (PEM files).
     pub tls: Option<server::TlsFiles>,
+    /// How long a browser session lives after its last use ([`sessions::SESSION_TTL`]).
+    pub session_ttl: Duration,
+    /// Take the client address from `X-Forwarded-For` (first entry) instead of the socket
+    /// peer: only behind a reverse proxy that sets it (`--trust-proxy`).
+    pub trust_proxy: bool,
 }
 
 impl BrokerConfig {
@@ -146,6 +152,8 @@ impl BrokerConfig {
             max_subscriptions_per_member: 32,
             limits: server::Limits::default(),
             tls: None,
+            session_ttl: sessions::SESSION_TTL,
+            trust_proxy: false,
         }
     }
 }
@@ -189,6 +197,12 @@ pub struct AppState {
     auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
     /// Per-member buckets for message-creating requests.
     pub(crate) push_limiter: ratelimit::Limiter,
+    /// Failed sign-in attempts per member and per client address.
+    pub(crate) signin_limiter:
+        std::sync::Mutex<ac7_protocol::signin::limiter::AttemptLimiter<String>>,
+    /// SHA-256 of the one-time first-admin setup code, while the team has no member with
+    /// TOTP (see `http::session`).
+    pub(crate) setup_code: std::sync::Mutex<Option<String>>,
 }
 
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
@@ -285,6 +299,9 @@ pub struct RunningBroker {
     pub addr: SocketAddr,
     /// The state (for tests and benchmarks).
     pub state: Arc<AppState>,
+    /// The one-time first-admin setup code, when the team has no member who can sign in
+    /// with TOTP yet (`ac7 serve` prints it as `/setup?code=…`).
+    pub setup_code: Option<String>,
     shutdown: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -334,12 +351,17 @@ pub async fn start(
     let hub = Hub::new(limits);
     let activity_hub = Hub::new(limits);
     let tls = config.tls.as_ref().map(server::tls_acceptor).transpose()?;
-    let members = store.with(|conn| -> Result<_, StartError> {
+    let (members, signin_ready) = store.with(|conn| -> Result<_, StartError> {
         if team::team_get(conn)?.is_none() {
             return Err(StartError::NoTeam(config.db_path.clone()));
         }
-        Ok(team::members_list(conn)?)
+        Ok((team::members_list(conn)?, sessions::totp_any(conn)?))
     })?;
+    let setup_code = if signin_ready {
+        None
+    } else {
+        Some(sessions::new_session_id().map_err(|e| StartError::Listen(std::io::Error::other(e)))?)
+    };
     for m in members {
         hub.register_member(&m.name, m.role, boot_time);
     }
@@ -354,7 +376,12 @@ pub async fn start(
         boot_time,
         objective_counter: AtomicU16::new(0),
         auth_cache: Default::default(),
+        signin_limiter: std::sync::Mutex::new(ac7_protocol::signin::limiter::AttemptLimiter::new(
+            ac7_protocol::signin::limiter::SIGN_IN,
+        )),
+        setup_code: std::sync::Mutex::new(setup_code.as_deref().map(sessions::session_hash)),
     });
+    sessions::spawn_purge(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;
     if let Some(days) = state.config.retain_days {
         retention::spawn(&state, days);
@@ -370,6 +397,7 @@ pub async fn start(
     Ok(RunningBroker {
         addr,
         state,
+        setup_code,
         shutdown: Some(tx),
         task,
     })

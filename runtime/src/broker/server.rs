@@ -244,9 +244,9 @@ pub async fn serve(
         let (app, stop, tls) = (app.clone(), stop_rx.clone(), tls.clone());
         tokio::spawn(async move {
             match tls {
-                None => serve_http(JsonErrors::new(io), app, flags, stop).await,
+                None => serve_http(JsonErrors::new(io), app, flags, stop, peer).await,
                 Some(acceptor) => match acceptor.accept(io).await {
-                    Ok(stream) => serve_http(JsonErrors::new(stream), app, flags, stop).await,
+                    Ok(stream) => serve_http(JsonErrors::new(stream), app, flags, stop, peer).await,
                     Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 },
             }
@@ -299,12 +299,21 @@ impl ConnFlags {
     }
 }
 
-async fn serve_http<S>(io: S, app: Router, flags: Arc<ConnFlags>, mut stop: watch::Receiver<bool>)
-where
+/// Serves HTTP on one connection; each request carries the socket peer as
+/// `ConnectInfo<SocketAddr>` (the sign-in and enrollment limits key on it).
+async fn serve_http<S>(
+    io: S,
+    app: Router,
+    flags: Arc<ConnFlags>,
+    mut stop: watch::Receiver<bool>,
+    peer: SocketAddr,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let app = hyper_util::service::TowerToHyperService::new(app);
-    let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
         flags.requests.fetch_add(1, Ordering::Relaxed);
         flags.awaiting_head.store(false, Ordering::Relaxed);
         if req.headers().contains_key(hyper::header::UPGRADE) {

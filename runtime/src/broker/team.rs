@@ -204,6 +204,8 @@ pub fn member_delete(conn: &Connection, name: &str) -> Result<bool, StoreError> 
     conn.execute("DELETE FROM tokens WHERE member_name = ?1", [name])?;
     conn.execute("DELETE FROM channel_members WHERE member_name = ?1", [name])?;
     conn.execute("DELETE FROM fs_grants WHERE member_name = ?1", [name])?;
+    super::sessions::sessions_delete_member(conn, name)?;
+    super::sessions::totp_delete(conn, name)?;
     Ok(conn.execute("DELETE FROM members WHERE name = ?1", [name])? == 1)
 }
 
@@ -305,8 +307,12 @@ pub fn tokens_revoke_all(conn: &Connection, member: &str) -> Result<usize, Store
     Ok(conn.execute("DELETE FROM tokens WHERE member_name = ?1", [member])?)
 }
 
-/// Whether the token with this id still exists (it was not revoked).
+/// Whether the token with this id still exists (it was not revoked); for a browser session
+/// (`session:<hash>`), whether the session is still live.
 pub fn token_id_exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+    if let Some(hash) = id.strip_prefix(super::sessions::SESSION_ID_PREFIX) {
+        return super::sessions::session_exists(conn, hash, super::now_ms());
+    }
     Ok(conn
         .prepare_cached("SELECT 1 FROM tokens WHERE id = ?1")?
         .exists([id])?)

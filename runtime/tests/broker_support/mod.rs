@@ -234,6 +234,14 @@ pub struct SseClient {
 }
 
 impl SseClient {
+    /// Reads the SSE stream of a response the caller sent itself (e.g. with a cookie).
+    pub fn from_response(resp: reqwest::Response) -> SseClient {
+        SseClient {
+            stream: Box::pin(resp.bytes_stream()),
+            buf: String::new(),
+        }
+    }
+
     /// The next event (skipping keepalive comments); panics after 5 s.
     pub async fn next_event(&mut self) -> SseEvent {
         tokio::time::timeout(Duration::from_secs(5), self.next_inner())

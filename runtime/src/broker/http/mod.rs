@@ -6,6 +6,8 @@ mod channels;
 mod chat;
 mod fs;
 mod objectives;
+mod security;
+mod session;
 mod subscribe;
 
 use std::sync::Arc;
@@ -105,11 +107,18 @@ pub(crate) fn router(state: Shared) -> Router {
             get(activity::list).post(activity::upload),
         )
         .route("/members/{name}/activity/stream", get(activity::stream))
+        .route("/session", get(session::get))
+        .route("/session/totp", post(session::login))
+        .route("/session/logout", post(session::logout))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&state),
+            security::layer,
+        ))
         .with_state(state)
 }
 
@@ -289,7 +298,7 @@ pub(crate) struct Caller {
     pub(crate) name: String,
     pub(crate) permissions: PermissionSet,
     /// Id of the token the request authenticated with (live streams remember it, so
-    /// revoking the token ends them).
+    /// revoking the token ends them); `session:<hash>` for a browser session.
     pub(crate) token_id: String,
 }
 
@@ -306,8 +315,9 @@ impl FromRequestParts<Shared> for Caller {
         parts: &mut Parts,
         state: &Shared,
     ) -> Result<Self, Self::Rejection> {
+        // Bearer first; a request without `Authorization` may sign in with the session cookie.
         let Some(value) = parts.headers.get(header::AUTHORIZATION) else {
-            return Err(ApiError::unauthorized("missing credentials"));
+            return session::cookie_caller(parts, state);
         };
         let value = value.to_str().unwrap_or("");
         // "Bearer" with nothing after it (proxies trim the trailing space) is an empty token.

@@ -1,0 +1,155 @@
+//! The outermost layer of the router: CSRF defence and security headers.
+//!
+//! * **CSRF.** A state-changing request (any method but GET, HEAD, OPTIONS) that carries no
+//!   `Authorization` header but the `ac7_session` cookie must carry an `Origin` (or, without
+//!   one, a `Referer`) naming the broker's own origin — the scheme it serves (`https` with TLS;
+//!   with `--trust-proxy`, `X-Forwarded-Proto`) and the request's `Host` — else 403
+//!   `{"error":"cross-origin request refused"}`. A WebSocket upgrade with the cookie gets the
+//!   same check. Any cookie-less, bearer-less state-changing request that names a *foreign*
+//!   `Origin` is refused too (a foreign page cannot drive login, setup or enrollment from a
+//!   visitor's browser). Bearer requests are exempt: a browser never attaches one by itself.
+//! * **Headers** on every response, errors included: a strict `Content-Security-Policy` (no
+//!   inline script or style: the web app ships its JS and CSS as files), `nosniff`,
+//!   `Referrer-Policy: no-referrer`, `X-Frame-Options: DENY`, `Cross-Origin-Opener-Policy` and
+//!   `Cross-Origin-Resource-Policy: same-origin`, and HSTS when the broker serves HTTPS. A
+//!   handler that sets its own CSP (file bodies: `sandbox`) keeps it.
+//! * **Sliding cookie.** When the request's session slid, the response carries a fresh
+//!   `Set-Cookie` with the full `Max-Age` (see [`super::session`]).
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::session::{COOKIE, CookieRefresh, cookie_value, https, set_cookie};
+use super::{ApiError, Shared};
+
+/// The policy of every response that does not set its own.
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+
+/// The origin this request was addressed to (`scheme://host[:port]`, lower case).
+fn own_origin(headers: &HeaderMap, state: &Shared) -> Option<String> {
+    let host = headers.get(header::HOST)?.to_str().ok()?.trim();
+    let forwarded_proto = || {
+        let v = headers.get("x-forwarded-proto")?.to_str().ok()?;
+        Some(v.split(',').next()?.trim().to_ascii_lowercase())
+    };
+    let scheme = match (state.config.trust_proxy, https(state)) {
+        (true, tls) => forwarded_proto().unwrap_or_else(|| scheme_of(tls).to_owned()),
+        (false, tls) => scheme_of(tls).to_owned(),
+    };
+    Some(format!("{scheme}://{}", host.to_ascii_lowercase()))
+}
+
+fn scheme_of(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
+/// The origin part (`scheme://authority`) of a URL, lower case.
+fn origin_of(url: &str) -> String {
+    let url = url.trim();
+    let rest_at = url.find("://").map_or(0, |i| i + 3);
+    let end = url[rest_at..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| rest_at + i);
+    url[..end].to_ascii_lowercase()
+}
+
+/// What the request says its origin is: `Origin`, else the origin of `Referer`.
+fn claimed_origin(headers: &HeaderMap) -> Option<String> {
+    let get = |h| headers.get(h).and_then(|v: &HeaderValue| v.to_str().ok());
+    match get(header::ORIGIN) {
+        Some(o) if o != "null" => Some(origin_of(o)),
+        Some(_) => Some("null".to_owned()),
+        None => get(header::REFERER).map(origin_of),
+    }
+}
+
+/// `Err(403)` when the request must prove it comes from the broker's own pages and does not.
+fn csrf_check(method: &Method, headers: &HeaderMap, state: &Shared) -> Result<(), ApiError> {
+    let upgrade = headers.contains_key(header::UPGRADE);
+    let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+    if !(changes || upgrade) || headers.contains_key(header::AUTHORIZATION) {
+        return Ok(());
+    }
+    let cookie = cookie_value(headers, COOKIE).is_some();
+    let claimed = claimed_origin(headers);
+    let own = own_origin(headers, state);
+    let same = matches!((&claimed, &own), (Some(c), Some(o)) if c == o);
+    let refused = if cookie {
+        !same
+    } else {
+        // No cookie: only a named foreign origin is refused.
+        changes && claimed.is_some() && !same
+    };
+    if refused {
+        tracing::warn!(
+            %method,
+            origin = claimed.as_deref().unwrap_or("(none)"),
+            "cross-origin request refused"
+        );
+        return Err(ApiError::forbidden("cross-origin request refused"));
+    }
+    Ok(())
+}
+
+/// The layer (see the module docs).
+pub(crate) async fn layer(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
+    let mut resp = match csrf_check(req.method(), req.headers(), &state) {
+        Err(e) => e.into_response(),
+        Ok(()) => {
+            let refresh = CookieRefresh::default();
+            req.extensions_mut().insert(refresh.clone());
+            let mut resp = next.run(req).await;
+            let slid = refresh
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(id) = slid
+                && !resp.headers().contains_key(header::SET_COOKIE)
+                && resp.status() != StatusCode::UNAUTHORIZED
+            {
+                resp.headers_mut().insert(
+                    header::SET_COOKIE,
+                    set_cookie(&state, &id, state.config.session_ttl.as_secs()),
+                );
+            }
+            resp
+        }
+    };
+    let h = resp.headers_mut();
+    let statics: [(&str, &'static str); 6] = [
+        ("content-security-policy", CSP),
+        ("x-content-type-options", "nosniff"),
+        ("referrer-policy", "no-referrer"),
+        ("x-frame-options", "DENY"),
+        ("cross-origin-opener-policy", "same-origin"),
+        ("cross-origin-resource-policy", "same-origin"),
+    ];
+    for (name, value) in statics {
+        h.entry(name).or_insert(HeaderValue::from_static(value));
+    }
+    if https(&state) {
+        h.entry(header::STRICT_TRANSPORT_SECURITY)
+            .or_insert(HeaderValue::from_static("max-age=31536000"));
+    }
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins_are_cut_from_urls() {
+        assert_eq!(origin_of("http://127.0.0.1:9/x/y?z"), "http://127.0.0.1:9");
+        assert_eq!(origin_of("HTTPS://Example.com"), "https://example.com");
+        assert_eq!(origin_of("https://a.b?x#y"), "https://a.b");
+        let mut h = HeaderMap::new();
+        h.insert(header::REFERER, HeaderValue::from_static("http://h:1/page"));
+        assert_eq!(claimed_origin(&h).as_deref(), Some("http://h:1"));
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert_eq!(claimed_origin(&h).as_deref(), Some("null"));
+    }
+}

@@ -1,0 +1,376 @@
+//! Browser sign-in: TOTP login, the session cookie, `GET /session`, logout, TOTP enrollment and
+//! the first-admin setup.
+//!
+//! * `POST /session/totp {code, member?}` → `200 {member, role, permissions, expiresAt}` and
+//!   `Set-Cookie: ac7_session=<id>; HttpOnly; SameSite=Strict; Path=/; Max-Age=604800` (plus
+//!   `Secure` when the broker serves HTTPS). A code that is not six digits is 400 `invalid login
+//!   payload` (not counted); a wrong code 401 `invalid code`; a replayed one 401 `code already
+//!   used; wait for the next code`. Without `member` the code is tried against every member with
+//!   TOTP; when it matches more than one (a one-in-a-million collision) the answer is 401 asking
+//!   for the name. Failures count against the client address and (when given) the member:
+//!   5 failures in 15 minutes lock that key, 429 `too many attempts; try again later` with
+//!   `retryAfter` and a `Retry-After` header; a success clears both keys. Keying codeless
+//!   attempts on the address (not on one global bucket, as ac7 does) means nobody can lock
+//!   every member out.
+//! * The cookie authenticates every API route after a bearer token (a request with
+//!   `Authorization` is never read as a cookie request). Its session slides: each use moves the
+//!   server-side expiry to now + 7 days, and the response then carries a fresh `Set-Cookie` with
+//!   the full `Max-Age`, so the browser's copy slides too (ac7 sets it once at login).
+//! * `GET /session` → the login shape (bearer callers get `expiresAt = 9007199254740991`).
+//! * `POST /session/logout` → 204, deletes the cookie's session server-side (ending its live
+//!   streams) and clears the cookie — also when the session had already expired, and without
+//!   needing valid credentials (ac7 answers 401 then and leaves the cookie).
+
+use std::net::{IpAddr, SocketAddr};
+
+use ac7_protocol::signin::limiter::Locked;
+use ac7_protocol::signin::totp::{self, TotpError};
+use axum::extract::{ConnectInfo, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
+use crate::broker::hub::Closed;
+use crate::broker::sessions::{self, SESSION_ID_PREFIX};
+use crate::broker::{now_ms, team};
+
+/// The session cookie's name.
+pub(crate) const COOKIE: &str = "ac7_session";
+
+/// `expiresAt` of a caller that did not sign in with a session (JavaScript's largest safe integer).
+const NO_EXPIRY: i64 = 9_007_199_254_740_991;
+
+/// The value of cookie `name` in the request's `Cookie` headers.
+pub(crate) fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (k, v) = pair.trim().split_once('=')?;
+            (k.trim() == name).then(|| v.trim().trim_matches('"'))
+        })
+        .filter(|v| !v.is_empty())
+}
+
+/// Whether the broker serves HTTPS (cookies get `Secure`, responses HSTS).
+pub(crate) fn https(state: &Shared) -> bool {
+    state.config.tls.is_some()
+}
+
+/// The `Set-Cookie` value for session `id` (empty id and `max_age` 0: clears it).
+pub(crate) fn set_cookie(state: &Shared, id: &str, max_age_secs: u64) -> HeaderValue {
+    let secure = if https(state) { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{COOKIE}={id}; HttpOnly; SameSite=Strict; Path=/; Max-Age={max_age_secs}{secure}"
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static("ac7_session=; Path=/; Max-Age=0"))
+}
+
+fn ttl_ms(state: &Shared) -> i64 {
+    i64::try_from(state.config.session_ttl.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Set on a request by the security layer; the cookie resolver fills it when it slid the
+/// session, and the layer then refreshes the browser's cookie on the response.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CookieRefresh(pub(crate) std::sync::Arc<std::sync::Mutex<Option<String>>>);
+
+/// Resolves the `ac7_session` cookie of a request without `Authorization` (B§0.2 bodies).
+pub(crate) fn cookie_caller(parts: &Parts, state: &Shared) -> Result<Caller, ApiError> {
+    let Some(id) = cookie_value(&parts.headers, COOKIE) else {
+        return Err(ApiError::unauthorized("missing credentials"));
+    };
+    let hash = sessions::session_hash(id);
+    let now = now_ms();
+    let ttl = ttl_ms(state);
+    let Some(row) = state
+        .store
+        .read(|conn| sessions::session_get(conn, &hash, now))?
+    else {
+        return Err(ApiError::unauthorized("session expired"));
+    };
+    let member = state
+        .store
+        .read(|conn| team::member_get(conn, &row.member))?;
+    let Some(member) = member else {
+        state
+            .store
+            .with(|conn| sessions::session_delete(conn, &hash))?;
+        return Err(ApiError::unauthorized("session member no longer exists"));
+    };
+    // Slide when the expiry moved by at least a step (not a write per request).
+    if now.saturating_add(ttl) - row.expires_at >= sessions::slide_step(ttl) {
+        state
+            .store
+            .with(|conn| sessions::session_slide(conn, &hash, now, ttl))?;
+        if let Some(slot) = parts.extensions.get::<CookieRefresh>() {
+            *slot
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_owned());
+        }
+    }
+    Ok(Caller {
+        name: member.name,
+        permissions: member.permissions,
+        token_id: format!("{SESSION_ID_PREFIX}{hash}"),
+    })
+}
+
+/// The client address a limit keys on: the socket peer, or with `--trust-proxy` the first
+/// `X-Forwarded-For` entry (falling back to the peer when it is absent or not an address).
+pub(crate) fn client_addr(parts: &Parts, state: &Shared) -> String {
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip());
+    let forwarded = || {
+        let v = parts.headers.get("x-forwarded-for")?.to_str().ok()?;
+        v.split(',').next()?.trim().parse::<IpAddr>().ok()
+    };
+    let ip = if state.config.trust_proxy {
+        forwarded().or(peer)
+    } else {
+        peer
+    };
+    ip.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string())
+}
+
+/// 429 for a locked sign-in key.
+fn locked(l: Locked) -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too many attempts; try again later",
+    )
+    .with("retryAfter", json!(l.retry_after));
+    e.retry_after = Some(l.retry_after);
+    e
+}
+
+fn now_secs() -> u64 {
+    u64::try_from(now_ms() / 1000).unwrap_or(0)
+}
+
+/// Checks the sign-in limiter for every key; the first lock wins.
+pub(crate) fn limiter_check(state: &Shared, keys: &[String], now: u64) -> Result<(), ApiError> {
+    let limiter = state
+        .signin_limiter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for k in keys {
+        limiter.check(k, now).map_err(locked)?;
+    }
+    Ok(())
+}
+
+/// Records a failure on every key (and purges closed windows now and then).
+pub(crate) fn limiter_fail(state: &Shared, keys: &[String], now: u64) {
+    let mut limiter = state
+        .signin_limiter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if limiter.len() > 10_000 {
+        limiter.purge(now);
+    }
+    for k in keys {
+        let _ = limiter.record_failure(k.clone(), now);
+    }
+}
+
+fn limiter_clear(state: &Shared, keys: &[String]) {
+    let mut limiter = state
+        .signin_limiter
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for k in keys {
+        limiter.record_success(k);
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoginBody {
+    code: String,
+    #[serde(default)]
+    member: Option<String>,
+}
+
+/// The 6-digit shape check shared by login, setup and confirmation (400, never counted).
+pub(crate) fn check_code(code: &str, thing: &str) -> Result<(), ApiError> {
+    if code.len() == 6 && code.bytes().all(|b| b.is_ascii_digit()) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            thing,
+            vec![json!({
+                "origin": "string", "code": "invalid_format", "format": "regex",
+                "pattern": "/^\\d{6}$/", "path": ["code"],
+                "message": "code must be 6 digits",
+            })],
+        ))
+    }
+}
+
+/// The answer to a TOTP verification failure.
+pub(crate) fn totp_refusal(e: TotpError) -> ApiError {
+    match e {
+        TotpError::Replayed => ApiError::unauthorized(e.to_string()),
+        TotpError::Malformed | TotpError::Invalid => ApiError::unauthorized("invalid code"),
+    }
+}
+
+/// The login shape `{member, role, permissions, expiresAt}`.
+fn session_shape(m: &team::MemberRecord, expires_at: i64) -> super::Obj {
+    obj! {
+        "member" => &m.name,
+        "role" => &m.role,
+        "permissions" => &m.permissions,
+        "expiresAt" => &expires_at,
+    }
+}
+
+/// `POST /session/totp`.
+pub(super) async fn login(
+    State(state): State<Shared>,
+    parts: Parts,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    let b: LoginBody = parse_json(&body, "login")?;
+    check_code(&b.code, "login")?;
+    let now = now_secs();
+    let mut keys = vec![format!("addr:{}", client_addr(&parts, &state))];
+    if let Some(m) = &b.member {
+        keys.push(format!("member:{m}"));
+    }
+    limiter_check(&state, &keys, now)?;
+    let ua = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
+    let ttl = ttl_ms(&state);
+    let outcome = state.store.with(|conn| -> Result<_, ApiError> {
+        let candidates: Vec<(String, String, Option<u64>)> = match &b.member {
+            Some(name) => sessions::totp_enrolled(conn)?
+                .into_iter()
+                .filter(|(n, _, _)| n == name)
+                .collect(),
+            None => sessions::totp_enrolled(conn)?,
+        };
+        let mut matched: Vec<(String, u64)> = Vec::new();
+        let mut replayed = false;
+        for (name, secret, last) in candidates {
+            let Ok(key) = totp::base32_decode(&secret) else {
+                tracing::error!(member = %name, "stored TOTP secret is not base32");
+                continue;
+            };
+            match totp::verify(&key, &b.code, now, last) {
+                Ok(step) => matched.push((name, step)),
+                Err(TotpError::Replayed) => replayed = true,
+                Err(_) => {}
+            }
+        }
+        let (name, step) = match matched.len() {
+            1 => matched.remove(0),
+            0 if replayed => return Ok(Err(totp_refusal(TotpError::Replayed))),
+            0 => return Ok(Err(totp_refusal(TotpError::Invalid))),
+            _ => {
+                return Ok(Err(ApiError::unauthorized(
+                    "this code matches more than one member; sign in with your name (member)",
+                )));
+            }
+        };
+        let Some(m) = team::member_get(conn, &name)? else {
+            return Ok(Err(totp_refusal(TotpError::Invalid)));
+        };
+        sessions::totp_accept_step(conn, &name, step)?;
+        let (id, row) = sessions::session_create(conn, &name, ua, now_ms(), ttl)?;
+        Ok(Ok((m, id, row)))
+    })?;
+    match outcome {
+        Ok((m, id, row)) => {
+            keys.push(format!("member:{}", m.name));
+            limiter_clear(&state, &keys);
+            tracing::info!(member = %m.name, "signed in (TOTP)");
+            let mut resp = reply(StatusCode::OK, &session_shape(&m, row.expires_at));
+            resp.headers_mut().insert(
+                header::SET_COOKIE,
+                set_cookie(&state, &id, state.config.session_ttl.as_secs()),
+            );
+            Ok(resp)
+        }
+        Err(e) => {
+            limiter_fail(&state, &keys, now);
+            Err(e)
+        }
+    }
+}
+
+/// `GET /session`.
+pub(super) async fn get(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
+    let now = now_ms();
+    let (member, expires) = state.store.read(|conn| -> Result<_, ApiError> {
+        let m = team::member_get(conn, &caller.name)?
+            .ok_or_else(|| ApiError::unauthorized("session member no longer exists"))?;
+        let expires = match caller.token_id.strip_prefix(SESSION_ID_PREFIX) {
+            Some(hash) => {
+                sessions::session_get(conn, hash, now)?
+                    .ok_or_else(|| ApiError::unauthorized("session expired"))?
+                    .expires_at
+            }
+            None => NO_EXPIRY,
+        };
+        Ok((m, expires))
+    })?;
+    Ok(reply(StatusCode::OK, &session_shape(&member, expires)))
+}
+
+/// `POST /session/logout`: ends the cookie's session (if any) and clears the cookie.
+pub(super) async fn logout(
+    State(state): State<Shared>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    if let Some(id) = cookie_value(&headers, COOKIE) {
+        let hash = sessions::session_hash(id);
+        let member = state.store.with(|conn| -> Result<_, ApiError> {
+            let row = sessions::session_get(conn, &hash, i64::MIN)?;
+            sessions::session_delete(conn, &hash)?;
+            Ok(row.map(|r| r.member))
+        })?;
+        if let Some(member) = member {
+            let token_id = format!("{SESSION_ID_PREFIX}{hash}");
+            state.hub.close_token(&member, &token_id);
+            state
+                .activity_hub
+                .close_owner(&member, Some(&token_id), Closed::Revoked);
+            tracing::info!(%member, "signed out");
+        }
+    }
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(&state, "", 0));
+    Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookies_are_found_among_others() {
+        let mut h = HeaderMap::new();
+        h.append(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; ac7_session=xyz; b=2"),
+        );
+        assert_eq!(cookie_value(&h, COOKIE), Some("xyz"));
+        let mut h = HeaderMap::new();
+        h.append(header::COOKIE, HeaderValue::from_static("x_ac7_session=no"));
+        h.append(header::COOKIE, HeaderValue::from_static("ac7_session="));
+        assert_eq!(cookie_value(&h, COOKIE), None);
+    }
+}

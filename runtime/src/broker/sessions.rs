@@ -1,0 +1,330 @@
+//! Web sign-in state in the store: browser sessions and members' TOTP secrets.
+//!
+//! * **Sessions.** A session id is 32 random bytes, base64url (43 characters); it travels only
+//!   in the `ac7_session` cookie. The store keeps its SHA-256 (hex), never the id, so a copy of
+//!   the database signs nobody in. A session lives [`SESSION_TTL`] after its last use (sliding:
+//!   a cookie-authenticated request moves `expires_at` forward, at most once per
+//!   [`slide_step`] so a busy browser does not write on every request). Logout and member
+//!   removal delete it server-side; expired rows count as absent at once and are deleted at
+//!   start and then hourly ([`spawn_purge`]).
+//! * **TOTP secrets** (RFC 6238, base32) live in `member_totp`. There is no key-encryption key
+//!   in ac7-rs: the secret is stored as text in the database, which is created `0600` in a
+//!   `0700` directory like every other secret-bearing file (tokens are stored hashed, but a TOTP
+//!   secret must be readable to verify a code). `last_step` is the replay guard: a code at or
+//!   before it is refused. A re-enrollment is *pending* (`pending_secret`) until confirmed with a
+//!   code from the new secret; only then does it replace the old one (and reset `last_step`).
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use base64::Engine as _;
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::AppState;
+use super::db::StoreError;
+use super::tokens;
+
+/// How long a session lives after its last use: 7 days.
+pub const SESSION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The prefix that marks a caller's credential id as a session (bearer callers carry a
+/// token id; see `http::Caller::token_id`).
+pub const SESSION_ID_PREFIX: &str = "session:";
+
+/// How often a running broker deletes expired sessions.
+const PURGE_EVERY: Duration = Duration::from_secs(3600);
+
+/// The smallest move of a sliding expiry worth a write: a sixtieth of the TTL, at most a minute.
+pub fn slide_step(ttl_ms: i64) -> i64 {
+    (ttl_ms / 60).clamp(1, 60_000)
+}
+
+/// A fresh session id (32 random bytes, base64url). Fails only without an OS entropy source.
+pub fn new_session_id() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)?;
+    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// The stored key of a session id.
+pub fn session_hash(id: &str) -> String {
+    tokens::sha256_hex(id.as_bytes())
+}
+
+/// A live session as read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionRow {
+    /// SHA-256 (hex) of the id.
+    pub hash: String,
+    /// Who signed in.
+    pub member: String,
+    /// Expiry (epoch ms).
+    pub expires_at: i64,
+}
+
+/// Stores a new session of `member` for `ttl_ms`; returns the id (for the cookie) and the row.
+pub fn session_create(
+    conn: &Connection,
+    member: &str,
+    user_agent: Option<&str>,
+    now: i64,
+    ttl_ms: i64,
+) -> Result<(String, SessionRow), StoreError> {
+    let id = new_session_id().map_err(|e| StoreError::Corrupt(format!("no entropy: {e}")))?;
+    let row = SessionRow {
+        hash: session_hash(&id),
+        member: member.to_owned(),
+        expires_at: now.saturating_add(ttl_ms),
+    };
+    conn.prepare_cached(
+        "INSERT INTO sessions (hash, member_name, created_at, expires_at, last_seen, user_agent)
+         VALUES (?1, ?2, ?3, ?4, ?3, ?5)",
+    )?
+    .execute(params![
+        row.hash,
+        row.member,
+        now,
+        row.expires_at,
+        user_agent.map(|ua| ua.chars().take(256).collect::<String>())
+    ])?;
+    Ok((id, row))
+}
+
+/// The live session with this id hash, if any (expired rows count as absent).
+pub fn session_get(
+    conn: &Connection,
+    hash: &str,
+    now: i64,
+) -> Result<Option<SessionRow>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT hash, member_name, expires_at FROM sessions WHERE hash = ?1 AND expires_at > ?2",
+        )?
+        .query_row(params![hash, now], |r| {
+            Ok(SessionRow {
+                hash: r.get(0)?,
+                member: r.get(1)?,
+                expires_at: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Moves a session's expiry to `now + ttl_ms`.
+pub fn session_slide(
+    conn: &Connection,
+    hash: &str,
+    now: i64,
+    ttl_ms: i64,
+) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE sessions SET expires_at = ?2, last_seen = ?3 WHERE hash = ?1")?
+        .execute(params![hash, now.saturating_add(ttl_ms), now])?;
+    Ok(())
+}
+
+/// Deletes one session; whether it existed.
+pub fn session_delete(conn: &Connection, hash: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("DELETE FROM sessions WHERE hash = ?1")?
+        .execute([hash])?
+        == 1)
+}
+
+/// Deletes every session of a member (removed, or its sign-in secret replaced).
+pub fn sessions_delete_member(conn: &Connection, member: &str) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached("DELETE FROM sessions WHERE member_name = ?1")?
+        .execute([member])?)
+}
+
+/// Whether a live (unexpired) session has this id hash.
+pub fn session_exists(conn: &Connection, hash: &str, now: i64) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE hash = ?1 AND expires_at > ?2")?
+        .exists(params![hash, now])?)
+}
+
+/// Deletes the sessions that expired before `now`; how many.
+pub fn sessions_purge(conn: &Connection, now: i64) -> Result<usize, StoreError> {
+    Ok(conn
+        .prepare_cached("DELETE FROM sessions WHERE expires_at <= ?1")?
+        .execute([now])?)
+}
+
+/// Purges expired sessions now and then every hour while the broker runs.
+pub fn spawn_purge(state: &Arc<AppState>) {
+    let weak: Weak<AppState> = Arc::downgrade(state);
+    tokio::spawn(async move {
+        loop {
+            let Some(state) = weak.upgrade() else { return };
+            match state
+                .store
+                .with(|conn| sessions_purge(conn, super::now_ms()))
+            {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(sessions = n, "purged expired sessions"),
+                Err(e) => tracing::warn!(error = %e, "cannot purge expired sessions"),
+            }
+            drop(state);
+            tokio::time::sleep(PURGE_EVERY).await;
+        }
+    });
+}
+
+/// A member's sign-in secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TotpRow {
+    /// The confirmed secret (base32), if any.
+    pub secret: Option<String>,
+    /// The last accepted time step (replay guard).
+    pub last_step: Option<u64>,
+    /// A secret issued by a re-enrollment, waiting for its confirming code.
+    pub pending: Option<String>,
+}
+
+/// The TOTP row of `member`, if it has one.
+pub fn totp_get(conn: &Connection, member: &str) -> Result<Option<TotpRow>, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT secret, last_step, pending_secret FROM member_totp WHERE member_name = ?1",
+        )?
+        .query_row([member], |r| {
+            Ok(TotpRow {
+                secret: r.get(0)?,
+                last_step: r
+                    .get::<_, Option<i64>>(1)?
+                    .and_then(|s| u64::try_from(s).ok()),
+                pending: r.get(2)?,
+            })
+        })
+        .optional()?)
+}
+
+/// Every member with a confirmed secret, in member creation order: `(name, secret, last_step)`.
+pub fn totp_enrolled(conn: &Connection) -> Result<Vec<(String, String, Option<u64>)>, StoreError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT t.member_name, t.secret, t.last_step FROM member_totp t
+         JOIN members m ON m.name = t.member_name
+         WHERE t.secret IS NOT NULL ORDER BY m.seq",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, Option<i64>>(2)?
+                .and_then(|s| u64::try_from(s).ok()),
+        ))
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Whether any member can sign in with TOTP (else the team needs its first-admin setup).
+pub fn totp_any(conn: &Connection) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare_cached(
+            "SELECT 1 FROM member_totp t JOIN members m ON m.name = t.member_name
+             WHERE t.secret IS NOT NULL",
+        )?
+        .exists([])?)
+}
+
+/// Sets `member`'s confirmed secret (replacing any, clearing the replay guard and any pending one).
+pub fn totp_set(conn: &Connection, member: &str, secret: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO member_totp (member_name, secret, last_step, pending_secret) VALUES (?1, ?2, NULL, NULL)
+         ON CONFLICT(member_name) DO UPDATE SET secret = ?2, last_step = NULL, pending_secret = NULL",
+    )?
+    .execute(params![member, secret])?;
+    Ok(())
+}
+
+/// Records a pending (unconfirmed) secret for `member`, keeping the confirmed one.
+pub fn totp_set_pending(conn: &Connection, member: &str, secret: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO member_totp (member_name, secret, last_step, pending_secret) VALUES (?1, NULL, NULL, ?2)
+         ON CONFLICT(member_name) DO UPDATE SET pending_secret = ?2",
+    )?
+    .execute(params![member, secret])?;
+    Ok(())
+}
+
+/// Persists the last accepted step of `member`'s confirmed secret.
+pub fn totp_accept_step(conn: &Connection, member: &str, step: u64) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE member_totp SET last_step = ?2 WHERE member_name = ?1")?
+        .execute(params![member, i64::try_from(step).unwrap_or(i64::MAX)])?;
+    Ok(())
+}
+
+/// Forgets `member`'s sign-in secrets (member removed).
+pub fn totp_delete(conn: &Connection, member: &str) -> Result<(), StoreError> {
+    conn.prepare_cached("DELETE FROM member_totp WHERE member_name = ?1")?
+        .execute([member])?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::broker::db::Store;
+
+    #[test]
+    fn sessions_slide_expire_and_purge() {
+        let store = Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            let (id, row) = session_create(conn, "ann", Some("ua"), 1_000, 100).unwrap();
+            assert_eq!(id.len(), 43);
+            assert_eq!(row.hash, session_hash(&id));
+            // the id itself is not stored
+            let stored: i64 = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM sessions WHERE hash = ?1",
+                    [&id],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            assert_eq!(stored, 0);
+            assert_eq!(
+                session_get(conn, &row.hash, 1_099).unwrap().unwrap().member,
+                "ann"
+            );
+            assert!(session_get(conn, &row.hash, 1_100).unwrap().is_none());
+            session_slide(conn, &row.hash, 1_050, 100).unwrap();
+            assert!(session_exists(conn, &row.hash, 1_100).unwrap());
+            assert_eq!(sessions_purge(conn, 1_149).unwrap(), 0);
+            assert_eq!(sessions_purge(conn, 1_150).unwrap(), 1);
+            let (_, r2) = session_create(conn, "ann", None, 0, 100).unwrap();
+            assert!(session_delete(conn, &r2.hash).unwrap());
+            assert!(!session_delete(conn, &r2.hash).unwrap());
+        });
+        assert_eq!(slide_step(SESSION_TTL.as_millis() as i64), 60_000);
+        assert_eq!(slide_step(1_200), 20);
+    }
+
+    #[test]
+    fn totp_pending_does_not_replace_until_set() {
+        let store = Store::open_in_memory().unwrap();
+        store.with(|conn| {
+            totp_set(conn, "ann", "AAAA").unwrap();
+            totp_accept_step(conn, "ann", 7).unwrap();
+            totp_set_pending(conn, "ann", "BBBB").unwrap();
+            let row = totp_get(conn, "ann").unwrap().unwrap();
+            assert_eq!(
+                row,
+                TotpRow {
+                    secret: Some("AAAA".into()),
+                    last_step: Some(7),
+                    pending: Some("BBBB".into())
+                }
+            );
+            totp_set(conn, "ann", "BBBB").unwrap();
+            let row = totp_get(conn, "ann").unwrap().unwrap();
+            assert_eq!(
+                (row.secret.as_deref(), row.last_step, row.pending),
+                (Some("BBBB"), None, None)
+            );
+            // a member with only a pending secret cannot sign in
+            totp_set_pending(conn, "bob", "CCCC").unwrap();
+            assert_eq!(totp_get(conn, "bob").unwrap().unwrap().secret, None);
+        });
+    }
+}
