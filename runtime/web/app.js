@@ -369,3 +369,7 @@ document.addEventListener('keydown', (ev) => {
 boot();
 
 // ---- Q2 views (objectives, files, activity): imports below this line ----
+import './objectives.js';
+import './files.js';
+import './activity.js';
+// ---- end of Q2 views ----

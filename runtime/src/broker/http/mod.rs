@@ -110,11 +110,14 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/session", get(session::get))
         .route("/session/totp", post(session::login))
         .route("/session/logout", post(session::logout))
+        // The web app: its assets, and the shell for browser navigations (broker/web.rs).
+        .route("/_app/{*path}", get(super::web::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(super::web::shell))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             security::layer,
