@@ -219,7 +219,11 @@ export async function render() {
     const c = await m.route.render({ params: m.params, query, el, path });
     if (renderToken !== token) {
       if (typeof c === 'function') c();
-    } else cleanup = c;
+    } else {
+      cleanup = c;
+      // The ready marker (browser tests, `ac7-bench web`): the first view has rendered.
+      document.body.dataset.ready = '1';
+    }
   } catch (e) {
     if (renderToken !== token) return;
     if (e instanceof ApiError && e.status === 401) return;

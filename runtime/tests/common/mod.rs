@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 
 pub mod ash;
 pub mod npm;
+pub mod webdriver;
 
 /// The `ac7` binary under test.
 pub fn ac7() -> &'static str {
