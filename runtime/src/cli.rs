@@ -66,6 +66,9 @@ pub enum Command {
     /// The stand-in agent `ac7 quickstart` runs under `ac7 run`: answers direct messages.
     #[command(hide = true)]
     DemoAgent(crate::demo_agent::DemoAgentArgs),
+    /// Connect this device to a broker: shows a code for a team admin to approve in the web
+    /// app, then stores the token (0600) that every verb uses for that URL.
+    Connect(crate::connect::ConnectArgs),
 }
 
 /// The `ac7` command tree as clap sees it, with the values of environment variables hidden
@@ -174,6 +177,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::AshBridge(args) => Ok(crate::ash_bridge::run(args)),
         Command::Quickstart(args) => crate::quickstart::quickstart(args),
         Command::DemoAgent(args) => Ok(crate::demo_agent::run(args)),
+        Command::Connect(args) => crate::connect::connect(args),
     }
 }
 

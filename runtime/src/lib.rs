@@ -11,6 +11,7 @@ pub mod call_tool_bridge;
 pub mod call_tool_host;
 pub mod cli;
 pub mod clock;
+pub mod connect;
 pub mod demo_agent;
 mod fsutil;
 pub mod ipc_server;

@@ -2,7 +2,7 @@
 //! `ac7 history`, `ac7 objectives …`.
 //!
 //! The broker is `AC7_URL` (default `http://127.0.0.1:8717`) and the caller's
-//! bearer token is `AC7_TOKEN` (or `--url` / `--token`). A refused request prints
+//! bearer token is `AC7_TOKEN` (or `--url` / `--token`, else the token `ac7 connect` stored). A refused request prints
 //! the broker's own error message and exits non-zero.
 
 use anyhow::{Context, bail};
@@ -179,11 +179,8 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(conn: &OperatorConn) -> anyhow::Result<Client> {
-        let token = conn
-            .token
-            .clone()
-            .filter(|t| !t.is_empty())
-            .context("no token: set AC7_TOKEN or pass --token")?;
+        let token = crate::connect::resolve_token(conn.token.as_deref(), &conn.url)
+            .ok_or_else(|| crate::connect::no_token(&conn.url))?;
         let http = crate::tls_client::builder()?
             .timeout(std::time::Duration::from_secs(30))
             .build()?;

@@ -83,6 +83,11 @@ pub struct ServeArgs {
     /// Live subscriptions (SSE or WebSocket) one member may hold at once; more get 429.
     #[arg(long, default_value_t = 32)]
     pub max_subscriptions: usize,
+    /// Behind a reverse proxy: take the client address (sign-in and enrollment limits) from the
+    /// first `X-Forwarded-For` entry and the scheme (CSRF origin check) from `X-Forwarded-Proto`.
+    /// Only with a proxy that overwrites those headers: clients can set them.
+    #[arg(long)]
+    pub trust_proxy: bool,
 }
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
@@ -164,6 +169,7 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
     };
     config.queue_bytes = args.subscriber_queue_bytes;
     config.max_subscriptions_per_member = args.max_subscriptions;
+    config.trust_proxy = args.trust_proxy;
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let files = super::server::TlsFiles {
             cert: cert.clone(),
@@ -273,6 +279,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
                 url = url.replacen("http://", "https://", 1);
             }
             print!("{}", super::first_run::next_steps(&url, creds));
+        }
+        if let Some(code) = &broker.setup_code {
+            let mut url = super::first_run::client_url(broker.addr);
+            if tls {
+                url = url.replacen("http://", "https://", 1);
+            }
+            print!("{}", super::first_run::setup_text(&url, code));
         }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {

@@ -81,6 +81,15 @@ pub fn next_steps(url: &str, creds: &[Credential]) -> String {
     )
 }
 
+/// The one-time first-admin setup URL, printed while no member can sign in to the web app.
+pub fn setup_text(url: &str, code: &str) -> String {
+    format!(
+        "sign-in setup: nobody can sign in to the web app yet. Open this one-time URL in a browser\n\
+         to enroll the first admin's authenticator (TOTP); it works once, for this run only:\n  \
+         {url}/setup?code={code}\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -204,6 +204,8 @@ pub struct AppState {
     /// SHA-256 of the one-time first-admin setup code, while the team has no member with
     /// TOTP (see `http::session`).
     pub(crate) setup_code: std::sync::Mutex<Option<String>>,
+    /// Device-code enrollments (`ac7 connect`).
+    pub(crate) enroll: std::sync::Mutex<http::enroll::EnrollDesk>,
 }
 
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
@@ -381,8 +383,10 @@ pub async fn start(
             ac7_protocol::signin::limiter::SIGN_IN,
         )),
         setup_code: std::sync::Mutex::new(setup_code.as_deref().map(sessions::session_hash)),
+        enroll: Default::default(),
     });
     sessions::spawn_purge(&state);
+    http::enroll::spawn_expiry(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;
     if let Some(days) = state.config.retain_days {
         retention::spawn(&state, days);

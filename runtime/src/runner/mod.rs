@@ -1,7 +1,7 @@
 //! The runner: `ac7 claude-code` and `ac7 run -- <cmd>`. It joins one agent to the team.
 //!
 //! Start-up, in order (any failure: one `ac7: …` line on stderr, exit 2, nothing left behind):
-//! 1. the token (`--token` / `AC7_TOKEN`) and the broker (`--url` / `AC7_URL`, default
+//! 1. the token (`--token` / `AC7_TOKEN` / the one `ac7 connect` stored for the URL) and the broker (`--url` / `AC7_URL`, default
 //!    `http://127.0.0.1:8717`); `GET /briefing`;
 //! 2. the IPC socket (`$TMPDIR/.ac7-runner-<pid>.sock`, 0600; the sockets and lock files that
 //!    runners which died left in `$TMPDIR` are removed first) and the request handler: `tools/list`
@@ -233,11 +233,11 @@ pub(crate) async fn start_core(
     opts: &RunnerOpts,
     policy: BridgePolicy,
 ) -> Result<Core, StartError> {
-    let token = opts.token.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
-        StartError(
-            "no token: pass --token or set AC7_TOKEN (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)"
-                .into(),
-        )
+    let token = crate::connect::resolve_token(opts.token.as_deref(), &opts.url).ok_or_else(|| {
+        StartError(format!(
+            "no token for {url}: pass --token, set AC7_TOKEN, or run `ac7 connect --url {url}` once (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)",
+            url = opts.url
+        ))
     })?;
     let client = BrokerClient::new(&opts.url, &token).map_err(|e| StartError(e.0))?;
     let briefing = client.briefing().await.map_err(|e| {

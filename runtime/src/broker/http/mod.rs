@@ -4,6 +4,7 @@ mod activity;
 mod admin;
 mod channels;
 mod chat;
+pub(crate) mod enroll;
 mod fs;
 mod objectives;
 mod security;
@@ -112,6 +113,18 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/session/logout", post(session::logout))
         // The web app: its assets, and the shell for browser navigations (broker/web.rs).
         .route("/_app/{*path}", get(super::web::asset))
+        .route("/members/{name}/enroll-totp", post(session::enroll_totp))
+        .route(
+            "/members/{name}/enroll-totp/confirm",
+            post(session::enroll_totp_confirm),
+        )
+        .route("/setup/status", get(session::setup_status))
+        .route("/setup", post(session::setup))
+        .route("/enroll", post(enroll::create))
+        .route("/enroll/poll", post(enroll::poll))
+        .route("/enroll/pending", get(enroll::pending))
+        .route("/enroll/approve", post(enroll::approve))
+        .route("/enroll/reject", post(enroll::reject))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))

@@ -356,6 +356,224 @@ pub(super) async fn logout(
     Ok(resp)
 }
 
+/// A fresh TOTP secret (base32 of 20 random bytes).
+fn new_totp_secret() -> Result<String, ApiError> {
+    let mut bytes = [0u8; totp::SECRET_BYTES];
+    getrandom::fill(&mut bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("no entropy for a secret: {e}"),
+        )
+    })?;
+    Ok(totp::new_secret(&bytes))
+}
+
+/// The `otpauth://` URI of `member`'s secret: issuer `ac7`, account `<member> (<team>)`, so an
+/// authenticator app lists which team the code is for.
+fn totp_uri(team_name: &str, member: &str, secret: &str) -> String {
+    totp::otpauth_uri("ac7", &format!("{member} ({team_name})"), secret)
+}
+
+/// The QR code of `uri` as a standalone SVG document (dark modules on white, with the quiet
+/// zone). The web app shows it as an image (`data:image/svg+xml,…`, allowed by the CSP).
+pub(crate) fn qr_svg(uri: &str) -> Result<String, ApiError> {
+    let code = qrcode::QrCode::with_error_correction_level(uri.as_bytes(), qrcode::EcLevel::M)
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot encode the QR code: {e}"),
+            )
+        })?;
+    Ok(code
+        .render::<qrcode::render::svg::Color<'_>>()
+        .min_dimensions(200, 200)
+        .dark_color(qrcode::render::svg::Color("#000000"))
+        .light_color(qrcode::render::svg::Color("#ffffff"))
+        .build())
+}
+
+/// `{totpSecret, totpUri, qrSvg}` for `member`'s new secret.
+fn enrollment_shape(
+    conn: &rusqlite::Connection,
+    member: &str,
+    secret: &str,
+) -> Result<(String, String), ApiError> {
+    let team_name = team::team_get(conn)?.map(|t| t.name).unwrap_or_default();
+    let uri = totp_uri(&team_name, member, secret);
+    let svg = qr_svg(&uri)?;
+    Ok((uri, svg))
+}
+
+fn self_or_manager(caller: &Caller, name: &str, doing: &str) -> Result<(), ApiError> {
+    if caller.name == name {
+        return Ok(());
+    }
+    ApiError::require(
+        caller.permissions,
+        ac7_protocol::permission::Permission::MembersManage,
+        doing,
+    )
+}
+
+/// `POST /members/:name/enroll-totp` (`members.manage` or self): draws a new secret and keeps
+/// it *pending* — the member's current secret (if any) keeps working — until
+/// `POST /members/:name/enroll-totp/confirm {code}` proves an authenticator holds it. Answers
+/// `{member, totpSecret, totpUri, qrSvg}`; the secret is shown this once (a new call replaces
+/// the pending secret).
+pub(super) async fn enroll_totp(
+    State(state): State<Shared>,
+    caller: Caller,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    self_or_manager(&caller, &name, "enrolling another member's authenticator")?;
+    let secret = new_totp_secret()?;
+    let (uri, svg) = state.store.with(|conn| -> Result<_, ApiError> {
+        if !team::member_exists(conn, &name)? {
+            return Err(ApiError::not_found(format!("no such member: {name}")));
+        }
+        sessions::totp_set_pending(conn, &name, &secret)?;
+        enrollment_shape(conn, &name, &secret)
+    })?;
+    tracing::info!(member = %name, by = %caller.name, "TOTP enrollment started (pending confirmation)");
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"member" => &name, "totpSecret" => &secret, "totpUri" => &uri, "qrSvg" => &svg},
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CodeBody {
+    code: String,
+}
+
+/// `POST /members/:name/enroll-totp/confirm {code}`: a code of the pending secret makes it the
+/// member's secret (the code is then used up: it cannot also sign in). 404 `no pending
+/// enrollment` without one; 401 `invalid code`; counted by the sign-in limiter.
+pub(super) async fn enroll_totp_confirm(
+    State(state): State<Shared>,
+    caller: Caller,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    parts: Parts,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    self_or_manager(&caller, &name, "enrolling another member's authenticator")?;
+    let b: CodeBody = parse_json(&body, "confirmation")?;
+    check_code(&b.code, "confirmation")?;
+    let now = now_secs();
+    let keys = [
+        format!("addr:{}", client_addr(&parts, &state)),
+        format!("member:{name}"),
+    ];
+    limiter_check(&state, &keys, now)?;
+    let outcome = state.store.with(|conn| -> Result<_, ApiError> {
+        let Some(pending) = sessions::totp_get(conn, &name)?.and_then(|r| r.pending) else {
+            return Err(ApiError::not_found(format!(
+                "no pending enrollment for {name}: POST /members/{name}/enroll-totp first"
+            )));
+        };
+        let key = totp::base32_decode(&pending)
+            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        match totp::verify(&key, &b.code, now, None) {
+            Ok(step) => {
+                sessions::totp_set(conn, &name, &pending)?;
+                sessions::totp_accept_step(conn, &name, step)?;
+                Ok(Ok(()))
+            }
+            Err(e) => Ok(Err(totp_refusal(e))),
+        }
+    })?;
+    match outcome {
+        Ok(()) => {
+            limiter_clear(&state, &keys);
+            tracing::info!(member = %name, "TOTP enrollment confirmed");
+            Ok(reply(
+                StatusCode::OK,
+                &obj! {"member" => &name, "enrolled" => &true},
+            ))
+        }
+        Err(e) => {
+            limiter_fail(&state, &keys, now);
+            Err(e)
+        }
+    }
+}
+
+/// Whether the first-admin setup is open: a setup code exists and nobody has TOTP yet.
+fn setup_needed(state: &Shared) -> Result<bool, ApiError> {
+    let open = state
+        .setup_code
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .is_some();
+    Ok(open && !state.store.read(sessions::totp_any)?)
+}
+
+/// `GET /setup/status` (no auth) → `{needed}`.
+pub(super) async fn setup_status(State(state): State<Shared>) -> Result<Response, ApiError> {
+    let needed = setup_needed(&state)?;
+    Ok(reply(StatusCode::OK, &obj! {"needed" => &needed}))
+}
+
+/// `POST /setup {code}` (no auth; `code` is the one-time setup code `ac7 serve` printed):
+/// enrolls TOTP for the first admin (the first member holding `members.manage`) and answers
+/// `{member, totpSecret, totpUri, qrSvg}` once. The code is used up on success; wrong codes
+/// count against the client address like failed sign-ins. 409 `setup already done` once any
+/// member has TOTP (or the code was used).
+pub(super) async fn setup(
+    State(state): State<Shared>,
+    parts: Parts,
+    Body(body): Body,
+) -> Result<Response, ApiError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct SetupBody {
+        code: String,
+    }
+    let b: SetupBody = parse_json(&body, "setup")?;
+    let now = now_secs();
+    let keys = [format!("addr:{}", client_addr(&parts, &state))];
+    if !setup_needed(&state)? {
+        return Err(ApiError::conflict(
+            "setup already done: sign in, or ask an admin to enroll you",
+        ));
+    }
+    limiter_check(&state, &keys, now)?;
+    let given = sessions::session_hash(b.code.trim());
+    let taken = {
+        let mut slot = state
+            .setup_code
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match slot.as_deref() {
+            Some(h) if totp::constant_time_eq(h.as_bytes(), given.as_bytes()) => {
+                *slot = None;
+                true
+            }
+            _ => false,
+        }
+    };
+    if !taken {
+        limiter_fail(&state, &keys, now);
+        return Err(ApiError::unauthorized("invalid setup code"));
+    }
+    let secret = new_totp_secret()?;
+    let (admin, uri, svg) = state.store.with(|conn| -> Result<_, ApiError> {
+        let admin = team::managers(conn)?.into_iter().next().ok_or_else(|| {
+            ApiError::conflict("the team has no member holding members.manage to enroll")
+        })?;
+        sessions::totp_set(conn, &admin, &secret)?;
+        let (uri, svg) = enrollment_shape(conn, &admin, &secret)?;
+        Ok((admin, uri, svg))
+    })?;
+    limiter_clear(&state, &keys);
+    tracing::info!(member = %admin, "first-admin setup: TOTP enrolled");
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"member" => &admin, "totpSecret" => &secret, "totpUri" => &uri, "qrSvg" => &svg},
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
