@@ -15,7 +15,6 @@ export function signInScreen(el, onDone, notice) {
     maxlength: 6,
     required: true,
     'aria-label': '6-digit code',
-    placeholder: '123456',
   });
   const member = h('input', {
     name: 'member',
