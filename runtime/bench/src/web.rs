@@ -45,7 +45,7 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-pub fn run() -> anyhow::Result<Value> {
+pub(crate) fn run() -> anyhow::Result<Value> {
     let (chrome, driver) =
         webdriver::chromium().context("chromium is needed for `ac7-bench web`")?;
     let rt = tokio::runtime::Runtime::new()?;
