@@ -584,3 +584,124 @@ async fn every_chat_route_reloads_into_the_app() {
     br.screenshot("home").await;
     br.quit().await;
 }
+
+/// Starts a device enrollment the way `ac7 connect` does; returns `(userCode, deviceCode)`.
+async fn start_enrollment(b: &TestBroker, label: &str) -> (String, String) {
+    let r = b
+        .raw(
+            "POST",
+            "/enroll",
+            None,
+            Some(serde_json::to_vec(&json!({"labelHint": label})).unwrap()),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    (
+        r.json["userCode"].as_str().unwrap().to_owned(),
+        r.json["deviceCode"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn poll(b: &TestBroker, device: &str) -> (u16, Value) {
+    let r = b
+        .raw(
+            "POST",
+            "/enroll/poll",
+            None,
+            Some(serde_json::to_vec(&json!({"deviceCode": device})).unwrap()),
+        )
+        .await;
+    (r.status, r.json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_approves_and_rejects_devices_in_the_browser() {
+    let Some((b, br)) = signed_in("director", "/").await else {
+        return;
+    };
+    let (laptop, laptop_dc) = start_enrollment(&b, "laptop").await;
+    let (phone, phone_dc) = start_enrollment(&b, "phone").await;
+
+    // Both are listed on the members page; one is rejected there.
+    br.goto(&format!("{}/members", b.url)).await;
+    br.wait_until(
+        &format!(
+            "const p = document.querySelector('.pending'); return p && p.textContent.includes({}) && p.textContent.includes({})",
+            json!(laptop),
+            json!(phone)
+        ),
+        15,
+        "the pending enrollments",
+    )
+    .await;
+    br.screenshot("pending-enrollments").await;
+    br.script(
+        "window.confirm = () => true;
+         const li = [...document.querySelectorAll('.pending li')].find(l => l.textContent.includes(arguments[0]));
+         li.querySelector('button.danger').click()",
+        json!([phone]),
+    )
+    .await;
+    br.wait_until(
+        &format!(
+            "const p = document.querySelector('.pending'); return !p.textContent.includes({})",
+            json!(phone)
+        ),
+        10,
+        "the rejected enrollment to leave the list",
+    )
+    .await;
+    let (status, body) = poll(&b, &phone_dc).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (400, Some("access_denied"))
+    );
+
+    // The approval page: the code from the URL is looked up (and taken out of the address
+    // bar); the device is bound to builder.
+    br.goto(&format!("{}/enroll?code={laptop}", b.url)).await;
+    br.wait_for("form.card select", 15, "the approval card")
+        .await;
+    assert!(br.url().await.ends_with("/enroll"), "{}", br.url().await);
+    let card = br.find("form.card").await.unwrap().text().await;
+    assert!(card.contains(&laptop) && card.contains("laptop"), "{card}");
+    br.script(
+        "document.querySelector('form.card select').value = 'builder'",
+        json!([]),
+    )
+    .await;
+    br.screenshot("enroll").await;
+    br.find("form.card button.primary")
+        .await
+        .unwrap()
+        .click()
+        .await;
+    br.wait_until(
+        "return document.body.innerText.includes('is bound to builder')",
+        10,
+        "the approval notice",
+    )
+    .await;
+    let (status, body) = poll(&b, &laptop_dc).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["member"]["name"], "builder");
+    let token = body["token"].as_str().unwrap();
+    let r = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+
+    // A code that is not pending says so.
+    br.goto(&format!("{}/enroll?code=ABCD-EFGH", b.url)).await;
+    br.wait_until(
+        "return document.body.innerText.includes('No pending enrollment has that code')",
+        10,
+        "the not-found message",
+    )
+    .await;
+    br.quit().await;
+}
