@@ -7,7 +7,6 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
 mod broker_support;
-#[allow(dead_code)]
 mod common;
 
 use std::path::Path;
