@@ -113,12 +113,7 @@ async fn totp_sign_in_session_and_sign_out() {
     br.screenshot("sign-in").await;
 
     // A wrong code is refused with the reason, and the field is cleared.
-    let wrong = if code_now(&secret) == "000000" {
-        "111111"
-    } else {
-        "000000"
-    };
-    field.send_keys(wrong).await;
+    field.send_keys(&wrong_code(&secret)).await;
     br.wait_until(
         "return document.querySelector('.signin .error').textContent.includes('not valid')",
         10,
@@ -241,21 +236,7 @@ async fn reenrolling_totp_from_the_account_page() {
     assert_ne!(secret, old);
     assert!(br.find(".enroll-totp img.qr").await.is_some(), "a QR code");
     // A wrong code is refused and the old secret still counts.
-    let input = br
-        .find(".enroll-totp input[autocomplete=one-time-code]")
-        .await
-        .unwrap();
-    let wrong = if code_now(&secret) == "000000" {
-        "111111"
-    } else {
-        "000000"
-    };
-    input.send_keys(wrong).await;
-    br.find(".enroll-totp button.primary")
-        .await
-        .unwrap()
-        .click()
-        .await;
+    confirm_with(&br, &wrong_code(&secret)).await;
     br.wait_until(
         "return document.querySelector('.enroll-totp .error').textContent.includes('not valid')",
         10,
@@ -263,12 +244,7 @@ async fn reenrolling_totp_from_the_account_page() {
     )
     .await;
     assert_eq!(enroll_secret_of(&b, "director"), old);
-    input.send_keys(&code_now(&secret)).await;
-    br.find(".enroll-totp button.primary")
-        .await
-        .unwrap()
-        .click()
-        .await;
+    confirm_with(&br, &code_now(&secret)).await;
     br.wait_until(
         "return document.body.innerText.includes('Authenticator enrolled for director')",
         10,
@@ -281,6 +257,26 @@ async fn reenrolling_totp_from_the_account_page() {
     br.find(".nav-foot button").await.unwrap().click().await;
     sign_in_with(&br, "director", &code_at(&secret, 1)).await;
     br.quit().await;
+}
+
+/// A six-digit code that is not `secret`'s current one.
+fn wrong_code(secret: &str) -> String {
+    let good = code_now(secret);
+    if good == "000000" { "111111" } else { "000000" }.to_owned()
+}
+
+/// Types `code` into the re-enrollment's confirmation form and submits it.
+async fn confirm_with(br: &Browser, code: &str) {
+    br.find(".enroll-totp input[autocomplete=one-time-code]")
+        .await
+        .unwrap()
+        .send_keys(code)
+        .await;
+    br.find(".enroll-totp button.primary")
+        .await
+        .unwrap()
+        .click()
+        .await;
 }
 
 /// `member`'s confirmed TOTP secret in the store.
@@ -584,33 +580,26 @@ async fn every_chat_route_reloads_into_the_app() {
     br.quit().await;
 }
 
+/// An unauthenticated JSON POST (as `ac7 connect` makes); returns `(status, body)`.
+async fn anonymous_post(b: &TestBroker, path: &str, body: Value) -> (u16, Value) {
+    let r = b
+        .raw("POST", path, None, Some(serde_json::to_vec(&body).unwrap()))
+        .await;
+    (r.status, r.json)
+}
+
 /// Starts a device enrollment the way `ac7 connect` does; returns `(userCode, deviceCode)`.
 async fn start_enrollment(b: &TestBroker, label: &str) -> (String, String) {
-    let r = b
-        .raw(
-            "POST",
-            "/enroll",
-            None,
-            Some(serde_json::to_vec(&json!({"labelHint": label})).unwrap()),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
+    let (status, r) = anonymous_post(b, "/enroll", json!({"labelHint": label})).await;
+    assert_eq!(status, 200, "{r}");
     (
-        r.json["userCode"].as_str().unwrap().to_owned(),
-        r.json["deviceCode"].as_str().unwrap().to_owned(),
+        r["userCode"].as_str().unwrap().to_owned(),
+        r["deviceCode"].as_str().unwrap().to_owned(),
     )
 }
 
 async fn poll(b: &TestBroker, device: &str) -> (u16, Value) {
-    let r = b
-        .raw(
-            "POST",
-            "/enroll/poll",
-            None,
-            Some(serde_json::to_vec(&json!({"deviceCode": device})).unwrap()),
-        )
-        .await;
-    (r.status, r.json)
+    anonymous_post(b, "/enroll/poll", json!({"deviceCode": device})).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
