@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
 mod broker_support;
-#[allow(dead_code)]
 mod common;
 
 use ac7_runtime::broker::sessions;
@@ -307,14 +306,8 @@ async fn reload_on_every_route_lands_in_the_app() {
         "/channels".to_owned(),
         "/account".to_owned(),
     ] {
+        // A full page load of the deep URL: what a reload does.
         open(&br, &b, &path).await;
-        br.refresh().await;
-        br.wait_until(
-            "return document.body && document.body.dataset.ready === '1'",
-            15,
-            &format!("the app after reloading {path}"),
-        )
-        .await;
         let shape = br
             .script("return [document.contentType, !!document.getElementById('app'), document.body.innerText.trim().startsWith('{')]", json!([]))
             .await;

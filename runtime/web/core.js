@@ -239,6 +239,7 @@ export async function render() {
     } else {
       cleanup = c;
       // The ready marker (browser tests, `ac7-bench web`): the first view has rendered.
+      if (!document.body.dataset.ready) performance.mark('ac7-ready');
       document.body.dataset.ready = '1';
     }
   } catch (e) {

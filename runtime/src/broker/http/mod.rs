@@ -111,8 +111,6 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/session", get(session::get))
         .route("/session/totp", post(session::login))
         .route("/session/logout", post(session::logout))
-        // The web app: its assets, and the shell for browser navigations (broker/web.rs).
-        .route("/_app/{*path}", get(super::web::asset))
         .route("/members/{name}/enroll-totp", post(session::enroll_totp))
         .route(
             "/members/{name}/enroll-totp/confirm",
@@ -125,6 +123,8 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/enroll/pending", get(enroll::pending))
         .route("/enroll/approve", post(enroll::approve))
         .route("/enroll/reject", post(enroll::reject))
+        // The web app: its assets, and the shell for browser navigations (broker/web.rs).
+        .route("/_app/{*path}", get(super::web::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
