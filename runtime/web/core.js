@@ -135,10 +135,27 @@ export async function api(method, path, body) {
   if (!res.ok) {
     const msg = (data && data.error) || res.status + ' ' + res.statusText;
     const err = new ApiError(res.status, msg, data);
-    if (res.status === 401 && !path.startsWith('/session')) onUnauthorized(err);
+    // A 401 may be about the request (a wrong confirmation code) rather than the session:
+    // sign out only when the session itself is gone.
+    if (res.status === 401 && !path.startsWith('/session')) sessionCheck();
     throw err;
   }
   return data;
+}
+
+let checking = null;
+
+function sessionCheck() {
+  if (checking) return checking;
+  checking = fetch('/session', { credentials: 'same-origin', headers: { Accept: 'application/json' } })
+    .then((r) => {
+      if (r.status === 401) onUnauthorized(new ApiError(401, 'session expired'));
+    })
+    .catch(() => {})
+    .finally(() => {
+      checking = null;
+    });
+  return checking;
 }
 
 // ---------------------------------------------------------------- router
@@ -375,7 +392,7 @@ export function startLive() {
             return;
           }
         }
-        startLive();
+        if (me) startLive();
       }, backoff);
       backoff = Math.min(backoff * 2, 30000);
     }

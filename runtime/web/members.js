@@ -338,7 +338,6 @@ function totpButton(name, reveal) {
     'button',
     {
       onClick: async () => {
-        if (!confirmAction('Enroll a new authenticator for ' + name + '? The new secret is shown once.')) return;
         let r;
         try {
           r = await api('POST', '/members/' + encodeURIComponent(name) + '/enroll-totp');
@@ -346,19 +345,21 @@ function totpButton(name, reveal) {
           toast(e.message, 'error');
           return;
         }
-        const box = h('div', { class: 'card stack' }, h('h3', null, 'Authenticator for ' + name), totpReveal(r));
-        if (r.pending) {
-          box.appendChild(
-            confirmCode(
-              'Type the code the app shows now to switch to the new secret',
-              (code) => api('POST', '/members/' + encodeURIComponent(name) + '/enroll-totp/confirm', { code }),
-              () => {
-                box.replaceChildren(h('p', null, 'Authenticator enrolled for ' + name + '.'));
-              },
-            ),
-          );
-        }
-        box.appendChild(h('button', { type: 'button', onClick: () => box.remove() }, 'Dismiss'));
+        // The new secret stays pending (the old one keeps working) until a code confirms it.
+        const box = h(
+          'div',
+          { class: 'card stack enroll-totp' },
+          h('h3', null, 'New authenticator for ' + name),
+          totpReveal(r),
+          confirmCode(
+            'Type the code the app shows now to switch to the new secret',
+            (code) => api('POST', '/members/' + encodeURIComponent(name) + '/enroll-totp/confirm', { code }),
+            () => {
+              box.replaceChildren(h('p', { class: 'notice', role: 'status' }, 'Authenticator enrolled for ' + name + '. Sign in with it from now on.'));
+            },
+          ),
+          h('button', { type: 'button', onClick: () => box.remove() }, 'Dismiss'),
+        );
         reveal.prepend(box);
       },
     },
