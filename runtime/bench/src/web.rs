@@ -9,7 +9,7 @@
 //!   the message in the open DM thread (`performance.timeOrigin + performance.now()`), p50/p99
 //!   over 40 pushes.
 
-#[path = "../../tests/common/webdriver.rs"]
+#[path = "../../tests/it/common/webdriver.rs"]
 mod webdriver;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
-use crate::bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 
 /// `ac7 codex`.
 #[derive(Debug, Clone, clap::Args)]
@@ -476,7 +476,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         // Act on everything the machine wants, then wait for the next input.
         while let Some(output) = client.poll_output() {
             match output {
-                CodexOutput::Send(line) => {
+                CodexOutput::Transmit(line) => {
                     if let Some(pipe) = stdin.as_mut()
                         && let Err(e) = pipe.write_all(&line).await
                     {
@@ -515,7 +515,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                 Some(n) => client.handle_bytes(&buf[..n], Instant::now().into_std()),
                 None => break End::CodexExited,
             },
-            Some(text) = events.recv() => client.push_event(text, Instant::now().into_std()),
+            Some(text) = events.recv() => client.notify(text, Instant::now().into_std()),
             () = sleep_until(deadline) => client.handle_timeout(Instant::now().into_std()),
             () = sleep_until(doctor_deadline) => break End::Doctor(doctor.as_mut().is_some_and(|d| d.timed_out())),
             _ = int.recv() => break End::Signal(2),
@@ -527,7 +527,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     client.shutdown(Instant::now().into_std());
     while let Some(output) = client.poll_output() {
         match output {
-            CodexOutput::Send(line) => {
+            CodexOutput::Transmit(line) => {
                 if let Some(pipe) = stdin.as_mut() {
                     let _ = pipe.write_all(&line).await;
                 }
@@ -656,7 +656,11 @@ impl Doctor {
     }
 
     fn list(&mut self, client: &mut CodexClient) {
-        self.step = Step::Listing(client.request("mcpServerStatus/list", &json!({})));
+        self.step = Step::Listing(client.request(
+            "mcpServerStatus/list",
+            &json!({}),
+            Instant::now().into_std(),
+        ));
     }
 
     /// Handles an answer; `Some(ok)` when the checks are over.
@@ -684,7 +688,11 @@ impl Doctor {
                     &format!("the ac7 MCP server is running with {tools} tools"),
                 );
                 let params = json!({"threadId": self.thread, "server": "ac7", "tool": "roster", "arguments": {}});
-                self.step = Step::Calling(client.request("mcpServer/tool/call", &params));
+                self.step = Step::Calling(client.request(
+                    "mcpServer/tool/call",
+                    &params,
+                    Instant::now().into_std(),
+                ));
                 None
             }
             (Step::Calling(want), Ok(result)) if want == id => {

@@ -152,7 +152,7 @@ impl Forwarder {
             let deadline = self.machine.poll_timeout().map(Instant::from_std);
             tokio::select! {
                 () = stopping(&mut shutdown) => {
-                    self.machine.shutdown();
+                    self.machine.shutdown(Instant::now().into_std());
                     close(conn.take()).await;
                     return;
                 }
@@ -167,17 +167,17 @@ impl Forwarder {
                     match result {
                         Ok((opened, replays, broker_ms)) => {
                             conn = Some(opened);
-                            self.machine.handle_connected(now, replays, broker_ms);
+                            self.machine.handle_connected(replays, broker_ms, now);
                         }
-                        Err(reason) => self.machine.handle_closed(now, &reason),
+                        Err(reason) => self.machine.handle_closed(&reason, now),
                     }
                 }
                 (query, result) = maybe(&mut fetching) => {
                     fetching = None;
                     let now = Instant::now().into_std();
                     match result {
-                        Ok(messages) => self.machine.handle_history(now, query, messages),
-                        Err(reason) => self.machine.handle_history_failed(now, query, &reason),
+                        Ok(messages) => self.machine.handle_history(query, messages, now),
+                        Err(reason) => self.machine.handle_history_failed(query, &reason, now),
                     }
                 }
                 result = next_frames(&mut conn) => {
@@ -185,12 +185,12 @@ impl Forwarder {
                     match result {
                         Ok(frames) => {
                             for frame in frames {
-                                self.machine.handle_frame(now, frame);
+                                self.machine.handle_frame(frame, now);
                             }
                         }
                         Err(reason) => {
                             conn = None;
-                            self.machine.handle_closed(now, &reason);
+                            self.machine.handle_closed(&reason, now);
                         }
                     }
                 }
@@ -359,7 +359,7 @@ async fn next_frames(conn: &mut Option<Conn>) -> Result<Vec<LiveFrame>, String> 
             };
             parser.push(&bytes);
             let mut frames = vec![LiveFrame::Alive];
-            while let Some(item) = parser.next() {
+            while let Some(item) = parser.decode() {
                 match item {
                     SseItem::Event(event) => match LiveFrame::from_sse(&event.event, &event.data) {
                         Ok(frame) => frames.push(frame),

@@ -19,6 +19,7 @@ pub mod broker;
 pub mod codex;
 pub(crate) mod doctor;
 pub mod forwarder;
+pub mod ipc_server;
 pub mod logs;
 pub mod mcp_config;
 pub mod tracker;
@@ -37,8 +38,8 @@ use tokio::sync::watch;
 pub use broker::BrokerClient;
 pub use forwarder::StreamMode;
 
-use crate::bridge::RUNNER_SOCKET_ENV;
-use crate::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::runner::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
 
 /// The default broker.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8717";
@@ -212,7 +213,7 @@ fn run_runner(
 struct Running {
     child: tokio::process::Child,
     config: mcp_config::McpConfigGuard,
-    server: crate::ipc_server::ServerTask,
+    server: ipc_server::ServerTask,
     stop_stream: watch::Sender<bool>,
 }
 
@@ -221,7 +222,7 @@ struct Running {
 pub(crate) struct Core {
     pub(crate) client: BrokerClient,
     pub(crate) briefing: Arc<Briefing>,
-    pub(crate) server: crate::ipc_server::ServerTask,
+    pub(crate) server: ipc_server::ServerTask,
     pub(crate) runner: RunnerHandle,
     pub(crate) tracker: tracker::TrackerHandle,
     pub(crate) socket_path: PathBuf,
@@ -251,8 +252,8 @@ pub(crate) async fn start_core(
         StartError(text)
     })?;
     let briefing = Arc::new(briefing);
-    if let Some(dir) = crate::ipc_server::default_socket_path().parent() {
-        crate::ipc_server::remove_stale_sockets(dir);
+    if let Some(dir) = ipc_server::default_socket_path().parent() {
+        ipc_server::remove_stale_sockets(dir);
     }
     let agent = crate::peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
