@@ -82,6 +82,7 @@ pub mod server;
 pub mod sessions;
 pub mod team;
 pub mod tokens;
+mod web;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -403,6 +404,7 @@ pub async fn start(
         retention::spawn(&state, days);
     }
     let addr = listener.local_addr()?;
+    web::warm();
     let app = http::router(Arc::clone(&state));
     let (tx, rx) = oneshot::channel::<()>();
     let limits = state.config.limits.clone();

@@ -37,4 +37,7 @@ mod quickstart;
 mod runner_activity;
 mod runner_e2e;
 mod trace_real;
+mod web_app;
 mod web_auth;
+mod web_chat;
+mod web_serve;

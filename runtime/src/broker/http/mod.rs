@@ -123,11 +123,14 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/enroll/pending", get(enroll::pending))
         .route("/enroll/approve", post(enroll::approve))
         .route("/enroll/reject", post(enroll::reject))
+        // The web app: its assets, and the shell for browser navigations (broker/web.rs).
+        .route("/_app/{*path}", get(super::web::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(middleware::from_fn(protocol_header))
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(super::web::shell))
         .layer(middleware::from_fn_with_state(
             Arc::clone(&state),
             security::layer,

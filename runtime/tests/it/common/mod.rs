@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 pub mod ash;
 pub mod messages_api;
 pub mod npm;
+pub mod webdriver;
 
 /// The `ac7` binary under test.
 pub fn ac7() -> &'static str {

@@ -1,0 +1,398 @@
+//! The web app in a real browser (headless Chromium over WebDriver, tests/it/common/webdriver.rs)
+//! against a real broker: objectives, files and their safe preview, reload on every route,
+//! CSRF from another origin and session revocation. Screenshots of the main screens go to
+//! `target/web-screenshots/`.
+
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
+
+use crate::broker_support::{TestBroker, start_broker};
+use crate::common::webdriver::{Browser, chromium};
+use ac7_runtime::broker::sessions;
+use serde_json::{Value, json};
+
+/// A broker, a browser signed in as `member` (a session made in the store, its cookie set in
+/// the browser), and the browser showing `path`.
+async fn signed_in(member: &str, path: &str) -> Option<(TestBroker, Browser, String)> {
+    let (chrome, driver) = chromium()?;
+    let b = start_broker().await;
+    let browser = Browser::start(&chrome, &driver).await;
+    let id = session_for(&b, member);
+    // A cookie can only be set on the origin the browser shows.
+    browser.goto(&format!("{}/healthz", b.url)).await;
+    browser.add_cookie("ac7_session", &id).await;
+    open(&browser, &b, path).await;
+    Some((b, browser, id))
+}
+
+fn session_for(b: &TestBroker, member: &str) -> String {
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
+    b.broker
+        .state
+        .store
+        .with(|conn| sessions::session_create(conn, member, Some("web_app test"), now, 3_600_000))
+        .unwrap()
+        .0
+}
+
+/// Navigates (a full page load) and waits for the app's ready marker.
+async fn open(browser: &Browser, b: &TestBroker, path: &str) {
+    browser.goto(&format!("{}{path}", b.url)).await;
+    browser
+        .wait_until(
+            "return document.body && document.body.dataset.ready === '1'",
+            15,
+            &format!("the app to render {path}"),
+        )
+        .await;
+}
+
+async fn api(b: &TestBroker, method: &str, path: &str, body: Option<Value>) -> Value {
+    let r = b.call(method, path, "director", body).await;
+    assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.json);
+    r.json
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_and_complete_an_objective_in_the_browser() {
+    let Some((b, br, _)) = signed_in("director", "/objectives/new").await else {
+        return;
+    };
+    br.wait_for("form.objective-new", 10, "the create form")
+        .await;
+    br.find("input[name=title]")
+        .await
+        .unwrap()
+        .send_keys("Ship the web app")
+        .await;
+    br.find("textarea[name=outcome]")
+        .await
+        .unwrap()
+        .send_keys("The browser tests pass")
+        .await;
+    br.find("textarea[name=body]")
+        .await
+        .unwrap()
+        .send_keys("Details in the brief.")
+        .await;
+    // Assign it to ourselves (so we may complete it) and let the reviewer watch.
+    br.script(
+        "document.querySelector('select[name=assignee]').value = 'director'",
+        json!([]),
+    )
+    .await;
+    br.find("input[name=watchers][value=reviewer]")
+        .await
+        .unwrap()
+        .click()
+        .await;
+    br.screenshot("objective-new").await;
+    br.find("form.objective-new button[type=submit]")
+        .await
+        .unwrap()
+        .click()
+        .await;
+
+    br.wait_for(
+        ".objective-detail[data-status=active]",
+        10,
+        "the new objective's page",
+    )
+    .await;
+    let url = br.url().await;
+    let id = url.rsplit('/').next().unwrap().to_owned();
+    let view = api(&b, "GET", &format!("/objectives/{id}"), None).await;
+    assert_eq!(view["objective"]["title"], "Ship the web app");
+    assert_eq!(view["objective"]["assignee"], "director");
+    assert_eq!(view["objective"]["watchers"], json!(["reviewer"]));
+    let events = br.find("ol.events").await.unwrap().text().await;
+    assert!(events.contains("assigned to director"), "{events}");
+
+    // A discussion post appears in the thread.
+    br.find("form.discuss textarea")
+        .await
+        .unwrap()
+        .send_keys("Starting now.")
+        .await;
+    br.find("form.discuss button").await.unwrap().click().await;
+    br.wait_until(
+        "return document.querySelector('.discussion').innerText.includes('Starting now.')",
+        10,
+        "the discussion post",
+    )
+    .await;
+
+    br.find("form.complete textarea")
+        .await
+        .unwrap()
+        .send_keys("All green in CI.")
+        .await;
+    br.find("form.complete button").await.unwrap().click().await;
+    br.wait_for(
+        ".objective-detail[data-status=done]",
+        10,
+        "the completed objective",
+    )
+    .await;
+    let result = br.find(".callout.result").await.unwrap().text().await;
+    assert!(result.contains("All green in CI."), "{result}");
+    br.screenshot("objective-detail").await;
+    let view = api(&b, "GET", &format!("/objectives/{id}"), None).await;
+    assert_eq!(view["objective"]["status"], "done");
+    assert_eq!(view["objective"]["result"], "All green in CI.");
+
+    // The list shows it, and the status filter applies.
+    open(&br, &b, "/objectives?status=done").await;
+    br.wait_for(
+        &format!(".objective-row[data-id='{id}']"),
+        10,
+        "the objective in the done list",
+    )
+    .await;
+    br.screenshot("objectives").await;
+    open(&br, &b, "/objectives?status=active").await;
+    br.wait_for(".objectives", 10, "the list").await;
+    assert!(
+        br.find(&format!(".objective-row[data-id='{id}']"))
+            .await
+            .is_none()
+    );
+    br.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_and_preview_files_and_html_never_runs() {
+    let Some((b, br, _)) = signed_in("director", "/files/director").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let md = dir.path().join("notes.md");
+    std::fs::write(
+        &md,
+        "# Plan\n\n- one\n- two\n\n<script>window.x = 1</script>\n",
+    )
+    .unwrap();
+    let input = br
+        .wait_for("input.upload-input", 10, "the upload button")
+        .await;
+    input.send_keys(md.to_str().unwrap()).await;
+    let row = br
+        .wait_for(
+            ".file-row[data-path='/director/notes.md'] a.name",
+            10,
+            "the uploaded file",
+        )
+        .await;
+    br.screenshot("files").await;
+    row.click().await;
+    br.wait_for(
+        ".preview[data-kind=markdown] h2",
+        10,
+        "the markdown preview",
+    )
+    .await;
+    let text = br.find(".markdown").await.unwrap().text().await;
+    assert!(text.contains("Plan") && text.contains("two"), "{text}");
+    // The <script> of the markdown is text on the page, not an element.
+    assert!(text.contains("<script>window.x = 1</script>"), "{text}");
+    assert_eq!(
+        br.script(
+            "return document.querySelectorAll('.preview script').length",
+            json!([])
+        )
+        .await,
+        json!(0)
+    );
+
+    // An HTML page uploaded over the API: its preview is its source, and nothing in it runs.
+    let html = "<!doctype html><title>x</title><script>document.title = 'pwned'; window.x = 1;</script><img src=x onerror=\"window.x=2\">";
+    upload(&b, "/director/evil.html", "text/html", html.as_bytes()).await;
+    open(&br, &b, "/files/director/evil.html").await;
+    let pre = br
+        .wait_for(".preview[data-kind=text] pre", 10, "the html source")
+        .await;
+    assert!(pre.text().await.contains("document.title = 'pwned'"));
+    assert_eq!(
+        br.script("return [document.title, String(window.x)]", json!([]))
+            .await,
+        json!(["ac7", "undefined"])
+    );
+    br.screenshot("file-preview-html").await;
+
+    // Opening its download URL directly does not run it either (attachment, sandbox CSP).
+    br.goto(&format!("{}/fs/read/director/evil.html", b.url))
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let title = br.title().await;
+    assert_ne!(title, "pwned");
+    let x = br.script("return String(window.x)", json!([])).await;
+    assert_ne!(x, json!("1"));
+
+    // An image previews through a blob: URL.
+    upload(&b, "/director/dot.png", "image/png", PNG).await;
+    open(&br, &b, "/files/director/dot.png").await;
+    br.wait_until(
+        "const i = document.querySelector('.preview img'); return i && i.complete && i.naturalWidth > 0 && i.src.startsWith('blob:')",
+        10,
+        "the image preview",
+    )
+    .await;
+    br.quit().await;
+}
+
+/// A 1×1 PNG.
+const PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9c, 0x63, 0xf8, 0xcf, 0xc0, 0xf0,
+    0x1f, 0x00, 0x05, 0x00, 0x01, 0xff, 0x89, 0x99, 0x3d, 0x1d, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+async fn upload(b: &TestBroker, path: &str, mime: &str, bytes: &[u8]) {
+    let r = b
+        .http
+        .post(format!("{}/fs/write", b.url))
+        .query(&[("path", path), ("mime", mime)])
+        .bearer_auth(b.token("director"))
+        .body(bytes.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        r.status().is_success(),
+        "upload {path}: {}",
+        r.text().await.unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_on_every_route_lands_in_the_app() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    let o = api(
+        &b,
+        "POST",
+        "/objectives",
+        Some(json!({"title": "t", "outcome": "o", "assignee": "builder"})),
+    )
+    .await;
+    let id = o["id"].as_str().unwrap().to_owned();
+    upload(&b, "/director/a.txt", "text/plain", b"hello").await;
+    for path in [
+        "/".to_owned(),
+        "/inbox".to_owned(),
+        "/objectives".to_owned(),
+        "/objectives/new".to_owned(),
+        format!("/objectives/{id}"),
+        format!("/objectives/{id}?tab=trace"),
+        "/files/director".to_owned(),
+        "/files/director/a.txt".to_owned(),
+        "/members".to_owned(),
+        "/@builder".to_owned(),
+        "/@builder/activity".to_owned(),
+        "/members/builder/activity".to_owned(),
+        "/c/general".to_owned(),
+        "/dm/builder".to_owned(),
+        "/channels".to_owned(),
+        "/account".to_owned(),
+    ] {
+        // A full page load of the deep URL: what a reload does.
+        open(&br, &b, &path).await;
+        let shape = br
+            .script("return [document.contentType, !!document.getElementById('app'), document.body.innerText.trim().startsWith('{')]", json!([]))
+            .await;
+        assert_eq!(shape, json!(["text/html", true, false]), "{path}");
+    }
+    // The objective page shows the objective; the activity page its member.
+    open(&br, &b, &format!("/objectives/{id}")).await;
+    br.wait_for(".objective-detail", 10, "the objective").await;
+    open(&br, &b, "/@builder/activity").await;
+    br.wait_for(".page.activity", 10, "the activity feed").await;
+    br.screenshot("activity").await;
+    br.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_form_from_another_origin_is_refused_and_a_revoked_session_signs_out() {
+    let Some((b, br, _)) = signed_in("director", "/objectives").await else {
+        return;
+    };
+    let o = api(
+        &b,
+        "POST",
+        "/objectives",
+        Some(json!({"title": "keep me", "outcome": "o", "assignee": "builder"})),
+    )
+    .await;
+    let id = o["id"].as_str().unwrap().to_owned();
+
+    // Another origin (same site: another port on 127.0.0.1, so the SameSite=Strict cookie
+    // is sent) serves a form that cancels the objective.
+    let page = format!(
+        "<!doctype html><form method=post action=\"{}/objectives/{id}/cancel\" enctype=\"text/plain\">\
+         <input name='{{\"reason\":\"x\",\"y\":\"' value='\"}}'><button id=go>go</button></form>",
+        b.url
+    );
+    let evil = serve_once_forever(page).await;
+    br.goto(&evil).await;
+    br.wait_for("#go", 10, "the foreign form")
+        .await
+        .click()
+        .await;
+    br.wait_until(
+        "return document.body.innerText.includes('cross-origin request refused')",
+        10,
+        "the refusal",
+    )
+    .await;
+    let view = api(&b, "GET", &format!("/objectives/{id}"), None).await;
+    assert_eq!(view["objective"]["status"], "active");
+
+    // Revoking the session server-side signs the open app out at its next request.
+    open(&br, &b, "/objectives").await;
+    b.broker
+        .state
+        .store
+        .with(|conn| sessions::sessions_delete_member(conn, "director"))
+        .unwrap();
+    br.script(
+        "history.pushState(null, '', '/objectives'); dispatchEvent(new PopStateEvent('popstate'))",
+        json!([]),
+    )
+    .await;
+    br.wait_for("main.signin", 15, "the sign-in screen after revocation")
+        .await;
+    let text = br.find("main.signin").await.unwrap().text().await;
+    assert!(text.contains("session expired"), "{text}");
+    br.screenshot("signed-out").await;
+    br.quit().await;
+}
+
+/// A tiny HTTP server on another port answering every request with `page`; returns its URL.
+async fn serve_once_forever(page: String) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://127.0.0.1:{}/", l.local_addr().unwrap().port());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let page = page.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let resp = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+                    page.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    url
+}

@@ -1,0 +1,375 @@
+// app.js — the entry: boots (GET /session → sign-in or the shell), draws the chrome
+// (nav rail, roster, disconnected banner, theme, keyboard, command palette) and starts
+// the router. View modules register their routes when imported (imports run first).
+
+import {
+  api,
+  applyTheme,
+  can,
+  h,
+  identity,
+  mount,
+  navigate,
+  onConnection,
+  render,
+  resetLive,
+  setIdentity,
+  setOutlet,
+  setTheme,
+  setUnauthorizedHandler,
+  startLive,
+  startRouter,
+  theme,
+} from './core.js';
+import { signInScreen } from './signin.js';
+import { badge, loadAll, onChange, presenceDot, startSync, state, stopSync, unread } from './chat.js';
+import './members.js';
+
+const root = document.getElementById('app');
+let shell = null; // {view, nav, banner} once built
+let routerStarted = false;
+
+// ---------------------------------------------------------------- boot
+
+async function boot() {
+  applyTheme();
+  setUnauthorizedHandler(() => signedOut('Your session expired — please sign in again.'));
+  setOutlet(null, onRouteChange);
+  let s = null;
+  try {
+    s = await api('GET', '/session');
+  } catch (e) {
+    if (e.status !== 401) {
+      mount(root, h('main', { class: 'signin' }, h('div', { class: 'card stack' }, h('h1', null, 'ac7'), h('p', { class: 'error' }, 'The broker did not answer: ' + e.message), h('button', { onClick: () => location.reload() }, 'Reload'))));
+      return;
+    }
+  }
+  if (s) setIdentity(s);
+  if (s) await enter();
+  else start();
+}
+
+function start() {
+  if (routerStarted) render();
+  else {
+    routerStarted = true;
+    startRouter();
+  }
+}
+
+async function enter() {
+  mount(root, h('div', { class: 'boot' }, 'Loading…'));
+  await loadAll();
+  shell = null;
+  startLive();
+  startSync();
+  start();
+}
+
+let signInNotice = null;
+
+function signedOut(notice) {
+  if (!identity()) return; // several requests may see the same 401
+  stopSync();
+  resetLive();
+  setIdentity(null);
+  shell = null;
+  signInNotice = notice || null;
+  render();
+}
+
+function showSignIn() {
+  const notice = signInNotice;
+  signInNotice = null;
+  signInScreen(
+    root,
+    (s) => {
+      setIdentity(s);
+      enter();
+    },
+    notice,
+  );
+}
+
+// Where a route renders: bare pages (setup) straight into #app, others into the shell.
+function onRouteChange(path, opts) {
+  opts = opts || {};
+  if (!identity() && !opts.public) {
+    showSignIn();
+    return null;
+  }
+  closeOverlays();
+  if (opts.bare) {
+    shell = null;
+    const page = h('div', { class: 'bare' });
+    mount(root, page);
+    return page;
+  }
+  if (!shell) buildShell();
+  drawNav();
+  return shell.view;
+}
+
+// ---------------------------------------------------------------- chrome
+
+function buildShell() {
+  const view = h('main', { id: 'view', class: 'view', tabindex: '-1' });
+  const nav = h('nav', { class: 'rail', id: 'rail', 'aria-label': 'Main' });
+  const banner = h('div', { class: 'banner', role: 'alert', hidden: true }, 'Disconnected from the broker — reconnecting…');
+  const header = h(
+    'header',
+    { class: 'topbar' },
+    h(
+      'button',
+      {
+        class: 'icon menu',
+        'aria-label': 'Menu',
+        'aria-controls': 'rail',
+        onClick: () => document.body.classList.toggle('drawer-open'),
+      },
+      '☰',
+    ),
+    h('a', { href: '/', class: 'brand' }, 'ac7'),
+    h('button', { class: 'pill', onClick: openPalette, 'aria-label': 'Jump to (Ctrl+K)' }, 'Jump to member, channel, objective… ', h('kbd', null, 'Ctrl K')),
+    h('button', { class: 'icon', 'aria-label': 'Theme: ' + theme(), title: 'Theme', onClick: cycleTheme }, '◐'),
+  );
+  mount(root, h('div', { class: 'shell' }, header, banner, nav, h('div', { class: 'scrim', onClick: closeOverlays }), view));
+  shell = { view, nav, banner };
+}
+
+function cycleTheme(ev) {
+  const next = { auto: 'light', light: 'dark', dark: 'auto' }[theme()];
+  setTheme(next);
+  ev.currentTarget.setAttribute('aria-label', 'Theme: ' + next);
+}
+
+function navLink(href, label, extra, opts = {}) {
+  const here = location.pathname;
+  const cur = opts.exact ? here === href : here === href || here.startsWith(href + '/');
+  return h('a', { href, class: 'nav-item' + (cur ? ' current' : ''), 'aria-current': cur ? 'page' : null }, label, extra || null);
+}
+
+function drawNav() {
+  if (!shell) return;
+  const me = identity().member;
+  const team = state.briefing && state.briefing.team;
+  const inboxN = unreadTotal();
+  const mineOpen = state.objectives.filter((o) => o.assignee === me && (o.status === 'active' || o.status === 'blocked')).length;
+  const joined = state.channels.filter((c) => c.joined);
+  joined.sort((a, b) => (a.id === 'general' ? -1 : b.id === 'general' ? 1 : b.createdAt - a.createdAt));
+  mount(
+    shell.nav,
+    h('a', { href: '/', class: 'team' }, h('strong', null, team ? team.name : 'ac7'), h('span', { class: 'muted' }, me)),
+    navLink('/', 'Home', null, { exact: true }),
+    navLink('/inbox', 'Inbox', badge(inboxN)),
+    navLink('/objectives', 'Objectives', mineOpen ? h('span', { class: 'badge soft' }, mineOpen) : null),
+    navLink('/files/' + me, 'Files'),
+    navLink('/members', 'Members'),
+    h('div', { class: 'nav-head' }, h('a', { href: '/channels' }, 'Channels'), h('a', { href: '/channels/new', class: 'icon', 'aria-label': 'New channel' }, '+')),
+    joined.map((c) => navLink('/c/' + c.slug, '#' + c.slug, badge(unread(c.id === 'general' ? 'general' : 'chan:' + c.id)))),
+    h('div', { class: 'nav-head' }, 'Direct'),
+    state.teammates
+      .filter((t) => t.name !== me)
+      .map((t) => {
+        const p = state.presence.get(t.name);
+        return navLink('/dm/' + encodeURIComponent(t.name), [presenceDot(t.name), ' ' + t.name, p && p.busy ? h('span', { class: 'muted busy-label' }, ' working') : null], badge(unread('dm:' + t.name)));
+      }),
+    h(
+      'div',
+      { class: 'nav-foot' },
+      navLink('/account', 'Account'),
+      h(
+        'button',
+        {
+          class: 'link',
+          onClick: async () => {
+            try {
+              await api('POST', '/session/logout');
+            } catch {
+              /* signed out either way */
+            }
+            history.replaceState(null, '', '/');
+            signedOut();
+          },
+        },
+        'Sign out',
+      ),
+    ),
+  );
+}
+
+function unreadTotal() {
+  let n = 0;
+  for (const c of state.channels) if (c.joined) n += unread(c.id === 'general' ? 'general' : 'chan:' + c.id);
+  for (const t of state.teammates) n += unread('dm:' + t.name);
+  return n;
+}
+
+onChange(() => {
+  drawNav();
+  const n = identity() ? unreadTotal() : 0;
+  document.title = (n ? '(' + n + ') ' : '') + 'ac7';
+});
+
+onConnection((up) => {
+  if (shell) shell.banner.hidden = up;
+});
+
+// ---------------------------------------------------------------- command palette
+
+let palette = null;
+
+function paletteItems() {
+  const me = identity().member;
+  const items = [
+    { label: 'Home', href: '/' },
+    { label: 'Inbox', href: '/inbox' },
+    { label: 'Objectives', href: '/objectives' },
+    { label: 'Files', href: '/files/' + me },
+    { label: 'Members', href: '/members' },
+    { label: 'Channels', href: '/channels' },
+    { label: 'Account', href: '/account' },
+  ];
+  if (can('objectives.create')) items.push({ label: '+ New objective', href: '/objectives/new' });
+  for (const c of state.channels) if (c.joined) items.push({ label: '#' + c.slug, href: '/c/' + c.slug });
+  for (const t of state.teammates) {
+    if (t.name !== me) items.push({ label: 'DM @' + t.name, href: '/dm/' + encodeURIComponent(t.name) });
+    items.push({ label: '@' + t.name, href: '/@' + t.name });
+  }
+  for (const o of state.objectives) items.push({ label: o.title + ' · ' + o.status + ' · ' + o.assignee, href: '/objectives/' + encodeURIComponent(o.id) });
+  return items;
+}
+
+// Subsequence match; earlier and word-start hits score higher; null when no match.
+export function score(label, q) {
+  if (!q) return 0;
+  const s = label.toLowerCase();
+  let at = 0;
+  let total = 0;
+  for (const ch of q.toLowerCase()) {
+    const i = s.indexOf(ch, at);
+    if (i < 0) return null;
+    total += 100 - Math.min(i, 90);
+    if (i === 0 || /[\s@#·/-]/.test(s[i - 1])) total += 10;
+    if (i === at) total += 5;
+    at = i + 1;
+  }
+  return total;
+}
+
+function openPalette() {
+  if (!identity() || palette) return;
+  const input = h('input', { type: 'search', 'aria-label': 'Jump to', placeholder: 'Jump to…', role: 'combobox', 'aria-controls': 'palette-list', 'aria-expanded': 'true' });
+  const list = h('ul', { id: 'palette-list', role: 'listbox' });
+  let cur = 0;
+  let shown = [];
+  const all = paletteItems();
+  const draw = () => {
+    const q = input.value.trim();
+    shown = all
+      .map((it, i) => ({ it, s: score(it.label, q), i }))
+      .filter((x) => x.s !== null)
+      .sort((a, b) => b.s - a.s || a.i - b.i)
+      .slice(0, 20)
+      .map((x) => x.it);
+    cur = Math.min(cur, Math.max(0, shown.length - 1));
+    list.replaceChildren(
+      ...shown.map((it, i) =>
+        h('li', { role: 'option', 'aria-selected': i === cur ? 'true' : 'false', class: i === cur ? 'sel' : null, onMousedown: (ev) => (ev.preventDefault(), go(it)), onMousemove: () => i !== cur && ((cur = i), draw()) }, it.label),
+      ),
+    );
+  };
+  const go = (it) => {
+    closePalette();
+    navigate(it.href);
+  };
+  input.addEventListener('input', () => {
+    cur = 0;
+    draw();
+  });
+  input.addEventListener('keydown', (ev) => {
+    if (ev.key === 'ArrowDown' || ev.key === 'ArrowUp') {
+      ev.preventDefault();
+      if (shown.length) cur = (cur + (ev.key === 'ArrowDown' ? 1 : shown.length - 1)) % shown.length;
+      draw();
+    } else if (ev.key === 'Enter') {
+      ev.preventDefault();
+      if (shown[cur]) go(shown[cur]);
+    }
+  });
+  const back = document.activeElement;
+  palette = h('div', { class: 'palette-wrap', onMousedown: (ev) => ev.target === palette && closePalette() }, h('div', { class: 'palette', role: 'dialog', 'aria-modal': 'true', 'aria-label': 'Jump to' }, input, list));
+  palette.back = back;
+  document.body.appendChild(palette);
+  draw();
+  input.focus();
+}
+
+function closePalette() {
+  if (!palette) return;
+  const back = palette.back;
+  palette.remove();
+  palette = null;
+  if (back && back.focus) back.focus();
+}
+
+function closeOverlays() {
+  closePalette();
+  document.body.classList.remove('drawer-open');
+}
+
+// ---------------------------------------------------------------- keyboard
+
+let gPending = 0;
+const G_KEYS = { i: '/inbox', o: '/objectives', h: '/', m: '/members', c: '/channels', a: '/account' };
+
+function typing(t) {
+  return t && (t.isContentEditable || /^(INPUT|TEXTAREA|SELECT)$/.test(t.tagName));
+}
+
+document.addEventListener('keydown', (ev) => {
+  if (!identity()) return;
+  if ((ev.key === 'k' || ev.key === 'K') && (ev.metaKey || ev.ctrlKey)) {
+    ev.preventDefault();
+    palette ? closePalette() : openPalette();
+    return;
+  }
+  if (ev.key === 'Escape') {
+    if (palette || document.body.classList.contains('drawer-open')) {
+      ev.preventDefault();
+      closeOverlays();
+    } else if (typing(ev.target)) ev.target.blur();
+    return;
+  }
+  if (typing(ev.target) || ev.metaKey || ev.ctrlKey || ev.altKey) return;
+  if (gPending && Date.now() - gPending < 1500) {
+    gPending = 0;
+    const to = ev.key === 'f' ? '/files/' + identity().member : G_KEYS[ev.key];
+    if (to) {
+      ev.preventDefault();
+      navigate(to);
+    }
+    return;
+  }
+  if (ev.key === 'g') {
+    gPending = Date.now();
+    return;
+  }
+  if (ev.key === '/') {
+    const ta = document.querySelector('.composer textarea');
+    if (ta) {
+      ev.preventDefault();
+      ta.focus();
+    }
+  } else if (ev.key === '?') {
+    navigate('/account');
+  }
+});
+
+boot();
+
+// ---- Q2 views (objectives, files, activity): imports below this line ----
+import './objectives.js';
+import './files.js';
+import './activity.js';
+// ---- end of Q2 views ----
