@@ -192,13 +192,15 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
                 .as_str()
                 .unwrap_or("/enroll")
         );
+        // Handlers first, so a Ctrl-C right after the code is shown still cancels cleanly.
+        let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         println!("to connect this device, open this page as a team admin and approve the code:");
         println!("  visit:  {visit}");
         println!("  code:   {user}");
         println!("  expires in {expires_in} s");
         println!("waiting for approval... (press Ctrl-C to cancel)");
         let deadline = tokio::time::Instant::now() + Duration::from_secs(expires_in);
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let poll = async {
             loop {
                 let wake = (tokio::time::Instant::now() + Duration::from_secs(interval)).min(deadline);
@@ -245,7 +247,7 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
         };
         let outcome = tokio::select! {
             o = poll => o,
-            _ = tokio::signal::ctrl_c() => {
+            _ = int.recv() => {
                 eprintln!("cancelled — no token saved.");
                 return Ok(130);
             }

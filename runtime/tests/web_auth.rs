@@ -85,6 +85,15 @@ async fn send(
     }
 }
 
+/// `POST /session/totp` without credentials.
+async fn sign_in(b: &TestBroker, code: &str, member: Option<&str>) -> Reply {
+    let mut body = json!({"code": code});
+    if let Some(m) = member {
+        body["member"] = json!(m);
+    }
+    send(b, "POST", "/session/totp", None, None, Some(body)).await
+}
+
 /// The `ac7_session` value a response sets.
 fn session_cookie(r: &Reply) -> String {
     let set = r.headers["set-cookie"].to_str().unwrap();
@@ -99,15 +108,7 @@ fn session_cookie(r: &Reply) -> String {
 /// Signs `member` in with a fresh secret; returns the cookie value.
 async fn login(b: &TestBroker, member: &str) -> String {
     let secret = enroll_direct(b, member);
-    let r = send(
-        b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": code(&secret, 0), "member": member})),
-    )
-    .await;
+    let r = sign_in(b, &code(&secret, 0), Some(member)).await;
     assert_eq!(r.status, 200, "{}", r.json);
     session_cookie(&r)
 }
@@ -121,41 +122,17 @@ async fn login_wrong_code_replay_and_shape() {
         "{:06}",
         (good.parse::<u32>().unwrap() + 500_000) % 1_000_000
     );
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": wrong})),
-    )
-    .await;
+    let r = sign_in(&b, &wrong, None).await;
     assert_eq!(
         (r.status, r.json.clone()),
         (401, json!({"error": "invalid code"}))
     );
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": "12345"})),
-    )
-    .await;
+    let r = sign_in(&b, "12345", None).await;
     assert_eq!(r.status, 400, "{}", r.json);
     assert_eq!(r.json["error"], "invalid login payload");
 
     // Codeless login finds the member.
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": good})),
-    )
-    .await;
+    let r = sign_in(&b, &good, None).await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["member"], "director");
     assert_eq!(r.json["role"]["title"], "director");
@@ -170,15 +147,7 @@ async fn login_wrong_code_replay_and_shape() {
     assert_eq!(cookie.len(), 43);
 
     // The same code never signs in twice.
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": good, "member": "director"})),
-    )
-    .await;
+    let r = sign_in(&b, &good, Some("director")).await;
     assert_eq!(r.status, 401);
     assert_eq!(r.json["error"], "code already used; wait for the next code");
 
@@ -212,42 +181,18 @@ async fn login_is_rate_limited_per_member_and_address() {
     let good = code(&secret, 0);
     let wrong = format!("{:06}", (good.parse::<u32>().unwrap() + 1) % 1_000_000);
     for i in 0..5 {
-        let r = send(
-            &b,
-            "POST",
-            "/session/totp",
-            None,
-            None,
-            Some(json!({"code": wrong, "member": "builder"})),
-        )
-        .await;
+        let r = sign_in(&b, &wrong, Some("builder")).await;
         assert_eq!(r.status, 401, "attempt {i}: {}", r.json);
     }
     // Locked now: even the right code is refused, with Retry-After.
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": good, "member": "builder"})),
-    )
-    .await;
+    let r = sign_in(&b, &good, Some("builder")).await;
     assert_eq!(r.status, 429, "{}", r.json);
     assert_eq!(r.json["error"], "too many attempts; try again later");
     let secs: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=900).contains(&secs), "{secs}");
     assert_eq!(r.json["retryAfter"], json!(secs));
     // The address is locked too: codeless attempts and other members from it.
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": good})),
-    )
-    .await;
+    let r = sign_in(&b, &good, None).await;
     assert_eq!(r.status, 429);
 }
 
@@ -524,15 +469,7 @@ async fn totp_enrollment_is_pending_until_confirmed() {
         .unwrap()
         .unwrap();
     assert_eq!(row.secret.as_deref(), Some(old.as_str()));
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": code(&secret, 0), "member": "builder"})),
-    )
-    .await;
+    let r = sign_in(&b, &code(&secret, 0), Some("builder")).await;
     assert_eq!(r.status, 401, "a pending secret signed in: {}", r.json);
     // Confirmation: wrong code refused, right code makes it the secret and is used up.
     let wrong = format!(
@@ -559,25 +496,9 @@ async fn totp_enrollment_is_pending_until_confirmed() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.json);
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": confirm, "member": "builder"})),
-    )
-    .await;
+    let r = sign_in(&b, &confirm, Some("builder")).await;
     assert_eq!(r.status, 401, "the confirming code signed in again");
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": code(&secret, 1), "member": "builder"})),
-    )
-    .await;
+    let r = sign_in(&b, &code(&secret, 1), Some("builder")).await;
     assert_eq!(r.status, 200, "{}", r.json);
     // Nothing pending any more.
     let r = b
@@ -642,15 +563,7 @@ async fn first_admin_setup_needs_the_code_once() {
     let r = send(&b, "GET", "/setup/status", None, None, None).await;
     assert_eq!(r.json, json!({"needed": false}));
     // The admin signs in with it.
-    let r = send(
-        &b,
-        "POST",
-        "/session/totp",
-        None,
-        None,
-        Some(json!({"code": code(&secret, 0)})),
-    )
-    .await;
+    let r = sign_in(&b, &code(&secret, 0), None).await;
     assert_eq!(
         (r.status, r.json["member"].clone()),
         (200, json!("director"))
@@ -1150,4 +1063,94 @@ async fn ac7_connect_cancelled_saves_nothing() {
         .unwrap();
     assert_eq!(status.code(), Some(130));
     assert!(!config.join("ac7").join("auth.json").exists());
+}
+
+#[tokio::test]
+async fn an_uncollected_enrollment_token_is_revoked() {
+    let b = start_with(|c| c.enroll.ttl = 2).await;
+    let e = enroll_start(&b, "gone").await;
+    let r = b
+        .post(
+            "/enroll/approve",
+            "director",
+            json!({"mode": "bind", "userCode": e["userCode"], "memberName": "builder"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let id = r.json["tokenInfo"]["id"].as_str().unwrap().to_owned();
+    let listed = |v: &Value| {
+        v["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == id.as_str())
+    };
+    assert!(listed(
+        &b.get("/members/builder/tokens", "director").await.json
+    ));
+    // Never polled: once it expires, the token goes (the expiry tick runs every 5 s).
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let mut gone = false;
+    for _ in 0..30 {
+        if !listed(&b.get("/members/builder/tokens", "director").await.json) {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(gone, "the uncollected enrollment token is still live");
+    let r = poll(&b, e["deviceCode"].as_str().unwrap()).await;
+    assert_eq!(r.json["error"], "expired_token");
+}
+
+#[tokio::test]
+async fn over_https_the_cookie_is_secure_and_hsts_is_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let files = ac7_runtime::broker::server::TlsFiles {
+        cert: dir.path().join("cert.pem"),
+        key: dir.path().join("key.pem"),
+    };
+    std::fs::write(&files.cert, certified.cert.pem()).unwrap();
+    std::fs::write(&files.key, certified.signing_key.serialize_pem()).unwrap();
+    let tls = files.clone();
+    let b = start_with(move |c| c.tls = Some(tls)).await;
+    let origin = format!("https://localhost:{}", b.broker.addr.port());
+    let http = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(certified.cert.pem().as_bytes()).unwrap(),
+        )
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let secret = enroll_direct(&b, "builder");
+    let r = http
+        .post(format!("{origin}/session/totp"))
+        .json(&json!({"code": code(&secret, 0), "member": "builder"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["strict-transport-security"].to_str().unwrap(),
+        "max-age=31536000"
+    );
+    let set = r.headers()["set-cookie"].to_str().unwrap().to_owned();
+    assert!(set.ends_with("; Secure"), "{set}");
+    let cookie = set.split(';').next().unwrap().to_owned();
+    // The own origin is https://…; the http:// spelling of the same host is foreign.
+    for (o, want) in [
+        (format!("http://localhost:{}", b.broker.addr.port()), 403),
+        (origin.clone(), 200),
+    ] {
+        let r = http
+            .post(format!("{origin}/push"))
+            .header("cookie", &cookie)
+            .header("origin", o.as_str())
+            .json(&json!({"to": "director", "body": "tls"}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), want, "origin {o}");
+    }
 }

@@ -131,6 +131,8 @@ pub struct BrokerConfig {
     /// Take the client address from `X-Forwarded-For` (first entry) instead of the socket
     /// peer: only behind a reverse proxy that sets it (`--trust-proxy`).
     pub trust_proxy: bool,
+    /// Device-code enrollment timings and limits (`ac7 connect`).
+    pub enroll: ac7_protocol::signin::enroll::EnrollConfig,
 }
 
 impl BrokerConfig {
@@ -155,6 +157,7 @@ impl BrokerConfig {
             tls: None,
             session_ttl: sessions::SESSION_TTL,
             trust_proxy: false,
+            enroll: ac7_protocol::signin::enroll::EnrollConfig::default(),
         }
     }
 }
@@ -369,6 +372,7 @@ pub async fn start(
         hub.register_member(&m.name, m.role, boot_time);
     }
     let (writer, queue) = writer::channel();
+    let config_enroll = config.enroll;
     let state = Arc::new(AppState {
         push_limiter: ratelimit::Limiter::new(config.push_rate),
         writer,
@@ -383,7 +387,7 @@ pub async fn start(
             ac7_protocol::signin::limiter::SIGN_IN,
         )),
         setup_code: std::sync::Mutex::new(setup_code.as_deref().map(sessions::session_hash)),
-        enroll: Default::default(),
+        enroll: std::sync::Mutex::new(http::enroll::EnrollDesk::new(config_enroll)),
     });
     sessions::spawn_purge(&state);
     http::enroll::spawn_expiry(&state);

@@ -145,6 +145,35 @@ pub(super) async fn members_list(
     Ok(reply(StatusCode::OK, &body))
 }
 
+/// The record of a new member `name`: permissions resolved through the team's presets; 409
+/// when the name is taken (without regard to case). Nothing is stored.
+pub(super) fn new_member_record(
+    conn: &rusqlite::Connection,
+    name: &str,
+    role: &Role,
+    instructions: &str,
+    permissions: &[String],
+) -> Result<MemberRecord, ApiError> {
+    let team = load_team(conn)?;
+    let permissions = permission::resolve(
+        permissions,
+        &team.permission_presets,
+        &format!("create member '{name}'"),
+    )
+    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    if let Some(existing) = team::member_name_taken(conn, name)? {
+        return Err(ApiError::conflict(format!(
+            "member '{existing}' already exists (names are unique without regard to case)"
+        )));
+    }
+    Ok(MemberRecord {
+        name: name.to_owned(),
+        role: role.clone(),
+        instructions: instructions.to_owned(),
+        permissions,
+    })
+}
+
 #[derive(Deserialize)]
 pub(super) struct CreateMember {
     name: String,
@@ -168,24 +197,7 @@ pub(super) async fn members_create(
     validate_member(&b.name, &b.role, &b.instructions).map_err(ApiError::bad_request)?;
     let now = now_ms();
     let (record, token) = state.store.with(|conn| -> Result<_, ApiError> {
-        let team = load_team(conn)?;
-        let permissions = permission::resolve(
-            &b.permissions,
-            &team.permission_presets,
-            &format!("create member '{}'", b.name),
-        )
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        if let Some(existing) = team::member_name_taken(conn, &b.name)? {
-            return Err(ApiError::conflict(format!(
-                "member '{existing}' already exists (names are unique without regard to case)"
-            )));
-        }
-        let record = MemberRecord {
-            name: b.name.clone(),
-            role: b.role.clone(),
-            instructions: b.instructions.clone(),
-            permissions,
-        };
+        let record = new_member_record(conn, &b.name, &b.role, &b.instructions, &b.permissions)?;
         let tx = conn.transaction().map_err(StoreError::from)?;
         let issued = add_member(&tx, &record, Some(&caller.name), now)?;
         tx.commit().map_err(StoreError::from)?;

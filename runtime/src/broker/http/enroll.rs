@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use ac7_protocol::permission::{self, Permission};
+use ac7_protocol::permission::Permission;
 use ac7_protocol::signin::enroll::{
     CreateError, DEVICE_RANDOM_BYTES, DecideError, EnrollConfig, EnrollEvent, EnrollStore,
     PollOutcome, USER_RANDOM_BYTES, normalize_user_code,
@@ -35,13 +35,14 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use super::admin::new_member_record;
 use super::session::client_addr;
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::AppState;
 use crate::broker::bootstrap::{add_member, validate_member};
 use crate::broker::db::StoreError;
 use crate::broker::now_ms;
-use crate::broker::team::{self, MemberRecord, Role};
+use crate::broker::team::{self, Role};
 
 /// Enrollments one client address may start per hour.
 const MINTS: LimiterConfig = LimiterConfig {
@@ -65,10 +66,11 @@ pub(crate) struct EnrollDesk {
     mints: AttemptLimiter<String>,
 }
 
-impl Default for EnrollDesk {
-    fn default() -> Self {
+impl EnrollDesk {
+    /// An empty desk.
+    pub(crate) fn new(config: EnrollConfig) -> Self {
         EnrollDesk {
-            store: EnrollStore::new(EnrollConfig::default()),
+            store: EnrollStore::new(config),
             user_agents: BTreeMap::new(),
             mints: AttemptLimiter::new(MINTS),
         }
@@ -439,34 +441,21 @@ pub(super) async fn approve(
             None => team::member_get(&tx, &b.member_name)?
                 .ok_or_else(|| ApiError::not_found(format!("no such member: {}", b.member_name)))?,
             Some((role, instructions, perms)) => {
-                let team = team::team_get(&tx)?.ok_or_else(|| {
-                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no team configured")
-                })?;
-                let permissions = permission::resolve(
-                    perms,
-                    &team.permission_presets,
-                    &format!("create member '{}'", b.member_name),
-                )
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-                if let Some(existing) = team::member_name_taken(&tx, &b.member_name)? {
-                    return Err(ApiError::conflict(format!(
-                        "member '{existing}' already exists (names are unique without regard to case)"
-                    )));
-                }
-                let record = MemberRecord {
-                    name: b.member_name.clone(),
-                    role: role.clone(),
-                    instructions: instructions.clone(),
-                    permissions,
-                };
+                let record = new_member_record(&tx, &b.member_name, role, instructions, perms)?;
                 add_member(&tx, &record, Some(&caller.name), now_ms)?;
                 // The device's token is its only one.
                 team::tokens_revoke_all(&tx, &record.name)?;
                 record
             }
         };
-        let (token, info) =
-            team::token_issue(&tx, &record.name, &label, "enroll", Some(&caller.name), now_ms)?;
+        let (token, info) = team::token_issue(
+            &tx,
+            &record.name,
+            &label,
+            "enroll",
+            Some(&caller.name),
+            now_ms,
+        )?;
         tx.commit().map_err(StoreError::from)?;
         Ok((record, token, info))
     });
