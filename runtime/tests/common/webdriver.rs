@@ -236,16 +236,7 @@ impl Browser {
                 return e;
             }
             if Instant::now() > deadline {
-                let body = self
-                    .script(
-                        "return document.body ? document.body.innerText : ''",
-                        json!([]),
-                    )
-                    .await;
-                panic!(
-                    "timed out after {secs} s waiting for {what} ({css}); page {} shows: {body}",
-                    self.url().await
-                );
+                self.timed_out(secs, &format!("{what} ({css})")).await;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -260,19 +251,24 @@ impl Browser {
                 return v;
             }
             if Instant::now() > deadline {
-                let body = self
-                    .script(
-                        "return document.body ? document.body.innerText : ''",
-                        json!([]),
-                    )
-                    .await;
-                panic!(
-                    "timed out after {secs} s waiting for {what}; page {} shows: {body}",
-                    self.url().await
-                );
+                self.timed_out(secs, what).await;
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// Panics with what was awaited, the URL and the text on the page.
+    async fn timed_out(&self, secs: u64, what: &str) -> ! {
+        let body = self
+            .script(
+                "return document.body ? document.body.innerText : ''",
+                json!([]),
+            )
+            .await;
+        panic!(
+            "timed out after {secs} s waiting for {what}; page {} shows: {body}",
+            self.url().await
+        );
     }
 
     /// Runs `body` (a function body) with `args`; returns its value.
