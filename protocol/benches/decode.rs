@@ -78,7 +78,7 @@ fn bench_decode(c: &mut Criterion) {
             let mut frames = 0;
             for chunk in stream.chunks(64 * 1024) {
                 decoder.push(chunk);
-                while let Some(decoded) = decoder.next() {
+                while let Some(decoded) = decoder.decode() {
                     if let Decoded::Frame(frame) = decoded {
                         black_box(&frame);
                         frames += 1;

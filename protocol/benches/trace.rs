@@ -57,7 +57,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut tracer = Tracer::new(TraceConfig::default());
             let conn = ConnId(1);
-            tracer.handle_open(conn, "api.anthropic.com:443");
+            tracer.handle_open(conn, "api.anthropic.com:443", 0);
             for part in request.chunks(16 * 1024) {
                 tracer.handle_client_bytes(conn, part, 1);
             }

@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use crate::ash::{
     self,
-    bridge::{AshBridgeOutput, AshConnection},
+    bridge::{Answer, AshBridgeOutput, AshConnection},
     host::{AshHost, HostOutput},
 };
-use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession};
+use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer as BridgePeer};
 use crate::frame::{Decoded, DropReason, Dropped, FrameDecoder, decode_frame, encode_frame_vec};
 use crate::json::RawJson;
 use crate::jsonrpc::{self, Message, Outcome};
@@ -95,7 +95,7 @@ pub fn decode_chunks(data: &[u8]) {
             "buffer exceeds cap + chunk"
         );
         let mut polls = 0;
-        while let Some(decoded) = decoder.next() {
+        while let Some(decoded) = decoder.decode() {
             got.push(decoded);
             polls += 1;
             assert!(polls <= MAX_POLLS);
@@ -105,7 +105,7 @@ pub fn decode_chunks(data: &[u8]) {
             "drained buffer holds less than the cap"
         );
     }
-    got.extend(decoder.finish());
+    got.extend(decoder.decode_eof());
 
     let mut expected = Vec::new();
     let mut lines: Vec<&[u8]> = stream.split(|b| *b == b'\n').collect();
@@ -339,7 +339,10 @@ fn drain_bridge(
         assert!(polls <= MAX_POLLS, "poll_output does not terminate");
         assert!(!*exited, "output after Exit: {output:?}");
         match output {
-            BridgeOutput::ToAgent(line) => {
+            BridgeOutput::Transmit {
+                to: BridgePeer::Agent,
+                bytes: line,
+            } => {
                 assert_eq!(line.last(), Some(&b'\n'));
                 assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
                 match jsonrpc::parse_message(&line[..line.len() - 1]) {
@@ -360,7 +363,10 @@ fn drain_bridge(
                     ),
                 }
             }
-            BridgeOutput::ToRunner(frame) => {
+            BridgeOutput::Transmit {
+                to: BridgePeer::Runner,
+                bytes: frame,
+            } => {
                 assert!(frame.len() <= max_frame_bytes, "frame over the cap");
                 assert_eq!(frame.iter().filter(|b| **b == b'\n').count(), 1);
                 match decode_frame(&frame[..frame.len() - 1]) {
@@ -501,7 +507,7 @@ fn drain_runner(
         polls += 1;
         assert!(polls <= MAX_POLLS, "poll_output does not terminate");
         match output {
-            RunnerOutput::Transmit { conn, bytes } => {
+            RunnerOutput::Transmit { to: conn, bytes } => {
                 assert!(
                     !closed.contains(&conn) && !newly_closed.contains(&conn),
                     "transmit to a closed connection"
@@ -559,7 +565,7 @@ pub fn decode_lp(data: &[u8]) {
             rest = tail;
             decoder.push(chunk);
             loop {
-                match decoder.next() {
+                match decoder.decode() {
                     Ok(Some(payload)) => payloads.push(payload),
                     Ok(None) => {
                         assert!(
@@ -576,7 +582,7 @@ pub fn decode_lp(data: &[u8]) {
             }
         }
         if failure.is_none() {
-            failure = decoder.finish().err();
+            failure = decoder.decode_eof().err();
         }
         (payloads, failure)
     };
@@ -629,7 +635,7 @@ pub fn ash_bridge_ops(data: &[u8]) {
     let mut feed = |conn: &mut AshConnection, bytes: &[u8], expected: &mut Vec<String>| {
         conn.handle_bytes(bytes);
         shadow.push(bytes);
-        while let Some(line) = shadow.next_line() {
+        while let Some(line) = shadow.decode() {
             if let crate::line::Line::Complete(line) = line {
                 match ash::decode_command(line) {
                     Ok(ash::Command::Query(q)) => expected.push(q.session_id),
@@ -646,7 +652,7 @@ pub fn ash_bridge_ops(data: &[u8]) {
             polls += 1;
             assert!(polls <= MAX_POLLS, "poll_output does not terminate");
             match output {
-                AshBridgeOutput::Send(line) => {
+                AshBridgeOutput::Transmit(line) => {
                     let event = ash::decode_event(&line[..line.len() - 1]).expect("valid event");
                     assert_eq!(first, event == ash::Event::Ready, "ready comes first, once");
                     first = false;
@@ -691,26 +697,30 @@ pub fn ash_bridge_ops(data: &[u8]) {
                 let bytes = input.bytes(80);
                 feed(&mut conn, bytes, &mut expected);
             }
-            4 => conn.agent_message(RawJson::from_text("{}").expect("valid JSON")),
+            4 => conn.notify(RawJson::from_text("{}").expect("valid JSON")),
             5 if running == Some("query") => {
                 running = None;
-                conn.agent_finished(if input.byte().is_multiple_of(2) {
+                conn.respond(Answer::Query(if input.byte().is_multiple_of(2) {
                     Ok(())
                 } else {
                     Err("x".into())
-                });
+                }));
             }
             5 if running == Some("resume") => {
                 running = None;
-                conn.resume_finished(if input.byte().is_multiple_of(2) {
+                conn.respond(Answer::Resume(if input.byte().is_multiple_of(2) {
                     Ok(())
                 } else {
                     Err("x".into())
-                });
+                }));
             }
             6 if running == Some("exec") => {
                 running = None;
-                conn.exec_finished(0, String::new(), String::new());
+                conn.respond(Answer::Exec {
+                    exit_code: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                });
             }
             _ => {
                 closed = true;
@@ -724,9 +734,13 @@ pub fn ash_bridge_ops(data: &[u8]) {
     // Finish whatever runs until the queue is empty.
     while let Some(kind) = running.take() {
         match kind {
-            "query" => conn.agent_finished(Ok(())),
-            "resume" => conn.resume_finished(Ok(())),
-            _ => conn.exec_finished(0, String::new(), String::new()),
+            "query" => conn.respond(Answer::Query(Ok(()))),
+            "resume" => conn.respond(Answer::Resume(Ok(()))),
+            _ => conn.respond(Answer::Exec {
+                exit_code: 0,
+                stdout: String::new(),
+                stderr: String::new(),
+            }),
         }
         drain(&mut conn, &mut running);
     }
@@ -770,7 +784,7 @@ pub fn ash_host_ops(data: &[u8]) {
             polls += 1;
             assert!(polls <= MAX_POLLS, "poll_output does not terminate");
             match output {
-                HostOutput::Send(line) => {
+                HostOutput::Transmit(line) => {
                     assert!(ready, "sent before ready");
                     match ash::decode_command(&line[..line.len() - 1]).expect("valid command") {
                         ash::Command::Interrupt | ash::Command::Shutdown => {}
@@ -808,9 +822,9 @@ pub fn ash_host_ops(data: &[u8]) {
                 };
                 if !matches!(command, ash::Command::Interrupt) {
                     submitted += 1;
-                    host.submit(command, submitted);
+                    host.request(command, submitted, now);
                 } else {
-                    host.submit(command, 0);
+                    host.request(command, 0, now);
                 }
             }
             2 | 3 => {
@@ -944,7 +958,7 @@ fn trace_feed(
 ) -> (Vec<TraceOutput>, Vec<u8>) {
     let conn = TraceConn(7);
     let mut tracer = Tracer::new(config.clone());
-    tracer.handle_open(conn, host);
+    tracer.handle_open(conn, host, 0);
     let mut outputs = Vec::new();
     let mut forwarded = Vec::new();
     let mut drain = |tracer: &mut Tracer| {
@@ -953,7 +967,7 @@ fn trace_feed(
             polls += 1;
             assert!(polls <= MAX_POLLS, "poll_output does not terminate");
             match output {
-                TraceOutput::ToServer { bytes, .. } => forwarded.extend_from_slice(&bytes),
+                TraceOutput::Transmit { bytes, .. } => forwarded.extend_from_slice(&bytes),
                 other => outputs.push(other),
             }
         }
@@ -1279,12 +1293,12 @@ impl LiveSim {
                     }
                     self.inbound = Some(inbound);
                     self.before_first.get_or_insert(self.next_serial);
-                    self.machine.handle_connected(self.now, true, Some(self.ms));
+                    self.machine.handle_connected(true, Some(self.ms), self.now);
                 }
             }
             LiveStep::Refuse => {
                 if self.connect_pending.take().is_some() {
-                    self.machine.handle_closed(self.now, "refused");
+                    self.machine.handle_closed("refused", self.now);
                 }
             }
             LiveStep::Feed(n) => {
@@ -1292,25 +1306,25 @@ impl LiveSim {
                     let Some(frame) = self.inbound.as_mut().and_then(|i| i.pop_front()) else {
                         break;
                     };
-                    self.machine.handle_frame(self.now, frame);
+                    self.machine.handle_frame(frame, self.now);
                     self.drain();
                 }
             }
             LiveStep::Keepalive => {
                 if self.inbound.is_some() {
                     self.machine
-                        .handle_frame(self.now, crate::live::LiveFrame::Alive);
+                        .handle_frame(crate::live::LiveFrame::Alive, self.now);
                 }
             }
             LiveStep::Drop => self.disconnect(),
             LiveStep::Answer => {
                 if let Some(query) = self.fetch_pending.take() {
                     match self.history(&query) {
-                        Some(messages) => self.machine.handle_history(self.now, query.id, messages),
+                        Some(messages) => self.machine.handle_history(query.id, messages, self.now),
                         None => self.machine.handle_history_failed(
-                            self.now,
                             query.id,
                             "400 unknown after_id",
+                            self.now,
                         ),
                     }
                 }
@@ -1318,7 +1332,7 @@ impl LiveSim {
             LiveStep::FailFetch => {
                 if let Some(query) = self.fetch_pending.take() {
                     self.machine
-                        .handle_history_failed(self.now, query.id, "503");
+                        .handle_history_failed(query.id, "503", self.now);
                 }
             }
             LiveStep::Restart => self.disconnect(),
@@ -1338,7 +1352,7 @@ impl LiveSim {
     fn disconnect(&mut self) {
         self.fetch_pending = None;
         if self.connect_pending.take().is_some() || self.inbound.take().is_some() {
-            self.machine.handle_closed(self.now, "connection lost");
+            self.machine.handle_closed("connection lost", self.now);
         }
     }
 
@@ -1956,6 +1970,341 @@ mod tests {
         #[test]
         fn trace_upload_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
             trace_upload(&data);
+        }
+    }
+}
+
+/// Splits `stream` into chunks whose sizes follow a small generator seeded by `seed` (1 to 64
+/// bytes, so chunk borders fall inside `\r\n`, inside UTF-8 sequences and inside fields).
+fn chunked(stream: &[u8], seed: u8) -> Vec<&[u8]> {
+    let mut state = u32::from(seed) | 1;
+    let mut chunks = Vec::new();
+    let mut rest = stream;
+    while !rest.is_empty() {
+        state = state.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        let size = ((state >> 16) as usize % 64 + 1).min(rest.len());
+        let (chunk, tail) = rest.split_at(size);
+        chunks.push(chunk);
+        rest = tail;
+    }
+    chunks
+}
+
+/// Everything an [`SseParser`] yields for `chunks`, then its last event id and retry.
+fn sse_parse(
+    cap: usize,
+    chunks: &[&[u8]],
+) -> (Vec<crate::sse::SseItem>, Option<String>, Option<u64>) {
+    let mut parser = crate::sse::SseParser::new(cap);
+    let mut items = Vec::new();
+    for chunk in chunks {
+        parser.push(chunk);
+        while let Some(item) = parser.decode() {
+            items.push(item);
+            assert!(items.len() <= MAX_POLLS, "next() does not terminate");
+        }
+    }
+    (
+        items,
+        parser.last_event_id().map(str::to_owned),
+        parser.retry_ms(),
+    )
+}
+
+/// Printable ASCII for a field value built from fuzzer bytes (no line ends, no NUL).
+fn printable(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| char::from(b' ' + b % 95)).collect()
+}
+
+/// `sse`: fuzzer bytes through an [`crate::sse::SseParser`]. Byte 0 picks the mode. Even: the
+/// rest is a raw stream (byte 1 the cap: `16 + 4 * byte1`; byte 2 the chunking). Odd: the rest
+/// describes events (name, data lines, id, comments, `\n` or `\r\n` line ends) that are
+/// encoded as `text/event-stream` and parsed under a cap they never reach.
+///
+/// Oracles: raw — the items, last event id and retry are the same however the stream is
+/// chunked; no event's data exceeds the cap; ids hold no NUL; there are no more dispatches (events
+/// and oversized drops) than line ends. Encoded — exactly the encoded events come out, in order,
+/// with the id in force, whole or chunked.
+pub fn sse_stream(data: &[u8]) {
+    let mut input = Input::new(data);
+    if input.byte().is_multiple_of(2) {
+        let cap = 16 + 4 * usize::from(input.byte());
+        let seed = input.byte();
+        let stream = &data[data.len().min(3)..];
+        let whole = sse_parse(cap, &[stream]);
+        let parts = sse_parse(cap, &chunked(stream, seed));
+        assert_eq!(whole, parts, "chunking changed what the parser saw");
+        let line_ends = stream.iter().filter(|b| **b == b'\n').count();
+        assert!(whole.0.len() <= line_ends, "more items than line ends");
+        for item in &whole.0 {
+            if let crate::sse::SseItem::Event(event) = item {
+                assert!(event.data.len() <= cap, "event data over the cap");
+                assert!(!event.event.is_empty());
+                assert!(event.id.as_ref().is_none_or(|id| !id.contains('\0')));
+            }
+        }
+        return;
+    }
+    let mut stream = String::new();
+    let mut expected = Vec::new();
+    let mut id: Option<String> = None;
+    let seed = input.byte();
+    let mut events = 0;
+    while !input.is_empty() && events < 64 {
+        events += 1;
+        let eol = if input.byte().is_multiple_of(2) {
+            "\n"
+        } else {
+            "\r\n"
+        };
+        let flags = input.byte();
+        if flags & 1 != 0 {
+            stream.push_str(&format!(":{}{eol}", printable(input.bytes(8))));
+        }
+        let name = printable(input.bytes(8));
+        if flags & 2 != 0 {
+            stream.push_str(&format!("event: {name}{eol}"));
+        }
+        if flags & 4 != 0 {
+            let value = printable(input.bytes(8));
+            stream.push_str(&format!("id: {value}{eol}"));
+            id = (!value.is_empty()).then_some(value);
+        }
+        let lines: Vec<String> = (0..input.below(4))
+            .map(|_| printable(input.bytes(16)))
+            .collect();
+        for line in &lines {
+            stream.push_str(&format!("data: {line}{eol}"));
+        }
+        stream.push_str(eol);
+        if !lines.is_empty() {
+            expected.push(crate::sse::SseItem::Event(crate::sse::SseEvent {
+                event: if flags & 2 != 0 && !name.is_empty() {
+                    name
+                } else {
+                    "message".to_owned()
+                },
+                data: lines.join("\n"),
+                id: id.clone(),
+            }));
+        }
+    }
+    let cap = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+    let whole = sse_parse(cap, &[stream.as_bytes()]);
+    assert_eq!(whole.0, expected, "stream:\n{stream}");
+    assert_eq!(whole.1, id);
+    let parts = sse_parse(cap, &chunked(stream.as_bytes(), seed));
+    assert_eq!(parts, whole, "chunking changed what the parser saw");
+}
+
+/// `tracker`: fuzzer bytes as 2-byte operations `[kind, arg]` on an
+/// [`crate::tracker::ObjectivesTracker`] over a "true" open set that changes only together with
+/// a trigger (as objective events do): trigger (maybe changing the truth), time passing
+/// (`arg` ms), the refresh in flight answered with the truth as it was when that refresh started,
+/// or failed. Then the tracker settles: time runs to every timer and every refresh is answered.
+///
+/// Oracles: one refresh in flight at a time; a refresh starts only once [`crate::tracker::DEBOUNCE`]
+/// passed since the last trigger (or right after the previous refresh, when a timer fired during
+/// it); `ListChanged` exactly when an answered set differs from the one known before; a timer is
+/// never left in the past; after settling nothing is pending, and unless a refresh failed since
+/// the last trigger the tracker knows the true set (no change was missed).
+pub fn tracker_ops(data: &[u8]) {
+    use crate::tracker::{DEBOUNCE, ObjectivesTracker, TrackerOutput};
+    let mut input = Input::new(data);
+    let start = Instant::now();
+    let mut now = start;
+    let mut truth: Vec<u8> = Vec::new();
+    let mut tracker: ObjectivesTracker<u8> = ObjectivesTracker::new(truth.clone());
+    let mut in_flight = false;
+    // What the refresh in flight read: the truth when it started (a fetch sees the state of
+    // its time; a change after that needs the next refresh).
+    let mut read = truth.clone();
+    let mut last_trigger: Option<Instant> = None;
+    // A timer fired while a refresh was in flight: the next refresh may start without a wait.
+    let mut owed = false;
+    // A refresh failed since the last trigger (a failed refresh keeps the old set, by design).
+    let mut failed = false;
+    let drain = |tracker: &mut ObjectivesTracker<u8>,
+                 in_flight: &mut bool,
+                 read: &mut Vec<u8>,
+                 truth: &[u8],
+                 owed: &mut bool,
+                 last_trigger: Option<Instant>,
+                 now: Instant,
+                 before: &[u8]| {
+        let mut polls = 0;
+        while let Some(out) = tracker.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match out {
+                TrackerOutput::Refresh => {
+                    assert!(!*in_flight, "a second refresh while one is in flight");
+                    let waited = last_trigger.is_some_and(|t| now >= t + DEBOUNCE);
+                    assert!(waited || *owed, "a refresh before the debounce");
+                    *owed = false;
+                    *in_flight = true;
+                    *read = truth.to_vec();
+                }
+                TrackerOutput::ListChanged => {
+                    assert_ne!(tracker.open(), before, "ListChanged without a change");
+                }
+            }
+        }
+    };
+    let mut steps = 0;
+    while !input.is_empty() && steps < 2_000 {
+        steps += 1;
+        let (kind, arg) = (input.below(5), input.byte());
+        let before = tracker.open().to_vec();
+        match kind {
+            0 => {
+                if arg % 2 == 1 {
+                    truth = (0..arg % 5).collect();
+                }
+                tracker.handle_trigger(now);
+                last_trigger = Some(now);
+                failed = false;
+            }
+            1 | 2 => {
+                now += Duration::from_millis(u64::from(arg));
+                if tracker.poll_timeout().is_some_and(|at| at <= now) {
+                    if in_flight {
+                        owed = true;
+                    }
+                    tracker.handle_timeout(now);
+                }
+            }
+            3 if in_flight => {
+                in_flight = false;
+                tracker.handle_refreshed(Some(read.clone()), now);
+                assert_eq!(tracker.open(), read);
+                let changed = before != read;
+                let mut saw_change = false;
+                let mut polls = 0;
+                while let Some(out) = tracker.poll_output() {
+                    polls += 1;
+                    assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+                    match out {
+                        TrackerOutput::ListChanged => saw_change = true,
+                        TrackerOutput::Refresh => {
+                            assert!(owed, "a refresh after a refresh nobody asked for");
+                            owed = false;
+                            in_flight = true;
+                            read = truth.clone();
+                        }
+                    }
+                }
+                assert_eq!(
+                    saw_change, changed,
+                    "ListChanged must say whether the set changed"
+                );
+                continue;
+            }
+            4 if in_flight => {
+                in_flight = false;
+                failed = true;
+                tracker.handle_refreshed(None, now);
+                assert_eq!(tracker.open(), before, "a failed refresh changed the set");
+            }
+            _ => {}
+        }
+        drain(
+            &mut tracker,
+            &mut in_flight,
+            &mut read,
+            &truth,
+            &mut owed,
+            last_trigger,
+            now,
+            &before,
+        );
+        assert!(
+            tracker.poll_timeout().is_none_or(|at| at > now),
+            "a timer left in the past"
+        );
+    }
+    // Settle: run every timer, answer every refresh with the truth.
+    for _ in 0..16 {
+        let before = tracker.open().to_vec();
+        if in_flight {
+            in_flight = false;
+            tracker.handle_refreshed(Some(read.clone()), now);
+        } else if let Some(at) = tracker.poll_timeout() {
+            now = now.max(at);
+            tracker.handle_timeout(now);
+        } else {
+            break;
+        }
+        let mut polls = 0;
+        while let Some(out) = tracker.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match out {
+                TrackerOutput::Refresh => {
+                    assert!(!in_flight, "a second refresh while one is in flight");
+                    in_flight = true;
+                    read = truth.clone();
+                }
+                TrackerOutput::ListChanged => assert_ne!(tracker.open(), before),
+            }
+        }
+    }
+    assert!(
+        !in_flight && tracker.poll_timeout().is_none(),
+        "the tracker never settled"
+    );
+    // The truth changes only with a trigger, and every trigger is followed by a refresh that
+    // starts after it: unless one failed since, the last answer is the truth.
+    if !failed {
+        assert_eq!(tracker.open(), truth, "a change was missed");
+    }
+}
+
+#[cfg(test)]
+mod sse_tracker_oracle_tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::test_support::proptest_config;
+
+    proptest! {
+        #![proptest_config(proptest_config("fuzzing"))]
+
+        #[test]
+        fn sse_oracle_holds_raw(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut data = data;
+            if let Some(first) = data.first_mut() {
+                *first &= !1;
+            }
+            sse_stream(&data);
+        }
+
+        #[test]
+        fn sse_oracle_holds_encoded(data in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let mut data = data;
+            if let Some(first) = data.first_mut() {
+                *first |= 1;
+            }
+            sse_stream(&data);
+        }
+
+        #[test]
+        fn tracker_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..400)) {
+            tracker_ops(&data);
+        }
+    }
+
+    /// Raw SSE text with the usual shapes (comments, ids, multi-line data, CRLF, a BOM).
+    #[test]
+    fn sse_oracle_holds_on_typical_streams() {
+        for text in [
+            "\u{feff}: hi\n\nid: 1\nevent: message\ndata: {\"a\":1}\n\n",
+            "data: a\r\ndata: b\r\n\r\nretry: 50\n: keepalive\n\n",
+            "id: 7\ndata\n\nid\ndata: x\n\n",
+        ] {
+            let mut data = vec![0, 255, 3];
+            data.extend_from_slice(text.as_bytes());
+            sse_stream(&data);
         }
     }
 }

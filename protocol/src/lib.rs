@@ -2,16 +2,41 @@
 //! machines of the runner ⇄ bridge IPC protocol.
 //!
 //! Nothing here reads a clock, touches a socket or spawns a task. Every machine is a plain value
-//! you feed and drain:
+//! you feed and drain.
 //!
-//! - **inputs** are `handle_*` methods (bytes read, a peer connected or closed, an answer from the
-//!   application). They never block and never do I/O. Time is an argument (`now: Instant`).
-//! - **outputs** come out of `poll_output()`, drained until `None`: bytes to write (tagged with
-//!   where they go), requests for the application, events worth logging, connections to close.
-//!   Every output is queued inside the machine, so inputs may interleave in any order.
-//! - machines with timers also offer `poll_timeout()` / `handle_timeout(now)` (the objectives
-//!   [`tracker`]); the bridge and runner sessions have none (a request waits for its answer or
-//!   for teardown).
+//! # The machine contract
+//!
+//! Every machine in this crate speaks the same vocabulary (each type's own "Contract" paragraph
+//! says which parts it has):
+//!
+//! - **inputs — what happened** are `handle_*` methods: bytes read (`handle_bytes`,
+//!   `handle_agent_bytes`, …), a peer connected or closed (`handle_connect`, `handle_connected`,
+//!   `handle_closed`, `handle_*_eof`), the outcome of I/O the machine asked the driver to do
+//!   (`handle_refreshed`, `handle_history`), a timer (`handle_timeout`). They never block and
+//!   never do I/O.
+//! - **commands — what the application does** use three verbs: [`respond`] answers a request the
+//!   machine handed to the application (`runner`'s tool calls, an Ash bridge's turn); [`notify`]
+//!   emits an event towards the peer (an MCP notification, a channel event for Codex, an agent
+//!   message on an Ash connection); [`request`] starts a request of the application's own (a
+//!   `call_tool` call, an Ash command, a Codex JSON-RPC call). `shutdown` ends a machine.
+//! - **time** is an argument, never read: a machine that keeps time (it has timers, or reports
+//!   durations) takes `now` as the **last** argument of every input and command, whether it
+//!   needs it today or not, so adding a timer never changes a caller. A machine that keeps no
+//!   time (`call_tool`, `call_tool_bridge`, `ash::bridge`) takes none. Machines whose clock is the
+//!   wall clock (sign-in, traces) take it as epoch units (`now: u64`), also last.
+//! - **outputs** come out of `poll_output()`, drained until `None`. Bytes to write are always a
+//!   `Transmit` variant: `Transmit(bytes)` where the machine has one peer, `Transmit { to, bytes
+//!   }` where it has several (`to` is a `Peer` or a `ConnId`). Every output is queued inside the
+//!   machine, so inputs may interleave in any order.
+//! - **timers**: machines with timers offer `poll_timeout()` (when to call `handle_timeout(now)`
+//!   next, `None` for never) and `handle_timeout(now)`.
+//! - **decoders** (tokio-util style) are fed with `push(bytes)` and drained with `decode()` until
+//!   `None`; at end of input, `decode_eof()` yields what a final unterminated line or frame held
+//!   (or the framing error).
+//!
+//! [`respond`]: session::runner::RunnerSession::respond
+//! [`notify`]: session::runner::RunnerSession::notify
+//! [`request`]: dialect::call_tool::CallToolClient::request
 //!
 //! # The run loop
 //!
@@ -20,7 +45,7 @@
 //! ```no_run
 //! use std::io::{Read, Write};
 //! use std::time::Instant;
-//! use ac7_protocol::bridge::{BridgeConfig, BridgeOutput, BridgeSession};
+//! use ac7_protocol::session::mcp_bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer};
 //!
 //! # fn drive(mut stdin: impl Read, mut stdout: impl Write, mut socket: impl Read + Write) -> std::io::Result<()> {
 //! let mut session = BridgeSession::new(BridgeConfig::default());
@@ -36,8 +61,8 @@
 //!     // 2. Drain every output and act on it, in order.
 //!     while let Some(output) = session.poll_output() {
 //!         match output {
-//!             BridgeOutput::ToAgent(line) => stdout.write_all(&line)?,
-//!             BridgeOutput::ToRunner(frame) => socket.write_all(&frame)?,
+//!             BridgeOutput::Transmit { to: Peer::Agent, bytes } => stdout.write_all(&bytes)?,
+//!             BridgeOutput::Transmit { to: Peer::Runner, bytes } => socket.write_all(&bytes)?,
 //!             BridgeOutput::Event(event) => eprintln!("{event:?}"),
 //!             BridgeOutput::Exit(_) => {
 //!                 stdout.flush()?;
@@ -49,72 +74,83 @@
 //! # }
 //! ```
 //!
-//! The runner side is the same shape with [`runner::RunnerSession`]: report connections with
-//! `handle_connect`, feed bytes with `handle_bytes(conn, …)`, answer each
-//! [`runner::RunnerOutput::Request`] with `respond`, push events with `notify`, and write each
-//! [`runner::RunnerOutput::Transmit`] to its connection.
+//! The runner side is the same shape with [`session::runner::RunnerSession`]: report connections with
+//! `handle_connect`, feed bytes with `handle_bytes(conn, …, now)`, answer each
+//! [`session::runner::RunnerOutput::Request`] with `respond`, push events with `notify`, and write each
+//! [`session::runner::RunnerOutput::Transmit`] to its connection (`to`).
 //!
-//! # Modules
+//! # Layout
 //!
-//! | module | what it models |
-//! |---|---|
-//! | [`line`] | capped NDJSON line splitting with discard-until-newline (shared by every line dialect) |
-//! | [`frame`] | the five IPC frame kinds, their lenient decoder and capped encoder |
-//! | [`length_prefixed`] | 4-byte big-endian length framing with a 10 MiB cap checked before allocating |
-//! | [`pending`] | the correlation table: monotonic ids, out-of-order answers, `fail_all` |
-//! | [`jsonrpc`] | JSON-RPC 2.0 messages with byte-exact ids, params and results |
-//! | [`mcp`] | MCP method names, version negotiation, `initialize` and `CallToolResult` shapes |
-//! | [`bridge`] | the bridge session: agent stdio ⇄ runner socket |
-//! | [`runner`] | the runner session: single-bridge policy, requests out, responses and notifications in |
-//! | [`sse`] | incremental `text/event-stream` parser with a size cap |
-//! | [`channel`] | how a broker message reaches an agent: self-echo, channel notification meta, Codex `<channel>` text |
-//! | [`toolbox`] | the runner's tools: definitions from the briefing, validation, each tool as a plan of broker requests |
-//! | [`tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
-//! | [`json`] | raw JSON kept byte-exact |
-//! | [`message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
-//! | [`objective`] | the objective lifecycle (active ⇄ blocked → done / cancelled) and who may do what |
-//! | [`permission`] | the seven leaf permissions and preset expansion |
-//! | [`team`] | the team and a member's role (wire shapes shared by the broker and the runner) |
-//! | [`vfs`] | shared file space paths: normalisation and traversal rejection |
-//! | [`call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
-//! | [`call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
-//! | [`ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
-//! | [`codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
-//! | [`schema`] | the JSON Schema subset tool input schemas use |
-//! | [`trace`] | activity events, the HTTP/1.1 exchange assembler, Messages / Responses decoding, redaction |
+//! | folder | module | what it models |
+//! |---|---|---|
+//! | [`codec`] | [`codec::line`](mod@codec::line) | capped NDJSON line splitting with discard-until-newline (shared by every line dialect) |
+//! | | [`codec::frame`] | the five IPC frame kinds, their lenient decoder and capped encoder |
+//! | | [`codec::length_prefixed`] | 4-byte big-endian length framing with a 10 MiB cap checked before allocating |
+//! | | [`codec::sse`] | incremental `text/event-stream` parser with a size cap |
+//! | | [`codec::jsonrpc`] | JSON-RPC 2.0 messages with byte-exact ids, params and results |
+//! | | [`codec::json`] | raw JSON kept byte-exact |
+//! | | [`codec::base64`] | standard base64 |
+//! | [`session`] | [`session::mcp_bridge`] | the ac7 MCP bridge session: agent stdio ⇄ runner socket |
+//! | | [`session::runner`] | the runner session: single-bridge policy, requests out, responses and notifications in |
+//! | | [`session::live`] | the runner's live stream of broker messages: reconnect, backoff, backfill |
+//! | | [`session::tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
+//! | | [`session::pending`] | the correlation table: monotonic ids, out-of-order answers, `fail_all` |
+//! | [`dialect`] | [`dialect::mcp`] | MCP method names, version negotiation, `initialize` and `CallToolResult` shapes |
+//! | | [`dialect::call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
+//! | | [`dialect::call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
+//! | | [`dialect::ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
+//! | | [`dialect::codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
+//! | | [`dialect::schema`] | the JSON Schema subset tool input schemas use |
+//! | [`domain`] | [`domain::message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
+//! | | [`domain::channel`] | how a broker message reaches an agent: self-echo, channel notification meta, Codex `<channel>` text |
+//! | | [`domain::objective`] | the objective lifecycle (active ⇄ blocked → done / cancelled) and who may do what |
+//! | | [`domain::permission`] | the seven leaf permissions and preset expansion |
+//! | | [`domain::team`] | the team and a member's role (wire shapes shared by the broker and the runner) |
+//! | | [`domain::vfs`] | shared file space paths: normalisation and traversal rejection |
+//! | | [`domain::toolbox`] | the runner's tools: definitions from the briefing, validation, each tool as a plan of broker requests |
+//! | [`trace`] | | activity events, the HTTP/1.1 exchange assembler, Messages / Responses decoding, redaction |
+//! | [`signin`] | | TOTP, device enrollment, the sign-in rate limiter |
+//!
+//! # Glossary
+//!
+//! - **bridge**: a process an agent starts that speaks MCP (or a dialect) on one side and reaches
+//!   ac7 on the other. The *MCP bridge* ([`session::mcp_bridge`], `ac7 mcp-bridge`) relays to
+//!   the runner; the *call_tool bridge* ([`dialect::call_tool_bridge`]) relays to a parent
+//!   process; the *Ash bridge* ([`dialect::ash::bridge`]) runs the agent for an Ash host.
+//! - **host**: the process that starts or drives a bridge and answers it: the call_tool parent,
+//!   the Ash host ([`dialect::ash::host`]). A host's machine that sends requests is a *client*
+//!   only inside the bridge ([`dialect::call_tool::CallToolClient`] is the bridge's client of
+//!   its host).
+//! - **runner**: the process that owns an agent's session with the broker and serves its MCP
+//!   bridges over a unix socket ([`session::runner`]).
+//!
+//! The flat paths of the modules before this layout (`ac7_protocol::bridge`, `::frame`,
+//! `::message`, …) remain as hidden re-exports so code written against them keeps compiling;
+//! new code uses the folder paths.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod ash;
-pub mod base64;
-pub mod bridge;
-pub mod call_tool;
-pub mod call_tool_bridge;
-pub mod channel;
-pub mod codex;
-pub mod frame;
+pub mod civil;
+pub mod codec;
+pub mod dialect;
+pub mod domain;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-pub mod json;
-pub mod jsonrpc;
-pub mod length_prefixed;
-pub mod line;
-pub mod live;
-pub mod mcp;
-mod mcp_face;
-pub mod message;
-pub mod objective;
-pub mod pending;
-pub mod permission;
-pub mod runner;
-pub mod schema;
+pub mod session;
 pub mod signin;
-pub mod sse;
-pub mod team;
-pub mod toolbox;
 pub mod trace;
-pub mod tracker;
-pub mod vfs;
+
+#[doc(hidden)]
+pub use codec::{base64, frame, json, jsonrpc, length_prefixed, line, sse};
+pub(crate) use dialect::mcp_face;
+#[doc(hidden)]
+pub use dialect::{ash, call_tool, call_tool_bridge, codex, mcp, schema};
+#[doc(hidden)]
+pub use domain::{channel, message, objective, permission, team, toolbox, vfs};
+#[doc(hidden)]
+pub use session::mcp_bridge as bridge;
+#[doc(hidden)]
+pub use session::{live, pending, runner, tracker};
 
 #[cfg(test)]
 pub(crate) mod test_support;

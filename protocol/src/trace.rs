@@ -62,9 +62,9 @@ impl Default for TraceConfig {
 #[derive(Debug, Clone, PartialEq)]
 pub enum TraceOutput {
     /// Bytes to write to the server (only with `rewrite_accept_encoding`).
-    ToServer {
+    Transmit {
         /// The connection.
-        conn: ConnId,
+        to: ConnId,
         /// The bytes.
         bytes: Vec<u8>,
     },
@@ -90,6 +90,11 @@ pub enum TraceOutput {
 }
 
 /// The trace host's machine: [`HttpAssembler`] plus classification, decoding and redaction.
+///
+/// Contract: every input takes `now` (epoch ms) last — `handle_open`, `handle_client_bytes`,
+/// `handle_server_bytes`, `handle_server_eof`, `handle_closed`. Outputs are drained from
+/// [`poll_output`](Self::poll_output): [`TraceOutput::Transmit`] `{ to, bytes }` (only when
+/// rewriting `accept-encoding`), `RequestSent`, `Event`s and `Untraced`.
 #[derive(Debug, Default)]
 pub struct Tracer {
     http: HttpAssembler,
@@ -106,8 +111,8 @@ impl Tracer {
     }
 
     /// A decrypted connection to `host` begins.
-    pub fn handle_open(&mut self, conn: ConnId, host: &str) {
-        self.http.handle_open(conn, host);
+    pub fn handle_open(&mut self, conn: ConnId, host: &str, now: u64) {
+        self.http.handle_open(conn, host, now);
     }
 
     /// Bytes from the client (`now`: epoch milliseconds).
@@ -133,7 +138,7 @@ impl Tracer {
     /// The next output.
     pub fn poll_output(&mut self) -> Option<TraceOutput> {
         Some(match self.http.poll_output()? {
-            HttpOutput::ToServer { conn, bytes } => TraceOutput::ToServer { conn, bytes },
+            HttpOutput::Transmit { to, bytes } => TraceOutput::Transmit { to, bytes },
             HttpOutput::RequestSent { conn } => TraceOutput::RequestSent { conn },
             HttpOutput::Untraced { conn, reason } => TraceOutput::Untraced { conn, reason },
             HttpOutput::Exchange(exchange) => TraceOutput::Event {

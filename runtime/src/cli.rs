@@ -2,8 +2,8 @@
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-use crate::bridge::McpBridgeArgs;
 use crate::broker::cli::{MemberArgs, PruneArgs, ServeArgs};
+use crate::dialects::mcp_bridge::McpBridgeArgs;
 use crate::operator::{HistoryArgs, ObjectivesArgs, OperatorConn, PushArgs};
 use crate::runner::codex::CodexArgs;
 use crate::runner::{ClaudeCodeArgs, RunArgs};
@@ -29,7 +29,7 @@ pub const BRIDGE_ABOUT: &str = "The MCP server an agent spawns: relays MCP betwe
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// The MCP server an agent spawns (see [`BRIDGE_ABOUT`]).
-    #[command(about = BRIDGE_ABOUT, after_help = crate::bridge::HELP_FOOTER)]
+    #[command(about = BRIDGE_ABOUT, after_help = crate::dialects::mcp_bridge::HELP_FOOTER)]
     McpBridge(McpBridgeArgs),
     /// Run the broker.
     Serve(ServeArgs),
@@ -58,8 +58,8 @@ pub enum Command {
     Usage(crate::operator_activity::UsageArgs),
     /// The bridge side of the Ash protocol: listens on `ASH_BRIDGE_SOCKET` and runs `claude`
     /// per query for the hosts that connect.
-    #[command(after_help = crate::ash_bridge::HELP_FOOTER)]
-    AshBridge(crate::ash_bridge::AshBridgeArgs),
+    #[command(after_help = crate::dialects::ash_bridge::HELP_FOOTER)]
+    AshBridge(crate::dialects::ash_bridge::AshBridgeArgs),
     /// Try ac7 in a minute: a throw-away team with a demo agent that answers direct messages
     /// (no API key needed), and the commands to talk to it. Ctrl-C removes it.
     Quickstart(crate::quickstart::QuickstartArgs),
@@ -113,7 +113,7 @@ pub fn bridge_command() -> clap::Command {
     McpBridgeArgs::augment_args(clap::Command::new("mcp-bridge"))
         .bin_name("ac7 mcp-bridge")
         .about(BRIDGE_ABOUT)
-        .after_help(crate::bridge::HELP_FOOTER)
+        .after_help(crate::dialects::mcp_bridge::HELP_FOOTER)
         .mut_args(|arg| arg.hide_env_values(true))
 }
 
@@ -127,7 +127,7 @@ pub fn parse() -> Cli {
     if argv.nth(1).is_some_and(|verb| verb == "mcp-bridge") {
         // What runners write (`args: ["mcp-bridge"]`): nothing to parse at all.
         if argv.next().is_none()
-            && std::env::var_os(crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV).is_none()
+            && std::env::var_os(crate::dialects::call_tool_bridge::CALL_TOOL_SOCKET_ENV).is_none()
         {
             return Cli {
                 command: Command::McpBridge(McpBridgeArgs::default()),
@@ -158,7 +158,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         _ => crate::logging::init("info"),
     }
     match cli.command {
-        Command::McpBridge(args) => Ok(crate::bridge::run(args)),
+        Command::McpBridge(args) => Ok(crate::dialects::mcp_bridge::run(args)),
         Command::Serve(args) => crate::broker::cli::serve(args),
         Command::ClaudeCode(args) => Ok(crate::runner::claude_code(args)),
         Command::Run(args) => Ok(crate::runner::run_command(args)),
@@ -171,7 +171,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Objectives(args) => crate::operator::objectives(args),
         Command::Activity(args) => crate::operator_activity::activity(args),
         Command::Usage(args) => crate::operator_activity::usage(args),
-        Command::AshBridge(args) => Ok(crate::ash_bridge::run(args)),
+        Command::AshBridge(args) => Ok(crate::dialects::ash_bridge::run(args)),
         Command::Quickstart(args) => crate::quickstart::quickstart(args),
         Command::DemoAgent(args) => Ok(crate::demo_agent::run(args)),
     }

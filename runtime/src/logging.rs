@@ -7,7 +7,7 @@
 use tracing_subscriber::EnvFilter;
 
 /// The environment variable holding the log filter (`error`, `warn`, `info`, `debug`, `trace`,
-/// or any `tracing-subscriber` directive such as `ac7_runtime::bridge=debug`).
+/// or any `tracing-subscriber` directive such as `ac7_runtime::dialects::mcp_bridge=debug`).
 pub const LOG_ENV: &str = "AC7_LOG";
 
 /// The bridge's filter when `AC7_LOG` is unset or empty: quiet unless something goes wrong.

@@ -5,10 +5,13 @@
 //! bearer token is `AC7_TOKEN` (or `--url` / `--token`). A refused request prints
 //! the broker's own error message and exits non-zero.
 
+use ac7_protocol::toolbox::encode_component;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use reqwest::Method;
 use serde_json::{Map, Value, json};
+
+use crate::runner::broker::BrokerClient;
 
 /// Where the broker is and who we are.
 #[derive(Debug, Clone, Args)]
@@ -171,10 +174,10 @@ enum ObjectivesAction {
     },
 }
 
+/// The operator verbs' connection: the runner's [`BrokerClient`] (bearer token and
+/// `X-AC7-Protocol: 1` on every request), with errors as one-line `anyhow` reports.
 pub(crate) struct Client {
-    pub(crate) http: reqwest::Client,
-    pub(crate) base: String,
-    pub(crate) token: String,
+    pub(crate) broker: BrokerClient,
 }
 
 impl Client {
@@ -184,14 +187,14 @@ impl Client {
             .clone()
             .filter(|t| !t.is_empty())
             .context("no token: set AC7_TOKEN or pass --token")?;
-        let http = crate::tls_client::builder()?
-            .timeout(std::time::Duration::from_secs(30))
-            .build()?;
         Ok(Client {
-            http,
-            base: conn.url.trim_end_matches('/').to_owned(),
-            token,
+            broker: BrokerClient::new(&conn.url, &token)?,
         })
+    }
+
+    /// The broker's base URL.
+    pub(crate) fn base(&self) -> &str {
+        self.broker.url()
     }
 
     pub(crate) async fn call(
@@ -201,19 +204,14 @@ impl Client {
         query: &[(&str, String)],
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.base))
-            .bearer_auth(&self.token)
-            .header("X-AC7-Protocol", "1")
-            .query(query);
+        let mut req = self.broker.builder(method.clone(), path).query(query);
         if let Some(b) = body {
             req = req.json(&b);
         }
         let resp = req.send().await.with_context(|| {
             format!(
                 "cannot reach the broker at {} (is `ac7 serve` running?)",
-                self.base
+                self.base()
             )
         })?;
         let status = resp.status();
@@ -272,23 +270,10 @@ pub(crate) fn block_on<T>(f: impl Future<Output = anyhow::Result<T>>) -> anyhow:
 
 /// Formats epoch ms as `YYYY-MM-DD HH:MM:SS UTC`.
 pub fn format_ts(ms: i64) -> String {
-    let secs = ms.div_euclid(1000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let t = ac7_protocol::civil::UtcDateTime::from_epoch_ms(ms);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        t.year, t.month, t.day, t.hour, t.minute, t.second
     )
 }
 
@@ -324,7 +309,12 @@ pub fn push(args: PushArgs) -> anyhow::Result<i32> {
     let result = block_on(async {
         if let Some(slug) = &args.channel {
             let ch = client
-                .call(Method::GET, &format!("/channels/{slug}"), &[], None)
+                .call(
+                    Method::GET,
+                    &format!("/channels/{}", encode_component(slug)),
+                    &[],
+                    None,
+                )
                 .await?;
             let id = ch
                 .pointer("/channel/id")
@@ -366,7 +356,7 @@ pub fn push(args: PushArgs) -> anyhow::Result<i32> {
 /// token.
 pub fn rotate_token(conn: &OperatorConn, name: &str) -> anyhow::Result<i32> {
     let client = Client::new(conn)?;
-    let path = format!("/members/{}/rotate-token", name.replace('/', "%2F"));
+    let path = format!("/members/{}/rotate-token", encode_component(name));
     let v = block_on(client.call(Method::POST, &path, &[], None))?;
     out(conn, &v, |v| s(v, "token").to_owned());
     Ok(0)
@@ -481,7 +471,7 @@ fn objective_line(o: &Value) -> String {
 pub fn objectives(args: ObjectivesArgs) -> anyhow::Result<i32> {
     let client = Client::new(&args.conn)?;
     let conn = args.conn.clone();
-    let enc = |id: &str| id.replace('/', "%2F");
+    let enc = encode_component;
     let v = block_on(async {
         match args.action {
             ObjectivesAction::List { assignee, status } => {

@@ -128,7 +128,10 @@ pub fn activity(args: ActivityArgs) -> anyhow::Result<i32> {
     let v = match &args.objective {
         None => block_on(client.call(
             Method::GET,
-            &format!("/members/{member}/activity"),
+            &format!(
+                "/members/{}/activity",
+                ac7_protocol::toolbox::encode_component(&member)
+            ),
             &[
                 ("kind", "llm_exchange".to_owned()),
                 ("kind", "opaque_http".to_owned()),
@@ -185,10 +188,13 @@ async fn follow(
     last: Option<u64>,
     objective: Option<&str>,
 ) -> anyhow::Result<()> {
+    let path = format!(
+        "/members/{}/activity/stream",
+        ac7_protocol::toolbox::encode_component(member)
+    );
     let mut req = client
-        .http
-        .get(format!("{}/members/{member}/activity/stream", client.base))
-        .bearer_auth(&client.token)
+        .broker
+        .builder(Method::GET, &path)
         .header("accept", "text/event-stream")
         .timeout(std::time::Duration::from_secs(365 * 86_400));
     if let Some(id) = last {
@@ -197,7 +203,7 @@ async fn follow(
     let resp = req.send().await.with_context(|| {
         format!(
             "cannot reach the broker at {} (is `ac7 serve` running?)",
-            client.base
+            client.base()
         )
     })?;
     if !resp.status().is_success() {
@@ -293,7 +299,10 @@ async fn all_rows(
             &client
                 .call(
                     Method::GET,
-                    &format!("/members/{member}/activity"),
+                    &format!(
+                        "/members/{}/activity",
+                        ac7_protocol::toolbox::encode_component(member)
+                    ),
                     &q,
                     None,
                 )

@@ -317,7 +317,7 @@ pub(crate) struct SendBuf {
 impl SendBuf {
     /// Queues bytes after what is already waiting.
     pub(crate) fn push(&mut self, bytes: Vec<u8>) {
-        crate::stdio::append(&mut self.buf, bytes);
+        crate::dialects::stdio::append(&mut self.buf, bytes);
     }
 
     /// Bytes still to be written.

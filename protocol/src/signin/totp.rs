@@ -192,15 +192,16 @@ pub fn verify_digits(
     }
 }
 
+/// Everything but RFC 3986's unreserved characters (letters, digits, `-._~`).
+const NOT_UNRESERVED: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
 /// Percent-encodes everything but RFC 3986 unreserved characters.
 fn percent_encode(s: &str, out: &mut String) {
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
+    out.extend(percent_encoding::utf8_percent_encode(s, NOT_UNRESERVED));
 }
 
 /// The `otpauth://totp/<issuer>:<account>?secret=…&issuer=…&algorithm=SHA1&digits=6&period=30`

@@ -529,7 +529,7 @@ mod tests {
         expected["events"][3]["entry"]
             .as_object_mut()
             .expect("object")
-            .remove("extra");
+            .shift_remove("extra");
         assert_eq!(back, expected);
         assert_eq!(
             upload

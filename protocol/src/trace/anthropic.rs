@@ -217,7 +217,7 @@ impl MessageStream {
                         Some("tool_use" | "server_tool_use")
                     ) && block.get("input") == Some(&Value::Object(Map::new()))
                     {
-                        block.remove("input");
+                        block.shift_remove("input");
                     }
                     self.blocks.insert(index, (block, String::new()));
                 }
@@ -327,7 +327,7 @@ pub(crate) fn for_each_sse_event(body: &[u8], mut push: impl FnMut(&str, &str)) 
     parser.push(body);
     // A stream cut short may lack the final blank line: end it.
     parser.push(b"\n\n");
-    while let Some(item) = parser.next() {
+    while let Some(item) = parser.decode() {
         if let SseItem::Event(event) = item {
             push(&event.event, &event.data);
         }

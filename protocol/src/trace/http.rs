@@ -23,7 +23,7 @@
 //! **Content encoding.** With `rewrite_accept_encoding` (the trace host's setting) every request
 //! head is forwarded with `Accept-Encoding: identity`, so responses arrive uncompressed and no
 //! decompressor is needed for gzip, br or zstd alike; the proxy then writes client→server bytes
-//! only from [`HttpOutput::ToServer`] (a request head is held until it is complete, everything
+//! only from [`HttpOutput::Transmit`] (a request head is held until it is complete, everything
 //! else passes at once, and an untraced connection passes unchanged). Bodies that are
 //! content-encoded anyway are recorded as such ([`Body::encoding`]), not decoded.
 
@@ -159,9 +159,9 @@ fn strip_port(host: &str) -> &str {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HttpOutput {
     /// Bytes to write to the server (only with `rewrite_accept_encoding`).
-    ToServer {
+    Transmit {
         /// The connection.
-        conn: ConnId,
+        to: ConnId,
         /// The bytes, in order.
         bytes: Vec<u8>,
     },
@@ -275,6 +275,9 @@ struct Conn {
 }
 
 /// The assembler for every traced connection.
+///
+/// Contract: every input takes `now` (epoch ms) last; outputs are drained from
+/// [`poll_output`](Self::poll_output), bytes to forward as [`HttpOutput::Transmit`] `{ to, bytes }`.
 #[derive(Debug, Default)]
 pub struct HttpAssembler {
     config: HttpConfig,
@@ -301,9 +304,9 @@ impl HttpAssembler {
 
     /// A decrypted connection to `host` (the CONNECT host) begins. Reopening an id first
     /// closes the old connection (its waiting requests come out without a response).
-    pub fn handle_open(&mut self, conn: ConnId, host: &str) {
+    pub fn handle_open(&mut self, conn: ConnId, host: &str, now: u64) {
         if let Some(mut old) = self.conns.remove(&conn) {
-            flush_pending(conn, &mut old, 0, &mut self.out);
+            flush_pending(conn, &mut old, now, &mut self.out);
         }
         self.conns.insert(
             conn,
@@ -325,8 +328,8 @@ impl HttpAssembler {
         let rewrite = self.config.rewrite_accept_encoding;
         let Some(c) = self.conns.get_mut(&conn) else {
             if rewrite && !bytes.is_empty() {
-                self.out.push_back(HttpOutput::ToServer {
-                    conn,
+                self.out.push_back(HttpOutput::Transmit {
+                    to: conn,
                     bytes: bytes.to_vec(),
                 });
             }
@@ -343,8 +346,10 @@ impl HttpAssembler {
             c.client.compact();
         }
         if rewrite && !fwd.is_empty() {
-            self.out
-                .push_back(HttpOutput::ToServer { conn, bytes: fwd });
+            self.out.push_back(HttpOutput::Transmit {
+                to: conn,
+                bytes: fwd,
+            });
         }
     }
 
@@ -363,8 +368,10 @@ impl HttpAssembler {
         }
         c.server.compact();
         if self.config.rewrite_accept_encoding && !fwd.is_empty() {
-            self.out
-                .push_back(HttpOutput::ToServer { conn, bytes: fwd });
+            self.out.push_back(HttpOutput::Transmit {
+                to: conn,
+                bytes: fwd,
+            });
         }
     }
 
@@ -377,8 +384,10 @@ impl HttpAssembler {
             let mut fwd = Vec::new();
             finish_response(conn, c, &self.config, now, &mut fwd, &mut self.out);
             if self.config.rewrite_accept_encoding && !fwd.is_empty() {
-                self.out
-                    .push_back(HttpOutput::ToServer { conn, bytes: fwd });
+                self.out.push_back(HttpOutput::Transmit {
+                    to: conn,
+                    bytes: fwd,
+                });
             }
         }
         if c.mode == Mode::Http {

@@ -10,7 +10,7 @@ const C: ConnId = ConnId(1);
 
 fn run(config: HttpConfig, steps: &[(&str, &[u8])]) -> (Vec<HttpOutput>, HttpAssembler) {
     let mut a = HttpAssembler::new(config);
-    a.handle_open(C, "api.example.com:443");
+    a.handle_open(C, "api.example.com:443", 0);
     let mut out = Vec::new();
     for (i, (side, bytes)) in steps.iter().enumerate() {
         let now = 1000 + i as u64;
@@ -46,7 +46,7 @@ fn rewriting() -> HttpConfig {
 fn forwarded(out: &[HttpOutput]) -> Vec<u8> {
     out.iter()
         .filter_map(|o| match o {
-            HttpOutput::ToServer { bytes, .. } => Some(bytes.clone()),
+            HttpOutput::Transmit { bytes, .. } => Some(bytes.clone()),
             _ => None,
         })
         .flatten()
@@ -420,7 +420,7 @@ fn streamed_response(stream: &str) -> Vec<u8> {
 /// the events as JSON.
 fn trace_events(host: &str, client: &[u8], server: &[u8], piece: usize) -> Vec<Value> {
     let mut t = Tracer::new(TraceConfig::default());
-    t.handle_open(C, &format!("{host}:443"));
+    t.handle_open(C, &format!("{host}:443"), 0);
     let mut now = 1_700_000_000_000;
     for part in client.chunks(piece) {
         now += 1;
@@ -647,7 +647,7 @@ fn opaque_exchanges_are_redacted_and_capped() {
     );
     assert_eq!(
         entry["responseBodyPreview"],
-        json!(r#"{"access_token":"[REDACTED]","expires_in":3600,"id_token":"[REDACTED]"}"#)
+        json!(r#"{"access_token":"[REDACTED]","id_token":"[REDACTED]","expires_in":3600}"#)
     );
     assert!(!events[0].to_string().contains("rt_secret_value"));
 }
@@ -727,7 +727,7 @@ proptest! {
         }
         let feed = |client_cuts: &[prop::sample::Index], server_cuts: &[prop::sample::Index]| {
             let mut a = HttpAssembler::new(HttpConfig::default());
-            a.handle_open(C, "h");
+            a.handle_open(C, "h", 0);
             for part in split(&client, client_cuts) {
                 a.handle_client_bytes(C, part, 1);
             }
@@ -804,11 +804,15 @@ data: {\"type\":\"response.reasoning_summary_text.delta\",\"output_index\":1,\"s
 #[test]
 fn reopening_a_connection_flushes_the_old_one() {
     let mut a = HttpAssembler::new(HttpConfig::default());
-    a.handle_open(C, "h");
+    a.handle_open(C, "h", 0);
     a.handle_client_bytes(C, b"GET / HTTP/1.1\r\n\r\n", 5);
-    a.handle_open(C, "h2");
+    a.handle_open(C, "h2", 9);
     let out: Vec<_> = std::iter::from_fn(|| a.poll_output()).collect();
     let ex = exchanges(&out);
     assert_eq!(ex.len(), 1, "every RequestSent gets its exchange");
     assert!(ex[0].response.is_none());
+    assert_eq!(
+        ex[0].ended_at, 9,
+        "the exchange ended when the connection was reopened"
+    );
 }

@@ -23,8 +23,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::{Latency, median, peak_rss_kib};
-use crate::bridge::RUNNER_SOCKET_ENV;
-use crate::ipc_server::{Handler, IpcServer, IpcServerOptions, RunnerHandle};
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::runner::ipc_server::{Handler, IpcServer, IpcServerOptions, RunnerHandle};
 
 /// Names of the 31 tools of a director's catalogue.
 pub const TOOL_NAMES: [&str; 31] = [

@@ -21,8 +21,8 @@ use serde::Serialize;
 
 use super::bridge::{Agent, TempDir};
 use super::{Latency, median};
-use crate::ash_bridge::{CLAUDE_PATH_ENV, SOCKET_ENV, WORKSPACE_ENV};
-use crate::call_tool_host::{CallToolHost, HostPaths};
+use crate::dialects::ash_bridge::{CLAUDE_PATH_ENV, SOCKET_ENV, WORKSPACE_ENV};
+use crate::dialects::call_tool_host::{CallToolHost, HostPaths};
 
 /// `call-tool` results.
 #[derive(Debug, Clone, Serialize)]

@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::bridge::{Agent, Throughput};
 use super::broker::{BrokerChild, client, rt};
 use super::{Latency, peak_rss_kib, sibling_binary};
-use crate::bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 
 const ROUNDTRIPS: usize = 1_000;
 const THROUGHPUT_CALLS: usize = 2_000;

@@ -412,7 +412,7 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                 validate_member(&f.name, &role, &instructions).map_err(anyhow::Error::msg)?;
                 let permissions = permission::resolve(&f.permissions.unwrap_or_default(), &team.permission_presets, &format!("member '{}'", f.name))?;
                 if let Some(existing) = team::member_name_taken(conn, &f.name)? {
-                    bail!("member '{existing}' already exists (names are unique without regard to case)");
+                    bail!(team::name_taken_text(&f.name, &existing));
                 }
                 let tx = conn.transaction().map_err(StoreError::from)?;
                 let issued = add_member(&tx, &MemberRecord { name: f.name, role, instructions, permissions }, None, now_ms())?;

@@ -208,6 +208,11 @@ pub(crate) struct CachedAuth {
 const AUTH_CACHE_TTL: Duration = Duration::from_secs(5);
 
 impl AppState {
+    /// How `/push` commits were grouped so far (see [`writer`]).
+    pub fn commit_stats(&self) -> writer::CommitStats {
+        self.writer.stats()
+    }
+
     /// The blob directory beside the database.
     pub fn blob_dir(&self) -> PathBuf {
         datadir::blob_dir(&self.config.db_path)

@@ -179,6 +179,16 @@ pub fn member_name_taken(conn: &Connection, name: &str) -> Result<Option<String>
         .optional()?)
 }
 
+/// Why `name` cannot be taken when `existing` holds it: the spec's `member '<name>' already
+/// exists` (broker-api §6.2); for a case twin, with the reason, since the names differ.
+pub fn name_taken_text(name: &str, existing: &str) -> String {
+    if name == existing {
+        format!("member '{existing}' already exists")
+    } else {
+        format!("member '{existing}' already exists (names are unique without regard to case)")
+    }
+}
+
 /// Inserts a member; `false` if the name is taken.
 pub fn member_insert(conn: &Connection, m: &MemberRecord, now: i64) -> Result<bool, StoreError> {
     let n = conn.execute(

@@ -9,6 +9,7 @@
 //! every other mutation, and delivery still follows the log's order.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
@@ -38,6 +39,31 @@ struct Job {
 #[derive(Debug)]
 pub struct Writer {
     tx: mpsc::Sender<Job>,
+    stats: Counters,
+}
+
+/// How the pushes were committed so far: what shows whether group commit happened.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Commits that logged pushes (inline or by the writer thread).
+    pub commits: u64,
+    /// Pushes logged by those commits.
+    pub pushes: u64,
+    /// Commits that held more than one push.
+    pub grouped: u64,
+    /// The most pushes one commit held.
+    pub largest: u64,
+    /// Pushes that found the store busy and were queued for the writer thread.
+    pub queued: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    commits: AtomicU64,
+    pushes: AtomicU64,
+    grouped: AtomicU64,
+    largest: AtomicU64,
+    queued: AtomicU64,
 }
 
 impl std::fmt::Debug for Job {
@@ -57,10 +83,36 @@ pub struct WriterQueue {
 /// A writer handle and its queue.
 pub fn channel() -> (Writer, WriterQueue) {
     let (tx, rx) = mpsc::channel();
-    (Writer { tx }, WriterQueue { rx })
+    let stats = Counters::default();
+    (Writer { tx, stats }, WriterQueue { rx })
 }
 
 impl Writer {
+    /// The commit counters since the broker started.
+    pub fn stats(&self) -> CommitStats {
+        let s = &self.stats;
+        CommitStats {
+            commits: s.commits.load(Ordering::Relaxed),
+            pushes: s.pushes.load(Ordering::Relaxed),
+            grouped: s.grouped.load(Ordering::Relaxed),
+            largest: s.largest.load(Ordering::Relaxed),
+            queued: s.queued.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts one successful commit of `pushes` pushes.
+    fn count(&self, pushes: usize) {
+        let n = u64::try_from(pushes).unwrap_or(u64::MAX);
+        let s = &self.stats;
+        s.commits.fetch_add(1, Ordering::Relaxed);
+        s.pushes.fetch_add(n, Ordering::Relaxed);
+        if n > 1 {
+            s.grouped.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(pushes = n, "group commit");
+        }
+        s.largest.fetch_max(n, Ordering::Relaxed);
+    }
+
     /// Logs, commits and delivers one message; returns it with its live count.
     ///
     /// When the store is idle the push is committed right here (no thread hop);
@@ -85,6 +137,7 @@ impl Writer {
         self.tx
             .send(Job { item, reply })
             .map_err(|_| "the broker is shutting down".to_owned())?;
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
         rx.await
             .map_err(|_| "the broker is shutting down".to_owned())?
     }
@@ -163,6 +216,7 @@ fn commit(
             out.push((msg, frame));
         }
         tx.commit()?;
+        state.writer.count(out.len());
         Ok(out)
     })();
     match logged {

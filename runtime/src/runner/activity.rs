@@ -156,7 +156,7 @@ async fn run(
             let upload: Upload = Box::pin(async move {
                 match client.post_activity(&member, batch.body).await {
                     Ok(status) => UploadResult::Status(status),
-                    Err(e) => UploadResult::Network(e.0),
+                    Err(e) => UploadResult::Network(e.to_string()),
                 }
             });
             in_flight = Some((batch.id, upload));

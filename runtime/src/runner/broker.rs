@@ -16,21 +16,50 @@ pub struct BrokerClient {
     token: String,
 }
 
-/// Why a broker request failed before any HTTP status came back.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct TransportError(pub String);
+/// Why a broker request failed before any HTTP status came back, split by where the fault
+/// lies (each carries the whole error chain in one line).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// Ours or the local setup: the HTTP client could not be built (TLS roots, `AC7_CA_CERT`).
+    #[error("{0}")]
+    Setup(String),
+    /// The network or the broker: the request could not be sent (refused, DNS, timeout).
+    #[error("{0}")]
+    Unreachable(String),
+    /// The broker: the answer broke off or could not be read.
+    #[error("{0}")]
+    Interrupted(String),
+}
+
+/// Why `GET /briefing` gave no briefing, split by where the fault lies.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BriefingError {
+    /// The broker could not be asked (see [`TransportError`]).
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The broker refused (most often the token: unknown, revoked, or for another broker).
+    #[error("the broker answered {status}: {body}")]
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The broker's body, as text.
+        body: String,
+    },
+    /// The broker sent something that is not a briefing.
+    #[error("the briefing is not what ac7 sends: {0}")]
+    Malformed(String),
+}
 
 impl BrokerClient {
     /// A client for the broker at `url` (no trailing slash needed).
     pub fn new(url: &str, token: &str) -> Result<Self, TransportError> {
         let http = crate::tls_client::builder()
-            .map_err(|e| TransportError(e.to_string()))?
+            .map_err(|e| TransportError::Setup(e.to_string()))?
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
             .build()
-            .map_err(|e| TransportError(e.to_string()))?;
+            .map_err(|e| TransportError::Setup(e.to_string()))?;
         Ok(Self {
             http,
             url: url.trim_end_matches('/').to_owned(),
@@ -76,9 +105,15 @@ impl BrokerClient {
                 .header(reqwest::header::CONTENT_TYPE, content_type)
                 .body(bytes.clone()),
         };
-        let response = builder.send().await.map_err(describe)?;
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| TransportError::Unreachable(describe(&e)))?;
         let status = response.status().as_u16();
-        let body = response.bytes().await.map_err(describe)?;
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| TransportError::Interrupted(describe(&e)))?;
         Ok(Response {
             status,
             body: body.to_vec(),
@@ -86,24 +121,21 @@ impl BrokerClient {
     }
 
     /// `GET /briefing`.
-    pub async fn briefing(&self) -> Result<Briefing, String> {
+    pub async fn briefing(&self) -> Result<Briefing, BriefingError> {
         let response = self
             .execute(&Request {
                 method: Method::Get,
                 path: "/briefing".into(),
                 body: Body::Empty,
             })
-            .await
-            .map_err(|e| e.0)?;
+            .await?;
         if response.status != 200 {
-            return Err(format!(
-                "the broker answered {}: {}",
-                response.status,
-                String::from_utf8_lossy(&response.body)
-            ));
+            return Err(BriefingError::Refused {
+                status: response.status,
+                body: String::from_utf8_lossy(&response.body).into_owned(),
+            });
         }
-        serde_json::from_slice(&response.body)
-            .map_err(|e| format!("the briefing is not what ac7 sends: {e}"))
+        serde_json::from_slice(&response.body).map_err(|e| BriefingError::Malformed(e.to_string()))
     }
 }
 
@@ -120,7 +152,7 @@ impl BrokerClient {
             .body(body)
             .send()
             .await
-            .map_err(describe)?;
+            .map_err(|e| TransportError::Unreachable(describe(&e)))?;
         Ok(response.status().as_u16())
     }
 
@@ -132,19 +164,94 @@ impl BrokerClient {
             .json(&serde_json::json!({ "busy": busy }))
             .send()
             .await
-            .map_err(describe)?;
+            .map_err(|e| TransportError::Unreachable(describe(&e)))?;
         Ok(response.status().as_u16())
     }
 }
 
 /// The error chain in one line (reqwest's top-level message alone hides the cause).
-pub(crate) fn describe(error: reqwest::Error) -> TransportError {
+pub(crate) fn describe(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
-    let mut source = std::error::Error::source(&error);
+    let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         text.push_str(": ");
         text.push_str(&cause.to_string());
         source = cause.source();
     }
-    TransportError(text)
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::{BriefingError, BrokerClient, TransportError};
+
+    /// A one-shot HTTP server on 127.0.0.1 that answers `reply` to the first request.
+    async fn serve_once(reply: &'static str) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).await;
+            let _ = conn.write_all(reply.as_bytes()).await;
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn briefing_errors_say_whose_fault_it_is() {
+        // Nobody listening: the broker cannot be reached.
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let err = BrokerClient::new(&url, "t")
+            .unwrap()
+            .briefing()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BriefingError::Transport(TransportError::Unreachable(_))
+            ),
+            "{err:?}"
+        );
+        // The broker refuses the token.
+        let url = serve_once(
+            "HTTP/1.1 401 Unauthorized\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"error\":\"unknown token\"}\n\n",
+        )
+        .await;
+        let err = BrokerClient::new(&url, "t")
+            .unwrap()
+            .briefing()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            BriefingError::Refused {
+                status: 401,
+                body: "{\"error\":\"unknown token\"}\n\n".into()
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "the broker answered 401: {\"error\":\"unknown token\"}\n\n"
+        );
+        // Something that is not a broker.
+        let url =
+            serve_once("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nhi").await;
+        let err = BrokerClient::new(&url, "t")
+            .unwrap()
+            .briefing()
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BriefingError::Malformed(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .starts_with("the briefing is not what ac7 sends: ")
+        );
+    }
 }

@@ -41,7 +41,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
-use crate::bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 
 /// `ac7 codex`.
 #[derive(Debug, Clone, clap::Args)]
@@ -97,7 +97,7 @@ pub fn codex(args: CodexArgs) -> i32 {
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return start_failed(&StartError(format!("cannot start: {e}"))),
+        Err(e) => return start_failed(&StartError::System(format!("cannot start: {e}"))),
     };
     runtime.block_on(run(args, codex, user))
 }
@@ -181,7 +181,7 @@ impl UserCodex {
         };
         let Some(home) = home else {
             return match profile {
-                Some(name) => Err(StartError(format!(
+                Some(name) => Err(StartError::Setup(format!(
                     "--profile {name}: neither CODEX_HOME nor HOME is set, so there is no Codex home to read it from"
                 ))),
                 None => Ok(Self::default()),
@@ -191,13 +191,13 @@ impl UserCodex {
         let profile = match profile {
             Some(name) => {
                 if name.is_empty() || name.contains(['/', '\\']) || name.starts_with('.') {
-                    return Err(StartError(format!(
+                    return Err(StartError::Setup(format!(
                         "--profile {name:?}: a profile is a plain name (codex reads NAME.config.toml in your Codex home)"
                     )));
                 }
                 let path = home.join(format!("{name}.config.toml"));
                 Some(read_toml(&path)?.ok_or_else(|| {
-                    StartError(format!(
+                    StartError::Setup(format!(
                         "--profile {name}: {} does not exist (codex profiles are NAME.config.toml files in your Codex home)",
                         path.display()
                     ))
@@ -219,7 +219,7 @@ fn read_toml(path: &Path) -> Result<Option<toml_edit::DocumentMut>, StartError> 
         Ok(text) => text,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => {
-            return Err(StartError(format!(
+            return Err(StartError::Setup(format!(
                 "cannot read your Codex config {}: {e}",
                 path.display()
             )));
@@ -228,7 +228,7 @@ fn read_toml(path: &Path) -> Result<Option<toml_edit::DocumentMut>, StartError> 
     text.parse::<toml_edit::DocumentMut>()
         .map(Some)
         .map_err(|e| {
-            StartError(format!(
+            StartError::Setup(format!(
                 "your Codex config {} is not valid TOML (fix it, or point CODEX_HOME elsewhere):\n{e}",
                 path.display()
             ))
@@ -286,7 +286,7 @@ fn merge_config(
         *servers = toml_edit::Item::Table(inline.into_table());
     }
     let Some(servers) = servers.as_table_mut() else {
-        return Err(StartError(
+        return Err(StartError::Setup(
             "mcp_servers in your Codex config is not a table: cannot add the ac7 server to it"
                 .into(),
         ));
@@ -301,12 +301,12 @@ fn merge_config(
     );
     // Whatever the user's layout, what we write must parse and hold our entry.
     let check: toml_edit::DocumentMut = merged.parse().map_err(|e| {
-        StartError(format!(
+        StartError::Bug(format!(
             "cannot merge your Codex config with ours (please report this): {e}"
         ))
     })?;
     if check["mcp_servers"]["ac7"].to_string() != ours_doc["mcp_servers"]["ac7"].to_string() {
-        return Err(StartError(
+        return Err(StartError::Bug(
             "cannot merge your Codex config with ours: [mcp_servers.ac7] did not survive (please report this)".into(),
         ));
     }
@@ -320,27 +320,27 @@ fn create_home(exe: &Path, socket: &Path, user: &UserCodex) -> Result<CodexHome,
         None => std::env::var_os("HOME")
             .map(|home| PathBuf::from(home).join(".cache"))
             .ok_or_else(|| {
-                StartError(
+                StartError::Setup(
                     "neither XDG_CACHE_HOME nor HOME is set: nowhere to put CODEX_HOME".into(),
                 )
             })?,
     }
     .join("ac7/codex");
     std::fs::create_dir_all(&parent)
-        .map_err(|e| StartError(format!("cannot create {}: {e}", parent.display())))?;
+        .map_err(|e| StartError::System(format!("cannot create {}: {e}", parent.display())))?;
     let mut nonce = [0u8; 6];
     getrandom::fill(&mut nonce)
-        .map_err(|e| StartError(format!("no randomness for CODEX_HOME: {e}")))?;
+        .map_err(|e| StartError::System(format!("no randomness for CODEX_HOME: {e}")))?;
     let name: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
     let dir = parent.join(format!("ac7-codex-{name}"));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
-        .map_err(|e| StartError(format!("cannot create {}: {e}", dir.display())))?;
+        .map_err(|e| StartError::System(format!("cannot create {}: {e}", dir.display())))?;
     let home = CodexHome { dir };
     let config = home.dir.join("config.toml");
     crate::fsutil::write_atomic(&config, merged.as_bytes())
-        .map_err(|e| StartError(format!("cannot write {}: {e}", config.display())))?;
+        .map_err(|e| StartError::System(format!("cannot write {}: {e}", config.display())))?;
     if let Some(user_home) = &user.home {
         let auth = user_home.join("auth.json");
         if auth.is_file() {
@@ -395,7 +395,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     };
     let cwd = match args.cwd.clone().map_or_else(std::env::current_dir, Ok) {
         Ok(cwd) => cwd,
-        Err(e) => return start_failed(&StartError(format!("no working directory: {e}"))),
+        Err(e) => return start_failed(&StartError::System(format!("no working directory: {e}"))),
     };
     let mut command = tokio::process::Command::new(&codex);
     command.arg("app-server");
@@ -418,7 +418,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         Ok(child) => child,
         Err(e) => {
             core.server.shutdown(Some("codex-spawn-failed")).await;
-            return start_failed(&StartError(format!(
+            return start_failed(&StartError::System(format!(
                 "cannot start {} app-server: {e}",
                 codex.display()
             )));
@@ -470,13 +470,13 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         signal(SignalKind::terminate()),
     ) {
         (Ok(i), Ok(t)) => (i, t),
-        _ => return start_failed(&StartError("cannot install signal handlers".into())),
+        _ => return start_failed(&StartError::System("cannot install signal handlers".into())),
     };
     let end = 'session: loop {
         // Act on everything the machine wants, then wait for the next input.
         while let Some(output) = client.poll_output() {
             match output {
-                CodexOutput::Send(line) => {
+                CodexOutput::Transmit(line) => {
                     if let Some(pipe) = stdin.as_mut()
                         && let Err(e) = pipe.write_all(&line).await
                     {
@@ -515,7 +515,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                 Some(n) => client.handle_bytes(&buf[..n], Instant::now().into_std()),
                 None => break End::CodexExited,
             },
-            Some(text) = events.recv() => client.push_event(text, Instant::now().into_std()),
+            Some(text) = events.recv() => client.notify(text, Instant::now().into_std()),
             () = sleep_until(deadline) => client.handle_timeout(Instant::now().into_std()),
             () = sleep_until(doctor_deadline) => break End::Doctor(doctor.as_mut().is_some_and(|d| d.timed_out())),
             _ = int.recv() => break End::Signal(2),
@@ -527,7 +527,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     client.shutdown(Instant::now().into_std());
     while let Some(output) = client.poll_output() {
         match output {
-            CodexOutput::Send(line) => {
+            CodexOutput::Transmit(line) => {
                 if let Some(pipe) = stdin.as_mut() {
                     let _ = pipe.write_all(&line).await;
                 }
@@ -659,7 +659,11 @@ impl Doctor {
     }
 
     fn list(&mut self, client: &mut CodexClient) {
-        self.step = Step::Listing(client.request("mcpServerStatus/list", &json!({})));
+        self.step = Step::Listing(client.request(
+            "mcpServerStatus/list",
+            &json!({}),
+            Instant::now().into_std(),
+        ));
     }
 
     /// Handles an answer; `Some(ok)` when the checks are over.
@@ -687,7 +691,11 @@ impl Doctor {
                     &format!("the ac7 MCP server is running with {tools} tools"),
                 );
                 let params = json!({"threadId": self.thread, "server": "ac7", "tool": "roster", "arguments": {}});
-                self.step = Step::Calling(client.request("mcpServer/tool/call", &params));
+                self.step = Step::Calling(client.request(
+                    "mcpServer/tool/call",
+                    &params,
+                    Instant::now().into_std(),
+                ));
                 None
             }
             (Step::Calling(want), Ok(result)) if want == id => {
@@ -744,7 +752,7 @@ mod tests {
             Path::new("/tmp/s.sock"),
         )
         .map(|text| doc(&text))
-        .map_err(|e| e.0)
+        .map_err(|e| e.to_string())
     }
 
     fn assert_ours(merged: &toml_edit::DocumentMut) {
@@ -871,7 +879,9 @@ command = "theirs"
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         std::fs::write(&path, "model = \"unterminated\n").unwrap();
-        let e = read_toml(&path).unwrap_err().0;
+        let e = read_toml(&path).unwrap_err();
+        assert!(matches!(e, StartError::Setup(_)), "the user's file: {e:?}");
+        let e = e.to_string();
         assert!(
             e.starts_with(&format!(
                 "your Codex config {} is not valid TOML",

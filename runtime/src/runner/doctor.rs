@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::{RunnerOpts, StartError, start_core};
-use crate::bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 
 /// How long each step may take.
 pub(crate) const STEP: Duration = Duration::from_secs(20);

@@ -152,7 +152,7 @@ impl Forwarder {
             let deadline = self.machine.poll_timeout().map(Instant::from_std);
             tokio::select! {
                 () = stopping(&mut shutdown) => {
-                    self.machine.shutdown();
+                    self.machine.shutdown(Instant::now().into_std());
                     close(conn.take()).await;
                     return;
                 }
@@ -167,17 +167,17 @@ impl Forwarder {
                     match result {
                         Ok((opened, replays, broker_ms)) => {
                             conn = Some(opened);
-                            self.machine.handle_connected(now, replays, broker_ms);
+                            self.machine.handle_connected(replays, broker_ms, now);
                         }
-                        Err(reason) => self.machine.handle_closed(now, &reason),
+                        Err(reason) => self.machine.handle_closed(&reason, now),
                     }
                 }
                 (query, result) = maybe(&mut fetching) => {
                     fetching = None;
                     let now = Instant::now().into_std();
                     match result {
-                        Ok(messages) => self.machine.handle_history(now, query, messages),
-                        Err(reason) => self.machine.handle_history_failed(now, query, &reason),
+                        Ok(messages) => self.machine.handle_history(query, messages, now),
+                        Err(reason) => self.machine.handle_history_failed(query, &reason, now),
                     }
                 }
                 result = next_frames(&mut conn) => {
@@ -185,12 +185,12 @@ impl Forwarder {
                     match result {
                         Ok(frames) => {
                             for frame in frames {
-                                self.machine.handle_frame(now, frame);
+                                self.machine.handle_frame(frame, now);
                             }
                         }
                         Err(reason) => {
                             conn = None;
-                            self.machine.handle_closed(now, &reason);
+                            self.machine.handle_closed(&reason, now);
                         }
                     }
                 }
@@ -280,7 +280,7 @@ async fn open_sse(
     let response = request
         .send()
         .await
-        .map_err(|e| Refused::Failed(describe(e).0))?;
+        .map_err(|e| Refused::Failed(describe(&e)))?;
     let is_sse = response
         .headers()
         .get(reqwest::header::CONTENT_TYPE)
@@ -355,11 +355,11 @@ async fn next_frames(conn: &mut Option<Conn>) -> Result<Vec<LiveFrame>, String> 
             let bytes = match response.chunk().await {
                 Ok(Some(bytes)) => bytes,
                 Ok(None) => return Err("stream ended".into()),
-                Err(e) => return Err(describe(e).0),
+                Err(e) => return Err(describe(&e)),
             };
             parser.push(&bytes);
             let mut frames = vec![LiveFrame::Alive];
-            while let Some(item) = parser.next() {
+            while let Some(item) = parser.decode() {
                 match item {
                     SseItem::Event(event) => match LiveFrame::from_sse(&event.event, &event.data) {
                         Ok(frame) => frames.push(frame),
@@ -401,7 +401,7 @@ async fn fetch(client: BrokerClient, query: HistoryQuery) -> (u64, Result<Vec<Me
         body: ac7_protocol::toolbox::Body::Empty,
     };
     let result = match client.execute(&request).await {
-        Err(e) => Err(e.0),
+        Err(e) => Err(e.to_string()),
         Ok(response) if response.status != 200 => Err(format!(
             "GET {} answered {}: {}",
             request.path,

@@ -20,6 +20,7 @@ pub mod broker;
 pub mod codex;
 pub(crate) mod doctor;
 pub mod forwarder;
+pub mod ipc_server;
 pub mod logs;
 pub mod mcp_config;
 pub mod tracker;
@@ -35,11 +36,11 @@ use ac7_protocol::toolbox::{self, Briefing, Context, Plan};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-pub use broker::BrokerClient;
+pub use broker::{BriefingError, BrokerClient, TransportError};
 pub use forwarder::StreamMode;
 
-use crate::bridge::RUNNER_SOCKET_ENV;
-use crate::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
+use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::runner::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
 
 /// The default broker.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8717";
@@ -90,10 +91,23 @@ pub struct RunArgs {
     pub command: Vec<String>,
 }
 
-/// A start-up failure: printed as `ac7: <message>`, exit 2.
+/// A start-up failure: printed as `ac7: <message>`, exit 2. Split by where the fault lies; each
+/// message says what happened and what to do.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct StartError(String);
+pub enum StartError {
+    /// The user's setup: arguments, environment, a config file, a program that is not there.
+    #[error("{0}")]
+    Setup(String),
+    /// The broker: it could not be reached, refused the token, or sent no briefing.
+    #[error("{0}")]
+    Broker(String),
+    /// This machine: a directory, socket, process or signal handler the OS refused us.
+    #[error("{0}")]
+    System(String),
+    /// A bug in ac7: what it wrote does not read back.
+    #[error("{0}")]
+    Bug(String),
+}
 
 /// Runs `ac7 claude-code`; returns the exit code.
 pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
@@ -103,7 +117,7 @@ pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
             .build()
         {
             Ok(rt) => rt.block_on(doctor::claude_code(args.opts, locate_claude())),
-            Err(e) => start_failed(&StartError(format!("cannot start: {e}"))),
+            Err(e) => start_failed(&StartError::System(format!("cannot start: {e}"))),
         };
     }
     let claude = match locate_claude() {
@@ -165,13 +179,13 @@ pub(crate) fn locate_binary(env: &str, name: &str, missing: &str) -> Result<Path
         return if path.is_file() {
             Ok(path)
         } else {
-            Err(StartError(format!(
+            Err(StartError::Setup(format!(
                 "{env}={} does not exist",
                 path.display()
             )))
         };
     }
-    find_in_path(name).ok_or_else(|| StartError(missing.to_owned()))
+    find_in_path(name).ok_or_else(|| StartError::Setup(missing.to_owned()))
 }
 
 /// The first executable file called `name` on `PATH`.
@@ -200,7 +214,7 @@ fn run_runner(
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => return start_failed(&StartError(format!("cannot start: {e}"))),
+        Err(e) => return start_failed(&StartError::System(format!("cannot start: {e}"))),
     };
     runtime.block_on(async move {
         match start(opts, &config, argv).await {
@@ -213,7 +227,7 @@ fn run_runner(
 struct Running {
     child: tokio::process::Child,
     config: mcp_config::McpConfigGuard,
-    server: crate::ipc_server::ServerTask,
+    server: ipc_server::ServerTask,
     stop_stream: watch::Sender<bool>,
     activity: Option<activity::Activity>,
 }
@@ -223,7 +237,7 @@ struct Running {
 pub(crate) struct Core {
     pub(crate) client: BrokerClient,
     pub(crate) briefing: Arc<Briefing>,
-    pub(crate) server: crate::ipc_server::ServerTask,
+    pub(crate) server: ipc_server::ServerTask,
     pub(crate) runner: RunnerHandle,
     pub(crate) tracker: tracker::TrackerHandle,
     pub(crate) socket_path: PathBuf,
@@ -240,25 +254,26 @@ pub(crate) async fn start_core(
     record_activity: bool,
 ) -> Result<Core, StartError> {
     let token = opts.token.clone().filter(|t| !t.is_empty()).ok_or_else(|| {
-        StartError(
+        StartError::Setup(
             "no token: pass --token or set AC7_TOKEN (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)"
                 .into(),
         )
     })?;
-    let client = BrokerClient::new(&opts.url, &token).map_err(|e| StartError(e.0))?;
+    let client =
+        BrokerClient::new(&opts.url, &token).map_err(|e| StartError::Setup(e.to_string()))?;
     let briefing = client.briefing().await.map_err(|e| {
         let mut text = format!("briefing failed against {}: {e}", opts.url);
-        if ["Connection refused", "dns error", "timed out", "error sending request"].iter().any(|s| e.contains(s)) {
+        if matches!(e, BriefingError::Transport(TransportError::Unreachable(_) | TransportError::Interrupted(_))) {
             text.push_str(&format!(
                 "\n  hint: is `ac7 serve` running at {}? (start it, or pass --url to point elsewhere)",
                 opts.url
             ));
         }
-        StartError(text)
+        StartError::Broker(text)
     })?;
     let briefing = Arc::new(briefing);
-    if let Some(dir) = crate::ipc_server::default_socket_path().parent() {
-        crate::ipc_server::remove_stale_sockets(dir);
+    if let Some(dir) = ipc_server::default_socket_path().parent() {
+        ipc_server::remove_stale_sockets(dir);
     }
     let agent = crate::peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
@@ -270,7 +285,7 @@ pub(crate) async fn start_core(
         agent: Some(agent.clone()),
         ..IpcServerOptions::default()
     })
-    .map_err(|e| StartError(format!("runner: failed to bind the IPC socket: {e}")))?;
+    .map_err(|e| StartError::System(format!("runner: failed to bind the IPC socket: {e}")))?;
     let socket_path = server.path().to_owned();
     let runner = server.handle();
     let open: tracker::OpenObjectives = Arc::new(Mutex::new(briefing.open_objectives.clone()));
@@ -311,7 +326,7 @@ impl Core {
     /// How the agent starts the bridge: this executable, `mcp-bridge`, `AC7_RUNNER_SOCKET`.
     pub(crate) fn bridge_command(&self) -> Result<(PathBuf, PathBuf), StartError> {
         let exe = std::env::current_exe()
-            .map_err(|e| StartError(format!("cannot find this executable: {e}")))?;
+            .map_err(|e| StartError::System(format!("cannot find this executable: {e}")))?;
         Ok((exe, self.socket_path.clone()))
     }
 
@@ -348,7 +363,11 @@ async fn start(
                 activity.shutdown().await;
             }
             core.server.shutdown(Some("mcp-config-failed")).await;
-            return Err(StartError(e.to_string()));
+            return Err(match e {
+                mcp_config::ConfigError::NotAnObject { .. }
+                | mcp_config::ConfigError::InUse { .. } => StartError::Setup(e.to_string()),
+                mcp_config::ConfigError::Io { .. } => StartError::System(e.to_string()),
+            });
         }
     };
     let b = &core.briefing;
@@ -365,13 +384,13 @@ async fn start(
 
     let argv = argv(&core.briefing);
     let Some((program, args)) = argv.split_first() else {
-        return Err(StartError("no agent command given".into()));
+        return Err(StartError::Setup("no agent command given".into()));
     };
     let child = tokio::process::Command::new(program)
         .args(args)
         .kill_on_drop(false)
         .spawn()
-        .map_err(|e| StartError(format!("cannot start {program}: {e}")))?;
+        .map_err(|e| StartError::Setup(format!("cannot start {program}: {e}")))?;
     // Set before the runtime can accept the bridge the agent is about to start.
     if let Some(pid) = child.id() {
         core.agent.set(pid);

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::activity::MarkersHandle;
 use super::broker::BrokerClient;
-use crate::ipc_server::RunnerHandle;
+use crate::runner::ipc_server::RunnerHandle;
 
 /// What of an objective the agent sees in its tool descriptions.
 type Summary = (String, Status, String, String);

@@ -31,7 +31,7 @@ use axum::response::Response;
 use serde_json::json;
 
 use super::subscribe::{Opening, Replay, Source, respond, stream_request, subscribe_error};
-use super::{ApiError, Body, Caller, Shared, percent_decode, reply};
+use super::{ApiError, Body, Caller, Shared, reply};
 use crate::broker::activity::{self, DEFAULT_LIMIT, MAX_LIMIT, Query};
 use crate::broker::publish::Draft;
 use crate::broker::{now_ms, objectives};
@@ -131,18 +131,10 @@ async fn remind(state: &Shared, member: &str, context: &str, now: i64) {
 /// Who the reminder is from (a reserved name no member can take).
 const REMINDER_SENDER: &str = "ac7";
 
-/// The query pairs of `raw`, percent-decoded.
+/// The query pairs of `raw`, percent-decoded (`+` is a space; invalid UTF-8 becomes U+FFFD).
 fn pairs(raw: Option<&str>) -> Vec<(String, String)> {
-    raw.unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            (
-                String::from_utf8_lossy(&percent_decode(k)).into_owned(),
-                String::from_utf8_lossy(&percent_decode(v)).into_owned(),
-            )
-        })
+    form_urlencoded::parse(raw.unwrap_or("").as_bytes())
+        .into_owned()
         .collect()
 }
 

@@ -176,8 +176,8 @@ pub(super) async fn members_create(
         )
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
         if let Some(existing) = team::member_name_taken(conn, &b.name)? {
-            return Err(ApiError::conflict(format!(
-                "member '{existing}' already exists (names are unique without regard to case)"
+            return Err(ApiError::conflict(team::name_taken_text(
+                &b.name, &existing,
             )));
         }
         let record = MemberRecord {

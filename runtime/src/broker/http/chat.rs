@@ -171,7 +171,8 @@ pub(super) async fn busy(
     caller: Caller,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    let b: BusyBody = parse_json(&body, "busy")?;
+    // activity.md §3.5: "invalid busy report", not the usual "invalid … payload".
+    let b: BusyBody = parse_json(&body, "busy").map_err(|e| e.saying("invalid busy report"))?;
     state.hub.set_busy(
         &caller.name,
         if b.busy { now_ms() + BUSY_TTL_MS } else { 0 },

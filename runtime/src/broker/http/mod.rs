@@ -222,6 +222,12 @@ impl ApiError {
         ApiError::new(StatusCode::UNAUTHORIZED, msg)
     }
 
+    /// The same error with another text (same status and extras).
+    pub(crate) fn saying(mut self, msg: impl Into<String>) -> ApiError {
+        self.error = msg.into();
+        self
+    }
+
     /// `{"error": "invalid <thing> payload", "details": [...]}`.
     pub(crate) fn invalid(thing: &str, details: Vec<Value>) -> ApiError {
         ApiError::bad_request(format!("invalid {thing} payload"))
@@ -624,38 +630,10 @@ pub(crate) fn percent_decode(s: &str) -> Vec<u8> {
 
 /// Decodes `%XX` escapes; `+` is kept when `plus_is_space` is false (URL paths).
 pub(crate) fn percent_decode_with(s: &str, plus_is_space: bool) -> Vec<u8> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' if plus_is_space => out.push(b' '),
-            b'%' if i + 3 <= bytes.len() => {
-                let hex = match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
-                    (Some(hi), Some(lo)) => Some(hi << 4 | lo),
-                    _ => None,
-                };
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    out
-}
-
-fn hex_digit(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
+    if plus_is_space && s.contains('+') {
+        percent_encoding::percent_decode(s.replace('+', " ").as_bytes()).collect()
+    } else {
+        percent_encoding::percent_decode_str(s).collect()
     }
 }
 

@@ -1,0 +1,11 @@
+//! Dialects: how ac7 talks to the programs around it — MCP (the agent's side of the ac7 MCP
+//! bridge), seed 001's `call_tool`, seed 003's Ash, and Codex's `app-server` JSON-RPC — with
+//! the machines that speak them.
+
+pub mod ash;
+pub mod call_tool;
+pub mod call_tool_bridge;
+pub mod codex;
+pub mod mcp;
+pub(crate) mod mcp_face;
+pub mod schema;

@@ -1,0 +1,662 @@
+//! The `call_tool` dialect (seed 001): length-prefixed JSON between a bridge and its parent.
+//!
+//! ```text
+//! bridge → parent  {"method":"call_tool","params":{"name":"echo","arguments":{"text":"hi"}}}
+//! parent → bridge  {"result":{"content":[{"type":"text","text":"hi"}],"isError":false}}
+//! parent → bridge  {"error":{"message":"Unknown tool: nope","type":"ToolNotFoundError"}}
+//! ```
+//!
+//! Strictly one request on the wire per connection. [`CallToolClient`] (the bridge's side) queues
+//! further calls in order, connects lazily on the first call, fails the call in flight with a clear
+//! error when the parent drops, and reconnects for the next one. Correlation is by order, kept in
+//! the shared [`Pending`] table. The parent's side decodes requests with [`decode_call`], which
+//! separates what must close the connection ([`Fatal`]: framing or JSON can no longer be trusted)
+//! from what gets an error reply (unknown method, bad params).
+//!
+//! The tool-schema file the parent writes (0600) for the bridge is [`parse_schema_file`].
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::json::{NotObject, RawJson, object_text, present};
+use crate::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
+use crate::pending::Pending;
+
+/// The only method.
+pub const CALL_TOOL: &str = "call_tool";
+/// `type` of the error for a tool name the parent does not have.
+pub const TOOL_NOT_FOUND: &str = "ToolNotFoundError";
+/// `type` of the error for a malformed request.
+pub const VALUE_ERROR: &str = "ValueError";
+
+/// One entry of the tool-schema file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSchema {
+    /// Tool name.
+    pub name: String,
+    /// What it does.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of its arguments.
+    pub input_schema: Value,
+}
+
+/// The schema file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid tool-schema file: {0}")]
+pub struct SchemaFileError(pub String);
+
+/// Parses the tool-schema file: a JSON array of `{name, description, input_schema}`.
+pub fn parse_schema_file(text: &str) -> Result<Vec<ToolSchema>, SchemaFileError> {
+    let tools: Vec<ToolSchema> =
+        serde_json::from_str(text).map_err(|e| SchemaFileError(e.to_string()))?;
+    let mut seen = std::collections::BTreeSet::new();
+    for tool in &tools {
+        if tool.name.is_empty() {
+            return Err(SchemaFileError("a tool has an empty name".into()));
+        }
+        if !seen.insert(tool.name.as_str()) {
+            return Err(SchemaFileError(format!(
+                "tool '{}' is listed twice",
+                tool.name
+            )));
+        }
+        if !tool.input_schema.is_object() {
+            return Err(SchemaFileError(format!(
+                "tool '{}': input_schema must be an object",
+                tool.name
+            )));
+        }
+    }
+    Ok(tools)
+}
+
+/// The MCP `tools/list` result for these tools: `{"tools":[{name, description, inputSchema}]}`.
+pub fn tools_list_result(tools: &[ToolSchema]) -> RawJson {
+    let tools: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            serde_json::json!({
+                "name": t.name,
+                "description": t.description,
+                "inputSchema": t.input_schema,
+            })
+        })
+        .collect();
+    RawJson::from_value(&serde_json::json!({ "tools": tools })).expect("JSON values serialize")
+}
+
+/// A `call_tool` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallTool {
+    /// Tool name.
+    pub name: String,
+    /// Arguments object, verbatim.
+    pub arguments: RawJson,
+}
+
+/// The parent's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// `{"result": …}`: an MCP `CallToolResult` (`content`, optional `isError`), verbatim.
+    Result(RawJson),
+    /// `{"error": {"message", "type"}}`.
+    Error {
+        /// Actionable description.
+        message: String,
+        /// The exception class name, e.g. `ToolNotFoundError`.
+        error_type: String,
+    },
+}
+
+/// The payload of a request (no length prefix).
+pub fn encode_call(call: &CallTool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(call.arguments.get().len() + call.name.len() + 48);
+    out.extend_from_slice(b"{\"method\":\"call_tool\",\"params\":{\"name\":");
+    crate::json::write_str(&mut out, &call.name);
+    out.extend_from_slice(b",\"arguments\":");
+    crate::json::write_raw(&mut out, &call.arguments);
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// The payload of a reply (no length prefix).
+pub fn encode_reply(reply: &Reply) -> Vec<u8> {
+    let mut out = Vec::new();
+    match reply {
+        Reply::Result(result) => {
+            out.extend_from_slice(b"{\"result\":");
+            crate::json::write_raw(&mut out, result);
+            out.push(b'}');
+        }
+        Reply::Error {
+            message,
+            error_type,
+        } => {
+            out.extend_from_slice(b"{\"error\":{\"message\":");
+            crate::json::write_str(&mut out, message);
+            out.extend_from_slice(b",\"type\":");
+            crate::json::write_str(&mut out, error_type);
+            out.extend_from_slice(b"}}");
+        }
+    }
+    out
+}
+
+/// The stream can no longer be trusted: close the connection without answering.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fatal {
+    /// Bad framing.
+    #[error(transparent)]
+    Framing(#[from] LpError),
+    /// The payload is not UTF-8.
+    #[error("payload is not valid UTF-8")]
+    InvalidUtf8,
+    /// The payload is empty.
+    #[error("empty payload")]
+    Empty,
+    /// The payload is not JSON.
+    #[error("payload is not valid JSON: {0}")]
+    InvalidJson(String),
+    /// The payload is JSON but not an object.
+    #[error("payload is not a JSON object")]
+    NotAnObject,
+    /// A reply that is neither `{"result"}` nor `{"error": {message, type}}`, or one nobody asked for.
+    #[error("unexpected reply: {0}")]
+    UnexpectedReply(String),
+}
+
+/// Why a request payload was not a call: close the connection, or answer with an error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BadRequest {
+    /// Close the connection.
+    Fatal(Fatal),
+    /// Answer with this error reply and keep the connection.
+    Reject(Reply),
+}
+
+/// The top-level fields of a payload, kept raw.
+#[derive(Deserialize)]
+struct WirePayload<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    method: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    params: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    result: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    error: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct WireParams<'a> {
+    #[serde(default, borrow, deserialize_with = "present")]
+    name: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    arguments: Option<&'a RawValue>,
+}
+
+fn first_byte(raw: &RawValue) -> u8 {
+    raw.get().as_bytes().first().copied().unwrap_or(b' ')
+}
+
+fn parse_payload(payload: &[u8]) -> Result<WirePayload<'_>, Fatal> {
+    if payload.is_empty() {
+        return Err(Fatal::Empty);
+    }
+    let text = object_text(payload).map_err(|why| match why {
+        NotObject::InvalidUtf8 { .. } => Fatal::InvalidUtf8,
+        NotObject::InvalidJson(detail) => Fatal::InvalidJson(detail),
+        NotObject::NotAnObject { .. } => Fatal::NotAnObject,
+    })?;
+    serde_json::from_str(text).map_err(|e| Fatal::InvalidJson(e.to_string()))
+}
+
+fn reject(message: String) -> BadRequest {
+    BadRequest::Reject(Reply::Error {
+        message,
+        error_type: VALUE_ERROR.to_owned(),
+    })
+}
+
+/// Decodes a request payload on the parent's side. The arguments are kept verbatim.
+pub fn decode_call(payload: &[u8]) -> Result<CallTool, BadRequest> {
+    let wire = parse_payload(payload).map_err(BadRequest::Fatal)?;
+    let method = wire.method.map(|m| serde_json::from_str::<String>(m.get()));
+    match method {
+        Some(Ok(m)) if m == CALL_TOOL => {}
+        Some(Ok(m)) => return Err(reject(format!("Unknown method: {m}"))),
+        Some(Err(_)) => {
+            let raw = wire.method.map(RawValue::get).unwrap_or_default();
+            return Err(reject(format!("Unknown method: {raw}")));
+        }
+        None => return Err(reject("Unknown method: (missing)".into())),
+    }
+    let params = match wire.params {
+        Some(p) if first_byte(p) == b'{' => serde_json::from_str::<WireParams<'_>>(p.get())
+            .map_err(|e| BadRequest::Fatal(Fatal::InvalidJson(e.to_string())))?,
+        _ => return Err(reject("Invalid params: expected dict".into())),
+    };
+    let Some(Ok(name)) = params.name.map(|n| serde_json::from_str::<String>(n.get())) else {
+        return Err(reject("Invalid tool name: expected string".into()));
+    };
+    let arguments = match params.arguments {
+        None => RawJson::from_text("{}").expect("valid JSON"),
+        Some(a) if a.get() == "null" => RawJson::from_text("{}").expect("valid JSON"),
+        Some(a) if first_byte(a) == b'{' => RawJson::from_raw(a),
+        Some(_) => return Err(reject("Invalid arguments: expected dict".into())),
+    };
+    Ok(CallTool { name, arguments })
+}
+
+#[derive(Deserialize)]
+struct WireError {
+    message: String,
+    #[serde(rename = "type")]
+    error_type: String,
+}
+
+/// Decodes a reply payload on the bridge's side. A result is kept verbatim.
+pub fn decode_reply(payload: &[u8]) -> Result<Reply, Fatal> {
+    let wire = parse_payload(payload)?;
+    let result = wire.result.filter(|r| r.get() != "null");
+    let error = wire.error.filter(|e| e.get() != "null");
+    match (result, error) {
+        (Some(result), None) if first_byte(result) == b'{' => {
+            Ok(Reply::Result(RawJson::from_raw(result)))
+        }
+        (Some(_), None) => Err(Fatal::UnexpectedReply("result is not an object".into())),
+        (None, Some(error)) => {
+            let error: WireError = serde_json::from_str(error.get())
+                .map_err(|e| Fatal::UnexpectedReply(format!("bad error object: {e}")))?;
+            Ok(Reply::Error {
+                message: error.message,
+                error_type: error.error_type,
+            })
+        }
+        (Some(_), Some(_)) => Err(Fatal::UnexpectedReply("both result and error".into())),
+        (None, None) => Err(Fatal::UnexpectedReply("neither result nor error".into())),
+    }
+}
+
+/// Why a parent's `result` is not an MCP `CallToolResult` an agent can accept.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidResult(pub String);
+
+/// The content block types of MCP, each with its required fields and their JSON types.
+const CONTENT_TYPES: [(&str, &[(&str, &str)]); 5] = [
+    ("text", &[("text", "string")]),
+    ("image", &[("data", "string"), ("mimeType", "string")]),
+    ("audio", &[("data", "string"), ("mimeType", "string")]),
+    ("resource_link", &[("uri", "string"), ("name", "string")]),
+    ("resource", &[("resource", "object")]),
+];
+
+fn json_kind(raw: &RawValue) -> &'static str {
+    match first_byte(raw) {
+        b'"' => "string",
+        b'{' => "object",
+        b'[' => "array",
+        b't' | b'f' => "boolean",
+        b'n' => "null",
+        _ => "number",
+    }
+}
+
+/// Checks a parent's `result` the way an MCP client will: an object whose `content` is a
+/// non-empty list (seed 001: "`content` MUST contain at least one element") of content blocks,
+/// each with a known `type` and that type's required fields; `isError`, when present, a
+/// boolean; `_meta`, when present, an object. Unknown extra fields are allowed. Nothing is
+/// copied: fields are looked at raw.
+pub fn validate_tool_result(result: &RawJson) -> Result<(), InvalidResult> {
+    let bad = |s: String| Err(InvalidResult(s));
+    let fields: std::collections::BTreeMap<&str, &RawValue> = match result.parse() {
+        Ok(fields) if result.get().trim_start().starts_with('{') => fields,
+        _ => return bad("the result is not a JSON object".into()),
+    };
+    let content = match fields.get("content") {
+        None => return bad("the result has no \"content\" list".into()),
+        Some(c) if first_byte(c) != b'[' => {
+            return bad(format!("\"content\" is {}, not a list", json_kind(c)));
+        }
+        Some(c) => serde_json::from_str::<Vec<&RawValue>>(c.get())
+            .map_err(|e| InvalidResult(format!("\"content\" is not a list: {e}")))?,
+    };
+    if content.is_empty() {
+        return bad("\"content\" is empty; it must hold at least one content block".into());
+    }
+    for (i, item) in content.iter().enumerate() {
+        if first_byte(item) != b'{' {
+            return bad(format!(
+                "content[{i}] is {}, not an object",
+                json_kind(item)
+            ));
+        }
+        let item: std::collections::BTreeMap<&str, &RawValue> = serde_json::from_str(item.get())
+            .map_err(|e| InvalidResult(format!("content[{i}] is not an object: {e}")))?;
+        let Some(kind) = item.get("type") else {
+            return bad(format!("content[{i}] has no \"type\""));
+        };
+        let kind = serde_json::from_str::<String>(kind.get()).unwrap_or_default();
+        let Some((_, required)) = CONTENT_TYPES.iter().find(|(name, _)| *name == kind) else {
+            return bad(format!(
+                "content[{i}] has type {}, which is none of text, image, audio, resource_link, \
+                 resource",
+                item["type"].get()
+            ));
+        };
+        for (field, want) in *required {
+            match item.get(field) {
+                Some(v) if json_kind(v) == *want => {}
+                Some(v) => {
+                    let article = if *want == "object" { "an" } else { "a" };
+                    return bad(format!(
+                        "content[{i}] ({kind}): \"{field}\" is {}, not {article} {want}",
+                        json_kind(v)
+                    ));
+                }
+                None => return bad(format!("content[{i}] ({kind}) has no \"{field}\"")),
+            }
+        }
+        if kind == "resource" {
+            let resource: std::collections::BTreeMap<&str, &RawValue> =
+                serde_json::from_str(item["resource"].get())
+                    .map_err(|e| InvalidResult(format!("content[{i}].resource: {e}")))?;
+            let string = |key: &str| resource.get(key).is_some_and(|v| first_byte(v) == b'"');
+            if !string("uri") {
+                return bad(format!("content[{i}].resource has no \"uri\" string"));
+            }
+            if !string("text") && !string("blob") {
+                return bad(format!(
+                    "content[{i}].resource has neither a \"text\" nor a \"blob\" string"
+                ));
+            }
+        }
+    }
+    if let Some(v) = fields.get("isError")
+        && json_kind(v) != "boolean"
+    {
+        return bad(format!("\"isError\" is {}, not a boolean", json_kind(v)));
+    }
+    if let Some(v) = fields.get("_meta")
+        && !matches!(json_kind(v), "object" | "null")
+    {
+        return bad(format!("\"_meta\" is {}, not an object", json_kind(v)));
+    }
+    Ok(())
+}
+
+/// Why a call failed without a reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The request does not fit in a frame; it was never sent.
+    #[error(transparent)]
+    TooLarge(#[from] PayloadTooLarge),
+    /// The connection to the parent could not be made.
+    #[error("cannot connect to the parent: {0}")]
+    ConnectFailed(String),
+    /// The parent dropped the connection while this call was in flight.
+    #[error("the parent closed the connection before replying")]
+    ConnectionLost,
+    /// The parent broke the protocol; the connection was dropped.
+    #[error("protocol error from the parent: {0}")]
+    Protocol(Fatal),
+    /// The client was shut down.
+    #[error("the bridge is shutting down")]
+    Shutdown,
+}
+
+/// Something for the driver to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientOutput<T> {
+    /// Open the connection; report with `handle_connected` or `handle_connect_failed`.
+    Connect,
+    /// Write these bytes (one frame).
+    Transmit(Vec<u8>),
+    /// Close the connection (framing was lost); no `handle_closed` is needed for it.
+    Disconnect,
+    /// A call finished.
+    Completed {
+        /// The caller's token.
+        token: T,
+        /// The parent's reply, or why there is none.
+        outcome: Result<Reply, CallError>,
+    },
+}
+
+/// The connection to the parent. Only a connected link has a decoder and a call on the wire.
+#[derive(Debug, Clone)]
+enum Link {
+    Disconnected,
+    Connecting,
+    Connected {
+        decoder: LpDecoder,
+        /// The call on the wire, if any; the protocol is sequential.
+        in_flight: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Queued<T> {
+    token: T,
+    frame: Vec<u8>,
+}
+
+/// The bridge's side of the dialect. See the [module docs](self).
+///
+/// Contract: a timeless machine (no `now`). The application issues calls with
+/// [`request`](Self::request); the driver reports the connection's life with
+/// `handle_connected` / `handle_connect_failed` / `handle_bytes` / `handle_closed` and drains
+/// [`poll_output`](Self::poll_output): [`ClientOutput::Connect`], [`ClientOutput::Transmit`],
+/// [`ClientOutput::Disconnect`], and one [`ClientOutput::Completed`] per call.
+#[derive(Debug, Clone)]
+pub struct CallToolClient<T> {
+    max_payload_bytes: usize,
+    link: Link,
+    calls: Pending<Queued<T>>,
+    out: VecDeque<ClientOutput<T>>,
+}
+
+impl<T> CallToolClient<T> {
+    /// A client not yet connected.
+    pub fn new(max_payload_bytes: usize) -> Self {
+        Self {
+            max_payload_bytes,
+            link: Link::Disconnected,
+            calls: Pending::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Queues a call; it goes on the wire when every earlier one is answered.
+    pub fn request(&mut self, call: &CallTool, token: T) {
+        let mut frame = Vec::new();
+        match length_prefixed::encode(&encode_call(call), &mut frame, self.max_payload_bytes) {
+            Ok(()) => {
+                self.calls.insert(Queued { token, frame });
+                self.pump();
+            }
+            Err(too_large) => self.out.push_back(ClientOutput::Completed {
+                token,
+                outcome: Err(CallError::TooLarge(too_large)),
+            }),
+        }
+    }
+
+    /// The connection is open.
+    pub fn handle_connected(&mut self) {
+        if matches!(self.link, Link::Connecting) {
+            self.link = Link::Connected {
+                decoder: LpDecoder::new(self.max_payload_bytes),
+                in_flight: None,
+            };
+            self.pump();
+        }
+    }
+
+    /// The connection could not be opened: every queued call fails with the reason.
+    pub fn handle_connect_failed(&mut self, reason: &str) {
+        if !matches!(self.link, Link::Connecting) {
+            return;
+        }
+        self.link = Link::Disconnected;
+        for (_, queued) in self.calls.fail_all() {
+            self.out.push_back(ClientOutput::Completed {
+                token: queued.token,
+                outcome: Err(CallError::ConnectFailed(reason.to_owned())),
+            });
+        }
+    }
+
+    /// Bytes from the parent.
+    pub fn handle_bytes(&mut self, bytes: &[u8]) {
+        let Link::Connected { decoder, .. } = &mut self.link else {
+            return;
+        };
+        decoder.push(bytes);
+        loop {
+            let Link::Connected { decoder, in_flight } = &mut self.link else {
+                return;
+            };
+            match decoder.decode() {
+                Ok(None) => return,
+                Ok(Some(payload)) => {
+                    let Some(id) = *in_flight else {
+                        self.drop_link(Fatal::UnexpectedReply("a reply nobody asked for".into()));
+                        return;
+                    };
+                    match decode_reply(&payload) {
+                        Ok(reply) => {
+                            *in_flight = None;
+                            self.complete(id, Ok(reply));
+                            self.pump();
+                        }
+                        Err(fatal) => {
+                            self.drop_link(fatal);
+                            return;
+                        }
+                    }
+                }
+                Err(error) => {
+                    self.drop_link(Fatal::Framing(error));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The parent closed the connection (ignored unless connected: a connection attempt that
+    /// fails is reported with `handle_connect_failed`).
+    pub fn handle_closed(&mut self) {
+        let (mut decoder, in_flight) = match std::mem::replace(&mut self.link, Link::Disconnected) {
+            Link::Connected { decoder, in_flight } => (decoder, in_flight),
+            unconnected @ (Link::Disconnected | Link::Connecting) => {
+                self.link = unconnected;
+                return;
+            }
+        };
+        if let Some(id) = in_flight {
+            let outcome = match decoder.decode_eof() {
+                Err(error) => Err(CallError::Protocol(Fatal::Framing(error))),
+                Ok(()) => Err(CallError::ConnectionLost),
+            };
+            self.complete(id, outcome);
+        }
+        self.pump();
+    }
+
+    /// Fails every queued and in-flight call (teardown); the tokens come out as `Completed`.
+    pub fn shutdown(&mut self) {
+        let link = std::mem::replace(&mut self.link, Link::Disconnected);
+        for (_, queued) in self.calls.fail_all() {
+            self.out.push_back(ClientOutput::Completed {
+                token: queued.token,
+                outcome: Err(CallError::Shutdown),
+            });
+        }
+        match link {
+            Link::Disconnected => {}
+            Link::Connecting | Link::Connected { .. } => {
+                self.out.push_back(ClientOutput::Disconnect);
+            }
+        }
+    }
+
+    /// The next thing to do, until `None`.
+    pub fn poll_output(&mut self) -> Option<ClientOutput<T>> {
+        self.out.pop_front()
+    }
+
+    /// Calls queued or in flight.
+    pub fn pending_len(&self) -> usize {
+        self.calls.len()
+    }
+
+    /// Whether a call is on the wire.
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self.link,
+            Link::Connected {
+                in_flight: Some(_),
+                ..
+            }
+        )
+    }
+
+    fn complete(&mut self, id: u64, outcome: Result<Reply, CallError>) {
+        if let Ok(queued) = self.calls.take(id) {
+            self.out.push_back(ClientOutput::Completed {
+                token: queued.token,
+                outcome,
+            });
+        }
+    }
+
+    /// Framing or the reply stream broke: fail the call in flight, close, and reconnect for what
+    /// is still queued.
+    fn drop_link(&mut self, fatal: Fatal) {
+        if let Link::Connected {
+            in_flight: Some(id),
+            ..
+        } = std::mem::replace(&mut self.link, Link::Disconnected)
+        {
+            self.complete(id, Err(CallError::Protocol(fatal)));
+        }
+        self.out.push_back(ClientOutput::Disconnect);
+        self.pump();
+    }
+
+    fn pump(&mut self) {
+        match &mut self.link {
+            Link::Disconnected if !self.calls.is_empty() => {
+                self.link = Link::Connecting;
+                self.out.push_back(ClientOutput::Connect);
+            }
+            Link::Connected {
+                in_flight: in_flight @ None,
+                ..
+            } => {
+                let Some(id) = self.calls.ids().next() else {
+                    return;
+                };
+                let frame = std::mem::take(
+                    &mut self
+                        .calls
+                        .get_mut(id)
+                        .expect("the id was just listed")
+                        .frame,
+                );
+                *in_flight = Some(id);
+                self.out.push_back(ClientOutput::Transmit(frame));
+            }
+            Link::Disconnected | Link::Connecting | Link::Connected { .. } => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,671 @@
+//! The runner's JSON-RPC client for `codex app-server`, with the channel sink that turns broker
+//! events into turns.
+//!
+//! Start-up: `initialize`, then `thread/start` (briefing prose as `developerInstructions`,
+//! `approvalPolicy: "never"`, `sandbox: "danger-full-access"`); [`CodexOutput::Ready`] carries the
+//! thread id, [`CodexOutput::Failed`] the reason either failed. The thread's status (`notLoaded`,
+//! `idle`, `active`, `systemError`) and its active turn are tracked from the `thread/start`
+//! response and from `thread/started`, `thread/status/changed`, `turn/started` and
+//! `turn/completed` notifications. Approval requests from codex are denied
+//! (`{"decision":"deny","action":"cancel"}`); any other server request gets `-32601`.
+//!
+//! The sink ([`CodexClient::notify`]) takes [`SinkEvent`]s: a rendered `<channel>` text and
+//! whom to tell if it cannot be delivered. Events arriving within [`BUNDLE_WINDOW`] of the first
+//! buffered one are joined with `\n` into one text input. A flush (window elapsed, status changed,
+//! shutdown) routes the bundle by the thread's state: `idle` or `systemError` → `turn/start`;
+//! `active` with a known turn → `turn/steer` with `expectedTurnId`; no thread yet, `notLoaded`, or
+//! `active` without a known turn → the events go back to the front of the buffer and wait. One
+//! delivery is in flight at a time, so the order of events is the order they were pushed. A
+//! `turn/steer` that lost the race with the end of its turn (`expected active turn`, `no active
+//! turn`, `not steerable`) is retried once with the then-current state (as `turn/start` when
+//! idle); nothing is sent twice.
+//!
+//! `systemError` is what codex reports after a turn failed (the model endpoint answered an error,
+//! the stream broke): the thread still takes a new `turn/start`, so it is routed like `idle` —
+//! one failed turn must not make the member deaf. Events are dropped only when codex rejects the
+//! request that carries them (a JSON-RPC error other than the steer race), or at shutdown; then,
+//! besides [`CodexEvent::Dropped`] for the log, one [`CodexOutput::Undelivered`] per sender asks
+//! the driver to tell that sender (a DM built by [`Undelivered::push_body`]). Events without a
+//! sender to tell — the member's own, system notices, and such notices themselves (data key
+//! [`UNDELIVERED_KEY`]) — are dropped silently, so two members can never bounce notices.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::json::RawJson;
+use crate::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcError};
+use crate::line::{Line, LineDecoder};
+use crate::message::Message as BrokerMessage;
+use crate::pending::Pending;
+
+/// How long events are gathered into one input (from the first buffered one).
+pub const BUNDLE_WINDOW: Duration = Duration::from_millis(200);
+
+/// Server requests answered with a denial.
+pub const DENIED_REQUESTS: [&str; 5] = [
+    "item/commandExecution/requestApproval",
+    "item/fileChange/requestApproval",
+    "item/permissions/requestApproval",
+    "item/tool/requestUserInput",
+    "mcpServer/elicitation/request",
+];
+
+const STEER_RACE: [&str; 3] = ["expected active turn", "no active turn", "not steerable"];
+
+/// The `data` key that marks a "not delivered" notice (its value: the undelivered message ids).
+/// An event carrying it never causes a notice of its own.
+pub const UNDELIVERED_KEY: &str = "undelivered";
+
+/// One event for the sink.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SinkEvent {
+    /// The rendered `<channel>` text.
+    pub text: String,
+    /// Whom to tell if it cannot be delivered: `(sender, message id)`.
+    pub reply_to: Option<(String, String)>,
+}
+
+impl SinkEvent {
+    /// The event for `message` as delivered to member `me`: its [`codex_text`] and, unless the
+    /// message is `me`'s own, a system notice (`from` absent or `ac7`), or itself a "not
+    /// delivered" notice, its sender to tell on failure.
+    ///
+    /// [`codex_text`]: crate::channel::codex_text
+    pub fn from_message(message: &BrokerMessage, me: &str) -> Self {
+        let reply_to = message
+            .from
+            .as_deref()
+            .filter(|from| !from.is_empty() && *from != me && *from != "ac7")
+            .filter(|_| !message.data.contains_key(UNDELIVERED_KEY))
+            .map(|from| (from.to_owned(), message.id.clone()));
+        Self {
+            text: crate::channel::codex_text(message),
+            reply_to,
+        }
+    }
+}
+
+impl From<String> for SinkEvent {
+    /// An event with nobody to tell.
+    fn from(text: String) -> Self {
+        Self {
+            text,
+            reply_to: None,
+        }
+    }
+}
+
+/// Events from one sender that codex did not take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Undelivered {
+    /// The sender.
+    pub to: String,
+    /// Their message ids, in push order.
+    pub msg_ids: Vec<String>,
+    /// Why (codex's error message).
+    pub reason: String,
+}
+
+impl Undelivered {
+    /// The `POST /push` body telling the sender, sent as member `me`: a `warning` DM whose `data`
+    /// carries [`UNDELIVERED_KEY`] with the message ids.
+    pub fn push_body(&self, me: &str) -> Value {
+        let ids = self.msg_ids.join(", ");
+        let (what, verb, them) = if self.msg_ids.len() == 1 {
+            ("your message", "was", "it")
+        } else {
+            ("your messages", "were", "them")
+        };
+        json!({
+            "to": self.to,
+            "level": "warning",
+            "title": "not delivered",
+            "body": format!(
+                "{what} {ids} {verb} not delivered to {me}: codex did not take {them} ({}). Send {them} again later, or reach {me} another way.",
+                self.reason
+            ),
+            "data": { UNDELIVERED_KEY: ids },
+        })
+    }
+}
+
+/// What the runner asks of codex.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CodexConfig {
+    /// `clientInfo.name`.
+    pub client_name: String,
+    /// `clientInfo.version`.
+    pub client_version: String,
+    /// The thread's working directory.
+    pub cwd: String,
+    /// The briefing prose; omitted when empty.
+    pub developer_instructions: String,
+    /// `--model`, if given.
+    pub model: Option<String>,
+}
+
+/// The thread's status as codex reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThreadStatus {
+    /// Not loaded yet.
+    NotLoaded,
+    /// Waiting for input.
+    Idle,
+    /// Running a turn.
+    Active,
+    /// Broken.
+    SystemError,
+}
+
+/// Something for the driver to do or know.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodexOutput {
+    /// Write this line to codex's stdin.
+    Transmit(Vec<u8>),
+    /// The thread exists; the sink delivers from now on.
+    Ready {
+        /// Its id.
+        thread_id: String,
+    },
+    /// Start-up failed (`initialize` or `thread/start`): tear down.
+    Failed(String),
+    /// Close codex's stdin (after [`CodexClient::shutdown`]).
+    CloseStdin,
+    /// The answer to a [`CodexClient::request`].
+    Response {
+        /// The id `request` returned.
+        id: u64,
+        /// The result, or the error message.
+        outcome: Result<Value, String>,
+    },
+    /// Events codex did not take: tell their sender (see [`Undelivered::push_body`]).
+    Undelivered(Undelivered),
+    /// Something worth logging.
+    Event(CodexEvent),
+}
+
+/// Things worth logging.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodexEvent {
+    /// A bundle went out.
+    Delivering {
+        /// `turn/start` or `turn/steer`.
+        method: &'static str,
+        /// Events in it.
+        events: usize,
+    },
+    /// Events that could not be delivered.
+    Dropped {
+        /// How many.
+        events: usize,
+        /// Why.
+        reason: String,
+    },
+    /// The thread's status changed.
+    Status(ThreadStatus),
+    /// A server request was answered (`denied` = with a denial, else `-32601`).
+    ServerRequest {
+        /// Its method.
+        method: String,
+        /// Whether it was an approval we denied.
+        denied: bool,
+    },
+    /// An `error` notification from codex.
+    CodexError(String),
+    /// A line that is not JSON-RPC.
+    Unparseable {
+        /// Its length.
+        len: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Call {
+    Initialize,
+    ThreadStart,
+    Deliver {
+        events: Vec<SinkEvent>,
+        steer: bool,
+        retried: bool,
+    },
+    Interrupt,
+    App,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Phase {
+    /// `initialize` sent, not answered yet.
+    Initializing,
+    /// `thread/start` sent, not answered yet.
+    StartingThread,
+    /// The thread exists; events can be delivered.
+    Running {
+        /// The thread every turn goes to.
+        thread_id: String,
+        /// The turn codex is running, between `turn/started` and `turn/completed`.
+        active_turn: Option<String>,
+    },
+    /// `initialize` or `thread/start` failed.
+    Failed,
+    /// `shutdown` ran.
+    Closed,
+}
+
+/// The client's state. See the [module docs](self).
+///
+/// Contract: every input and command takes `now` last. What happened is `handle_bytes` (codex's
+/// stdout) and `handle_timeout` (the bundle window; [`poll_timeout`](Self::poll_timeout) says
+/// when); the application emits channel events with [`notify`](Self::notify), sends requests of
+/// its own with [`request`](Self::request) and ends with [`shutdown`](Self::shutdown). Outputs are
+/// drained from [`poll_output`](Self::poll_output): [`CodexOutput::Transmit`] (a line for codex's
+/// stdin), `Ready` / `Failed`, `CloseStdin`, `Response`s, `Undelivered` notices and `Event`s.
+#[derive(Debug, Clone)]
+pub struct CodexClient {
+    config: CodexConfig,
+    phase: Phase,
+    lines: LineDecoder,
+    calls: Pending<Call>,
+    status: ThreadStatus,
+    buffer: VecDeque<SinkEvent>,
+    flush_at: Option<Instant>,
+    delivering: bool,
+    out: VecDeque<CodexOutput>,
+}
+
+#[derive(Deserialize)]
+struct StatusWire {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+fn parse_status(value: Option<&Value>) -> Option<ThreadStatus> {
+    let status: StatusWire = serde_json::from_value(value?.clone()).ok()?;
+    Some(match status.kind.as_str() {
+        "notLoaded" => ThreadStatus::NotLoaded,
+        "idle" => ThreadStatus::Idle,
+        "active" => ThreadStatus::Active,
+        "systemError" => ThreadStatus::SystemError,
+        _ => return None,
+    })
+}
+
+impl CodexClient {
+    /// A client for a codex that has just been spawned: `initialize` is its first output.
+    pub fn new(config: CodexConfig, _now: Instant) -> Self {
+        let mut client = Self {
+            config,
+            phase: Phase::Initializing,
+            lines: LineDecoder::new(64 * 1024 * 1024),
+            calls: Pending::new(),
+            status: ThreadStatus::NotLoaded,
+            buffer: VecDeque::new(),
+            flush_at: None,
+            delivering: false,
+            out: VecDeque::new(),
+        };
+        let params = json!({"clientInfo": {"name": client.config.client_name, "version": client.config.client_version}});
+        client.request_call("initialize", &params, Call::Initialize);
+        client
+    }
+
+    /// An event for the agent.
+    pub fn notify(&mut self, event: impl Into<SinkEvent>, now: Instant) {
+        let event = event.into();
+        if matches!(self.phase, Phase::Closed | Phase::Failed) {
+            self.drop_events(vec![event], "codex is not running".into());
+            return;
+        }
+        self.buffer.push_back(event);
+        if self.flush_at.is_none() {
+            self.flush_at = Some(now + BUNDLE_WINDOW);
+        }
+    }
+
+    /// Bytes from codex's stdout.
+    pub fn handle_bytes(&mut self, bytes: &[u8], now: Instant) {
+        let mut lines = std::mem::take(&mut self.lines);
+        lines.push(bytes);
+        while let Some(line) = lines.decode() {
+            match line {
+                Line::Oversized { len } => self.event(CodexEvent::Unparseable { len }),
+                Line::Complete(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => {}
+                Line::Complete(bytes) => match jsonrpc::parse_message(bytes) {
+                    Ok(message) => self.message(message, now),
+                    Err(_) => self.event(CodexEvent::Unparseable { len: bytes.len() }),
+                },
+            }
+        }
+        self.lines = lines;
+    }
+
+    /// When `handle_timeout` is next due (the bundle window).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.flush_at
+    }
+
+    /// Time passed: flushes the bundle when its window is over.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.flush_at.is_some_and(|at| now >= at) {
+            self.flush_at = None;
+            self.flush();
+        }
+    }
+
+    /// Teardown: flush what can be delivered, interrupt the active turn, close stdin.
+    pub fn shutdown(&mut self, _now: Instant) {
+        if matches!(self.phase, Phase::Closed) {
+            return;
+        }
+        self.flush_at = None;
+        self.flush();
+        if let Phase::Running {
+            thread_id,
+            active_turn: Some(turn_id),
+        } = &self.phase
+        {
+            let params = json!({"threadId": thread_id, "turnId": turn_id});
+            self.request_call("turn/interrupt", &params, Call::Interrupt);
+        }
+        if !self.buffer.is_empty() {
+            let events = self.buffer.drain(..).collect();
+            self.drop_events(
+                events,
+                "the session ended before codex could take it".into(),
+            );
+        }
+        self.phase = Phase::Closed;
+        self.out.push_back(CodexOutput::CloseStdin);
+    }
+
+    /// Sends any other request to codex (e.g. `mcpServerStatus/list`); the answer comes out as
+    /// [`CodexOutput::Response`] with the returned id.
+    pub fn request(&mut self, method: &str, params: &Value, _now: Instant) -> u64 {
+        self.request_call(method, params, Call::App)
+    }
+
+    /// The next thing to do, until `None`.
+    pub fn poll_output(&mut self) -> Option<CodexOutput> {
+        self.out.pop_front()
+    }
+
+    /// The thread's id, once `thread/start` answered.
+    pub fn thread_id(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Running { thread_id, .. } => Some(thread_id),
+            Phase::Initializing | Phase::StartingThread | Phase::Failed | Phase::Closed => None,
+        }
+    }
+
+    /// The thread's status.
+    pub fn status(&self) -> ThreadStatus {
+        self.status
+    }
+
+    /// The active turn, if known.
+    pub fn active_turn(&self) -> Option<&str> {
+        match &self.phase {
+            Phase::Running { active_turn, .. } => active_turn.as_deref(),
+            Phase::Initializing | Phase::StartingThread | Phase::Failed | Phase::Closed => None,
+        }
+    }
+
+    /// Events waiting for delivery.
+    pub fn buffered(&self) -> usize {
+        self.buffer.len()
+    }
+
+    fn message(&mut self, message: Message, now: Instant) {
+        match message {
+            Message::Response(response) => {
+                let Some(id) = response.id.as_raw().parse::<u64>().ok() else {
+                    return;
+                };
+                let Ok(call) = self.calls.take(id) else {
+                    return;
+                };
+                self.response(id, call, response.outcome, now);
+            }
+            Message::Request(request) => {
+                let denied = DENIED_REQUESTS.contains(&request.method.as_str());
+                let mut line = Vec::new();
+                if denied {
+                    let result = RawJson::from_text(r#"{"decision":"deny","action":"cancel"}"#)
+                        .expect("valid JSON");
+                    jsonrpc::encode_response(&mut line, &request.id, &result);
+                } else {
+                    let error = RpcError::new(
+                        METHOD_NOT_FOUND,
+                        format!("method not found: {}", request.method),
+                    );
+                    jsonrpc::encode_error(&mut line, Some(&request.id), &error);
+                }
+                self.out.push_back(CodexOutput::Transmit(line));
+                self.event(CodexEvent::ServerRequest {
+                    method: request.method,
+                    denied,
+                });
+            }
+            Message::Notification(n) => {
+                let params: Value = n
+                    .params
+                    .as_ref()
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(Value::Null);
+                match n.method.as_str() {
+                    "thread/started" => {
+                        if let (Some(id), Phase::Running { thread_id, .. }) =
+                            (params["thread"]["id"].as_str(), &mut self.phase)
+                        {
+                            id.clone_into(thread_id);
+                        }
+                        if let Some(status) = parse_status(params["thread"].get("status")) {
+                            self.set_status(status);
+                        }
+                    }
+                    "thread/status/changed" => {
+                        if let Some(status) = parse_status(params.get("status")) {
+                            self.set_status(status);
+                        }
+                    }
+                    "turn/started" => {
+                        if let (Some(id), Phase::Running { active_turn, .. }) =
+                            (params["turn"]["id"].as_str(), &mut self.phase)
+                        {
+                            *active_turn = Some(id.to_owned());
+                            // Events waiting for a steerable turn can go now.
+                            self.flush();
+                        }
+                    }
+                    "turn/completed" => {
+                        if let Phase::Running { active_turn, .. } = &mut self.phase {
+                            *active_turn = None;
+                        }
+                    }
+                    "error" => self.event(CodexEvent::CodexError(params.to_string())),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn response(&mut self, id: u64, call: Call, outcome: Outcome, _now: Instant) {
+        let result = match outcome {
+            Outcome::Result(result) => Ok(result.parse::<Value>().unwrap_or(Value::Null)),
+            Outcome::Error(error) => Err(error.message),
+        };
+        match call {
+            Call::Initialize => match result {
+                Ok(_) => {
+                    self.phase = Phase::StartingThread;
+                    let mut params = json!({
+                        "cwd": self.config.cwd,
+                        "approvalPolicy": "never",
+                        "sandbox": "danger-full-access",
+                    });
+                    if !self.config.developer_instructions.is_empty() {
+                        params["developerInstructions"] = json!(self.config.developer_instructions);
+                    }
+                    if let Some(model) = &self.config.model {
+                        params["model"] = json!(model);
+                    }
+                    self.request_call("thread/start", &params, Call::ThreadStart);
+                }
+                Err(message) => self.fail(format!("codex initialize failed: {message}")),
+            },
+            Call::ThreadStart => match result {
+                Ok(result) => {
+                    let Some(id) = result["thread"]["id"].as_str() else {
+                        return self.fail("codex thread/start failed: no thread id".into());
+                    };
+                    self.phase = Phase::Running {
+                        thread_id: id.to_owned(),
+                        active_turn: None,
+                    };
+                    self.out.push_back(CodexOutput::Ready {
+                        thread_id: id.to_owned(),
+                    });
+                    match parse_status(result["thread"].get("status")) {
+                        Some(status) => self.set_status(status),
+                        None => self.flush(),
+                    }
+                }
+                Err(message) => self.fail(format!("codex thread/start failed: {message}")),
+            },
+            Call::Deliver {
+                events,
+                steer,
+                retried,
+            } => {
+                self.delivering = false;
+                match result {
+                    Ok(_) => {}
+                    Err(message)
+                        if steer && !retried && STEER_RACE.iter().any(|s| message.contains(s)) =>
+                    {
+                        self.route(events, true);
+                    }
+                    Err(message) => self.drop_events(events, message),
+                }
+                if self.flush_at.is_none() {
+                    self.flush();
+                }
+            }
+            Call::Interrupt => {}
+            Call::App => self.out.push_back(CodexOutput::Response {
+                id,
+                outcome: result,
+            }),
+        }
+    }
+
+    fn set_status(&mut self, status: ThreadStatus) {
+        self.status = status;
+        self.event(CodexEvent::Status(status));
+        if status != ThreadStatus::NotLoaded {
+            self.flush();
+        }
+    }
+
+    /// Sends the buffered events if the state allows; one delivery at a time.
+    fn flush(&mut self) {
+        if self.delivering || self.buffer.is_empty() || !matches!(self.phase, Phase::Running { .. })
+        {
+            return;
+        }
+        let events: Vec<SinkEvent> = self.buffer.drain(..).collect();
+        self.route(events, false);
+    }
+
+    fn route(&mut self, events: Vec<SinkEvent>, retried: bool) {
+        let Phase::Running {
+            thread_id,
+            active_turn,
+        } = &self.phase
+        else {
+            return self.rebuffer(events);
+        };
+        match self.status {
+            ThreadStatus::NotLoaded => return self.rebuffer(events),
+            // After a failed turn: codex takes a new turn/start, so route as idle.
+            ThreadStatus::Idle | ThreadStatus::Active | ThreadStatus::SystemError => {}
+        }
+        let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
+        let input = json!([{"type": "text", "text": texts.join("\n")}]);
+        let (method, params, steer) = match (self.status, active_turn) {
+            (ThreadStatus::Active, None) => return self.rebuffer(events),
+            (ThreadStatus::Active, Some(turn)) => (
+                "turn/steer",
+                json!({"threadId": thread_id, "input": input, "expectedTurnId": turn}),
+                true,
+            ),
+            _ => (
+                "turn/start",
+                json!({"threadId": thread_id, "input": input}),
+                false,
+            ),
+        };
+        self.event(CodexEvent::Delivering {
+            method,
+            events: events.len(),
+        });
+        self.delivering = true;
+        self.request_call(
+            method,
+            &params,
+            Call::Deliver {
+                events,
+                steer,
+                retried,
+            },
+        );
+    }
+
+    fn rebuffer(&mut self, events: Vec<SinkEvent>) {
+        for event in events.into_iter().rev() {
+            self.buffer.push_front(event);
+        }
+    }
+
+    fn request_call(&mut self, method: &str, params: &Value, call: Call) -> u64 {
+        let id = self.calls.insert(call);
+        let params = RawJson::from_value(params).expect("JSON values serialize");
+        let mut line = Vec::new();
+        jsonrpc::encode_request(&mut line, &Id::number(id), method, Some(&params));
+        self.out.push_back(CodexOutput::Transmit(line));
+        id
+    }
+
+    fn fail(&mut self, reason: String) {
+        self.phase = Phase::Failed;
+        self.out.push_back(CodexOutput::Failed(reason));
+    }
+
+    /// Reports dropped events, and asks the driver to tell each sender (in name order).
+    fn drop_events(&mut self, events: Vec<SinkEvent>, reason: String) {
+        self.event(CodexEvent::Dropped {
+            events: events.len(),
+            reason: reason.clone(),
+        });
+        let mut by_sender: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (to, msg_id) in events.into_iter().filter_map(|e| e.reply_to) {
+            by_sender.entry(to).or_default().push(msg_id);
+        }
+        for (to, msg_ids) in by_sender {
+            self.out.push_back(CodexOutput::Undelivered(Undelivered {
+                to,
+                msg_ids,
+                reason: reason.clone(),
+            }));
+        }
+    }
+
+    fn event(&mut self, event: CodexEvent) {
+        self.out.push_back(CodexOutput::Event(event));
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,220 @@
+//! How a broker message reaches an agent: the self-echo rule, the
+//! `notifications/claude/channel` params for Claude Code, and the `<channel>` text for Codex
+//! (seed 004, with the thread values of `../shared/spec/DECISIONS.md`).
+//!
+//! Meta is a flat string → string map (clients drop a push whose meta values are not strings), in
+//! runner.md §9.3's order: `msg_id`, `level`, `ts` (`MM/DD/YY HH:MM:SS UTC`), `ts_ms`, `thread`
+//! (`general`, `chan:<id>`, `obj:<id>` or `dm`, per DECISIONS.md), `from` and `title` when
+//! non-empty, `target` for DMs, `channel` (the id) for a named channel's thread, then every `data`
+//! key that survives sanitising (characters outside `[A-Za-z0-9_]` become `_`; empty keys, keys
+//! starting with a digit and the reserved keys [`RESERVED_META_KEYS`] are skipped; strings are
+//! copied, numbers and booleans stringified, nulls, objects and arrays dropped), in `data`'s own
+//! order. As in the spec, a surviving key that is already present (`channel`, or two `data` keys
+//! that sanitise alike) overwrites the earlier value in its place. Attachments are listed in the
+//! content.
+//!
+//! Codex gets one `<channel ATTRS>\nCONTENT\n</channel>` text per message ([`codex_text`]).
+//! Attribute values escape `\`, `"` and line breaks with a backslash; values and content both
+//! escape `&`, `<` and `>` as `&amp;`, `&lt;`, `&gt;` (as XML does), so the only `<` in the text
+//! are the event's own two tags: whatever a body, title or data value holds, the text reads back
+//! as exactly one event with that body and those attributes — nothing can close the element
+//! early or open a forged second one.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::civil::UtcDateTime;
+use crate::json::RawJson;
+use crate::message::Message;
+
+/// Meta keys the runner sets itself; a `data` key with one of these names is skipped
+/// (runner.md §9.3). `channel` is not among them: a `data.channel` overwrites it.
+pub const RESERVED_META_KEYS: [&str; 8] = [
+    "msg_id", "level", "ts", "ts_ms", "thread", "from", "title", "target",
+];
+
+/// The thread a message belongs to, as the agent sees it.
+pub fn thread_of(message: &Message) -> String {
+    if message.to.is_some() {
+        return "dm".to_owned();
+    }
+    match message.data.get("thread").and_then(Value::as_str) {
+        Some("chan:general") | None => "general".to_owned(),
+        Some(thread) if thread.starts_with("chan:") || thread.starts_with("obj:") => {
+            thread.to_owned()
+        }
+        Some(_) => "general".to_owned(),
+    }
+}
+
+/// Whether the message is an objective lifecycle event (`data.kind == "objective"`).
+pub fn is_objective_event(message: &Message) -> bool {
+    message.data.get("kind").and_then(Value::as_str) == Some("objective")
+}
+
+/// Self-echo rule (seed 004): chat-shaped messages the agent sent itself are not delivered
+/// back to it; objective lifecycle events are, even when the agent caused them.
+pub fn suppress_self_echo(message: &Message, me: &str) -> bool {
+    message.from.as_deref() == Some(me) && !is_objective_event(message)
+}
+
+/// `MM/DD/YY HH:MM:SS UTC` for epoch milliseconds.
+pub fn format_ts(ms: i64) -> String {
+    let t = UtcDateTime::from_epoch_ms(ms);
+    format!(
+        "{:02}/{:02}/{:02} {:02}:{:02}:{:02} UTC",
+        t.month,
+        t.day,
+        t.year.rem_euclid(100),
+        t.hour,
+        t.minute,
+        t.second
+    )
+}
+
+/// The meta map, in runner.md §9.3's order (see the [module docs](self)).
+pub fn meta(message: &Message) -> Vec<(String, String)> {
+    let thread = thread_of(message);
+    let channel = thread.strip_prefix("chan:").map(str::to_owned);
+    let mut meta = vec![
+        ("msg_id".to_owned(), message.id.clone()),
+        ("level".to_owned(), message.level.as_str().to_owned()),
+        ("ts".to_owned(), format_ts(message.ts)),
+        ("ts_ms".to_owned(), message.ts.to_string()),
+        ("thread".to_owned(), thread),
+    ];
+    if let Some(from) = message.from.as_deref().filter(|f| !f.is_empty()) {
+        meta.push(("from".to_owned(), from.to_owned()));
+    }
+    if let Some(title) = message.title.as_deref().filter(|t| !t.is_empty()) {
+        meta.push(("title".to_owned(), title.to_owned()));
+    }
+    if let Some(to) = &message.to {
+        meta.push(("target".to_owned(), to.clone()));
+    }
+    if let Some(channel) = channel {
+        meta.push(("channel".to_owned(), channel));
+    }
+    for (key, value) in &message.data {
+        let value = match value {
+            Value::String(s) => s.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => b.to_string(),
+            Value::Null | Value::Array(_) | Value::Object(_) => continue,
+        };
+        let key: String = key
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        if key.is_empty()
+            || key.starts_with(|c: char| c.is_ascii_digit())
+            || RESERVED_META_KEYS.contains(&key.as_str())
+        {
+            continue;
+        }
+        // A later key overwrites an earlier entry in its place, as assigning to a JS object does.
+        match meta.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => *old = value,
+            None => meta.push((key, value)),
+        }
+    }
+    meta
+}
+
+/// The body, followed by a list of the attachments when there are any.
+pub fn content(message: &Message) -> String {
+    let mut content = message.body.clone();
+    if !message.attachments.is_empty() {
+        content.push_str("\n\nattachments:");
+        for a in &message.attachments {
+            let _ = write!(
+                content,
+                "\n- {} ({}, {} bytes, {})",
+                a.path, a.name, a.size, a.mime_type
+            );
+        }
+    }
+    content
+}
+
+/// `notifications/claude/channel` params: `{"content": …, "meta": {…}}`.
+pub fn claude_channel_params(message: &Message) -> RawJson {
+    let meta: serde_json::Map<String, Value> = meta(message)
+        .into_iter()
+        .map(|(k, v)| (k, Value::String(v)))
+        .collect();
+    let params = serde_json::json!({ "content": content(message), "meta": meta });
+    RawJson::from_value(&params).expect("JSON values serialize")
+}
+
+/// Attributes that come first in the `<channel>` tag, in this order; the rest follow as met.
+const CODEX_ORDER: [&str; 8] = [
+    "kind", "from", "thread", "title", "target", "level", "ts", "msg_id",
+];
+
+/// The text Codex receives for one message:
+///
+/// ```text
+/// <channel from="alice" thread="dm" target="builder" level="info" ts="04/15/26 14:23:45 UTC" msg_id="…" ts_ms="…">
+/// please rebase
+/// </channel>
+/// ```
+///
+/// Attribute values escape `\` as `\\`, `"` as `\"` and line breaks as `\n` / `\r`, so a value
+/// can never end the tag or leave its line. Values and the content (body and attachment list)
+/// escape `&`, `<` and `>` as `&amp;`, `&lt;` and `&gt;`, as XML does, so nothing can close the
+/// element or open another one: the only `<` in the text are those of the event's own two tags.
+pub fn codex_text(message: &Message) -> String {
+    let meta = meta(message);
+    let mut ordered: Vec<&(String, String)> = CODEX_ORDER
+        .iter()
+        .filter_map(|name| meta.iter().find(|(k, _)| k == name))
+        .collect();
+    ordered.extend(
+        meta.iter()
+            .filter(|(k, _)| !CODEX_ORDER.contains(&k.as_str())),
+    );
+    let mut text = String::from("<channel");
+    for (key, value) in ordered {
+        if value.is_empty() {
+            continue;
+        }
+        let _ = write!(text, " {key}=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => text.push_str("\\\\"),
+                '"' => text.push_str("\\\""),
+                '\n' => text.push_str("\\n"),
+                '\r' => text.push_str("\\r"),
+                c => push_xml_char(&mut text, c),
+            }
+        }
+        text.push('"');
+    }
+    text.push_str(">\n");
+    for c in content(message).chars() {
+        push_xml_char(&mut text, c);
+    }
+    text.push_str("\n</channel>");
+    text
+}
+
+/// `c`, with `&`, `<` and `>` as XML entities.
+fn push_xml_char(text: &mut String, c: char) {
+    match c {
+        '&' => text.push_str("&amp;"),
+        '<' => text.push_str("&lt;"),
+        '>' => text.push_str("&gt;"),
+        c => text.push(c),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,694 @@
+//! The runner's side of the IPC socket: which bridge is attached, requests in, responses and
+//! notifications out.
+//!
+//! The driver accepts connections and reports them with [`RunnerSession::handle_connect`], feeds
+//! their bytes with [`RunnerSession::handle_bytes`] and their end with
+//! [`RunnerSession::handle_closed`]. The application answers each [`IncomingRequest`] with
+//! [`RunnerSession::respond`], pushes events with [`RunnerSession::notify`], and ends the session
+//! with [`RunnerSession::shutdown`]. Everything to write or close comes out of
+//! [`RunnerSession::poll_output`]; outputs for one connection are in order, and a
+//! [`RunnerOutput::Close`] follows that connection's last [`RunnerOutput::Transmit`].
+//!
+//! Who connected: the driver classifies each connection ([`Origin`]) by the peer's process —
+//! the agent's own bridges run inside the agent's process tree; anything else (`claude mcp list`
+//! doing a health check, a stray `ac7 mcp-bridge` in another terminal) is an outsider. An outsider
+//! is served — its requests are answered — but it never displaces the agent's bridge, never
+//! counts as attached, and never receives queued or live notifications. Everything below is
+//! about the agent's bridges.
+//!
+//! Policy (seed 000): one bridge at a time. With [`BridgePolicy::DisplaceOld`] (the default) a
+//! newcomer takes over and the old connection gets `shutdown{reason:"displaced-by-new-bridge"}`
+//! and is closed; with [`BridgePolicy::RejectNew`] the newcomer gets an `error` frame and is
+//! closed. A response goes only to the connection that asked; one for a connection that is gone
+//! is dropped. Notifications go to the attached bridge; while none is attached they wait in a
+//! bounded queue (overflow drops the oldest and says so) and are delivered on attach.
+//!
+//! A response that would not fit in a frame is replaced, so no request waits forever: a
+//! `tools/call` gets an `isError` result `<tool>: result too large (N bytes > MAX)`, any other
+//! method a `-32603` error.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::frame::{
+    Decoded, DropReason, Dropped, ErrorFrame, Frame, FrameDecoder, FrameKind, FrameTooLarge,
+    MAX_FRAME_BYTES, McpNotification, McpResponse, Shutdown, encode_frame_vec,
+};
+use crate::json::RawJson;
+use crate::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
+use crate::mcp;
+
+/// The `shutdown` reason sent to a displaced bridge.
+pub const DISPLACED_REASON: &str = "displaced-by-new-bridge";
+/// The `error` message sent to a rejected bridge.
+pub const ALREADY_ATTACHED: &str = "runner already attached";
+
+/// What to do when a second bridge connects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BridgePolicy {
+    /// The newcomer takes over; the old connection is shut down and closed (production).
+    #[default]
+    DisplaceOld,
+    /// The newcomer is refused with an `error` frame and closed (tests).
+    RejectNew,
+    /// Every bridge stays attached (Codex runs more than one instance of an MCP server). Each
+    /// still gets only the responses to its own requests; notifications go to all of them.
+    AllowMany,
+}
+
+/// Limits and policy of a runner session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Single-bridge policy.
+    pub policy: BridgePolicy,
+    /// Cap on an IPC frame, newline included.
+    pub max_frame_bytes: usize,
+    /// Notifications kept while no bridge is attached.
+    pub max_queued_notifications: usize,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            policy: BridgePolicy::DisplaceOld,
+            max_frame_bytes: MAX_FRAME_BYTES,
+            max_queued_notifications: 1024,
+        }
+    }
+}
+
+/// Where a connection comes from, as the driver established it (peer credentials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    /// A bridge the agent started (a process in the agent's tree): it gets the events and
+    /// follows the [`BridgePolicy`].
+    #[default]
+    Agent,
+    /// Any other process: served, but never displaces the agent's bridge and gets no events.
+    Outsider,
+}
+
+/// A connection, numbered by the session in accept order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+/// An MCP request for the application to answer with [`RunnerSession::respond`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncomingRequest {
+    /// The connection that asked.
+    pub conn: ConnId,
+    /// The bridge's correlation id.
+    pub id: u64,
+    /// MCP method.
+    pub method: String,
+    /// MCP params verbatim.
+    pub params: Option<RawJson>,
+}
+
+/// Something for the driver or the application to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunnerOutput {
+    /// Write these bytes (one or more frames) to the connection.
+    Transmit {
+        /// Which connection.
+        to: ConnId,
+        /// What.
+        bytes: Vec<u8>,
+    },
+    /// Close the connection (after writing what was transmitted to it).
+    Close {
+        /// Which.
+        conn: ConnId,
+    },
+    /// A request for the application.
+    Request(IncomingRequest),
+    /// Something worth logging.
+    Event(RunnerEvent),
+}
+
+/// Why a bridge stopped being attached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DetachReason {
+    /// Its socket closed.
+    Closed,
+    /// It sent `shutdown`.
+    BridgeShutdown {
+        /// The reason it gave.
+        reason: Option<String>,
+    },
+    /// A newer bridge displaced it.
+    Displaced,
+    /// The runner shut down.
+    RunnerShutdown,
+}
+
+/// Things worth logging.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunnerEvent {
+    /// A bridge is now attached.
+    Attached {
+        /// Its connection.
+        conn: ConnId,
+        /// Queued notifications delivered to it.
+        delivered: usize,
+    },
+    /// A bridge is no longer attached.
+    Detached {
+        /// Its connection.
+        conn: ConnId,
+        /// Why.
+        reason: DetachReason,
+        /// Requests it had in flight, whose answers will be dropped.
+        abandoned: usize,
+    },
+    /// A connection from outside the agent's tree: served, gets no events.
+    OutsiderConnected {
+        /// Its connection.
+        conn: ConnId,
+    },
+    /// An outsider's connection ended.
+    OutsiderLeft {
+        /// Its connection.
+        conn: ConnId,
+        /// Requests it had in flight, whose answers will be dropped.
+        abandoned: usize,
+    },
+    /// A newcomer was refused (reject-new policy, or the runner has shut down).
+    Rejected {
+        /// Its connection.
+        conn: ConnId,
+    },
+    /// A line from the bridge was dropped.
+    FrameDropped {
+        /// From where.
+        conn: ConnId,
+        /// The line.
+        dropped: Dropped,
+    },
+    /// A frame a bridge should not send (`mcp_response`, `mcp_notification`).
+    UnexpectedFrame {
+        /// From where.
+        conn: ConnId,
+        /// Its kind.
+        kind: FrameKind,
+    },
+    /// An `error` frame from the bridge.
+    BridgeError {
+        /// From where.
+        conn: ConnId,
+        /// Its message.
+        message: String,
+        /// Its id, if any.
+        id: Option<u64>,
+    },
+    /// A request reused an id still in flight on that connection; it was answered with an error.
+    DuplicateRequest {
+        /// From where.
+        conn: ConnId,
+        /// The id.
+        id: u64,
+    },
+    /// A request was answered.
+    Responded {
+        /// To where.
+        conn: ConnId,
+        /// The id.
+        id: u64,
+        /// Its method.
+        method: String,
+        /// Time since it arrived.
+        elapsed: Duration,
+    },
+    /// A response for a connection that is gone was dropped.
+    ResponseDropped {
+        /// The connection.
+        conn: ConnId,
+        /// The id.
+        id: u64,
+    },
+    /// A response did not fit in a frame and was replaced by an error.
+    ResultTooLarge {
+        /// To where.
+        conn: ConnId,
+        /// The id.
+        id: u64,
+        /// Encoded length of the original response.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// A notification did not fit in a frame and was dropped.
+    NotificationTooLarge {
+        /// Its method.
+        method: String,
+        /// Encoded length.
+        len: usize,
+        /// The cap.
+        max: usize,
+    },
+    /// Queued notifications were dropped: the queue was full, or the runner shut down.
+    NotificationsDropped {
+        /// How many.
+        count: usize,
+    },
+}
+
+/// A call the session cannot honour because the application made a mistake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RunnerMisuse {
+    /// `respond` for a request that is not in flight on that (live) connection: never asked, or
+    /// already answered.
+    #[error("request {id} on connection {} is not awaiting a response", conn.0)]
+    NotInFlight {
+        /// The connection.
+        conn: ConnId,
+        /// The id.
+        id: u64,
+    },
+    /// `respond` for a connection the session never numbered.
+    #[error("connection {} does not exist", .0.0)]
+    UnknownConnection(ConnId),
+}
+
+#[derive(Debug, Clone)]
+struct InFlight {
+    method: String,
+    tool: Option<String>,
+    since: Instant,
+}
+
+#[derive(Debug, Clone)]
+struct Attached {
+    origin: Origin,
+    decoder: FrameDecoder,
+    in_flight: BTreeMap<u64, InFlight>,
+}
+
+#[derive(Debug, Clone)]
+enum Lifecycle {
+    Serving,
+    ShutDown { reason: Option<String> },
+}
+
+/// The runner's protocol state. See the [module docs](self).
+///
+/// Contract: every input takes `now` last. What happened on a socket is `handle_connect` /
+/// `handle_bytes` / `handle_closed`; the application answers each [`RunnerOutput::Request`] with
+/// [`respond`](Self::respond), pushes an MCP notification to the agent with
+/// [`notify`](Self::notify), and ends the session with [`shutdown`](Self::shutdown). Outputs are
+/// drained from [`poll_output`](Self::poll_output): [`RunnerOutput::Transmit`] `{ to, bytes }`,
+/// `Close`, `Request`s and `Event`s. No timers: a request waits for its answer or for teardown.
+#[derive(Debug, Clone)]
+pub struct RunnerSession {
+    config: RunnerConfig,
+    lifecycle: Lifecycle,
+    next_conn: u64,
+    /// Served connections: the agent's bridges (at most one unless the policy is `AllowMany`)
+    /// and outsiders.
+    attached: BTreeMap<ConnId, Attached>,
+    queued: VecDeque<Vec<u8>>,
+    out: VecDeque<RunnerOutput>,
+}
+
+impl RunnerSession {
+    /// A session with no bridge attached.
+    pub fn new(config: RunnerConfig) -> Self {
+        Self {
+            config,
+            lifecycle: Lifecycle::Serving,
+            next_conn: 0,
+            attached: BTreeMap::new(),
+            queued: VecDeque::new(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// A bridge connected from `origin`; returns the id the session gave it.
+    pub fn handle_connect(&mut self, origin: Origin, _now: Instant) -> ConnId {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        if let Lifecycle::ShutDown { reason } = &self.lifecycle {
+            let frame = Frame::Shutdown(Shutdown {
+                reason: reason.clone(),
+            });
+            self.transmit(conn, &frame);
+            self.out.push_back(RunnerOutput::Close { conn });
+            self.event(RunnerEvent::Rejected { conn });
+            return conn;
+        }
+        if origin == Origin::Outsider {
+            self.serve(conn, origin);
+            self.event(RunnerEvent::OutsiderConnected { conn });
+            return conn;
+        }
+        match self.config.policy {
+            BridgePolicy::AllowMany => {}
+            BridgePolicy::DisplaceOld => {
+                let old: Vec<ConnId> = self.agent_bridges().collect();
+                for old in old {
+                    let frame = Frame::Shutdown(Shutdown {
+                        reason: Some(DISPLACED_REASON.to_owned()),
+                    });
+                    self.transmit(old, &frame);
+                    self.out.push_back(RunnerOutput::Close { conn: old });
+                    self.detach(old, DetachReason::Displaced);
+                }
+            }
+            BridgePolicy::RejectNew => {
+                if self.agent_bridges().next().is_some() {
+                    let frame = Frame::Error(ErrorFrame {
+                        message: ALREADY_ATTACHED.to_owned(),
+                        id: None,
+                    });
+                    self.transmit(conn, &frame);
+                    self.out.push_back(RunnerOutput::Close { conn });
+                    self.event(RunnerEvent::Rejected { conn });
+                    return conn;
+                }
+            }
+        }
+        self.serve(conn, origin);
+        let delivered = self.queued.len();
+        if delivered > 0 {
+            let bytes: Vec<u8> = self.queued.drain(..).flatten().collect();
+            self.out
+                .push_back(RunnerOutput::Transmit { to: conn, bytes });
+        }
+        self.event(RunnerEvent::Attached { conn, delivered });
+        conn
+    }
+
+    /// Bytes read from a connection. Bytes from a connection that is not attached are ignored.
+    pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
+        let Some(attached) = self.attached.get_mut(&conn) else {
+            return;
+        };
+        attached.decoder.push(bytes);
+        while let Some(decoded) = self
+            .attached
+            .get_mut(&conn)
+            .and_then(|a| a.decoder.decode())
+        {
+            self.frame_from_bridge(conn, decoded, now);
+        }
+    }
+
+    /// A connection reached EOF or failed.
+    pub fn handle_closed(&mut self, conn: ConnId, now: Instant) {
+        if let Some(decoded) = self
+            .attached
+            .get_mut(&conn)
+            .and_then(|a| a.decoder.decode_eof())
+        {
+            self.frame_from_bridge(conn, decoded, now);
+        }
+        if self.attached.contains_key(&conn) {
+            self.detach(conn, DetachReason::Closed);
+        }
+    }
+
+    /// The application's answer to a request.
+    pub fn respond(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Result<(), RunnerMisuse> {
+        if conn.0 >= self.next_conn {
+            return Err(RunnerMisuse::UnknownConnection(conn));
+        }
+        let Some(attached) = self.attached.get_mut(&conn) else {
+            self.event(RunnerEvent::ResponseDropped { conn, id });
+            return Ok(());
+        };
+        let in_flight = attached
+            .in_flight
+            .remove(&id)
+            .ok_or(RunnerMisuse::NotInFlight { conn, id })?;
+        let max = self.config.max_frame_bytes;
+        let bytes = match encode_frame_vec(&Frame::McpResponse(McpResponse { id, outcome }), max) {
+            Ok(bytes) => bytes,
+            Err(FrameTooLarge { len, max }) => {
+                self.event(RunnerEvent::ResultTooLarge { conn, id, len, max });
+                too_large_response(id, &in_flight, len, max)
+            }
+        };
+        self.out
+            .push_back(RunnerOutput::Transmit { to: conn, bytes });
+        self.event(RunnerEvent::Responded {
+            conn,
+            id,
+            method: in_flight.method,
+            elapsed: now.saturating_duration_since(in_flight.since),
+        });
+        Ok(())
+    }
+
+    /// Sends an MCP notification to the agent's attached bridge(s), or queues it until one
+    /// attaches. Outsiders never get one.
+    pub fn notify(&mut self, method: &str, params: Option<RawJson>, _now: Instant) {
+        if matches!(self.lifecycle, Lifecycle::ShutDown { .. }) {
+            self.event(RunnerEvent::NotificationsDropped { count: 1 });
+            return;
+        }
+        let frame = Frame::McpNotification(McpNotification {
+            method: method.to_owned(),
+            params,
+        });
+        let bytes = match encode_frame_vec(&frame, self.config.max_frame_bytes) {
+            Ok(bytes) => bytes,
+            Err(FrameTooLarge { len, max }) => {
+                self.event(RunnerEvent::NotificationTooLarge {
+                    method: method.to_owned(),
+                    len,
+                    max,
+                });
+                return;
+            }
+        };
+        let conns: Vec<ConnId> = self.agent_bridges().collect();
+        if !conns.is_empty() {
+            for conn in conns {
+                self.out.push_back(RunnerOutput::Transmit {
+                    to: conn,
+                    bytes: bytes.clone(),
+                });
+            }
+            return;
+        }
+        self.queued.push_back(bytes);
+        let excess = self
+            .queued
+            .len()
+            .saturating_sub(self.config.max_queued_notifications);
+        if excess > 0 {
+            self.queued.drain(..excess);
+            self.event(RunnerEvent::NotificationsDropped { count: excess });
+        }
+    }
+
+    /// Ends the session (agent exited, signal): every connection (the attached bridge and any
+    /// outsider) gets `shutdown{reason}` and is closed; later connections get the same and are
+    /// closed. Idempotent.
+    pub fn shutdown(&mut self, reason: Option<&str>, _now: Instant) {
+        if matches!(self.lifecycle, Lifecycle::ShutDown { .. }) {
+            return;
+        }
+        let reason = reason.map(str::to_owned);
+        let conns: Vec<ConnId> = self.attached.keys().copied().collect();
+        for conn in conns {
+            let frame = Frame::Shutdown(Shutdown {
+                reason: reason.clone(),
+            });
+            self.transmit(conn, &frame);
+            self.out.push_back(RunnerOutput::Close { conn });
+            self.detach(conn, DetachReason::RunnerShutdown);
+        }
+        if !self.queued.is_empty() {
+            let count = self.queued.len();
+            self.queued.clear();
+            self.event(RunnerEvent::NotificationsDropped { count });
+        }
+        self.lifecycle = Lifecycle::ShutDown { reason };
+    }
+
+    /// The next thing to do, until `None`.
+    pub fn poll_output(&mut self) -> Option<RunnerOutput> {
+        self.out.pop_front()
+    }
+
+    /// The agent's attached bridge (the newest one under `AllowMany`), if any.
+    pub fn attached(&self) -> Option<ConnId> {
+        self.agent_bridges().next_back()
+    }
+
+    /// How many of the agent's bridges are attached.
+    pub fn attached_count(&self) -> usize {
+        self.agent_bridges().count()
+    }
+
+    /// How many outsiders are being served.
+    pub fn outsider_count(&self) -> usize {
+        self.attached.len() - self.attached_count()
+    }
+
+    fn agent_bridges(&self) -> impl DoubleEndedIterator<Item = ConnId> + '_ {
+        self.attached
+            .iter()
+            .filter(|(_, a)| a.origin == Origin::Agent)
+            .map(|(conn, _)| *conn)
+    }
+
+    /// Notifications waiting for a bridge.
+    pub fn queued_notifications(&self) -> usize {
+        self.queued.len()
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) was called.
+    pub fn is_shut_down(&self) -> bool {
+        matches!(self.lifecycle, Lifecycle::ShutDown { .. })
+    }
+
+    fn frame_from_bridge(&mut self, conn: ConnId, decoded: Decoded, now: Instant) {
+        match decoded {
+            Decoded::Frame(Frame::McpRequest(req)) => {
+                let Some(attached) = self.attached.get_mut(&conn) else {
+                    return;
+                };
+                if attached.in_flight.contains_key(&req.id) {
+                    let message = format!("duplicate request id {} (still in flight)", req.id);
+                    self.error_frame(conn, message, req.id);
+                    self.event(RunnerEvent::DuplicateRequest { conn, id: req.id });
+                    return;
+                }
+                let tool = (req.method == mcp::TOOLS_CALL)
+                    .then(|| mcp::tool_call_name(req.params.as_ref()));
+                attached.in_flight.insert(
+                    req.id,
+                    InFlight {
+                        method: req.method.clone(),
+                        tool,
+                        since: now,
+                    },
+                );
+                self.out.push_back(RunnerOutput::Request(IncomingRequest {
+                    conn,
+                    id: req.id,
+                    method: req.method,
+                    params: req.params,
+                }));
+            }
+            Decoded::Frame(Frame::Shutdown(Shutdown { reason })) => {
+                self.out.push_back(RunnerOutput::Close { conn });
+                self.detach(conn, DetachReason::BridgeShutdown { reason });
+            }
+            Decoded::Frame(Frame::Error(e)) => self.event(RunnerEvent::BridgeError {
+                conn,
+                message: e.message,
+                id: e.id,
+            }),
+            Decoded::Frame(frame @ (Frame::McpResponse(_) | Frame::McpNotification(_))) => {
+                self.event(RunnerEvent::UnexpectedFrame {
+                    conn,
+                    kind: frame.kind(),
+                });
+            }
+            Decoded::Dropped(dropped) => {
+                if let DropReason::InvalidFields {
+                    kind: FrameKind::McpRequest,
+                    id: Some(id),
+                    detail,
+                } = &dropped.reason
+                    && self
+                        .attached
+                        .get(&conn)
+                        .is_some_and(|a| !a.in_flight.contains_key(id))
+                {
+                    self.error_frame(conn, format!("invalid mcp_request frame: {detail}"), *id);
+                }
+                self.event(RunnerEvent::FrameDropped { conn, dropped });
+            }
+        }
+    }
+
+    /// Starts listening to `conn`.
+    fn serve(&mut self, conn: ConnId, origin: Origin) {
+        self.attached.insert(
+            conn,
+            Attached {
+                origin,
+                decoder: FrameDecoder::new(self.config.max_frame_bytes),
+                in_flight: BTreeMap::new(),
+            },
+        );
+    }
+
+    fn detach(&mut self, conn: ConnId, reason: DetachReason) {
+        if let Some(attached) = self.attached.remove(&conn) {
+            let abandoned = attached.in_flight.len();
+            self.event(match attached.origin {
+                Origin::Agent => RunnerEvent::Detached {
+                    conn,
+                    reason,
+                    abandoned,
+                },
+                Origin::Outsider => RunnerEvent::OutsiderLeft { conn, abandoned },
+            });
+        }
+    }
+
+    fn error_frame(&mut self, conn: ConnId, message: String, id: u64) {
+        let frame = Frame::Error(ErrorFrame {
+            message,
+            id: Some(id),
+        });
+        self.transmit(conn, &frame);
+    }
+
+    /// Transmits a frame the session built itself. Only a reason or message longer than the cap
+    /// can make one too large; then it goes out without that text rather than not at all.
+    fn transmit(&mut self, conn: ConnId, frame: &Frame) {
+        let max = self.config.max_frame_bytes;
+        let bytes = encode_frame_vec(frame, max).unwrap_or_else(|_| {
+            let short = match frame {
+                Frame::Error(e) => Frame::Error(ErrorFrame {
+                    message: "error message too large".to_owned(),
+                    id: e.id,
+                }),
+                _ => Frame::Shutdown(Shutdown::default()),
+            };
+            encode_frame_vec(&short, usize::MAX).unwrap_or_default()
+        });
+        self.out
+            .push_back(RunnerOutput::Transmit { to: conn, bytes });
+    }
+
+    fn event(&mut self, event: RunnerEvent) {
+        self.out.push_back(RunnerOutput::Event(event));
+    }
+}
+
+/// The replacement for a response that did not fit: small enough for any sane cap.
+fn too_large_response(id: u64, in_flight: &InFlight, len: usize, max: usize) -> Vec<u8> {
+    let outcome = match &in_flight.tool {
+        Some(tool) => {
+            let tool: String = tool.chars().take(128).collect();
+            Outcome::Result(mcp::tool_error(&format!(
+                "{tool}: result too large ({len} bytes > {max})"
+            )))
+        }
+        None => Outcome::Error(RpcError::new(
+            INTERNAL_ERROR,
+            format!(
+                "{}: result too large ({len} bytes > {max})",
+                in_flight.method.chars().take(128).collect::<String>()
+            ),
+        )),
+    };
+    encode_frame_vec(&Frame::McpResponse(McpResponse { id, outcome }), usize::MAX)
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

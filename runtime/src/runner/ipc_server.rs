@@ -1,0 +1,741 @@
+//! The runner's side of the IPC socket: binds `$TMPDIR/.ac7-runner-<pid>.sock`, accepts
+//! bridges, drives [`RunnerSession`], hands each request to an async application [`Handler`]
+//! and sends its answer back.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ac7_runtime::runner::ipc_server::BindError> {
+//! use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
+//! use ac7_runtime::runner::ipc_server::{IpcServer, IpcServerOptions};
+//!
+//! let server = IpcServer::bind(IpcServerOptions::default())?;
+//! let handle = server.handle(); // notify / shutdown from anywhere
+//! let task = server.serve(|req: ac7_protocol::runner::IncomingRequest| async move {
+//!     Outcome::Error(RpcError::new(METHOD_NOT_FOUND, format!("Method not found: {}", req.method)))
+//! });
+//! handle.notify("notifications/tools/list_changed", None);
+//! task.shutdown(Some("agent-exited")).await;
+//! # Ok(()) }
+//! ```
+//!
+//! Each accepted connection is classified by its peer's credentials (`SO_PEERCRED`, see
+//! [`crate::peer`]) when [`IpcServerOptions::agent`] is set: a bridge from the agent's process tree
+//! is the agent's; anything else is an outsider, served but never given events nor allowed to
+//! displace the agent's bridge. Without it every connection counts as the agent's.
+//!
+//! One task owns the session. Each connection has a reader task (bytes into the session, through
+//! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
+//! writer task (frames out, in order; a bridge that lets more than
+//! [`IpcServerOptions::max_backlog_bytes`] pile up is treated as gone and its connection closed). Requests run concurrently, each in its own task; a
+//! handler that panics is answered with `-32603`. Dropping the [`ServerTask`] (or
+//! [`ServerTask::abort`]) stops everything at once and closes every socket without a `shutdown`
+//! frame, as if the runner died. The socket file is unlinked when the server stops, in every
+//! case, unless another process has replaced it meanwhile.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use ac7_protocol::json::RawJson;
+use ac7_protocol::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
+use ac7_protocol::runner::{
+    ConnId, IncomingRequest, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinSet};
+
+use crate::peer::AgentPid;
+use crate::unix_socket::SocketFile;
+pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
+
+/// How long [`ServerTask::shutdown`] lets writers deliver the last frames before closing.
+const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Bytes read per `read` call on a connection.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Chunks in flight from readers to the session task.
+const INBOX_DEPTH: usize = 16;
+
+/// Default for [`IpcServerOptions::max_backlog_bytes`].
+pub const DEFAULT_MAX_BACKLOG_BYTES: usize = 64 * 1024 * 1024;
+
+/// The answer to an MCP request, computed by the application.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one request. Called once per request; the futures run concurrently and may
+    /// finish in any order.
+    fn handle(&self, request: IncomingRequest) -> impl Future<Output = Outcome> + Send + 'static;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(IncomingRequest) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    fn handle(&self, request: IncomingRequest) -> impl Future<Output = Outcome> + Send + 'static {
+        self(request)
+    }
+}
+
+/// Where and how to serve.
+#[derive(Debug, Clone)]
+pub struct IpcServerOptions {
+    /// The socket path; `None` means [`default_socket_path`].
+    pub path: Option<PathBuf>,
+    /// Frame cap, queue bound and single-bridge policy (displace-old by default, reject-new for
+    /// tests).
+    pub session: RunnerConfig,
+    /// Receives a copy of every [`RunnerEvent`] (they are also logged).
+    pub events: Option<mpsc::UnboundedSender<RunnerEvent>>,
+    /// Bytes that may wait to be written to one connection. A bridge that stops reading until
+    /// more than this is queued for it is treated as gone: its connection is closed.
+    pub max_backlog_bytes: usize,
+    /// The agent whose bridges get the events: connections from outside its process tree (and
+    /// every connection before its pid is set) are outsiders. `None`: every connection is the
+    /// agent's.
+    pub agent: Option<AgentPid>,
+}
+
+impl Default for IpcServerOptions {
+    fn default() -> Self {
+        Self {
+            path: None,
+            session: RunnerConfig::default(),
+            events: None,
+            max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
+            agent: None,
+        }
+    }
+}
+
+/// `$TMPDIR/.ac7-runner-<pid>.sock` for this process (`/tmp` when `TMPDIR` is unset or empty).
+pub fn default_socket_path() -> PathBuf {
+    socket_path_in(
+        std::env::var_os("TMPDIR").map(PathBuf::from),
+        std::process::id(),
+    )
+}
+
+/// `<dir>/.ac7-runner-<pid>.sock`, with `dir` defaulting to `/tmp` and its repeated or trailing
+/// slashes removed (so there is never a `//`).
+pub fn socket_path_in(dir: Option<PathBuf>, pid: u32) -> PathBuf {
+    let dir = dir
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    let dir: PathBuf = dir.components().collect();
+    dir.join(format!(".ac7-runner-{pid}.sock"))
+}
+
+/// Removes `.ac7-runner-<pid>.sock` and `.ac7-runner-<pid>.sock.lock` files in `dir` left by
+/// runners that died without cleaning up (`kill -9`, a crash): the pid is not running, the file
+/// is ours (same uid) and of the expected type (a socket, a regular file), and nobody holds the
+/// lock. Files of live runners, of other users, and anything else are left alone. Returns how
+/// many files were removed.
+pub fn remove_stale_sockets(dir: &Path) -> usize {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some(rest) = name.strip_prefix(".ac7-runner-") else {
+            continue;
+        };
+        let (pid, is_lock) = match rest.strip_suffix(".sock.lock") {
+            Some(pid) => (pid, true),
+            None => match rest.strip_suffix(".sock") {
+                Some(pid) => (pid, false),
+                None => continue,
+            },
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let right_type = if is_lock {
+            meta.file_type().is_file()
+        } else {
+            meta.file_type().is_socket()
+        };
+        if !right_type || meta.uid() != me {
+            continue;
+        }
+        let lock = if is_lock {
+            path.clone()
+        } else {
+            dir.join(format!("{name}.lock"))
+        };
+        if lock_is_held(&lock) {
+            continue;
+        }
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), pid, "removed a dead runner's leftover");
+                removed += 1;
+            }
+            Err(err) => {
+                tracing::debug!(path = %path.display(), error = %err, "cannot remove a dead runner's leftover");
+            }
+        }
+    }
+    removed
+}
+
+/// Whether someone holds the lock on `path` (a missing file is not held).
+fn lock_is_held(path: &Path) -> bool {
+    match std::fs::File::open(path) {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
+}
+
+/// A bound socket, not yet serving. See the [module docs](self).
+#[derive(Debug)]
+pub struct IpcServer {
+    listener: std::os::unix::net::UnixListener,
+    socket: SocketFile,
+    options: IpcServerOptions,
+    control_tx: mpsc::UnboundedSender<Control>,
+    control_rx: mpsc::UnboundedReceiver<Control>,
+}
+
+/// Sends notifications to the attached bridge and shuts the server down. Cheap to clone; calls
+/// after the server stopped are ignored.
+#[derive(Debug, Clone)]
+pub struct RunnerHandle {
+    control: mpsc::UnboundedSender<Control>,
+}
+
+/// The running server. Dropping it stops the server abruptly, like [`ServerTask::abort`].
+#[derive(Debug)]
+pub struct ServerTask {
+    handle: RunnerHandle,
+    task: tokio::task::JoinHandle<()>,
+    path: PathBuf,
+}
+
+#[derive(Debug)]
+enum Control {
+    Notify {
+        method: String,
+        params: Option<RawJson>,
+    },
+    Shutdown {
+        reason: Option<String>,
+    },
+}
+
+impl IpcServer {
+    /// Binds the socket with mode 0600. Does not need a runtime; serving does.
+    ///
+    /// Race-free (see [`crate::unix_socket`]): the socket never exists at its final path with
+    /// wider permissions; a stale socket is replaced; a live runner's makes binding fail with
+    /// [`BindError::InUse`] (the probe connects once, which that runner sees as a bridge that
+    /// connected and left); anything that is not a socket is left alone
+    /// ([`BindError::NotASocket`]).
+    pub fn bind(options: IpcServerOptions) -> Result<Self, BindError> {
+        let path = options.path.clone().unwrap_or_else(default_socket_path);
+        let (listener, socket) = crate::unix_socket::bind_private(&path, "runner")?;
+        let (control_tx, control_rx) = mpsc::unbounded_channel();
+        Ok(Self {
+            listener,
+            socket,
+            options,
+            control_tx,
+            control_rx,
+        })
+    }
+
+    /// The socket path (what `AC7_RUNNER_SOCKET` should say).
+    pub fn path(&self) -> &Path {
+        &self.socket.path
+    }
+
+    /// A handle for notifications and shutdown; usable before [`serve`](Self::serve) (what it
+    /// sends is processed once serving starts).
+    pub fn handle(&self) -> RunnerHandle {
+        RunnerHandle {
+            control: self.control_tx.clone(),
+        }
+    }
+
+    /// Starts serving on the current tokio runtime.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn serve<H: Handler>(self, handler: H) -> ServerTask {
+        let handle = self.handle();
+        let path = self.socket.path.clone();
+        let listener = match tokio::net::UnixListener::from_std(self.listener) {
+            Ok(listener) => Some(listener),
+            Err(err) => {
+                tracing::error!(error = %err, "cannot register the runner socket; not accepting");
+                None
+            }
+        };
+        let (inbox_tx, inbox_rx) = mpsc::channel(INBOX_DEPTH);
+        let driver = Driver {
+            session: RunnerSession::new(self.options.session.clone()),
+            listener,
+            handler: Arc::new(handler),
+            inbox_tx,
+            inbox_rx,
+            control: self.control_rx,
+            conns: BTreeMap::new(),
+            io_tasks: JoinSet::new(),
+            requests: JoinSet::new(),
+            request_ids: HashMap::new(),
+            events: self.options.events,
+            max_backlog_bytes: self.options.max_backlog_bytes,
+            agent: self.options.agent,
+            _socket: self.socket,
+        };
+        let task = tokio::spawn(driver.run());
+        ServerTask { handle, task, path }
+    }
+}
+
+impl RunnerHandle {
+    /// Sends an MCP notification to the attached bridge (queued, bounded, until one attaches).
+    pub fn notify(&self, method: &str, params: Option<RawJson>) {
+        let _ = self.control.send(Control::Notify {
+            method: method.to_owned(),
+            params,
+        });
+    }
+
+    /// Ends the session: the attached bridge gets `shutdown{reason}` and is closed, the socket is
+    /// unlinked and the server stops.
+    pub fn shutdown(&self, reason: Option<&str>) {
+        let _ = self.control.send(Control::Shutdown {
+            reason: reason.map(str::to_owned),
+        });
+    }
+}
+
+impl ServerTask {
+    /// The socket path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// A handle for notifications and shutdown.
+    pub fn handle(&self) -> RunnerHandle {
+        self.handle.clone()
+    }
+
+    /// Shuts down gracefully (see [`RunnerHandle::shutdown`]) and waits until the server stopped.
+    pub async fn shutdown(mut self, reason: Option<&str>) {
+        self.handle.shutdown(reason);
+        let _ = (&mut self.task).await;
+    }
+
+    /// Waits until the server stopped (after a [`RunnerHandle::shutdown`] from elsewhere).
+    pub async fn stopped(mut self) {
+        let _ = (&mut self.task).await;
+    }
+
+    /// Stops at once: every connection closes without a `shutdown` frame (what a bridge sees
+    /// when its runner dies), pending requests are abandoned, the socket file is unlinked.
+    pub async fn abort(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for ServerTask {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+enum ConnInput {
+    Bytes(ConnId, Vec<u8>),
+    Closed(ConnId),
+}
+
+struct Conn {
+    writer: mpsc::UnboundedSender<Vec<u8>>,
+    /// Bytes queued for the writer and not yet written.
+    backlog: Arc<AtomicUsize>,
+    reader: AbortHandle,
+    write_task: AbortHandle,
+}
+
+/// The task that owns the session.
+struct Driver<H> {
+    session: RunnerSession,
+    listener: Option<tokio::net::UnixListener>,
+    handler: Arc<H>,
+    inbox_tx: mpsc::Sender<ConnInput>,
+    inbox_rx: mpsc::Receiver<ConnInput>,
+    control: mpsc::UnboundedReceiver<Control>,
+    conns: BTreeMap<ConnId, Conn>,
+    /// Readers and writers of every connection: dropped (so aborted) with the driver.
+    io_tasks: JoinSet<()>,
+    requests: JoinSet<Outcome>,
+    request_ids: HashMap<tokio::task::Id, (ConnId, u64)>,
+    events: Option<mpsc::UnboundedSender<RunnerEvent>>,
+    max_backlog_bytes: usize,
+    agent: Option<AgentPid>,
+    /// Unlinked when the driver ends, however it ends.
+    _socket: SocketFile,
+}
+
+impl<H: Handler> Driver<H> {
+    async fn run(mut self) {
+        loop {
+            tokio::select! {
+                accepted = accept(self.listener.as_ref()) => match accepted {
+                    Ok(stream) => self.connect(stream),
+                    Err(err) => {
+                        tracing::warn!(error = %err, "accepting a bridge connection failed");
+                        // Typically EMFILE: give the system a moment instead of spinning.
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                Some(input) = self.inbox_rx.recv() => {
+                    let now = Instant::now();
+                    match input {
+                        ConnInput::Bytes(conn, bytes) => self.session.handle_bytes(conn, &bytes, now),
+                        ConnInput::Closed(conn) => {
+                            self.session.handle_closed(conn, now);
+                            self.conns.remove(&conn);
+                        }
+                    }
+                }
+                control = self.control.recv() => match control {
+                    Some(Control::Notify { method, params }) => {
+                        self.session.notify(&method, params, Instant::now());
+                    }
+                    Some(Control::Shutdown { reason }) => {
+                        self.session.shutdown(reason.as_deref(), Instant::now());
+                        self.pump();
+                        break;
+                    }
+                    // Unreachable while the ServerTask (which holds a handle) exists.
+                    None => break,
+                },
+                Some(done) = self.requests.join_next_with_id(), if !self.requests.is_empty() => {
+                    self.answer(done);
+                }
+                Some(_) = self.io_tasks.join_next(), if !self.io_tasks.is_empty() => {}
+            }
+            self.pump();
+        }
+        self.finish().await;
+    }
+
+    /// After shutdown: stop accepting and abandon running requests, then give the writers a
+    /// bounded time to deliver the last frames.
+    async fn finish(mut self) {
+        self.listener = None;
+        self.requests.abort_all();
+        for (_, conn) in std::mem::take(&mut self.conns) {
+            conn.reader.abort();
+        }
+        let drained = async { while self.io_tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, drained)
+            .await
+            .is_err()
+        {
+            tracing::warn!("a bridge did not take its last frames in time; closing anyway");
+        }
+    }
+
+    fn connect(&mut self, stream: UnixStream) {
+        let origin = match &self.agent {
+            None => Origin::Agent,
+            Some(agent) => {
+                let peer = stream
+                    .peer_cred()
+                    .ok()
+                    .and_then(|cred| cred.pid())
+                    .and_then(|pid| u32::try_from(pid).ok());
+                let origin = agent.classify(peer);
+                if origin == Origin::Outsider {
+                    tracing::info!(
+                        peer,
+                        agent = agent.get(),
+                        "a bridge from outside the agent's process tree connected: served, gets no events"
+                    );
+                }
+                origin
+            }
+        };
+        let conn = self.session.handle_connect(origin, Instant::now());
+        let (read_half, write_half) = stream.into_split();
+        let (writer, queue) = mpsc::unbounded_channel();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let write_task = self
+            .io_tasks
+            .spawn(write_loop(write_half, queue, Arc::clone(&backlog)));
+        let reader = self
+            .io_tasks
+            .spawn(read_loop(conn, read_half, self.inbox_tx.clone()));
+        self.conns.insert(
+            conn,
+            Conn {
+                writer,
+                backlog,
+                reader,
+                write_task,
+            },
+        );
+    }
+
+    fn answer(&mut self, done: Result<(tokio::task::Id, Outcome), tokio::task::JoinError>) {
+        let (task, outcome) = match done {
+            Ok((task, outcome)) => (task, outcome),
+            Err(err) if err.is_panic() => (
+                err.id(),
+                Outcome::Error(RpcError::new(
+                    INTERNAL_ERROR,
+                    "internal error: the request handler panicked",
+                )),
+            ),
+            Err(err) => {
+                self.request_ids.remove(&err.id());
+                return;
+            }
+        };
+        let Some((conn, id)) = self.request_ids.remove(&task) else {
+            return;
+        };
+        if let Err(misuse) = self.session.respond(conn, id, outcome, Instant::now()) {
+            tracing::error!(error = %misuse, "bug: response rejected by the runner session");
+        }
+    }
+
+    fn pump(&mut self) {
+        while let Some(output) = self.session.poll_output() {
+            match output {
+                RunnerOutput::Transmit { to: conn, bytes } => {
+                    let Some(c) = self.conns.get(&conn) else {
+                        continue;
+                    };
+                    let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
+                    if queued <= self.max_backlog_bytes {
+                        let _ = c.writer.send(bytes);
+                    } else if let Some(c) = self.conns.remove(&conn) {
+                        tracing::warn!(
+                            conn = conn.0,
+                            queued,
+                            max = self.max_backlog_bytes,
+                            "the bridge stopped reading; closing its connection"
+                        );
+                        c.reader.abort();
+                        c.write_task.abort();
+                        self.session.handle_closed(conn, Instant::now());
+                    }
+                }
+                RunnerOutput::Close { conn } => {
+                    // The writer delivers what is queued, then shuts the socket down.
+                    if let Some(c) = self.conns.remove(&conn) {
+                        c.reader.abort();
+                    }
+                }
+                RunnerOutput::Request(request) => {
+                    let key = (request.conn, request.id);
+                    let handler = Arc::clone(&self.handler);
+                    let task = self
+                        .requests
+                        .spawn(async move { handler.handle(request).await });
+                    self.request_ids.insert(task.id(), key);
+                }
+                RunnerOutput::Event(event) => {
+                    log_event(&event);
+                    if let Some(events) = &self.events {
+                        let _ = events.send(event);
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn accept(listener: Option<&tokio::net::UnixListener>) -> io::Result<UnixStream> {
+    match listener {
+        Some(listener) => listener.accept().await.map(|(stream, _)| stream),
+        None => std::future::pending().await,
+    }
+}
+
+async fn read_loop(conn: ConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender<ConnInput>) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let input = match read.read(&mut buf).await {
+            Ok(0) => ConnInput::Closed(conn),
+            Ok(n) => ConnInput::Bytes(conn, buf[..n].to_vec()),
+            Err(err) => {
+                tracing::debug!(conn = conn.0, error = %err, "reading a bridge connection failed");
+                ConnInput::Closed(conn)
+            }
+        };
+        let closed = matches!(input, ConnInput::Closed(_));
+        if inbox.send(input).await.is_err() || closed {
+            return;
+        }
+    }
+}
+
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
+    backlog: Arc<AtomicUsize>,
+) {
+    while let Some(bytes) = queue.recv().await {
+        if let Err(err) = write.write_all(&bytes).await {
+            tracing::debug!(error = %err, "writing to a bridge connection failed");
+            return;
+        }
+        backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
+    }
+    let _ = write.shutdown().await;
+}
+
+fn log_event(event: &RunnerEvent) {
+    match event {
+        RunnerEvent::Attached { conn, delivered } => {
+            tracing::info!(conn = conn.0, delivered, "bridge attached");
+        }
+        RunnerEvent::Detached {
+            conn,
+            reason,
+            abandoned,
+        } => tracing::info!(conn = conn.0, ?reason, abandoned, "bridge detached"),
+        RunnerEvent::Rejected { conn } => tracing::warn!(conn = conn.0, "bridge refused"),
+        RunnerEvent::OutsiderConnected { conn } => {
+            tracing::info!(conn = conn.0, "outsider connected");
+        }
+        RunnerEvent::OutsiderLeft { conn, abandoned } => {
+            tracing::info!(conn = conn.0, abandoned, "outsider left");
+        }
+        RunnerEvent::FrameDropped { conn, dropped } => tracing::warn!(
+            conn = conn.0,
+            len = dropped.len,
+            reason = %dropped.reason,
+            "dropped malformed IPC frame"
+        ),
+        RunnerEvent::UnexpectedFrame { conn, kind } => tracing::warn!(
+            conn = conn.0,
+            kind = kind.as_str(),
+            "unexpected frame kind from the bridge ignored"
+        ),
+        RunnerEvent::BridgeError { conn, message, id } => {
+            tracing::warn!(conn = conn.0, message, id, "error frame from the bridge");
+        }
+        RunnerEvent::DuplicateRequest { conn, id } => {
+            tracing::warn!(conn = conn.0, id, "duplicate request id refused");
+        }
+        RunnerEvent::Responded {
+            conn,
+            id,
+            method,
+            elapsed,
+        } => {
+            let elapsed_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            tracing::debug!(conn = conn.0, id, method, elapsed_us, "request answered");
+        }
+        RunnerEvent::ResponseDropped { conn, id } => {
+            tracing::debug!(conn = conn.0, id, "answer for a departed bridge dropped");
+        }
+        RunnerEvent::ResultTooLarge { conn, id, len, max } => tracing::warn!(
+            conn = conn.0,
+            id,
+            len,
+            max,
+            "result too large for an IPC frame; replaced by an error"
+        ),
+        RunnerEvent::NotificationTooLarge { method, len, max } => {
+            tracing::warn!(
+                method,
+                len,
+                max,
+                "notification too large for an IPC frame; dropped"
+            );
+        }
+        RunnerEvent::NotificationsDropped { count } => {
+            tracing::warn!(count, "notifications dropped (no bridge attached)");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn leftovers_of_dead_runners_are_removed_and_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // Above the kernel's pid_max (4194304): never a live process.
+        let dead = 999_999_999u32;
+        let live = std::os::unix::process::parent_id();
+        let bind = |name: String| std::os::unix::net::UnixListener::bind(d.join(name)).unwrap();
+        let _dead_sock = bind(format!(".ac7-runner-{dead}.sock"));
+        std::fs::write(d.join(format!(".ac7-runner-{dead}.sock.lock")), b"").unwrap();
+        let _live_sock = bind(format!(".ac7-runner-{live}.sock"));
+        std::fs::write(d.join(format!(".ac7-runner-{live}.sock.lock")), b"").unwrap();
+        // Not ours to touch: not a socket, another name, a dead pid whose lock someone holds.
+        std::fs::write(d.join(".ac7-runner-999999998.sock"), b"file").unwrap();
+        std::fs::write(d.join(".ac7-runner-x.sock"), b"").unwrap();
+        let _held_sock = bind(".ac7-runner-999999997.sock".into());
+        let held = std::fs::File::create(d.join(".ac7-runner-999999997.sock.lock")).unwrap();
+        held.lock().unwrap();
+
+        assert_eq!(remove_stale_sockets(d), 2);
+        let mut left: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        let mut expected = vec![
+            format!(".ac7-runner-{live}.sock"),
+            format!(".ac7-runner-{live}.sock.lock"),
+            ".ac7-runner-999999997.sock".to_owned(),
+            ".ac7-runner-999999997.sock.lock".to_owned(),
+            ".ac7-runner-999999998.sock".to_owned(),
+            ".ac7-runner-x.sock".to_owned(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected);
+    }
+
+    #[test]
+    fn default_path_has_no_doubled_slash() {
+        assert_eq!(
+            socket_path_in(Some("/tmp/".into()), 42),
+            PathBuf::from("/tmp/.ac7-runner-42.sock")
+        );
+        assert_eq!(
+            socket_path_in(Some("/var//tmp//".into()), 7),
+            PathBuf::from("/var/tmp/.ac7-runner-7.sock")
+        );
+        assert_eq!(
+            socket_path_in(None, 1),
+            PathBuf::from("/tmp/.ac7-runner-1.sock")
+        );
+        assert_eq!(
+            socket_path_in(Some("".into()), 1),
+            PathBuf::from("/tmp/.ac7-runner-1.sock")
+        );
+        let path = socket_path_in(Some("/tmp//".into()), 9);
+        assert!(!path.to_string_lossy().contains("//"), "{}", path.display());
+    }
+}

@@ -1,0 +1,546 @@
+//! `ac7 codex` against the real OpenAI Codex (`@openai/codex` from npm, installed once into
+//! `<target dir>/tmp/codex-npm` under a lock — the target dir in use, so `CARGO_TARGET_DIR` and
+//! `--target-dir` are honoured; `$AC7_TEST_CODEX` points at another codex binary).
+//! `codex app-server` runs here without a login or network for what is checked: the generated
+//! CODEX_HOME makes Codex start our bridge, list our tools and call `roster` through the runner
+//! against a real broker (`ac7 codex --doctor`). Model turns run against a Responses-API stand-in
+//! on loopback, configured as the user's own model provider (see [`standin`]).
+
+#![allow(clippy::unwrap_used)]
+
+use crate::broker_support;
+use crate::common;
+use common::wait_until_showing;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use broker_support::start_broker;
+use serde_json::json;
+use tokio::process::Command;
+
+const CODEX_VERSION: &str = "0.169.0";
+
+fn codex() -> PathBuf {
+    static CODEX: OnceLock<PathBuf> = OnceLock::new();
+    CODEX
+        .get_or_init(|| {
+            common::npm::npm_bin(
+                "AC7_TEST_CODEX",
+                "@openai/codex",
+                CODEX_VERSION,
+                "codex-npm",
+                "codex",
+            )
+        })
+        .clone()
+}
+
+/// `ac7 codex` as `builder` of `broker` with the real codex, stderr piped, logs at warn.
+fn session(broker: &broker_support::TestBroker, cache: &Path, work: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ac7"));
+    command
+        .args(["codex", "--url", &broker.url])
+        .current_dir(work)
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CODEX_PATH", codex())
+        .env("XDG_CACHE_HOME", cache)
+        .env("AC7_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    command
+}
+
+/// Sends SIGTERM to `child` and waits (bounded) for it to exit.
+async fn sigterm(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    common::within(30, "ac7 codex to exit", child.wait())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_starts_our_bridge_lists_our_tools_and_calls_roster() {
+    let broker = start_broker().await;
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let out = common::within(
+        90,
+        "ac7 codex --doctor",
+        Command::new(env!("CARGO_BIN_EXE_ac7"))
+            .args(["codex", "--doctor", "--url", &broker.url])
+            .current_dir(work.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("CODEX_PATH", codex())
+            .env("XDG_CACHE_HOME", cache.path())
+            .env("AC7_LOG", "warn")
+            .output(),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("the ac7 MCP server is running with 19 tools"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("roster through codex: ok"), "{stderr}");
+    assert!(
+        stderr.contains("- builder (you) [engineer] connected="),
+        "{stderr}"
+    );
+    let homes: Vec<_> = std::fs::read_dir(cache.path().join("ac7/codex"))
+        .unwrap()
+        .collect();
+    assert!(
+        homes.is_empty(),
+        "the ephemeral CODEX_HOME is removed: {homes:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_codex_is_a_clear_start_up_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["codex", "--url", "http://127.0.0.1:9"])
+        .env("AC7_TOKEN", "ac7_x")
+        .env("CODEX_PATH", "/nonexistent/codex")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("CODEX_PATH=/nonexistent/codex does not exist")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_session_with_143_and_removes_codex_home() {
+    use tokio::io::AsyncBufReadExt;
+    let broker = start_broker().await;
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let mut child = session(&broker, cache.path(), work.path()).spawn().unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    common::within(60, "the codex session to start", async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("agent connected") {
+                return;
+            }
+        }
+        panic!("ac7 codex ended before its session started");
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_dir(cache.path().join("ac7/codex"))
+            .unwrap()
+            .count(),
+        1,
+        "CODEX_HOME exists while running"
+    );
+    assert_eq!(sigterm(&mut child).await.code(), Some(143));
+    assert_eq!(
+        std::fs::read_dir(cache.path().join("ac7/codex"))
+            .unwrap()
+            .count(),
+        0,
+        "CODEX_HOME removed"
+    );
+}
+
+/// A local stand-in for the OpenAI Responses API (`POST /v1/responses`, streamed SSE), playing a
+/// model that reacts to the newest user message in the input (a message steered into a running
+/// turn may land before or after a tool result) and to what the model already answered after it:
+/// - it contains `FAIL-TURN`: HTTP 500 (the turn fails; retries are off);
+/// - it contains `SEND-HELLO` and no call follows it yet: a call of the ac7 `send` tool — as Codex
+///   0.169 lists MCP tools, in the namespace `mcp__ac7`
+///   (`{"type":"function_call","namespace":"mcp__ac7","name":"send"}`);
+/// - otherwise: an assistant message, turn over.
+///
+/// Every request body and its `authorization` header are recorded.
+mod standin {
+    use std::sync::{Arc, Mutex};
+
+    use axum::body::Bytes;
+    use axum::extract::State;
+    use axum::http::{HeaderMap, StatusCode, header};
+    use axum::response::{IntoResponse, Response};
+    use serde_json::{Value, json};
+
+    #[derive(Debug, Clone)]
+    pub(crate) struct Request {
+        pub(crate) body: Value,
+        pub(crate) authorization: String,
+    }
+
+    impl Request {
+        /// The newest user message's text, and the input items after it.
+        pub(crate) fn newest_user(&self) -> Option<(String, Vec<Value>)> {
+            let input = self.body["input"].as_array()?;
+            let at = input
+                .iter()
+                .rposition(|i| i["type"] == "message" && i["role"] == "user")?;
+            let text = input[at]["content"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n");
+            Some((text, input[at + 1..].to_vec()))
+        }
+
+        /// The newest user message's text.
+        pub(crate) fn last_user_text(&self) -> Option<String> {
+            self.newest_user().map(|(text, _)| text)
+        }
+    }
+
+    #[derive(Clone, Default)]
+    pub(crate) struct StandIn {
+        pub(crate) requests: Arc<Mutex<Vec<Request>>>,
+    }
+
+    impl StandIn {
+        /// Serves on 127.0.0.1; returns the base URL (`http://…/v1`).
+        pub(crate) async fn start(&self) -> String {
+            let app = axum::Router::new()
+                .route("/v1/responses", axum::routing::post(responses))
+                .with_state(self.clone());
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            format!("http://{addr}/v1")
+        }
+
+        pub(crate) fn requests(&self) -> Vec<Request> {
+            self.requests.lock().unwrap().clone()
+        }
+    }
+
+    fn sse(events: &[Value]) -> Response {
+        let body: String = events
+            .iter()
+            .map(|e| format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap()))
+            .collect();
+        ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response()
+    }
+
+    async fn responses(State(s): State<StandIn>, headers: HeaderMap, body: Bytes) -> Response {
+        let Ok(body) = serde_json::from_slice::<Value>(&body) else {
+            return (StatusCode::BAD_REQUEST, "not JSON").into_response();
+        };
+        let request = Request {
+            body,
+            authorization: headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned(),
+        };
+        let n = {
+            let mut requests = s.requests.lock().unwrap();
+            requests.push(request.clone());
+            requests.len()
+        };
+        let (text, after) = request.newest_user().unwrap_or_default();
+        let called = after.iter().any(|i| i["type"] == "function_call");
+        let id = format!("resp_{n}");
+        let item = if text.contains("FAIL-TURN") {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "stand-in: this turn fails",
+            )
+                .into_response();
+        } else if text.contains("SEND-HELLO") && !called {
+            json!({"type": "function_call", "id": format!("fc_{n}"), "call_id": format!("call_{n}"),
+                   "namespace": "mcp__ac7", "name": "send",
+                   "arguments": json!({"to": "director", "body": "hello from the stand-in model"}).to_string()})
+        } else {
+            json!({"type": "message", "role": "assistant", "id": format!("msg_{n}"),
+                   "content": [{"type": "output_text", "text": "noted"}]})
+        };
+        sse(&[
+            json!({"type": "response.created", "response": {"id": id}}),
+            json!({"type": "response.output_item.done", "item": item}),
+            json!({"type": "response.completed", "response": {"id": id, "usage": {
+                "input_tokens": 1, "input_tokens_details": null, "output_tokens": 1,
+                "output_tokens_details": null, "total_tokens": 2}}}),
+        ])
+    }
+}
+
+/// With the user's own model provider (a Responses-API stand-in on loopback) merged into the
+/// ephemeral config, a `--profile` layered over it and a `-c` override passed through: (a) a
+/// push becomes a turn, (b) the model's `send` call reaches the broker, (c) after a failed turn
+/// (HTTP 500; codex then reports `systemError`) the next push is still delivered, (d) events
+/// codex rejects are reported to their sender by DM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_turns_against_the_users_model_provider_survive_a_failed_turn() {
+    use std::sync::{Arc, Mutex};
+    use tokio::io::AsyncBufReadExt;
+
+    let broker = start_broker().await;
+    let model = standin::StandIn::default();
+    let base_url = model.start().await;
+    let user_home = common::tempdir();
+    std::fs::write(
+        user_home.path().join("config.toml"),
+        format!(
+            r#"# the user's own Codex config
+model = "base-model"
+model_provider = "standin"
+
+[model_providers.standin]
+name = "Responses stand-in"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "STANDIN_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+
+# Ours must win: with this entry codex could not reach the broker.
+[mcp_servers.ac7]
+command = "/nonexistent/ac7"
+"#
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        user_home.path().join("fast.config.toml"),
+        "model = \"profile-model\"\n",
+    )
+    .unwrap();
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let mut child = session(&broker, cache.path(), work.path())
+        .args(["--profile", "fast", "-c", "model_reasoning_effort=\"high\""])
+        .env("CODEX_HOME", user_home.path())
+        .env("STANDIN_API_KEY", "standin-key")
+        .spawn()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let sink = stderr.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    let log = || stderr.lock().unwrap().clone();
+    let context = || {
+        let inputs: Vec<String> = model
+            .requests()
+            .iter()
+            .map(|r| {
+                let input = r.body["input"].as_array().cloned().unwrap_or_default();
+                let tail: Vec<String> = input
+                    .iter()
+                    .rev()
+                    .take(3)
+                    .map(|i| i.to_string().chars().take(160).collect())
+                    .collect();
+                format!("request, last items (newest first): {tail:?}")
+            })
+            .collect();
+        format!(
+            "ac7 codex stderr:\n{}\nstand-in:\n{}",
+            log(),
+            inputs.join("\n")
+        )
+    };
+    let dm = async |body: &str| {
+        broker
+            .push("director", json!({"to": "builder", "body": body}))
+            .await
+    };
+    let logged = async |what: &str, text: &str| {
+        wait_until_showing(
+            what,
+            std::time::Duration::from_secs(60),
+            context,
+            async || log().contains(text).then_some(()),
+        )
+        .await;
+    };
+    let turn_with = async |what: &str, text: &str| {
+        wait_until_showing(
+            what,
+            std::time::Duration::from_secs(60),
+            context,
+            async || {
+                model
+                    .requests()
+                    .into_iter()
+                    .find(|r| r.last_user_text().is_some_and(|t| t.contains(text)))
+            },
+        )
+        .await
+    };
+    logged("the codex session to start", "agent connected").await;
+
+    // (a) A push becomes a turn against the user's provider, profile and -c override.
+    dm("please SEND-HELLO to me").await;
+    let first = turn_with("a turn carrying the DM", "SEND-HELLO").await;
+    let text = first.last_user_text().unwrap();
+    assert!(
+        text.starts_with("<channel from=\"director\" thread=\"dm\""),
+        "{text}"
+    );
+    assert_eq!(
+        first.body["model"], "profile-model",
+        "the profile is layered"
+    );
+    assert_eq!(
+        first.authorization, "Bearer standin-key",
+        "the user's provider"
+    );
+    assert_eq!(
+        first.body["reasoning"]["effort"], "high",
+        "-c is passed to codex"
+    );
+    let ac7_tools = first.body["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["type"] == "namespace" && t["name"] == "mcp__ac7")
+        .unwrap_or_else(|| panic!("no mcp__ac7 namespace in {}", first.body["tools"]));
+    assert!(
+        ac7_tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["name"] == "send"),
+        "{ac7_tools}"
+    );
+
+    // (b) The model's send call reaches the broker as a DM from builder.
+    wait_until_showing(
+        "the model's DM in /history",
+        std::time::Duration::from_secs(60),
+        context,
+        async || {
+            let history = broker.get("/history?with=builder", "director").await;
+            history.json["messages"]
+                .as_array()?
+                .iter()
+                .any(|m| m["from"] == "builder" && m["body"] == "hello from the stand-in model")
+                .then_some(())
+        },
+    )
+    .await;
+
+    // (c) A failed turn (HTTP 500) does not make the member deaf. (First let the model see the
+    // tool result, so the failing text starts a turn of its own.)
+    wait_until_showing(
+        "the tool result to reach the model",
+        std::time::Duration::from_secs(60),
+        context,
+        async || {
+            model
+                .requests()
+                .iter()
+                .any(|r| {
+                    r.body["input"]
+                        .as_array()
+                        .and_then(|i| i.last())
+                        .is_some_and(|l| l["type"] == "function_call_output")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    dm("FAIL-TURN now").await;
+    logged("codex to report the failed turn", "codex reported an error").await;
+    dm("are you still there?").await;
+    turn_with("a new turn after the failed one", "are you still there?").await;
+    assert!(!log().contains("events not delivered"), "{}", log());
+
+    // (d) When codex rejects a turn (here: input over its 1 MiB limit, 40 bodies of 64 KiB pushed
+    // at once fall into one 200 ms bundle), the sender is told by DM from the member.
+    let big = "x".repeat(65_536);
+    let pushes = (0..40).map(|_| dm(&big));
+    let ids: Vec<String> = futures_util::future::join_all(pushes)
+        .await
+        .iter()
+        .map(|sent| sent["id"].as_str().unwrap().to_owned())
+        .collect();
+    let notice = wait_until_showing(
+        "a not-delivered DM to the sender",
+        std::time::Duration::from_secs(60),
+        context,
+        async || {
+            let history = broker.get("/history?with=builder", "director").await;
+            history.json["messages"]
+                .as_array()?
+                .iter()
+                .find(|m| m["from"] == "builder" && m["data"]["undelivered"].is_string())
+                .cloned()
+        },
+    )
+    .await;
+    assert_eq!(notice["to"], "director");
+    assert_eq!(notice["level"], "warning");
+    assert_eq!(notice["title"], "not delivered");
+    let undelivered = notice["data"]["undelivered"].as_str().unwrap();
+    assert!(
+        undelivered
+            .split(", ")
+            .all(|id| ids.iter().any(|i| i == id)),
+        "{notice}"
+    );
+    let body = notice["body"].as_str().unwrap();
+    assert!(
+        body.contains("were not delivered to builder: codex did not take them (")
+            && body.contains("maximum length"),
+        "{body}"
+    );
+    let own = broker.get("/history?with=builder", "builder").await;
+    assert!(
+        !own.json["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["from"] == "builder" && m["to"] == "builder"),
+        "the member never DMs itself"
+    );
+
+    assert_eq!(sigterm(&mut child).await.code(), Some(143), "{}", log());
+}
+
+/// A user config that is not TOML stops `ac7 codex` before anything is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_config_that_does_not_parse_is_a_clear_start_up_error() {
+    let user_home = common::tempdir();
+    let config = user_home.path().join("config.toml");
+    std::fs::write(&config, "model = \"unterminated\n").unwrap();
+    let cache = common::tempdir();
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["codex", "--url", "http://127.0.0.1:9"])
+        .env("AC7_TOKEN", "ac7_x")
+        .env("CODEX_PATH", "/bin/sh")
+        .env("CODEX_HOME", user_home.path())
+        .env("XDG_CACHE_HOME", cache.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "your Codex config {} is not valid TOML",
+            config.display()
+        )),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(cache.path()).unwrap().count(),
+        0,
+        "nothing created"
+    );
+}
