@@ -86,16 +86,14 @@ async fn create_and_complete_an_objective_in_the_browser() {
         json!([]),
     )
     .await;
-    br.find("input[name=watchers][value=reviewer]")
-        .await
-        .unwrap()
-        .click()
-        .await;
+    br.click_on(
+        "input[name=watchers][value=reviewer]",
+        10,
+        "the reviewer watcher",
+    )
+    .await;
     br.screenshot("objective-new").await;
-    br.find("form.objective-new button[type=submit]")
-        .await
-        .unwrap()
-        .click()
+    br.click_on("form.objective-new button[type=submit]", 10, "create")
         .await;
 
     br.wait_for(
@@ -119,7 +117,8 @@ async fn create_and_complete_an_objective_in_the_browser() {
         .unwrap()
         .send_keys("Starting now.")
         .await;
-    br.find("form.discuss button").await.unwrap().click().await;
+    br.click_on("form.discuss button", 10, "post to the discussion")
+        .await;
     br.wait_until(
         "return document.querySelector('.discussion').innerText.includes('Starting now.')",
         10,
@@ -132,7 +131,7 @@ async fn create_and_complete_an_objective_in_the_browser() {
         .unwrap()
         .send_keys("All green in CI.")
         .await;
-    br.find("form.complete button").await.unwrap().click().await;
+    br.click_on("form.complete button", 10, "complete").await;
     br.wait_for(
         ".objective-detail[data-status=done]",
         10,
@@ -181,15 +180,10 @@ async fn upload_and_preview_files_and_html_never_runs() {
         .wait_for("input.upload-input", 10, "the upload button")
         .await;
     input.send_keys(md.to_str().unwrap()).await;
-    let row = br
-        .wait_for(
-            ".file-row[data-path='/director/notes.md'] a.name",
-            10,
-            "the uploaded file",
-        )
-        .await;
+    let row = ".file-row[data-path='/director/notes.md'] a.name";
+    br.wait_for(row, 10, "the uploaded file").await;
     br.screenshot("files").await;
-    row.click().await;
+    br.click_on(row, 10, "the uploaded file").await;
     br.wait_for(
         ".preview[data-kind=markdown] h2",
         10,

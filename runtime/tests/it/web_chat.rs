@@ -145,7 +145,7 @@ async fn totp_sign_in_session_and_sign_out() {
         .await;
 
     // Sign out: back to the sign-in page, and the old session is gone server-side.
-    br.find(".nav-foot button").await.unwrap().click().await;
+    br.click_on(".nav-foot button", 10, "sign out").await;
     br.wait_for("#totp-code", 10, "the sign-in page after signing out")
         .await;
     br.goto(&format!("{}/inbox", b.url)).await;
@@ -194,7 +194,8 @@ async fn the_first_admin_sets_up_the_team_in_the_browser() {
         .await
         .unwrap();
     field.send_keys(&code_now(secret.trim())).await;
-    br.find("form button.primary").await.unwrap().click().await;
+    br.click_on("form button.primary", 10, "the form's button")
+        .await;
     br.wait_until(
         "const a = [...document.querySelectorAll('a.button')].find(a => a.textContent.startsWith('Open the team')); return a && a.offsetParent !== null",
         10,
@@ -252,7 +253,7 @@ async fn reenrolling_totp_from_the_account_page() {
     assert_eq!(enroll_secret_of(&b, "director"), secret);
 
     // Signing in again works with the new secret (the next step's code: this one is used up).
-    br.find(".nav-foot button").await.unwrap().click().await;
+    br.click_on(".nav-foot button", 10, "sign out").await;
     sign_in_with(&br, "director", &code_at(&secret, 1)).await;
     br.quit().await;
 }
@@ -270,10 +271,7 @@ async fn confirm_with(br: &Browser, code: &str) {
         .unwrap()
         .send_keys(code)
         .await;
-    br.find(".enroll-totp button.primary")
-        .await
-        .unwrap()
-        .click()
+    br.click_on(".enroll-totp button.primary", 10, "confirm enrollment")
         .await;
 }
 
@@ -337,10 +335,7 @@ async fn a_dm_pushed_by_an_agent_appears_without_reload_as_text() {
         "the unread badge",
     )
     .await;
-    br.find("a.nav-item[href='/inbox']")
-        .await
-        .unwrap()
-        .click()
+    br.click_on("a.nav-item[href='/inbox']", 10, "the inbox link")
         .await;
     br.wait_until(
         "return document.querySelector('.inbox') && document.querySelector('.inbox').textContent.includes('ping from reviewer')",
@@ -496,7 +491,8 @@ async fn an_admin_creates_a_member_and_sees_its_token_once() {
         return;
     };
     br.wait_for("table.members", 10, "the members list").await;
-    br.find("button.primary").await.unwrap().click().await;
+    br.click_on("button.primary", 10, "the primary button")
+        .await;
     br.wait_for("input[aria-label=Name]", 10, "the new-member form")
         .await
         .send_keys("tester")
@@ -512,10 +508,7 @@ async fn an_admin_creates_a_member_and_sees_its_token_once() {
         json!([]),
     )
     .await;
-    br.find("form.card button.primary")
-        .await
-        .unwrap()
-        .click()
+    br.click_on("form.card button.primary", 10, "the card's button")
         .await;
     let token = br
         .wait_for(".reveal code.secret", 10, "the token banner")
@@ -657,10 +650,7 @@ async fn an_admin_approves_and_rejects_devices_in_the_browser() {
     )
     .await;
     br.screenshot("enroll").await;
-    br.find("form.card button.primary")
-        .await
-        .unwrap()
-        .click()
+    br.click_on("form.card button.primary", 10, "the card's button")
         .await;
     br.wait_until(
         "return document.body.innerText.includes('is bound to builder')",

@@ -242,6 +242,32 @@ impl Browser {
         }
     }
 
+    /// Clicks the element matching `css`, waiting (≤ `secs`) for it to exist and be
+    /// clickable. The app re-renders parts of the page when live data arrives, so a node
+    /// found a moment ago may be replaced before the click lands ("stale element"); the
+    /// selector is then looked up again instead of failing on the old node.
+    pub async fn click_on(&self, css: &str, secs: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let last = match self.find(css).await {
+                Some(e) => match self
+                    .call("POST", &format!("/element/{}/click", e.id), None)
+                    .await
+                {
+                    Ok(_) => return,
+                    Err(e) if is_retryable(&e.0) => e.0,
+                    Err(e) => panic!("webdriver: clicking {what} ({css}): {}", e.0),
+                },
+                None => "not on the page".to_owned(),
+            };
+            if Instant::now() > deadline {
+                self.timed_out(secs, &format!("a click on {what} ({css}): {last}"))
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits (≤ `secs`) until `script` (a function body returning a value) returns truthy.
     pub async fn wait_until(&self, script: &str, secs: u64, what: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(secs);
@@ -371,4 +397,15 @@ impl Element<'_> {
             .as_str()
             .map(str::to_owned)
     }
+}
+
+/// WebDriver errors that mean "the page moved under the click; look again".
+fn is_retryable(err: &str) -> bool {
+    [
+        "stale element reference",
+        "element click intercepted",
+        "element not interactable",
+    ]
+    .iter()
+    .any(|k| err.contains(k))
 }
