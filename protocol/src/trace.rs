@@ -9,8 +9,10 @@
 //!   → one `llm_exchange` in the Anthropic Messages shape;
 //! - [`redact`]: credential scrubbing and capped previews.
 //!
-//! [`Tracer`] puts them together for the trace host: feed it connection bytes, drain
-//! [`TraceOutput`]s (one [`ActivityEvent`] per finished exchange, redacted). Feed client bytes
+//! [`Tracer`] puts them together in one machine: feed it connection bytes, drain
+//! [`TraceOutput`]s (one [`ActivityEvent`] per finished exchange, redacted). A host that wants
+//! decoding off its relay path drives the [`HttpAssembler`] itself and calls [`exchange_event`]
+//! elsewhere (the runner's proxy does, on its own thread); the result is the same. Feed client bytes
 //! before they are forwarded upstream (with `rewrite_accept_encoding` the forwarded bytes come
 //! out of the tracer anyway), so a response is never seen before its request. Every exchange is
 //! classified (activity.md §1.3): `POST` to `/v1/messages` on an `anthropic.com` host is an

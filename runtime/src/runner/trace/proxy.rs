@@ -12,8 +12,12 @@
 //!   the system and web PKI roots plus `AC7_CA_CERT`; `--unsafe-tls` skips verification). A
 //!   failure before the handshake completes — refused, timed out, an untrusted certificate — is
 //!   `502 Bad Gateway`. Then `200`, and the client's TLS is terminated with the host's leaf from
-//!   the session CA. The plaintext goes through a [`Tracer`]; client→server bytes are written
-//!   only from its `Transmit` outputs (request heads leave with `Accept-Encoding: identity`).
+//!   the session CA. The plaintext goes through an [`HttpAssembler`]; client→server bytes are
+//!   written only from its `Transmit` outputs (request heads leave with `Accept-Encoding:
+//!   identity`). Finished exchanges are decoded (JSON and SSE bodies, redaction) on the proxy's
+//!   own decode thread, never on the relay path: the bytes of the next request or response do
+//!   not wait for the previous exchange's decoding. Exchanges reach the sink in the order they
+//!   finished; [`TraceProxy::close`] waits for the queue to drain.
 //! - `CONNECT` to any other host: a raw TCP tunnel, never parsed (§5 bug 1).
 //! - An absolute-form request (`GET http://host[:port]/path HTTP/1.1`) is forwarded to the host
 //!   in origin form, without the `Proxy-*` headers and with `Connection: close` (one request per
@@ -33,8 +37,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ac7_protocol::trace::activity::ActivityEvent;
-use ac7_protocol::trace::http::{ConnId, HttpConfig};
-use ac7_protocol::trace::{TraceConfig, TraceOutput, Tracer};
+use ac7_protocol::trace::http::{ConnId, Exchange, HttpAssembler, HttpConfig, HttpOutput};
+use ac7_protocol::trace::{TraceConfig, exchange_event};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -54,6 +58,8 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long [`TraceProxy::close`] waits for open connections to wind up.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How long [`TraceProxy::close`] then waits for the decode queue to drain.
+const DECODE_GRACE: Duration = Duration::from_secs(5);
 
 /// Where the proxy's findings go: the activity pipeline (and a channel in tests).
 pub trait TraceSink: Send + Sync + 'static {
@@ -110,6 +116,50 @@ struct Shared {
     authorization: String,
     sink: Arc<dyn TraceSink>,
     next_id: AtomicU64,
+    decoder: Decoder,
+}
+
+/// What the relays hand the decode thread.
+enum Decode {
+    /// A finished exchange of connection `.0`.
+    Exchange(u64, Box<Exchange>),
+    /// Every relay is done: drain and stop.
+    Stop,
+}
+
+/// The sending side of the decode thread.
+struct Decoder {
+    queue: std::sync::mpsc::Sender<Decode>,
+}
+
+impl Decoder {
+    /// Starts the thread; `done` fires once it has handed its last exchange to `sink`.
+    fn start(
+        sink: Arc<dyn TraceSink>,
+        preview_chars: usize,
+    ) -> io::Result<(Self, tokio::sync::oneshot::Receiver<()>)> {
+        let (queue, work) = std::sync::mpsc::channel();
+        let (done, finished) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("ac7-trace-decode".into())
+            .spawn(move || {
+                while let Ok(Decode::Exchange(conn, exchange)) = work.recv() {
+                    sink.exchange(conn, exchange_event(&exchange, preview_chars));
+                }
+                let _ = done.send(());
+            })?;
+        Ok((Self { queue }, finished))
+    }
+
+    fn decode(&self, conn: u64, exchange: Box<Exchange>) {
+        // The thread outlives every relay (it stops on `Stop` only), so this cannot fail while
+        // a relay runs; after `close` gave up waiting there is nobody left to tell.
+        let _ = self.queue.send(Decode::Exchange(conn, exchange));
+    }
+
+    fn stop(&self) {
+        let _ = self.queue.send(Decode::Stop);
+    }
 }
 
 /// A running proxy.
@@ -118,6 +168,8 @@ pub struct TraceProxy {
     secret: String,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    shared: Arc<Shared>,
+    decoded: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl std::fmt::Debug for TraceProxy {
@@ -139,19 +191,24 @@ impl TraceProxy {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("ac7:{secret}"))
         );
+        let (decoder, decoded) =
+            Decoder::start(sink.clone(), TraceConfig::default().preview_chars)?;
         let shared = Arc::new(Shared {
             config,
             authorization,
             sink,
             next_id: AtomicU64::new(1),
+            decoder,
         });
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(accept_loop(listener, shared, stopped));
+        let task = tokio::spawn(accept_loop(listener, shared.clone(), stopped));
         Ok(Self {
             addr,
             secret,
             stop,
             task,
+            shared,
+            decoded,
         })
     }
 
@@ -166,10 +223,18 @@ impl TraceProxy {
     }
 
     /// Stops listening; open connections end (their unfinished requests are reported
-    /// request-only) within a second.
+    /// request-only) within a second, and every finished exchange reaches the sink before this
+    /// returns (within [`DECODE_GRACE`] more).
     pub async fn close(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;
+        self.shared.decoder.stop();
+        if tokio::time::timeout(DECODE_GRACE, self.decoded)
+            .await
+            .is_err()
+        {
+            tracing::warn!("trace proxy: exchanges still decoding at exit were not recorded");
+        }
     }
 }
 
@@ -475,7 +540,7 @@ async fn mitm(
     relay_traced(shared, id, host, client, upstream, Vec::new(), stopped).await;
 }
 
-/// Relays one decrypted connection through a [`Tracer`].
+/// Relays one decrypted connection through an [`HttpAssembler`].
 async fn relay_traced<C, S>(
     shared: &Shared,
     id: u64,
@@ -489,13 +554,9 @@ async fn relay_traced<C, S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let conn = ConnId(id);
-    let sink = &*shared.sink;
-    let mut tracer = Tracer::new(TraceConfig {
-        http: HttpConfig {
-            rewrite_accept_encoding: true,
-            ..HttpConfig::default()
-        },
-        ..TraceConfig::default()
+    let mut tracer = HttpAssembler::new(HttpConfig {
+        rewrite_accept_encoding: true,
+        ..HttpConfig::default()
     });
     let now = || u64::try_from(crate::clock::now_ms()).unwrap_or(0);
     tracer.handle_open(conn, host, now());
@@ -503,9 +564,9 @@ async fn relay_traced<C, S>(
     let (mut sr, mut sw) = tokio::io::split(server);
     if !first.is_empty() {
         tracer.handle_client_bytes(conn, &first, now());
-        if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
+        if drain(&mut tracer, shared, Some(&mut sw)).await.is_err() {
             tracer.handle_closed(conn, now());
-            let _ = drain(&mut tracer, sink, None::<&mut S>).await;
+            let _ = drain(&mut tracer, shared, None::<&mut S>).await;
             return;
         }
     }
@@ -521,7 +582,7 @@ async fn relay_traced<C, S>(
                 }
                 Ok(n) => {
                     tracer.handle_client_bytes(conn, &cbuf[..n], now());
-                    if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
+                    if drain(&mut tracer, shared, Some(&mut sw)).await.is_err() {
                         break;
                     }
                 }
@@ -529,7 +590,7 @@ async fn relay_traced<C, S>(
             read = sr.read(&mut sbuf) => match read {
                 Ok(0) | Err(_) => {
                     tracer.handle_server_eof(conn, now());
-                    let _ = drain(&mut tracer, sink, Some(&mut sw)).await;
+                    let _ = drain(&mut tracer, shared, Some(&mut sw)).await;
                     let _ = cw.shutdown().await;
                     break;
                 }
@@ -542,7 +603,7 @@ async fn relay_traced<C, S>(
                     if written.await.is_err() {
                         break;
                     }
-                    if drain(&mut tracer, sink, Some(&mut sw)).await.is_err() {
+                    if drain(&mut tracer, shared, Some(&mut sw)).await.is_err() {
                         break;
                     }
                 }
@@ -551,27 +612,28 @@ async fn relay_traced<C, S>(
         }
     }
     tracer.handle_closed(conn, now());
-    let _ = drain(&mut tracer, sink, None::<&mut tokio::io::WriteHalf<S>>).await;
+    let _ = drain(&mut tracer, shared, None::<&mut tokio::io::WriteHalf<S>>).await;
 }
 
-/// Hands the tracer's outputs on: bytes to the server, findings to the sink.
+/// Hands the assembler's outputs on: bytes to the server, requests to the sink, finished
+/// exchanges to the decode thread.
 async fn drain<W: AsyncWrite + Unpin>(
-    tracer: &mut Tracer,
-    sink: &dyn TraceSink,
+    tracer: &mut HttpAssembler,
+    shared: &Shared,
     mut server: Option<&mut W>,
 ) -> io::Result<()> {
     let mut wrote = false;
     while let Some(output) = tracer.poll_output() {
         match output {
-            TraceOutput::Transmit { bytes, .. } => {
+            HttpOutput::Transmit { bytes, .. } => {
                 if let Some(server) = server.as_deref_mut() {
                     server.write_all(&bytes).await?;
                     wrote = true;
                 }
             }
-            TraceOutput::RequestSent { conn } => sink.request_sent(conn.0),
-            TraceOutput::Event { conn, event } => sink.exchange(conn.0, *event),
-            TraceOutput::Untraced { conn, reason } => {
+            HttpOutput::RequestSent { conn } => shared.sink.request_sent(conn.0),
+            HttpOutput::Exchange(exchange) => shared.decoder.decode(exchange.conn.0, exchange),
+            HttpOutput::Untraced { conn, reason } => {
                 tracing::debug!("trace proxy: connection {} untraced: {reason}", conn.0);
             }
         }
