@@ -215,7 +215,8 @@ export function navigate(path, opts = {}) {
   render();
 }
 
-export async function render() {
+// Runs the current view's cleanup (closes its streams and timers), once.
+function leaveView() {
   if (typeof cleanup === 'function') {
     try {
       cleanup();
@@ -224,6 +225,10 @@ export async function render() {
     }
   }
   cleanup = null;
+}
+
+export async function render() {
+  leaveView();
   const path = location.pathname;
   const query = new URLSearchParams(location.search);
   const m = match(path) || match('/');
@@ -264,6 +269,20 @@ function onClick(ev) {
 export function startRouter() {
   document.addEventListener('click', onClick);
   window.addEventListener('popstate', render);
+  // The back/forward cache keeps a page that was left alive but frozen, its connections
+  // open: every cached page of ours would hold one of the browser's six sockets for this
+  // host (the live stream, a view's activity stream), and after a few page loads the next
+  // one would wait a minute for a free socket. So a page being hidden closes its streams,
+  // and one shown again from the cache reopens them and renders its view afresh.
+  window.addEventListener('pagehide', () => {
+    leaveView();
+    stopLive();
+  });
+  window.addEventListener('pageshow', (ev) => {
+    if (!ev.persisted) return;
+    if (me) startLive();
+    render();
+  });
   return render();
 }
 

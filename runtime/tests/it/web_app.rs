@@ -304,6 +304,27 @@ async fn reload_on_every_route_lands_in_the_app() {
             .await;
         assert_eq!(shape, json!(["text/html", true, false]), "{path}");
     }
+    // The pages left behind closed their streams: the back/forward cache keeps a left page
+    // alive, and one that kept its live stream open would hold one of the browser's six
+    // sockets per host (a few reloads later the next page load waits a minute for one).
+    // Only the page on screen is connected.
+    let seen = std::cell::RefCell::new(Value::Null);
+    crate::common::wait_until_showing(
+        "the director's pages left behind to disconnect",
+        std::time::Duration::from_secs(15),
+        || format!("GET /roster connected: {}", seen.borrow()),
+        async || {
+            let roster = api(&b, "GET", "/roster", None).await;
+            let director = roster["connected"]
+                .as_array()
+                .and_then(|c| c.iter().find(|p| p["name"] == "director"))
+                .cloned();
+            let n = director.as_ref().and_then(|p| p["connected"].as_u64());
+            *seen.borrow_mut() = roster["connected"].clone();
+            n == Some(1)
+        },
+    )
+    .await;
     // The objective page shows the objective; the activity page its member.
     open(&br, &b, &format!("/objectives/{id}")).await;
     br.wait_for(".objective-detail", 10, "the objective").await;
