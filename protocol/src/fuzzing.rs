@@ -65,6 +65,16 @@ impl<'a> Input<'a> {
         self.pos = end;
         &self.data[start..end]
     }
+
+    /// Up to `max` raw bytes as one unterminated line without quotes: garbage that can never
+    /// be a JSON object with keys, so never a message an oracle would have to follow.
+    fn garbage_line(&mut self, max: usize) -> Vec<u8> {
+        self.bytes(max)
+            .iter()
+            .map(|b| if *b == b'"' { b'\'' } else { *b })
+            .filter(|b| *b != b'\n')
+            .collect()
+    }
 }
 
 /// `decode`: arbitrary bytes in arbitrary chunks through a [`FrameDecoder`].
@@ -1971,6 +1981,33 @@ mod tests {
         fn trace_upload_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
             trace_upload(&data);
         }
+
+        #[test]
+        fn call_tool_bridge_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            call_tool_bridge_ops(&data);
+        }
+
+        #[test]
+        fn codex_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+            codex_ops(&data);
+        }
+    }
+
+    /// The committed seed corpora (`fuzz/corpus/<target>/`) hold their oracles too.
+    #[test]
+    fn oracles_hold_on_the_seed_corpora() {
+        for (target, oracle) in [
+            ("codex", codex_ops as fn(&[u8])),
+            ("call_tool_bridge", call_tool_bridge_ops),
+        ] {
+            let dir = format!("{}/../fuzz/corpus/{target}", env!("CARGO_MANIFEST_DIR"));
+            let mut seeds = 0;
+            for entry in std::fs::read_dir(&dir).expect("the seed corpus exists") {
+                oracle(&std::fs::read(entry.expect("a readable entry").path()).expect("a seed"));
+                seeds += 1;
+            }
+            assert!(seeds > 0, "{dir} holds no seeds");
+        }
     }
 }
 
@@ -2306,5 +2343,1056 @@ mod sse_tracker_oracle_tests {
             data.extend_from_slice(text.as_bytes());
             sse_stream(&data);
         }
+    }
+}
+
+/// The tools a fuzzed `call_tool` bridge serves: one with a required string, one strict, so both
+/// schema paths (accepted, rejected) are reachable.
+const CALL_TOOL_FUZZ_TOOLS: &str = r#"[
+  {"name":"echo","description":"Echo","input_schema":{"type":"object","properties":{"text":{"type":"string"}},"required":["text"]}},
+  {"name":"add","description":"Add","input_schema":{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a","b"],"additionalProperties":false}}
+]"#;
+
+/// What the oracle expects an agent request to be answered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CtbExpect {
+    /// `tools/list`: the schema file's tools.
+    List,
+    /// `initialize`: a result with `serverInfo`.
+    Init,
+    /// `ping`: `{}`.
+    Empty,
+    /// An error with this code.
+    Error(i64),
+    /// A `tools/call` refused by the schema: an `isError` result, nothing sent.
+    Rejected,
+    /// A `tools/call` sent (or failed) through the parent, carrying this tag in its arguments.
+    Call(u64),
+}
+
+/// The oracle's view of the connection to the parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CtbLink {
+    Idle,
+    Connecting,
+    Open,
+}
+
+/// Everything the `call_tool_bridge` oracle tracks.
+struct CtbOracle {
+    max_payload_bytes: usize,
+    tools_list: serde_json::Value,
+    /// Request id (raw JSON text) → what answers it.
+    expect: BTreeMap<String, CtbExpect>,
+    /// Request id → responses seen.
+    answered: BTreeMap<String, usize>,
+    /// Requests cancelled before they were answered.
+    cancelled: BTreeSet<String>,
+    link: CtbLink,
+    /// The call tag on the wire.
+    in_flight: Option<u64>,
+    /// The last call tag sent to the parent (calls go in the agent's order).
+    last_sent: Option<u64>,
+    /// Reply tag → the call tag on the wire when that reply was sent, and the result sent.
+    replies: BTreeMap<u64, (Option<u64>, Option<serde_json::Value>)>,
+    exited: bool,
+}
+
+impl CtbOracle {
+    /// The tag in the arguments of a call frame: `echo {"text":"c<tag>…"}`, `add {"a":<tag>}`,
+    /// anything else `{"tag":<tag>}`.
+    fn call_tag(name: &str, arguments: &serde_json::Value) -> u64 {
+        let tag = match name {
+            "echo" => arguments["text"]
+                .as_str()
+                .and_then(|t| t.strip_prefix('c'))
+                .and_then(|t| t.split('-').next())
+                .and_then(|t| t.parse().ok()),
+            "add" => arguments["a"].as_u64(),
+            _ => arguments["tag"].as_u64(),
+        };
+        tag.unwrap_or_else(|| panic!("a call the agent never made: {name} {arguments}"))
+    }
+
+    fn drain(&mut self, bridge: &mut crate::call_tool_bridge::CallToolBridge) {
+        use crate::call_tool_bridge::{CallToolBridgeEvent, CallToolBridgeOutput as Out, Peer};
+        let mut polls = 0;
+        while let Some(output) = bridge.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            assert!(!self.exited, "output after Exit: {output:?}");
+            match output {
+                Out::Transmit {
+                    to: Peer::Agent,
+                    bytes,
+                } => self.agent_line(&bytes),
+                Out::Transmit {
+                    to: Peer::Parent,
+                    bytes,
+                } => {
+                    assert_eq!(self.link, CtbLink::Open, "a frame sent while not connected");
+                    assert_eq!(self.in_flight, None, "a second call on the wire");
+                    let prefix: [u8; 4] = bytes[..4].try_into().expect("a length prefix");
+                    let len = u32::from_be_bytes(prefix) as usize;
+                    assert_eq!(len + 4, bytes.len(), "one whole frame per transmit");
+                    assert!(len <= self.max_payload_bytes, "a frame over the cap");
+                    let call = crate::call_tool::decode_call(&bytes[4..])
+                        .unwrap_or_else(|e| panic!("an undecodable call: {e:?}"));
+                    let arguments: serde_json::Value =
+                        call.arguments.parse().expect("arguments are JSON");
+                    let tag = Self::call_tag(&call.name, &arguments);
+                    assert!(
+                        self.expect.values().any(|e| *e == CtbExpect::Call(tag)),
+                        "a call the agent never made"
+                    );
+                    assert!(
+                        self.last_sent.is_none_or(|last| tag > last),
+                        "call {tag} sent twice or out of order"
+                    );
+                    self.last_sent = Some(tag);
+                    self.in_flight = Some(tag);
+                }
+                Out::Connect => {
+                    assert_eq!(self.link, CtbLink::Idle, "Connect while connected");
+                    self.link = CtbLink::Connecting;
+                }
+                Out::Disconnect => {
+                    assert_ne!(self.link, CtbLink::Idle, "Disconnect while disconnected");
+                    self.link = CtbLink::Idle;
+                    self.in_flight = None;
+                }
+                Out::Event(CallToolBridgeEvent::Completed { error, .. }) => {
+                    if !matches!(error, Some(crate::call_tool::CallError::TooLarge(_))) {
+                        self.in_flight = None;
+                    }
+                }
+                Out::Event(_) => {}
+                Out::Exit => self.exited = true,
+            }
+        }
+        assert_eq!(
+            bridge.is_closed(),
+            self.exited,
+            "is_closed disagrees with Exit"
+        );
+    }
+
+    fn agent_line(&mut self, bytes: &[u8]) {
+        assert_eq!(
+            bytes.last(),
+            Some(&b'\n'),
+            "an agent line ends with a newline"
+        );
+        assert_eq!(
+            bytes.iter().filter(|b| **b == b'\n').count(),
+            1,
+            "one line per transmit"
+        );
+        let line: serde_json::Value =
+            serde_json::from_slice(bytes).expect("the agent gets valid JSON");
+        assert_eq!(line["jsonrpc"], "2.0");
+        let id = &line["id"];
+        if id.is_null() {
+            assert!(
+                line["error"].is_object(),
+                "a null id only on an error: {line}"
+            );
+            return;
+        }
+        let key = id.to_string();
+        let Some(expect) = self.expect.get(&key).copied() else {
+            panic!("a response to a request never sent: {line}");
+        };
+        assert!(
+            !self.cancelled.contains(&key),
+            "a cancelled request was answered"
+        );
+        let count = self.answered.entry(key.clone()).or_default();
+        *count += 1;
+        assert_eq!(*count, 1, "request {key} answered twice");
+        let result = &line["result"];
+        match expect {
+            CtbExpect::List => assert_eq!(result, &self.tools_list),
+            CtbExpect::Init => assert!(result["serverInfo"].is_object(), "{line}"),
+            CtbExpect::Empty => assert_eq!(result, &serde_json::json!({})),
+            CtbExpect::Error(code) => assert_eq!(line["error"]["code"], code, "{line}"),
+            CtbExpect::Rejected | CtbExpect::Call(_) => {
+                assert!(
+                    result.is_object(),
+                    "a tool failure is a result, not an error: {line}"
+                );
+                let raw = RawJson::from_value(result).expect("JSON");
+                crate::call_tool::validate_tool_result(&raw).unwrap_or_else(|e| {
+                    panic!("the agent got an invalid tool result ({e}): {line}")
+                });
+                let text = result["content"][0]["text"].as_str().unwrap_or_default();
+                if expect == CtbExpect::Rejected {
+                    assert_eq!(result["isError"], true);
+                    assert!(text.starts_with("Input validation error"), "{text}");
+                }
+                let CtbExpect::Call(tag) = expect else {
+                    return;
+                };
+                // A reply tag in the answer: the reply must have been sent while this call was
+                // on the wire, and a valid result is passed through unchanged.
+                let reply = text
+                    .strip_prefix('r')
+                    .or_else(|| text.strip_prefix('m'))
+                    .and_then(|t| t.split(' ').next())
+                    .and_then(|t| t.parse::<u64>().ok());
+                if let Some(reply) = reply {
+                    let (during, sent) = &self.replies[&reply];
+                    assert_eq!(
+                        *during,
+                        Some(tag),
+                        "call {tag} got reply {reply}, sent while {during:?} was on the wire"
+                    );
+                    if let Some(sent) = sent {
+                        assert_eq!(result, sent, "a valid result is passed through unchanged");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `call_tool_bridge`: an agent, a parent process and the driver doing arbitrary things to a
+/// [`crate::call_tool_bridge::CallToolBridge`]: requests of every kind (split at arbitrary
+/// bytes), cancellations, garbage lines; connection attempts succeeding or failing; replies,
+/// unsolicited replies, invalid results and raw garbage from the parent; the parent closing;
+/// agent EOF or a signal. Calls and replies carry tags so the oracle can tell them apart.
+///
+/// Oracles: every agent request is answered exactly once (a cancelled one never), all of them by
+/// the time of `Exit`, with the answer its method gets (`tools/list` the schema file's tools,
+/// `-32601` for unknown methods, `-32602` without a name); every `tools/call` answer is a valid
+/// `CallToolResult`, never a JSON-RPC error; a parent reply answers only the call that was on the
+/// wire when it was sent, and a valid result reaches the agent unchanged; lines to the agent are
+/// single-line JSON; frames to the parent are whole length-prefixed `call_tool` requests under
+/// the cap, sent only while connected, one at a time, each call at most once and in the agent's
+/// order; `Connect` only while disconnected, `Disconnect` only while connected or connecting;
+/// connection reports the driver cannot have made change nothing; `Exit` once and last, after it
+/// `is_closed` holds and every input is ignored; `poll_output` terminates.
+pub fn call_tool_bridge_ops(data: &[u8]) {
+    use crate::call_tool::{Reply, encode_reply, parse_schema_file, tools_list_result};
+    use crate::call_tool_bridge::{CallToolBridge, CallToolBridgeConfig};
+    use serde_json::json;
+    let mut input = Input::new(data);
+    let max_payload_bytes = 64 + usize::from(input.byte()) * 4;
+    let tools = parse_schema_file(CALL_TOOL_FUZZ_TOOLS).expect("valid tools");
+    let tools_list = tools_list_result(&tools).parse().expect("JSON");
+    let mut bridge = CallToolBridge::new(
+        CallToolBridgeConfig {
+            max_payload_bytes,
+            max_agent_line_bytes: 8192,
+            server_name: "fuzz".into(),
+            server_version: "0".into(),
+        },
+        tools,
+    );
+    let mut o = CtbOracle {
+        max_payload_bytes,
+        tools_list,
+        expect: BTreeMap::new(),
+        answered: BTreeMap::new(),
+        cancelled: BTreeSet::new(),
+        link: CtbLink::Idle,
+        in_flight: None,
+        last_sent: None,
+        replies: BTreeMap::new(),
+        exited: false,
+    };
+    let mut next = 0u64;
+    let mut steps = 0;
+    while !input.is_empty() && !o.exited && steps < 2_000 {
+        steps += 1;
+        next += 1;
+        let n = next;
+        match input.byte() % 12 {
+            0..=3 => {
+                let key = if n.is_multiple_of(2) {
+                    n.to_string()
+                } else {
+                    format!("\"s{n}\"")
+                };
+                let (method, params, expect) = match input.byte() % 10 {
+                    0 => ("tools/list", json!({}), CtbExpect::List),
+                    1 => (
+                        "initialize",
+                        json!({"protocolVersion":"2025-06-18"}),
+                        CtbExpect::Init,
+                    ),
+                    2 => ("ping", json!({}), CtbExpect::Empty),
+                    3 => ("resources/list", json!({}), CtbExpect::Error(-32601)),
+                    4 => (
+                        "tools/call",
+                        json!({"arguments":{}}),
+                        CtbExpect::Error(-32602),
+                    ),
+                    5 => (
+                        "tools/call",
+                        json!({"name":"echo","arguments":{"text":n}}),
+                        CtbExpect::Rejected,
+                    ),
+                    6 => (
+                        "tools/call",
+                        json!({"name":"add","arguments":{"a":n,"b":2}}),
+                        CtbExpect::Call(n),
+                    ),
+                    7 => (
+                        "tools/call",
+                        json!({"name":"nope","arguments":{"tag":n}}),
+                        CtbExpect::Call(n),
+                    ),
+                    _ => {
+                        let pad = "p".repeat(input.below(3) * max_payload_bytes / 2);
+                        let text = if pad.is_empty() {
+                            format!("c{n}")
+                        } else {
+                            format!("c{n}-{pad}")
+                        };
+                        (
+                            "tools/call",
+                            json!({"name":"echo","arguments":{"text":text}}),
+                            CtbExpect::Call(n),
+                        )
+                    }
+                };
+                o.expect.insert(key.clone(), expect);
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{key},\"method\":\"{method}\",\"params\":{params}}}\n"
+                );
+                let split = input.below(line.len() + 1);
+                bridge.handle_agent_bytes(&line.as_bytes()[..split]);
+                o.drain(&mut bridge);
+                bridge.handle_agent_bytes(&line.as_bytes()[split..]);
+            }
+            4 => {
+                let keys: Vec<&String> = o.expect.keys().collect();
+                if keys.is_empty() {
+                    continue;
+                }
+                let key = keys[input.below(keys.len())].clone();
+                if !o.answered.contains_key(&key) {
+                    o.cancelled.insert(key.clone());
+                }
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{{\"requestId\":{key},\"reason\":\"x\"}}}}\n"
+                );
+                bridge.handle_agent_bytes(line.as_bytes());
+            }
+            5 => {
+                // Garbage that can never name a request id, one line.
+                let mut garbage = input.garbage_line(60);
+                if garbage.is_empty() {
+                    garbage.extend_from_slice(
+                        b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}",
+                    );
+                }
+                garbage.push(b'\n');
+                bridge.handle_agent_bytes(&garbage);
+            }
+            6 => match (o.link, input.byte() % 3) {
+                (CtbLink::Connecting, 0) => {
+                    bridge.handle_connect_failed("refused");
+                    o.link = CtbLink::Idle;
+                }
+                (CtbLink::Connecting, _) => {
+                    bridge.handle_connected();
+                    o.link = CtbLink::Open;
+                }
+                (_, spurious) => {
+                    // A report the driver cannot make in this state changes nothing.
+                    match spurious {
+                        0 => bridge.handle_connected(),
+                        1 => bridge.handle_connect_failed("late"),
+                        _ if o.link == CtbLink::Idle => bridge.handle_parent_closed(),
+                        _ => bridge.handle_connected(),
+                    }
+                    assert_eq!(
+                        bridge.poll_output(),
+                        None,
+                        "a report out of place did something"
+                    );
+                }
+            },
+            7 | 8 if o.link == CtbLink::Open => {
+                let mut bytes = Vec::new();
+                let frames = if input.byte().is_multiple_of(4) { 2 } else { 1 };
+                for i in 0..frames {
+                    let rt = n * 2 + i;
+                    let (reply, sent) = match input.byte() % 6 {
+                        0 | 1 => {
+                            let result = json!({"content":[{"type":"text","text":format!("r{rt}")}],"isError":input.byte().is_multiple_of(4)});
+                            let raw = RawJson::from_value(&result).expect("JSON");
+                            (Reply::Result(raw), Some(result))
+                        }
+                        2 => (
+                            Reply::Error {
+                                message: format!("m{rt}"),
+                                error_type: "ToolError".into(),
+                            },
+                            None,
+                        ),
+                        3 => (
+                            Reply::Result(RawJson::from_text("{}").expect("JSON")),
+                            None,
+                        ),
+                        4 => (
+                            Reply::Result(
+                                RawJson::from_text(r#"{"content":[{"type":"text"}]}"#)
+                                    .expect("JSON"),
+                            ),
+                            None,
+                        ),
+                        _ => (
+                            Reply::Result(
+                                RawJson::from_text(&format!(
+                                    r#"{{"content":[{{"type":"text","text":"r{rt}"}}],"isError":"no"}}"#
+                                ))
+                                .expect("JSON"),
+                            ),
+                            None,
+                        ),
+                    };
+                    o.replies.insert(rt, (o.in_flight, sent));
+                    length_prefixed::encode(&encode_reply(&reply), &mut bytes, usize::MAX)
+                        .expect("no cap");
+                }
+                let split = input.below(bytes.len() + 1);
+                bridge.handle_parent_bytes(&bytes[..split]);
+                o.drain(&mut bridge);
+                if o.link == CtbLink::Open {
+                    bridge.handle_parent_bytes(&bytes[split..]);
+                }
+            }
+            9 if o.link == CtbLink::Open => bridge.handle_parent_bytes(input.bytes(24)),
+            10 if o.link == CtbLink::Open => {
+                bridge.handle_parent_closed();
+                o.link = CtbLink::Idle;
+                o.in_flight = None;
+            }
+            11 => {
+                if input.byte().is_multiple_of(2) {
+                    bridge.handle_agent_eof();
+                } else {
+                    bridge.handle_terminate();
+                }
+            }
+            _ => {}
+        }
+        o.drain(&mut bridge);
+    }
+    if !o.exited {
+        bridge.handle_agent_eof();
+        o.drain(&mut bridge);
+    }
+    assert!(o.exited, "agent EOF ends the session");
+    for (key, _) in o.expect.iter() {
+        let count = o.answered.get(key).copied().unwrap_or(0);
+        if o.cancelled.contains(key) {
+            assert_eq!(count, 0, "cancelled request {key} answered");
+        } else {
+            assert_eq!(count, 1, "request {key} answered {count} times");
+        }
+    }
+    // Closed for good: every input is ignored.
+    bridge.handle_agent_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
+    bridge.handle_agent_eof();
+    bridge.handle_terminate();
+    bridge.handle_connected();
+    bridge.handle_connect_failed("x");
+    bridge.handle_parent_bytes(b"\0\0\0\x02{}");
+    bridge.handle_parent_closed();
+    assert!(bridge.is_closed());
+    assert_eq!(bridge.poll_output(), None, "output after Exit");
+}
+
+/// The oracle's model of a [`crate::codex::CodexClient`]'s phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CxPhase {
+    Initializing,
+    Starting,
+    Running,
+    Failed,
+    Closed,
+}
+
+/// A request the client sent that the fake codex has not answered.
+#[derive(Debug, Clone)]
+struct CxSent {
+    method: String,
+    /// The events a `turn/start` / `turn/steer` carries.
+    events: Vec<u32>,
+}
+
+/// Everything the `codex` oracle tracks.
+struct CxOracle {
+    phase: CxPhase,
+    model: Option<String>,
+    thread: Option<String>,
+    status: crate::codex::ThreadStatus,
+    turn: Option<String>,
+    /// Client requests not answered yet, by id.
+    open: BTreeMap<u64, CxSent>,
+    /// Every id the client used.
+    ids: BTreeSet<u64>,
+    /// Events pushed: index → whom to tell.
+    pushed: Vec<Option<(String, String)>>,
+    delivered: Vec<u32>,
+    dropped: usize,
+    undelivered: BTreeSet<u32>,
+    /// App request id → what codex answered (None: not yet), and responses seen.
+    app: BTreeMap<u64, (Option<Result<serde_json::Value, String>>, usize)>,
+    /// Server request id (raw) → (denied, answers seen).
+    server: BTreeMap<String, (bool, usize)>,
+    ready: usize,
+    failed: usize,
+    closed_stdin: bool,
+    /// What this step may do.
+    may_drop: bool,
+    may_start: bool,
+}
+
+impl CxOracle {
+    fn events_of(text: &str) -> Vec<u32> {
+        text.split('\n')
+            .map(|e| {
+                e.strip_prefix('e')
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("an event nobody pushed: {e:?}"))
+            })
+            .collect()
+    }
+
+    fn drain(&mut self, client: &mut crate::codex::CodexClient) {
+        use crate::codex::{CodexEvent, CodexOutput, ThreadStatus};
+        let mut polls = 0;
+        while let Some(output) = client.poll_output() {
+            polls += 1;
+            assert!(polls <= MAX_POLLS, "poll_output does not terminate");
+            match output {
+                CodexOutput::Transmit(line) => {
+                    assert!(!self.closed_stdin, "a line for codex after CloseStdin");
+                    assert_eq!(line.last(), Some(&b'\n'));
+                    assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+                    let v: serde_json::Value =
+                        serde_json::from_slice(&line).expect("codex gets valid JSON");
+                    assert_eq!(v["jsonrpc"], "2.0");
+                    if let Some(method) = v["method"].as_str() {
+                        let id = v["id"].as_u64().expect("every request has a numeric id");
+                        assert!(self.ids.insert(id), "request id {id} used twice");
+                        let params = &v["params"];
+                        let mut events = Vec::new();
+                        match method {
+                            "initialize" => assert_eq!(self.ids.len(), 1, "initialize first"),
+                            "thread/start" => {
+                                assert_eq!(self.phase, CxPhase::Starting, "thread/start early");
+                                assert_eq!(params["approvalPolicy"], "never");
+                                assert_eq!(params["sandbox"], "danger-full-access");
+                                assert_eq!(params["model"].as_str(), self.model.as_deref());
+                            }
+                            "turn/start" | "turn/steer" => {
+                                assert_eq!(self.phase, CxPhase::Running, "a turn before Ready");
+                                assert_eq!(params["threadId"].as_str(), self.thread.as_deref());
+                                assert!(
+                                    !self.open.values().any(|s| !s.events.is_empty()),
+                                    "two deliveries in flight"
+                                );
+                                if method == "turn/steer" {
+                                    assert_eq!(self.status, ThreadStatus::Active);
+                                    assert_eq!(
+                                        params["expectedTurnId"].as_str(),
+                                        self.turn.as_deref(),
+                                        "steering a turn that is not the active one"
+                                    );
+                                } else {
+                                    assert!(
+                                        matches!(
+                                            self.status,
+                                            ThreadStatus::Idle | ThreadStatus::SystemError
+                                        ),
+                                        "turn/start while {:?}",
+                                        self.status
+                                    );
+                                }
+                                let text = params["input"][0]["text"].as_str().expect("text");
+                                events = Self::events_of(text);
+                                assert!(!events.is_empty());
+                            }
+                            "turn/interrupt" => {
+                                assert_eq!(params["threadId"].as_str(), self.thread.as_deref());
+                                assert_eq!(params["turnId"].as_str(), self.turn.as_deref());
+                                assert!(self.turn.is_some(), "interrupting no turn");
+                            }
+                            "x/app" => {
+                                assert!(self.app.contains_key(&id), "an app request not asked for");
+                            }
+                            other => panic!("an unexpected request: {other}"),
+                        }
+                        self.open.insert(
+                            id,
+                            CxSent {
+                                method: method.to_owned(),
+                                events,
+                            },
+                        );
+                    } else {
+                        let key = v["id"].to_string();
+                        let Some((denied, count)) = self.server.get_mut(&key) else {
+                            panic!("an answer to a request codex never sent: {v}");
+                        };
+                        *count += 1;
+                        assert_eq!(*count, 1, "server request {key} answered twice");
+                        if *denied {
+                            assert_eq!(
+                                v["result"],
+                                serde_json::json!({"decision":"deny","action":"cancel"})
+                            );
+                        } else {
+                            assert_eq!(v["error"]["code"], -32601);
+                        }
+                    }
+                }
+                CodexOutput::Ready { thread_id } => {
+                    assert!(self.may_start && !self.closed_stdin, "Ready out of place");
+                    self.ready += 1;
+                    assert_eq!(self.ready, 1, "Ready twice");
+                    assert_eq!(Some(thread_id.as_str()), self.thread.as_deref());
+                }
+                CodexOutput::Failed(_) => {
+                    assert!(self.may_start && !self.closed_stdin, "Failed out of place");
+                    self.failed += 1;
+                    assert_eq!(self.failed + self.ready, 1, "Failed after Ready, or twice");
+                }
+                CodexOutput::CloseStdin => {
+                    assert!(!self.closed_stdin, "CloseStdin twice");
+                    self.closed_stdin = true;
+                }
+                CodexOutput::Response { id, outcome } => {
+                    let Some((answer, count)) = self.app.get_mut(&id) else {
+                        panic!("a response to request {id}, never made");
+                    };
+                    *count += 1;
+                    assert_eq!(*count, 1, "request {id} answered twice");
+                    match answer {
+                        Some(answer) => assert_eq!(&outcome, answer, "the wrong answer"),
+                        None => assert!(outcome.is_err(), "a result codex never sent"),
+                    }
+                }
+                CodexOutput::Undelivered(u) => {
+                    assert!(!u.msg_ids.is_empty());
+                    let mut last = None;
+                    for msg in &u.msg_ids {
+                        let n: u32 = msg[1..].parse().expect("a pushed message id");
+                        assert!(last < Some(n), "message ids out of push order");
+                        last = Some(n);
+                        assert_eq!(
+                            self.pushed[n as usize],
+                            Some((u.to.clone(), msg.clone())),
+                            "told the wrong sender, or one with nobody to tell"
+                        );
+                        assert!(self.undelivered.insert(n), "told twice about {msg}");
+                    }
+                }
+                CodexOutput::Event(CodexEvent::Dropped { events, .. }) => {
+                    assert!(
+                        self.may_drop,
+                        "events dropped without a rejection or a shutdown"
+                    );
+                    self.dropped += events;
+                }
+                CodexOutput::Event(_) => {}
+            }
+        }
+    }
+
+    /// Between steps: the client's view agrees with the model, server requests are answered.
+    fn check(&self, client: &crate::codex::CodexClient) {
+        assert_eq!(client.status(), self.status, "thread status");
+        if self.phase == CxPhase::Running {
+            assert_eq!(client.thread_id(), self.thread.as_deref(), "thread id");
+            assert_eq!(client.active_turn(), self.turn.as_deref(), "active turn");
+        }
+        for (key, (_, count)) in &self.server {
+            assert!(
+                *count == 1 || self.closed_stdin,
+                "server request {key} not answered"
+            );
+        }
+    }
+
+    /// The status a `{"type": …}` object names, as the module docs list them.
+    fn status_of(value: &serde_json::Value) -> Option<crate::codex::ThreadStatus> {
+        use crate::codex::ThreadStatus;
+        Some(match value["type"].as_str()? {
+            "notLoaded" => ThreadStatus::NotLoaded,
+            "idle" => ThreadStatus::Idle,
+            "active" => ThreadStatus::Active,
+            "systemError" => ThreadStatus::SystemError,
+            _ => return None,
+        })
+    }
+
+    /// Codex answers request `id`: `ok` or an error with `message`. Returns the line.
+    fn answer(&mut self, id: u64, ok: bool, message: &str, status: &str, tag: u64) -> String {
+        let sent = self.open.remove(&id).expect("an open request");
+        let error = format!(
+            "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"error\":{{\"code\":-32000,\"message\":\"{message}\"}}}}"
+        );
+        if !ok {
+            self.may_drop |= !sent.events.is_empty();
+            match sent.method.as_str() {
+                "initialize" | "thread/start" if self.phase != CxPhase::Closed => {
+                    self.may_start = true;
+                    self.phase = CxPhase::Failed;
+                }
+                "x/app" => {
+                    if let Some((answer, _)) = self.app.get_mut(&id) {
+                        *answer = Some(Err(message.to_owned()));
+                    }
+                }
+                _ => {}
+            }
+            return error;
+        }
+        let result = match sent.method.as_str() {
+            "initialize" => {
+                if self.phase != CxPhase::Closed {
+                    self.phase = CxPhase::Starting;
+                }
+                serde_json::json!({"userAgent": "fuzz"})
+            }
+            "thread/start" => {
+                let thread = format!("th{tag}");
+                let result = if status == "noid" {
+                    serde_json::json!({"thread": {"status": {"type": "idle"}}})
+                } else {
+                    serde_json::json!({"thread": {"id": thread, "status": {"type": status}}})
+                };
+                if self.phase != CxPhase::Closed {
+                    self.may_start = true;
+                    if status == "noid" {
+                        self.phase = CxPhase::Failed;
+                    } else {
+                        self.phase = CxPhase::Running;
+                        self.thread = Some(thread);
+                        self.turn = None;
+                        if let Some(s) = Self::status_of(&result["thread"]["status"]) {
+                            self.status = s;
+                        }
+                    }
+                }
+                result
+            }
+            "x/app" => {
+                let result = serde_json::json!({"tag": tag});
+                if let Some((answer, _)) = self.app.get_mut(&id) {
+                    *answer = Some(Ok(result.clone()));
+                }
+                result
+            }
+            _ => {
+                for event in &sent.events {
+                    assert!(
+                        self.delivered.last().is_none_or(|last| last < event),
+                        "event {event} delivered twice or out of order"
+                    );
+                    self.delivered.push(*event);
+                }
+                serde_json::json!({})
+            }
+        };
+        format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{result}}}")
+    }
+}
+
+/// Statuses as codex writes them, plus ones the client must ignore.
+const CX_STATUSES: [&str; 6] = [
+    "idle",
+    "active",
+    "notLoaded",
+    "systemError",
+    "weird",
+    "noid",
+];
+
+/// `codex`: a fake `codex app-server` and a runner doing arbitrary things to a
+/// [`crate::codex::CodexClient`]: channel events pushed, time passing, requests answered (with
+/// results, errors, the steer-race texts), status and turn notifications, server requests,
+/// answers to ids never used, garbage lines, application requests, shutdown at any point — every
+/// codex line split at an arbitrary byte. Then codex goes idle and answers everything, the
+/// client shuts down, and codex answers the deliveries still open and only some of the rest.
+///
+/// Oracles: `initialize` first, `thread/start` only after it succeeded and as the docs give it;
+/// `Ready` once with the thread's id, or `Failed` once, only when start-up is answered; status,
+/// thread and active turn as the notifications say; a bundle goes to the thread as `turn/start`
+/// only when idle or failed and as `turn/steer` only with the active turn's id, one delivery in
+/// flight; every server request answered exactly once at once (approvals denied, the rest
+/// `-32601`); every application request answered exactly once with what codex said (an error at
+/// shutdown); an answer to an unknown id does nothing; notify never sends by itself; events are
+/// dropped only on a rejection or at shutdown; in the end every event was delivered once, in
+/// push order, or dropped, and each dropped one with a sender produced one notice to that sender;
+/// nothing is written after `CloseStdin`; `poll_output` terminates.
+pub fn codex_ops(data: &[u8]) {
+    use crate::codex::{CodexClient, CodexConfig, DENIED_REQUESTS, ThreadStatus};
+    use serde_json::json;
+    let mut input = Input::new(data);
+    let mut now = Instant::now();
+    let model = input.byte().is_multiple_of(2).then(|| "m".to_owned());
+    let mut client = CodexClient::new(
+        CodexConfig {
+            client_name: "ac7".into(),
+            client_version: "0".into(),
+            cwd: "/w".into(),
+            developer_instructions: "brief".into(),
+            model: model.clone(),
+        },
+        now,
+    );
+    let mut o = CxOracle {
+        phase: CxPhase::Initializing,
+        model,
+        thread: None,
+        status: ThreadStatus::NotLoaded,
+        turn: None,
+        open: BTreeMap::new(),
+        ids: BTreeSet::new(),
+        pushed: Vec::new(),
+        delivered: Vec::new(),
+        dropped: 0,
+        undelivered: BTreeSet::new(),
+        app: BTreeMap::new(),
+        server: BTreeMap::new(),
+        ready: 0,
+        failed: 0,
+        closed_stdin: false,
+        may_drop: false,
+        may_start: false,
+    };
+    o.drain(&mut client);
+    // Feeds one codex line, split at an arbitrary byte.
+    let feed = |client: &mut CodexClient, o: &mut CxOracle, line: String, split: usize, now| {
+        let line = format!("{line}\n");
+        let split = split.min(line.len());
+        client.handle_bytes(&line.as_bytes()[..split], now);
+        o.drain(client);
+        client.handle_bytes(&line.as_bytes()[split..], now);
+    };
+    let mut steps = 0u64;
+    while !input.is_empty() && steps < 2_000 {
+        steps += 1;
+        o.may_drop = matches!(o.phase, CxPhase::Closed | CxPhase::Failed);
+        o.may_start = false;
+        let split = input.below(96);
+        match input.byte() % 12 {
+            0 | 1 => {
+                let n = o.pushed.len() as u32;
+                let reply_to = match input.byte() % 3 {
+                    0 => None,
+                    1 => Some(("alice".to_owned(), format!("m{n}"))),
+                    _ => Some(("bob".to_owned(), format!("m{n}"))),
+                };
+                o.pushed.push(reply_to.clone());
+                client.notify(
+                    crate::codex::SinkEvent {
+                        text: format!("e{n}"),
+                        reply_to,
+                    },
+                    now,
+                );
+                let before = o.ids.len();
+                o.drain(&mut client);
+                assert_eq!(o.ids.len(), before, "notify sent something by itself");
+            }
+            2 | 3 => {
+                now += Duration::from_millis(u64::from(input.byte()) * 4);
+                if client.poll_timeout().is_some_and(|at| at <= now) {
+                    client.handle_timeout(now);
+                }
+                assert!(
+                    client.poll_timeout().is_none_or(|at| at > now),
+                    "a timer in the past"
+                );
+            }
+            4 | 5 if !o.open.is_empty() => {
+                let ids: Vec<u64> = o.open.keys().copied().collect();
+                let id = ids[input.below(ids.len())];
+                let how = input.byte();
+                let message = match how % 8 {
+                    0 => "no active turn",
+                    1 => "expected active turn t9 but found t8",
+                    2 => "turn is not steerable",
+                    3 => "boom",
+                    _ => "",
+                };
+                let status = CX_STATUSES[input.below(CX_STATUSES.len())];
+                let line = o.answer(id, message.is_empty(), message, status, steps);
+                feed(&mut client, &mut o, line, split, now);
+            }
+            6 => {
+                let k = input.byte();
+                let status = CX_STATUSES[input.below(CX_STATUSES.len())];
+                let line = match input.byte() % 6 {
+                    0 | 1 => {
+                        if let Some(s) = CxOracle::status_of(&json!({"type": status})) {
+                            o.status = s;
+                        }
+                        json!({"jsonrpc":"2.0","method":"thread/status/changed","params":{"threadId":"x","status":{"type":status}}})
+                    }
+                    2 => {
+                        if o.phase == CxPhase::Running {
+                            o.turn = Some(format!("t{k}"));
+                        }
+                        json!({"jsonrpc":"2.0","method":"turn/started","params":{"turn":{"id":format!("t{k}")}}})
+                    }
+                    3 => {
+                        if o.phase == CxPhase::Running {
+                            o.turn = None;
+                        }
+                        json!({"jsonrpc":"2.0","method":"turn/completed","params":{"turn":{"id":format!("t{k}")}}})
+                    }
+                    4 => {
+                        if o.phase == CxPhase::Running {
+                            o.thread = Some(format!("tt{k}"));
+                        }
+                        if let Some(s) = CxOracle::status_of(&json!({"type": status})) {
+                            o.status = s;
+                        }
+                        json!({"jsonrpc":"2.0","method":"thread/started","params":{"thread":{"id":format!("tt{k}"),"status":{"type":status}}}})
+                    }
+                    _ => {
+                        json!({"jsonrpc":"2.0","method":"error","params":{"error":{"message":"e"}}})
+                    }
+                };
+                feed(&mut client, &mut o, line.to_string(), split, now);
+            }
+            7 => {
+                let methods = [
+                    DENIED_REQUESTS[input.below(DENIED_REQUESTS.len())],
+                    "other/thing",
+                ];
+                let method = methods[input.below(2)];
+                let key = if input.byte().is_multiple_of(2) {
+                    format!("{}", 9000 + steps)
+                } else {
+                    format!("\"q{steps}\"")
+                };
+                o.server
+                    .insert(key.clone(), (DENIED_REQUESTS.contains(&method), 0));
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{key},\"method\":\"{method}\",\"params\":{{}}}}"
+                );
+                feed(&mut client, &mut o, line, split, now);
+            }
+            8 => {
+                // An answer to an id the client is not waiting for.
+                let id = match input.byte() % 4 {
+                    0 => format!("{}", 100_000 + steps),
+                    1 => "\"1\"".to_owned(),
+                    2 => "1.5".to_owned(),
+                    _ => o
+                        .ids
+                        .iter()
+                        .find(|i| !o.open.contains_key(i))
+                        .map_or("null".into(), u64::to_string),
+                };
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"result\":{{\"thread\":{{\"id\":\"bad\"}}}}}}"
+                );
+                feed(&mut client, &mut o, line, split, now);
+            }
+            9 => {
+                let mut garbage = input.garbage_line(60);
+                garbage.push(b'\n');
+                client.handle_bytes(&garbage, now);
+            }
+            10 => {
+                let id = client.request("x/app", &json!({"n": steps}), now);
+                o.app.insert(id, (None, 0));
+            }
+            11 if input.byte().is_multiple_of(4) => {
+                o.may_drop = true;
+                client.shutdown(now);
+                o.drain(&mut client);
+                o.phase = CxPhase::Closed;
+                assert!(o.closed_stdin, "shutdown closes stdin");
+            }
+            _ => {}
+        }
+        o.drain(&mut client);
+        o.check(&client);
+    }
+    // Codex settles: start-up succeeds, the thread goes idle, everything is answered.
+    o.may_drop = matches!(o.phase, CxPhase::Closed | CxPhase::Failed);
+    for round in 0..4096 {
+        o.may_start = true;
+        if o.phase == CxPhase::Running && o.status != ThreadStatus::Idle {
+            o.status = ThreadStatus::Idle;
+            let line = json!({"jsonrpc":"2.0","method":"thread/status/changed","params":{"status":{"type":"idle"}}});
+            feed(&mut client, &mut o, line.to_string(), 0, now);
+        }
+        if let Some(at) = client.poll_timeout() {
+            now = now.max(at);
+            client.handle_timeout(now);
+            o.drain(&mut client);
+        }
+        let Some(id) = o.open.keys().next().copied() else {
+            break;
+        };
+        let line = o.answer(id, true, "", "idle", 10_000 + round);
+        feed(&mut client, &mut o, line, 0, now);
+        o.drain(&mut client);
+        o.check(&client);
+    }
+    if matches!(o.phase, CxPhase::Running) {
+        assert_eq!(client.buffered(), 0, "events wait although codex is idle");
+        assert!(
+            o.open.values().all(|s| s.events.is_empty()),
+            "a delivery never ends"
+        );
+    }
+    // The runner leaves.
+    o.may_drop = true;
+    client.shutdown(now);
+    o.drain(&mut client);
+    o.phase = CxPhase::Closed;
+    assert!(o.closed_stdin, "shutdown closes stdin");
+    // The runner stops reading codex after shutdown: codex answers the deliveries (taken, or
+    // lost to the steer race) and only some of the rest; nobody may wait for the others.
+    let ids: Vec<u64> = o.open.keys().copied().collect();
+    for (i, id) in ids.into_iter().enumerate() {
+        if o.open[&id].events.is_empty() && i % 2 == 0 {
+            continue;
+        }
+        let line = o.answer(id, i % 3 != 1, "no active turn", "idle", 20_000);
+        feed(&mut client, &mut o, line, 0, now);
+    }
+    let late = client.request("x/app", &json!({}), now);
+    o.app.insert(late, (None, 0));
+    o.drain(&mut client);
+    assert_eq!(client.buffered(), 0, "events left behind after shutdown");
+    for (id, (_, count)) in &o.app {
+        assert_eq!(*count, 1, "application request {id} answered {count} times");
+    }
+    let mut seen = o.delivered.clone();
+    seen.dedup();
+    assert_eq!(
+        seen.len(),
+        o.delivered.len(),
+        "an event was delivered twice"
+    );
+    assert_eq!(
+        o.delivered.len() + o.dropped,
+        o.pushed.len(),
+        "an event was lost without a report (or reported and delivered)"
+    );
+    for (n, reply_to) in o.pushed.iter().enumerate() {
+        let n = n as u32;
+        let delivered = o.delivered.binary_search(&n).is_ok();
+        assert_eq!(
+            o.undelivered.contains(&n),
+            !delivered && reply_to.is_some(),
+            "event {n}: delivered {delivered}, yet its sender's notice disagrees"
+        );
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! Strictly one request on the wire per connection. [`CallToolClient`] (the bridge's side) queues
 //! further calls in order, connects lazily on the first call, fails the call in flight with a clear
-//! error when the parent drops, and reconnects for the next one. Correlation is by order, kept in
+//! error when the parent drops, and reconnects for the next one. Bytes the parent sends with a
+//! reply or while nothing is on the wire answer nothing: they drop the link. Correlation is by order, kept in
 //! the shared [`Pending`] table. The parent's side decodes requests with [`decode_call`], which
 //! separates what must close the connection ([`Fatal`]: framing or JSON can no longer be trusted)
 //! from what gets an error reply (unknown method, bad params).
@@ -532,7 +533,16 @@ impl<T> CallToolClient<T> {
                     match decode_reply(&payload) {
                         Ok(reply) => {
                             *in_flight = None;
+                            // Bytes that came with the reply were sent before the parent could
+                            // see the next request: they cannot answer it.
+                            let stray = decoder.buffered_len() > 0;
                             self.complete(id, Ok(reply));
+                            if stray {
+                                self.drop_link(Fatal::UnexpectedReply(
+                                    "bytes after a reply, before the next request".into(),
+                                ));
+                                return;
+                            }
                             self.pump();
                         }
                         Err(fatal) => {

@@ -28,6 +28,11 @@
 //! the driver to tell that sender (a DM built by [`Undelivered::push_body`]). Events without a
 //! sender to tell — the member's own, system notices, and such notices themselves (data key
 //! [`UNDELIVERED_KEY`]) — are dropped silently, so two members can never bounce notices.
+//!
+//! After [`CodexClient::shutdown`] codex's stdin is closed and nothing more is written to it:
+//! application requests still open (and any made later) are answered with an error at once, a
+//! late start-up answer starts nothing, and a delivery answered late is either taken or dropped
+//! (reported as above), never kept.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
@@ -54,6 +59,9 @@ pub const DENIED_REQUESTS: [&str; 5] = [
 ];
 
 const STEER_RACE: [&str; 3] = ["expected active turn", "no active turn", "not steerable"];
+
+/// The error of an application request codex can no longer answer (see [`CodexClient::shutdown`]).
+const SESSION_ENDED: &str = "the codex session ended before codex answered";
 
 /// The `data` key that marks a "not delivered" notice (its value: the undelivered message ids).
 /// An event carrying it never causes a notice of its own.
@@ -376,13 +384,37 @@ impl CodexClient {
                 "the session ended before codex could take it".into(),
             );
         }
+        // Codex is not read any more: nobody may wait for its answer. Deliveries stay, so that
+        // a late answer still says whether codex took their events.
+        let ids: Vec<u64> = self.calls.ids().collect();
+        for id in ids {
+            if matches!(self.calls.get_mut(id), Some(Call::Deliver { .. })) {
+                continue;
+            }
+            if let Some(Call::App) = self.calls.remove(id) {
+                self.out.push_back(CodexOutput::Response {
+                    id,
+                    outcome: Err(SESSION_ENDED.into()),
+                });
+            }
+        }
         self.phase = Phase::Closed;
         self.out.push_back(CodexOutput::CloseStdin);
     }
 
     /// Sends any other request to codex (e.g. `mcpServerStatus/list`); the answer comes out as
     /// [`CodexOutput::Response`] with the returned id.
+    /// After [`shutdown`](Self::shutdown) it is answered at once with an error.
     pub fn request(&mut self, method: &str, params: &Value, _now: Instant) -> u64 {
+        if matches!(self.phase, Phase::Closed) {
+            let id = self.calls.insert(Call::App);
+            self.calls.remove(id);
+            self.out.push_back(CodexOutput::Response {
+                id,
+                outcome: Err(SESSION_ENDED.into()),
+            });
+            return id;
+        }
         self.request_call(method, params, Call::App)
     }
 
@@ -428,6 +460,8 @@ impl CodexClient {
                 };
                 self.response(id, call, response.outcome, now);
             }
+            // Stdin is closed: there is no way to answer.
+            Message::Request(_) if matches!(self.phase, Phase::Closed) => {}
             Message::Request(request) => {
                 let denied = DENIED_REQUESTS.contains(&request.method.as_str());
                 let mut line = Vec::new();
@@ -585,6 +619,13 @@ impl CodexClient {
             active_turn,
         } = &self.phase
         else {
+            if matches!(self.phase, Phase::Closed) {
+                // A steer retried after shutdown: nothing will flush the buffer again.
+                return self.drop_events(
+                    events,
+                    "the session ended before codex could take it".into(),
+                );
+            }
             return self.rebuffer(events);
         };
         match self.status {

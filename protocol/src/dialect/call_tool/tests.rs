@@ -187,6 +187,55 @@ fn parent_drop_fails_the_call_in_flight_and_the_next_call_reconnects() {
     );
 }
 
+/// Found by the `call_tool_bridge` fuzz oracle: bytes that arrive together with a reply were sent
+/// before the parent saw the next request, so they cannot answer it. They broke the protocol:
+/// the link drops and the next call goes out on a fresh connection with its own answer.
+#[test]
+fn bytes_after_a_reply_never_answer_the_next_call() {
+    let mut c = CallToolClient::new(1024);
+    c.request(&call("a"), 1);
+    c.request(&call("b"), 2);
+    c.handle_connected();
+    drain(&mut c);
+    let mut bytes = framed(br#"{"result":{"content":[{"type":"text","text":"A"}]}}"#);
+    bytes.extend(framed(
+        br#"{"result":{"content":[{"type":"text","text":"stray"}]}}"#,
+    ));
+    c.handle_bytes(&bytes);
+    let out = drain(&mut c);
+    assert_eq!(
+        out,
+        vec![
+            ClientOutput::Completed {
+                token: 1,
+                outcome: Ok(Reply::Result(raw(
+                    r#"{"content":[{"type":"text","text":"A"}]}"#
+                )))
+            },
+            ClientOutput::Disconnect,
+            ClientOutput::Connect,
+        ],
+        "the stray reply answers nobody; call b waits for a new connection"
+    );
+    c.handle_connected();
+    assert_eq!(
+        drain(&mut c),
+        vec![ClientOutput::Transmit(framed(&encode_call(&call("b"))))]
+    );
+    c.handle_bytes(&framed(
+        br#"{"result":{"content":[{"type":"text","text":"B"}]}}"#,
+    ));
+    assert_eq!(
+        drain(&mut c),
+        vec![ClientOutput::Completed {
+            token: 2,
+            outcome: Ok(Reply::Result(raw(
+                r#"{"content":[{"type":"text","text":"B"}]}"#
+            )))
+        }]
+    );
+}
+
 #[test]
 fn broken_replies_drop_the_link_and_fail_only_the_call_in_flight() {
     let mut c = CallToolClient::new(128);

@@ -478,3 +478,80 @@ fn other_requests_are_answered_through_response() {
         }]
     );
 }
+
+fn transmits(out: &[CodexOutput]) -> usize {
+    out.iter()
+        .filter(|o| matches!(o, CodexOutput::Transmit(_)))
+        .count()
+}
+
+/// Found by the `codex` fuzz oracle: after `shutdown` (stdin closed, codex no longer read)
+/// nothing is written to codex, and no application request is left waiting for an answer.
+#[test]
+fn after_shutdown_nothing_is_written_and_no_request_waits() {
+    let mut c = Codex::start();
+    c.ready("idle");
+    let id = c.client.request("mcpServerStatus/list", &json!({}), c.now);
+    c.drain();
+    c.client.shutdown(c.now);
+    let out = c.drain();
+    assert!(c.closed);
+    let ended = Err("the codex session ended before codex answered".to_owned());
+    assert!(
+        out.contains(&CodexOutput::Response {
+            id,
+            outcome: ended.clone()
+        }),
+        "the pending request is answered at shutdown: {out:?}"
+    );
+    let out = c.codex_says(json!({"jsonrpc": "2.0", "id": 7, "method": "item/fileChange/requestApproval", "params": {}}));
+    assert_eq!(
+        transmits(&out),
+        0,
+        "answered a server request after CloseStdin"
+    );
+    let late = c.client.request("mcpServerStatus/list", &json!({}), c.now);
+    assert_eq!(
+        c.drain(),
+        vec![CodexOutput::Response {
+            id: late,
+            outcome: ended
+        }]
+    );
+}
+
+/// Found by the `codex` fuzz oracle: a start-up answer that arrives after `shutdown` does not
+/// start the thread (no `thread/start`, no `Ready`).
+#[test]
+fn start_up_answered_after_shutdown_starts_nothing() {
+    let mut c = Codex::start();
+    c.client.shutdown(c.now);
+    c.drain();
+    let out = c.answer("initialize", Ok(json!({"userAgent": "codex"})));
+    assert_eq!(out, vec![], "nothing happens after shutdown");
+    assert_eq!(c.client.thread_id(), None);
+}
+
+/// Found by the `codex` fuzz oracle: a steer that loses the race with the end of its turn after
+/// `shutdown` cannot be retried; its events are reported as dropped, not kept forever.
+#[test]
+fn a_steer_lost_after_shutdown_is_reported_not_kept() {
+    let mut c = Codex::start();
+    c.ready("active");
+    c.codex_says(
+        json!({"jsonrpc": "2.0", "method": "turn/started", "params": {"turn": {"id": "t1"}}}),
+    );
+    c.push("late news");
+    c.advance(200);
+    assert_eq!(c.requests.last().unwrap().1, "turn/steer");
+    c.client.shutdown(c.now);
+    c.drain();
+    let out = c.answer("turn/steer", Err("no active turn"));
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, CodexOutput::Event(CodexEvent::Dropped { events: 1, .. }))),
+        "{out:?}"
+    );
+    assert_eq!(transmits(&out), 0);
+    assert_eq!(c.client.buffered(), 0, "an event kept after shutdown");
+}
