@@ -9,10 +9,10 @@
 //! Strictly one request on the wire per connection. [`CallToolClient`] (the bridge's side) queues
 //! further calls in order, connects lazily on the first call, fails the call in flight with a clear
 //! error when the parent drops, and reconnects for the next one. Bytes the parent sends with a
-//! reply or while nothing is on the wire answer nothing: they drop the link. Correlation is by order, kept in
-//! the shared [`Pending`] table. The parent's side decodes requests with [`decode_call`], which
-//! separates what must close the connection ([`Fatal`]: framing or JSON can no longer be trusted)
-//! from what gets an error reply (unknown method, bad params).
+//! reply or while nothing is on the wire answer nothing: they drop the link. Correlation is by
+//! order, kept in the shared [`Pending`] table. The parent's side decodes requests with
+//! [`decode_call`], which separates what must close the connection ([`Fatal`]: framing or JSON
+//! can no longer be trusted) from what gets an error reply (unknown method, bad params).
 //!
 //! The tool-schema file the parent writes (0600) for the bridge is [`parse_schema_file`].
 
