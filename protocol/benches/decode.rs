@@ -3,8 +3,8 @@
 
 use std::hint::black_box;
 
-use ac7_protocol::frame::{Decoded, FrameDecoder, MAX_FRAME_BYTES};
-use ac7_protocol::message::LogLevel;
+use ac7_protocol::codec::frame::{Decoded, FrameDecoder, MAX_FRAME_BYTES};
+use ac7_protocol::domain::message::LogLevel;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
 

@@ -7,18 +7,22 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::ash::{
+use crate::codec::frame::{
+    Decoded, DropReason, Dropped, FrameDecoder, decode_frame, encode_frame_vec,
+};
+use crate::codec::json::RawJson;
+use crate::codec::jsonrpc::{self, Message, Outcome};
+use crate::codec::length_prefixed::{self, LpDecoder};
+use crate::dialect::ash::{
     self,
     bridge::{Answer, AshBridgeOutput, AshConnection},
     host::{AshHost, HostOutput},
 };
-use crate::bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer as BridgePeer};
-use crate::frame::{Decoded, DropReason, Dropped, FrameDecoder, decode_frame, encode_frame_vec};
-use crate::json::RawJson;
-use crate::jsonrpc::{self, Message, Outcome};
-use crate::length_prefixed::{self, LpDecoder};
-use crate::mcp;
-use crate::runner::{BridgePolicy, ConnId, Origin, RunnerConfig, RunnerOutput, RunnerSession};
+use crate::dialect::mcp;
+use crate::session::mcp_bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer as BridgePeer};
+use crate::session::runner::{
+    BridgePolicy, ConnId, Origin, RunnerConfig, RunnerOutput, RunnerSession,
+};
 use crate::trace::activity::{ActivityEvent, ActivityUpload};
 use crate::trace::http::{ConnId as TraceConn, HttpConfig};
 use crate::trace::redact::{TRUNCATED_MARK, preview, redact_text};
@@ -380,8 +384,8 @@ fn drain_bridge(
                 assert!(frame.len() <= max_frame_bytes, "frame over the cap");
                 assert_eq!(frame.iter().filter(|b| **b == b'\n').count(), 1);
                 match decode_frame(&frame[..frame.len() - 1]) {
-                    Ok(crate::frame::Frame::McpRequest(req)) => forwarded.push(req.id),
-                    Ok(crate::frame::Frame::Shutdown(_)) => {}
+                    Ok(crate::codec::frame::Frame::McpRequest(req)) => forwarded.push(req.id),
+                    Ok(crate::codec::frame::Frame::Shutdown(_)) => {}
                     other => panic!("unexpected frame to the runner: {other:?}"),
                 }
             }
@@ -529,7 +533,7 @@ fn drain_runner(
                         .expect("the runner writes valid frames");
                     assert!(
                         !(outsiders.contains(&conn)
-                            && matches!(frame, crate::frame::Frame::McpNotification(_))),
+                            && matches!(frame, crate::codec::frame::Frame::McpNotification(_))),
                         "a notification went to an outsider"
                     );
                 }
@@ -626,7 +630,7 @@ pub fn ash_bridge_ops(data: &[u8]) {
     let mut input = Input::new(data);
     let max_line = 64 + usize::from(input.byte()) * 4;
     let mut conn = AshConnection::with_max_line(max_line);
-    let mut shadow = crate::line::LineDecoder::new(max_line);
+    let mut shadow = crate::codec::line::LineDecoder::new(max_line);
     let mut expected: Vec<String> = Vec::new();
     let mut dones: Vec<String> = Vec::new();
     let mut running: Option<&'static str> = None;
@@ -646,7 +650,7 @@ pub fn ash_bridge_ops(data: &[u8]) {
         conn.handle_bytes(bytes);
         shadow.push(bytes);
         while let Some(line) = shadow.decode() {
-            if let crate::line::Line::Complete(line) = line {
+            if let crate::codec::line::Line::Complete(line) = line {
                 match ash::decode_command(line) {
                     Ok(ash::Command::Query(q)) => expected.push(q.session_id),
                     Ok(ash::Command::Resume { session_id, .. }) => expected.push(session_id),
@@ -1201,7 +1205,7 @@ pub enum LiveStep {
 #[derive(Debug, Clone)]
 struct SimMessage {
     serial: u64,
-    message: crate::message::Message,
+    message: crate::domain::message::Message,
 }
 
 /// The live-stream machine in a simulated world (one member who sees everything), checking
@@ -1209,15 +1213,15 @@ struct SimMessage {
 /// [`LiveSim::settle`] that everything in the broker's log reached the agent.
 #[derive(Debug)]
 pub struct LiveSim {
-    machine: crate::live::LiveStream,
+    machine: crate::session::live::LiveStream,
     now: Instant,
     ms: i64,
     log: Vec<SimMessage>,
     next_serial: u64,
     /// What the broker sent on the open connection, not yet read.
-    inbound: Option<std::collections::VecDeque<crate::live::LiveFrame>>,
+    inbound: Option<std::collections::VecDeque<crate::session::live::LiveFrame>>,
     connect_pending: Option<Option<String>>,
-    fetch_pending: Option<crate::live::HistoryQuery>,
+    fetch_pending: Option<crate::session::live::HistoryQuery>,
     delivered: Vec<u64>,
     delivered_ids: BTreeSet<String>,
     serial_of: BTreeMap<String, u64>,
@@ -1230,15 +1234,15 @@ impl LiveSim {
     /// A world with small pages and hold limits so that paging and overflow happen.
     pub fn new(seed: u64) -> Self {
         let now = Instant::now();
-        let config = crate::live::LiveConfig {
+        let config = crate::session::live::LiveConfig {
             page: 3,
             max_held: 5,
             remembered_ids: 100_000,
             seed,
-            ..crate::live::LiveConfig::default()
+            ..crate::session::live::LiveConfig::default()
         };
         let mut sim = Self {
-            machine: crate::live::LiveStream::new(config, now),
+            machine: crate::session::live::LiveStream::new(config, now),
             now,
             ms: 1_000_000,
             log: Vec::new(),
@@ -1261,20 +1265,20 @@ impl LiveSim {
             LiveStep::Push => {
                 self.next_serial += 1;
                 let serial = self.next_serial;
-                let message = crate::message::Message {
+                let message = crate::domain::message::Message {
                     id: format!("m{serial}"),
                     ts: self.ms,
                     to: None,
                     from: Some("director".into()),
                     title: None,
                     body: format!("body {serial}"),
-                    level: crate::message::LogLevel::default(),
+                    level: crate::domain::message::LogLevel::default(),
                     data: serde_json::Map::new(),
                     attachments: Vec::new(),
                 };
                 self.serial_of.insert(message.id.clone(), serial);
                 if let Some(inbound) = &mut self.inbound {
-                    inbound.push_back(crate::live::LiveFrame::Message(message.clone()));
+                    inbound.push_back(crate::session::live::LiveFrame::Message(message.clone()));
                 }
                 self.log.push(SimMessage { serial, message });
             }
@@ -1291,13 +1295,11 @@ impl LiveSim {
                     let mut inbound = std::collections::VecDeque::new();
                     if let Some(id) = last {
                         match self.log.iter().position(|m| m.message.id == id) {
-                            Some(at) => inbound.extend(
-                                self.log[at + 1..]
-                                    .iter()
-                                    .map(|m| crate::live::LiveFrame::Message(m.message.clone())),
-                            ),
-                            None => inbound.push_back(crate::live::LiveFrame::Reset(
-                                crate::live::Reset::unknown_id(&id),
+                            Some(at) => inbound.extend(self.log[at + 1..].iter().map(|m| {
+                                crate::session::live::LiveFrame::Message(m.message.clone())
+                            })),
+                            None => inbound.push_back(crate::session::live::LiveFrame::Reset(
+                                crate::session::live::Reset::unknown_id(&id),
                             )),
                         }
                     }
@@ -1323,7 +1325,7 @@ impl LiveSim {
             LiveStep::Keepalive => {
                 if self.inbound.is_some() {
                     self.machine
-                        .handle_frame(crate::live::LiveFrame::Alive, self.now);
+                        .handle_frame(crate::session::live::LiveFrame::Alive, self.now);
                 }
             }
             LiveStep::Drop => self.disconnect(),
@@ -1367,7 +1369,10 @@ impl LiveSim {
     }
 
     /// `GET /history` against the current log (`None`: an `after_id` it does not have).
-    fn history(&self, q: &crate::live::HistoryQuery) -> Option<Vec<crate::message::Message>> {
+    fn history(
+        &self,
+        q: &crate::session::live::HistoryQuery,
+    ) -> Option<Vec<crate::domain::message::Message>> {
         let log = self.log.iter().map(|m| &m.message);
         let page: Vec<_> = if let Some(id) = &q.after_id {
             let at = self.log.iter().position(|m| &m.message.id == id)?;
@@ -1395,20 +1400,20 @@ impl LiveSim {
             polls += 1;
             assert!(polls < MAX_POLLS, "poll_output does not terminate");
             match output {
-                crate::live::LiveOutput::Connect { last_event_id } => {
+                crate::session::live::LiveOutput::Connect { last_event_id } => {
                     assert!(self.inbound.is_none(), "connect while connected");
                     self.connect_pending = Some(last_event_id);
                 }
-                crate::live::LiveOutput::Disconnect { .. } => {
+                crate::session::live::LiveOutput::Disconnect { .. } => {
                     self.inbound = None;
                     self.connect_pending = None;
                     self.fetch_pending = None;
                 }
-                crate::live::LiveOutput::Fetch(query) => {
+                crate::session::live::LiveOutput::Fetch(query) => {
                     assert!(self.inbound.is_some(), "a fetch while not connected");
                     self.fetch_pending = Some(query);
                 }
-                crate::live::LiveOutput::Backoff { delay, .. } => {
+                crate::session::live::LiveOutput::Backoff { delay, .. } => {
                     assert!(
                         delay <= Duration::from_secs(36),
                         "backoff {delay:?} over 30 s + 20 %"
@@ -1421,7 +1426,7 @@ impl LiveSim {
                     self.connect_pending = None;
                     self.fetch_pending = None;
                 }
-                crate::live::LiveOutput::Deliver(message) => {
+                crate::session::live::LiveOutput::Deliver(message) => {
                     let serial = self.serial_of[&message.id];
                     assert!(
                         self.delivered_ids.insert(message.id.clone()),
@@ -1523,7 +1528,7 @@ pub fn live_ops(data: &[u8]) {
 /// exactly once (handed to the device or revoked), never from an expired enrollment; user codes
 /// stay unique among live enrollments and no address holds more than its bound.
 pub fn signin_ops(data: &[u8]) {
-    use crate::permission::PermissionSet;
+    use crate::domain::permission::PermissionSet;
     use crate::signin::enroll::{EnrollConfig, EnrollEvent, EnrollStore, PollOutcome};
     use crate::signin::totp;
 
@@ -2031,8 +2036,8 @@ fn chunked(stream: &[u8], seed: u8) -> Vec<&[u8]> {
 fn sse_parse(
     cap: usize,
     chunks: &[&[u8]],
-) -> (Vec<crate::sse::SseItem>, Option<String>, Option<u64>) {
-    let mut parser = crate::sse::SseParser::new(cap);
+) -> (Vec<crate::codec::sse::SseItem>, Option<String>, Option<u64>) {
+    let mut parser = crate::codec::sse::SseParser::new(cap);
     let mut items = Vec::new();
     for chunk in chunks {
         parser.push(chunk);
@@ -2053,7 +2058,7 @@ fn printable(bytes: &[u8]) -> String {
     bytes.iter().map(|b| char::from(b' ' + b % 95)).collect()
 }
 
-/// `sse`: fuzzer bytes through an [`crate::sse::SseParser`]. Byte 0 picks the mode. Even: the
+/// `sse`: fuzzer bytes through an [`crate::codec::sse::SseParser`]. Byte 0 picks the mode. Even: the
 /// rest is a raw stream (byte 1 the cap: `16 + 4 * byte1`; byte 2 the chunking). Odd: the rest
 /// describes events (name, data lines, id, comments, `\n` or `\r\n` line ends) that are
 /// encoded as `text/event-stream` and parsed under a cap they never reach.
@@ -2074,7 +2079,7 @@ pub fn sse_stream(data: &[u8]) {
         let line_ends = stream.iter().filter(|b| **b == b'\n').count();
         assert!(whole.0.len() <= line_ends, "more items than line ends");
         for item in &whole.0 {
-            if let crate::sse::SseItem::Event(event) = item {
+            if let crate::codec::sse::SseItem::Event(event) = item {
                 assert!(event.data.len() <= cap, "event data over the cap");
                 assert!(!event.event.is_empty());
                 assert!(event.id.as_ref().is_none_or(|id| !id.contains('\0')));
@@ -2115,18 +2120,20 @@ pub fn sse_stream(data: &[u8]) {
         }
         stream.push_str(eol);
         if !lines.is_empty() {
-            expected.push(crate::sse::SseItem::Event(crate::sse::SseEvent {
-                event: if flags & 2 != 0 && !name.is_empty() {
-                    name
-                } else {
-                    "message".to_owned()
+            expected.push(crate::codec::sse::SseItem::Event(
+                crate::codec::sse::SseEvent {
+                    event: if flags & 2 != 0 && !name.is_empty() {
+                        name
+                    } else {
+                        "message".to_owned()
+                    },
+                    data: lines.join("\n"),
+                    id: id.clone(),
                 },
-                data: lines.join("\n"),
-                id: id.clone(),
-            }));
+            ));
         }
     }
-    let cap = crate::sse::DEFAULT_MAX_EVENT_BYTES;
+    let cap = crate::codec::sse::DEFAULT_MAX_EVENT_BYTES;
     let whole = sse_parse(cap, &[stream.as_bytes()]);
     assert_eq!(whole.0, expected, "stream:\n{stream}");
     assert_eq!(whole.1, id);
@@ -2135,18 +2142,18 @@ pub fn sse_stream(data: &[u8]) {
 }
 
 /// `tracker`: fuzzer bytes as 2-byte operations `[kind, arg]` on an
-/// [`crate::tracker::ObjectivesTracker`] over a "true" open set that changes only together with
+/// [`crate::session::tracker::ObjectivesTracker`] over a "true" open set that changes only together with
 /// a trigger (as objective events do): trigger (maybe changing the truth), time passing
 /// (`arg` ms), the refresh in flight answered with the truth as it was when that refresh started,
 /// or failed. Then the tracker settles: time runs to every timer and every refresh is answered.
 ///
-/// Oracles: one refresh in flight at a time; a refresh starts only once [`crate::tracker::DEBOUNCE`]
+/// Oracles: one refresh in flight at a time; a refresh starts only once [`crate::session::tracker::DEBOUNCE`]
 /// passed since the last trigger (or right after the previous refresh, when a timer fired during
 /// it); `ListChanged` exactly when an answered set differs from the one known before; a timer is
 /// never left in the past; after settling nothing is pending, and unless a refresh failed since
 /// the last trigger the tracker knows the true set (no change was missed).
 pub fn tracker_ops(data: &[u8]) {
-    use crate::tracker::{DEBOUNCE, ObjectivesTracker, TrackerOutput};
+    use crate::session::tracker::{DEBOUNCE, ObjectivesTracker, TrackerOutput};
     let mut input = Input::new(data);
     let start = Instant::now();
     let mut now = start;
@@ -2414,8 +2421,10 @@ impl CtbOracle {
         tag.unwrap_or_else(|| panic!("a call the agent never made: {name} {arguments}"))
     }
 
-    fn drain(&mut self, bridge: &mut crate::call_tool_bridge::CallToolBridge) {
-        use crate::call_tool_bridge::{CallToolBridgeEvent, CallToolBridgeOutput as Out, Peer};
+    fn drain(&mut self, bridge: &mut crate::dialect::call_tool_bridge::CallToolBridge) {
+        use crate::dialect::call_tool_bridge::{
+            CallToolBridgeEvent, CallToolBridgeOutput as Out, Peer,
+        };
         let mut polls = 0;
         while let Some(output) = bridge.poll_output() {
             polls += 1;
@@ -2436,7 +2445,7 @@ impl CtbOracle {
                     let len = u32::from_be_bytes(prefix) as usize;
                     assert_eq!(len + 4, bytes.len(), "one whole frame per transmit");
                     assert!(len <= self.max_payload_bytes, "a frame over the cap");
-                    let call = crate::call_tool::decode_call(&bytes[4..])
+                    let call = crate::dialect::call_tool::decode_call(&bytes[4..])
                         .unwrap_or_else(|e| panic!("an undecodable call: {e:?}"));
                     let arguments: serde_json::Value =
                         call.arguments.parse().expect("arguments are JSON");
@@ -2462,7 +2471,10 @@ impl CtbOracle {
                     self.in_flight = None;
                 }
                 Out::Event(CallToolBridgeEvent::Completed { error, .. }) => {
-                    if !matches!(error, Some(crate::call_tool::CallError::TooLarge(_))) {
+                    if !matches!(
+                        error,
+                        Some(crate::dialect::call_tool::CallError::TooLarge(_))
+                    ) {
                         self.in_flight = None;
                     }
                 }
@@ -2522,7 +2534,7 @@ impl CtbOracle {
                     "a tool failure is a result, not an error: {line}"
                 );
                 let raw = RawJson::from_value(result).expect("JSON");
-                crate::call_tool::validate_tool_result(&raw).unwrap_or_else(|e| {
+                crate::dialect::call_tool::validate_tool_result(&raw).unwrap_or_else(|e| {
                     panic!("the agent got an invalid tool result ({e}): {line}")
                 });
                 let text = result["content"][0]["text"].as_str().unwrap_or_default();
@@ -2557,7 +2569,7 @@ impl CtbOracle {
 }
 
 /// `call_tool_bridge`: an agent, a parent process and the driver doing arbitrary things to a
-/// [`crate::call_tool_bridge::CallToolBridge`]: requests of every kind (split at arbitrary
+/// [`crate::dialect::call_tool_bridge::CallToolBridge`]: requests of every kind (split at arbitrary
 /// bytes), cancellations, garbage lines; connection attempts succeeding or failing; replies,
 /// unsolicited replies, invalid results and raw garbage from the parent; the parent closing;
 /// agent EOF or a signal. Calls and replies carry tags so the oracle can tell them apart.
@@ -2573,8 +2585,8 @@ impl CtbOracle {
 /// connection reports the driver cannot have made change nothing; `Exit` once and last, after it
 /// `is_closed` holds and every input is ignored; `poll_output` terminates.
 pub fn call_tool_bridge_ops(data: &[u8]) {
-    use crate::call_tool::{Reply, encode_reply, parse_schema_file, tools_list_result};
-    use crate::call_tool_bridge::{CallToolBridge, CallToolBridgeConfig};
+    use crate::dialect::call_tool::{Reply, encode_reply, parse_schema_file, tools_list_result};
+    use crate::dialect::call_tool_bridge::{CallToolBridge, CallToolBridgeConfig};
     use serde_json::json;
     let mut input = Input::new(data);
     let max_payload_bytes = 64 + usize::from(input.byte()) * 4;
@@ -2807,7 +2819,7 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
     assert_eq!(bridge.poll_output(), None, "output after Exit");
 }
 
-/// The oracle's model of a [`crate::codex::CodexClient`]'s phase.
+/// The oracle's model of a [`crate::dialect::codex::CodexClient`]'s phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum CxPhase {
     Initializing,
@@ -2830,7 +2842,7 @@ struct CxOracle {
     phase: CxPhase,
     model: Option<String>,
     thread: Option<String>,
-    status: crate::codex::ThreadStatus,
+    status: crate::dialect::codex::ThreadStatus,
     turn: Option<String>,
     /// Client requests not answered yet, by id.
     open: BTreeMap<u64, CxSent>,
@@ -2864,8 +2876,8 @@ impl CxOracle {
             .collect()
     }
 
-    fn drain(&mut self, client: &mut crate::codex::CodexClient) {
-        use crate::codex::{CodexEvent, CodexOutput, ThreadStatus};
+    fn drain(&mut self, client: &mut crate::dialect::codex::CodexClient) {
+        use crate::dialect::codex::{CodexEvent, CodexOutput, ThreadStatus};
         let mut polls = 0;
         while let Some(output) = client.poll_output() {
             polls += 1;
@@ -3007,7 +3019,7 @@ impl CxOracle {
     }
 
     /// Between steps: the client's view agrees with the model, server requests are answered.
-    fn check(&self, client: &crate::codex::CodexClient) {
+    fn check(&self, client: &crate::dialect::codex::CodexClient) {
         assert_eq!(client.status(), self.status, "thread status");
         if self.phase == CxPhase::Running {
             assert_eq!(client.thread_id(), self.thread.as_deref(), "thread id");
@@ -3022,8 +3034,8 @@ impl CxOracle {
     }
 
     /// The status a `{"type": …}` object names, as the module docs list them.
-    fn status_of(value: &serde_json::Value) -> Option<crate::codex::ThreadStatus> {
-        use crate::codex::ThreadStatus;
+    fn status_of(value: &serde_json::Value) -> Option<crate::dialect::codex::ThreadStatus> {
+        use crate::dialect::codex::ThreadStatus;
         Some(match value["type"].as_str()? {
             "notLoaded" => ThreadStatus::NotLoaded,
             "idle" => ThreadStatus::Idle,
@@ -3117,7 +3129,7 @@ const CX_STATUSES: [&str; 6] = [
 ];
 
 /// `codex`: a fake `codex app-server` and a runner doing arbitrary things to a
-/// [`crate::codex::CodexClient`]: channel events pushed, time passing, requests answered (with
+/// [`crate::dialect::codex::CodexClient`]: channel events pushed, time passing, requests answered (with
 /// results, errors, the steer-race texts), status and turn notifications, server requests,
 /// answers to ids never used, garbage lines, application requests, shutdown at any point — every
 /// codex line split at an arbitrary byte. Then codex goes idle and answers everything, the
@@ -3134,7 +3146,7 @@ const CX_STATUSES: [&str; 6] = [
 /// push order, or dropped, and each dropped one with a sender produced one notice to that sender;
 /// nothing is written after `CloseStdin`; `poll_output` terminates.
 pub fn codex_ops(data: &[u8]) {
-    use crate::codex::{CodexClient, CodexConfig, DENIED_REQUESTS, ThreadStatus};
+    use crate::dialect::codex::{CodexClient, CodexConfig, DENIED_REQUESTS, ThreadStatus};
     use serde_json::json;
     let mut input = Input::new(data);
     let mut now = Instant::now();
@@ -3194,7 +3206,7 @@ pub fn codex_ops(data: &[u8]) {
                 };
                 o.pushed.push(reply_to.clone());
                 client.notify(
-                    crate::codex::SinkEvent {
+                    crate::dialect::codex::SinkEvent {
                         text: format!("e{n}"),
                         reply_to,
                     },

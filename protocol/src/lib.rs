@@ -123,10 +123,6 @@
 //!   its host).
 //! - **runner**: the process that owns an agent's session with the broker and serves its MCP
 //!   bridges over a unix socket ([`session::runner`]).
-//!
-//! The flat paths of the modules before this layout (`ac7_protocol::bridge`, `::frame`,
-//! `::message`, …) remain as hidden re-exports so code written against them keeps compiling;
-//! new code uses the folder paths.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -139,18 +135,6 @@ pub mod fuzzing;
 pub mod session;
 pub mod signin;
 pub mod trace;
-
-#[doc(hidden)]
-pub use codec::{base64, frame, json, jsonrpc, length_prefixed, line, sse};
-pub(crate) use dialect::mcp_face;
-#[doc(hidden)]
-pub use dialect::{ash, call_tool, call_tool_bridge, codex, mcp, schema};
-#[doc(hidden)]
-pub use domain::{channel, message, objective, permission, team, toolbox, vfs};
-#[doc(hidden)]
-pub use session::mcp_bridge as bridge;
-#[doc(hidden)]
-pub use session::{live, pending, runner, tracker};
 
 #[cfg(test)]
 pub(crate) mod test_support;

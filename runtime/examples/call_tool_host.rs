@@ -9,9 +9,9 @@
 
 use std::io::Write;
 
-use ac7_protocol::call_tool::ToolSchema;
-use ac7_protocol::mcp;
-use ac7_runtime::call_tool_host::{CallToolHost, HostPaths, ToolError};
+use ac7_protocol::dialect::call_tool::ToolSchema;
+use ac7_protocol::dialect::mcp;
+use ac7_runtime::dialects::call_tool_host::{CallToolHost, HostPaths, ToolError};
 use serde_json::{Value, json};
 
 #[tokio::main(flavor = "current_thread")]

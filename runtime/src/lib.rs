@@ -17,15 +17,3 @@ pub mod quickstart;
 pub mod runner;
 pub mod tls_client;
 pub mod unix_socket;
-
-// The flat paths of the modules before the `dialects/` and `runner/` folders, kept so code
-// written against them (tests, examples, work in flight) keeps compiling; new code uses the
-// folder paths.
-#[doc(hidden)]
-pub use dialects::ash_host as ash_client;
-#[doc(hidden)]
-pub use dialects::mcp_bridge as bridge;
-#[doc(hidden)]
-pub use dialects::{ash_bridge, ash_sessions, call_tool_bridge, call_tool_host};
-#[doc(hidden)]
-pub use runner::ipc_server;

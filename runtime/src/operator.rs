@@ -5,7 +5,7 @@
 //! bearer token is `AC7_TOKEN` (or `--url` / `--token`, else the token `ac7 connect` stored). A refused request prints
 //! the broker's own error message and exits non-zero.
 
-use ac7_protocol::toolbox::encode_component;
+use ac7_protocol::domain::toolbox::encode_component;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use reqwest::Method;

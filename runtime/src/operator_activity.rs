@@ -130,7 +130,7 @@ pub fn activity(args: ActivityArgs) -> anyhow::Result<i32> {
             Method::GET,
             &format!(
                 "/members/{}/activity",
-                ac7_protocol::toolbox::encode_component(&member)
+                ac7_protocol::domain::toolbox::encode_component(&member)
             ),
             &[
                 ("kind", "llm_exchange".to_owned()),
@@ -190,7 +190,7 @@ async fn follow(
 ) -> anyhow::Result<()> {
     let path = format!(
         "/members/{}/activity/stream",
-        ac7_protocol::toolbox::encode_component(member)
+        ac7_protocol::domain::toolbox::encode_component(member)
     );
     let mut req = client
         .broker
@@ -301,7 +301,7 @@ async fn all_rows(
                     Method::GET,
                     &format!(
                         "/members/{}/activity",
-                        ac7_protocol::toolbox::encode_component(member)
+                        ac7_protocol::domain::toolbox::encode_component(member)
                     ),
                     &q,
                     None,

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use ac7_protocol::runner::Origin;
+use ac7_protocol::session::runner::Origin;
 
 /// Parent links followed at most (a process tree is never this deep; it bounds the walk).
 const MAX_DEPTH: usize = 4096;

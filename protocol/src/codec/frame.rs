@@ -23,9 +23,11 @@ use std::fmt;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::json::{NotObject, RawJson, object_text, present, write_int, write_raw, write_str};
-use crate::jsonrpc::{Outcome, RpcError, write_error_object};
-use crate::line::{DEFAULT_MAX_LINE_BYTES, Line, LineDecoder};
+use crate::codec::json::{
+    NotObject, RawJson, object_text, present, write_int, write_raw, write_str,
+};
+use crate::codec::jsonrpc::{Outcome, RpcError, write_error_object};
+use crate::codec::line::{DEFAULT_MAX_LINE_BYTES, Line, LineDecoder};
 
 /// `MAX_FRAME_BYTES`: the largest frame, trailing newline included (1 MiB).
 pub const MAX_FRAME_BYTES: usize = DEFAULT_MAX_LINE_BYTES;

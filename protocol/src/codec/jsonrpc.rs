@@ -9,7 +9,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::json::{NotObject, RawJson, object_text, present, write_int, write_raw, write_str};
+use crate::codec::json::{
+    NotObject, RawJson, object_text, present, write_int, write_raw, write_str,
+};
 
 /// `-32700`: the line is not JSON.
 pub const PARSE_ERROR: i64 = -32700;

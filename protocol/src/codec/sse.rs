@@ -11,7 +11,7 @@
 //! An event whose lines or data exceed the cap is dropped whole, with bounded memory, and
 //! reported once as [`SseItem::Oversized`].
 
-use crate::line::{Line, LineDecoder};
+use crate::codec::line::{Line, LineDecoder};
 
 /// Default cap on one line and on one event's data: 4 MiB.
 pub const DEFAULT_MAX_EVENT_BYTES: usize = 4 * 1024 * 1024;

@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use serde_json::value::RawValue;
 
-use crate::json::{NotObject, RawJson, object_text, write_int, write_raw, write_str};
+use crate::codec::json::{NotObject, RawJson, object_text, write_int, write_raw, write_str};
 
 pub mod bridge;
 pub mod host;

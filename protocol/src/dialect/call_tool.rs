@@ -22,9 +22,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::json::{NotObject, RawJson, object_text, present};
-use crate::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
-use crate::pending::Pending;
+use crate::codec::json::{NotObject, RawJson, object_text, present};
+use crate::codec::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
+use crate::session::pending::Pending;
 
 /// The only method.
 pub const CALL_TOOL: &str = "call_tool";
@@ -117,9 +117,9 @@ pub enum Reply {
 pub fn encode_call(call: &CallTool) -> Vec<u8> {
     let mut out = Vec::with_capacity(call.arguments.get().len() + call.name.len() + 48);
     out.extend_from_slice(b"{\"method\":\"call_tool\",\"params\":{\"name\":");
-    crate::json::write_str(&mut out, &call.name);
+    crate::codec::json::write_str(&mut out, &call.name);
     out.extend_from_slice(b",\"arguments\":");
-    crate::json::write_raw(&mut out, &call.arguments);
+    crate::codec::json::write_raw(&mut out, &call.arguments);
     out.extend_from_slice(b"}}");
     out
 }
@@ -130,7 +130,7 @@ pub fn encode_reply(reply: &Reply) -> Vec<u8> {
     match reply {
         Reply::Result(result) => {
             out.extend_from_slice(b"{\"result\":");
-            crate::json::write_raw(&mut out, result);
+            crate::codec::json::write_raw(&mut out, result);
             out.push(b'}');
         }
         Reply::Error {
@@ -138,9 +138,9 @@ pub fn encode_reply(reply: &Reply) -> Vec<u8> {
             error_type,
         } => {
             out.extend_from_slice(b"{\"error\":{\"message\":");
-            crate::json::write_str(&mut out, message);
+            crate::codec::json::write_str(&mut out, message);
             out.extend_from_slice(b",\"type\":");
-            crate::json::write_str(&mut out, error_type);
+            crate::codec::json::write_str(&mut out, error_type);
             out.extend_from_slice(b"}}");
         }
     }

@@ -23,16 +23,16 @@ use std::collections::{BTreeSet, VecDeque};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::call_tool::{
+use crate::codec::json::RawJson;
+use crate::codec::jsonrpc::{INVALID_PARAMS, Id, METHOD_NOT_FOUND, RpcError};
+use crate::codec::length_prefixed::MAX_PAYLOAD_BYTES;
+use crate::codec::line::LineDecoder;
+use crate::dialect::call_tool::{
     CallError, CallTool, CallToolClient, ClientOutput, Reply, ToolSchema, validate_tool_result,
 };
-use crate::json::RawJson;
-use crate::jsonrpc::{INVALID_PARAMS, Id, METHOD_NOT_FOUND, RpcError};
-use crate::length_prefixed::MAX_PAYLOAD_BYTES;
-use crate::line::LineDecoder;
-use crate::mcp;
-use crate::mcp_face::{AgentLine, McpFace, error_line, result_line};
-use crate::schema;
+use crate::dialect::mcp;
+use crate::dialect::mcp_face::{AgentLine, McpFace, error_line, result_line};
+use crate::dialect::schema;
 
 /// Limits and identity of a `call_tool` bridge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -168,7 +168,7 @@ impl CallToolBridge {
                 capabilities: r#"{"tools":{}}"#.to_owned(),
                 max_line_bytes: config.max_agent_line_bytes,
             },
-            tools_list: crate::call_tool::tools_list_result(&tools),
+            tools_list: crate::dialect::call_tool::tools_list_result(&tools),
             tools,
             agent: LineDecoder::new(config.max_agent_line_bytes),
             client: CallToolClient::new(config.max_payload_bytes),

@@ -40,11 +40,11 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::json::RawJson;
-use crate::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcError};
-use crate::line::{Line, LineDecoder};
-use crate::message::Message as BrokerMessage;
-use crate::pending::Pending;
+use crate::codec::json::RawJson;
+use crate::codec::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcError};
+use crate::codec::line::{Line, LineDecoder};
+use crate::domain::message::Message as BrokerMessage;
+use crate::session::pending::Pending;
 
 /// How long events are gathered into one input (from the first buffered one).
 pub const BUNDLE_WINDOW: Duration = Duration::from_millis(200);
@@ -81,7 +81,7 @@ impl SinkEvent {
     /// message is `me`'s own, a system notice (`from` absent or `ac7`), or itself a "not
     /// delivered" notice, its sender to tell on failure.
     ///
-    /// [`codex_text`]: crate::channel::codex_text
+    /// [`codex_text`]: crate::domain::channel::codex_text
     pub fn from_message(message: &BrokerMessage, me: &str) -> Self {
         let reply_to = message
             .from
@@ -90,7 +90,7 @@ impl SinkEvent {
             .filter(|_| !message.data.contains_key(UNDELIVERED_KEY))
             .map(|from| (from.to_owned(), message.id.clone()));
         Self {
-            text: crate::channel::codex_text(message),
+            text: crate::domain::channel::codex_text(message),
             reply_to,
         }
     }

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::json::{RawJson, write_str};
+use crate::codec::json::{RawJson, write_str};
 
 /// `initialize`: answered by the bridge itself.
 pub const INITIALIZE: &str = "initialize";
@@ -111,9 +111,9 @@ struct CancelledParams {
 }
 
 /// The `requestId` of a `notifications/cancelled`, if its params carry one.
-pub fn cancelled_request_id(params: Option<&RawJson>) -> Option<crate::jsonrpc::Id> {
+pub fn cancelled_request_id(params: Option<&RawJson>) -> Option<crate::codec::jsonrpc::Id> {
     let params: CancelledParams = params?.parse().ok()?;
-    crate::jsonrpc::Id::from_raw(&params.request_id)
+    crate::codec::jsonrpc::Id::from_raw(&params.request_id)
 }
 
 #[derive(Deserialize)]
@@ -177,7 +177,7 @@ mod tests {
         let p = RawJson::from_text(r#"{"requestId":0,"reason":"user"}"#).unwrap();
         assert_eq!(
             cancelled_request_id(Some(&p)),
-            Some(crate::jsonrpc::Id::number(0))
+            Some(crate::codec::jsonrpc::Id::number(0))
         );
         let p = RawJson::from_text(r#"{"name":"roster","arguments":{}}"#).unwrap();
         assert_eq!(tool_call_name(Some(&p)), "roster");

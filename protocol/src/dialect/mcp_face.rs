@@ -5,10 +5,10 @@
 //! and hands everything else back to the bridge: requests to serve, the id of a request the agent
 //! cancelled, notifications and responses it may ignore.
 
-use crate::json::RawJson;
-use crate::jsonrpc::{self, INVALID_REQUEST, Id, Message, Request, RpcError};
-use crate::line::Line;
-use crate::mcp;
+use crate::codec::json::RawJson;
+use crate::codec::jsonrpc::{self, INVALID_REQUEST, Id, Message, Request, RpcError};
+use crate::codec::line::Line;
+use crate::dialect::mcp;
 
 /// Who the server says it is in `initialize`.
 #[derive(Debug, Clone, PartialEq, Eq)]

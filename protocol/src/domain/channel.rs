@@ -25,8 +25,8 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use crate::civil::UtcDateTime;
-use crate::json::RawJson;
-use crate::message::Message;
+use crate::codec::json::RawJson;
+use crate::domain::message::Message;
 
 /// Meta keys the runner sets itself; a `data` key with one of these names is skipped
 /// (runner.md §9.3). `channel` is not among them: a `data.channel` overwrites it.

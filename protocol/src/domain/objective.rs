@@ -22,8 +22,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::message::Attachment;
-use crate::permission::{Permission, PermissionSet};
+use crate::domain::message::Attachment;
+use crate::domain::permission::{Permission, PermissionSet};
 
 /// Longest title, in characters.
 pub const MAX_TITLE_CHARS: usize = 200;

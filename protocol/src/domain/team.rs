@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::permission::Presets;
+use crate::domain::permission::Presets;
 
 /// A member's role.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]

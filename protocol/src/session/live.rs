@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::message::Message;
+use crate::domain::message::Message;
 
 /// The SSE event type of a reset.
 pub const RESET_EVENT: &str = "reset";
@@ -175,7 +175,7 @@ impl HistoryQuery {
         }
         if let Some(id) = &self.after_id {
             path.push_str("&after_id=");
-            path.push_str(&crate::toolbox::encode_component(id));
+            path.push_str(&crate::domain::toolbox::encode_component(id));
         }
         path
     }
@@ -668,7 +668,7 @@ mod tests {
             from: Some("director".into()),
             title: None,
             body: id.into(),
-            level: crate::message::LogLevel::default(),
+            level: crate::domain::message::LogLevel::default(),
             data: serde_json::Map::new(),
             attachments: Vec::new(),
         }

@@ -30,16 +30,16 @@ pub mod startup;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::frame::{
+use crate::codec::frame::{
     Decoded, DropReason, Dropped, Frame, FrameDecoder, FrameKind, MAX_FRAME_BYTES, McpRequest,
     Shutdown, encode_frame,
 };
-use crate::json::RawJson;
-use crate::jsonrpc::{self, INTERNAL_ERROR, Id, Outcome, RpcError};
-use crate::line::{Line, LineDecoder};
-use crate::mcp;
-use crate::mcp_face::{AgentLine, McpFace, error_line};
-use crate::pending::Pending;
+use crate::codec::json::RawJson;
+use crate::codec::jsonrpc::{self, INTERNAL_ERROR, Id, Outcome, RpcError};
+use crate::codec::line::{Line, LineDecoder};
+use crate::dialect::mcp;
+use crate::dialect::mcp_face::{AgentLine, McpFace, error_line};
+use crate::session::pending::Pending;
 pub use startup::{MAX_HELD_BYTES, MAX_HELD_NOTIFICATIONS, START_GRACE};
 use startup::{Offer, StartupHold};
 

@@ -30,13 +30,13 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::frame::{
+use crate::codec::frame::{
     Decoded, DropReason, Dropped, ErrorFrame, Frame, FrameDecoder, FrameKind, FrameTooLarge,
     MAX_FRAME_BYTES, McpNotification, McpResponse, Shutdown, encode_frame_vec,
 };
-use crate::json::RawJson;
-use crate::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
-use crate::mcp;
+use crate::codec::json::RawJson;
+use crate::codec::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
+use crate::dialect::mcp;
 
 /// The `shutdown` reason sent to a displaced bridge.
 pub const DISPLACED_REASON: &str = "displaced-by-new-bridge";

@@ -24,7 +24,7 @@
 //!   that token instead of leaving it live. [`EnrollStore::handle_timeout`] expires entries at
 //!   [`EnrollStore::poll_timeout`]; `create` and `poll` expire lazily too.
 
-use crate::permission::{Permission, PermissionSet};
+use crate::domain::permission::{Permission, PermissionSet};
 use std::collections::{BTreeMap, VecDeque};
 
 /// The user-code alphabet: digits and upper-case letters without `0`, `O`, `1`, `I`.
@@ -198,7 +198,7 @@ fn display_user_code(code: &str) -> String {
 }
 
 fn device_code(random: &[u8; DEVICE_RANDOM_BYTES]) -> String {
-    let b64 = crate::base64::encode(random);
+    let b64 = crate::codec::base64::encode(random);
     let url: String = b64
         .trim_end_matches('=')
         .chars()

@@ -2,7 +2,7 @@
 //! [`LlmRequest`] / [`LlmResponse`] of an `llm_exchange`.
 //!
 //! Requests map as activity.md §1.3 says, except that an array `system` is kept (as blocks).
-//! Responses are a JSON message or a stream of server-sent events (parsed by [`crate::sse`]),
+//! Responses are a JSON message or a stream of server-sent events (parsed by [`crate::codec::sse`]),
 //! reassembled as §1.4 says with these differences: an `error` event is reported in
 //! `response.error` (with `stopReason: "error"`) also after `message_start`; blocks other than
 //! text, tool_use and thinking (`redacted_thinking`, `server_tool_use`, …) are kept whole as
@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 
 use super::activity::{Block, LlmMessage, LlmRequest, LlmResponse, LlmTool, SystemPrompt, Usage};
 use super::redact::{redact_json, redact_text};
-use crate::sse::{SseItem, SseParser};
+use crate::codec::sse::{SseItem, SseParser};
 
 fn string(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_owned)

@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 
 use super::activity::{ActivityEvent, CloseReason};
-use crate::objective::{Objective, Status};
+use crate::domain::objective::{Objective, Status};
 
 /// What `GET /objectives/:id` said about an objective whose marker may close.
 #[derive(Debug, Clone, PartialEq)]

@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 
 use super::activity::ActivityEvent;
-use crate::objective::Objective;
+use crate::domain::objective::Objective;
 
 /// How long a member+objective key stays quiet after it fired.
 pub const COOLDOWN_MS: i64 = 5 * 60 * 1000;

@@ -309,7 +309,7 @@ impl Uploader {
                     self.logs
                         .push_back(UploaderLog::Evicted { events: evicted });
                 }
-                let delay = crate::live::jitter(&mut self.rng, self.backoff);
+                let delay = crate::session::live::jitter(&mut self.rng, self.backoff);
                 self.backoff = (self.backoff * 2).min(self.config.backoff_max);
                 self.backoff_until = Some(now + delay);
                 self.due = Some(now + delay);

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ac7_protocol::json::RawJson;
-use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
-use ac7_protocol::mcp;
-use ac7_protocol::message::LogLevel;
-use ac7_protocol::runner::IncomingRequest;
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::codec::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::domain::message::LogLevel;
+use ac7_protocol::session::runner::IncomingRequest;
 use anyhow::{Context, bail};
 use serde::Serialize;
 use serde_json::json;

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ac7_protocol::call_tool::ToolSchema;
-use ac7_protocol::mcp;
+use ac7_protocol::dialect::call_tool::ToolSchema;
+use ac7_protocol::dialect::mcp;
 use anyhow::{Context, bail};
 use serde::Serialize;
 

@@ -11,8 +11,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ac7_protocol::bridge::START_GRACE;
-use ac7_protocol::mcp;
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::session::mcp_bridge::START_GRACE;
 use anyhow::{Context as _, bail};
 use serde::Serialize;
 

@@ -1,9 +1,9 @@
 //! Creating a team in an empty database, and the member administration shared by
 //! the HTTP API and the offline `ac7 member` commands.
 
-use ac7_protocol::message::is_valid_name;
-use ac7_protocol::permission::{Permission, PermissionSet, default_presets, resolve};
-use ac7_protocol::vfs::FsPath;
+use ac7_protocol::domain::message::is_valid_name;
+use ac7_protocol::domain::permission::{Permission, PermissionSet, default_presets, resolve};
+use ac7_protocol::domain::vfs::FsPath;
 use rusqlite::Connection;
 
 use super::config::{ConfigError, TeamConfig};
@@ -89,7 +89,7 @@ pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>,
     let mut presets = default_presets();
     presets.extend(config.team.permission_presets.clone());
     for (name, leaves) in &presets {
-        ac7_protocol::permission::resolve_preset(name, leaves, &presets)
+        ac7_protocol::domain::permission::resolve_preset(name, leaves, &presets)
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
     }
     let team = Team {

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use ac7_protocol::permission::{self, Permission};
+use ac7_protocol::domain::permission::{self, Permission};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 

@@ -20,7 +20,7 @@
 
 use std::path::Path;
 
-use ac7_protocol::permission::Presets;
+use ac7_protocol::domain::permission::Presets;
 use serde::Deserialize;
 
 use super::team::Role;

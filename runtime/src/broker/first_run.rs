@@ -4,7 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use ac7_protocol::permission::Permission;
+use ac7_protocol::domain::permission::Permission;
 
 use super::bootstrap::IssuedToken;
 use super::db::{Store, StoreError};

@@ -8,7 +8,7 @@
 //! Entry and blob row change in one transaction, so a write is either wholly
 //! there or not at all.
 
-use ac7_protocol::vfs::FsPath;
+use ac7_protocol::domain::vfs::FsPath;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
@@ -305,7 +305,7 @@ pub enum Content<'a> {
     Staged(&'a StagedBlob),
 }
 
-/// Writes a staged upload as a file (see [`write`]). Call
+/// Writes a staged upload as a file (see [`write()`]). Call
 /// [`StagedBlob::unpublish`] if the transaction then fails to commit.
 #[allow(clippy::too_many_arguments)]
 pub fn write_staged(
@@ -345,7 +345,7 @@ pub fn usage(conn: &Connection, member: &str) -> Result<u64, StoreError> {
 /// The member a write to `p` by `actor` is charged to (see [`usage`]).
 pub fn charged_to(p: &FsPath, actor: &str) -> String {
     match p.scope() {
-        ac7_protocol::vfs::Scope::Home { member } => member.to_owned(),
+        ac7_protocol::domain::vfs::Scope::Home { member } => member.to_owned(),
         _ => actor.to_owned(),
     }
 }

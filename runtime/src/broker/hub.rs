@@ -18,7 +18,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ac7_protocol::message::Audience;
+use ac7_protocol::domain::message::Audience;
 use axum::body::Bytes;
 use serde::Serialize;
 use tokio::sync::Notify;

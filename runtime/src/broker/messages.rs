@@ -4,7 +4,7 @@
 //! `seq` (the row id) gives the total order that live delivery also follows.
 //!
 //! Queries touch only rows the viewer may see. What a viewer sees
-//! ([`ac7_protocol::message::matches_viewer`]) is a union of *sources*, each an
+//! ([`ac7_protocol::domain::message::matches_viewer`]) is a union of *sources*, each an
 //! indexed column: DMs to it (`to_name`), everything it sent (`from_name`), the
 //! general channel and each channel and objective thread it belongs to
 //! (`thread`). [`page`] reads at most `limit` rows from each source in `seq`
@@ -13,7 +13,7 @@
 
 use std::collections::HashSet;
 
-use ac7_protocol::message::{Membership, Message, Route};
+use ac7_protocol::domain::message::{Membership, Message, Route};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::StoreError;

@@ -30,7 +30,7 @@
 //!   `obj:<id>` (400 otherwise); posting to a channel needs membership, to an
 //!   objective thread needs thread membership (403).
 //! - **Visibility.** `/history`, replay and live fanout share one rule
-//!   (`ac7_protocol::message::matches_viewer`): DMs to their two parties, general
+//!   (`ac7_protocol::domain::message::matches_viewer`): DMs to their two parties, general
 //!   to all, channel posts to members, objective threads to thread members; a
 //!   sender always sees their own messages. ac7's default feed leaks channel and
 //!   objective posts to everyone; ours does not (DECISIONS.md).
@@ -218,7 +218,7 @@ pub struct AppState {
 pub(crate) struct CachedAuth {
     pub(crate) token_id: String,
     pub(crate) name: String,
-    pub(crate) permissions: ac7_protocol::permission::PermissionSet,
+    pub(crate) permissions: ac7_protocol::domain::permission::PermissionSet,
     at: std::time::Instant,
 }
 
@@ -256,7 +256,7 @@ impl AppState {
         hash: String,
         token_id: String,
         name: String,
-        permissions: ac7_protocol::permission::PermissionSet,
+        permissions: ac7_protocol::domain::permission::PermissionSet,
     ) {
         let mut cache = self
             .auth_cache
@@ -295,7 +295,7 @@ impl AppState {
                 .objective_counter
                 .fetch_add(1, Ordering::Relaxed)
                 .wrapping_add(1);
-            let id = ac7_protocol::objective::format_id(u64::try_from(now).unwrap_or(0), n);
+            let id = ac7_protocol::domain::objective::format_id(u64::try_from(now).unwrap_or(0), n);
             if !objectives::exists(conn, &id)? {
                 return Ok(id);
             }

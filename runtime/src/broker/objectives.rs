@@ -1,6 +1,6 @@
 //! Objectives and their append-only event log in the store.
 
-use ac7_protocol::objective::{Objective, ObjectiveEvent, Status};
+use ac7_protocol::domain::objective::{Objective, ObjectiveEvent, Status};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::StoreError;

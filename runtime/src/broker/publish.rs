@@ -4,8 +4,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ac7_protocol::message::{Attachment, Audience, LogLevel, Message};
-use ac7_protocol::vfs::{FsPath, Scope};
+use ac7_protocol::domain::message::{Attachment, Audience, LogLevel, Message};
+use ac7_protocol::domain::vfs::{FsPath, Scope};
 use rusqlite::Connection;
 use serde_json::{Map, Value};
 

@@ -19,7 +19,7 @@
 //! Errors hyper answers by itself before a request reaches the router (a malformed
 //! request `400`, a URI too long `414`, headers too large `431`) carry a JSON body
 //! `{"error": "..."}` like every other error of the API: hyper writes them with an
-//! empty body, and [`JsonErrors`] rewrites that one response on its way out.
+//! empty body, and `JsonErrors` rewrites that one response on its way out.
 
 use std::future::Future;
 use std::io;

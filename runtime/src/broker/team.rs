@@ -1,13 +1,13 @@
 //! Team, members and tokens in the store.
 
-use ac7_protocol::permission::PermissionSet;
+use ac7_protocol::domain::permission::PermissionSet;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use super::db::StoreError;
 use super::tokens;
 
-pub use ac7_protocol::team::{Role, Team};
+pub use ac7_protocol::domain::team::{Role, Team};
 
 /// A member as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -225,7 +225,7 @@ pub fn managers(conn: &Connection) -> Result<Vec<String>, StoreError> {
         .into_iter()
         .filter(|m| {
             m.permissions
-                .contains(ac7_protocol::permission::Permission::MembersManage)
+                .contains(ac7_protocol::domain::permission::Permission::MembersManage)
         })
         .map(|m| m.name)
         .collect())

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
-use ac7_protocol::message::{Audience, Message};
+use ac7_protocol::domain::message::{Audience, Message};
 use tokio::sync::oneshot;
 
 use super::db::StoreError;

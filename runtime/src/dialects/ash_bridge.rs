@@ -43,11 +43,11 @@ use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use ac7_protocol::ash::Query;
-use ac7_protocol::ash::bridge::{Answer, AshBridgeOutput, AshConnection};
-use ac7_protocol::ash::host::MAX_EVENT_BYTES;
-use ac7_protocol::json::RawJson;
-use ac7_protocol::line::{Line, LineDecoder};
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::codec::line::{Line, LineDecoder};
+use ac7_protocol::dialect::ash::Query;
+use ac7_protocol::dialect::ash::bridge::{Answer, AshBridgeOutput, AshConnection};
+use ac7_protocol::dialect::ash::host::MAX_EVENT_BYTES;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;

@@ -27,9 +27,9 @@ use std::io;
 use std::path::Path;
 use std::time::Instant;
 
-use ac7_protocol::ash::host::{AshHost, Completion, HostError, HostOutput, READY_TIMEOUT};
-use ac7_protocol::ash::{Command, DEFAULT_EXEC_TIMEOUT_MS, Query};
-use ac7_protocol::json::RawJson;
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::dialect::ash::host::{AshHost, Completion, HostError, HostOutput, READY_TIMEOUT};
+use ac7_protocol::dialect::ash::{Command, DEFAULT_EXEC_TIMEOUT_MS, Query};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};

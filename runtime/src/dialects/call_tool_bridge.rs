@@ -1,7 +1,7 @@
 //! `ac7 mcp-bridge --dialect call-tool`: MCP on the agent's stdio, length-prefixed `call_tool`
 //! requests (seed 001) to a parent process on a Unix socket.
 //!
-//! All protocol decisions are made by [`CallToolBridge`]; [`crate::dialects::relay::Relay`] (shared with
+//! All protocol decisions are made by [`CallToolBridge`]; `Relay` (`dialects/relay.rs`) (shared with
 //! the ac7 dialect) pumps the bytes, connects when the session asks (`Connect`) and drops the
 //! connection when it says so (`Disconnect`).
 //!
@@ -14,8 +14,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ac7_protocol::call_tool::{ToolSchema, parse_schema_file};
-use ac7_protocol::call_tool_bridge::{
+use ac7_protocol::dialect::call_tool::{ToolSchema, parse_schema_file};
+use ac7_protocol::dialect::call_tool_bridge::{
     CallToolBridge, CallToolBridgeConfig, CallToolBridgeEvent, CallToolBridgeOutput, Peer,
 };
 
@@ -63,7 +63,7 @@ pub enum CallToolBridgeError {
         /// The path.
         path: PathBuf,
         /// What is wrong.
-        source: ac7_protocol::call_tool::SchemaFileError,
+        source: ac7_protocol::dialect::call_tool::SchemaFileError,
     },
     /// The async runtime could not be started.
     #[error("could not start: {0}")]

@@ -3,8 +3,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ac7_runtime::dialects::call_tool_host::HostError> {
-//! use ac7_protocol::call_tool::ToolSchema;
-//! use ac7_protocol::mcp;
+//! use ac7_protocol::dialect::call_tool::ToolSchema;
+//! use ac7_protocol::dialect::mcp;
 //! use ac7_runtime::dialects::call_tool_host::{CallToolHost, HostPaths};
 //! use serde_json::json;
 //!
@@ -44,11 +44,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use ac7_protocol::call_tool::{
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::codec::length_prefixed::{self, LpDecoder, MAX_PAYLOAD_BYTES};
+use ac7_protocol::dialect::call_tool::{
     BadRequest, CallTool, Reply, TOOL_NOT_FOUND, ToolSchema, decode_call, encode_reply,
 };
-use ac7_protocol::json::RawJson;
-use ac7_protocol::length_prefixed::{self, LpDecoder, MAX_PAYLOAD_BYTES};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -83,8 +83,8 @@ impl ToolError {
     }
 }
 
-/// What a tool returns: an MCP `CallToolResult` (see [`ac7_protocol::mcp::tool_text`] and
-/// [`ac7_protocol::mcp::tool_error`]), or an error.
+/// What a tool returns: an MCP `CallToolResult` (see [`ac7_protocol::dialect::mcp::tool_text`] and
+/// [`ac7_protocol::dialect::mcp::tool_error`]), or an error.
 pub type ToolResult = Result<RawJson, ToolError>;
 
 type ToolFuture = Pin<Box<dyn Future<Output = ToolResult> + Send>>;
@@ -397,7 +397,7 @@ async fn run_tool(tools: &BTreeMap<String, ToolFn>, call: CallTool) -> Reply {
         Err(err) => {
             return Reply::Error {
                 message: format!("Invalid arguments: {err}"),
-                error_type: ac7_protocol::call_tool::VALUE_ERROR.to_owned(),
+                error_type: ac7_protocol::dialect::call_tool::VALUE_ERROR.to_owned(),
             };
         }
     };

@@ -2,13 +2,13 @@
 //! between the agent (its stdin/stdout) and the runner (the Unix socket named by
 //! `AC7_RUNNER_SOCKET`).
 //!
-//! All protocol decisions are made by [`BridgeSession`]; [`crate::dialects::relay::Relay`] (shared with
+//! All protocol decisions are made by [`BridgeSession`]; `Relay` (`dialects/relay.rs`) (shared with
 //! the call-tool dialect) pumps the bytes: stdin and the runner's socket into the session, its
 //! outputs to stdout and the socket, signals and the start-up grace timer as inputs.
 //!
 //! Design notes, chosen for start-up time and memory (see `ac7-bench bridge`):
 //! - a current-thread tokio runtime (no worker pool), created only after the environment check;
-//! - stdin as [`crate::dialects::stdio`] reads it (on the runtime thread for pipes and sockets);
+//! - stdin as `dialects/stdio.rs` reads it (on the runtime thread for pipes and sockets);
 //! - the relay's bounded socket buffer: stdin is not read while more than 4 MiB wait for the
 //!   runner, and after [`BridgeOutput::Exit`] the last frames get 250 ms.
 
@@ -17,7 +17,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use ac7_protocol::bridge::{
+use ac7_protocol::session::mcp_bridge::{
     BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason, Peer,
 };
 use tokio::net::UnixStream;
@@ -58,7 +58,7 @@ pub struct McpBridgeArgs {
     #[arg(long, value_name = "PATH")]
     pub schema_file: Option<PathBuf>,
     /// call-tool: the parent's Unix socket.
-    #[arg(long, value_name = "PATH", env = crate::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
+    #[arg(long, value_name = "PATH", env = crate::dialects::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
     pub socket: Option<PathBuf>,
 }
 
@@ -114,7 +114,7 @@ pub enum BridgeError {
 /// could not start (the reason is printed on stderr as one line).
 pub fn run(args: McpBridgeArgs) -> i32 {
     if args.dialect == Dialect::CallTool {
-        return crate::call_tool_bridge::run(args.schema_file, args.socket);
+        return crate::dialects::call_tool_bridge::run(args.schema_file, args.socket);
     }
     if args.schema_file.is_some() {
         eprintln!("ac7 mcp-bridge: --schema-file is only used with --dialect call-tool");

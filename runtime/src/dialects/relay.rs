@@ -16,9 +16,9 @@
 //! - stdout gets plain blocking writes of complete lines followed by a flush, so a slow agent
 //!   applies backpressure;
 //! - socket writes never block the loop (frames wait in a buffer until the socket is writable,
-//!   and stdin is not read while more than [`MAX_PENDING_TO_PARENT`] bytes wait), so EOF and
+//!   and stdin is not read while more than `MAX_PENDING_TO_PARENT` bytes wait), so EOF and
 //!   signals are handled even when the parent stopped reading; after `Exit` the last frames get
-//!   [`FINAL_WRITE_TIMEOUT`].
+//!   `FINAL_WRITE_TIMEOUT`.
 
 use std::io;
 use std::path::PathBuf;

@@ -21,8 +21,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use ac7_protocol::objective::Objective;
-use ac7_protocol::toolbox::{Body, Method, Request, encode_component};
+use ac7_protocol::domain::objective::Objective;
+use ac7_protocol::domain::toolbox::{Body, Method, Request, encode_component};
 use ac7_protocol::trace::activity::ActivityEvent;
 use ac7_protocol::trace::busy::{BusyConfig, BusyOutput, BusyReporter};
 use ac7_protocol::trace::markers::{Lookup, ObjectiveMarkers};

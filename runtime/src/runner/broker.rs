@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ac7_protocol::toolbox::{Body, Briefing, Method, Request, Response};
+use ac7_protocol::domain::toolbox::{Body, Briefing, Method, Request, Response};
 
 /// How long one broker request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -144,7 +144,7 @@ impl BrokerClient {
     pub async fn post_activity(&self, member: &str, body: Vec<u8>) -> Result<u16, TransportError> {
         let path = format!(
             "/members/{}/activity",
-            ac7_protocol::toolbox::encode_component(member)
+            ac7_protocol::domain::toolbox::encode_component(member)
         );
         let response = self
             .builder(reqwest::Method::POST, &path)

@@ -30,11 +30,11 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ac7_protocol::codex::{
+use ac7_protocol::dialect::codex::{
     CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
 };
-use ac7_protocol::runner::BridgePolicy;
-use ac7_protocol::toolbox::{Body, Method, Request};
+use ac7_protocol::domain::toolbox::{Body, Method, Request};
+use ac7_protocol::session::runner::BridgePolicy;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use ac7_protocol::runner::BridgePolicy;
+use ac7_protocol::session::runner::BridgePolicy;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 

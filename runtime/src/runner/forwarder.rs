@@ -1,7 +1,7 @@
 //! The live stream: broker → runner. Subscribes to `GET /subscribe?name=<me>` and hands every
 //! message to a sink, in order, once.
 //!
-//! A thin driver of [`ac7_protocol::live::LiveStream`], which decides everything (reconnect
+//! A thin driver of [`ac7_protocol::session::live::LiveStream`], which decides everything (reconnect
 //! backoff with jitter, the silence watchdog, the last event id, dedupe, when and what to
 //! backfill from `/history` after a reset): this file opens connections, reads frames, runs
 //! `/history` requests and keeps the time.
@@ -16,11 +16,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use ac7_protocol::live::{
+use ac7_protocol::codec::sse::{SseItem, SseParser};
+use ac7_protocol::domain::message::Message;
+use ac7_protocol::session::live::{
     HistoryQuery, LiveConfig, LiveFrame, LiveOutput, LiveStream, REPLAY_HEADER,
 };
-use ac7_protocol::message::Message;
-use ac7_protocol::sse::{SseItem, SseParser};
 use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -55,7 +55,7 @@ pub fn agent_sink(
     tracker: super::tracker::TrackerHandle,
     mut forward: impl FnMut(&Message) + Send + 'static,
 ) -> Sink {
-    use ac7_protocol::channel;
+    use ac7_protocol::domain::channel;
     Box::new(move |message| {
         if channel::is_objective_event(&message) {
             tracker.trigger();
@@ -268,7 +268,7 @@ async fn open_sse(
             reqwest::Method::GET,
             &format!(
                 "/subscribe?name={}",
-                ac7_protocol::toolbox::encode_component(me)
+                ac7_protocol::domain::toolbox::encode_component(me)
             ),
         )
         .header(reqwest::header::ACCEPT, "text/event-stream")
@@ -312,12 +312,12 @@ async fn open_ws(
     let base = client.url().replacen("http", "ws", 1);
     let mut url = format!(
         "{base}/subscribe?name={}",
-        ac7_protocol::toolbox::encode_component(me)
+        ac7_protocol::domain::toolbox::encode_component(me)
     );
     if let Some(id) = last_id {
         url.push_str(&format!(
             "&lastEventId={}",
-            ac7_protocol::toolbox::encode_component(id)
+            ac7_protocol::domain::toolbox::encode_component(id)
         ));
     }
     let mut request = tungstenite::client::IntoClientRequest::into_client_request(url.as_str())
@@ -395,10 +395,10 @@ async fn fetch(client: BrokerClient, query: HistoryQuery) -> (u64, Result<Vec<Me
     struct History {
         messages: Vec<Message>,
     }
-    let request = ac7_protocol::toolbox::Request {
-        method: ac7_protocol::toolbox::Method::Get,
+    let request = ac7_protocol::domain::toolbox::Request {
+        method: ac7_protocol::domain::toolbox::Method::Get,
         path: query.path(),
-        body: ac7_protocol::toolbox::Body::Empty,
+        body: ac7_protocol::domain::toolbox::Body::Empty,
     };
     let result = match client.execute(&request).await {
         Err(e) => Err(e.to_string()),

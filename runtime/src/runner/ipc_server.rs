@@ -4,12 +4,12 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ac7_runtime::runner::ipc_server::BindError> {
-//! use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
+//! use ac7_protocol::codec::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
 //! use ac7_runtime::runner::ipc_server::{IpcServer, IpcServerOptions};
 //!
 //! let server = IpcServer::bind(IpcServerOptions::default())?;
 //! let handle = server.handle(); // notify / shutdown from anywhere
-//! let task = server.serve(|req: ac7_protocol::runner::IncomingRequest| async move {
+//! let task = server.serve(|req: ac7_protocol::session::runner::IncomingRequest| async move {
 //!     Outcome::Error(RpcError::new(METHOD_NOT_FOUND, format!("Method not found: {}", req.method)))
 //! });
 //! handle.notify("notifications/tools/list_changed", None);
@@ -39,9 +39,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ac7_protocol::json::RawJson;
-use ac7_protocol::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
-use ac7_protocol::runner::{
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
+use ac7_protocol::session::runner::{
     ConnId, IncomingRequest, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -21,7 +21,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use ac7_protocol::base64;
+use ac7_protocol::codec::base64;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -147,7 +147,10 @@ pub fn install(path: &Path, name: &str, entry: Value) -> Result<McpConfigGuard, 
             Ok(other) => {
                 return Err(ConfigError::NotAnObject {
                     path: path.to_owned(),
-                    reason: format!("it holds a JSON {}", ac7_protocol::json::kind_name(&other)),
+                    reason: format!(
+                        "it holds a JSON {}",
+                        ac7_protocol::codec::json::kind_name(&other)
+                    ),
                 });
             }
             Err(e) => {

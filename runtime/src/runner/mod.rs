@@ -30,10 +30,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 
-use ac7_protocol::jsonrpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, Outcome, RpcError};
-use ac7_protocol::mcp;
-use ac7_protocol::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
-use ac7_protocol::toolbox::{self, Briefing, Context, Plan};
+use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, Outcome, RpcError};
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::domain::toolbox::{self, Briefing, Context, Plan};
+use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -515,7 +515,9 @@ fn delivery(me: String, runner: RunnerHandle, tracker: tracker::TrackerHandle) -
     forwarder::agent_sink(me, tracker, move |message| {
         runner.notify(
             mcp::CLAUDE_CHANNEL,
-            Some(ac7_protocol::channel::claude_channel_params(message)),
+            Some(ac7_protocol::domain::channel::claude_channel_params(
+                message,
+            )),
         );
     })
 }
@@ -543,7 +545,7 @@ fn handler(
                 mcp::TOOLS_LIST => {
                     let open = open.lock().map(|o| o.clone()).unwrap_or_default();
                     let tools = toolbox::tool_list(&ctx, &open);
-                    match ac7_protocol::json::RawJson::from_value(&tools) {
+                    match ac7_protocol::codec::json::RawJson::from_value(&tools) {
                         Ok(raw) => Outcome::Result(raw),
                         Err(e) => Outcome::Error(RpcError::new(INTERNAL_ERROR, e.to_string())),
                     }

@@ -3,10 +3,10 @@
 
 use std::sync::{Arc, Mutex};
 
-use ac7_protocol::mcp;
-use ac7_protocol::objective::{Objective, Status};
-use ac7_protocol::toolbox::{Body, Method, Request};
-use ac7_protocol::tracker::{ObjectivesTracker, TrackerOutput};
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::domain::objective::{Objective, Status};
+use ac7_protocol::domain::toolbox::{Body, Method, Request};
+use ac7_protocol::session::tracker::{ObjectivesTracker, TrackerOutput};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -116,7 +116,7 @@ async fn fetch_open(client: &BrokerClient, me: &str) -> Option<Vec<Objective>> {
             method: Method::Get,
             path: format!(
                 "/objectives?assignee={}&status={status}",
-                ac7_protocol::toolbox::encode_component(me)
+                ac7_protocol::domain::toolbox::encode_component(me)
             ),
             body: Body::Empty,
         };

@@ -9,10 +9,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use ac7_protocol::ash::host::{Completion, ExecOutcome};
-use ac7_protocol::ash::{Command, Query};
-use ac7_protocol::json::RawJson;
-use ac7_runtime::ash_client::{AshClient, JobEvent};
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::dialect::ash::host::{Completion, ExecOutcome};
+use ac7_protocol::dialect::ash::{Command, Query};
+use ac7_runtime::dialects::ash_host::{AshClient, JobEvent};
 use common::ash::spawn_ash_bridge;
 use common::{tempdir, within};
 use serde_json::{Value, json};

@@ -14,8 +14,8 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use ac7_protocol::ash::Command;
-use ac7_runtime::ash_client::AshClient;
+use ac7_protocol::dialect::ash::Command;
+use ac7_runtime::dialects::ash_host::AshClient;
 use common::ash::spawn_ash_bridge;
 use common::messages_api::{self, Seen};
 use common::{tempdir, within};
@@ -74,7 +74,7 @@ impl Bridge {
     }
 }
 
-fn parse(messages: &[ac7_protocol::json::RawJson]) -> Vec<Value> {
+fn parse(messages: &[ac7_protocol::codec::json::RawJson]) -> Vec<Value> {
     messages.iter().map(|m| m.parse().unwrap()).collect()
 }
 

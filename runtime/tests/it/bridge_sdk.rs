@@ -3,7 +3,7 @@
 
 use crate::common;
 
-use ac7_protocol::runner::{BridgePolicy, DetachReason, RunnerEvent};
+use ac7_protocol::session::runner::{BridgePolicy, DetachReason, RunnerEvent};
 use common::{run_agent, start_runner, tempdir, within};
 
 #[tokio::test(flavor = "current_thread")]

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Instant;
 
-use ac7_protocol::runner::{BridgePolicy, DetachReason, RunnerEvent};
+use ac7_protocol::session::runner::{BridgePolicy, DetachReason, RunnerEvent};
 use common::{Bridge, ac7, start_runner, tempdir, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};

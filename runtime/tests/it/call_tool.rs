@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ac7_protocol::call_tool::{ToolSchema, decode_call};
-use ac7_protocol::length_prefixed;
-use ac7_protocol::mcp;
-use ac7_runtime::call_tool_host::{CallToolHost, HostPaths, RunningHost, ToolError};
+use ac7_protocol::codec::length_prefixed;
+use ac7_protocol::dialect::call_tool::{ToolSchema, decode_call};
+use ac7_protocol::dialect::mcp;
+use ac7_runtime::dialects::call_tool_host::{CallToolHost, HostPaths, RunningHost, ToolError};
 use common::{Bridge, run_python, tempdir, within};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -158,7 +158,7 @@ async fn parent_restart_fails_the_call_in_flight_and_the_next_reconnects() {
     assert_eq!(second.requests(), 1);
 }
 
-async fn read_request(conn: &mut UnixStream) -> Option<ac7_protocol::call_tool::CallTool> {
+async fn read_request(conn: &mut UnixStream) -> Option<ac7_protocol::dialect::call_tool::CallTool> {
     let mut prefix = [0u8; 4];
     conn.read_exact(&mut prefix).await.ok()?;
     let mut payload = vec![0u8; u32::from_be_bytes(prefix) as usize];

@@ -6,10 +6,10 @@ use crate::common;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
-use ac7_protocol::jsonrpc::{Outcome, RpcError};
-use ac7_protocol::mcp;
-use ac7_protocol::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
-use ac7_runtime::ipc_server::{
+use ac7_protocol::codec::jsonrpc::{Outcome, RpcError};
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
+use ac7_runtime::runner::ipc_server::{
     BindError, IpcServer, IpcServerOptions, MAX_SOCKET_PATH_BYTES, ServerTask,
 };
 use common::{tempdir, within};
@@ -277,7 +277,7 @@ async fn notifications_wait_for_a_bridge_then_go_to_it() {
         json!({"kind": "mcp_notification", "method": "notifications/tools/list_changed"})
     );
     let params =
-        ac7_protocol::json::RawJson::from_text(r#"{"content":"hi","meta":{"from":"bob"}}"#)
+        ac7_protocol::codec::json::RawJson::from_text(r#"{"content":"hi","meta":{"from":"bob"}}"#)
             .unwrap();
     handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
     assert_eq!(
@@ -304,14 +304,15 @@ async fn a_bridge_that_stops_reading_is_dropped_once_its_backlog_is_full() {
     let mut deaf = Peer::connect(&path).await;
     let content = "n".repeat(10 * 1024);
     for _ in 0..2000 {
-        let params =
-            ac7_protocol::json::RawJson::from_value(&json!({"content": content, "meta": {}}))
-                .unwrap();
+        let params = ac7_protocol::codec::json::RawJson::from_value(
+            &json!({"content": content, "meta": {}}),
+        )
+        .unwrap();
         handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
     }
     let reason = within(10, "the runner to drop the deaf bridge", async {
         loop {
-            if let Some(ac7_protocol::runner::RunnerEvent::Detached { reason, .. }) =
+            if let Some(ac7_protocol::session::runner::RunnerEvent::Detached { reason, .. }) =
                 events.recv().await
             {
                 return reason;
@@ -319,7 +320,7 @@ async fn a_bridge_that_stops_reading_is_dropped_once_its_backlog_is_full() {
         }
     })
     .await;
-    assert_eq!(reason, ac7_protocol::runner::DetachReason::Closed);
+    assert_eq!(reason, ac7_protocol::session::runner::DetachReason::Closed);
     // What reaches the peer is bounded by the socket buffers and the backlog, then EOF.
     let mut received = 0usize;
     while let Some(frame) = deaf.recv().await {

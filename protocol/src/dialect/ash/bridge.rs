@@ -24,9 +24,9 @@
 
 use std::collections::VecDeque;
 
-use crate::ash::{Command, Event, Query, decode_command, event_line};
-use crate::json::RawJson;
-use crate::line::{Line, LineDecoder};
+use crate::codec::json::RawJson;
+use crate::codec::line::{Line, LineDecoder};
+use crate::dialect::ash::{Command, Event, Query, decode_command, event_line};
 
 /// Cap on one command line (prompts may carry content blocks): 16 MiB.
 pub const MAX_COMMAND_BYTES: usize = 16 * 1024 * 1024;

@@ -11,10 +11,10 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::ash::{Command, Event, command_line, decode_event};
-use crate::json::RawJson;
-use crate::line::{Line, LineDecoder};
-use crate::pending::Pending;
+use crate::codec::json::RawJson;
+use crate::codec::line::{Line, LineDecoder};
+use crate::dialect::ash::{Command, Event, command_line, decode_event};
+use crate::session::pending::Pending;
 
 /// How long to wait for `ready` (seed 003: "with a 10-second timeout").
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);

@@ -1,8 +1,8 @@
 use serde_json::json;
 
 use super::*;
-use crate::call_tool::{encode_reply, parse_schema_file};
-use crate::length_prefixed::{self, LpDecoder};
+use crate::codec::length_prefixed::{self, LpDecoder};
+use crate::dialect::call_tool::{encode_reply, parse_schema_file};
 use crate::test_support::snapshots;
 
 fn tools() -> Vec<ToolSchema> {

@@ -270,15 +270,15 @@ fn after_a_failed_turn_system_error_is_routed_like_idle() {
     );
 }
 
-fn broker_message(id: &str, from: Option<&str>, data: Value) -> crate::message::Message {
-    crate::message::Message {
+fn broker_message(id: &str, from: Option<&str>, data: Value) -> crate::domain::message::Message {
+    crate::domain::message::Message {
         id: id.into(),
         ts: 1_795_314_350_478,
         to: Some("builder".into()),
         from: from.map(str::to_owned),
         title: None,
         body: format!("body of {id}"),
-        level: crate::message::LogLevel::Info,
+        level: crate::domain::message::LogLevel::Info,
         data: data.as_object().unwrap().clone(),
         attachments: vec![],
     }
@@ -300,7 +300,7 @@ fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
     ];
     for m in &events {
         let event = SinkEvent::from_message(m, "builder");
-        assert_eq!(event.text, crate::channel::codex_text(m));
+        assert_eq!(event.text, crate::domain::channel::codex_text(m));
         c.client.notify(event, c.now);
     }
     c.advance(200);

@@ -2,7 +2,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::message::{Attachment, LogLevel};
+use crate::domain::message::{Attachment, LogLevel};
 use crate::test_support::snapshots;
 
 fn message(to: Option<&str>, from: &str, data: Value) -> Message {

@@ -7,7 +7,7 @@ use super::format::s;
 use super::registry::{Def, Listing, Tool};
 use super::tools::{call, fail, get, json_body, ok, string_list, strings, text};
 use super::{Body, Context, Method, Plan, encode_component};
-use crate::permission::Permission;
+use crate::domain::permission::Permission;
 
 /// Team and member administration; listed to `team.manage` and `members.manage`.
 pub(super) const TOOLS: &[Tool] = &[

@@ -10,7 +10,7 @@ use super::tools::{
     text,
 };
 use super::{Body, Context, Method, Plan, ToolText, encode_component};
-use crate::message::LogLevel;
+use crate::domain::message::LogLevel;
 
 /// Talking to the team; listed to everyone.
 pub(super) const TOOLS: &[Tool] = &[

@@ -10,8 +10,8 @@
 use serde_json::{Map, Value, json};
 
 use super::Briefing;
-use crate::message::LogLevel;
-use crate::objective::Objective;
+use crate::domain::message::LogLevel;
+use crate::domain::objective::Objective;
 
 /// One property: `(name, schema)`.
 pub(super) type Prop = (&'static str, Value);

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::channel::format_ts;
+use crate::domain::channel::format_ts;
 
 pub(super) fn s(v: &Value) -> &str {
     v.as_str().unwrap_or_default()

@@ -9,7 +9,7 @@ use super::tools::{
     broker_error, broker_json, call, fail, get, json_body, ok, request, stat_path, text,
 };
 use super::{Body, Context, Method, Plan, encode_component};
-use crate::base64;
+use crate::codec::base64;
 
 /// The shared file space; listed to everyone.
 pub(super) const TOOLS: &[Tool] = &[

@@ -29,8 +29,8 @@ use serde_json::Value;
 
 pub use registry::{plan, tool_list};
 
-use crate::objective::Objective;
-pub use crate::team::{Role, Team};
+use crate::domain::objective::Objective;
+pub use crate::domain::team::{Role, Team};
 
 /// A teammate, as the briefing and roster show them.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -186,11 +186,11 @@ impl ToolText {
     }
 
     /// The MCP `CallToolResult`.
-    pub fn to_result(&self) -> crate::json::RawJson {
+    pub fn to_result(&self) -> crate::codec::json::RawJson {
         if self.is_error {
-            crate::mcp::tool_error(&self.text)
+            crate::dialect::mcp::tool_error(&self.text)
         } else {
-            crate::mcp::tool_text(&self.text)
+            crate::dialect::mcp::tool_text(&self.text)
         }
     }
 }

@@ -11,7 +11,7 @@ use super::tools::{
     text,
 };
 use super::{Context, Method, Plan, ToolText, encode_component};
-use crate::permission::Permission;
+use crate::domain::permission::Permission;
 const STATUSES: [&str; 4] = ["active", "blocked", "done", "cancelled"];
 
 /// Working on one's own objectives; listed to everyone.

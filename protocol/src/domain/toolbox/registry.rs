@@ -11,8 +11,8 @@ use serde_json::{Map, Value, json};
 use super::defs::{Prop, teammate_list, tool};
 use super::tools::fail;
 use super::{Context, Plan, admin, chat, fs, objectives};
-use crate::objective::Objective;
-use crate::permission::Permission;
+use crate::domain::objective::Objective;
+use crate::domain::permission::Permission;
 
 /// One tool.
 pub(super) struct Tool {

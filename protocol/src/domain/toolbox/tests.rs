@@ -708,9 +708,9 @@ fn components_are_percent_encoded() {
 /// has a plan, and a name nobody lists has none.
 #[test]
 fn every_listed_tool_has_a_plan() {
-    let all: Vec<&str> = crate::permission::Permission::ALL
+    let all: Vec<&str> = crate::domain::permission::Permission::ALL
         .into_iter()
-        .map(crate::permission::Permission::as_str)
+        .map(crate::domain::permission::Permission::as_str)
         .collect();
     let ctx = ctx("director", &all);
     let list = tool_list(&ctx, &[]);

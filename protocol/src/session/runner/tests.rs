@@ -162,7 +162,7 @@ fn scripted_session_displace_respond_notify_shutdown() {
         b,
         1,
         Outcome::Error(RpcError::new(
-            crate::jsonrpc::METHOD_NOT_FOUND,
+            crate::codec::jsonrpc::METHOD_NOT_FOUND,
             "method not found: resources/list",
         )),
         n,

@@ -20,9 +20,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ac7_protocol::live::Reset;
-use ac7_protocol::message::{self, Audience, LogLevel, Route, is_valid_name};
-use ac7_protocol::permission::Permission;
+use ac7_protocol::domain::message::{self, Audience, LogLevel, Route, is_valid_name};
+use ac7_protocol::domain::permission::Permission;
+use ac7_protocol::session::live::Reset;
 use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityUpload};
 use ac7_protocol::trace::reminder;
 use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
@@ -253,7 +253,7 @@ pub(super) async fn objective(
     let q = parse_query(raw.as_deref())?;
     state.store.read(|conn| {
         let obj = super::objectives::load(conn, &id)?;
-        super::objectives::authorize(&obj, &caller, ac7_protocol::objective::Action::View)?;
+        super::objectives::authorize(&obj, &caller, ac7_protocol::domain::objective::Action::View)?;
         let mut intervals = activity::objective_intervals(conn, &id)?;
         if !caller.has(Permission::ActivityRead) {
             intervals.retain(|iv| iv.member == caller.name);

@@ -1,6 +1,6 @@
 //! Team and member administration: `/team`, `/team/presets`, `/members`, tokens.
 
-use ac7_protocol::permission::{self, Permission};
+use ac7_protocol::domain::permission::{self, Permission};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -2,12 +2,12 @@
 
 use std::collections::BTreeSet;
 
-use ac7_protocol::message::{
+use ac7_protocol::domain::message::{
     self, Attachment, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload, Route, Thread,
 };
-use ac7_protocol::objective::{self as obj_rules, Action};
-use ac7_protocol::permission::Permission;
-use ac7_protocol::vfs::FsPath;
+use ac7_protocol::domain::objective::{self as obj_rules, Action};
+use ac7_protocol::domain::permission::Permission;
+use ac7_protocol::domain::vfs::FsPath;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -66,11 +66,11 @@ pub(super) async fn briefing(
 struct Briefing<'a> {
     name: &'a str,
     role: &'a team::Role,
-    permissions: ac7_protocol::permission::PermissionSet,
+    permissions: ac7_protocol::domain::permission::PermissionSet,
     instructions: String,
     team: &'a Team,
     teammates: Vec<team::Teammate<'a>>,
-    open_objectives: Vec<ac7_protocol::objective::Objective>,
+    open_objectives: Vec<ac7_protocol::domain::objective::Objective>,
 }
 
 /// `/roster`, keys in ac7's order.
@@ -437,7 +437,7 @@ mod tests {
     fn member(name: &str, title: &str, description: &str) -> MemberRecord {
         MemberRecord {
             name: name.into(),
-            role: ac7_protocol::team::Role {
+            role: ac7_protocol::domain::team::Role {
                 title: title.into(),
                 description: description.into(),
             },

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use ac7_protocol::permission::Permission;
+use ac7_protocol::domain::permission::Permission;
 use ac7_protocol::signin::enroll::{
     CreateError, DEVICE_RANDOM_BYTES, DecideError, EnrollConfig, EnrollEvent, EnrollStore,
     PollOutcome, USER_RANDOM_BYTES, normalize_user_code,

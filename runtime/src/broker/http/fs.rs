@@ -6,8 +6,8 @@
 //! Listing needs ownership (objective members may list their objective's folder).
 //! Paths are normalised and `..`, `//`, NUL and non-UTF-8 are refused with 400.
 
-use ac7_protocol::permission::Permission;
-use ac7_protocol::vfs::{FsPath, Scope};
+use ac7_protocol::domain::permission::Permission;
+use ac7_protocol::domain::vfs::{FsPath, Scope};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -49,7 +49,7 @@ fn required_path(uri: &Uri, key: &str) -> Result<FsPath, ApiError> {
 
 fn is_objective_member(conn: &Connection, id: &str, name: &str) -> Result<bool, ApiError> {
     Ok(objectives::get(conn, id)?
-        .is_some_and(|o| ac7_protocol::objective::is_thread_member(&o, name, false)))
+        .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)))
 }
 
 /// Whether `caller` owns `path` (may write, delete, move, list there).

@@ -13,7 +13,7 @@ mod subscribe;
 
 use std::sync::Arc;
 
-use ac7_protocol::permission::{Permission, PermissionSet};
+use ac7_protocol::domain::permission::{Permission, PermissionSet};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
@@ -478,7 +478,7 @@ pub(crate) fn parse_json<T: DeserializeOwned>(body: &[u8], thing: &str) -> Resul
                 "expected": "object",
                 "code": "invalid_type",
                 "path": [],
-                "message": format!("Invalid input: expected object, received {}", ac7_protocol::json::kind_name(&value)),
+                "message": format!("Invalid input: expected object, received {}", ac7_protocol::codec::json::kind_name(&value)),
             })],
         ));
     }
@@ -539,7 +539,7 @@ impl Issues {
 
     /// Checks a member name.
     pub(crate) fn name(&mut self, path: &str, s: &str) -> &mut Self {
-        if !ac7_protocol::message::is_valid_name(s) {
+        if !ac7_protocol::domain::message::is_valid_name(s) {
             self.0.push(name_issue(path));
         }
         self

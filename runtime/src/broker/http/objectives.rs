@@ -6,14 +6,14 @@
 
 use std::sync::Arc;
 
-use ac7_protocol::message::{self, Attachment, Audience, LogLevel, Route};
-use ac7_protocol::objective::{
+use ac7_protocol::domain::message::{self, Attachment, Audience, LogLevel, Route};
+use ac7_protocol::domain::objective::{
     self as rules, Action, Change, MAX_BODY_CHARS, MAX_DISCUSS_CHARS, MAX_OUTCOME_CHARS,
     MAX_REASON_CHARS, MAX_RESULT_CHARS, MAX_TITLE_CHARS, MAX_WATCHERS, NewObjective, Objective,
     ObjectiveEvent, Status,
 };
-use ac7_protocol::permission::Permission;
-use ac7_protocol::vfs::FsPath;
+use ac7_protocol::domain::permission::Permission;
+use ac7_protocol::domain::vfs::FsPath;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;

@@ -410,7 +410,7 @@ fn self_or_manager(caller: &Caller, name: &str, doing: &str) -> Result<(), ApiEr
     }
     ApiError::require(
         caller.permissions,
-        ac7_protocol::permission::Permission::MembersManage,
+        ac7_protocol::domain::permission::Permission::MembersManage,
         doing,
     )
 }

@@ -29,7 +29,7 @@
 //! The broker says so first, then goes live: SSE `event: reset` with one `data:`
 //! line, WebSocket one text frame, both holding
 //! `{"type":"reset","reason":"unknown-last-event-id","lastEventId":"<id>","detail":"…"}`
-//! ([`ac7_protocol::live::Reset`]; a Message never has a `type` key). A client
+//! ([`ac7_protocol::session::live::Reset`]; a Message never has a `type` key). A client
 //! backfills from `/history` (the runner does).
 
 use std::convert::Infallible;
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use super::{ApiError, Caller, Shared};
 use crate::broker::hub::{Closed, Frame, Receiver, SubscribeError};
 use crate::broker::{AppState, messages, now_ms};
-use ac7_protocol::permission::Permission;
+use ac7_protocol::domain::permission::Permission;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
 use axum::extract::{FromRequestParts, Request, State};
@@ -47,7 +47,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 
-use ac7_protocol::live::{REPLAY_HEADER, RESET_EVENT, Reset};
+use ac7_protocol::session::live::{REPLAY_HEADER, RESET_EVENT, Reset};
 
 /// Deregisters the subscriber when the stream or socket task ends.
 struct Guard {

@@ -5,7 +5,7 @@
 //! - [`ca`]: the session CA and its per-host leaves; the CA file on disk (0600, removed on exit);
 //! - [`proxy`]: the proxy (MITM for model hosts, raw tunnel for the rest, plain `http://`
 //!   forwarding, a per-session secret);
-//! - [`env`]: what the agent's command gets in its environment.
+//! - [`env`](mod@env): what the agent's command gets in its environment.
 //!
 //! Which runners trace: `ac7 claude-code` and `ac7 codex` by default (`--no-trace` turns it off);
 //! `ac7 run -- <cmd>` only with `--trace` (an arbitrary command may not honour, or may break on,

@@ -224,7 +224,7 @@ impl TraceProxy {
 
     /// Stops listening; open connections end (their unfinished requests are reported
     /// request-only) within a second, and every finished exchange reaches the sink before this
-    /// returns (within [`DECODE_GRACE`] more).
+    /// returns (within 5 s more).
     pub async fn close(self) {
         let _ = self.stop.send(true);
         let _ = self.task.await;

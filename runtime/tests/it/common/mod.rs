@@ -9,11 +9,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use ac7_protocol::json::RawJson;
-use ac7_protocol::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
-use ac7_protocol::mcp;
-use ac7_protocol::runner::{BridgePolicy, IncomingRequest, RunnerConfig, RunnerEvent};
-use ac7_runtime::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle, ServerTask};
+use ac7_protocol::codec::json::RawJson;
+use ac7_protocol::codec::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig, RunnerEvent};
+use ac7_runtime::runner::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle, ServerTask};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
