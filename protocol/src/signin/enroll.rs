@@ -50,10 +50,10 @@ pub struct EnrollConfig {
 }
 
 impl Default for EnrollConfig {
-    /// 10 minutes to approve, 5 s poll interval, 3 per address, 1000 in all.
+    /// 5 minutes to approve (web.md: TTL 300 s), 5 s poll interval, 3 per address, 1000 in all.
     fn default() -> Self {
         EnrollConfig {
-            ttl: 600,
+            ttl: 300,
             interval: 5,
             max_pending_per_address: 3,
             max_pending: 1000,
@@ -473,7 +473,7 @@ mod tests {
             format!("ac7-dc_{}", "-_v7".repeat(10) + "-_s")
         );
         assert_eq!(c.device_code.len(), DEVICE_CODE_PREFIX.len() + 43);
-        assert_eq!((c.expires_at, c.interval), (T0 + 600, 5));
+        assert_eq!((c.expires_at, c.interval), (T0 + 300, 5));
         for b in USER_ALPHABET {
             assert!(!b"0O1I".contains(b));
         }
@@ -545,15 +545,15 @@ mod tests {
         let c = make(&mut s, 1, "a", T0);
         let d = make(&mut s, 2, "a", T0);
         // Last second: still approvable.
-        s.approve(&c.user_code, admin(), "bob", 7, T0 + 599)
+        s.approve(&c.user_code, admin(), "bob", 7, T0 + 299)
             .expect("in time");
         assert_eq!(
-            s.approve(&d.user_code, admin(), "bob", 8, T0 + 600),
+            s.approve(&d.user_code, admin(), "bob", 8, T0 + 300),
             Err(DecideError::Expired)
         );
-        assert_eq!(s.poll_timeout(), Some(T0 + 600));
+        assert_eq!(s.poll_timeout(), Some(T0 + 300));
         // Approved but never collected: expiry revokes the grant.
-        s.handle_timeout(T0 + 600);
+        s.handle_timeout(T0 + 300);
         assert_eq!(
             s.poll_output(),
             Some(EnrollEvent::Revoke {
@@ -562,9 +562,9 @@ mod tests {
             })
         );
         assert_eq!(s.poll_output(), None);
-        assert_eq!(s.poll(&c.device_code, T0 + 600), PollOutcome::Expired);
+        assert_eq!(s.poll(&c.device_code, T0 + 300), PollOutcome::Expired);
         assert_eq!(
-            s.approve(&d.user_code, admin(), "bob", 8, T0 + 600),
+            s.approve(&d.user_code, admin(), "bob", 8, T0 + 300),
             Err(DecideError::NotFound)
         );
     }
@@ -575,7 +575,7 @@ mod tests {
         let c = make(&mut s, 1, "a", T0);
         s.approve(&c.user_code, admin(), "bob", 7, T0 + 1)
             .expect("approved");
-        assert_eq!(s.poll(&c.device_code, T0 + 600), PollOutcome::Expired);
+        assert_eq!(s.poll(&c.device_code, T0 + 300), PollOutcome::Expired);
         assert_eq!(
             s.poll_output(),
             Some(EnrollEvent::Revoke {
@@ -593,7 +593,7 @@ mod tests {
         }
         assert_eq!(
             s.create(&[9; 32], &[9; 8], "10.0.0.1", "l", T0 + 10),
-            Err(CreateError::TooMany { retry_after: 590 })
+            Err(CreateError::TooMany { retry_after: 290 })
         );
         // Another address is not affected; a colliding user code is refused.
         make(&mut s, 9, "10.0.0.2", T0 + 10);
@@ -602,7 +602,7 @@ mod tests {
             Err(CreateError::CodeTaken)
         );
         // Once the oldest expires the address may enroll again.
-        make(&mut s, 11, "10.0.0.1", T0 + 600);
+        make(&mut s, 11, "10.0.0.1", T0 + 300);
     }
 
     #[derive(Debug, Clone)]
