@@ -67,10 +67,13 @@ impl Browser {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap().port()
         };
+        // Its own process group, so that a test that panics takes Chromium down with the
+        // driver (see `Drop`): killing chromedriver alone would leave the browser running.
         let child = Command::new(driver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", driver.display()));
@@ -335,6 +338,17 @@ impl Browser {
     pub async fn quit(mut self) {
         let _ = self.call("DELETE", "", None).await;
         let _ = self.driver.kill().await;
+    }
+}
+
+impl Drop for Browser {
+    /// Kills chromedriver's process group: the driver and every browser process it started,
+    /// also when the test panicked before `quit`.
+    fn drop(&mut self) {
+        if let Some(pid) = self.driver.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+            // SAFETY: killpg only sends a signal; the group is the one this helper created.
+            unsafe { libc::killpg(pid, libc::SIGKILL) };
+        }
     }
 }
 
