@@ -3158,6 +3158,7 @@ pub fn codex_ops(data: &[u8]) {
             cwd: "/w".into(),
             developer_instructions: "brief".into(),
             model: model.clone(),
+            bundle_window: crate::dialect::codex::BUNDLE_WINDOW,
         },
         now,
     );

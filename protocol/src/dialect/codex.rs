@@ -153,6 +153,9 @@ pub struct CodexConfig {
     pub developer_instructions: String,
     /// `--model`, if given.
     pub model: Option<String>,
+    /// How long events are gathered into one delivery after the first ([`BUNDLE_WINDOW`]
+    /// normally).
+    pub bundle_window: Duration,
 }
 
 /// The thread's status as codex reports it.
@@ -328,7 +331,7 @@ impl CodexClient {
         }
         self.buffer.push_back(event);
         if self.flush_at.is_none() {
-            self.flush_at = Some(now + BUNDLE_WINDOW);
+            self.flush_at = Some(now + self.config.bundle_window);
         }
     }
 

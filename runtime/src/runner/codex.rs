@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ac7_protocol::dialect::codex::{
-    CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
+    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
 };
 use ac7_protocol::domain::toolbox::{Body, Method, Request};
 use ac7_protocol::session::runner::BridgePolicy;
@@ -67,6 +67,10 @@ pub struct CodexArgs {
     /// Tracing of Codex's model API calls.
     #[command(flatten)]
     pub tracing: super::trace::TraceArgs,
+    /// Milliseconds events are gathered into one turn after the first (default 200). Hidden:
+    /// for tests that need a burst of pushes in one delivery on a loaded machine.
+    #[arg(long, hide = true, value_name = "MS")]
+    pub bundle_window_ms: Option<u64>,
 }
 
 /// How long `--doctor` waits for each step.
@@ -466,6 +470,9 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             cwd: cwd.to_string_lossy().into_owned(),
             developer_instructions: b.instructions.clone(),
             model: args.model.clone(),
+            bundle_window: args
+                .bundle_window_ms
+                .map_or(BUNDLE_WINDOW, Duration::from_millis),
         },
         Instant::now().into_std(),
     );

@@ -13,6 +13,7 @@ fn config() -> CodexConfig {
         cwd: "/work".into(),
         developer_instructions: "You are builder on team demo.".into(),
         model: Some("gpt-5".into()),
+        bundle_window: BUNDLE_WINDOW,
     }
 }
 
@@ -28,9 +29,13 @@ struct Codex {
 
 impl Codex {
     fn start() -> Self {
+        Self::start_with(config())
+    }
+
+    fn start_with(config: CodexConfig) -> Self {
         let now = Instant::now();
         let mut codex = Self {
-            client: CodexClient::new(config(), now),
+            client: CodexClient::new(config, now),
             now,
             transcript: String::new(),
             requests: Vec::new(),
@@ -554,4 +559,29 @@ fn a_steer_lost_after_shutdown_is_reported_not_kept() {
     );
     assert_eq!(transmits(&out), 0);
     assert_eq!(c.client.buffered(), 0, "an event kept after shutdown");
+}
+
+#[test]
+fn the_bundle_window_is_the_configured_one() {
+    let mut c = Codex::start_with(CodexConfig {
+        bundle_window: Duration::from_millis(1500),
+        ..config()
+    });
+    c.ready("idle");
+    c.push("first");
+    assert_eq!(
+        c.client.poll_timeout(),
+        Some(c.now + Duration::from_millis(1500))
+    );
+    c.advance(1000);
+    c.push("second");
+    c.advance(499);
+    assert!(
+        !c.requests.iter().any(|(_, m, _)| m == "turn/start"),
+        "nothing before the window closes"
+    );
+    c.advance(1);
+    let (_, method, params) = c.requests.last().unwrap().clone();
+    assert_eq!(method, "turn/start");
+    assert_eq!(params["input"][0]["text"], "first\nsecond");
 }
