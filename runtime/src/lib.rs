@@ -1,7 +1,6 @@
 //! Tokio drivers around `ac7-protocol` and the `ac7` command line.
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod broker;
 pub mod cli;
 pub mod clock;

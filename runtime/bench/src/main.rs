@@ -1,8 +1,9 @@
 //! `ac7-bench <scenario>`: runs one benchmark scenario and prints one JSON object on stdout.
 //! Build with `--release`: `cargo run --release --bin ac7-bench -- bridge` (scenarios: see
-//! `ac7_runtime::bench`), and `ac7-bench web` (the web app in headless Chromium: first load
+//! `scenarios/mod.rs`), and `ac7-bench web` (the web app in headless Chromium: first load
 //! size, time to interactive, push → visible; see `web.rs`).
 
+mod scenarios;
 mod web;
 
 fn main() -> std::process::ExitCode {
@@ -16,7 +17,7 @@ fn main() -> std::process::ExitCode {
             0
         })
     } else {
-        ac7_runtime::bench::run(&args)
+        scenarios::run(&args)
     };
     match result {
         Ok(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),

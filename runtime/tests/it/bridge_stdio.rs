@@ -323,7 +323,7 @@ async fn garbage_oversized_and_unmatched_frames_from_the_runner_are_dropped() {
         answer,
         json!({"jsonrpc": "2.0", "id": "a", "result": {"tools": []}})
     );
-    let peak_kib = ac7_runtime::bench::peak_rss_kib(bridge.pid()).unwrap();
+    let peak_kib = common::procfs::peak_rss_kib(bridge.pid()).unwrap();
     eprintln!("bridge peak RSS after 51 MiB of runner-side junk: {peak_kib} KiB");
     assert!(
         peak_kib < 24 * 1024,

@@ -20,8 +20,10 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
 pub mod ash;
+pub mod catalogue;
 pub mod messages_api;
 pub mod npm;
+pub mod procfs;
 pub mod webdriver;
 
 /// The `ac7` binary under test.
@@ -185,7 +187,7 @@ pub fn start_runner(dir: &Path, policy: BridgePolicy) -> Runner {
 async fn scripted(state: &Script, notifier: &RunnerHandle, req: IncomingRequest) -> Outcome {
     state.methods.lock().unwrap().push(req.method.clone());
     match req.method.as_str() {
-        mcp::TOOLS_LIST => Outcome::Result(ac7_runtime::bench::bridge::tools_list_result()),
+        mcp::TOOLS_LIST => Outcome::Result(catalogue::tools_list_result()),
         mcp::TOOLS_CALL => {
             let raw = req
                 .params

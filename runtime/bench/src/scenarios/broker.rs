@@ -16,15 +16,15 @@ use anyhow::{Context, bail};
 use futures_util::StreamExt;
 use serde_json::json;
 
-use super::{Report, percentile, proc_status_kib};
-use crate::broker::bootstrap::bootstrap;
-use crate::broker::config::{MemberSection, TeamConfig, TeamSection};
-use crate::broker::db::{Store, SyncMode};
-use crate::broker::team::Role;
-use crate::broker::{BrokerConfig, start};
+use super::{Report, peak_rss_kib, percentile, rss_kib};
+use ac7_runtime::broker::bootstrap::bootstrap;
+use ac7_runtime::broker::config::{MemberSection, TeamConfig, TeamSection};
+use ac7_runtime::broker::db::{Store, SyncMode};
+use ac7_runtime::broker::team::Role;
+use ac7_runtime::broker::{BrokerConfig, start};
 
 /// The hidden argument that makes `ac7-bench` run a broker.
-pub const CHILD_ARG: &str = "__broker-child";
+pub(crate) const CHILD_ARG: &str = "__broker-child";
 
 const CLIENTS: usize = 16;
 const PUSHES_PER_CLIENT: usize = 2_000;
@@ -33,10 +33,10 @@ const DELIVERY_MESSAGES: usize = 2_000;
 
 /// Runs a broker on `args[0]` (db path) and prints `listening <addr>`.
 #[allow(clippy::print_stdout)]
-pub fn child_main(args: &[String]) -> anyhow::Result<i32> {
+pub(crate) fn child_main(args: &[String]) -> anyhow::Result<i32> {
     let db = PathBuf::from(args.first().context("db path required")?);
     // As `ac7 serve` does.
-    crate::broker::server::tune_allocator();
+    ac7_runtime::broker::server::tune_allocator();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -72,7 +72,7 @@ impl BrokerChild {
         let dir = std::env::temp_dir().join(format!(
             "ac7-bench-{}-{}",
             std::process::id(),
-            crate::broker::now_ms()
+            ac7_runtime::broker::now_ms()
         ));
         std::fs::create_dir_all(&dir)?;
         let db = dir.join("bench.db");
@@ -208,7 +208,7 @@ async fn push_load(b: &BrokerChild, per_client: usize) -> anyhow::Result<(Durati
 }
 
 /// Durable push throughput with 16 concurrent clients.
-pub fn push() -> anyhow::Result<Report> {
+pub(crate) fn push() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn(10)?;
     let (elapsed, lat) = rt()?.block_on(async {
         push_load(&b, 100).await?; // warm-up
@@ -227,7 +227,7 @@ pub fn push() -> anyhow::Result<Report> {
     r.insert("ack_p99_us", json!(percentile(&lat, 99.0)));
     r.insert(
         "broker_peak_rss_kib",
-        json!(proc_status_kib(Some(b.pid()), "VmHWM")),
+        json!(peak_rss_kib(b.pid())),
     );
     let sync = if std::env::var("AC7_BENCH_SYNC").is_ok_and(|v| v == "full") {
         "FULL"
@@ -296,7 +296,7 @@ pub(super) async fn collect_samples(
 }
 
 /// Push -> SSE delivery latency to 10 subscribers.
-pub fn delivery() -> anyhow::Result<Report> {
+pub(crate) fn delivery() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn(SUBSCRIBERS)?;
     let (samples, baseline, alone) = rt()?.block_on(async {
         // Baseline: one client pushing alone, nobody subscribed (the push path by itself).
@@ -395,17 +395,17 @@ pub fn delivery() -> anyhow::Result<Report> {
     r.insert("push_alone_ack_p50_us", json!(percentile(&alone, 50.0)));
     r.insert(
         "broker_peak_rss_kib",
-        json!(proc_status_kib(Some(b.pid()), "VmHWM")),
+        json!(peak_rss_kib(b.pid())),
     );
     Ok(r)
 }
 
 /// Idle RSS after start, and peak RSS under push load with 10 live subscribers.
-pub fn rss() -> anyhow::Result<Report> {
+pub(crate) fn rss() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn(SUBSCRIBERS)?;
     std::thread::sleep(Duration::from_millis(1_000));
-    let idle_rss = proc_status_kib(Some(b.pid()), "VmRSS");
-    let idle_peak = proc_status_kib(Some(b.pid()), "VmHWM");
+    let idle_rss = rss_kib(b.pid());
+    let idle_peak = peak_rss_kib(b.pid());
     let elapsed = rt()?.block_on(async {
         let ready = Arc::new(AtomicU64::new(0));
         let mut subs = Vec::new();
@@ -435,13 +435,13 @@ pub fn rss() -> anyhow::Result<Report> {
     r.insert("idle_peak_rss_kib", json!(idle_peak));
     r.insert(
         "loaded_peak_rss_kib",
-        json!(proc_status_kib(Some(b.pid()), "VmHWM")),
+        json!(peak_rss_kib(b.pid())),
     );
     r.insert("loaded_pushes", json!(CLIENTS * PUSHES_PER_CLIENT));
     r.insert("loaded_seconds", json!(elapsed.as_secs_f64()));
     r.insert(
         "bench_client_peak_rss_kib",
-        json!(super::peak_rss_kib(std::process::id())),
+        json!(peak_rss_kib(std::process::id())),
     );
     Ok(r)
 }
@@ -451,10 +451,10 @@ const UPLOAD_BYTES: usize = 24 * 1024 * 1024;
 
 /// Broker RSS while eight members each upload a 24 MB file at once (uploads are
 /// streamed to disk, so the peak should stay near idle).
-pub fn upload() -> anyhow::Result<Report> {
+pub(crate) fn upload() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn(UPLOADS)?;
     std::thread::sleep(Duration::from_millis(500));
-    let idle_rss = proc_status_kib(Some(b.pid()), "VmRSS");
+    let idle_rss = rss_kib(b.pid());
     let data = bytes_of(UPLOAD_BYTES);
     let elapsed = rt()?.block_on(async {
         let started = Instant::now();
@@ -479,7 +479,7 @@ pub fn upload() -> anyhow::Result<Report> {
         }
         Ok::<_, anyhow::Error>(started.elapsed())
     })?;
-    let peak = proc_status_kib(Some(b.pid()), "VmHWM");
+    let peak = peak_rss_kib(b.pid());
     let mut r = Report::new();
     r.insert("scenario", json!("broker-upload"));
     r.insert("uploads", json!(UPLOADS));

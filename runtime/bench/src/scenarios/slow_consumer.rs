@@ -13,7 +13,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::broker::{BrokerChild, client, collect_samples, rt, seq_of, sse_loop};
-use super::{Report, percentile, proc_status_kib};
+use super::{Report, peak_rss_kib, percentile, rss_kib};
 
 const BIG_PUSHES: usize = 600;
 const BIG_BYTES: usize = 900 * 1024;
@@ -63,11 +63,11 @@ async fn closed_by_broker(tcp: &mut tokio::net::TcpStream, within: Duration) -> 
 }
 
 /// The scenario.
-pub fn run() -> anyhow::Result<Report> {
+pub(crate) fn run() -> anyhow::Result<Report> {
     // m0 stalls; m1..=HEALTHY read.
     let b = BrokerChild::spawn(HEALTHY + 1)?;
     let pid = b.pid();
-    let start_rss = proc_status_kib(Some(pid), "VmRSS");
+    let start_rss = rss_kib(pid);
     let (samples, rss_with_stalled, cut, rss_after_cut, elapsed) = rt()?.block_on(async {
         let mut stalled = stalled_subscriber(&b, "m0").await?;
         let sent: Arc<Vec<AtomicU64>> =
@@ -136,13 +136,13 @@ pub fn run() -> anyhow::Result<Report> {
         for s in subs {
             s.abort();
         }
-        let rss_with_stalled = proc_status_kib(Some(pid), "VmRSS");
+        let rss_with_stalled = rss_kib(pid);
         // Did the broker cut the stalled client loose by itself? (Draining it now only
         // reads what the kernel buffers hold; an open stream would keep the read waiting.)
         let cut = closed_by_broker(&mut stalled, Duration::from_secs(5)).await;
         drop(stalled);
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let rss_after_cut = proc_status_kib(Some(pid), "VmRSS");
+        let rss_after_cut = rss_kib(pid);
         Ok::<_, anyhow::Error>((samples, rss_with_stalled, cut, rss_after_cut, elapsed))
     })?;
     let mut r = Report::new();
@@ -155,10 +155,7 @@ pub fn run() -> anyhow::Result<Report> {
     r.insert("healthy_delivery_p50_us", json!(percentile(&samples, 50.0)));
     r.insert("healthy_delivery_p99_us", json!(percentile(&samples, 99.0)));
     r.insert("broker_start_rss_kib", json!(start_rss));
-    r.insert(
-        "broker_peak_rss_kib",
-        json!(proc_status_kib(Some(pid), "VmHWM")),
-    );
+    r.insert("broker_peak_rss_kib", json!(peak_rss_kib(pid)));
     r.insert(
         "broker_rss_with_stalled_client_kib",
         json!(rss_with_stalled),

@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::broker::{BrokerChild, client, rt};
 use super::{Report, percentile};
-use crate::broker::publish::{Draft, log};
-use crate::broker::{channels, now_ms};
+use ac7_runtime::broker::publish::{Draft, log};
+use ac7_runtime::broker::{channels, now_ms};
 
 const MESSAGES: usize = 100_000;
 /// One message in this many is visible to the caller.
@@ -22,7 +22,7 @@ const VISIBLE_EVERY: usize = 100;
 const SAMPLES: usize = 2_000;
 const HAMMERS: usize = 4;
 
-fn seed(store: &crate::broker::db::Store) -> anyhow::Result<()> {
+fn seed(store: &ac7_runtime::broker::db::Store) -> anyhow::Result<()> {
     store.with(|conn| -> anyhow::Result<()> {
         let now = now_ms();
         let tx = conn.transaction()?;
@@ -74,7 +74,7 @@ async fn timed_get(
 }
 
 /// The `broker-history` scenario.
-pub fn history() -> anyhow::Result<Report> {
+pub(crate) fn history() -> anyhow::Result<Report> {
     let b = BrokerChild::spawn_with(2, seed)?;
     let url = b.url.clone();
     let token = b.token("m0").to_owned();

@@ -13,86 +13,20 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ac7_protocol::codec::json::RawJson;
 use ac7_protocol::codec::jsonrpc::{METHOD_NOT_FOUND, Outcome, RpcError};
 use ac7_protocol::dialect::mcp;
-use ac7_protocol::domain::message::LogLevel;
 use ac7_protocol::session::runner::IncomingRequest;
 use anyhow::{Context, bail};
 use serde::Serialize;
-use serde_json::json;
 
+use super::catalogue::tools_list_result;
 use super::{Latency, median, peak_rss_kib};
-use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
-use crate::runner::ipc_server::{Handler, IpcServer, IpcServerOptions, RunnerHandle};
-
-/// Names of the 31 tools of a director's catalogue.
-pub const TOOL_NAMES: [&str; 31] = [
-    "roster",
-    "broadcast",
-    "send",
-    "channels_list",
-    "channels_post",
-    "recent",
-    "objectives_list",
-    "objectives_view",
-    "objectives_update",
-    "objectives_discuss",
-    "objectives_complete",
-    "fs_ls",
-    "fs_stat",
-    "fs_read",
-    "fs_write",
-    "fs_mkdir",
-    "fs_rm",
-    "fs_mv",
-    "fs_shared",
-    "objectives_create",
-    "objectives_cancel",
-    "objectives_watchers",
-    "objectives_reassign",
-    "team_get",
-    "team_update",
-    "presets_list",
-    "presets_set",
-    "presets_delete",
-    "members_add",
-    "members_update",
-    "members_remove",
-];
-
-/// A `tools/list` result shaped like a director's catalogue: 31 tools, about 18 KB.
-pub fn tools_list_result() -> RawJson {
-    let tools: Vec<_> = TOOL_NAMES
-        .iter()
-        .enumerate()
-        .map(|(i, name)| {
-            let description = format!(
-                "{name}: tool {i} of the director's catalogue. It reaches the broker on the \
-                 agent's behalf and answers with plain text; real descriptions carry the briefing \
-                 and the open objectives."
-            );
-            json!({
-                "name": name,
-                "description": description,
-                "inputSchema": {
-                    "type": "object",
-                    "properties": {
-                        "id": {"type": "string", "description": "The id this tool acts on."},
-                        "body": {"type": "string", "description": "The message or note."},
-                        "level": {"type": "string", "enum": LogLevel::ALL.map(LogLevel::as_str), "description": "Optional severity; defaults to info."}
-                    },
-                    "required": ["id"]
-                }
-            })
-        })
-        .collect();
-    RawJson::from_value(&json!({ "tools": tools })).expect("a JSON value always serializes")
-}
+use ac7_runtime::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use ac7_runtime::runner::ipc_server::{Handler, IpcServer, IpcServerOptions, RunnerHandle};
 
 /// The runner-side handler of the benchmark: the 31-tool list, a one-line `tools/call` result,
 /// `-32601` for anything else.
-pub fn handler() -> impl Handler {
+pub(crate) fn handler() -> impl Handler {
     let tools = tools_list_result();
     move |req: IncomingRequest| {
         let outcome = match req.method.as_str() {
@@ -109,7 +43,7 @@ pub fn handler() -> impl Handler {
 
 /// What a scenario measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
+pub(crate) enum Part {
     /// Sequential round trips.
     Roundtrip,
     /// Requests in flight.
@@ -122,7 +56,7 @@ pub enum Part {
 
 /// Benchmark parameters.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub(crate) struct Options {
     /// The `ac7` binary.
     pub ac7: PathBuf,
     /// Sequential round trips per method.
@@ -137,7 +71,7 @@ pub struct Options {
 
 impl Options {
     /// The issue's parameters: N=1000, 32 in flight, 20 spawns.
-    pub fn standard(ac7: PathBuf) -> Self {
+    pub(crate) fn standard(ac7: PathBuf) -> Self {
         Self {
             ac7,
             roundtrips: 1000,
@@ -150,7 +84,7 @@ impl Options {
 
 /// Sequential round-trip latencies.
 #[derive(Debug, Clone, Serialize)]
-pub struct Roundtrip {
+pub(crate) struct Roundtrip {
     /// `tools/list` (31 tools).
     pub tools_list: Latency,
     /// Size of the `tools/list` response line the agent reads.
@@ -161,7 +95,7 @@ pub struct Roundtrip {
 
 /// Throughput with several requests in flight.
 #[derive(Debug, Clone, Serialize)]
-pub struct Throughput {
+pub(crate) struct Throughput {
     /// Requests kept in flight.
     pub in_flight: usize,
     /// Calls completed.
@@ -174,7 +108,7 @@ pub struct Throughput {
 
 /// Process start-up and teardown.
 #[derive(Debug, Clone, Serialize)]
-pub struct Spawn {
+pub(crate) struct Spawn {
     /// Spawns measured.
     pub n: usize,
     /// Median time from spawning the process to reading the `initialize` result.
@@ -187,7 +121,7 @@ pub struct Spawn {
 
 /// One scenario's output.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// The scenario name.
     pub scenario: String,
     /// Sequential round trips.
@@ -205,7 +139,7 @@ pub struct Report {
 }
 
 /// Runs the given parts against a fresh runner-side server.
-pub fn run(scenario: &str, parts: &[Part], options: &Options) -> anyhow::Result<Report> {
+pub(crate) fn run(scenario: &str, parts: &[Part], options: &Options) -> anyhow::Result<Report> {
     let runner = Runner::start()?;
     let mut report = Report {
         scenario: scenario.to_owned(),

@@ -19,7 +19,7 @@ use serde::Serialize;
 use super::bridge::{Agent, Throughput};
 use super::broker::{BrokerChild, client, rt};
 use super::{Latency, peak_rss_kib, sibling_binary};
-use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use ac7_runtime::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 
 const ROUNDTRIPS: usize = 1_000;
 const THROUGHPUT_CALLS: usize = 2_000;
@@ -28,7 +28,7 @@ const PUSHES: usize = 500;
 
 /// The scenario's figures.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     scenario: &'static str,
     roster_roundtrip: Latency,
     throughput: Throughput,
@@ -38,7 +38,7 @@ pub struct Report {
 }
 
 /// Runs the scenario.
-pub fn run() -> anyhow::Result<Report> {
+pub(crate) fn run() -> anyhow::Result<Report> {
     let ac7 = sibling_binary("ac7")?;
     let broker = BrokerChild::spawn(1)?;
     let dir = std::env::temp_dir().join(format!("ac7-bench-runner-{}", std::process::id()));

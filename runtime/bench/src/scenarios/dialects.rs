@@ -21,12 +21,12 @@ use serde::Serialize;
 
 use super::bridge::{Agent, TempDir};
 use super::{Latency, median};
-use crate::dialects::ash_bridge::{CLAUDE_PATH_ENV, SOCKET_ENV, WORKSPACE_ENV};
-use crate::dialects::call_tool_host::{CallToolHost, HostPaths};
+use ac7_runtime::dialects::ash_bridge::{CLAUDE_PATH_ENV, SOCKET_ENV, WORKSPACE_ENV};
+use ac7_runtime::dialects::call_tool_host::{CallToolHost, HostPaths};
 
 /// `call-tool` results.
 #[derive(Debug, Clone, Serialize)]
-pub struct CallToolReport {
+pub(crate) struct CallToolReport {
     /// The scenario name.
     pub scenario: &'static str,
     /// Sequential `tools/call` round trips (agent -> bridge -> parent -> bridge -> agent).
@@ -34,7 +34,7 @@ pub struct CallToolReport {
 }
 
 /// Runs `n` sequential calls (after 100 warm-up calls).
-pub fn call_tool(ac7: &Path, n: usize) -> anyhow::Result<CallToolReport> {
+pub(crate) fn call_tool(ac7: &Path, n: usize) -> anyhow::Result<CallToolReport> {
     let dir = TempDir::new()?;
     let paths = HostPaths::in_dir(&dir.path);
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -98,7 +98,7 @@ pub fn call_tool(ac7: &Path, n: usize) -> anyhow::Result<CallToolReport> {
 
 /// `ash-spawn` results.
 #[derive(Debug, Clone, Serialize)]
-pub struct AshSpawnReport {
+pub(crate) struct AshSpawnReport {
     /// The scenario name.
     pub scenario: &'static str,
     /// Spawns measured.
@@ -110,7 +110,7 @@ pub struct AshSpawnReport {
 }
 
 /// Spawns the bridge `n` times; each is shut down with a `shutdown` command.
-pub fn ash_spawn(ac7: &Path, n: usize) -> anyhow::Result<AshSpawnReport> {
+pub(crate) fn ash_spawn(ac7: &Path, n: usize) -> anyhow::Result<AshSpawnReport> {
     let dir = TempDir::new()?;
     let agent = instant_agent(&dir.path)?;
     let mut samples = Vec::with_capacity(n);
@@ -133,7 +133,7 @@ pub fn ash_spawn(ac7: &Path, n: usize) -> anyhow::Result<AshSpawnReport> {
 
 /// `ash-query` results.
 #[derive(Debug, Clone, Serialize)]
-pub struct AshQueryReport {
+pub(crate) struct AshQueryReport {
     /// The scenario name.
     pub scenario: &'static str,
     /// `query` -> `done`, through the bridge (including spawning and reaping the stand-in).
@@ -141,7 +141,7 @@ pub struct AshQueryReport {
 }
 
 /// Runs `n` queries on one connection (after 10 warm-up queries).
-pub fn ash_query(ac7: &Path, n: usize) -> anyhow::Result<AshQueryReport> {
+pub(crate) fn ash_query(ac7: &Path, n: usize) -> anyhow::Result<AshQueryReport> {
     let dir = TempDir::new()?;
     let agent = instant_agent(&dir.path)?;
     let socket = dir.path.join("b.sock");

@@ -19,13 +19,20 @@
 //! cargo run --release --bin ac7-bench -- trace            # model call direct vs via the trace proxy, runner RSS
 //! ```
 
-pub mod bridge;
-pub mod broker;
-pub mod dialects;
-pub mod history;
-pub mod runner;
-pub mod slow_consumer;
-pub mod trace;
+#[path = "../../../tests/it/common/catalogue.rs"]
+mod catalogue;
+#[path = "../../../tests/it/common/procfs.rs"]
+mod procfs;
+
+pub(crate) use procfs::{peak_rss_kib, rss_kib};
+
+pub(crate) mod bridge;
+pub(crate) mod broker;
+pub(crate) mod dialects;
+pub(crate) mod history;
+pub(crate) mod runner;
+pub(crate) mod slow_consumer;
+pub(crate) mod trace;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -34,7 +41,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 /// The scenarios `ac7-bench` knows.
-pub const SCENARIOS: &[&str] = &[
+pub(crate) const SCENARIOS: &[&str] = &[
     "bridge",
     "bridge-roundtrip",
     "bridge-throughput",
@@ -54,7 +61,7 @@ pub const SCENARIOS: &[&str] = &[
 ];
 
 /// Runs the scenario named by `args[0]`; returns the process exit code.
-pub fn run(args: &[String]) -> anyhow::Result<i32> {
+pub(crate) fn run(args: &[String]) -> anyhow::Result<i32> {
     match args.first().map(String::as_str) {
         Some(
             scenario @ ("bridge" | "bridge-roundtrip" | "bridge-throughput" | "bridge-spawn"
@@ -108,7 +115,7 @@ pub fn run(args: &[String]) -> anyhow::Result<i32> {
 }
 
 /// A scenario's result: key -> value, printed as one JSON object (sorted keys).
-pub type Report = BTreeMap<&'static str, Value>;
+pub(crate) type Report = BTreeMap<&'static str, Value>;
 
 fn emit(report: &Report) -> anyhow::Result<i32> {
     print_json(report)?;
@@ -117,7 +124,7 @@ fn emit(report: &Report) -> anyhow::Result<i32> {
 
 /// Latency summary of a set of samples, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Latency {
+pub(crate) struct Latency {
     /// Number of samples.
     pub n: usize,
     /// Median.
@@ -132,7 +139,7 @@ pub struct Latency {
 
 impl Latency {
     /// Summarizes `samples` (sorted in place). `None` when there are none.
-    pub fn of(samples: &mut [Duration]) -> Option<Self> {
+    pub(crate) fn of(samples: &mut [Duration]) -> Option<Self> {
         samples.sort_unstable();
         let us = |d: Duration| d.as_secs_f64() * 1e6;
         Some(Self {
@@ -146,7 +153,7 @@ impl Latency {
 }
 
 /// The `p`-th percentile (0–100, nearest rank) of sorted `samples`; `None` when empty.
-pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+pub(crate) fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
     if sorted.is_empty() {
         return None;
     }
@@ -155,37 +162,13 @@ pub fn percentile<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
 }
 
 /// Median of `samples` (sorted in place).
-pub fn median(samples: &mut [Duration]) -> Option<Duration> {
+pub(crate) fn median(samples: &mut [Duration]) -> Option<Duration> {
     samples.sort_unstable();
     percentile(samples, 50.0)
 }
 
-/// A field (in KiB) of `/proc/<pid>/status` (this process when `None`), e.g. `VmHWM` (peak RSS)
-/// or `VmRSS`.
-pub fn proc_status_kib(pid: Option<u32>, field: &str) -> Option<u64> {
-    let path = match pid {
-        Some(p) => format!("/proc/{p}/status"),
-        None => "/proc/self/status".to_owned(),
-    };
-    let text = std::fs::read_to_string(path).ok()?;
-    text.lines().find_map(|line| {
-        let rest = line.strip_prefix(field)?.strip_prefix(':')?;
-        rest.trim().trim_end_matches("kB").trim().parse().ok()
-    })
-}
-
-/// Peak resident set size (`VmHWM`) of a live process, in KiB.
-pub fn peak_rss_kib(pid: u32) -> Option<u64> {
-    proc_status_kib(Some(pid), "VmHWM")
-}
-
-/// Current resident set size (`VmRSS`) of a live process, in KiB.
-pub fn rss_kib(pid: u32) -> Option<u64> {
-    proc_status_kib(Some(pid), "VmRSS")
-}
-
 /// A binary next to the running executable (`target/<profile>/<name>`).
-pub fn sibling_binary(name: &str) -> std::io::Result<PathBuf> {
+pub(crate) fn sibling_binary(name: &str) -> std::io::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let dir = exe
         .parent()
@@ -205,7 +188,7 @@ pub fn sibling_binary(name: &str) -> std::io::Result<PathBuf> {
 }
 
 /// Writes `value` as one line of JSON on stdout.
-pub fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, value)?;
@@ -240,6 +223,6 @@ mod tests {
         let now = rss_kib(pid).unwrap();
         let peak = peak_rss_kib(pid).unwrap();
         assert!(peak >= now && now > 0, "peak {peak} now {now}");
-        assert!(proc_status_kib(None, "VmRSS").is_some());
+        assert!(procfs::proc_status_kib(None, "VmRSS").is_some());
     }
 }

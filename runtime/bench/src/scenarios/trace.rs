@@ -22,7 +22,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::broker::{BrokerChild, rt};
 use super::{Latency, peak_rss_kib, sibling_binary};
-use crate::runner::trace::ca::TraceCa;
+use ac7_runtime::runner::trace::ca::TraceCa;
 
 const ROUNDS: usize = 400;
 const WARMUP: usize = 20;
@@ -32,7 +32,7 @@ const HOST: &str = "api.anthropic.com";
 
 /// The scenario's figures.
 #[derive(Debug, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     scenario: &'static str,
     request_bytes: usize,
     response_bytes: usize,
@@ -174,7 +174,7 @@ async fn round_trip<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Runs the scenario.
-pub fn run() -> anyhow::Result<Report> {
+pub(crate) fn run() -> anyhow::Result<Report> {
     let ac7 = sibling_binary("ac7")?;
     let broker = BrokerChild::spawn(1)?;
     let dir = std::env::temp_dir().join(format!("ac7-bench-trace-{}", std::process::id()));
