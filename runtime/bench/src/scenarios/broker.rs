@@ -225,10 +225,7 @@ pub(crate) fn push() -> anyhow::Result<Report> {
     );
     r.insert("ack_p50_us", json!(percentile(&lat, 50.0)));
     r.insert("ack_p99_us", json!(percentile(&lat, 99.0)));
-    r.insert(
-        "broker_peak_rss_kib",
-        json!(peak_rss_kib(b.pid())),
-    );
+    r.insert("broker_peak_rss_kib", json!(peak_rss_kib(b.pid())));
     let sync = if std::env::var("AC7_BENCH_SYNC").is_ok_and(|v| v == "full") {
         "FULL"
     } else {
@@ -393,10 +390,7 @@ pub(crate) fn delivery() -> anyhow::Result<Report> {
     r.insert("delivery_p99_us", json!(percentile(&samples, 99.0)));
     r.insert("http_roundtrip_p50_us", json!(percentile(&baseline, 50.0)));
     r.insert("push_alone_ack_p50_us", json!(percentile(&alone, 50.0)));
-    r.insert(
-        "broker_peak_rss_kib",
-        json!(peak_rss_kib(b.pid())),
-    );
+    r.insert("broker_peak_rss_kib", json!(peak_rss_kib(b.pid())));
     Ok(r)
 }
 
@@ -433,10 +427,7 @@ pub(crate) fn rss() -> anyhow::Result<Report> {
     r.insert("scenario", json!("broker-rss"));
     r.insert("idle_rss_kib", json!(idle_rss));
     r.insert("idle_peak_rss_kib", json!(idle_peak));
-    r.insert(
-        "loaded_peak_rss_kib",
-        json!(peak_rss_kib(b.pid())),
-    );
+    r.insert("loaded_peak_rss_kib", json!(peak_rss_kib(b.pid())));
     r.insert("loaded_pushes", json!(CLIENTS * PUSHES_PER_CLIENT));
     r.insert("loaded_seconds", json!(elapsed.as_secs_f64()));
     r.insert(
