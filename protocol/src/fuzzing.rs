@@ -2578,7 +2578,9 @@ impl CtbOracle {
 /// the time of `Exit`, with the answer its method gets (`tools/list` the schema file's tools,
 /// `-32601` for unknown methods, `-32602` without a name); every `tools/call` answer is a valid
 /// `CallToolResult`, never a JSON-RPC error; a parent reply answers only the call that was on the
-/// wire when it was sent, and a valid result reaches the agent unchanged; lines to the agent are
+/// wire when its last byte reached the bridge (two replies in one read drop the link; a second
+/// one arriving after the next call went out is indistinguishable from that call's answer), and
+/// a valid result reaches the agent unchanged; lines to the agent are
 /// single-line JSON; frames to the parent are whole length-prefixed `call_tool` requests under
 /// the cap, sent only while connected, one at a time, each call at most once and in the agent's
 /// order; `Connect` only while disconnected, `Disconnect` only while connected or connecting;
@@ -2729,6 +2731,8 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
             },
             7 | 8 if o.link == CtbLink::Open => {
                 let mut bytes = Vec::new();
+                // (reply tag, the valid result sent, where the frame ends in `bytes`)
+                let mut frames_sent = Vec::new();
                 let frames = if input.byte().is_multiple_of(4) { 2 } else { 1 };
                 for i in 0..frames {
                     let rt = n * 2 + i;
@@ -2766,14 +2770,27 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                             None,
                         ),
                     };
-                    o.replies.insert(rt, (o.in_flight, sent));
                     length_prefixed::encode(&encode_reply(&reply), &mut bytes, usize::MAX)
                         .expect("no cap");
+                    frames_sent.push((rt, sent, bytes.len()));
                 }
+                // A reply belongs to the call on the wire when its last byte reaches the bridge:
+                // a frame that arrives whole after the next call went out is, for all the bridge
+                // can tell, that call's answer (the stream carries no timing).
                 let split = input.below(bytes.len() + 1);
+                for (rt, sent, end) in &frames_sent {
+                    if *end <= split {
+                        o.replies.insert(*rt, (o.in_flight, sent.clone()));
+                    }
+                }
                 bridge.handle_parent_bytes(&bytes[..split]);
                 o.drain(&mut bridge);
                 if o.link == CtbLink::Open {
+                    for (rt, sent, end) in frames_sent {
+                        if end > split {
+                            o.replies.insert(rt, (o.in_flight, sent));
+                        }
+                    }
                     bridge.handle_parent_bytes(&bytes[split..]);
                 }
             }
