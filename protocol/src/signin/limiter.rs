@@ -1,49 +1,89 @@
-//! Failed-attempt limiting for sign-in (and any other guessable secret), per key.
+//! Failed-attempt limiting for sign-in (and any other guessable secret), per key, with
+//! lockouts that double while the failures go on; and [`SignInGuard`], the keys a TOTP sign-in
+//! is counted under.
 //!
-//! Contract (time is `now`, unix seconds, passed in):
+//! Contract of [`AttemptLimiter`] (time is `now`, unix seconds, passed in):
 //! * A key's window opens at its first failure and lasts [`LimiterConfig::window`] seconds
-//!   (sign-in: [`SIGN_IN`], 15 minutes). While the window is open and holds
-//!   [`LimiterConfig::max_failures`] failures (sign-in: 5), [`AttemptLimiter::check`] refuses the
-//!   key with [`Locked`] until the window closes (`retry_after` seconds from `now`); attempts made
-//!   while locked are not evaluated and do not extend the lock. When the window has closed the key
-//!   starts afresh.
-//! * [`AttemptLimiter::record_success`] clears the key (a member who signs in is not left one
-//!   failure from a lock).
-//! * The web login checks two keys per attempt — the member name and the client address — and
-//!   records a failure on both, so a guesser is stopped per member and per address, and (unlike
-//!   one global bucket for code-only logins) nobody can lock every member out at once.
-//! * Memory: a key lives at most one window; [`AttemptLimiter::purge`] drops closed windows and
-//!   [`AttemptLimiter::poll_timeout`] says when the next one closes.
+//!   (sign-in: [`SIGN_IN`], 15 minutes). The failure that brings an open window to
+//!   [`LimiterConfig::max_failures`] locks the key: [`AttemptLimiter::check`] refuses it with
+//!   [`Locked`] (`retry_after` seconds from `now`) until the lock ends. Attempts made while
+//!   locked are not evaluated, not counted, and do not extend the lock.
+//! * The first lock lasts until the window closes. Each further lock of the same key (a
+//!   *strike*) lasts twice the one before — `window · 2^(strikes−1)` from the failure that
+//!   locked it — capped at [`LimiterConfig::max_lock`]. A key that stays quiet for `max_lock`
+//!   after its last lock ends starts afresh (no strikes). With `max_lock <= window` every lock
+//!   is just the window (no doubling).
+//! * [`AttemptLimiter::record_success`] clears the key, strikes included.
+//! * Memory: a key lives while its window is open, it is locked, or its strikes are
+//!   remembered; [`AttemptLimiter::handle_timeout`] drops the rest and
+//!   [`AttemptLimiter::poll_timeout`] says when the next key can go.
+//!
+//! Contract of [`SignInGuard`]: every attempt is counted under its client address (IPv4: the
+//! address; IPv6: its /64, which one subscriber usually holds whole, see [`address_key`]), and
+//! * a *named* attempt (`member` given) under that member;
+//! * a *nameless* attempt (the code is tried against every member) under one team-wide key,
+//!   so no number of source addresses buys more guesses: the team's nameless budget is
+//!   [`NAMELESS`] (10 failures per window, doubling lockouts up to a day). While it is locked,
+//!   nameless attempts get 429 and a member signs in with their name (their own budget is
+//!   untouched by the guesser). A member whose own key is locked is no candidate for a nameless
+//!   code ([`SignInGuard::member_locked`]), so a lock cannot be walked around by leaving the
+//!   name out.
+//! * A success clears the address and the member, never the team-wide nameless key (a member
+//!   signing in must not hand a guesser a fresh budget).
+//! * [`SignInGuard::handle_failure`] returns the lockouts the failure started, for the caller
+//!   to log; [`SignInGuard::stats`] counts failures and lockouts for a metrics endpoint.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 /// Limits of one limiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimiterConfig {
     /// Failures inside one window that lock the key.
     pub max_failures: u32,
-    /// Length of the window in seconds, from the key's first failure.
+    /// Length of the window in seconds, from the key's first failure; also the first lock.
     pub window: u64,
+    /// The longest lock in seconds (locks double up to it); also how long a quiet key keeps
+    /// its strikes after its last lock ended.
+    pub max_lock: u64,
 }
 
-/// Sign-in attempts: 5 failures per 15 minutes.
+/// One day: the longest sign-in lock.
+const DAY: u64 = 24 * 60 * 60;
+
+/// Sign-in attempts per member and per address: 5 failures per 15 minutes, then locks of
+/// 15 min, 30 min, 1 h, … up to a day.
 pub const SIGN_IN: LimiterConfig = LimiterConfig {
     max_failures: 5,
     window: 15 * 60,
+    max_lock: DAY,
+};
+
+/// Sign-in attempts without a member name, for the whole team: 10 failures per 15 minutes,
+/// then locks doubling up to a day.
+pub const NAMELESS: LimiterConfig = LimiterConfig {
+    max_failures: 10,
+    window: 15 * 60,
+    max_lock: DAY,
 };
 
 /// The key is locked for `retry_after` more seconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("too many attempts; try again in {retry_after} s")]
 pub struct Locked {
-    /// Seconds until the window closes (at least 1).
+    /// Seconds until the lock ends (at least 1).
     pub retry_after: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
-    opened: u64,
+    /// First failure of the open window (`None`: no window open).
+    opened: Option<u64>,
     failures: u32,
+    /// When the current (or last) lock ends.
+    locked_until: u64,
+    /// Locks so far (reset after `max_lock` of quiet).
+    strikes: u32,
 }
 
 /// Failure counts per key, each in its own window.
@@ -62,65 +102,104 @@ impl<K: Ord> AttemptLimiter<K> {
         }
     }
 
-    fn closes(&self, b: &Bucket) -> u64 {
-        b.opened.saturating_add(self.config.window)
-    }
-
-    fn open_bucket(&self, key: &K, now: u64) -> Option<&Bucket> {
-        self.buckets.get(key).filter(|b| now < self.closes(b))
+    /// The limits this limiter applies.
+    pub fn config(&self) -> LimiterConfig {
+        self.config
     }
 
     /// Whether `key` may attempt now.
     pub fn check(&self, key: &K, now: u64) -> Result<(), Locked> {
-        match self.open_bucket(key, now) {
-            Some(b) if b.failures >= self.config.max_failures => Err(Locked {
-                retry_after: self.closes(b) - now,
+        match self.buckets.get(key) {
+            Some(b) if now < b.locked_until => Err(Locked {
+                retry_after: b.locked_until - now,
             }),
             _ => Ok(()),
         }
     }
 
-    /// Records a failed attempt of `key`; returns the lock when this failure reached the limit.
-    pub fn record_failure(&mut self, key: K, now: u64) -> Result<(), Locked> {
-        let fresh = self.open_bucket(&key, now).is_none();
-        let bucket = self.buckets.entry(key).or_insert(Bucket {
-            opened: now,
-            failures: 0,
-        });
-        if fresh {
-            *bucket = Bucket {
-                opened: now,
-                failures: 0,
-            };
+    /// Records a failed attempt of `key`. `Err` when the key is locked after it; the lock is
+    /// new (this failure started it) when `strikes_before < strikes` — see [`Lockout`].
+    pub fn record_failure(&mut self, key: K, now: u64) -> Result<(), Lockout> {
+        let config = self.config;
+        let b = self.buckets.entry(key).or_default();
+        if now < b.locked_until {
+            return Err(Lockout {
+                retry_after: b.locked_until - now,
+                strikes: b.strikes,
+                new: false,
+            });
         }
-        if bucket.failures < self.config.max_failures {
-            bucket.failures += 1;
+        if b.strikes > 0 && now >= b.locked_until.saturating_add(config.max_lock) {
+            b.strikes = 0;
         }
-        let bucket = *bucket;
-        if bucket.failures >= self.config.max_failures {
-            Err(Locked {
-                retry_after: self.closes(&bucket) - now,
-            })
+        let open = b
+            .opened
+            .filter(|&opened| now < opened.saturating_add(config.window));
+        let opened = open.unwrap_or(now);
+        b.opened = Some(opened);
+        b.failures = if open.is_some() { b.failures + 1 } else { 1 };
+        if b.failures < config.max_failures {
+            return Ok(());
+        }
+        b.strikes = b.strikes.saturating_add(1);
+        b.locked_until = if b.strikes == 1 {
+            opened.saturating_add(config.window)
         } else {
-            Ok(())
-        }
+            let factor = 1u64.checked_shl(b.strikes - 1).unwrap_or(u64::MAX);
+            let lock = config.window.saturating_mul(factor);
+            now.saturating_add(lock.min(config.max_lock.max(config.window)))
+        };
+        b.opened = None;
+        b.failures = 0;
+        Err(Lockout {
+            retry_after: b.locked_until.saturating_sub(now).max(1),
+            strikes: b.strikes,
+            new: true,
+        })
     }
 
     /// Clears `key` after a successful attempt.
-    pub fn record_success(&mut self, key: &K) {
+    pub fn record_success(&mut self, key: &K, _now: u64) {
         self.buckets.remove(key);
     }
 
-    /// Drops the keys whose window has closed.
-    pub fn purge(&mut self, now: u64) {
-        let window = self.config.window;
-        self.buckets
-            .retain(|_, b| now < b.opened.saturating_add(window));
+    /// Drops the keys that hold nothing any more: no open window, no lock, no strikes
+    /// remembered.
+    pub fn handle_timeout(&mut self, now: u64) {
+        let config = self.config;
+        self.buckets.retain(|_, b| now < Self::expires(config, b));
     }
 
-    /// When the next window closes (then [`AttemptLimiter::purge`] frees it).
+    /// When the next key can be dropped (then [`AttemptLimiter::handle_timeout`] frees it).
     pub fn poll_timeout(&self) -> Option<u64> {
-        self.buckets.values().map(|b| self.closes(b)).min()
+        self.buckets
+            .values()
+            .map(|b| Self::expires(self.config, b))
+            .min()
+    }
+
+    /// When a bucket holds nothing any more: its window closed and its strikes forgotten.
+    fn expires(config: LimiterConfig, b: &Bucket) -> u64 {
+        let window = b.opened.map_or(0, |o| o.saturating_add(config.window));
+        let strikes = if b.strikes > 0 {
+            b.locked_until.saturating_add(config.max_lock)
+        } else {
+            0
+        };
+        window.max(strikes)
+    }
+
+    /// Whether `key` is locked at `now`.
+    pub fn is_locked(&self, key: &K, now: u64) -> bool {
+        self.check(key, now).is_err()
+    }
+
+    /// Keys locked at `now`.
+    pub fn locked(&self, now: u64) -> usize {
+        self.buckets
+            .values()
+            .filter(|b| now < b.locked_until)
+            .count()
     }
 
     /// Keys currently held.
@@ -134,84 +213,246 @@ impl<K: Ord> AttemptLimiter<K> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The state of a key after a counted failure locked it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lockout {
+    /// Seconds until the lock ends (at least 1).
+    pub retry_after: u64,
+    /// Locks of this key so far, this one included.
+    pub strikes: u32,
+    /// Whether this failure started the lock (else the key was already locked).
+    pub new: bool,
+}
 
-    const T0: u64 = 1_700_000_000;
-
-    #[test]
-    fn locks_at_the_fifth_failure_until_the_window_closes() {
-        let mut l = AttemptLimiter::new(SIGN_IN);
-        for i in 0..4 {
-            assert_eq!(l.check(&"alice", T0 + i), Ok(()));
-            assert_eq!(l.record_failure("alice", T0 + i), Ok(()), "failure {i}");
+impl From<Lockout> for Locked {
+    fn from(l: Lockout) -> Locked {
+        Locked {
+            retry_after: l.retry_after,
         }
-        assert_eq!(l.check(&"alice", T0 + 10), Ok(()));
-        assert_eq!(
-            l.record_failure("alice", T0 + 10),
-            Err(Locked { retry_after: 890 })
-        );
-        assert_eq!(l.check(&"alice", T0 + 10), Err(Locked { retry_after: 890 }));
-        // Last second of the window: still locked, 1 s to go.
-        assert_eq!(l.check(&"alice", T0 + 899), Err(Locked { retry_after: 1 }));
-        // The window closes at its first failure + 15 min.
-        assert_eq!(l.check(&"alice", T0 + 900), Ok(()));
-        // And the key starts afresh: one failure does not lock it again.
-        assert_eq!(l.record_failure("alice", T0 + 900), Ok(()));
-        assert_eq!(l.check(&"alice", T0 + 901), Ok(()));
-        // Other keys were never affected.
-        assert_eq!(l.check(&"bob", T0 + 10), Ok(()));
-    }
-
-    #[test]
-    fn four_failures_spread_over_windows_never_lock() {
-        let mut l = AttemptLimiter::new(SIGN_IN);
-        for i in 0..4 {
-            assert_eq!(l.record_failure("a", T0 + i), Ok(()));
-        }
-        // The fifth failure falls just after the window: a new window opens.
-        assert_eq!(l.record_failure("a", T0 + 900), Ok(()));
-        assert_eq!(l.check(&"a", T0 + 900), Ok(()));
-    }
-
-    #[test]
-    fn success_clears_the_key() {
-        let mut l = AttemptLimiter::new(SIGN_IN);
-        for i in 0..4 {
-            l.record_failure("a", T0 + i).expect("not locked yet");
-        }
-        l.record_success(&"a");
-        for i in 0..4 {
-            assert_eq!(l.record_failure("a", T0 + 10 + i), Ok(()));
-        }
-    }
-
-    #[test]
-    fn attempts_while_locked_do_not_extend_the_lock() {
-        let mut l = AttemptLimiter::new(SIGN_IN);
-        for _ in 0..5 {
-            let _ = l.record_failure("a", T0);
-        }
-        assert_eq!(
-            l.record_failure("a", T0 + 500),
-            Err(Locked { retry_after: 400 })
-        );
-        assert_eq!(l.check(&"a", T0 + 900), Ok(()));
-    }
-
-    #[test]
-    fn purge_frees_closed_windows() {
-        let mut l = AttemptLimiter::new(SIGN_IN);
-        l.record_failure("a", T0).expect("first");
-        l.record_failure("b", T0 + 100).expect("first");
-        assert_eq!(l.poll_timeout(), Some(T0 + 900));
-        l.purge(T0 + 899);
-        assert_eq!(l.len(), 2);
-        l.purge(T0 + 900);
-        assert_eq!(l.len(), 1);
-        assert_eq!(l.poll_timeout(), Some(T0 + 1000));
-        l.purge(T0 + 1000);
-        assert!(l.is_empty());
     }
 }
+
+/// What a sign-in attempt is counted under.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SignInKey {
+    /// A client address ([`address_key`]).
+    Address(String),
+    /// A member, by name.
+    Member(String),
+    /// Every attempt without a member name, team-wide.
+    Nameless,
+}
+
+impl std::fmt::Display for SignInKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SignInKey::Address(a) => write!(f, "address {a}"),
+            SignInKey::Member(m) => write!(f, "member {m}"),
+            SignInKey::Nameless => f.write_str("sign-ins without a member name"),
+        }
+    }
+}
+
+/// The key a client address is limited under: an IPv4 address as itself (an IPv4-mapped IPv6
+/// address too), an IPv6 address as its /64 (`2001:db8:1:2::/64`), since one subscriber
+/// usually holds a whole /64 and could otherwise take a fresh budget per address.
+pub fn address_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                let prefix = std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0);
+                format!("{prefix}/64")
+            }
+        },
+    }
+}
+
+/// What an attempt claims to be, which decides the keys it counts under (besides its address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim<'a> {
+    /// A code for this member (who exists and has TOTP: a name that is not such a member
+    /// is counted as [`Claim::AnyMember`], so made-up names buy nothing).
+    Member(&'a str),
+    /// A code tried against every member: the team-wide nameless budget.
+    AnyMember,
+    /// A secret of no member (the one-time setup code): the address alone.
+    NoMember,
+}
+
+/// A lock the guard refused an attempt with: which key, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The key that is locked.
+    pub key: SignInKey,
+    /// Seconds until it unlocks.
+    pub retry_after: u64,
+}
+
+/// A lock a failure started (to log: one line per lockout).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockoutEvent {
+    /// The key now locked.
+    pub key: SignInKey,
+    /// How long it is locked, in seconds.
+    pub lock_secs: u64,
+    /// Locks of this key so far, this one included.
+    pub strikes: u32,
+}
+
+/// Counters for a metrics endpoint.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SignInStats {
+    /// Failed attempts that named a member (or no member at all: the setup code).
+    pub named_failures: u64,
+    /// Failed attempts without a member name.
+    pub nameless_failures: u64,
+    /// Attempts refused because a key was locked.
+    pub refused: u64,
+    /// Lockouts started.
+    pub lockouts: u64,
+}
+
+/// The sign-in limiter of a team: per address, per member, and one team-wide budget for
+/// attempts without a member name (see the module docs).
+#[derive(Debug, Clone)]
+pub struct SignInGuard {
+    per_key: AttemptLimiter<SignInKey>,
+    nameless: AttemptLimiter<SignInKey>,
+    stats: SignInStats,
+}
+
+impl Default for SignInGuard {
+    fn default() -> Self {
+        SignInGuard::new(SIGN_IN, NAMELESS)
+    }
+}
+
+impl SignInGuard {
+    /// A guard with `per_key` limits for addresses and members and `nameless` for the team.
+    pub fn new(per_key: LimiterConfig, nameless: LimiterConfig) -> Self {
+        SignInGuard {
+            per_key: AttemptLimiter::new(per_key),
+            nameless: AttemptLimiter::new(nameless),
+            stats: SignInStats::default(),
+        }
+    }
+
+    fn keys(address: &str, claim: Claim<'_>) -> Vec<SignInKey> {
+        let mut keys = vec![SignInKey::Address(address.to_owned())];
+        match claim {
+            Claim::Member(m) => keys.push(SignInKey::Member(m.to_owned())),
+            Claim::AnyMember => keys.push(SignInKey::Nameless),
+            Claim::NoMember => {}
+        }
+        keys
+    }
+
+    fn limiter(&self, key: &SignInKey) -> &AttemptLimiter<SignInKey> {
+        match key {
+            SignInKey::Nameless => &self.nameless,
+            SignInKey::Address(_) | SignInKey::Member(_) => &self.per_key,
+        }
+    }
+
+    /// Whether an attempt from `address` (an [`address_key`]) for `claim` may be evaluated
+    /// now; a refusal is counted in [`SignInGuard::stats`].
+    pub fn check(&mut self, address: &str, claim: Claim<'_>, now: u64) -> Result<(), Refusal> {
+        for key in Self::keys(address, claim) {
+            if let Err(l) = self.limiter(&key).check(&key, now) {
+                self.stats.refused += 1;
+                return Err(Refusal {
+                    key,
+                    retry_after: l.retry_after,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `member`'s own key is locked (such a member is no candidate for a nameless
+    /// code).
+    pub fn member_locked(&self, member: &str, now: u64) -> bool {
+        self.per_key
+            .is_locked(&SignInKey::Member(member.to_owned()), now)
+    }
+
+    /// Counts a failed attempt; returns the lockouts it started.
+    pub fn handle_failure(
+        &mut self,
+        address: &str,
+        claim: Claim<'_>,
+        now: u64,
+    ) -> Vec<LockoutEvent> {
+        match claim {
+            Claim::Member(_) | Claim::NoMember => self.stats.named_failures += 1,
+            Claim::AnyMember => self.stats.nameless_failures += 1,
+        }
+        let mut started = Vec::new();
+        for key in Self::keys(address, claim) {
+            let limiter = match key {
+                SignInKey::Nameless => &mut self.nameless,
+                SignInKey::Address(_) | SignInKey::Member(_) => &mut self.per_key,
+            };
+            if let Err(l) = limiter.record_failure(key.clone(), now)
+                && l.new
+            {
+                self.stats.lockouts += 1;
+                started.push(LockoutEvent {
+                    key,
+                    lock_secs: l.retry_after,
+                    strikes: l.strikes,
+                });
+            }
+        }
+        started
+    }
+
+    /// Counts a success of `member` from `address`: clears both (never the nameless key).
+    pub fn handle_success(&mut self, address: &str, member: &str, now: u64) {
+        self.per_key
+            .record_success(&SignInKey::Address(address.to_owned()), now);
+        self.per_key
+            .record_success(&SignInKey::Member(member.to_owned()), now);
+    }
+
+    /// Drops keys that hold nothing any more.
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.per_key.handle_timeout(now);
+        self.nameless.handle_timeout(now);
+    }
+
+    /// When [`SignInGuard::handle_timeout`] next frees a key.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        self.per_key
+            .poll_timeout()
+            .into_iter()
+            .chain(self.nameless.poll_timeout())
+            .min()
+    }
+
+    /// Keys held (for bounding memory: the caller runs `handle_timeout` when this grows).
+    pub fn len(&self) -> usize {
+        self.per_key.len() + self.nameless.len()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.per_key.is_empty() && self.nameless.is_empty()
+    }
+
+    /// Failures, refusals and lockouts so far.
+    pub fn stats(&self) -> SignInStats {
+        self.stats
+    }
+
+    /// Keys locked at `now`.
+    pub fn locked(&self, now: u64) -> usize {
+        self.per_key.locked(now) + self.nameless.locked(now)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -203,9 +203,8 @@ pub struct AppState {
     pub(crate) push_limiter: ratelimit::Limiter,
     /// Cooldowns of the objective context reminder (activity.md §3.6).
     pub(crate) reminders: std::sync::Mutex<ac7_protocol::trace::reminder::Reminders>,
-    /// Failed sign-in attempts per member and per client address.
-    pub(crate) signin_limiter:
-        std::sync::Mutex<ac7_protocol::signin::limiter::AttemptLimiter<String>>,
+    /// Failed sign-in attempts per client address, per member, and without a member name.
+    pub(crate) signin_limiter: std::sync::Mutex<ac7_protocol::signin::limiter::SignInGuard>,
     /// SHA-256 of the one-time first-admin setup code, while the team has no member with
     /// TOTP (see `http::session`).
     pub(crate) setup_code: std::sync::Mutex<Option<String>>,
@@ -391,9 +390,7 @@ pub async fn start(
         objective_counter: AtomicU16::new(0),
         auth_cache: Default::default(),
         reminders: Default::default(),
-        signin_limiter: std::sync::Mutex::new(ac7_protocol::signin::limiter::AttemptLimiter::new(
-            ac7_protocol::signin::limiter::SIGN_IN,
-        )),
+        signin_limiter: Default::default(),
         setup_code: std::sync::Mutex::new(setup_code.as_deref().map(sessions::session_hash)),
         enroll: std::sync::Mutex::new(http::enroll::EnrollDesk::new(config_enroll)),
     });

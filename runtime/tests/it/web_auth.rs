@@ -194,6 +194,152 @@ async fn login_is_rate_limited_per_member_and_address() {
     assert_eq!(r.status, 429);
 }
 
+/// `POST /session/totp` from the loopback address `from` (Linux routes all of 127/8 to the
+/// loopback interface, so a test can play many clients): `(status, JSON body)`.
+async fn sign_in_from(b: &TestBroker, from: std::net::Ipv4Addr, body: &Value) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server: std::net::SocketAddr = b.url.trim_start_matches("http://").parse().unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    let mut stream = socket.connect(server).await.unwrap();
+    let body = body.to_string();
+    let request = format!(
+        "POST /session/totp HTTP/1.1\r\nHost: {server}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let status = text[9..12].parse().unwrap();
+    let json = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// A six-digit code that is no member's code now (nor a step either side).
+fn no_ones_code(secrets: &[&str]) -> String {
+    let taken: Vec<String> = secrets
+        .iter()
+        .flat_map(|s| [-1, 0, 1].map(|skew| code(s, skew)))
+        .collect();
+    (0..)
+        .map(|n: u32| format!("{:06}", (n * 7919 + 13) % 1_000_000))
+        .find(|c| !taken.contains(c))
+        .unwrap()
+}
+
+/// The `ac7_signin_*` figure `name` of `GET /metrics`.
+async fn metric(b: &TestBroker, name: &str) -> u64 {
+    let r = b.get("/metrics", "director").await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.text
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from /metrics: {}", r.text))
+}
+
+#[tokio::test]
+async fn nameless_guesses_from_a_thousand_addresses_are_throttled_team_wide() {
+    let b = start_broker().await;
+    let builder = enroll_direct(&b, "builder");
+    let director = enroll_direct(&b, "director");
+    let wrong = no_ones_code(&[&builder, &director]);
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    let mut refusal = Value::Null;
+    for i in 0..1000u32 {
+        let from = std::net::Ipv4Addr::new(127, 7, (i / 200) as u8, (i % 200 + 1) as u8);
+        let (status, json) = sign_in_from(&b, from, &json!({"code": wrong})).await;
+        *statuses.entry(status).or_default() += 1;
+        if status == 429 {
+            refusal = json;
+        }
+    }
+    // Ten guesses for the whole team, whatever the number of addresses; the rest refused.
+    assert_eq!(
+        statuses,
+        [(401, 10), (429, 990)].into_iter().collect(),
+        "{refusal}"
+    );
+    assert_eq!(
+        refusal["error"],
+        "too many attempts without a member name; sign in with your member name, or try again later"
+    );
+    assert!(
+        refusal["retryAfter"].as_u64().is_some_and(|s| s > 0),
+        "{refusal}"
+    );
+    // Even the right code is refused without a name while the budget is locked …
+    let from = std::net::Ipv4Addr::new(127, 8, 0, 1);
+    let (status, _) = sign_in_from(&b, from, &json!({"code": code(&builder, 0)})).await;
+    assert_eq!(status, 429);
+    // … and a member who names themselves signs in: the guesser spent no member's budget.
+    let body = json!({"code": code(&builder, 0), "member": "builder"});
+    let (status, json) = sign_in_from(&b, from, &body).await;
+    assert_eq!(status, 200, "{json}");
+    // The operator sees it in the metrics.
+    assert_eq!(
+        metric(&b, "ac7_signin_failures_total{kind=\"nameless\"}").await,
+        10
+    );
+    assert!(metric(&b, "ac7_signin_refused_total").await >= 991);
+    assert!(metric(&b, "ac7_signin_lockouts_total").await >= 1);
+    assert!(metric(&b, "ac7_signin_locked").await >= 1);
+}
+
+#[tokio::test]
+async fn a_member_locked_by_named_failures_is_not_reachable_without_the_name() {
+    let b = start_broker().await;
+    let builder = enroll_direct(&b, "builder");
+    let director = enroll_direct(&b, "director");
+    let wrong = no_ones_code(&[&builder, &director]);
+    for i in 0..5u8 {
+        let from = std::net::Ipv4Addr::new(127, 9, 0, i + 1);
+        let body = json!({"code": wrong, "member": "builder"});
+        assert_eq!(sign_in_from(&b, from, &body).await.0, 401, "attempt {i}");
+    }
+    let fresh = std::net::Ipv4Addr::new(127, 9, 1, 1);
+    let body = json!({"code": code(&builder, 0), "member": "builder"});
+    assert_eq!(sign_in_from(&b, fresh, &body).await.0, 429);
+    // Builder's right code without the name, from an address never seen: not a way in.
+    let (status, json) = sign_in_from(&b, fresh, &json!({"code": code(&builder, 0)})).await;
+    assert_eq!((status, json), (401, json!({"error": "invalid code"})));
+    // Other members are untouched.
+    let (status, json) = sign_in_from(&b, fresh, &json!({"code": code(&director, 0)})).await;
+    assert_eq!(status, 200, "{json}");
+    assert_eq!(json["member"], "director");
+}
+
+#[tokio::test]
+async fn made_up_member_names_count_against_the_nameless_budget() {
+    let b = start_broker().await;
+    let builder = enroll_direct(&b, "builder");
+    let wrong = no_ones_code(&[&builder]);
+    let mut statuses = Vec::new();
+    for i in 0..12u8 {
+        let from = std::net::Ipv4Addr::new(127, 10, 0, i + 1);
+        let body = json!({"code": wrong, "member": format!("nobody{i}")});
+        statuses.push(sign_in_from(&b, from, &body).await.0);
+    }
+    // A made-up name always gets 401, so no answer tells which names are members; ten of
+    // them spend the shared budget, and nameless codes are refused after them.
+    assert_eq!(statuses, [401; 12], "{statuses:?}");
+    let from = std::net::Ipv4Addr::new(127, 10, 1, 1);
+    let (status, _) = sign_in_from(&b, from, &json!({"code": wrong})).await;
+    assert_eq!(status, 429);
+    assert_eq!(
+        metric(&b, "ac7_signin_failures_total{kind=\"nameless\"}").await,
+        12
+    );
+    assert_eq!(
+        metric(&b, "ac7_signin_failures_total{kind=\"named\"}").await,
+        0
+    );
+}
+
 #[tokio::test]
 async fn cookie_authenticates_the_api_and_the_live_stream() {
     let b = start_broker().await;

@@ -48,6 +48,7 @@ use crate::broker::team::{self, Role};
 const MINTS: LimiterConfig = LimiterConfig {
     max_failures: 10,
     window: 3600,
+    max_lock: 3600,
 };
 
 /// What an approval hands the device.
@@ -81,7 +82,7 @@ impl EnrollDesk {
     /// Expires what is due and returns the grants to revoke.
     fn expire(&mut self, now: u64) -> Vec<(String, Grant)> {
         self.store.handle_timeout(now);
-        self.mints.purge(now);
+        self.mints.handle_timeout(now);
         let mut revoke = Vec::new();
         while let Some(EnrollEvent::Revoke { member, grant }) = self.store.poll_output() {
             revoke.push((member, grant));

@@ -39,6 +39,7 @@ pub(crate) fn router(state: Shared) -> Router {
     let file_limit = usize::try_from(state.config.max_file_bytes).unwrap_or(usize::MAX);
     Router::new()
         .route("/healthz", get(chat::healthz))
+        .route("/metrics", get(session::metrics))
         .route("/briefing", get(chat::briefing))
         .route("/roster", get(chat::roster))
         .route("/push", post(chat::push))

@@ -7,11 +7,17 @@
 //!   payload` (not counted); a wrong code 401 `invalid code`; a replayed one 401 `code already
 //!   used; wait for the next code`. Without `member` the code is tried against every member with
 //!   TOTP; when it matches more than one (a one-in-a-million collision) the answer is 401 asking
-//!   for the name. Failures count against the client address and (when given) the member:
-//!   5 failures in 15 minutes lock that key, 429 `too many attempts; try again later` with
-//!   `retryAfter` and a `Retry-After` header; a success clears both keys. Keying codeless
-//!   attempts on the address (not on one global bucket, as ac7 does) means nobody can lock
-//!   every member out.
+//!   for the name. Failures are counted by the sign-in guard
+//!   (`ac7_protocol::signin::limiter::SignInGuard`): against the client address (an IPv6
+//!   client's whole /64), and against the member when named — or, without a name (or with a
+//!   name that is no member with TOTP), against one team-wide budget, so no number of source
+//!   addresses buys more guesses. 5 failures in 15 minutes lock an address or a member, 10 the
+//!   nameless budget; each further lock of the same key lasts twice the last, up to a day.
+//!   A locked key gets 429 `too many attempts; try again later` (the nameless budget: `… sign in
+//!   with your member name …`) with `retryAfter` and a `Retry-After` header; a success clears
+//!   the address and the member (never the nameless budget). A member whose own key is locked
+//!   is no candidate for a nameless code. Each lockout is one WARN line naming the key;
+//!   `GET /metrics` counts failures, refusals and lockouts.
 //! * The cookie authenticates every API route after a bearer token (a request with
 //!   `Authorization` is never read as a cookie request). Its session slides: each use moves the
 //!   server-side expiry to now + 7 days, and the response then carries a fresh `Set-Cookie` with
@@ -23,7 +29,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use ac7_protocol::signin::limiter::Locked;
+use ac7_protocol::signin::limiter::{Claim, Refusal, SignInGuard, SignInKey, address_key};
 use ac7_protocol::signin::totp::{self, TotpError};
 use axum::extract::{ConnectInfo, State};
 use axum::http::request::Parts;
@@ -124,7 +130,7 @@ pub(crate) fn cookie_caller(parts: &Parts, state: &Shared) -> Result<Caller, Api
 
 /// The client address a limit keys on: the socket peer, or with `--trust-proxy` the first
 /// `X-Forwarded-For` entry (falling back to the peer when it is absent or not an address).
-pub(crate) fn client_addr(parts: &Parts, state: &Shared) -> String {
+pub(crate) fn client_ip(parts: &Parts, state: &Shared) -> Option<IpAddr> {
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
@@ -133,22 +139,29 @@ pub(crate) fn client_addr(parts: &Parts, state: &Shared) -> String {
         let v = parts.headers.get("x-forwarded-for")?.to_str().ok()?;
         v.split(',').next()?.trim().parse::<IpAddr>().ok()
     };
-    let ip = if state.config.trust_proxy {
+    if state.config.trust_proxy {
         forwarded().or(peer)
     } else {
         peer
-    };
-    ip.map_or_else(|| "unknown".to_owned(), |ip| ip.to_string())
+    }
 }
 
-/// 429 for a locked sign-in key.
-fn locked(l: Locked) -> ApiError {
-    let mut e = ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "too many attempts; try again later",
-    )
-    .with("retryAfter", json!(l.retry_after));
-    e.retry_after = Some(l.retry_after);
+/// [`client_ip`] as text (`unknown` without one).
+pub(crate) fn client_addr(parts: &Parts, state: &Shared) -> String {
+    client_ip(parts, state).map_or_else(|| "unknown".to_owned(), |ip| ip.to_string())
+}
+
+/// 429 for a locked sign-in key. A locked nameless budget says how to get past it.
+fn refused(r: Refusal) -> ApiError {
+    let text = match r.key {
+        SignInKey::Nameless => {
+            "too many attempts without a member name; sign in with your member name, or try again later"
+        }
+        SignInKey::Address(_) | SignInKey::Member(_) => "too many attempts; try again later",
+    };
+    let mut e =
+        ApiError::new(StatusCode::TOO_MANY_REQUESTS, text).with("retryAfter", json!(r.retry_after));
+    e.retry_after = Some(r.retry_after);
     e
 }
 
@@ -156,40 +169,46 @@ fn now_secs() -> u64 {
     u64::try_from(now_ms() / 1000).unwrap_or(0)
 }
 
-/// Checks the sign-in limiter for every key; the first lock wins.
-pub(crate) fn limiter_check(state: &Shared, keys: &[String], now: u64) -> Result<(), ApiError> {
-    let limiter = state
+fn guard(state: &Shared) -> std::sync::MutexGuard<'_, SignInGuard> {
+    state
         .signin_limiter
         .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for k in keys {
-        limiter.check(k, now).map_err(locked)?;
-    }
-    Ok(())
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Records a failure on every key (and purges closed windows now and then).
-pub(crate) fn limiter_fail(state: &Shared, keys: &[String], now: u64) {
-    let mut limiter = state
-        .signin_limiter
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if limiter.len() > 10_000 {
-        limiter.purge(now);
+/// The key the sign-in limiter counts this request's client address under.
+pub(crate) fn limiter_address(parts: &Parts, state: &Shared) -> String {
+    client_ip(parts, state).map_or_else(|| "unknown".to_owned(), address_key)
+}
+
+/// Checks the sign-in limiter for an attempt (429 when a key it counts under is locked).
+pub(crate) fn limiter_check(
+    state: &Shared,
+    address: &str,
+    claim: Claim<'_>,
+    now: u64,
+) -> Result<(), ApiError> {
+    guard(state).check(address, claim, now).map_err(refused)
+}
+
+/// Records a failed attempt; logs each lockout it starts (one line per locked key).
+pub(crate) fn limiter_fail(state: &Shared, address: &str, claim: Claim<'_>, now: u64) {
+    let mut g = guard(state);
+    if g.len() > 10_000 {
+        g.handle_timeout(now);
     }
-    for k in keys {
-        let _ = limiter.record_failure(k.clone(), now);
+    for e in g.handle_failure(address, claim, now) {
+        tracing::warn!(
+            locked = %e.key,
+            lock_secs = e.lock_secs,
+            strikes = e.strikes,
+            "sign-in locked after repeated failures"
+        );
     }
 }
 
-fn limiter_clear(state: &Shared, keys: &[String]) {
-    let mut limiter = state
-        .signin_limiter
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    for k in keys {
-        limiter.record_success(k);
-    }
+fn limiter_clear(state: &Shared, address: &str, member: &str, now: u64) {
+    guard(state).handle_success(address, member, now);
 }
 
 #[derive(Deserialize)]
@@ -243,23 +262,30 @@ pub(super) async fn login(
     let b: LoginBody = parse_json(&body, "login")?;
     check_code(&b.code, "login")?;
     let now = now_secs();
-    let mut keys = vec![format!("addr:{}", client_addr(&parts, &state))];
-    if let Some(m) = &b.member {
-        keys.push(format!("member:{m}"));
-    }
-    limiter_check(&state, &keys, now)?;
+    let address = limiter_address(&parts, &state);
+    let asked = b.member.as_deref().map_or(Claim::AnyMember, Claim::Member);
+    limiter_check(&state, &address, asked, now)?;
     let ua = parts
         .headers
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok());
     let ttl = ttl_ms(&state);
-    let outcome = state.store.with(|conn| -> Result<_, ApiError> {
-        let candidates: Vec<(String, String, Option<u64>)> = match &b.member {
-            Some(name) => sessions::totp_enrolled(conn)?
+    let (known, outcome) = state.store.with(|conn| -> Result<_, ApiError> {
+        let enrolled = sessions::totp_enrolled(conn)?;
+        let known = b
+            .member
+            .as_deref()
+            .is_some_and(|name| enrolled.iter().any(|(n, _, _)| n == name));
+        // A member whose own key is locked is no candidate for a nameless code.
+        let candidates: Vec<_> = {
+            let g = guard(&state);
+            enrolled
                 .into_iter()
-                .filter(|(n, _, _)| n == name)
-                .collect(),
-            None => sessions::totp_enrolled(conn)?,
+                .filter(|(n, _, _)| match &b.member {
+                    Some(name) => n == name,
+                    None => !g.member_locked(n, now),
+                })
+                .collect()
         };
         let mut matched: Vec<(String, u64)> = Vec::new();
         let mut replayed = false;
@@ -274,27 +300,37 @@ pub(super) async fn login(
                 Err(_) => {}
             }
         }
-        let (name, step) = match matched.len() {
-            1 => matched.remove(0),
-            0 if replayed => return Ok(Err(totp_refusal(TotpError::Replayed))),
-            0 => return Ok(Err(totp_refusal(TotpError::Invalid))),
-            _ => {
-                return Ok(Err(ApiError::unauthorized(
-                    "this code matches more than one member; sign in with your name (member)",
-                )));
-            }
+        let verdict = match matched.len() {
+            1 => Ok(matched.remove(0)),
+            0 if replayed => Err(totp_refusal(TotpError::Replayed)),
+            0 => Err(totp_refusal(TotpError::Invalid)),
+            _ => Err(ApiError::unauthorized(
+                "this code matches more than one member; sign in with your name (member)",
+            )),
         };
-        let Some(m) = team::member_get(conn, &name)? else {
-            return Ok(Err(totp_refusal(TotpError::Invalid)));
+        let outcome = match verdict {
+            Err(e) => Err(e),
+            Ok((name, step)) => match team::member_get(conn, &name)? {
+                None => Err(totp_refusal(TotpError::Invalid)),
+                Some(m) => {
+                    sessions::totp_accept_step(conn, &name, step)?;
+                    let (id, row) = sessions::session_create(conn, &name, ua, now_ms(), ttl)?;
+                    Ok((m, id, row))
+                }
+            },
         };
-        sessions::totp_accept_step(conn, &name, step)?;
-        let (id, row) = sessions::session_create(conn, &name, ua, now_ms(), ttl)?;
-        Ok(Ok((m, id, row)))
+        Ok((known, outcome))
     })?;
+    // A name that is no member with TOTP counts as a nameless guess: made-up names buy nothing.
+    // (Such an attempt is still answered 401 after the nameless budget locks, so no answer
+    // tells which names are members.)
+    let claim = match b.member.as_deref() {
+        Some(name) if known => Claim::Member(name),
+        Some(_) | None => Claim::AnyMember,
+    };
     match outcome {
         Ok((m, id, row)) => {
-            keys.push(format!("member:{}", m.name));
-            limiter_clear(&state, &keys);
+            limiter_clear(&state, &address, &m.name, now);
             tracing::info!(member = %m.name, "signed in (TOTP)");
             let mut resp = reply(StatusCode::OK, &session_shape(&m, row.expires_at));
             resp.headers_mut().insert(
@@ -304,10 +340,53 @@ pub(super) async fn login(
             Ok(resp)
         }
         Err(e) => {
-            limiter_fail(&state, &keys, now);
+            limiter_fail(&state, &address, claim, now);
             Err(e)
         }
     }
+}
+
+/// `GET /metrics` (`members.manage`): the sign-in guard's counters in the Prometheus text
+/// format.
+pub(super) async fn metrics(
+    State(state): State<Shared>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
+    ApiError::require(
+        caller.permissions,
+        ac7_protocol::domain::permission::Permission::MembersManage,
+        "reading the broker's metrics",
+    )?;
+    let now = now_secs();
+    let (stats, locked) = {
+        let g = guard(&state);
+        (g.stats(), g.locked(now))
+    };
+    let body = format!(
+        "# HELP ac7_signin_failures_total Failed sign-in attempts, by whether they named a member.\n\
+         # TYPE ac7_signin_failures_total counter\n\
+         ac7_signin_failures_total{{kind=\"named\"}} {}\n\
+         ac7_signin_failures_total{{kind=\"nameless\"}} {}\n\
+         # HELP ac7_signin_refused_total Sign-in attempts refused because a key was locked.\n\
+         # TYPE ac7_signin_refused_total counter\n\
+         ac7_signin_refused_total {}\n\
+         # HELP ac7_signin_lockouts_total Sign-in lockouts started.\n\
+         # TYPE ac7_signin_lockouts_total counter\n\
+         ac7_signin_lockouts_total {}\n\
+         # HELP ac7_signin_locked Sign-in keys (addresses, members, the nameless budget) locked now.\n\
+         # TYPE ac7_signin_locked gauge\n\
+         ac7_signin_locked {}\n",
+        stats.named_failures, stats.nameless_failures, stats.refused, stats.lockouts, locked
+    );
+    Ok((
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response())
 }
 
 /// `GET /session`.
@@ -461,11 +540,8 @@ pub(super) async fn enroll_totp_confirm(
     let b: CodeBody = parse_json(&body, "confirmation")?;
     check_code(&b.code, "confirmation")?;
     let now = now_secs();
-    let keys = [
-        format!("addr:{}", client_addr(&parts, &state)),
-        format!("member:{name}"),
-    ];
-    limiter_check(&state, &keys, now)?;
+    let address = limiter_address(&parts, &state);
+    limiter_check(&state, &address, Claim::Member(&name), now)?;
     let outcome = state.store.with(|conn| -> Result<_, ApiError> {
         let Some(pending) = sessions::totp_get(conn, &name)?.and_then(|r| r.pending) else {
             return Err(ApiError::not_found(format!(
@@ -485,7 +561,7 @@ pub(super) async fn enroll_totp_confirm(
     })?;
     match outcome {
         Ok(()) => {
-            limiter_clear(&state, &keys);
+            limiter_clear(&state, &address, &name, now);
             tracing::info!(member = %name, "TOTP enrollment confirmed");
             Ok(reply(
                 StatusCode::OK,
@@ -493,7 +569,7 @@ pub(super) async fn enroll_totp_confirm(
             ))
         }
         Err(e) => {
-            limiter_fail(&state, &keys, now);
+            limiter_fail(&state, &address, Claim::Member(&name), now);
             Err(e)
         }
     }
@@ -532,13 +608,13 @@ pub(super) async fn setup(
     }
     let b: SetupBody = parse_json(&body, "setup")?;
     let now = now_secs();
-    let keys = [format!("addr:{}", client_addr(&parts, &state))];
+    let address = limiter_address(&parts, &state);
     if !setup_needed(&state)? {
         return Err(ApiError::conflict(
             "setup already done: sign in, or ask an admin to enroll you",
         ));
     }
-    limiter_check(&state, &keys, now)?;
+    limiter_check(&state, &address, Claim::NoMember, now)?;
     let given = sessions::session_hash(b.code.trim());
     let taken = {
         let mut slot = state
@@ -554,7 +630,7 @@ pub(super) async fn setup(
         }
     };
     if !taken {
-        limiter_fail(&state, &keys, now);
+        limiter_fail(&state, &address, Claim::NoMember, now);
         return Err(ApiError::unauthorized("invalid setup code"));
     }
     let secret = new_totp_secret()?;
@@ -566,7 +642,7 @@ pub(super) async fn setup(
         let (uri, svg) = enrollment_shape(conn, &admin, &secret)?;
         Ok((admin, uri, svg))
     })?;
-    limiter_clear(&state, &keys);
+    limiter_clear(&state, &address, &admin, now);
     tracing::info!(member = %admin, "first-admin setup: TOTP enrolled");
     Ok(reply(
         StatusCode::OK,
