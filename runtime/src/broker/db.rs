@@ -21,6 +21,8 @@ use std::sync::{Mutex, PoisonError};
 
 use rusqlite::Connection;
 
+use super::store::{Conn, off_worker};
+
 /// A store failure. Nothing here is the client's fault: it maps to 500.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -162,10 +164,14 @@ impl Store {
 
     /// Runs the read-only `f` on a read connection (a free one if any, else the
     /// next in turn), never on the write connection of a file-backed store. `f`
-    /// sees the last committed state.
+    /// sees the last committed state. Runs off the async workers ([`off_worker`]).
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
+        off_worker(|| self.read_here(f))
+    }
+
+    fn read_here<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
         if self.readers.is_empty() {
-            return self.with(|conn| f(conn));
+            return self.with_here(|conn| f(conn));
         }
         for reader in &self.readers {
             if let Ok(guard) = reader.try_lock() {
@@ -182,19 +188,44 @@ impl Store {
         f(&guard)
     }
 
-    /// Runs `f` if the connection is free right now; `None` if someone holds it.
+    /// Runs `f` if the connection is free right now; `None` if someone holds it. Runs off the
+    /// async workers ([`off_worker`]).
     pub fn try_with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Option<T> {
-        match self.conn.try_lock() {
+        off_worker(|| match self.conn.try_lock() {
             Ok(mut guard) => Some(f(&mut guard)),
             Err(std::sync::TryLockError::Poisoned(p)) => Some(f(&mut p.into_inner())),
             Err(std::sync::TryLockError::WouldBlock) => None,
-        }
+        })
     }
 
-    /// Runs `f` with exclusive access to the connection.
+    /// Runs `f` with exclusive access to the connection, off the async workers
+    /// ([`off_worker`]).
     pub fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        off_worker(|| self.with_here(f))
+    }
+
+    fn with_here<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
         let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut guard)
+    }
+
+    /// Runs `f` in one transaction on the write connection: committed when `f` returns `Ok`,
+    /// rolled back when it returns `Err` (or panics). Off the async workers.
+    pub fn tx<T, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        self.with(|conn| {
+            let tx = conn.transaction().map_err(StoreError::from)?;
+            let out = f(&Conn::sqlite(&tx))?;
+            tx.commit().map_err(StoreError::from)?;
+            Ok(out)
+        })
+    }
+
+    /// Runs the read-only `f` on a read connection (see [`Store::read`]).
+    pub fn view<T>(&self, f: impl FnOnce(&Conn<'_>) -> T) -> T {
+        self.read(|conn| f(&Conn::sqlite(conn)))
     }
 }
 

@@ -80,6 +80,7 @@ pub mod ratelimit;
 pub mod retention;
 pub mod server;
 pub mod sessions;
+pub mod store;
 pub mod team;
 pub mod tokens;
 mod web;
