@@ -1,6 +1,7 @@
 //! The PostgreSQL module of the broker against a real server: connect errors, migrations,
 //! the schema, the ordered log and the doorbell. Each test has a database of its own
 //! ([`common::postgres::TestDb`]); without a server they skip (fail under `CI=true`).
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -90,12 +91,53 @@ async fn connect_failures_are_one_line_errors_that_name_the_fix() {
     assert!(text.contains("no role \"ac7_no_such_role\""), "{text}");
     assert!(text.contains("createuser"), "{text}");
 
-    // sslmode=require against a server without TLS, if this one has none.
+    // verify-full with the web PKI roots: the test server's certificate (Debian's snakeoil, or
+    // none at all) does not pass, and that is a TLS error, not a connection error.
     let mut tls = good.clone();
-    tls.sslmode = pg::SslMode::Require;
-    if let Err(e) = PgPool::connect(tls).await {
-        assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
-        assert!(e.to_string().contains("check sslmode"), "{e}");
+    tls.sslmode = pg::SslMode::VerifyFull;
+    let e = PgPool::connect(tls).await.unwrap_err();
+    assert!(matches!(e, PgError::Tls { .. }), "{e:?}");
+    assert!(
+        e.to_string().contains("check sslmode and sslrootcert"),
+        "{e}"
+    );
+    // An unreadable sslrootcert is refused before connecting.
+    let mut tls = good.clone();
+    tls.sslmode = pg::SslMode::VerifyCa;
+    tls.sslrootcert = Some("/nonexistent/ac7-root.pem".into());
+    let e = PgPool::connect(tls).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("cannot read sslrootcert /nonexistent/ac7-root.pem"),
+        "{e}"
+    );
+
+    // sslmode=require on a server with TLS: encrypted (through rustls), not verified.
+    let plain = db.pool().await;
+    let ssl: String = plain
+        .get()
+        .await
+        .unwrap()
+        .query_one("SHOW ssl", &[])
+        .await
+        .unwrap()
+        .get(0);
+    if ssl == "on" {
+        let mut tls = good.clone();
+        tls.sslmode = pg::SslMode::Require;
+        let pool = PgPool::connect(tls).await.unwrap();
+        let encrypted: bool = pool
+            .get()
+            .await
+            .unwrap()
+            .query_one(
+                "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert!(encrypted);
     }
 
     // A schema-less database stays schema-less after all that.
@@ -130,7 +172,10 @@ async fn two_replicas_migrating_at_once_apply_each_migration_once() {
     assert_eq!((ra.to, rb.to), (latest, latest));
     let client = a.get().await.unwrap();
     let rows: Vec<(i32, String)> = client
-        .query("SELECT version, name FROM schema_migrations ORDER BY version", &[])
+        .query(
+            "SELECT version, name FROM schema_migrations ORDER BY version",
+            &[],
+        )
         .await
         .unwrap()
         .iter()
@@ -203,7 +248,9 @@ async fn schema_v1_mirrors_the_sqlite_schema() {
     let sqlite = ac7_runtime::broker::db::Store::open_in_memory().unwrap();
     let sqlite_cols: BTreeMap<String, BTreeSet<String>> = sqlite.with(|conn| {
         let tables: Vec<String> = conn
-            .prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+            .prepare(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+            )
             .unwrap()
             .query_map([], |r| r.get(0))
             .unwrap()
@@ -309,7 +356,12 @@ async fn concurrent_appends_from_three_replicas_commit_in_sequence_order() {
     for w in writers {
         w.await.unwrap();
     }
-    assert!(log::read_after(&*reader, last, 10).await.unwrap().is_empty());
+    assert!(
+        log::read_after(&*reader, last, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(log::head(&*reader).await.unwrap(), 900);
     let ids: BTreeSet<&str> = seen.iter().map(|r| r.message.id.as_str()).collect();
     assert_eq!(ids.len(), 900);
@@ -323,7 +375,13 @@ async fn concurrent_appends_from_three_replicas_commit_in_sequence_order() {
         assert_eq!(mine, expected);
     }
     // The stored bytes are the appended ones.
-    assert_eq!(seen[0].message, msg(seen[0].message.id.clone(), seen[0].message.from_name.as_deref().unwrap()));
+    assert_eq!(
+        seen[0].message,
+        msg(
+            seen[0].message.id.clone(),
+            seen[0].message.from_name.as_deref().unwrap()
+        )
+    );
 }
 
 #[tokio::test]
@@ -334,7 +392,9 @@ async fn a_failed_append_takes_no_sequence_number() {
     let pool = db.pool().await;
     migrate(&pool).await.unwrap();
     let mut client = pool.get().await.unwrap();
-    let s = log::append(&mut client, &[msg("a".into(), "x")]).await.unwrap();
+    let s = log::append(&mut client, &[msg("a".into(), "x")])
+        .await
+        .unwrap();
     assert_eq!(s, 1..2);
     // The second message repeats an id: the whole batch rolls back, the counter with it.
     let e = log::append(&mut client, &[msg("b".into(), "x"), msg("a".into(), "x")])
@@ -388,7 +448,9 @@ async fn the_doorbell_reconnects_after_its_backend_is_terminated() {
     let ring = common::within(10, "the first ring", bell.ring()).await;
     assert_eq!(ring, Ring::Seq(2));
 
-    let pid = doorbell_backend(&client, &db.name).await.expect("the doorbell's backend");
+    let pid = doorbell_backend(&client, &db.name)
+        .await
+        .expect("the doorbell's backend");
     let killed: bool = client
         .query_one("SELECT pg_terminate_backend($1)", &[&pid])
         .await
@@ -397,7 +459,9 @@ async fn the_doorbell_reconnects_after_its_backend_is_terminated() {
     assert!(killed);
 
     // An append while it is away is not heard, but the reconnection is.
-    log::append(&mut client, &[msg("m3".into(), "x")]).await.unwrap();
+    log::append(&mut client, &[msg("m3".into(), "x")])
+        .await
+        .unwrap();
     let ring = common::within(15, "the doorbell to reconnect", async {
         loop {
             match bell.ring().await {
@@ -411,10 +475,14 @@ async fn the_doorbell_reconnects_after_its_backend_is_terminated() {
     .await;
     assert_eq!(ring, Ring::Reconnected);
     assert_eq!(bell.state().reconnects, 1);
-    let new_pid = doorbell_backend(&client, &db.name).await.expect("a new doorbell backend");
+    let new_pid = doorbell_backend(&client, &db.name)
+        .await
+        .expect("a new doorbell backend");
     assert_ne!(new_pid, pid);
 
-    log::append(&mut client, &[msg("m4".into(), "x")]).await.unwrap();
+    log::append(&mut client, &[msg("m4".into(), "x")])
+        .await
+        .unwrap();
     let ring = common::within(10, "a ring after the reconnection", bell.ring()).await;
     assert_eq!(ring, Ring::Seq(4));
 }
@@ -445,14 +513,18 @@ async fn the_pool_replaces_a_connection_whose_backend_died() {
         .query_one("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
-    let new_pid = common::wait_until("a fresh pooled connection", Duration::from_secs(10), async || {
-        let client = pool.get().await.ok()?;
-        client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await
-            .ok()
-            .map(|r| r.get::<_, i32>(0))
-    })
+    let new_pid = common::wait_until(
+        "a fresh pooled connection",
+        Duration::from_secs(10),
+        async || {
+            let client = pool.get().await.ok()?;
+            client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .ok()
+                .map(|r| r.get::<_, i32>(0))
+        },
+    )
     .await;
     assert_ne!(new_pid, pid);
 }

@@ -378,8 +378,14 @@ mod tests {
             ("postgres://u@h:x/d", "port \"x\""),
             ("postgres://u@[::1/d", "closing ']'"),
             ("postgres://u@h1,h2/d", "several hosts"),
-            ("postgres://u@h/d?sslmode=allow", "sslmode=allow is not one of"),
-            ("postgres://u@h/d?ssl_mode=require", "unknown parameter \"ssl_mode\""),
+            (
+                "postgres://u@h/d?sslmode=allow",
+                "sslmode=allow is not one of",
+            ),
+            (
+                "postgres://u@h/d?ssl_mode=require",
+                "unknown parameter \"ssl_mode\"",
+            ),
             ("postgres://u@h/d?connect_timeout=0", "connect_timeout=0"),
             ("postgres://u@h/d?sslrootcert=", "sslrootcert is empty"),
             (

@@ -193,7 +193,7 @@ async fn run(
                     return;
                 }
                 () = tokio::time::sleep(PING_EVERY) => {
-                    let ping = tokio::time::timeout(PING_TIMEOUT, client.simple_query("")).await;
+                    let ping = tokio::time::timeout(PING_TIMEOUT, client.simple_query("SELECT 1")).await;
                     if !matches!(ping, Ok(Ok(_))) {
                         driver.abort();
                         break;

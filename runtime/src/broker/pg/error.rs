@@ -80,7 +80,9 @@ pub enum PgError {
         dbname: String,
     },
     /// TLS was required (or verification asked for) and could not be set up.
-    #[error("TLS to PostgreSQL at {addr} failed: {reason}; check sslmode and sslrootcert in the URL")]
+    #[error(
+        "TLS to PostgreSQL at {addr} failed: {reason}; check sslmode and sslrootcert in the URL"
+    )]
     Tls {
         /// `host:port`.
         addr: String,
@@ -88,9 +90,7 @@ pub enum PgError {
         reason: String,
     },
     /// The server is older than [`MIN_SERVER_VERSION`].
-    #[error(
-        "PostgreSQL at {addr} is version {version}; ac7 needs {MIN_SERVER_VERSION} or newer"
-    )]
+    #[error("PostgreSQL at {addr} is version {version}; ac7 needs {MIN_SERVER_VERSION} or newer")]
     TooOld {
         /// `host:port`.
         addr: String,
@@ -125,9 +125,7 @@ impl PgError {
     /// refusing this request: worth a 503 and a retry.
     pub fn is_unavailable(&self) -> bool {
         match self {
-            PgError::Unreachable { .. } | PgError::Timeout { .. } | PgError::PoolTimeout(_) => {
-                true
-            }
+            PgError::Unreachable { .. } | PgError::Timeout { .. } | PgError::PoolTimeout(_) => true,
             PgError::Db(e) => {
                 e.is_closed()
                     || e.code().is_some_and(|c| {

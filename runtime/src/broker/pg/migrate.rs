@@ -86,7 +86,11 @@ pub async fn migrate(pool: &PgPool) -> Result<Migrated, PgError> {
         )
         .await?;
         tx.commit().await?;
-        tracing::info!(version = m.version, name = m.name, "applied a PostgreSQL migration");
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "applied a PostgreSQL migration"
+        );
         applied.push(m.version);
     }
     client
@@ -103,17 +107,17 @@ pub async fn migrate(pool: &PgPool) -> Result<Migrated, PgError> {
 pub async fn current_version(pool: &PgPool) -> Result<i32, PgError> {
     let client = pool.get().await?;
     let exists: bool = client
-        .query_one(
-            "SELECT to_regclass('schema_migrations') IS NOT NULL",
-            &[],
-        )
+        .query_one("SELECT to_regclass('schema_migrations') IS NOT NULL", &[])
         .await?
         .try_get(0)?;
     if !exists {
         return Ok(0);
     }
     Ok(client
-        .query_one("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", &[])
+        .query_one(
+            "SELECT COALESCE(MAX(version), 0) FROM schema_migrations",
+            &[],
+        )
         .await?
         .try_get(0)?)
 }

@@ -11,10 +11,10 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Connection, Socket};
 
+use super::PgError;
 use super::config::PgConfig;
 use super::error::{MIN_SERVER_VERSION, describe, source_io};
 use super::tls::{MakeRustls, RustlsStream};
-use super::PgError;
 
 /// The raw connection half `tokio_postgres` hands back: poll it to drive the client.
 pub type RawConnection = Connection<Socket, RustlsStream<Socket>>;
@@ -55,7 +55,8 @@ fn classify(config: &PgConfig, e: tokio_postgres::Error) -> PgError {
                 dbname: config.dbname.clone(),
             };
         }
-        if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION && reason.contains("does not exist")
+        if *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+            && reason.contains("does not exist")
         {
             return PgError::NoRole {
                 addr,
