@@ -513,6 +513,12 @@ async fn the_pool_replaces_a_connection_whose_backend_died() {
         .query_one("SELECT pg_terminate_backend($1)", &[&pid])
         .await
         .unwrap();
+    // The first use of the dead connection (if the pool has not noticed yet) fails as
+    // "database away", not as a bad request.
+    if let Err(e) = pool.get().await.unwrap().query_one("SELECT 1", &[]).await {
+        let e = PgError::from(e);
+        assert!(e.is_unavailable(), "{e:?}");
+    }
     let new_pid = common::wait_until(
         "a fresh pooled connection",
         Duration::from_secs(10),

@@ -63,7 +63,8 @@ impl Drop for Doorbell {
 
 impl Doorbell {
     /// Connects and listens (errors of this first connection are returned, one line each),
-    /// then keeps listening in a task, reconnecting by itself.
+    /// then keeps listening in a task, reconnecting by itself. Start it before reading where
+    /// the log is, so that no append between that read and the `LISTEN` goes unheard.
     pub async fn start(config: &PgConfig) -> Result<Doorbell, PgError> {
         let tls = MakeRustls::new(config).map_err(|reason| PgError::Tls {
             addr: config.addr(),
