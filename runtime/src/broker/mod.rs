@@ -75,6 +75,7 @@ mod http;
 pub mod hub;
 pub mod messages;
 pub mod objectives;
+pub mod pg;
 pub mod publish;
 pub mod ratelimit;
 pub mod retention;

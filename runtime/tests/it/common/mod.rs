@@ -23,6 +23,7 @@ pub mod ash;
 pub mod catalogue;
 pub mod messages_api;
 pub mod npm;
+pub mod postgres;
 pub mod procfs;
 pub mod webdriver;
 
