@@ -35,6 +35,9 @@ pub enum StoreError {
     /// A stored value broke an invariant.
     #[error("corrupt store: {0}")]
     Corrupt(String),
+    /// PostgreSQL refused, failed, or is out of reach.
+    #[error(transparent)]
+    Postgres(#[from] super::pg::PgError),
     /// Another process holds the database.
     #[error("the database {0} is in use by another process (is `ac7 serve` running on it?)")]
     Busy(String),
@@ -48,7 +51,22 @@ pub enum StoreError {
     },
 }
 
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> StoreError {
+        StoreError::Postgres(super::pg::PgError::Db(e))
+    }
+}
+
 impl StoreError {
+    /// Whether the database is out of reach for now (a restart, a network cut): the request
+    /// may succeed later (503), and nothing was written.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            StoreError::Postgres(e) => e.is_unavailable(),
+            _ => false,
+        }
+    }
+
     /// Whether the disk (or the database's size limit) is full.
     pub fn is_disk_full(&self) -> bool {
         match self {

@@ -127,7 +127,7 @@ fn spawn_driver(connection: RawConnection) {
 struct Inner {
     config: PgConfig,
     tls: MakeRustls,
-    idle: Mutex<Vec<Client>>,
+    idle: Mutex<Vec<(Client, Statements)>>,
     permits: Arc<Semaphore>,
 }
 
@@ -137,11 +137,16 @@ pub struct PgPool {
     inner: Arc<Inner>,
 }
 
+/// Statements prepared on one connection, by their SQL text; they travel with it through the
+/// pool.
+pub type Statements = std::collections::HashMap<String, tokio_postgres::Statement>;
+
 /// A connection out of the pool; derefs to [`tokio_postgres::Client`] and goes back on drop
-/// (unless its connection closed).
+/// (unless its connection closed, or it was [`forgotten`](PooledClient::forget)).
 #[derive(Debug)]
 pub struct PooledClient {
     client: Option<Client>,
+    statements: Statements,
     inner: Arc<Inner>,
     _permit: OwnedSemaphorePermit,
 }
@@ -163,16 +168,29 @@ impl DerefMut for PooledClient {
     }
 }
 
+impl PooledClient {
+    /// The statements prepared on this connection.
+    pub fn statements(&mut self) -> &mut Statements {
+        &mut self.statements
+    }
+
+    /// Closes the connection instead of returning it to the pool (its state is unknown).
+    pub fn forget(&mut self) {
+        self.client = None;
+    }
+}
+
 impl Drop for PooledClient {
     fn drop(&mut self) {
         if let Some(client) = self.client.take()
             && !client.is_closed()
         {
+            let statements = std::mem::take(&mut self.statements);
             self.inner
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .push(client);
+                .push((client, statements));
         }
     }
 }
@@ -206,7 +224,7 @@ impl PgPool {
             inner: Arc::new(Inner {
                 config,
                 tls,
-                idle: Mutex::new(vec![client]),
+                idle: Mutex::new(vec![(client, Statements::new())]),
                 permits: Arc::new(Semaphore::new(size)),
             }),
         })
@@ -236,15 +254,16 @@ impl PgPool {
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            idle.retain(|c| !c.is_closed());
+            idle.retain(|(c, _)| !c.is_closed());
             idle.pop()
         };
-        let client = match reused {
-            Some(c) => c,
-            None => self.connect_one().await?,
+        let (client, statements) = match reused {
+            Some(pair) => pair,
+            None => (self.connect_one().await?, Statements::new()),
         };
         Ok(PooledClient {
             client: Some(client),
+            statements,
             inner: Arc::clone(&self.inner),
             _permit: permit,
         })

@@ -25,6 +25,7 @@ pub struct Conn<'a> {
 
 enum Inner<'a> {
     Sqlite(&'a rusqlite::Connection),
+    Postgres(&'a super::postgres::Session),
 }
 
 impl std::fmt::Debug for Conn<'_> {
@@ -41,10 +42,18 @@ impl<'a> Conn<'a> {
         }
     }
 
+    /// A PostgreSQL session (inside the transaction the store opened on it).
+    pub fn postgres(session: &'a super::postgres::Session) -> Conn<'a> {
+        Conn {
+            inner: Inner::Postgres(session),
+        }
+    }
+
     /// The database behind it.
     pub fn backend(&self) -> Backend {
         match self.inner {
             Inner::Sqlite(_) => Backend::Sqlite,
+            Inner::Postgres(_) => Backend::Postgres,
         }
     }
 
@@ -54,6 +63,7 @@ impl<'a> Conn<'a> {
             Inner::Sqlite(c) => Ok(c
                 .prepare_cached(sql)?
                 .execute(rusqlite::params_from_iter(values(params)))?),
+            Inner::Postgres(s) => s.execute(sql, &values(params).collect::<Vec<_>>()),
         }
     }
 
@@ -61,6 +71,7 @@ impl<'a> Conn<'a> {
     pub fn execute_batch(&self, sql: &str) -> Result<(), StoreError> {
         match &self.inner {
             Inner::Sqlite(c) => Ok(c.execute_batch(sql)?),
+            Inner::Postgres(s) => s.execute_batch(sql),
         }
     }
 
@@ -82,6 +93,11 @@ impl<'a> Conn<'a> {
                 }
                 Ok(out)
             }
+            Inner::Postgres(s) => s
+                .query(sql, &values(params).collect::<Vec<_>>())?
+                .iter()
+                .map(&mut f)
+                .collect(),
         }
     }
 
@@ -102,6 +118,11 @@ impl<'a> Conn<'a> {
                     None => Ok(None),
                 }
             }
+            Inner::Postgres(s) => s
+                .query(sql, &values(params).collect::<Vec<_>>())?
+                .first()
+                .map(f)
+                .transpose(),
         }
     }
 
@@ -115,6 +136,7 @@ impl<'a> Conn<'a> {
     pub fn as_sqlite(&self) -> Option<&'a rusqlite::Connection> {
         match self.inner {
             Inner::Sqlite(c) => Some(c),
+            Inner::Postgres(_) => None,
         }
     }
 }

@@ -8,6 +8,7 @@
 //!   other tasks to another thread instead of stalling them.
 
 pub mod conn;
+pub mod postgres;
 pub mod value;
 
 pub use conn::{Backend, Conn};
