@@ -5,6 +5,13 @@
 //! up, one lock, one `--retain-days`), and the table is created on open like every
 //! other table. Rows are never tied to a member row: they outlive a deleted member.
 //!
+//! Each row is stamped with its uploader's incarnation (`member_seq`: the `members.seq` of
+//! the member, never reused; see [`super::team`]). A member's stream is the rows of its own
+//! incarnation only: a new member given a removed member's name starts with an empty one.
+//! For a name that is no member now, [`list`] gives the rows of every earlier member of that
+//! name (they outlive it). Objective intervals pair markers per incarnation and take only
+//! that incarnation's rows.
+//!
 //! Reads are newest first in append order (`id` descending), so the `before_id`
 //! cursor of [`Query`] is exact: a page never repeats or skips a row, even when
 //! runner clocks put `ts` out of order. `from`/`to` filter on the event's own `ts`.
@@ -19,11 +26,12 @@ pub const DEFAULT_LIMIT: usize = 200;
 /// Most rows one list returns.
 pub const MAX_LIMIT: usize = 1000;
 
-/// Appends `events` for `member` in one transaction (all or nothing); returns
-/// the stored rows in upload order.
+/// Appends `events` for `member`, whose id (`members.seq`) is `member_seq`, in one
+/// transaction (all or nothing); returns the stored rows in upload order.
 pub fn append(
     conn: &mut Connection,
     member: &str,
+    member_seq: i64,
     events: Vec<ActivityEvent>,
     now: i64,
 ) -> Result<Vec<ActivityRow>, StoreError> {
@@ -31,8 +39,8 @@ pub fn append(
     let mut rows = Vec::with_capacity(events.len());
     {
         let mut insert = tx.prepare_cached(
-            "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         )?;
         for event in events {
             let json = serde_json::to_string(&event)?;
@@ -41,7 +49,8 @@ pub fn append(
                 i64::try_from(event.ts()).unwrap_or(i64::MAX),
                 event.kind(),
                 json,
-                now
+                now,
+                member_seq
             ])?;
             rows.push(ActivityRow {
                 id: u64::try_from(tx.last_insert_rowid()).unwrap_or(0),
@@ -72,7 +81,8 @@ pub struct Query {
     pub limit: usize,
 }
 
-/// `member`'s rows matching `q`, newest first (or oldest first with `ascending`).
+/// `member`'s rows matching `q`, newest first (or oldest first with `ascending`): those of
+/// the current member of that name, or, when no member has it, of every earlier one.
 pub fn list(
     conn: &Connection,
     member: &str,
@@ -83,6 +93,10 @@ pub fn list(
         "SELECT id, member_name, event_json, created_at FROM member_activity WHERE member_name = ?",
     );
     let mut args: Vec<rusqlite::types::Value> = vec![member.to_owned().into()];
+    if let Some(seq) = super::team::member_seq(conn, member)? {
+        sql.push_str(" AND member_seq = ?");
+        args.push(seq.into());
+    }
     for (cond, v) in [
         (" AND ts >= ?", q.from),
         (" AND ts <= ?", q.to),
@@ -116,6 +130,8 @@ pub fn list(
 pub struct Interval {
     /// Whose activity.
     pub member: String,
+    /// Which member of that name (`members.seq`; see the module docs).
+    pub member_seq: i64,
     /// The open marker's `ts`.
     pub from: i64,
     /// The close marker's `ts`, if closed.
@@ -123,14 +139,14 @@ pub struct Interval {
 }
 
 /// The intervals in which members worked on `objective`, from their markers in
-/// append order. A second open while one is open keeps the first; a close
-/// without an open is ignored.
+/// append order, per member incarnation. A second open while one is open keeps the first;
+/// a close without an open is ignored.
 pub fn objective_intervals(
     conn: &Connection,
     objective: &str,
 ) -> Result<Vec<Interval>, StoreError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT member_name, kind, ts FROM member_activity
+        "SELECT member_name, member_seq, kind, ts FROM member_activity
          WHERE kind IN ('objective_open', 'objective_close')
            AND json_extract(event_json, '$.objectiveId') = ?1
          ORDER BY id",
@@ -138,30 +154,35 @@ pub fn objective_intervals(
     let markers = stmt
         .query_map([objective], |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
+                (r.get::<_, String>(0)?, r.get::<_, i64>(1)?),
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
             ))
         })?
         .collect::<Result<Vec<_>, _>>()?;
-    let mut open: std::collections::BTreeMap<String, i64> = Default::default();
+    let mut open: std::collections::BTreeMap<(String, i64), i64> = Default::default();
     let mut out = Vec::new();
-    for (member, kind, ts) in markers {
+    for (who, kind, ts) in markers {
         if kind == "objective_open" {
-            open.entry(member).or_insert(ts);
-        } else if let Some(from) = open.remove(&member) {
+            open.entry(who).or_insert(ts);
+        } else if let Some(from) = open.remove(&who) {
             out.push(Interval {
-                member,
+                member: who.0,
+                member_seq: who.1,
                 from,
                 to: Some(ts),
             });
         }
     }
-    out.extend(open.into_iter().map(|(member, from)| Interval {
-        member,
-        from,
-        to: None,
-    }));
+    out.extend(
+        open.into_iter()
+            .map(|((member, member_seq), from)| Interval {
+                member,
+                member_seq,
+                from,
+                to: None,
+            }),
+    );
     Ok(out)
 }
 
@@ -185,8 +206,9 @@ pub fn in_intervals(
         if i > 0 {
             sql.push_str(" OR ");
         }
-        sql.push_str("(member_name = ? AND ts >= ? AND ts <= ?)");
+        sql.push_str("(member_name = ? AND member_seq = ? AND ts >= ? AND ts <= ?)");
         args.push(iv.member.clone().into());
+        args.push(iv.member_seq.into());
         args.push(iv.from.into());
         args.push(iv.to.unwrap_or(i64::MAX).into());
     }
@@ -226,11 +248,21 @@ pub fn frame(row: &ActivityRow) -> Result<super::hub::Frame, StoreError> {
     ))
 }
 
-/// The last row id of `member` (0 if none).
+/// The last row id of `member` (0 if none), among the rows [`list`] gives.
 pub fn head(conn: &Connection, member: &str) -> Result<i64, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT COALESCE(MAX(id), 0) FROM member_activity WHERE member_name = ?1")?
-        .query_row([member], |r| r.get::<_, i64>(0))?)
+    Ok(match super::team::member_seq(conn, member)? {
+        Some(seq) => conn
+            .prepare_cached(
+                "SELECT COALESCE(MAX(id), 0) FROM member_activity
+                 WHERE member_name = ?1 AND member_seq = ?2",
+            )?
+            .query_row(rusqlite::params![member, seq], |r| r.get::<_, i64>(0))?,
+        None => conn
+            .prepare_cached(
+                "SELECT COALESCE(MAX(id), 0) FROM member_activity WHERE member_name = ?1",
+            )?
+            .query_row([member], |r| r.get::<_, i64>(0))?,
+    })
 }
 
 /// The last row id of anyone (0 if none): ids above it were never handed out.

@@ -166,6 +166,38 @@ pub fn add_member(
     })
 }
 
+/// Removes member `name` in `conn`'s transaction; `false` if there is no such member. The
+/// caller checks that it is not the last admin, and afterwards ends its live streams.
+///
+/// What happens to what the member leaves behind (README, "Removing a member"):
+///
+/// - its tokens, browser sessions, TOTP secret, channel memberships and the read grants it
+///   held are deleted ([`team::member_delete`]);
+/// - its home folder `/<name>` moves, whole, to `/removed members/<name>-<id>` (a name no
+///   member can take: only `members.manage` holders reach it; read grants others hold on
+///   those files follow them), so a new member of that name starts with an empty home;
+/// - on objectives it is replaced by [`team::removed_name`] as assignee and originator (open
+///   ones stay open, for someone with `objectives.reassign` to hand on) and dropped from
+///   watcher lists. The objectives' audit events keep the name as it was;
+/// - messages and activity stay: the rest of the team keeps its side of the history, and a new
+///   member of that name sees none of it (its incarnation starts later; see [`team`]).
+pub fn remove_member(
+    conn: &Connection,
+    name: &str,
+    actor: &str,
+    now: i64,
+) -> Result<bool, StoreError> {
+    let Some(id) = team::member_seq(conn, name)? else {
+        return Ok(false);
+    };
+    fs::archive_home(conn, name, id, actor, now).map_err(|e| match e {
+        fs::FsError::Store(e) => e,
+        other => StoreError::Corrupt(other.to_string()),
+    })?;
+    super::objectives::detach_member(conn, name)?;
+    team::member_delete(conn, name)
+}
+
 /// Whether removing `members.manage` from (or deleting) `name` would leave no admin.
 pub fn is_last_admin(conn: &Connection, name: &str) -> Result<bool, StoreError> {
     let managers = team::managers(conn)?;

@@ -470,7 +470,9 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                 if is_last_admin(conn, &name)? {
                     bail!("cannot remove the last admin — promote someone else first");
                 }
-                team::member_delete(conn, &name)?;
+                let tx = conn.transaction().map_err(StoreError::from)?;
+                bootstrap::remove_member(&tx, &name, "ac7", now_ms())?;
+                tx.commit().map_err(StoreError::from)?;
                 println!("removed {name}");
             }
             MemberAction::RotateToken { name, .. } => {

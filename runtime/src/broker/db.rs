@@ -10,6 +10,20 @@
 //! (`flock`) on it, so a second `ac7 serve`, or `ac7 member …` while the broker
 //! runs, is refused with [`StoreError::Busy`].
 //!
+//! # Schema changes
+//!
+//! `SCHEMA` creates every table of a new database; `migrate` then brings an older file up
+//! to it, idempotently (each step checks for what it adds), so any earlier database opens.
+//! Steps so far:
+//!
+//! 1. **Member incarnations** (a name that is removed and created again is a new member; see
+//!    [`super::team`]): `members.since_seq`, the message log's head when the member was
+//!    created (existing members: 0, the earliest point, so they keep all they saw), and
+//!    `member_activity.member_seq`, the `members.seq` (never reused) of the member who
+//!    uploaded the row (existing rows: the current member of that name, else 0), with the
+//!    index `member_activity_incarnation (member_name, member_seq, id)` in place of
+//!    `member_activity_member (member_name, id)`.
+//!
 //! Reads do not wait for writes: besides the one write connection (behind the
 //! mutex every mutation takes) the store keeps a few read-only connections
 //! ([`Store::read`]). In WAL mode a reader sees the last committed state and
@@ -172,6 +186,7 @@ impl Store {
         )?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         Ok(Store {
             conn: Mutex::new(conn),
             readers: Vec::new(),
@@ -247,6 +262,50 @@ impl Store {
     }
 }
 
+/// Whether `table` has a column `column`.
+fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool, StoreError> {
+    Ok(conn
+        .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+        .exists([table, column])?)
+}
+
+/// Brings a database created by an older version up to `SCHEMA` (see the module docs),
+/// in one transaction.
+fn migrate(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")?;
+    let result = (|| -> Result<(), StoreError> {
+        // 1. Member incarnations.
+        if !has_column(conn, "members", "since_seq")? {
+            conn.execute_batch(
+                "ALTER TABLE members ADD COLUMN since_seq INTEGER NOT NULL DEFAULT 0",
+            )?;
+        }
+        if !has_column(conn, "member_activity", "member_seq")? {
+            conn.execute_batch(
+                "ALTER TABLE member_activity ADD COLUMN member_seq INTEGER NOT NULL DEFAULT 0;
+                 UPDATE member_activity SET member_seq = COALESCE(
+                     (SELECT seq FROM members WHERE members.name = member_activity.member_name), 0);",
+            )?;
+        }
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS member_activity_incarnation
+                 ON member_activity(member_name, member_seq, id);
+             DROP INDEX IF EXISTS member_activity_member;",
+        )?;
+        Ok(())
+    })();
+    match result {
+        Ok(()) => {
+            conn.execute_batch("COMMIT")?;
+            Ok(())
+        }
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
+
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS team (
     id INTEGER PRIMARY KEY CHECK (id = 1),
@@ -263,7 +322,8 @@ CREATE TABLE IF NOT EXISTS members (
     role_description TEXT NOT NULL,
     instructions TEXT NOT NULL,
     permissions TEXT NOT NULL,
-    created_at INTEGER NOT NULL
+    created_at INTEGER NOT NULL,
+    since_seq INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
@@ -356,9 +416,9 @@ CREATE TABLE IF NOT EXISTS member_activity (
     ts INTEGER NOT NULL,
     kind TEXT NOT NULL,
     event_json TEXT NOT NULL,
-    created_at INTEGER NOT NULL
+    created_at INTEGER NOT NULL,
+    member_seq INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX IF NOT EXISTS member_activity_member ON member_activity(member_name, id);
 CREATE INDEX IF NOT EXISTS member_activity_ts ON member_activity(ts);
 CREATE INDEX IF NOT EXISTS member_activity_kind ON member_activity(kind, ts);
 CREATE TABLE IF NOT EXISTS sessions (
@@ -378,3 +438,80 @@ CREATE TABLE IF NOT EXISTS member_totp (
     pending_secret TEXT
 );
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two tables as they were before member incarnations (`members` without `since_seq`,
+    /// `member_activity` without `member_seq`), with the old index.
+    const OLD_TABLES: &str = r#"
+CREATE TABLE members (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    role_title TEXT NOT NULL,
+    role_description TEXT NOT NULL,
+    instructions TEXT NOT NULL,
+    permissions TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE member_activity (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    member_name TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    event_json TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX member_activity_member ON member_activity(member_name, id);
+INSERT INTO members (name, role_title, role_description, instructions, permissions, created_at)
+    VALUES ('gone', 't', '', '', '[]', 0), ('ann', 't', '', '', '[]', 0);
+DELETE FROM members WHERE name = 'gone';
+INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
+    VALUES ('ann', 1, 'opaque_http', '{}', 1), ('gone', 2, 'opaque_http', '{}', 2);
+"#;
+
+    #[test]
+    fn an_older_database_is_migrated_and_its_members_keep_everything() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(OLD_TABLES).unwrap();
+        let store = Store::init(conn, SyncMode::Normal).unwrap();
+        store.with(|conn| {
+            // Existing members start at the beginning of the log: they keep every DM.
+            let since: Vec<(String, i64, i64)> = conn
+                .prepare("SELECT name, seq, since_seq FROM members")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(since, vec![("ann".to_owned(), 2, 0)]);
+            // Their rows are theirs; a removed member's rows belong to no member now.
+            let stamps: Vec<(String, i64)> = conn
+                .prepare("SELECT member_name, member_seq FROM member_activity ORDER BY id")
+                .unwrap()
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert_eq!(stamps, vec![("ann".to_owned(), 2), ("gone".to_owned(), 0)]);
+            let q = crate::broker::activity::Query {
+                limit: 10,
+                ..Default::default()
+            };
+            assert_eq!(crate::broker::activity::list(conn, "ann", &q, false).unwrap().len(), 1);
+            assert_eq!(crate::broker::activity::list(conn, "gone", &q, false).unwrap().len(), 1);
+            let index: Vec<String> = conn
+                .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'member_activity' ORDER BY name")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            assert!(index.contains(&"member_activity_incarnation".to_owned()), "{index:?}");
+            assert!(!index.contains(&"member_activity_member".to_owned()), "{index:?}");
+            // Opening again changes nothing.
+            migrate(conn).unwrap();
+        });
+    }
+}

@@ -586,6 +586,57 @@ pub fn rename(
     get(conn, to)?.ok_or_else(|| FsError::NotFound(to.to_string()))
 }
 
+/// The top-level folder removed members' homes move to. Its name has a space, which no
+/// member name has, so it is nobody's home: only `members.manage` holders reach it.
+pub const REMOVED_HOMES: &str = "/removed members";
+
+/// Moves removed member `member`'s home, whole, to `/removed members/<member>-<id>` (`id`:
+/// its `members.seq`, never reused; a free suffix is added should a folder of that name exist),
+/// with the read grants on it. Returns where it went; `None` without a home.
+pub fn archive_home(
+    conn: &Connection,
+    member: &str,
+    id: i64,
+    actor: &str,
+    now: i64,
+) -> Result<Option<FsPath>, FsError> {
+    let home =
+        FsPath::parse(&format!("/{member}")).map_err(|e| FsError::InvalidInput(e.to_string()))?;
+    if get(conn, &home)?.is_none() {
+        return Ok(None);
+    }
+    let root = FsPath::parse(REMOVED_HOMES).map_err(|e| FsError::InvalidInput(e.to_string()))?;
+    ensure_dir(conn, &root, actor, now)?;
+    let mut dest = root
+        .join(&format!("{member}-{id}"))
+        .map_err(|e| FsError::InvalidInput(e.to_string()))?;
+    let mut n = 0;
+    while get(conn, &dest)?.is_some() {
+        n += 1;
+        dest = root
+            .join(&format!("{member}-{id}-{n}"))
+            .map_err(|e| FsError::InvalidInput(e.to_string()))?;
+    }
+    let (from, to) = (home.as_str(), dest.as_str());
+    // Every entry at or below the home: the path's prefix changes; the home itself also gets
+    // its new parent and name; all of them the owner of the new place.
+    conn.execute(
+        "UPDATE fs_entries SET
+             path = ?2 || substr(path, length(?1) + 1),
+             parent = CASE WHEN path = ?1 THEN ?3 ELSE ?2 || substr(parent, length(?1) + 1) END,
+             name = CASE WHEN path = ?1 THEN ?4 ELSE name END,
+             owner = ?5
+         WHERE path = ?1 OR substr(path, 1, length(?1) + 1) = ?1 || '/'",
+        params![from, to, root.as_str(), dest.name(), dest.owner()],
+    )?;
+    conn.execute(
+        "UPDATE OR REPLACE fs_grants SET path = ?2 || substr(path, length(?1) + 1)
+         WHERE path = ?1 OR substr(path, 1, length(?1) + 1) = ?1 || '/'",
+        params![from, to],
+    )?;
+    Ok(Some(dest))
+}
+
 /// Number of stored blobs and the sum of their reference counts (for tests and diagnostics).
 pub fn blob_stats(conn: &Connection) -> Result<(i64, i64), StoreError> {
     Ok(conn.query_row(

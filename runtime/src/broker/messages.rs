@@ -10,6 +10,11 @@
 //! (`thread`). [`page`] reads at most `limit` rows from each source in `seq`
 //! order through its index, then merges them: the cost follows the rows the
 //! viewer may see, not the size of the log.
+//!
+//! A viewer's own sources (DMs to it, what it sent, its DM feeds) start after its
+//! incarnation's first position ([`ViewerScope::since`], see [`super::team`]): rows of its
+//! name before that belong to an earlier member of the same name. The other party of a DM
+//! keeps seeing it (only the viewer's own incarnation bounds a query).
 
 use std::collections::HashSet;
 
@@ -45,6 +50,9 @@ pub struct ViewerScope {
     pub objectives: HashSet<String>,
     /// `members.manage` holders are in every objective thread.
     pub manager: bool,
+    /// The viewer's incarnation starts after this log position: its own sources (DMs to and
+    /// from it) hold only later rows. `i64::MAX` (nothing) for a name that is no member.
+    pub since: i64,
 }
 
 impl Membership for ViewerScope {
@@ -83,6 +91,7 @@ pub fn viewer_scope(
         channels,
         objectives,
         manager,
+        since: super::team::member_since(conn, viewer)?.unwrap_or(i64::MAX),
     })
 }
 
@@ -243,10 +252,16 @@ pub fn page(
     let after_ts = window.after_ts.unwrap_or(i64::MIN);
     let before_ts = window.before_ts.unwrap_or(i64::MAX);
     let limit = window.limit as i64;
+    // The viewer's own sources start with its incarnation.
+    let own_after_seq = after_seq.max(scope.since);
     let mut rows: Vec<Row> = Vec::new();
     for source in sources(viewer, scope, feed) {
+        let after_seq = match source {
+            Source::To(_) | Source::From(_) | Source::Dm { .. } => &own_after_seq,
+            Source::Thread(_) | Source::AllObjectives => &after_seq,
+        };
         let mut args: Vec<&dyn rusqlite::ToSql> =
-            vec![&after_seq, &before_seq, &after_ts, &before_ts, &limit];
+            vec![after_seq, &before_seq, &after_ts, &before_ts, &limit];
         let condition = match &source {
             Source::To(name) | Source::From(name) => {
                 args.push(name);

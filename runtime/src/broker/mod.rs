@@ -57,6 +57,9 @@
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
 //!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
 //!   inner `data` maps come out sorted (key order carries no meaning).
+//! - **Removing a member** frees its name; a member created under it later inherits none of
+//!   the old one's DMs, activity, objectives, home folder or credentials (its incarnation: see
+//!   [`team`]; what removal does: [`bootstrap::remove_member`]).
 //! - **Sign-in.** Browser sessions (TOTP login, cookie, CSRF and security headers),
 //!   first-admin setup and device-code enrollment: see [`sessions`] and `http::session`.
 //! - **Not implemented:** the "session online" notice.

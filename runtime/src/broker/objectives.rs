@@ -126,3 +126,28 @@ pub fn open_for(conn: &Connection, name: &str) -> Result<Vec<Objective>, StoreEr
     )?);
     Ok(out)
 }
+
+/// Takes removed member `name` off every objective: as assignee or originator it becomes
+/// [`super::team::removed_name`], and it leaves watcher lists. No event is logged (the audit
+/// log keeps what happened under the old name). Returns how many objectives changed.
+pub fn detach_member(conn: &Connection, name: &str) -> Result<usize, StoreError> {
+    let found = list(
+        conn,
+        &ListFilter {
+            participant: Some(name),
+            ..ListFilter::default()
+        },
+    )?;
+    let gone = super::team::removed_name(name);
+    for mut obj in found.iter().cloned() {
+        if obj.assignee == name {
+            obj.assignee.clone_from(&gone);
+        }
+        if obj.originator == name {
+            obj.originator.clone_from(&gone);
+        }
+        obj.watchers.retain(|w| w != name);
+        update(conn, &obj, &[])?;
+    }
+    Ok(found.len())
+}

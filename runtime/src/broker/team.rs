@@ -1,4 +1,22 @@
 //! Team, members and tokens in the store.
+//!
+//! # Incarnations: a name is not an identity
+//!
+//! Messages, activity, objectives, channels and files refer to members by name, and a
+//! removed member's name may be given to a new member. The new one is a different member
+//! and inherits nothing: each member row carries its *incarnation*:
+//!
+//! - `members.seq`, the member's id: `AUTOINCREMENT`, so never reused, even after the row
+//!   is deleted ([`member_seq`]);
+//! - `members.since_seq`, the message log's head when the member was created
+//!   ([`member_since`]). A member's own slices of the log (DMs to it, everything it sent)
+//!   are the rows after that position: rows of that name at or before it were an earlier
+//!   member's (see [`super::messages`]).
+//!
+//! Activity rows are stamped with the uploader's `members.seq` (see [`super::activity`]).
+//! Everything else that names the member is dealt with when it is removed
+//! ([`super::bootstrap::remove_member`]). Members that existed before incarnations have
+//! `since_seq` 0 (the schema change is in [`super::db`]).
 
 use ac7_protocol::domain::permission::PermissionSet;
 use rusqlite::{Connection, OptionalExtension, params};
@@ -189,11 +207,12 @@ pub fn name_taken_text(name: &str, existing: &str) -> String {
     }
 }
 
-/// Inserts a member; `false` if the name is taken.
+/// Inserts a member, whose incarnation starts at the message log's current head; `false` if
+/// the name is taken.
 pub fn member_insert(conn: &Connection, m: &MemberRecord, now: i64) -> Result<bool, StoreError> {
     let n = conn.execute(
-        "INSERT OR IGNORE INTO members (name, role_title, role_description, instructions, permissions, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR IGNORE INTO members (name, role_title, role_description, instructions, permissions, created_at, since_seq)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, (SELECT COALESCE(MAX(seq), 0) FROM messages))",
         params![m.name, m.role.title, m.role.description, m.instructions, serde_json::to_string(&m.permissions)?, now],
     )?;
     Ok(n == 1)
@@ -208,8 +227,33 @@ pub fn member_update(conn: &Connection, m: &MemberRecord) -> Result<(), StoreErr
     Ok(())
 }
 
-/// Deletes a member, its tokens and its channel memberships. Messages, objectives
-/// and files stay (history is not rewritten).
+/// The id of member `name` (`members.seq`, never reused), if it exists.
+pub fn member_seq(conn: &Connection, name: &str) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT seq FROM members WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?)
+}
+
+/// The message log position member `name` was created at (its DMs are the rows after it),
+/// if it exists.
+pub fn member_since(conn: &Connection, name: &str) -> Result<Option<i64>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT since_seq FROM members WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+        .optional()?)
+}
+
+/// What a removed member `name` is called where the name stays in the team's current state
+/// (an objective's assignee or originator): no member can ever take it, since names have
+/// no spaces or parentheses.
+pub fn removed_name(name: &str) -> String {
+    format!("{name} (removed)")
+}
+
+/// Deletes a member's row and its credentials and memberships: tokens, channel memberships,
+/// file grants, browser sessions and TOTP secret. [`super::bootstrap::remove_member`] does
+/// the rest of a removal (home folder, objectives).
 pub fn member_delete(conn: &Connection, name: &str) -> Result<bool, StoreError> {
     conn.execute("DELETE FROM tokens WHERE member_name = ?1", [name])?;
     conn.execute("DELETE FROM channel_members WHERE member_name = ?1", [name])?;

@@ -989,3 +989,92 @@ fn activity_and_usage_verbs() {
     let _ = child.wait();
     assert!(next.contains("in 5 out 6"), "{next}");
 }
+
+/// `ac7 member remove` and `ac7 member add` of the same name, offline: the new member inherits
+/// none of the old one's DMs or activity, and the rest of the team keeps its side
+/// (`broker_identity` has the same over HTTP).
+#[test]
+fn offline_remove_then_add_starts_a_new_member() {
+    let (_dir, db, s) = serve_team();
+    let builder = token(&s, "builder").to_owned();
+    drop(s);
+    let member = |args: &[&str]| offline(&db, &[&["member"], args].concat());
+    let (ok, out, err) = member(&["add", "carol"]);
+    assert!(ok, "{err}");
+    let old = out.trim().to_owned();
+    let rt = current_thread_rt();
+    let s = serve(&db, &[]);
+    let send = |url: &str, tok: &str, path: &str, body: Value| {
+        let (url, tok, path) = (url.to_owned(), tok.to_owned(), path.to_owned());
+        async move {
+            let r = client()
+                .post(format!("{url}{path}"))
+                .bearer_auth(tok)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert!(r.status().is_success(), "{path}: {}", r.status());
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let get = |url: &str, tok: &str, path: &str| {
+        let (url, tok, path) = (url.to_owned(), tok.to_owned(), path.to_owned());
+        async move {
+            let r = client()
+                .get(format!("{url}{path}"))
+                .bearer_auth(tok)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200, "{path}");
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let bodies = |v: &Value| -> Vec<String> {
+        v["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["body"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let activity =
+        json!({"events": [{"kind": "objective_open", "ts": 1000, "objectiveId": "obj-1"}]});
+    rt.block_on(async {
+        send(
+            &s.url,
+            &builder,
+            "/push",
+            json!({"to": "carol", "body": "to old carol"}),
+        )
+        .await;
+        send(
+            &s.url,
+            &old,
+            "/push",
+            json!({"to": "builder", "body": "from old carol"}),
+        )
+        .await;
+        send(&s.url, &old, "/members/carol/activity", activity.clone()).await;
+    });
+    drop(s);
+    let (ok, out, err) = member(&["remove", "carol"]);
+    assert!(ok && out.contains("removed carol"), "{out}{err}");
+    let (ok, out, err) = member(&["add", "carol"]);
+    assert!(ok, "{err}");
+    let new = out.trim().to_owned();
+    let s = serve(&db, &[]);
+    rt.block_on(async {
+        let h = get(&s.url, &new, "/history").await;
+        assert_eq!(bodies(&h), Vec::<String>::new(), "{h}");
+        let a = get(&s.url, &new, "/members/carol/activity").await;
+        assert_eq!(a, json!({"activity": []}));
+        let h = get(&s.url, &builder, "/history?with=carol").await;
+        assert_eq!(bodies(&h), vec!["from old carol", "to old carol"]);
+        // The new carol's own rows are hers.
+        send(&s.url, &new, "/members/carol/activity", activity).await;
+        let a = get(&s.url, &new, "/members/carol/activity").await;
+        assert_eq!(a["activity"].as_array().unwrap().len(), 1, "{a}");
+    });
+}

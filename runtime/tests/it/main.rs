@@ -26,6 +26,7 @@ mod broker_channels;
 mod broker_cli;
 mod broker_fs;
 mod broker_http;
+mod broker_identity;
 mod broker_limits;
 mod broker_objectives;
 mod broker_stream;

@@ -77,7 +77,13 @@ pub(super) async fn upload(
     // Delivered under the store lock, like `/push`, so a stream opening with
     // `Last-Event-ID` sees each row either in its replay or live, never both.
     let n = state.store.with(|conn| -> Result<usize, ApiError> {
-        let rows = activity::append(conn, &name, upload.events, now)?;
+        // Stamped with the uploader's incarnation; a request authenticated just before its
+        // member was removed (its credential is gone now) must not land in a successor's stream.
+        let member_seq = match crate::broker::team::member_seq(conn, &name)? {
+            Some(seq) if crate::broker::team::token_id_exists(conn, &caller.token_id)? => seq,
+            _ => return Err(ApiError::unauthorized("unknown token")),
+        };
+        let rows = activity::append(conn, &name, member_seq, upload.events, now)?;
         let only = Audience::Only([name.clone()].into());
         for row in &rows {
             state
@@ -256,7 +262,8 @@ pub(super) async fn objective(
         super::objectives::authorize(&obj, &caller, ac7_protocol::domain::objective::Action::View)?;
         let mut intervals = activity::objective_intervals(conn, &id)?;
         if !caller.has(Permission::ActivityRead) {
-            intervals.retain(|iv| iv.member == caller.name);
+            let me = crate::broker::team::member_seq(conn, &caller.name)?;
+            intervals.retain(|iv| iv.member == caller.name && Some(iv.member_seq) == me);
         }
         let rows = activity::in_intervals(conn, &intervals, q.before_id, q.limit)?;
         let intervals: Vec<_> = intervals

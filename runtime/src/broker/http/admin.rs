@@ -293,13 +293,15 @@ pub(super) async fn member_delete(
             ));
         }
         let tx = conn.transaction().map_err(StoreError::from)?;
-        team::member_delete(&tx, &name)?;
+        bootstrap::remove_member(&tx, &name, &caller.name, now_ms())?;
         tx.commit().map_err(StoreError::from)?;
         Ok(())
     })?;
     state.forget_auth();
     state.hub.remove_member(&name);
     state.activity_hub.close_owner(&name, None, Closed::Removed);
+    // Streams watching its activity end too: a new member of that name is someone else.
+    state.activity_hub.remove_member(&name);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -284,7 +284,14 @@ pub(super) async fn poll(
         PollOutcome::Expired => Err(poll_error("expired_token", None)),
         PollOutcome::Denied { reason } => Err(poll_error("access_denied", Some(&reason))),
         PollOutcome::Approved { member, grant } => {
-            let record = state.store.read(|conn| team::member_get(conn, &member))?;
+            let record = state.store.read(|conn| -> Result<_, StoreError> {
+                // The grant's token goes with its member: if it is gone, so is the member it
+                // was minted for (even if a new member has that name now).
+                if !team::token_id_exists(conn, &grant.token_id)? {
+                    return Ok(None);
+                }
+                team::member_get(conn, &member)
+            })?;
             let Some(record) = record else {
                 // Removed between approval and collection.
                 revoke(&state, vec![(member, grant)]);
