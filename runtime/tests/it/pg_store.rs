@@ -10,6 +10,11 @@ use ac7_runtime::broker::pg::{
     self, Doorbell, LogMessage, PgConfig, PgError, PgPool, Ring, log, migrate,
 };
 
+use ac7_runtime::broker::db::{Store, StoreError};
+use ac7_runtime::broker::store::postgres::PgStore;
+use ac7_runtime::broker::store::{Conn, Value};
+use ac7_runtime::params;
+
 use crate::common;
 use crate::common::postgres::TestDb;
 
@@ -245,7 +250,7 @@ async fn schema_v1_mirrors_the_sqlite_schema() {
     {
         pg_cols.entry(r.get(0)).or_default().insert(r.get(1));
     }
-    let sqlite = ac7_runtime::broker::db::Store::open_in_memory().unwrap();
+    let sqlite = Store::open_in_memory().unwrap();
     let sqlite_cols: BTreeMap<String, BTreeSet<String>> = sqlite.with(|conn| {
         let tables: Vec<String> = conn
             .prepare(
@@ -533,4 +538,100 @@ async fn the_pool_replaces_a_connection_whose_backend_died() {
     )
     .await;
     assert_ne!(new_pid, pid);
+}
+
+/// Runs `f` in a transaction on each store: `(PostgreSQL, SQLite)`.
+fn on_both<T>(
+    pg: &PgStore,
+    sqlite: &Store,
+    f: impl Fn(&Conn<'_>) -> Result<T, StoreError>,
+) -> (Result<T, StoreError>, Result<T, StoreError>) {
+    (pg.tx(false, &f), sqlite.tx(&f))
+}
+
+/// One store function, written once against `Conn`: upserts, `RETURNING`, counts, NULLs and
+/// `ON CONFLICT DO NOTHING`.
+fn exercise(c: &Conn<'_>) -> Result<Vec<Value>, StoreError> {
+    c.execute(
+        "INSERT INTO team (id, name, directive, context, presets, created_at)
+         VALUES (1, ?1, ?2, '', '{}', ?3)
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name",
+        params!["first", "ship it", 1_700_000_000_000i64],
+    )?;
+    c.execute(
+        "INSERT INTO team (id, name, directive, context, presets, created_at)
+         VALUES (1, ?1, '', '', '{}', 0)
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name",
+        params!["second"],
+    )?;
+    let seq = c
+        .query_row(
+            "INSERT INTO members (name, role_title, role_description, instructions, permissions, created_at)
+             VALUES (?1, 'engineer', '', '', '[]', ?2) RETURNING seq",
+            params!["carol", 5i64],
+            |r| r.get::<i64>(0),
+        )?
+        .unwrap_or_default();
+    for _ in 0..2 {
+        c.execute(
+            "INSERT INTO blob_trash (hash) VALUES (?1) ON CONFLICT DO NOTHING",
+            params!["h1"],
+        )?;
+    }
+    let mut out = c
+        .query_row(
+            "SELECT name, directive, created_at FROM team WHERE id = 1",
+            params![],
+            |r| Ok(vec![r.get(0)?, r.get(1)?, r.get(2)?]),
+        )?
+        .unwrap_or_default();
+    out.push(Value::Int(seq));
+    out.extend(c.query(
+        "SELECT CAST(COUNT(*) AS BIGINT) FROM members WHERE name = ?1 OR ?2 IS NULL",
+        params!["carol", Option::<String>::None],
+        |r| r.get::<Value>(0),
+    )?);
+    let trashed = c.exists("SELECT 1 FROM blob_trash WHERE hash = ?1", params!["h1"])?;
+    out.push(Value::Int(i64::from(trashed)));
+    Ok(out)
+}
+
+#[tokio::test]
+async fn store_sql_answers_the_same_on_sqlite_and_postgres() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let pg = PgStore::open(PgConfig::parse(&db.url).unwrap()).unwrap();
+    let sqlite = Store::open_in_memory().unwrap();
+    let (on_pg, on_sqlite) = on_both(&pg, &sqlite, exercise);
+    let on_pg = on_pg.unwrap();
+    assert_eq!(
+        on_pg,
+        vec![
+            Value::Text("second".into()),
+            Value::Text("ship it".into()),
+            Value::Int(1_700_000_000_000),
+            Value::Int(1),
+            Value::Int(1),
+            Value::Int(1),
+        ]
+    );
+    assert_eq!(on_pg, on_sqlite.unwrap());
+
+    // A transaction whose closure fails leaves nothing behind, on both.
+    let (a, b) = on_both(&pg, &sqlite, |c| -> Result<(), StoreError> {
+        c.execute("INSERT INTO blob_trash (hash) VALUES (?1)", params!["h2"])?;
+        Err(StoreError::Corrupt("on purpose".into()))
+    });
+    assert!(a.is_err() && b.is_err());
+    let (a, b) = on_both(&pg, &sqlite, |c| {
+        c.exists("SELECT 1 FROM blob_trash WHERE hash = ?1", params!["h2"])
+    });
+    assert_eq!(
+        (a.unwrap(), b.unwrap()),
+        (false, false),
+        "h2 survived a rollback"
+    );
+    // One pooled connection served all of it.
+    assert_eq!(pg.pool().idle(), 1);
 }

@@ -41,7 +41,8 @@ CREATE TABLE members (
     role_description TEXT NOT NULL,
     instructions TEXT NOT NULL,
     permissions TEXT NOT NULL,
-    created_at BIGINT NOT NULL
+    created_at BIGINT NOT NULL,
+    since_seq BIGINT NOT NULL DEFAULT 0
 );
 CREATE TABLE tokens (
     id TEXT PRIMARY KEY,
@@ -149,9 +150,10 @@ CREATE TABLE member_activity (
     ts BIGINT NOT NULL,
     kind TEXT NOT NULL,
     event_json TEXT NOT NULL,
-    created_at BIGINT NOT NULL
+    created_at BIGINT NOT NULL,
+    member_seq BIGINT NOT NULL DEFAULT 0
 );
-CREATE INDEX member_activity_member ON member_activity(member_name, id);
+CREATE INDEX member_activity_incarnation ON member_activity(member_name, member_seq, id);
 CREATE INDEX member_activity_ts ON member_activity(ts);
 CREATE INDEX member_activity_kind ON member_activity(kind, ts);
 

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use tokio_postgres::Statement;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{IsNull, ToSql, Type, to_sql_checked};
 
 use super::super::db::StoreError;
@@ -124,11 +125,37 @@ impl Session {
         self.client.borrow()
     }
 
-    fn statement(&self, sql: &str) -> Result<Statement, StoreError> {
+    /// The prepared statement for `sql`. The server infers each parameter's type from where
+    /// it stands; where it cannot (`?2 IS NULL`), the statement is prepared again with the
+    /// types of the values bound now (integer `BIGINT`, text `TEXT`, bytes `BYTEA`).
+    fn statement(&self, sql: &str, params: &[Value]) -> Result<Statement, StoreError> {
         if let Some(s) = self.client.borrow_mut().statements().get(sql) {
             return Ok(s.clone());
         }
-        let prepared = wait(self.client().prepare(&placeholders(sql)))?;
+        let text = placeholders(sql);
+        // A failed Parse aborts the transaction: try it behind a savepoint (once per statement
+        // and connection; afterwards it is cached).
+        self.execute_batch("SAVEPOINT ac7_prepare")?;
+        let first = wait(self.client().prepare(&text));
+        self.execute_batch(if first.is_ok() {
+            "RELEASE SAVEPOINT ac7_prepare"
+        } else {
+            "ROLLBACK TO SAVEPOINT ac7_prepare"
+        })?;
+        let prepared = match first {
+            Err(e) if e.code() == Some(&SqlState::INDETERMINATE_DATATYPE) => {
+                let types: Vec<Type> = params
+                    .iter()
+                    .map(|v| match v {
+                        Value::Int(_) => Type::INT8,
+                        Value::Blob(_) => Type::BYTEA,
+                        Value::Text(_) | Value::Null => Type::TEXT,
+                    })
+                    .collect();
+                wait(self.client().prepare_typed(&text, &types))?
+            }
+            other => other?,
+        };
         self.client
             .borrow_mut()
             .statements()
@@ -138,7 +165,7 @@ impl Session {
 
     /// Runs one statement; the rows it changed.
     pub(super) fn execute(&self, sql: &str, params: &[Value]) -> Result<usize, StoreError> {
-        let stmt = self.statement(sql)?;
+        let stmt = self.statement(sql, params)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as _).collect();
         let n = wait(self.client().execute(&stmt, &refs))?;
         Ok(usize::try_from(n).unwrap_or(usize::MAX))
@@ -151,7 +178,7 @@ impl Session {
 
     /// The rows of a query.
     pub(super) fn query(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
-        let stmt = self.statement(sql)?;
+        let stmt = self.statement(sql, params)?;
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as _).collect();
         wait(self.client().query(&stmt, &refs))?
             .iter()
