@@ -56,7 +56,12 @@
 //!   streams open: what a stream delivers is decided per message, at push time.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
 //!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
-//!   inner `data` maps come out sorted (key order carries no meaning).
+//!   inner `data` maps come out sorted (key order carries no meaning). A `/history`
+//!   `limit` that is not a number of at least 1 (`0`, `-1`, `abc`) is 400
+//!   as on the activity list, not 100 as the spec says.
+//! - **Activity** uploaded by a member is redacted again at the broker
+//!   (`ac7_protocol::trace::redact`), whoever uploaded it: the runner redacts what it
+//!   records, a client posting directly may not.
 //! - **Sign-in.** Browser sessions (TOTP login, cookie, CSRF and security headers),
 //!   first-admin setup and device-code enrollment: see [`sessions`] and `http::session`.
 //! - **Not implemented:** the "session online" notice.
