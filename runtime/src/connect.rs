@@ -171,7 +171,7 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
             .json(&json!({"labelHint": label}))
             .send()
             .await
-            .with_context(|| format!("cannot reach the broker at {base}"))?;
+            .map_err(|e| crate::operator::cannot_reach(&base, e))?;
         let status = resp.status();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         if !status.is_success() {

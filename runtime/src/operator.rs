@@ -205,12 +205,7 @@ impl Client {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        let resp = req.send().await.with_context(|| {
-            format!(
-                "cannot reach the broker at {} (is `ac7 serve` running?)",
-                self.base()
-            )
-        })?;
+        let resp = req.send().await.map_err(|e| cannot_reach(self.base(), e))?;
         let status = resp.status();
         let text = resp.text().await?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
@@ -222,6 +217,18 @@ impl Client {
             );
         }
         Ok(value)
+    }
+}
+
+/// A request to the broker at `base` that got no answer: a certificate this client refused
+/// is named as such (and `AC7_CA_CERT`, see [`crate::tls_client::certificate_problem`]),
+/// anything else asks whether the broker runs.
+pub(crate) fn cannot_reach(base: &str, error: reqwest::Error) -> anyhow::Error {
+    match crate::tls_client::certificate_problem(&error) {
+        Some(problem) => anyhow::anyhow!("cannot connect to the broker at {base}: {problem}"),
+        None => anyhow::Error::new(error).context(format!(
+            "cannot reach the broker at {base} (is `ac7 serve` running?)"
+        )),
     }
 }
 

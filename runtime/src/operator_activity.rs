@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Args;
 use futures_util::StreamExt;
 use reqwest::Method;
@@ -200,12 +200,10 @@ async fn follow(
     if let Some(id) = last {
         req = req.header("last-event-id", id.to_string());
     }
-    let resp = req.send().await.with_context(|| {
-        format!(
-            "cannot reach the broker at {} (is `ac7 serve` running?)",
-            client.base()
-        )
-    })?;
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| crate::operator::cannot_reach(client.base(), e))?;
     if !resp.status().is_success() {
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap_or_default();

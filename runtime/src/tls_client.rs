@@ -66,3 +66,80 @@ pub fn extra_root_ders() -> Result<Vec<CertificateDer<'static>>, CaError> {
     }
     Ok(certs)
 }
+
+/// What to tell the user when `error` (a client error, with its chain of causes) is a TLS
+/// certificate this client refused; `None` for any other failure.
+///
+/// Names the problem and what to do: for a certificate it does not trust, `AC7_CA_CERT`
+/// (unset: point it at the broker's certificate or its CA; set: that file does not hold
+/// the issuer); for a certificate that does not name the URL's host, the host to use.
+pub fn certificate_problem(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = Some(error);
+    let refused = loop {
+        let e = cause?;
+        let found = e.downcast_ref::<rustls::Error>().or_else(|| {
+            e.downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if let Some(rustls::Error::InvalidCertificate(cert)) = found {
+            break cert;
+        }
+        // An io::Error's `source` skips the error it wraps: step into that one instead.
+        cause = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    };
+    let what = rustls::Error::InvalidCertificate(refused.clone()).to_string();
+    if matches!(
+        refused,
+        rustls::CertificateError::NotValidForName
+            | rustls::CertificateError::NotValidForNameContext { .. }
+    ) {
+        return Some(format!(
+            "the broker's TLS certificate does not name the host in the URL ({what}): use a host name the certificate lists (trusting it with {CA_ENV} does not change that)"
+        ));
+    }
+    Some(match std::env::var_os(CA_ENV).filter(|p| !p.is_empty()) {
+        None => format!(
+            "the broker's TLS certificate is not trusted ({what}): for a self-signed certificate or a private CA, set {CA_ENV} to its PEM file"
+        ),
+        Some(path) => format!(
+            "the broker's TLS certificate is not trusted ({what}), even with {CA_ENV}={}: that file must hold the broker's certificate or the CA that issued it",
+            PathBuf::from(path).display()
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificate_problems_are_found_in_the_chain() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect)")]
+        struct Outer(#[source] std::io::Error);
+        let io = std::io::Error::other(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ));
+        let text = certificate_problem(&Outer(io)).unwrap();
+        assert!(text.contains("not trusted"), "{text}");
+        assert!(text.contains("UnknownIssuer"), "{text}");
+        assert!(text.contains(CA_ENV), "{text}");
+        let name = rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForName);
+        assert!(
+            certificate_problem(&name)
+                .unwrap()
+                .contains("does not name the host")
+        );
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(certificate_problem(&Outer(refused)), None);
+        let other = rustls::Error::HandshakeNotComplete;
+        assert_eq!(certificate_problem(&other), None);
+    }
+}

@@ -65,9 +65,10 @@ pub struct ServeArgs {
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert", value_name = "PATH")]
     pub tls_key: Option<PathBuf>,
-    /// Open connections at most; more are answered 503 and closed.
-    #[arg(long, default_value_t = 4096)]
-    pub max_connections: usize,
+    /// Open connections at most; more are answered 503 and closed. Default: derived from the
+    /// open-file limit, keeping descriptors free for the database, blobs and probes (at most 4096).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
     /// Seconds a client has to send a complete request head once it started one.
     #[arg(long, default_value_t = 10, value_name = "SECS")]
     pub header_timeout: u64,
@@ -158,14 +159,14 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
             bail!("{flag} must be at least 1 second");
         }
     }
-    if args.max_connections == 0 || args.max_subscriptions == 0 {
+    if args.max_connections == Some(0) || args.max_subscriptions == 0 {
         bail!("--max-connections and --max-subscriptions must be at least 1");
     }
     config.limits = super::server::Limits {
         header_timeout: Duration::from_secs(args.header_timeout),
         idle_timeout: Duration::from_secs(args.idle_timeout),
         write_timeout: Duration::from_secs(args.write_timeout),
-        max_connections: args.max_connections,
+        max_connections: connection_cap(args.max_connections),
     };
     config.queue_bytes = args.subscriber_queue_bytes;
     config.max_subscriptions_per_member = args.max_subscriptions;
@@ -179,20 +180,44 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
         super::server::tls_acceptor(&files)?;
         config.tls = Some(files);
     }
-    // Each connection is a file descriptor: make room for the cap, or say why not.
-    if let Some(fds) = super::server::raise_fd_limit() {
-        let needed = u64::try_from(args.max_connections)
-            .unwrap_or(u64::MAX)
-            .saturating_add(64);
-        if fds < needed {
-            tracing::warn!(
-                open_file_limit = fds,
-                max_connections = args.max_connections,
-                "the open-file limit is below --max-connections + 64: connections past it fail at accept; raise `ulimit -n` or lower --max-connections"
-            );
-        }
-    }
     Ok(())
+}
+
+/// The connection cap: `--max-connections`, else derived from the open-file limit (raised to
+/// its hard limit first). Each connection is a file descriptor: a cap past the limit leaves
+/// the connections over it (a `/healthz` probe too) waiting unanswered at accept instead of
+/// getting the cap's `503`.
+fn connection_cap(explicit: Option<usize>) -> usize {
+    use super::server::{FD_HEADROOM, default_max_connections, raise_fd_limit};
+    let fds = raise_fd_limit();
+    let Some(cap) = explicit else {
+        let cap = default_max_connections(fds);
+        tracing::info!(
+            max_connections = cap,
+            open_file_limit = fds,
+            "connection cap {cap}, derived from the open-file limit (--max-connections sets it)"
+        );
+        return cap;
+    };
+    let needed = u64::try_from(cap)
+        .unwrap_or(u64::MAX)
+        .saturating_add(FD_HEADROOM);
+    if let Some(fds) = fds
+        && fds < needed
+    {
+        tracing::warn!(
+            open_file_limit = fds,
+            max_connections = cap,
+            headroom = FD_HEADROOM,
+            "--max-connections leaves no headroom under the open-file limit (it needs {FD_HEADROOM} more descriptors): at the cap, new connections and /healthz wait unanswered; raise `ulimit -n` or lower --max-connections"
+        );
+    }
+    tracing::info!(
+        max_connections = cap,
+        open_file_limit = fds,
+        "connection cap {cap} (--max-connections)"
+    );
+    cap
 }
 
 /// The loud warning for a broker reachable from other machines without TLS.

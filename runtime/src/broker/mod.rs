@@ -56,7 +56,12 @@
 //!   streams open: what a stream delivers is decided per message, at push time.
 //! - **Errors.** Unknown routes are 404 JSON, wrong methods 405 JSON, bodies over
 //!   the cap 413 JSON, a body not received within 60 s 408 JSON. JSON keys of
-//!   inner `data` maps come out sorted (key order carries no meaning).
+//!   inner `data` maps come out sorted (key order carries no meaning). A `/history`
+//!   `limit` that is not a number of at least 1 (`0`, `-1`, `abc`) is 400
+//!   as on the activity list (a client asking for nothing gets told, not 100 messages).
+//! - **Activity** uploaded by a member is redacted again at the broker
+//!   (`ac7_protocol::trace::redact`), whoever uploaded it: the runner redacts what it
+//!   records, a client posting directly may not.
 //! - **Removing a member** frees its name; a member created under it later inherits none of
 //!   the old one's DMs, activity, objectives, home folder or credentials (its incarnation: see
 //!   [`team`]; what removal does: [`bootstrap::remove_member`]).

@@ -3,9 +3,11 @@
 //!
 //! Every connection is bounded in time and the number of connections is bounded:
 //!
-//! - **Connection cap** (`--max-connections`, 4096): a connection over it gets a
-//!   `503` JSON answer (plain HTTP; over TLS it is closed) and the broker logs
-//!   `connection limit reached` at most once every 10 s with the count refused.
+//! - **Connection cap** (`--max-connections`; `ac7 serve` derives its default from
+//!   the open-file limit, see [`default_max_connections`]): a connection over it gets
+//!   a `503` JSON answer once its request has arrived (plain HTTP; over TLS it is
+//!   closed) and the broker logs `connection limit reached` at most once every 10 s
+//!   with the count refused.
 //! - **Header timeout** (`--header-timeout`, 10 s): once a client starts a request
 //!   (its first byte, or the TLS handshake), the complete head must arrive within
 //!   this time.
@@ -18,8 +20,19 @@
 //!
 //! Errors hyper answers by itself before a request reaches the router (a malformed
 //! request `400`, a URI too long `414`, headers too large `431`) carry a JSON body
-//! `{"error": "..."}` like every other error of the API: hyper writes them with an
-//! empty body, and `JsonErrors` rewrites that one response on its way out.
+//! `{"error": "..."}` and the security headers like every other answer of the API:
+//! hyper writes them with an empty body, and `JsonErrors` rewrites that one response
+//! on its way out. The connection cap's `503` carries the security headers too.
+//!
+//! **A body nobody read.** A request refused before its body was read (`401`, `429`,
+//! a `413` past the size cap, …) leaves that body on the connection, in front of
+//! the next request. Hyper drops whatever of it has not arrived yet by closing the
+//! connection after the answer — without saying so, and a client that pipelines or
+//! reuses its connection loses its next request. So an unread body is read and
+//! thrown away before the answer goes out, when it is small (at most
+//! [`DRAIN_MAX`]) and arrives soon (within [`DRAIN_TIMEOUT`]); otherwise (and for
+//! `Expect: 100-continue`, whose body must not be invited) the answer carries
+//! `Connection: close`.
 
 use std::future::Future;
 use std::io;
@@ -33,11 +46,11 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
@@ -64,6 +77,27 @@ impl Default for Limits {
             max_connections: 4096,
         }
     }
+}
+
+/// Descriptors `ac7 serve` keeps free below the open-file limit when it derives its
+/// connection cap: the database and its WAL files, the listener, blobs being written or
+/// read, and a connection for a probe like `/healthz`.
+pub const FD_HEADROOM: u64 = 64;
+
+/// The connection cap for an open-file limit of `fds` (`None`: unlimited or unknown):
+/// the smaller of `fds - FD_HEADROOM` and three quarters of `fds`, at least half of
+/// `fds` (for very low limits) and 1, at most 4096.
+pub fn default_max_connections(fds: Option<u64>) -> usize {
+    const MAX: u64 = 4096;
+    let Some(fds) = fds else {
+        return MAX as usize;
+    };
+    let cap = fds
+        .saturating_sub(FD_HEADROOM)
+        .min(fds / 4 * 3)
+        .max(fds / 2)
+        .clamp(1, MAX);
+    usize::try_from(cap).unwrap_or(1)
 }
 
 /// A PEM certificate chain and private key for HTTPS.
@@ -200,7 +234,8 @@ pub async fn serve(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut refused_log = Throttled::new();
     let mut accept_log = Throttled::new();
-    let refusal = over_capacity_response(max);
+    let refusal: Arc<[u8]> = over_capacity_response(max).into();
+    let refusing = Arc::new(Semaphore::new(REFUSALS_IN_FLIGHT));
     tokio::pin!(shutdown);
     loop {
         let (tcp, peer) = tokio::select! {
@@ -230,8 +265,16 @@ pub async fn serve(
                 );
             }
             if tls.is_none() {
-                // A fresh socket's send buffer is empty: this never blocks.
-                let _ = tcp.try_write(&refusal);
+                match Arc::clone(&refusing).try_acquire_owned() {
+                    Ok(slot) => {
+                        tokio::spawn(refuse(tcp, Arc::clone(&refusal), slot));
+                    }
+                    // A flood of refusals: answer at once, whatever the client sent so far.
+                    // A fresh socket's send buffer is empty: this never blocks.
+                    Err(_) => {
+                        let _ = tcp.try_write(&refusal);
+                    }
+                }
             }
             continue;
         };
@@ -244,9 +287,11 @@ pub async fn serve(
         let (app, stop, tls) = (app.clone(), stop_rx.clone(), tls.clone());
         tokio::spawn(async move {
             match tls {
-                None => serve_http(JsonErrors::new(io), app, flags, stop, peer).await,
+                None => serve_http(JsonErrors::new(io, false), app, flags, stop, peer).await,
                 Some(acceptor) => match acceptor.accept(io).await {
-                    Ok(stream) => serve_http(JsonErrors::new(stream), app, flags, stop, peer).await,
+                    Ok(stream) => {
+                        serve_http(JsonErrors::new(stream, true), app, flags, stop, peer).await
+                    }
                     Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 },
             }
@@ -259,6 +304,37 @@ pub async fn serve(
     Ok(())
 }
 
+/// Connections over the cap answered at leisure at once (each holds a descriptor for at
+/// most three times [`REFUSAL_TIME`]); past that they are answered the moment they are
+/// accepted.
+const REFUSALS_IN_FLIGHT: usize = 16;
+
+/// How long a refused connection may take to send its request, and then to close.
+const REFUSAL_TIME: Duration = Duration::from_millis(500);
+
+/// Answers a connection over the cap with `refusal` once its request has arrived (or
+/// [`REFUSAL_TIME`] has passed), then closes it gracefully: a client that has not sent its
+/// request yet when an answer arrives takes it for a broken connection (hyper's client
+/// does), and closing on unread bytes would reset the connection under the answer.
+async fn refuse(mut tcp: TcpStream, refusal: Arc<[u8]>, _slot: OwnedSemaphorePermit) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut scratch = [0u8; 4096];
+    let _ = tokio::time::timeout(REFUSAL_TIME, tcp.readable()).await;
+    while let Ok(n) = tcp.try_read(&mut scratch) {
+        if n == 0 {
+            break;
+        }
+    }
+    let answered = async {
+        tcp.write_all(&refusal).await?;
+        tcp.shutdown().await?;
+        // Read (and drop) until the client closes, so the close is a FIN, not a reset.
+        while tcp.read(&mut scratch).await? > 0 {}
+        Ok::<_, io::Error>(())
+    };
+    let _ = tokio::time::timeout(REFUSAL_TIME * 2, answered).await;
+}
+
 fn over_capacity_response(limit: usize) -> Vec<u8> {
     let body = serde_json::json!({
         "error": format!("the broker is at its connection limit ({limit}); try again later"),
@@ -266,10 +342,18 @@ fn over_capacity_response(limit: usize) -> Vec<u8> {
     })
     .to_string();
     format!(
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
-        body.len()
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nretry-after: 1\r\nconnection: close\r\n{}\r\n{body}",
+        body.len(),
+        security_header_lines(false),
     )
     .into_bytes()
+}
+
+/// The security headers of every answer ([`super::http::security::headers`]) as header lines.
+fn security_header_lines(https: bool) -> String {
+    super::http::security::headers(https)
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect()
 }
 
 /// What the service tells the connection's IO about the requests on it.
@@ -319,10 +403,27 @@ async fn serve_http<S>(
         if req.headers().contains_key(hyper::header::UPGRADE) {
             flags.upgraded.store(true, Ordering::Relaxed);
         }
+        let expects_continue = req.headers().contains_key(hyper::header::EXPECT);
+        let (unread_tx, mut unread) = oneshot::channel();
+        let req = req.map(|body| {
+            axum::body::Body::new(Watched {
+                body: Some(body),
+                unread: Some(unread_tx),
+            })
+        });
         let flags = Arc::clone(&flags);
         let fut = hyper::service::Service::call(&app, req);
         async move {
-            let resp = fut.await?;
+            let mut resp = fut.await?;
+            // The request is gone by now: a body it left unread comes back here.
+            if let Ok(body) = unread.try_recv()
+                && (expects_continue || !drain(body).await)
+            {
+                resp.headers_mut().insert(
+                    hyper::header::CONNECTION,
+                    hyper::header::HeaderValue::from_static("close"),
+                );
+            }
             Ok::<_, std::convert::Infallible>(resp.map(|body| EndOfResponse { body, flags }))
         }
     });
@@ -374,6 +475,84 @@ impl Drop for EndOfResponse {
     fn drop(&mut self) {
         self.flags.awaiting_head.store(true, Ordering::Relaxed);
     }
+}
+
+/// The most of an unread request body that is read (and thrown away) to keep its
+/// connection; a larger one closes the connection after the answer.
+pub const DRAIN_MAX: u64 = 64 * 1024;
+
+/// How long the rest of an unread request body may take to arrive before the answer
+/// goes out with `Connection: close` instead.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A request body that, dropped before its end, hands what is left of it back to the
+/// connection (see the module docs).
+struct Watched {
+    body: Option<Incoming>,
+    unread: Option<oneshot::Sender<Incoming>>,
+}
+
+impl hyper::body::Body for Watched {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        match &mut self.get_mut().body {
+            Some(body) => Pin::new(body).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(Incoming::is_end_stream)
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body
+            .as_ref()
+            .map_or_else(|| hyper::body::SizeHint::with_exact(0), Incoming::size_hint)
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        // Dropping `unread` unsent tells the connection there is nothing left to read.
+        if let (Some(body), Some(unread)) = (self.body.take(), self.unread.take())
+            && !body.is_end_stream()
+        {
+            let _ = unread.send(body);
+        }
+    }
+}
+
+/// Reads `body` to its end and throws it away; `false` (the connection must close) when
+/// it is larger than [`DRAIN_MAX`], fails, or does not end within [`DRAIN_TIMEOUT`].
+async fn drain(mut body: Incoming) -> bool {
+    if body.size_hint().lower() > DRAIN_MAX {
+        return false;
+    }
+    let read = async {
+        let mut seen: u64 = 0;
+        while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await
+        {
+            let Ok(frame) = frame else {
+                return false;
+            };
+            if let Some(data) = frame.data_ref() {
+                seen = seen.saturating_add(data.len() as u64);
+                if seen > DRAIN_MAX {
+                    return false;
+                }
+            }
+        }
+        true
+    };
+    tokio::time::timeout(DRAIN_TIMEOUT, read)
+        .await
+        .unwrap_or(false)
 }
 
 /// A TCP connection with the header, idle and write deadlines, holding its slot
@@ -547,33 +726,47 @@ impl AsyncWrite for Guarded {
 }
 
 /// Gives hyper's own error answers (`400`, `414`, `431` with an empty body,
-/// written before any request reached the router) a JSON body.
+/// written before any request reached the router) a JSON body and the security
+/// headers.
 ///
 /// The router never answers these statuses with an empty body (every API error
 /// has one), so a response head with one of them and `content-length: 0` is
 /// hyper's; it is replaced whole by the same status with `{"error": "..."}`.
 struct JsonErrors<S> {
     io: S,
+    /// The connection is HTTPS (the answers carry HSTS).
+    https: bool,
     /// A replacement being written, and how much of it is out; then the length
     /// to report for the original write.
     pending: Option<(Vec<u8>, usize, usize)>,
 }
 
 impl<S> JsonErrors<S> {
-    fn new(io: S) -> JsonErrors<S> {
-        JsonErrors { io, pending: None }
+    fn new(io: S, https: bool) -> JsonErrors<S> {
+        JsonErrors {
+            io,
+            https,
+            pending: None,
+        }
     }
 }
 
+/// Whether `buf` starts like a `4xx` response head.
+fn is_client_error_head(buf: &[u8]) -> bool {
+    buf.starts_with(b"HTTP/1.1 4") || buf.starts_with(b"HTTP/1.0 4")
+}
+
 /// The JSON replacement for hyper's bodyless error head `head`, if it is one.
-fn json_error_response(head: &[u8]) -> Option<Vec<u8>> {
+fn json_error_response(head: &[u8], https: bool) -> Option<Vec<u8>> {
     let end = find_subslice(head, b"\r\n\r\n")? + 4;
     if end != head.len() {
         return None;
     }
     let text = std::str::from_utf8(head).ok()?;
     let (status_line, headers) = text.split_once("\r\n")?;
-    let rest = status_line.strip_prefix("HTTP/1.1 ")?;
+    let rest = status_line
+        .strip_prefix("HTTP/1.1 ")
+        .or_else(|| status_line.strip_prefix("HTTP/1.0 "))?;
     let error = match rest.get(..3)? {
         "400" => "malformed HTTP request",
         "414" => "request URI is too long",
@@ -596,8 +789,9 @@ fn json_error_response(head: &[u8]) -> Option<Vec<u8>> {
     let body = serde_json::json!({ "error": error }).to_string();
     Some(
         format!(
-            "{status_line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{kept}\r\n{body}",
-            body.len()
+            "{status_line}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n{kept}{}\r\n{body}",
+            body.len(),
+            security_header_lines(https),
         )
         .into_bytes(),
     )
@@ -644,8 +838,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         if this.pending.is_none() {
-            if buf.starts_with(b"HTTP/1.1 4")
-                && let Some(replacement) = json_error_response(buf)
+            if is_client_error_head(buf)
+                && let Some(replacement) = json_error_response(buf, this.https)
             {
                 this.pending = Some((replacement, 0, buf.len()));
             } else {
@@ -662,7 +856,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let first = bufs.iter().find(|b| !b.is_empty());
-        if this.pending.is_some() || first.is_some_and(|b| b.starts_with(b"HTTP/1.1 4")) {
+        if this.pending.is_some() || first.is_some_and(|b| is_client_error_head(b)) {
             return Pin::new(this).poll_write(cx, first.map_or(&[][..], |b| &b[..]));
         }
         Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
@@ -692,23 +886,54 @@ mod tests {
     #[test]
     fn hyper_error_heads_get_a_json_body() {
         let head = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\ndate: Mon, 23 Nov 2026 10:00:00 GMT\r\n\r\n";
-        let out = String::from_utf8(json_error_response(head).unwrap()).unwrap();
+        let out = String::from_utf8(json_error_response(head, false).unwrap()).unwrap();
         let (head, body) = out.split_once("\r\n\r\n").unwrap();
         assert_eq!(body, r#"{"error":"request headers are too large"}"#);
         assert!(head.starts_with("HTTP/1.1 431 Request Header Fields Too Large\r\n"));
         assert!(head.contains("content-type: application/json\r\n"));
         assert!(head.contains(&format!("content-length: {}\r\n", body.len())));
         assert!(head.contains("date: Mon, 23 Nov 2026 10:00:00 GMT"));
+        assert!(head.contains("\r\nx-frame-options: DENY\r\n"), "{head}");
+        assert!(!head.contains("strict-transport-security"), "{head}");
+        let over_tls = String::from_utf8(
+            json_error_response(
+                b"HTTP/1.1 414 URI Too Long\r\ncontent-length: 0\r\n\r\n",
+                true,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert!(
+            over_tls.contains("\r\nstrict-transport-security: max-age=31536000\r\n"),
+            "{over_tls}"
+        );
         // an API error (it has a body) and a bodyless 404 are left alone
         assert!(
-            json_error_response(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n").is_none()
+            json_error_response(b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n", false).is_none()
         );
         assert!(
-            json_error_response(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n").is_none()
+            json_error_response(
+                b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n",
+                false
+            )
+            .is_none()
         );
         // a head split across writes is left alone
         assert!(
-            json_error_response(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n").is_none()
+            json_error_response(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n", false)
+                .is_none()
         );
+    }
+
+    #[test]
+    fn the_default_connection_cap_leaves_descriptors_free() {
+        assert_eq!(default_max_connections(None), 4096);
+        assert_eq!(default_max_connections(Some(1_048_576)), 4096);
+        assert_eq!(default_max_connections(Some(4096)), 3072);
+        assert_eq!(default_max_connections(Some(1024)), 768);
+        assert_eq!(default_max_connections(Some(256)), 192);
+        assert_eq!(default_max_connections(Some(128)), 64);
+        assert_eq!(default_max_connections(Some(64)), 32);
+        assert_eq!(default_max_connections(Some(1)), 1);
     }
 }

@@ -26,6 +26,10 @@ pub enum TransportError {
     /// The network or the broker: the request could not be sent (refused, DNS, timeout).
     #[error("{0}")]
     Unreachable(String),
+    /// The broker's TLS certificate was refused (not trusted, or not for this host): what to
+    /// do about it, naming `AC7_CA_CERT` ([`crate::tls_client::certificate_problem`]).
+    #[error("{0}")]
+    Certificate(String),
     /// The broker: the answer broke off or could not be read.
     #[error("{0}")]
     Interrupted(String),
@@ -105,10 +109,7 @@ impl BrokerClient {
                 .header(reqwest::header::CONTENT_TYPE, content_type)
                 .body(bytes.clone()),
         };
-        let response = builder
-            .send()
-            .await
-            .map_err(|e| TransportError::Unreachable(describe(&e)))?;
+        let response = builder.send().await.map_err(|e| unreachable(&e))?;
         let status = response.status().as_u16();
         let body = response
             .bytes()
@@ -152,7 +153,7 @@ impl BrokerClient {
             .body(body)
             .send()
             .await
-            .map_err(|e| TransportError::Unreachable(describe(&e)))?;
+            .map_err(|e| unreachable(&e))?;
         Ok(response.status().as_u16())
     }
 
@@ -164,8 +165,17 @@ impl BrokerClient {
             .json(&serde_json::json!({ "busy": busy }))
             .send()
             .await
-            .map_err(|e| TransportError::Unreachable(describe(&e)))?;
+            .map_err(|e| unreachable(&e))?;
         Ok(response.status().as_u16())
+    }
+}
+
+/// A request that could not be sent: [`TransportError::Certificate`] when the broker's
+/// certificate was refused, else [`TransportError::Unreachable`].
+fn unreachable(error: &reqwest::Error) -> TransportError {
+    match crate::tls_client::certificate_problem(error) {
+        Some(problem) => TransportError::Certificate(problem),
+        None => TransportError::Unreachable(describe(error)),
     }
 }
 

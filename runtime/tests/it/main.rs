@@ -24,6 +24,7 @@ mod bridge_stdio;
 mod broker_activity;
 mod broker_channels;
 mod broker_cli;
+mod broker_edges;
 mod broker_fs;
 mod broker_http;
 mod broker_identity;

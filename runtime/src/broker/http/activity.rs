@@ -1,7 +1,8 @@
 //! `POST /members/:name/activity` and `GET /members/:name/activity`
 //! (activity.md §3.2, §3.3; the store is [`crate::broker::activity`]).
 //!
-//! Uploads come from the member itself. Reads are for the member and for holders
+//! Uploads come from the member itself, and are redacted here as the runner redacts
+//! what it records (a client may post directly). Reads are for the member and for holders
 //! of `activity.read`. Query parameters of the list: `from`, `to` (inclusive
 //! bounds on the event's `ts`, epoch ms), `kind` (repeatable, any of the four
 //! kinds), `before_id` (row id: only older rows, the paging cursor), `limit`
@@ -23,7 +24,7 @@ use std::sync::Arc;
 use ac7_protocol::domain::message::{self, Audience, LogLevel, Route, is_valid_name};
 use ac7_protocol::domain::permission::Permission;
 use ac7_protocol::session::live::Reset;
-use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityUpload};
+use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityEvent, ActivityUpload};
 use ac7_protocol::trace::reminder;
 use axum::extract::{FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::StatusCode;
@@ -70,8 +71,12 @@ pub(super) async fn upload(
             caller.name
         )));
     }
-    let upload = ActivityUpload::parse(&body)
+    let mut upload = ActivityUpload::parse(&body)
         .map_err(|e| ApiError::invalid("activity", vec![json!({"message": e.to_string()})]))?;
+    // The runner redacts what it records; a client posting here directly may not have.
+    for event in &mut upload.events {
+        redact(event).map_err(|e| ApiError::invalid("activity", vec![json!({"message": e})]))?;
+    }
     let now = now_ms();
     let context = reminder::reminder_context(&upload.events);
     // Delivered under the store lock, like `/push`, so a stream opening with
@@ -96,6 +101,48 @@ pub(super) async fn upload(
         remind(&state, &name, &context, now).await;
     }
     Ok(reply(StatusCode::CREATED, &json!({"accepted": n})))
+}
+
+/// Redacts `event` in place with the runner's redactor (`ac7_protocol::trace::redact`):
+/// every string of an LLM exchange (and the whole value of credential keys), and an opaque
+/// exchange's URL, host, previews and headers (credential headers whole). Idempotent: what
+/// the runner already redacted comes out the same.
+fn redact(event: &mut ActivityEvent) -> Result<(), String> {
+    use ac7_protocol::trace::redact::{redact_header, redact_json, redact_text};
+    let text = |s: &mut String| {
+        if let std::borrow::Cow::Owned(r) = redact_text(s) {
+            *s = r;
+        }
+    };
+    match event {
+        ActivityEvent::ObjectiveOpen { .. } | ActivityEvent::ObjectiveClose { .. } => {}
+        ActivityEvent::LlmExchange { entry, .. } => {
+            let mut value = serde_json::to_value(&*entry).map_err(|e| e.to_string())?;
+            redact_json(&mut value);
+            *entry = serde_json::from_value(value)
+                .map_err(|e| format!("an llm_exchange entry cannot be redacted: {e}"))?;
+        }
+        ActivityEvent::OpaqueHttp { entry, .. } => {
+            text(&mut entry.url);
+            text(&mut entry.host);
+            text(&mut entry.method);
+            for headers in [&mut entry.request_headers, &mut entry.response_headers] {
+                for (name, value) in headers.iter_mut() {
+                    *value = redact_header(name, value);
+                }
+            }
+            for preview in [
+                &mut entry.request_body_preview,
+                &mut entry.response_body_preview,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                text(preview);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The objective context reminder (activity.md §3.6): a DM from `ac7` listing the member's

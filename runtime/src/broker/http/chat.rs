@@ -331,6 +331,21 @@ pub(super) struct HistoryQuery {
     after_id: Option<String>,
 }
 
+/// `/history`'s `limit`: default 100; a number of at least 1, floored, at most 1000.
+/// Anything else (`0`, `-1`, `abc`, empty) is a 400 in the shape of the activity list's
+/// (the spec maps it to 100 silently; a caller asking for nothing should hear so).
+fn history_limit(value: Option<&str>) -> Result<usize, ApiError> {
+    let Some(v) = value else {
+        return Ok(100);
+    };
+    match v.trim().parse::<f64>() {
+        Ok(l) if l.is_finite() && l >= 1.0 => Ok(l.floor().min(1000.0) as usize),
+        _ => Err(ApiError::bad_request(
+            "invalid `limit` parameter: expected a positive integer",
+        )),
+    }
+}
+
 /// An epoch-ms query bound (`before`, `after`): a finite number, floored.
 fn ms_param(value: Option<String>, key: &str) -> Result<Option<i64>, ApiError> {
     match value.filter(|s| !s.is_empty()) {
@@ -372,11 +387,7 @@ pub(super) async fn history(
             "`with` and `channel` are mutually exclusive",
         ));
     }
-    let limit = q
-        .limit
-        .and_then(|l| l.trim().parse::<f64>().ok())
-        .filter(|l| l.is_finite() && *l >= 1.0)
-        .map_or(100, |l| l.floor().min(1000.0) as usize);
+    let limit = history_limit(q.limit.as_deref())?;
     let before_ts = ms_param(q.before, "before")?;
     let after_ts = ms_param(q.after, "after")?;
     let before_id = q.before_id.filter(|s| !s.is_empty());

@@ -7,7 +7,7 @@ mod chat;
 pub(crate) mod enroll;
 mod fs;
 mod objectives;
-mod security;
+pub(crate) mod security;
 mod session;
 mod subscribe;
 

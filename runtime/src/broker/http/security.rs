@@ -5,9 +5,12 @@
 //!   one, a `Referer`) naming the broker's own origin — the scheme it serves (`https` with TLS;
 //!   with `--trust-proxy`, `X-Forwarded-Proto`) and the request's `Host` — else 403
 //!   `{"error":"cross-origin request refused"}`. A WebSocket upgrade with the cookie gets the
-//!   same check. Any cookie-less, bearer-less state-changing request that names a *foreign*
-//!   `Origin` is refused too (a foreign page cannot drive login, setup or enrollment from a
-//!   visitor's browser). Bearer requests are exempt: a browser never attaches one by itself.
+//!   same check. A cookie read (GET, HEAD, OPTIONS) that names a foreign `Origin` (`null`
+//!   included) is refused the same way; one without `Origin` is served (browsers send none on
+//!   a same-origin GET, and a navigation from another site's link carries only a `Referer`).
+//!   Any cookie-less, bearer-less state-changing request that names a *foreign* `Origin` is
+//!   refused too (a foreign page cannot drive login, setup or enrollment from a visitor's
+//!   browser). Bearer requests are exempt: a browser never attaches one by itself.
 //! * **Headers** on every response, errors included: a strict `Content-Security-Policy` (no
 //!   inline script or style: the web app ships its JS and CSS as files), `nosniff`,
 //!   `Referrer-Policy: no-referrer`, `X-Frame-Options: DENY`, `Cross-Origin-Opener-Policy` and
@@ -69,10 +72,12 @@ fn claimed_origin(headers: &HeaderMap) -> Option<String> {
 fn csrf_check(method: &Method, headers: &HeaderMap, state: &Shared) -> Result<(), ApiError> {
     let upgrade = headers.contains_key(header::UPGRADE);
     let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-    if !(changes || upgrade) || headers.contains_key(header::AUTHORIZATION) {
+    let cookie = cookie_value(headers, COOKIE).is_some();
+    // A read is checked only when it could read as the visitor and names where it comes from.
+    let named_read = cookie && headers.contains_key(header::ORIGIN);
+    if !(changes || upgrade || named_read) || headers.contains_key(header::AUTHORIZATION) {
         return Ok(());
     }
-    let cookie = cookie_value(headers, COOKIE).is_some();
     let claimed = claimed_origin(headers);
     let own = own_origin(headers, state);
     let same = matches!((&claimed, &own), (Some(c), Some(o)) if c == o);
@@ -119,7 +124,17 @@ pub(crate) async fn layer(State(state): State<Shared>, mut req: Request, next: N
         }
     };
     let h = resp.headers_mut();
-    let statics: [(&str, &'static str); 6] = [
+    for (name, value) in headers(https(&state)) {
+        h.entry(name).or_insert(HeaderValue::from_static(value));
+    }
+    resp
+}
+
+/// The headers of every response (HSTS only over HTTPS), lower-case names: this layer adds
+/// them to the router's answers, and the accept loop (`broker::server`) writes them on the
+/// answers it makes itself (hyper's `400`/`414`/`431`, the connection cap's `503`).
+pub(crate) fn headers(https: bool) -> impl Iterator<Item = (&'static str, &'static str)> {
+    const STATICS: [(&str, &str); 6] = [
         ("content-security-policy", CSP),
         ("x-content-type-options", "nosniff"),
         ("referrer-policy", "no-referrer"),
@@ -127,14 +142,8 @@ pub(crate) async fn layer(State(state): State<Shared>, mut req: Request, next: N
         ("cross-origin-opener-policy", "same-origin"),
         ("cross-origin-resource-policy", "same-origin"),
     ];
-    for (name, value) in statics {
-        h.entry(name).or_insert(HeaderValue::from_static(value));
-    }
-    if https(&state) {
-        h.entry(header::STRICT_TRANSPORT_SECURITY)
-            .or_insert(HeaderValue::from_static("max-age=31536000"));
-    }
-    resp
+    let hsts = https.then_some(("strict-transport-security", "max-age=31536000"));
+    STATICS.into_iter().chain(hsts)
 }
 
 #[cfg(test)]
