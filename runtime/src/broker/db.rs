@@ -35,7 +35,7 @@ use std::sync::{Mutex, PoisonError};
 
 use rusqlite::Connection;
 
-use super::store::{Conn, off_worker};
+use super::store::{Backend, Conn, off_worker};
 
 /// A store failure. Nothing here is the client's fault: it maps to 500.
 #[derive(Debug, thiserror::Error)]
@@ -106,10 +106,25 @@ pub enum SyncMode {
 /// How many read-only connections a file-backed store keeps.
 const READERS: usize = 4;
 
+/// The team's database: the embedded SQLite file (the default) or PostgreSQL
+/// ([`Store::open_postgres`]). Store functions run through [`Store::tx`] and [`Store::view`]
+/// on either; [`Store::with`], [`Store::read`] and [`Store::try_with`] hand out the raw
+/// SQLite connection to the code not yet written against [`Conn`], and exist only on SQLite.
+#[derive(Debug)]
+pub struct Store {
+    backing: Backing,
+}
+
+#[derive(Debug)]
+enum Backing {
+    Sqlite(SqliteFile),
+    Postgres(Box<super::store::postgres::PgStore>),
+}
+
 /// The write connection behind a mutex, plus read-only connections. Critical
 /// sections are short and never span an `.await`.
 #[derive(Debug)]
-pub struct Store {
+struct SqliteFile {
     conn: Mutex<Connection>,
     /// Read-only connections (empty for an in-memory store: reads use `conn`).
     readers: Vec<Mutex<Connection>>,
@@ -165,15 +180,48 @@ impl Store {
             store.readers.push(Mutex::new(reader));
         }
         store._lock = Some(lock);
-        Ok(store)
+        Ok(Store {
+            backing: Backing::Sqlite(store),
+        })
     }
 
     /// An in-memory store (for tests of store functions).
     pub fn open_in_memory() -> Result<Store, StoreError> {
-        Store::init(Connection::open_in_memory()?, SyncMode::Normal)
+        Ok(Store {
+            backing: Backing::Sqlite(Store::init(
+                Connection::open_in_memory()?,
+                SyncMode::Normal,
+            )?),
+        })
     }
 
-    fn init(conn: Connection, sync: SyncMode) -> Result<Store, StoreError> {
+    /// The team's database on PostgreSQL: connects and migrates (see
+    /// [`super::store::postgres::PgStore::open`]).
+    pub fn open_postgres(config: super::pg::PgConfig) -> Result<Store, StoreError> {
+        Ok(Store {
+            backing: Backing::Postgres(Box::new(super::store::postgres::PgStore::open(config)?)),
+        })
+    }
+
+    /// Which database holds the team.
+    pub fn backend(&self) -> Backend {
+        match self.backing {
+            Backing::Sqlite(_) => Backend::Sqlite,
+            Backing::Postgres(_) => Backend::Postgres,
+        }
+    }
+
+    /// The SQLite file, for the raw-connection calls that only SQLite has.
+    fn sqlite(&self) -> &SqliteFile {
+        match &self.backing {
+            Backing::Sqlite(s) => s,
+            Backing::Postgres(_) => unreachable!(
+                "a raw SQLite call on a PostgreSQL store: this path is not written against Conn yet"
+            ),
+        }
+    }
+
+    fn init(conn: Connection, sync: SyncMode) -> Result<SqliteFile, StoreError> {
         conn.busy_timeout(std::time::Duration::from_secs(2))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(
@@ -187,7 +235,7 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
-        Ok(Store {
+        Ok(SqliteFile {
             conn: Mutex::new(conn),
             readers: Vec::new(),
             next_reader: std::sync::atomic::AtomicUsize::new(0),
@@ -199,9 +247,61 @@ impl Store {
     /// next in turn), never on the write connection of a file-backed store. `f`
     /// sees the last committed state. Runs off the async workers ([`off_worker`]).
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
-        off_worker(|| self.read_here(f))
+        let file = self.sqlite();
+        off_worker(|| file.read_here(f))
     }
 
+    /// Runs `f` if the connection is free right now; `None` if someone holds it. Runs off the
+    /// async workers ([`off_worker`]).
+    pub fn try_with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Option<T> {
+        let file = self.sqlite();
+        off_worker(|| match file.conn.try_lock() {
+            Ok(mut guard) => Some(f(&mut guard)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(f(&mut p.into_inner())),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        })
+    }
+
+    /// Runs `f` with exclusive access to the connection, off the async workers
+    /// ([`off_worker`]).
+    pub fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
+        let file = self.sqlite();
+        off_worker(|| file.with_here(f))
+    }
+
+    /// Runs `f` in one transaction (on SQLite's write connection): committed when `f`
+    /// returns `Ok`, rolled back when it returns `Err` (or panics). Off the async workers.
+    pub fn tx<T, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        match &self.backing {
+            Backing::Sqlite(file) => off_worker(|| {
+                file.with_here(|conn| {
+                    let tx = conn.transaction().map_err(StoreError::from)?;
+                    let out = f(&Conn::sqlite(&tx))?;
+                    tx.commit().map_err(StoreError::from)?;
+                    Ok(out)
+                })
+            }),
+            Backing::Postgres(pg) => off_worker(|| pg.tx(false, f)),
+        }
+    }
+
+    /// Runs the read-only `f` in a read transaction (on SQLite a read connection: it sees the
+    /// last committed state and never waits for the writer). Off the async workers.
+    pub fn view<T, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        match &self.backing {
+            Backing::Sqlite(file) => off_worker(|| file.read_here(|conn| f(&Conn::sqlite(conn)))),
+            Backing::Postgres(pg) => off_worker(|| pg.tx(true, f)),
+        }
+    }
+}
+
+impl SqliteFile {
     fn read_here<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
         if self.readers.is_empty() {
             return self.with_here(|conn| f(conn));
@@ -221,44 +321,9 @@ impl Store {
         f(&guard)
     }
 
-    /// Runs `f` if the connection is free right now; `None` if someone holds it. Runs off the
-    /// async workers ([`off_worker`]).
-    pub fn try_with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> Option<T> {
-        off_worker(|| match self.conn.try_lock() {
-            Ok(mut guard) => Some(f(&mut guard)),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(f(&mut p.into_inner())),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        })
-    }
-
-    /// Runs `f` with exclusive access to the connection, off the async workers
-    /// ([`off_worker`]).
-    pub fn with<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
-        off_worker(|| self.with_here(f))
-    }
-
     fn with_here<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
         let mut guard = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut guard)
-    }
-
-    /// Runs `f` in one transaction on the write connection: committed when `f` returns `Ok`,
-    /// rolled back when it returns `Err` (or panics). Off the async workers.
-    pub fn tx<T, E: From<StoreError>>(
-        &self,
-        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
-    ) -> Result<T, E> {
-        self.with(|conn| {
-            let tx = conn.transaction().map_err(StoreError::from)?;
-            let out = f(&Conn::sqlite(&tx))?;
-            tx.commit().map_err(StoreError::from)?;
-            Ok(out)
-        })
-    }
-
-    /// Runs the read-only `f` on a read connection (see [`Store::read`]).
-    pub fn view<T>(&self, f: impl FnOnce(&Conn<'_>) -> T) -> T {
-        self.read(|conn| f(&Conn::sqlite(conn)))
     }
 }
 
