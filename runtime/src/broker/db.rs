@@ -541,7 +541,7 @@ INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
         let conn = Connection::open_in_memory().unwrap();
         conn.execute_batch(OLD_TABLES).unwrap();
         let store = Store::init(conn, SyncMode::Normal).unwrap();
-        store.with(|conn| {
+        store.with_here(|conn| {
             // Existing members start at the beginning of the log: they keep every DM.
             let since: Vec<(String, i64, i64)> = conn
                 .prepare("SELECT name, seq, since_seq FROM members")
