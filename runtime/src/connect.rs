@@ -102,6 +102,12 @@ pub fn stored_token(url: &str) -> Option<String> {
         .filter(|t| !t.is_empty())
 }
 
+/// [`resolve_token`] for a list of replicas' URLs: the given token, else the first stored
+/// entry for any of them.
+pub fn resolve_token_any(given: Option<&str>, urls: &[String]) -> Option<String> {
+    urls.iter().find_map(|url| resolve_token(given, url))
+}
+
 /// `--token` / `AC7_TOKEN` (clap merges them, the flag first), else the stored entry for `url`.
 pub fn resolve_token(given: Option<&str>, url: &str) -> Option<String> {
     given

@@ -16,15 +16,18 @@ use crate::runner::broker::BrokerClient;
 /// Where the broker is and who we are.
 #[derive(Debug, Clone, Args)]
 pub struct OperatorConn {
-    /// Broker URL.
+    /// Broker URL; repeat it (or list them in AC7_URL, comma-separated) for replicas of one team, tried in order
+    /// when one does not answer.
     #[arg(
         long,
         env = "AC7_URL",
         default_value = "http://127.0.0.1:8717",
         value_parser = crate::cli::broker_url,
+        value_delimiter = ',',
+        action = clap::ArgAction::Append,
         global = true
     )]
-    pub url: String,
+    pub url: Vec<String>,
     /// Bearer token.
     #[arg(long, env = "AC7_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
@@ -182,10 +185,14 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(conn: &OperatorConn) -> anyhow::Result<Client> {
-        let token = crate::connect::resolve_token(conn.token.as_deref(), &conn.url)
-            .ok_or_else(|| crate::connect::no_token(&conn.url))?;
+        let first = conn
+            .url
+            .first()
+            .map_or(crate::runner::DEFAULT_URL, String::as_str);
+        let token = crate::connect::resolve_token_any(conn.token.as_deref(), &conn.url)
+            .ok_or_else(|| crate::connect::no_token(first))?;
         Ok(Client {
-            broker: BrokerClient::new(&conn.url, &token)?,
+            broker: BrokerClient::with_urls(&conn.url, &token)?,
         })
     }
 
@@ -201,11 +208,17 @@ impl Client {
         query: &[(&str, String)],
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
-        let mut req = self.broker.builder(method.clone(), path).query(query);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.map_err(|e| cannot_reach(self.base(), e))?;
+        let resp = self
+            .broker
+            .send(method.clone(), path, |req| {
+                let req = req.query(query);
+                match &body {
+                    Some(b) => req.json(b),
+                    None => req,
+                }
+            })
+            .await
+            .map_err(|e| cannot_reach(self.base(), e))?;
         let status = resp.status();
         let text = resp.text().await?;
         let value: Value = serde_json::from_str(&text).unwrap_or(Value::Null);

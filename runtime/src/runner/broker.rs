@@ -1,6 +1,17 @@
 //! The runner's HTTP client for the broker: bearer token and `X-AC7-Protocol: 1` on every
 //! request; executes the toolbox's [`Request`]s.
+//!
+//! **Several brokers.** A client may be given several URLs (replicas of one team, `--url`
+//! repeated or `AC7_URL=a,b,c`). It sends to the current one; when the connection is refused
+//! (nothing reached that broker) or the broker answers 502, 503 or 504 (a proxy without a
+//! backend, a replica without its database: nothing was done), it moves to the next URL and
+//! sends the same request there, trying each URL at most once per request. Every clone of a
+//! client shares where it is, so the live stream, the tools and the activity uploads of a runner
+//! all move together. A timeout or a 500 is not retried elsewhere: the request may have been
+//! carried out.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ac7_protocol::domain::toolbox::{Body, Briefing, Method, Request, Response};
@@ -8,11 +19,12 @@ use ac7_protocol::domain::toolbox::{Body, Briefing, Method, Request, Response};
 /// How long one broker request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A broker reachable at `url` with `token`.
+/// A broker (or several replicas of one, see the module docs) reachable with `token`.
 #[derive(Debug, Clone)]
 pub struct BrokerClient {
     http: reqwest::Client,
-    url: String,
+    urls: Arc<[String]>,
+    current: Arc<AtomicUsize>,
     token: String,
 }
 
@@ -57,6 +69,14 @@ pub enum BriefingError {
 impl BrokerClient {
     /// A client for the broker at `url` (no trailing slash needed).
     pub fn new(url: &str, token: &str) -> Result<Self, TransportError> {
+        Self::with_urls(&[url.to_owned()], token)
+    }
+
+    /// A client for the replicas at `urls`, tried in that order (see the module docs).
+    pub fn with_urls(urls: &[String], token: &str) -> Result<Self, TransportError> {
+        if urls.is_empty() {
+            return Err(TransportError::Setup("no broker URL given".into()));
+        }
         let http = crate::tls_client::builder()
             .map_err(|e| TransportError::Setup(e.to_string()))?
             .timeout(REQUEST_TIMEOUT)
@@ -66,14 +86,73 @@ impl BrokerClient {
             .map_err(|e| TransportError::Setup(e.to_string()))?;
         Ok(Self {
             http,
-            url: url.trim_end_matches('/').to_owned(),
+            urls: urls
+                .iter()
+                .map(|u| u.trim_end_matches('/').to_owned())
+                .collect(),
+            current: Arc::new(AtomicUsize::new(0)),
             token: token.to_owned(),
         })
     }
 
-    /// The broker's base URL.
+    /// The base URL requests go to now.
     pub fn url(&self) -> &str {
-        &self.url
+        &self.urls[self.current.load(Ordering::Relaxed) % self.urls.len()]
+    }
+
+    /// Every URL the client knows, in order.
+    pub fn urls(&self) -> &[String] {
+        &self.urls
+    }
+
+    /// Moves on from URL number `from` to the next (unless another request already did).
+    pub(crate) fn fail_over(&self, from: usize) {
+        let n = self.urls.len();
+        if n < 2 {
+            return;
+        }
+        let to = (from + 1) % n;
+        if self
+            .current
+            .compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            tracing::warn!(
+                from = %self.urls[from],
+                to = %self.urls[to],
+                "broker not answering; moving to the next URL"
+            );
+        }
+    }
+
+    /// Moves on from the URL requests go to now.
+    pub(crate) fn fail_over_current(&self) {
+        self.fail_over(self.current.load(Ordering::Relaxed) % self.urls.len());
+    }
+
+    /// Sends a request built by `build` from a fresh `method path` request, failing over to
+    /// the next URL as the module docs say; the last URL's answer or error is returned.
+    pub(crate) async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, reqwest::Error> {
+        let n = self.urls.len();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let i = self.current.load(Ordering::Relaxed) % n;
+            let request = build(self.request_to(i, method.clone(), path));
+            let last = attempt >= n;
+            match request.send().await {
+                Ok(response) if !last && matches!(response.status().as_u16(), 502..=504) => {
+                    self.fail_over(i);
+                }
+                Err(e) if !last && e.is_connect() => self.fail_over(i),
+                other => return other,
+            }
+        }
     }
 
     /// The bearer token.
@@ -81,10 +160,18 @@ impl BrokerClient {
         &self.token
     }
 
-    /// A request builder with the auth and protocol headers.
+    /// A request builder with the auth and protocol headers, to the current URL.
     pub(crate) fn builder(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request_to(
+            self.current.load(Ordering::Relaxed) % self.urls.len(),
+            method,
+            path,
+        )
+    }
+
+    fn request_to(&self, i: usize, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.http
-            .request(method, format!("{}{path}", self.url))
+            .request(method, format!("{}{path}", self.urls[i]))
             .bearer_auth(&self.token)
             .header("X-AC7-Protocol", "1")
     }
@@ -98,18 +185,19 @@ impl BrokerClient {
             Method::Put => reqwest::Method::PUT,
             Method::Delete => reqwest::Method::DELETE,
         };
-        let builder = self.builder(method, &request.path);
-        let builder = match &request.body {
-            Body::Empty => builder,
-            Body::Json(value) => builder.json(value),
-            Body::Bytes {
-                bytes,
-                content_type,
-            } => builder
-                .header(reqwest::header::CONTENT_TYPE, content_type)
-                .body(bytes.clone()),
-        };
-        let response = builder.send().await.map_err(|e| unreachable(&e))?;
+        let response = self
+            .send(method, &request.path, |builder| match &request.body {
+                Body::Empty => builder,
+                Body::Json(value) => builder.json(value),
+                Body::Bytes {
+                    bytes,
+                    content_type,
+                } => builder
+                    .header(reqwest::header::CONTENT_TYPE, content_type)
+                    .body(bytes.clone()),
+            })
+            .await
+            .map_err(|e| unreachable(&e))?;
         let status = response.status().as_u16();
         let body = response
             .bytes()
@@ -148,10 +236,10 @@ impl BrokerClient {
             ac7_protocol::domain::toolbox::encode_component(member)
         );
         let response = self
-            .builder(reqwest::Method::POST, &path)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
+            .send(reqwest::Method::POST, &path, |b| {
+                b.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
             .await
             .map_err(|e| unreachable(&e))?;
         Ok(response.status().as_u16())
@@ -160,10 +248,10 @@ impl BrokerClient {
     /// `POST /presence/busy {"busy": busy}`; the status. `timeout` bounds the whole request.
     pub async fn set_busy(&self, busy: bool, timeout: Duration) -> Result<u16, TransportError> {
         let response = self
-            .builder(reqwest::Method::POST, "/presence/busy")
-            .timeout(timeout)
-            .json(&serde_json::json!({ "busy": busy }))
-            .send()
+            .send(reqwest::Method::POST, "/presence/busy", |b| {
+                b.timeout(timeout)
+                    .json(&serde_json::json!({ "busy": busy }))
+            })
             .await
             .map_err(|e| unreachable(&e))?;
         Ok(response.status().as_u16())

@@ -85,7 +85,10 @@ pub(crate) async fn claude_code(
         CMD,
         &format!(
             "broker {}: briefing for {} ({}) on team {}",
-            opts.url, core.briefing.name, core.briefing.role.title, core.briefing.team.name
+            opts.url.join(", "),
+            core.briefing.name,
+            core.briefing.role.title,
+            core.briefing.team.name
         ),
     );
     let ok = match core.bridge_command() {

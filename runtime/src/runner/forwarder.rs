@@ -263,22 +263,21 @@ async fn open_sse(
     me: &str,
     last_id: Option<&str>,
 ) -> Result<(Conn, bool, Option<i64>), Refused> {
-    let mut request = client
-        .builder(
-            reqwest::Method::GET,
-            &format!(
-                "/subscribe?name={}",
-                ac7_protocol::domain::toolbox::encode_component(me)
-            ),
-        )
-        .header(reqwest::header::ACCEPT, "text/event-stream")
-        // A live stream has no end: only the machine's watchdog bounds it.
-        .timeout(Duration::from_secs(365 * 24 * 3600));
-    if let Some(id) = last_id {
-        request = request.header("Last-Event-ID", id);
-    }
-    let response = request
-        .send()
+    let path = format!(
+        "/subscribe?name={}",
+        ac7_protocol::domain::toolbox::encode_component(me)
+    );
+    let response = client
+        .send(reqwest::Method::GET, &path, |request| {
+            let request = request
+                .header(reqwest::header::ACCEPT, "text/event-stream")
+                // A live stream has no end: only the machine's watchdog bounds it.
+                .timeout(Duration::from_secs(365 * 24 * 3600));
+            match last_id {
+                Some(id) => request.header("Last-Event-ID", id),
+                None => request,
+            }
+        })
         .await
         .map_err(|e| Refused::Failed(describe(&e)))?;
     let is_sse = response
@@ -290,8 +289,10 @@ async fn open_sse(
         let status = response.status();
         let body = response.text().await.unwrap_or_default();
         let reason = format!("GET /subscribe answered {status}: {}", body.trim());
+        // Refusals and a broker (or every replica) that cannot serve now are failures to
+        // retry; anything else means this broker does not stream SSE here.
         return Err(match status.as_u16() {
-            401 | 403 => Refused::Failed(reason),
+            401 | 403 | 500..=599 => Refused::Failed(reason),
             _ => Refused::NotSse(reason),
         });
     }
@@ -329,9 +330,22 @@ async fn open_ws(
     if let Ok(v) = "1".parse() {
         headers.insert("X-AC7-Protocol", v);
     }
-    let (socket, response) = tokio_tungstenite::connect_async(request)
-        .await
-        .map_err(|e| e.to_string())?;
+    let (socket, response) = match tokio_tungstenite::connect_async(request).await {
+        Ok(opened) => opened,
+        Err(e) => {
+            // The next attempt goes to the next replica, if there is one: a socket that cannot
+            // be opened, or a broker that cannot serve (5xx), says nothing good about this one.
+            let unavailable = match &e {
+                tungstenite::Error::Io(_) => true,
+                tungstenite::Error::Http(r) => r.status().is_server_error(),
+                _ => false,
+            };
+            if unavailable {
+                client.fail_over_current();
+            }
+            return Err(e.to_string());
+        }
+    };
     let replays = response.headers().contains_key(REPLAY_HEADER);
     let broker_ms = date_ms(response.headers());
     Ok((Conn::Ws(Box::new(socket)), replays, broker_ms))

@@ -49,9 +49,10 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:8717";
 /// Options every runner takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunnerOpts {
-    /// The broker's URL.
-    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL, value_parser = crate::cli::broker_url)]
-    pub url: String,
+    /// The broker's URL; repeat it (or list them in AC7_URL, comma-separated) for replicas of one team, tried in
+    /// order when one does not answer.
+    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL, value_parser = crate::cli::broker_url, value_delimiter = ',', action = clap::ArgAction::Append)]
+    pub url: Vec<String>,
     /// This member's bearer token.
     #[arg(long, env = "AC7_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
@@ -274,20 +275,20 @@ pub(crate) async fn start_core(
     policy: BridgePolicy,
     record_activity: bool,
 ) -> Result<Core, StartError> {
-    let token = crate::connect::resolve_token(opts.token.as_deref(), &opts.url).ok_or_else(|| {
+    let token = crate::connect::resolve_token_any(opts.token.as_deref(), &opts.url).ok_or_else(|| {
         StartError::Setup(format!(
             "no token for {url}: pass --token, set AC7_TOKEN, or run `ac7 connect --url {url}` once (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)",
-            url = opts.url
+            url = opts.url.first().map_or(DEFAULT_URL, String::as_str)
         ))
     })?;
     let client =
-        BrokerClient::new(&opts.url, &token).map_err(|e| StartError::Setup(e.to_string()))?;
+        BrokerClient::with_urls(&opts.url, &token).map_err(|e| StartError::Setup(e.to_string()))?;
     let briefing = client.briefing().await.map_err(|e| {
-        let mut text = format!("briefing failed against {}: {e}", opts.url);
+        let mut text = format!("briefing failed against {}: {e}", opts.url.join(", "));
         if matches!(e, BriefingError::Transport(TransportError::Unreachable(_) | TransportError::Interrupted(_))) {
             text.push_str(&format!(
                 "\n  hint: is `ac7 serve` running at {}? (start it, or pass --url to point elsewhere)",
-                opts.url
+                opts.url.join(", ")
             ));
         }
         StartError::Broker(text)

@@ -33,6 +33,7 @@ mod broker_objectives;
 mod broker_stream;
 mod broker_tls;
 mod call_tool;
+mod client_failover;
 mod codex_real;
 mod ipc_server;
 mod pg_store;
