@@ -11,15 +11,27 @@ use super::bootstrap::{self, add_member, is_last_admin, validate_member};
 use super::config::{MemberSection, TeamConfig, TeamSection};
 use super::datadir;
 use super::db::{Store, StoreError, SyncMode};
+use super::pg::PgConfig;
 use super::team::{self, MemberRecord, Role};
 use super::{BrokerConfig, now_ms};
 
 /// `ac7 serve`.
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// SQLite database file (created if missing).
+    /// The team's database: a SQLite file (created if missing), or a PostgreSQL URL
+    /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?sslmode=…]`) that any number of `ac7 serve`
+    /// replicas share.
     #[arg(long, default_value = "./ac7.db", env = "AC7_DB")]
     pub db: PathBuf,
+    /// On PostgreSQL: connections each replica keeps at most.
+    #[arg(long, value_name = "N")]
+    pub db_pool_size: Option<usize>,
+    /// On PostgreSQL: seconds one statement may run before the server cancels it.
+    #[arg(long, value_name = "SECS")]
+    pub db_statement_timeout: Option<u64>,
+    /// On PostgreSQL: seconds to wait for a connection (TCP, TLS and sign-in).
+    #[arg(long, value_name = "SECS")]
+    pub db_connect_timeout: Option<u64>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -241,9 +253,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     if args.max_file_bytes > HARD_CAP {
         bail!("--max-file-bytes may be at most {HARD_CAP} (1 GiB)");
     }
-    datadir::check_data_dir(&args.db)?;
+    let postgres = match postgres_target(&args) {
+        Ok(pg) => pg,
+        Err(e) => return Ok(refuse(&e)),
+    };
+    if postgres.is_none() {
+        datadir::check_data_dir(&args.db)?;
+    }
     // TLS, connection and subscriber settings: checked (TLS files read) before anything is created.
     let mut settings = BrokerConfig::new(args.db.clone());
+    settings.postgres = postgres.clone();
     connection_settings(&args, &mut settings)?;
     super::server::tune_allocator();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
@@ -265,9 +284,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         if !tls && !addr.ip().is_loopback() {
             warn_plaintext(addr);
         }
-        let created = datadir::CreatedFiles::before_start(&args.db);
+        let created = postgres
+            .is_none()
+            .then(|| datadir::CreatedFiles::before_start(&args.db));
         let started = async {
-            let issued = open_team(&args)?;
+            let issued = open_team(&args, postgres.as_ref())?;
             let mut config = settings;
             config.max_file_bytes = args.max_file_bytes;
             config.sync = args.sync;
@@ -284,12 +305,21 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
         let (broker, issued) = match started {
             Ok(ok) => ok,
             Err(e) => {
-                created.remove();
+                if let Some(created) = &created {
+                    created.remove();
+                }
+                if postgres.is_some() && operator_fault(&e) {
+                    return Ok(refuse(&e));
+                }
                 return Err(e);
             }
         };
         if let Some((team_name, creds)) = &issued {
-            println!("created team '{team_name}' in {}", args.db.display());
+            let place = match &postgres {
+                Some(pg) => pg.redacted(),
+                None => args.db.display().to_string(),
+            };
+            println!("created team '{team_name}' in {place}");
             println!("bearer tokens (shown once; only their SHA-256 is stored):");
             let width = creds.iter().map(|c| c.name.len()).max().unwrap_or(0);
             for c in creds {
@@ -332,25 +362,83 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     })
 }
 
+/// `--db` as a PostgreSQL URL, with the `--db-*` settings applied; `None` for a SQLite file.
+fn postgres_target(args: &ServeArgs) -> anyhow::Result<Option<PgConfig>> {
+    let Some(url) = args
+        .db
+        .to_str()
+        .filter(|s| s.starts_with("postgres://") || s.starts_with("postgresql://"))
+    else {
+        return Ok(None);
+    };
+    let mut config = PgConfig::parse(url)?;
+    if let Some(n) = args.db_pool_size {
+        if n == 0 {
+            bail!("--db-pool-size must be at least 1");
+        }
+        config.pool_size = n;
+    }
+    if let Some(secs) = args.db_statement_timeout {
+        config.statement_timeout = std::time::Duration::from_secs(secs);
+    }
+    if let Some(secs) = args.db_connect_timeout {
+        config.connect_timeout = std::time::Duration::from_secs(secs.max(1));
+    }
+    Ok(Some(config))
+}
+
+/// Whether a failed start is the operator's to fix (the database URL, server, role,
+/// database, TLS, schema version): one line and exit 2.
+fn operator_fault(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.downcast_ref::<super::pg::PgError>().is_some()
+            || matches!(
+                cause.downcast_ref::<StoreError>(),
+                Some(StoreError::Postgres(_))
+            )
+            || matches!(
+                cause.downcast_ref::<super::StartError>(),
+                Some(super::StartError::Store(StoreError::Postgres(_)))
+            )
+    })
+}
+
+/// Prints a refusal to start as one line; the exit code 2.
+#[allow(clippy::print_stderr)]
+fn refuse(e: &anyhow::Error) -> i32 {
+    eprintln!("ac7: {e}");
+    2
+}
+
 /// Opens the database and creates the team if it has none; returns the team's
 /// name and the new members' credentials when it created one. A missing database
 /// is created only when there is a team to put in it.
 fn open_team(
     args: &ServeArgs,
+    postgres: Option<&PgConfig>,
 ) -> anyhow::Result<Option<(String, Vec<super::first_run::Credential>)>> {
+    let place = postgres.map_or_else(|| args.db.display().to_string(), PgConfig::redacted);
     let no_team = || {
         anyhow::anyhow!(
-            "{} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]",
-            args.db.display()
+            "{place} has no team yet: pass --team-config FILE (JSON) or --team-name NAME --directive TEXT --member NAME[:ROLE[:PERMS]]"
         )
     };
-    let config = if args.db.exists() {
-        None
-    } else {
-        Some(team_config_from(args)?.ok_or_else(no_team)?)
+    let (config, store) = match postgres {
+        Some(pg) => (
+            None,
+            super::store::off_worker(|| Store::open_postgres(pg.clone()))?,
+        ),
+        None => {
+            let config = if args.db.exists() {
+                None
+            } else {
+                Some(team_config_from(args)?.ok_or_else(no_team)?)
+            };
+            let store = Store::open(&args.db, args.sync)
+                .with_context(|| format!("opening database {}", args.db.display()))?;
+            (config, store)
+        }
     };
-    let store = Store::open(&args.db, args.sync)
-        .with_context(|| format!("opening database {}", args.db.display()))?;
     let has_team = store.with(|conn| team::team_get(conn))?.is_some();
     if has_team {
         if args.team_config.is_some() || args.team_name.is_some() {

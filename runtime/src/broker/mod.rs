@@ -110,8 +110,10 @@ use hub::Hub;
 /// Runtime settings of a broker.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
-    /// SQLite file.
+    /// SQLite file (unused when `postgres` is set).
     pub db_path: PathBuf,
+    /// The team's database on PostgreSQL instead of the SQLite file (`--db postgres://…`).
+    pub postgres: Option<pg::PgConfig>,
     /// How hard commits sync.
     pub sync: SyncMode,
     /// Largest file `POST /fs/write` accepts (bytes).
@@ -153,6 +155,7 @@ impl BrokerConfig {
     pub fn new(db_path: PathBuf) -> BrokerConfig {
         BrokerConfig {
             db_path,
+            postgres: None,
             sync: SyncMode::Normal,
             max_file_bytes: 25 * 1024 * 1024,
             max_json_bytes: 1024 * 1024,
@@ -354,16 +357,22 @@ pub async fn start(
     config: BrokerConfig,
     listener: TcpListener,
 ) -> Result<RunningBroker, StartError> {
-    let store = Store::open(&config.db_path, config.sync)?;
-    let blob_dir =
-        datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
-            what: format!(
-                "cannot create the blob directory {}",
-                datadir::blob_dir(&config.db_path).display()
-            ),
-            source,
-        })?;
-    store.with(|conn| blobs::recover(conn, &blob_dir))?;
+    let store = match &config.postgres {
+        Some(pg) => store::off_worker(|| Store::open_postgres(pg.clone()))?,
+        None => {
+            let store = Store::open(&config.db_path, config.sync)?;
+            let blob_dir =
+                datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
+                    what: format!(
+                        "cannot create the blob directory {}",
+                        datadir::blob_dir(&config.db_path).display()
+                    ),
+                    source,
+                })?;
+            store.with(|conn| blobs::recover(conn, &blob_dir))?;
+            store
+        }
+    };
     let boot_time = now_ms();
     let limits = hub::HubLimits {
         queue_frames: config.queue_capacity,
