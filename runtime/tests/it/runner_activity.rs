@@ -8,7 +8,7 @@ use crate::broker_support;
 use std::time::Duration;
 
 use ac7_protocol::trace::activity::ActivityEvent;
-use ac7_runtime::broker::{BrokerConfig, start};
+use ac7_runtime::broker::start;
 use ac7_runtime::runner::BrokerClient;
 use ac7_runtime::runner::activity::{ActivityPipeline, PipelineConfig};
 use broker_support::{TestBroker, start_broker};
@@ -92,6 +92,7 @@ async fn a_broker_down_for_a_while_still_gets_every_event() {
         broker,
         http,
         dir,
+        pg,
     } = start_broker().await;
     let addr = broker.addr;
     broker.shutdown().await.unwrap();
@@ -104,15 +105,19 @@ async fn a_broker_down_for_a_while_still_gets_every_event() {
     // Several failed uploads (connection refused) and backoffs.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
-    let broker = start(BrokerConfig::new(dir.path().join("ac7.db")), listener)
-        .await
-        .unwrap();
+    let broker = start(
+        broker_support::config_for(dir.path(), pg.as_ref()),
+        listener,
+    )
+    .await
+    .unwrap();
     let b = TestBroker {
         url,
         tokens,
         broker,
         http,
         dir,
+        pg,
     };
     for ts in 76..=80 {
         handle.record(open(ts));

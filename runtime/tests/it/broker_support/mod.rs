@@ -28,21 +28,49 @@ pub struct TestBroker {
     pub broker: RunningBroker,
     pub http: reqwest::Client,
     pub dir: tempfile::TempDir,
+    /// The PostgreSQL database behind the broker, when the suite runs on PostgreSQL (dropped
+    /// after the broker).
+    pub pg: Option<crate::common::postgres::TestDb>,
+}
+
+/// The database the broker tests run on: SQLite, or PostgreSQL with `AC7_TEST_BACKEND=postgres`
+/// (the same tests, each on a fresh database of the server of `AC7_TEST_POSTGRES`).
+pub fn on_postgres() -> bool {
+    std::env::var("AC7_TEST_BACKEND").is_ok_and(|v| v == "postgres")
 }
 
 pub async fn start_broker() -> TestBroker {
     start_with(|_| {}).await
 }
 
+/// The default broker settings for the test database in `dir` (SQLite) or `pg`.
+pub fn config_for(dir: &Path, pg: Option<&crate::common::postgres::TestDb>) -> BrokerConfig {
+    let mut cfg = BrokerConfig::new(dir.join("ac7.db"));
+    cfg.postgres = pg.map(|db| ac7_runtime::broker::pg::PgConfig::parse(&db.url).unwrap());
+    cfg
+}
+
 pub async fn start_with(tweak: impl FnOnce(&mut BrokerConfig)) -> TestBroker {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("ac7.db");
     let config: TeamConfig = serde_json::from_str(TEAM).unwrap();
+    let mut cfg = BrokerConfig::new(db.clone());
+    let pg = if on_postgres() {
+        let Some(test_db) = crate::common::postgres::TestDb::create().await else {
+            panic!("AC7_TEST_BACKEND=postgres, but the PostgreSQL test server is not available");
+        };
+        cfg.postgres = Some(ac7_runtime::broker::pg::PgConfig::parse(&test_db.url).unwrap());
+        Some(test_db)
+    } else {
+        None
+    };
     let issued = {
-        let store = open_store(&db);
+        let store = match &cfg.postgres {
+            Some(pg) => Store::open_postgres(pg.clone()).unwrap(),
+            None => open_store(&db),
+        };
         bootstrap::bootstrap(&store, &config).unwrap()
     };
-    let mut cfg = BrokerConfig::new(db);
     tweak(&mut cfg);
     let broker = start_on(cfg, "127.0.0.1:0".parse().unwrap()).await;
     TestBroker {
@@ -54,6 +82,7 @@ pub async fn start_with(tweak: impl FnOnce(&mut BrokerConfig)) -> TestBroker {
             .build()
             .unwrap(),
         dir,
+        pg,
     }
 }
 
