@@ -4,6 +4,10 @@
 //!
 //! `AC7_BENCH_SYNC=full` makes the broker child fsync every commit
 //! (`synchronous=FULL`) instead of the default `NORMAL`.
+//!
+//! `AC7_BENCH_POSTGRES=postgres://USER@HOST:PORT/DB` puts the broker on PostgreSQL instead:
+//! each broker gets a fresh database (`ac7_bench_<pid>_<n>`) on that server, created through
+//! the URL's database and dropped afterwards.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -20,6 +24,7 @@ use super::{Report, peak_rss_kib, percentile, rss_kib};
 use ac7_runtime::broker::bootstrap::bootstrap;
 use ac7_runtime::broker::config::{MemberSection, TeamConfig, TeamSection};
 use ac7_runtime::broker::db::{Store, SyncMode};
+use ac7_runtime::broker::pg::{PgConfig, PgPool};
 use ac7_runtime::broker::team::Role;
 use ac7_runtime::broker::{BrokerConfig, start};
 
@@ -31,16 +36,22 @@ const PUSHES_PER_CLIENT: usize = 2_000;
 const SUBSCRIBERS: usize = 10;
 const DELIVERY_MESSAGES: usize = 2_000;
 
-/// Runs a broker on `args[0]` (db path) and prints `listening <addr>`.
+/// Runs a broker on `args[0]` (a db path, or a PostgreSQL URL) and prints `listening <addr>`.
 #[allow(clippy::print_stdout)]
 pub(crate) fn child_main(args: &[String]) -> anyhow::Result<i32> {
-    let db = PathBuf::from(args.first().context("db path required")?);
+    let target = args.first().context("db path required")?;
+    let postgres = target
+        .starts_with("postgres://")
+        .then(|| PgConfig::parse(target))
+        .transpose()?;
+    let db = PathBuf::from(target);
     // As `ac7 serve` does.
     ac7_runtime::broker::server::tune_allocator();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let mut config = BrokerConfig::new(db);
+        config.postgres = postgres;
         if std::env::var("AC7_BENCH_SYNC").is_ok_and(|v| v == "full") {
             config.sync = SyncMode::Full;
         }
@@ -51,12 +62,60 @@ pub(crate) fn child_main(args: &[String]) -> anyhow::Result<i32> {
     })
 }
 
-/// A broker child process with its team tokens; killed and its files removed on drop.
+/// A broker child process with its team tokens; killed and its files (or its PostgreSQL
+/// database) removed on drop.
 pub(super) struct BrokerChild {
     child: Child,
     pub(super) url: String,
     tokens: Vec<(String, String)>,
     dir: PathBuf,
+    pg: Option<BenchDb>,
+}
+
+/// A database of its own on the `AC7_BENCH_POSTGRES` server, dropped on drop.
+struct BenchDb {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl BenchDb {
+    fn create(admin: &str) -> anyhow::Result<BenchDb> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "ac7_bench_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        psql(admin, &format!("CREATE DATABASE {name}"))?;
+        let (base, _) = admin.split_once('?').map_or((admin, ""), |(b, q)| (b, q));
+        let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
+        Ok(BenchDb {
+            admin: admin.to_owned(),
+            url: format!("{base}/{name}"),
+            name,
+        })
+    }
+}
+
+impl Drop for BenchDb {
+    fn drop(&mut self) {
+        let _ = psql(
+            &self.admin,
+            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
+        );
+    }
+}
+
+/// Runs one statement on the server of `url` (through the broker's own PostgreSQL pool).
+fn psql(url: &str, sql: &str) -> anyhow::Result<()> {
+    let config = PgConfig::parse(url)?;
+    let sql = sql.to_owned();
+    rt()?.block_on(async move {
+        let pool = PgPool::connect(config).await?;
+        pool.get().await?.batch_execute(&sql).await?;
+        Ok(())
+    })
 }
 
 impl BrokerChild {
@@ -76,6 +135,10 @@ impl BrokerChild {
         ));
         std::fs::create_dir_all(&dir)?;
         let db = dir.join("bench.db");
+        let pg = std::env::var("AC7_BENCH_POSTGRES")
+            .ok()
+            .map(|admin| BenchDb::create(&admin))
+            .transpose()?;
         let mut config = TeamConfig {
             team: TeamSection {
                 name: "bench".into(),
@@ -105,7 +168,10 @@ impl BrokerChild {
             });
         }
         let tokens = {
-            let store = Store::open(&db, SyncMode::Normal)?;
+            let store = match &pg {
+                Some(pg) => Store::open_postgres(PgConfig::parse(&pg.url)?)?,
+                None => Store::open(&db, SyncMode::Normal)?,
+            };
             let tokens = bootstrap(&store, &config)?
                 .into_iter()
                 .map(|t| (t.name, t.token))
@@ -114,9 +180,12 @@ impl BrokerChild {
             tokens
         };
         let exe = std::env::current_exe()?;
+        let target = pg
+            .as_ref()
+            .map_or_else(|| db.display().to_string(), |pg| pg.url.clone());
         let mut child = Command::new(exe)
             .arg(CHILD_ARG)
-            .arg(&db)
+            .arg(&target)
             .env("AC7_LOG", "error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -134,6 +203,7 @@ impl BrokerChild {
             child,
             tokens,
             dir,
+            pg,
         })
     }
 
@@ -231,12 +301,12 @@ pub(crate) fn push() -> anyhow::Result<Report> {
     } else {
         "NORMAL"
     };
-    r.insert(
-        "durability",
-        json!(format!(
-            "each push committed to SQLite (WAL, synchronous={sync}) before its 200"
-        )),
-    );
+    let durability = if b.pg.is_some() {
+        "each push committed to PostgreSQL before its 200".to_owned()
+    } else {
+        format!("each push committed to SQLite (WAL, synchronous={sync}) before its 200")
+    };
+    r.insert("durability", json!(durability));
     Ok(r)
 }
 
