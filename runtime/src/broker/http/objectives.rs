@@ -30,6 +30,7 @@ use crate::broker::publish::{self, Draft};
 use crate::broker::store::Conn;
 use crate::broker::{AppState, fs, now_ms, team};
 
+// seam: sqlite_for (goes with the last seam that calls it)
 /// The raw SQLite connection under `c`, for the calls named by `what` that are not written
 /// against [`Conn`] yet.
 fn sqlite_for<'a>(c: &Conn<'a>, what: &str) -> Result<&'a rusqlite::Connection, StoreError> {
