@@ -194,7 +194,8 @@ pub fn remove_member(
         fs::FsError::Store(e) => e,
         other => StoreError::Corrupt(other.to_string()),
     })?;
-    super::objectives::detach_member(conn, name)?;
+    // seam: objectives::detach_member
+    super::objectives::detach_member(&super::store::Conn::sqlite(conn), name)?;
     team::member_delete(conn, name)
 }
 

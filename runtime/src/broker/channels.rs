@@ -2,10 +2,11 @@
 
 use std::collections::BTreeSet;
 
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use super::db::StoreError;
+use super::store::{Backend, Conn, Row};
+use crate::params;
 
 /// A channel (`Channel`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -63,7 +64,7 @@ pub fn general(boot_time: i64) -> Channel {
     }
 }
 
-fn channel_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Channel> {
+fn channel_row(r: &Row) -> Result<Channel, StoreError> {
     Ok(Channel {
         id: r.get(0)?,
         slug: r.get(1)?,
@@ -75,37 +76,50 @@ fn channel_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Channel> {
 
 const COLS: &str = "id, slug, created_by, created_at, archived_at";
 
+/// When the general channel was created: when the team was (`None` before there is a team).
+pub fn general_created_at(c: &Conn<'_>) -> Result<Option<i64>, StoreError> {
+    c.query_row("SELECT created_at FROM team WHERE id = 1", params![], |r| {
+        r.get::<i64>(0)
+    })
+}
+
 /// By slug (archived included).
-pub fn by_slug(conn: &Connection, slug: &str) -> Result<Option<Channel>, StoreError> {
-    Ok(conn
-        .prepare_cached(&format!("SELECT {COLS} FROM channels WHERE slug = ?1"))?
-        .query_row([slug], channel_row)
-        .optional()?)
+pub fn by_slug(c: &Conn<'_>, slug: &str) -> Result<Option<Channel>, StoreError> {
+    c.query_row(
+        &format!("SELECT {COLS} FROM channels WHERE slug = ?1"),
+        params![slug],
+        channel_row,
+    )
 }
 
 /// By id (archived included).
-pub fn by_id(conn: &Connection, id: &str) -> Result<Option<Channel>, StoreError> {
-    Ok(conn
-        .prepare_cached(&format!("SELECT {COLS} FROM channels WHERE id = ?1"))?
-        .query_row([id], channel_row)
-        .optional()?)
+pub fn by_id(c: &Conn<'_>, id: &str) -> Result<Option<Channel>, StoreError> {
+    c.query_row(
+        &format!("SELECT {COLS} FROM channels WHERE id = ?1"),
+        params![id],
+        channel_row,
+    )
 }
 
-/// Non-archived channels, newest first.
-pub fn list_active(conn: &Connection) -> Result<Vec<Channel>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM channels WHERE archived_at IS NULL ORDER BY created_at DESC, rowid DESC"
-    ))?;
-    Ok(stmt.query_map([], channel_row)?.collect::<Result<_, _>>()?)
+/// Non-archived channels, newest first. Channels created in the same millisecond come newest
+/// first on SQLite (by row id, which follows creation); PostgreSQL has no creation order
+/// beside `created_at`, so they come by id there.
+pub fn list_active(c: &Conn<'_>) -> Result<Vec<Channel>, StoreError> {
+    let tie = match c.backend() {
+        Backend::Sqlite => "rowid DESC",
+        Backend::Postgres => "id DESC",
+    };
+    c.query(
+        &format!(
+            "SELECT {COLS} FROM channels WHERE archived_at IS NULL ORDER BY created_at DESC, {tie}"
+        ),
+        params![],
+        channel_row,
+    )
 }
 
 /// Creates a channel with `creator` as admin.
-pub fn create(
-    conn: &Connection,
-    slug: &str,
-    creator: &str,
-    now: i64,
-) -> Result<Channel, StoreError> {
+pub fn create(c: &Conn<'_>, slug: &str, creator: &str, now: i64) -> Result<Channel, StoreError> {
     let ch = Channel {
         id: uuid::Uuid::new_v4().to_string(),
         slug: slug.to_owned(),
@@ -113,23 +127,26 @@ pub fn create(
         created_at: now,
         archived_at: None,
     };
-    conn.execute(
+    c.execute(
         "INSERT INTO channels (id, slug, created_by, created_at) VALUES (?1, ?2, ?3, ?4)",
         params![ch.id, ch.slug, ch.created_by, ch.created_at],
     )?;
-    add_member(conn, &ch.id, creator, "admin", now)?;
+    add_member(c, &ch.id, creator, "admin", now)?;
     Ok(ch)
 }
 
 /// Renames a channel.
-pub fn rename(conn: &Connection, id: &str, slug: &str) -> Result<(), StoreError> {
-    conn.execute("UPDATE channels SET slug = ?2 WHERE id = ?1", [id, slug])?;
+pub fn rename(c: &Conn<'_>, id: &str, slug: &str) -> Result<(), StoreError> {
+    c.execute(
+        "UPDATE channels SET slug = ?2 WHERE id = ?1",
+        params![id, slug],
+    )?;
     Ok(())
 }
 
 /// Archives a channel.
-pub fn archive(conn: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
-    conn.execute(
+pub fn archive(c: &Conn<'_>, id: &str, now: i64) -> Result<(), StoreError> {
+    c.execute(
         "UPDATE channels SET archived_at = ?2 WHERE id = ?1",
         params![id, now],
     )?;
@@ -137,50 +154,51 @@ pub fn archive(conn: &Connection, id: &str, now: i64) -> Result<(), StoreError> 
 }
 
 /// Member rows: admins first, then by join order.
-pub fn members(conn: &Connection, id: &str) -> Result<Vec<ChannelMember>, StoreError> {
-    let mut stmt = conn.prepare_cached(
+pub fn members(c: &Conn<'_>, id: &str) -> Result<Vec<ChannelMember>, StoreError> {
+    c.query(
         "SELECT channel_id, member_name, role, joined_at FROM channel_members WHERE channel_id = ?1
          ORDER BY CASE role WHEN 'admin' THEN 0 ELSE 1 END, joined_at, seq",
-    )?;
-    let rows = stmt.query_map([id], |r| {
-        Ok(ChannelMember {
-            channel_id: r.get(0)?,
-            member_name: r.get(1)?,
-            role: r.get(2)?,
-            joined_at: r.get(3)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        params![id],
+        |r| {
+            Ok(ChannelMember {
+                channel_id: r.get(0)?,
+                member_name: r.get(1)?,
+                role: r.get(2)?,
+                joined_at: r.get(3)?,
+            })
+        },
+    )
 }
 
 /// Member names of a channel.
-pub fn member_names(conn: &Connection, id: &str) -> Result<BTreeSet<String>, StoreError> {
-    let mut stmt =
-        conn.prepare_cached("SELECT member_name FROM channel_members WHERE channel_id = ?1")?;
-    Ok(stmt
-        .query_map([id], |r| r.get::<_, String>(0))?
-        .collect::<Result<_, _>>()?)
+pub fn member_names(c: &Conn<'_>, id: &str) -> Result<BTreeSet<String>, StoreError> {
+    Ok(c.query(
+        "SELECT member_name FROM channel_members WHERE channel_id = ?1",
+        params![id],
+        |r| r.get::<String>(0),
+    )?
+    .into_iter()
+    .collect())
 }
 
 /// The role of `name` in the channel, if a member.
-pub fn role_of(conn: &Connection, id: &str, name: &str) -> Result<Option<String>, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT role FROM channel_members WHERE channel_id = ?1 AND member_name = ?2",
-        )?
-        .query_row([id, name], |r| r.get(0))
-        .optional()?)
+pub fn role_of(c: &Conn<'_>, id: &str, name: &str) -> Result<Option<String>, StoreError> {
+    c.query_row(
+        "SELECT role FROM channel_members WHERE channel_id = ?1 AND member_name = ?2",
+        params![id, name],
+        |r| r.get::<String>(0),
+    )
 }
 
 /// Adds a member row.
 pub fn add_member(
-    conn: &Connection,
+    c: &Conn<'_>,
     id: &str,
     name: &str,
     role: &str,
     now: i64,
 ) -> Result<(), StoreError> {
-    conn.execute(
+    c.execute(
         "INSERT INTO channel_members (channel_id, member_name, role, joined_at, seq)
          VALUES (?1, ?2, ?3, ?4, (SELECT COALESCE(MAX(seq), 0) + 1 FROM channel_members))",
         params![id, name, role, now],
@@ -189,10 +207,10 @@ pub fn add_member(
 }
 
 /// Removes a member row.
-pub fn remove_member(conn: &Connection, id: &str, name: &str) -> Result<(), StoreError> {
-    conn.execute(
+pub fn remove_member(c: &Conn<'_>, id: &str, name: &str) -> Result<(), StoreError> {
+    c.execute(
         "DELETE FROM channel_members WHERE channel_id = ?1 AND member_name = ?2",
-        [id, name],
+        params![id, name],
     )?;
     Ok(())
 }

@@ -622,7 +622,7 @@ pub fn prune(args: PruneArgs) -> anyhow::Result<i32> {
     }
     let store = Store::open(&args.db, SyncMode::Normal)?;
     let cutoff = super::retention::cutoff(now_ms(), args.older_than_days);
-    let n = super::retention::prune_all(|f| store.with(|conn| f(conn)), cutoff)?;
+    let n = super::retention::prune_all(&store, cutoff)?;
     println!(
         "pruned {n} row{} (messages and activity) older than {} days from {}",
         if n == 1 { "" } else { "s" },

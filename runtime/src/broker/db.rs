@@ -275,16 +275,43 @@ impl Store {
         &self,
         f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
+        self.tx_then(f, |out| out)
+    }
+
+    /// [`Store::tx`], then `then` on what `f` returned, right after the commit. On SQLite
+    /// `then` still holds the write connection, so what it does (fanning messages out) happens
+    /// in commit order with every other transaction's. On PostgreSQL it just follows the commit.
+    pub fn tx_then<T, U, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+        then: impl FnOnce(T) -> U,
+    ) -> Result<U, E> {
+        match &self.backing {
+            Backing::Sqlite(file) => {
+                off_worker(|| file.with_here(|conn| sqlite_tx(conn, f).map(then)))
+            }
+            Backing::Postgres(pg) => off_worker(|| pg.tx(false, f).map(then)),
+        }
+    }
+
+    /// [`Store::tx_then`] if SQLite's write connection is free right now; `None` (and neither
+    /// closure runs) when another transaction holds it, and always on PostgreSQL, where
+    /// transactions do not wait for one another on a lock here.
+    pub fn try_tx<T, U, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+        then: impl FnOnce(T) -> U,
+    ) -> Option<Result<U, E>> {
         match &self.backing {
             Backing::Sqlite(file) => off_worker(|| {
-                file.with_here(|conn| {
-                    let tx = conn.transaction().map_err(StoreError::from)?;
-                    let out = f(&Conn::sqlite(&tx))?;
-                    tx.commit().map_err(StoreError::from)?;
-                    Ok(out)
-                })
+                let mut guard = match file.conn.try_lock() {
+                    Ok(guard) => guard,
+                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => return None,
+                };
+                Some(sqlite_tx(&mut guard, f).map(then))
             }),
-            Backing::Postgres(pg) => off_worker(|| pg.tx(false, f)),
+            Backing::Postgres(_) => None,
         }
     }
 
@@ -299,6 +326,17 @@ impl Store {
             Backing::Postgres(pg) => off_worker(|| pg.tx(true, f)),
         }
     }
+}
+
+/// Runs `f` in a transaction on `conn`: committed on `Ok`, rolled back on `Err`.
+fn sqlite_tx<T, E: From<StoreError>>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+) -> Result<T, E> {
+    let tx = conn.transaction().map_err(StoreError::from)?;
+    let out = f(&Conn::sqlite(&tx))?;
+    tx.commit().map_err(StoreError::from)?;
+    Ok(out)
 }
 
 impl SqliteFile {

@@ -19,12 +19,18 @@
 use std::collections::HashSet;
 
 use ac7_protocol::domain::message::{Membership, Message, Route};
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::StoreError;
+use super::store::{Backend, Conn, ToValue};
+use crate::params;
 
 /// Appends `msg`; returns its sequence number.
-pub fn insert(conn: &Connection, msg: &Message, json: &str) -> Result<i64, StoreError> {
+///
+/// On SQLite `seq` is the AUTOINCREMENT row id; the one write connection serializes appends.
+/// On PostgreSQL the number comes from the counter row `log_head`, whose row lock this
+/// transaction then holds until it ends, so numbers become visible in commit order (see
+/// [`super::pg::log`]); the doorbell ([`super::pg::log::LOG_CHANNEL`]) rings at commit.
+pub fn insert(c: &Conn<'_>, msg: &Message, json: &str) -> Result<i64, StoreError> {
     let thread = match &msg.to {
         Some(_) => None,
         None => match Route::of_message(msg) {
@@ -34,11 +40,31 @@ pub fn insert(conn: &Connection, msg: &Message, json: &str) -> Result<i64, Store
             Route::Direct { .. } | Route::Unroutable => None,
         },
     };
-    conn.prepare_cached(
-        "INSERT INTO messages (id, ts, to_name, from_name, thread, json) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![msg.id, msg.ts, msg.to, msg.from, thread, json])?;
-    Ok(conn.last_insert_rowid())
+    let seq = match c.backend() {
+        Backend::Sqlite => c.query_row(
+            "INSERT INTO messages (id, ts, to_name, from_name, thread, json)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING seq",
+            params![msg.id, msg.ts, msg.to, msg.from, thread, json],
+            |r| r.get::<i64>(0),
+        )?,
+        Backend::Postgres => {
+            let seq = c
+                .query_row(
+                    "UPDATE log_head SET last_seq = last_seq + ?1 WHERE id = 1 RETURNING last_seq",
+                    params![1i64],
+                    |r| r.get::<i64>(0),
+                )?
+                .ok_or_else(|| StoreError::Corrupt("the log_head row is missing".into()))?;
+            c.execute(
+                "INSERT INTO messages (seq, id, ts, to_name, from_name, thread, json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![seq, msg.id, msg.ts, msg.to, msg.from, thread, json],
+            )?;
+            c.execute("SELECT pg_notify('ac7_log', ?1)", params![seq.to_string()])?;
+            Some(seq)
+        }
+    };
+    seq.ok_or_else(|| StoreError::Corrupt("an insert into the log returned no sequence".into()))
 }
 
 /// What one viewer belongs to, loaded once per query.
@@ -66,27 +92,33 @@ impl Membership for ViewerScope {
 }
 
 /// Loads `viewer`'s memberships.
-pub fn viewer_scope(
-    conn: &Connection,
-    viewer: &str,
-    manager: bool,
-) -> Result<ViewerScope, StoreError> {
-    let mut channels = HashSet::new();
-    let mut stmt =
-        conn.prepare_cached("SELECT channel_id FROM channel_members WHERE member_name = ?1")?;
-    for row in stmt.query_map([viewer], |r| r.get::<_, String>(0))? {
-        channels.insert(row?);
-    }
+pub fn viewer_scope(c: &Conn<'_>, viewer: &str, manager: bool) -> Result<ViewerScope, StoreError> {
+    let channels: HashSet<String> = c
+        .query(
+            "SELECT channel_id FROM channel_members WHERE member_name = ?1",
+            params![viewer],
+            |r| r.get::<String>(0),
+        )?
+        .into_iter()
+        .collect();
     let mut objectives = HashSet::new();
     if !manager {
-        let mut stmt = conn.prepare_cached(
-            "SELECT id FROM objectives WHERE assignee = ?1 OR originator = ?1
-             OR EXISTS (SELECT 1 FROM json_each(objectives.json, '$.watchers') WHERE value = ?1)",
-        )?;
-        for row in stmt.query_map([viewer], |r| r.get::<_, String>(0))? {
-            objectives.insert(row?);
-        }
+        let sql = match c.backend() {
+            Backend::Sqlite => {
+                "SELECT id FROM objectives WHERE assignee = ?1 OR originator = ?1
+                 OR EXISTS (SELECT 1 FROM json_each(objectives.json, '$.watchers') WHERE value = ?1)"
+            }
+            Backend::Postgres => {
+                "SELECT id FROM objectives WHERE assignee = ?1 OR originator = ?1
+                 OR (objectives.json::jsonb -> 'watchers') @> jsonb_build_array(?1::text)"
+            }
+        };
+        objectives.extend(c.query(sql, params![viewer], |r| r.get::<String>(0))?);
     }
+    // seam: team::member_since
+    let conn = c
+        .as_sqlite()
+        .ok_or_else(|| StoreError::Corrupt("team::member_since not on PostgreSQL yet".into()))?;
     Ok(ViewerScope {
         channels,
         objectives,
@@ -208,12 +240,15 @@ fn sources<'a>(viewer: &'a str, scope: &ViewerScope, feed: &'a Feed) -> Vec<Sour
 }
 
 /// The query of one source: `condition` binds `?6` (and `?7`); `?1`–`?5` are the window.
-fn source_sql(condition: &str, order: &str) -> String {
-    // A range of threads ordered by seq would otherwise walk the whole log by seq.
-    let table = if condition == ALL_OBJECTIVES {
-        "messages INDEXED BY messages_thread"
-    } else {
-        "messages"
+fn source_sql(backend: Backend, condition: &str, order: &str) -> String {
+    let (table, condition) = match backend {
+        // A range of threads ordered by seq would otherwise walk the whole log by seq.
+        Backend::Sqlite if condition == ALL_OBJECTIVES => {
+            ("messages INDEXED BY messages_thread", condition.to_owned())
+        }
+        Backend::Sqlite => ("messages", condition.to_owned()),
+        // `+x` (no index on x) is SQLite's; PostgreSQL has no unary plus on text.
+        Backend::Postgres => ("messages", condition.replace("+to_name", "to_name")),
     };
     format!(
         "SELECT seq, id, json FROM {table} WHERE {condition}
@@ -240,7 +275,7 @@ const CONDITIONS: &[(&str, &str)] = &[
 /// One page of what `viewer` may see of `feed` within `window`, in the
 /// window's order.
 pub fn page(
-    conn: &Connection,
+    c: &Conn<'_>,
     viewer: &str,
     scope: &ViewerScope,
     feed: &Feed,
@@ -260,7 +295,7 @@ pub fn page(
             Source::To(_) | Source::From(_) | Source::Dm { .. } => &own_after_seq,
             Source::Thread(_) | Source::AllObjectives => &after_seq,
         };
-        let mut args: Vec<&dyn rusqlite::ToSql> =
+        let mut args: Vec<&dyn ToValue> =
             vec![after_seq, &before_seq, &after_ts, &before_ts, &limit];
         let condition = match &source {
             Source::To(name) | Source::From(name) => {
@@ -282,17 +317,15 @@ pub fn page(
             }
             Source::AllObjectives => ALL_OBJECTIVES,
         };
-        let mut stmt = conn.prepare_cached(&source_sql(condition, order))?;
-        let found = stmt.query_map(rusqlite::params_from_iter(args), |r| {
-            Ok(Row {
-                seq: r.get(0)?,
-                id: r.get(1)?,
-                json: r.get(2)?,
-            })
-        })?;
-        for row in found {
-            rows.push(row?);
-        }
+        rows.extend(
+            c.query(&source_sql(c.backend(), condition, order), &args, |r| {
+                Ok(Row {
+                    seq: r.get(0)?,
+                    id: r.get(1)?,
+                    json: r.get(2)?,
+                })
+            })?,
+        );
     }
     if window.oldest_first {
         rows.sort_unstable_by_key(|r| r.seq);
@@ -305,18 +338,20 @@ pub fn page(
 }
 
 /// The log position of message `id`, if the log has it.
-pub fn seq_of(conn: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT seq FROM messages WHERE id = ?1")?
-        .query_row([id], |r| r.get::<_, i64>(0))
-        .optional()?)
+pub fn seq_of(c: &Conn<'_>, id: &str) -> Result<Option<i64>, StoreError> {
+    c.query_row("SELECT seq FROM messages WHERE id = ?1", params![id], |r| {
+        r.get::<i64>(0)
+    })
 }
 
 /// The newest log position (0 for an empty log).
-pub fn head(conn: &Connection) -> Result<i64, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM messages")?
-        .query_row([], |r| r.get::<_, i64>(0))?)
+pub fn head(c: &Conn<'_>) -> Result<i64, StoreError> {
+    Ok(c.query_row(
+        "SELECT COALESCE(MAX(seq), 0) FROM messages",
+        params![],
+        |r| r.get::<i64>(0),
+    )?
+    .unwrap_or(0))
 }
 
 #[cfg(test)]
@@ -331,7 +366,10 @@ mod tests {
         store.with(|conn| {
             for (condition, index) in CONDITIONS {
                 for order in ["ASC", "DESC"] {
-                    let sql = format!("EXPLAIN QUERY PLAN {}", source_sql(condition, order));
+                    let sql = format!(
+                        "EXPLAIN QUERY PLAN {}",
+                        source_sql(Backend::Sqlite, condition, order)
+                    );
                     let mut stmt = conn.prepare(&sql).unwrap();
                     // Unbound parameters are NULL: the plan does not depend on them.
                     let mut rows = stmt.raw_query();

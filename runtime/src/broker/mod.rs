@@ -299,7 +299,7 @@ impl AppState {
     /// A fresh objective id (unique in the store; the caller holds the store lock).
     pub(crate) fn next_objective_id(
         &self,
-        conn: &rusqlite::Connection,
+        c: &store::Conn<'_>,
         now: i64,
     ) -> Result<String, StoreError> {
         loop {
@@ -308,7 +308,7 @@ impl AppState {
                 .fetch_add(1, Ordering::Relaxed)
                 .wrapping_add(1);
             let id = ac7_protocol::domain::objective::format_id(u64::try_from(now).unwrap_or(0), n);
-            if !objectives::exists(conn, &id)? {
+            if !objectives::exists(c, &id)? {
                 return Ok(id);
             }
         }

@@ -1,17 +1,14 @@
 //! Objectives and their append-only event log in the store.
 
 use ac7_protocol::domain::objective::{Objective, ObjectiveEvent, Status};
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::StoreError;
+use super::store::{Backend, Conn};
+use crate::params;
 
 /// Inserts a new objective with its first events.
-pub fn insert(
-    conn: &Connection,
-    obj: &Objective,
-    events: &[ObjectiveEvent],
-) -> Result<(), StoreError> {
-    conn.execute(
+pub fn insert(c: &Conn<'_>, obj: &Objective, events: &[ObjectiveEvent]) -> Result<(), StoreError> {
+    c.execute(
         "INSERT INTO objectives (id, seq, assignee, originator, status, created_at, json)
          VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM objectives), ?2, ?3, ?4, ?5, ?6)",
         params![
@@ -23,55 +20,60 @@ pub fn insert(
             serde_json::to_string(obj)?
         ],
     )?;
-    append_events(conn, events)
+    append_events(c, events)
 }
 
 /// Whether an id is taken.
-pub fn exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM objectives WHERE id = ?1")?
-        .query_row([id], |_| Ok(()))
-        .optional()?
-        .is_some())
+pub fn exists(c: &Conn<'_>, id: &str) -> Result<bool, StoreError> {
+    c.exists("SELECT 1 FROM objectives WHERE id = ?1", params![id])
 }
 
 /// Writes the new state of `obj` and appends `events`.
-pub fn update(
-    conn: &Connection,
-    obj: &Objective,
-    events: &[ObjectiveEvent],
-) -> Result<(), StoreError> {
-    conn.execute(
+pub fn update(c: &Conn<'_>, obj: &Objective, events: &[ObjectiveEvent]) -> Result<(), StoreError> {
+    c.execute(
         "UPDATE objectives SET assignee = ?2, originator = ?3, status = ?4, json = ?5 WHERE id = ?1",
-        params![obj.id, obj.assignee, obj.originator, obj.status.as_str(), serde_json::to_string(obj)?],
+        params![
+            obj.id,
+            obj.assignee,
+            obj.originator,
+            obj.status.as_str(),
+            serde_json::to_string(obj)?
+        ],
     )?;
-    append_events(conn, events)
+    append_events(c, events)
 }
 
-fn append_events(conn: &Connection, events: &[ObjectiveEvent]) -> Result<(), StoreError> {
-    let mut stmt =
-        conn.prepare_cached("INSERT INTO objective_events (objective_id, json) VALUES (?1, ?2)")?;
+fn append_events(c: &Conn<'_>, events: &[ObjectiveEvent]) -> Result<(), StoreError> {
     for e in events {
-        stmt.execute(params![e.objective_id, serde_json::to_string(e)?])?;
+        c.execute(
+            "INSERT INTO objective_events (objective_id, json) VALUES (?1, ?2)",
+            params![e.objective_id, serde_json::to_string(e)?],
+        )?;
     }
     Ok(())
 }
 
 /// One objective.
-pub fn get(conn: &Connection, id: &str) -> Result<Option<Objective>, StoreError> {
-    conn.prepare_cached("SELECT json FROM objectives WHERE id = ?1")?
-        .query_row([id], |r| r.get::<_, String>(0))
-        .optional()?
-        .map(|j| Ok(serde_json::from_str(&j)?))
-        .transpose()
+pub fn get(c: &Conn<'_>, id: &str) -> Result<Option<Objective>, StoreError> {
+    c.query_row(
+        "SELECT json FROM objectives WHERE id = ?1",
+        params![id],
+        |r| r.get::<String>(0),
+    )?
+    .map(|j| Ok(serde_json::from_str(&j)?))
+    .transpose()
 }
 
 /// The event log of one objective, oldest first.
-pub fn events(conn: &Connection, id: &str) -> Result<Vec<ObjectiveEvent>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached("SELECT json FROM objective_events WHERE objective_id = ?1 ORDER BY seq")?;
-    let rows = stmt.query_map([id], |r| r.get::<_, String>(0))?;
-    rows.map(|j| Ok(serde_json::from_str(&j?)?)).collect()
+pub fn events(c: &Conn<'_>, id: &str) -> Result<Vec<ObjectiveEvent>, StoreError> {
+    c.query(
+        "SELECT json FROM objective_events WHERE objective_id = ?1 ORDER BY seq",
+        params![id],
+        |r| r.get::<String>(0),
+    )?
+    .iter()
+    .map(|j| Ok(serde_json::from_str(j)?))
+    .collect()
 }
 
 /// Filters for [`list`].
@@ -86,30 +88,44 @@ pub struct ListFilter<'a> {
 }
 
 /// Objectives matching `filter`, newest first (createdAt desc, then id desc).
-pub fn list(conn: &Connection, filter: &ListFilter<'_>) -> Result<Vec<Objective>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT json FROM objectives
-         WHERE (?1 IS NULL OR assignee = ?1)
-           AND (?2 IS NULL OR status = ?2)
-           AND (?3 IS NULL OR assignee = ?3 OR originator = ?3
-                OR EXISTS (SELECT 1 FROM json_each(objectives.json, '$.watchers') WHERE value = ?3))
-         ORDER BY created_at DESC, id DESC",
-    )?;
-    let rows = stmt.query_map(
+pub fn list(c: &Conn<'_>, filter: &ListFilter<'_>) -> Result<Vec<Objective>, StoreError> {
+    // Whether ?3 is among the watchers, in each dialect's JSON functions.
+    let sql = match c.backend() {
+        Backend::Sqlite => {
+            "SELECT json FROM objectives
+             WHERE (?1 IS NULL OR assignee = ?1)
+               AND (?2 IS NULL OR status = ?2)
+               AND (?3 IS NULL OR assignee = ?3 OR originator = ?3
+                    OR EXISTS (SELECT 1 FROM json_each(objectives.json, '$.watchers') WHERE value = ?3))
+             ORDER BY created_at DESC, id DESC"
+        }
+        Backend::Postgres => {
+            "SELECT json FROM objectives
+             WHERE (?1::text IS NULL OR assignee = ?1)
+               AND (?2::text IS NULL OR status = ?2)
+               AND (?3::text IS NULL OR assignee = ?3 OR originator = ?3
+                    OR (objectives.json::jsonb -> 'watchers') @> jsonb_build_array(?3::text))
+             ORDER BY created_at DESC, id DESC"
+        }
+    };
+    c.query(
+        sql,
         params![
             filter.assignee,
             filter.status.map(Status::as_str),
             filter.participant
         ],
-        |r| r.get::<_, String>(0),
-    )?;
-    rows.map(|j| Ok(serde_json::from_str(&j?)?)).collect()
+        |r| r.get::<String>(0),
+    )?
+    .iter()
+    .map(|j| Ok(serde_json::from_str(j)?))
+    .collect()
 }
 
 /// Open objectives assigned to `name`: active (newest first) then blocked (newest first).
-pub fn open_for(conn: &Connection, name: &str) -> Result<Vec<Objective>, StoreError> {
+pub fn open_for(c: &Conn<'_>, name: &str) -> Result<Vec<Objective>, StoreError> {
     let mut out = list(
-        conn,
+        c,
         &ListFilter {
             assignee: Some(name),
             status: Some(Status::Active),
@@ -117,7 +133,7 @@ pub fn open_for(conn: &Connection, name: &str) -> Result<Vec<Objective>, StoreEr
         },
     )?;
     out.extend(list(
-        conn,
+        c,
         &ListFilter {
             assignee: Some(name),
             status: Some(Status::Blocked),
@@ -130,9 +146,9 @@ pub fn open_for(conn: &Connection, name: &str) -> Result<Vec<Objective>, StoreEr
 /// Takes removed member `name` off every objective: as assignee or originator it becomes
 /// [`super::team::removed_name`], and it leaves watcher lists. No event is logged (the audit
 /// log keeps what happened under the old name). Returns how many objectives changed.
-pub fn detach_member(conn: &Connection, name: &str) -> Result<usize, StoreError> {
+pub fn detach_member(c: &Conn<'_>, name: &str) -> Result<usize, StoreError> {
     let found = list(
-        conn,
+        c,
         &ListFilter {
             participant: Some(name),
             ..ListFilter::default()
@@ -147,7 +163,7 @@ pub fn detach_member(conn: &Connection, name: &str) -> Result<usize, StoreError>
             obj.originator.clone_from(&gone);
         }
         obj.watchers.retain(|w| w != name);
-        update(conn, &obj, &[])?;
+        update(c, &obj, &[])?;
     }
     Ok(found.len())
 }

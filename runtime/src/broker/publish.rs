@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use ac7_protocol::domain::message::{Attachment, Audience, LogLevel, Message};
 use ac7_protocol::domain::vfs::{FsPath, Scope};
-use rusqlite::Connection;
 use serde_json::{Map, Value};
 
 use super::db::StoreError;
 use super::hub::Frame;
+use super::store::Conn;
 use super::{AppState, fs, messages};
 
 /// A message about to be logged.
@@ -35,7 +35,7 @@ pub struct Draft {
 /// Stamps `draft` with an id and `now`, and appends it to the log (inside the
 /// caller's transaction, if any). Deliver the returned frame with [`deliver`]
 /// after committing.
-pub fn log(conn: &Connection, draft: Draft, now: i64) -> Result<(Message, Arc<Frame>), StoreError> {
+pub fn log(c: &Conn<'_>, draft: Draft, now: i64) -> Result<(Message, Arc<Frame>), StoreError> {
     let msg = Message {
         id: uuid::Uuid::new_v4().to_string(),
         ts: now,
@@ -48,7 +48,7 @@ pub fn log(conn: &Connection, draft: Draft, now: i64) -> Result<(Message, Arc<Fr
         attachments: draft.attachments,
     };
     let json = serde_json::to_string(&msg)?;
-    messages::insert(conn, &msg, &json)?;
+    messages::insert(c, &msg, &json)?;
     let frame = Arc::new(Frame::new(msg.id.clone(), json));
     Ok((msg, frame))
 }
@@ -60,7 +60,7 @@ pub fn deliver(state: &AppState, audience: &Audience, frame: &Arc<Frame>, now: i
 
 /// Grants read access to `attachments` to every recipient except the file's owner.
 pub fn grant_attachments(
-    conn: &Connection,
+    c: &Conn<'_>,
     attachments: &[Attachment],
     recipients: &BTreeSet<String>,
     now: i64,
@@ -75,6 +75,10 @@ pub fn grant_attachments(
         };
         for r in recipients {
             if owner.as_deref() != Some(r.as_str()) {
+                // seam: fs::grant
+                let conn = c
+                    .as_sqlite()
+                    .ok_or_else(|| StoreError::Corrupt("fs::grant not on PostgreSQL yet".into()))?;
                 fs::grant(conn, &a.path, r, now)?;
             }
         }

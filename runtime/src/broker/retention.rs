@@ -17,10 +17,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use rusqlite::Connection;
-
 use super::AppState;
-use super::db::StoreError;
+use super::db::{Store, StoreError};
+use super::store::Conn;
+use crate::params;
 
 /// Milliseconds in a day.
 pub const DAY_MS: i64 = 24 * 60 * 60 * 1000;
@@ -37,37 +37,28 @@ pub fn cutoff(now_ms: i64, days: u32) -> i64 {
 }
 
 /// Deletes up to `limit` messages and up to `limit` activity rows older than
-/// `cutoff` (epoch ms), oldest first, in one transaction; returns how many rows
-/// in all (below `limit` means both tables are done).
-pub fn prune_batch(conn: &mut Connection, cutoff: i64, limit: usize) -> Result<usize, StoreError> {
-    let tx = conn.transaction()?;
-    let messages = tx
-        .prepare_cached(
-            "DELETE FROM messages WHERE seq IN
-             (SELECT seq FROM messages WHERE ts < ?1 ORDER BY seq LIMIT ?2)",
-        )?
-        .execute(rusqlite::params![cutoff, limit as i64])?;
-    let activity = tx
-        .prepare_cached(
-            "DELETE FROM member_activity WHERE id IN
-             (SELECT id FROM member_activity WHERE ts < ?1 ORDER BY ts LIMIT ?2)",
-        )?
-        .execute(rusqlite::params![cutoff, limit as i64])?;
-    tx.commit()?;
+/// `cutoff` (epoch ms), oldest first (inside the caller's transaction); returns how many
+/// rows in all (below `limit` means both tables are done).
+pub fn prune_batch(c: &Conn<'_>, cutoff: i64, limit: usize) -> Result<usize, StoreError> {
+    let messages = c.execute(
+        "DELETE FROM messages WHERE seq IN
+         (SELECT seq FROM messages WHERE ts < ?1 ORDER BY seq LIMIT ?2)",
+        params![cutoff, limit],
+    )?;
+    let activity = c.execute(
+        "DELETE FROM member_activity WHERE id IN
+         (SELECT id FROM member_activity WHERE ts < ?1 ORDER BY ts LIMIT ?2)",
+        params![cutoff, limit],
+    )?;
     Ok(messages + activity)
 }
 
-/// Deletes every message older than `cutoff`, batch by batch, taking the
-/// connection through `with` for each batch; returns how many.
-pub fn prune_all(
-    mut with: impl FnMut(
-        &mut dyn FnMut(&mut Connection) -> Result<usize, StoreError>,
-    ) -> Result<usize, StoreError>,
-    cutoff: i64,
-) -> Result<usize, StoreError> {
+/// Deletes every message and activity row older than `cutoff`, batch by batch, each batch
+/// its own transaction; returns how many.
+pub fn prune_all(store: &Store, cutoff: i64) -> Result<usize, StoreError> {
     let mut total = 0;
     loop {
-        let n = with(&mut |conn| prune_batch(conn, cutoff, BATCH))?;
+        let n = store.tx(|c| prune_batch(c, cutoff, BATCH))?;
         total += n;
         if n < BATCH {
             return Ok(total);
@@ -88,8 +79,9 @@ pub(crate) fn spawn(state: &Arc<AppState>, days: u32) {
             };
             let run = tokio::task::spawn_blocking(move || {
                 let cut = cutoff(super::now_ms(), days);
-                let pruned = prune_all(|f| state.store.with(|conn| f(conn)), cut)?;
+                let pruned = prune_all(&state.store, cut)?;
                 let dir = state.blob_dir();
+                // seam: blobs::empty_trash
                 state
                     .store
                     .with(|conn| super::blobs::empty_trash(conn, &dir))?;
@@ -122,8 +114,14 @@ mod tests {
                 )
                 .unwrap();
             }
-            assert_eq!(prune_batch(conn, 50, 3).unwrap(), 3);
-            assert_eq!(prune_batch(conn, 50, 3).unwrap(), 2, "ts 50 itself stays");
+            let tx = conn.transaction().unwrap();
+            assert_eq!(prune_batch(&Conn::sqlite(&tx), 50, 3).unwrap(), 3);
+            assert_eq!(
+                prune_batch(&Conn::sqlite(&tx), 50, 3).unwrap(),
+                2,
+                "ts 50 itself stays"
+            );
+            tx.commit().unwrap();
             let left: Vec<i64> = conn
                 .prepare("SELECT ts FROM messages ORDER BY seq")
                 .unwrap()
@@ -133,7 +131,7 @@ mod tests {
                 .unwrap();
             assert_eq!(left, vec![50, 60, 70, 80, 90, 100, 110]);
         });
-        let n = prune_all(|f| store.with(|c| f(c)), 95).unwrap();
+        let n = prune_all(&store, 95).unwrap();
         assert_eq!(n, 5);
         assert_eq!(cutoff(10 * DAY_MS, 3), 7 * DAY_MS);
     }
@@ -151,7 +149,7 @@ mod tests {
                 .unwrap();
             }
         });
-        prune_all(|f| store.with(|c| f(c)), 30).unwrap();
+        prune_all(&store, 30).unwrap();
         let left: Vec<i64> = store.with(|conn| {
             conn.prepare("SELECT ts FROM member_activity ORDER BY id")
                 .unwrap()

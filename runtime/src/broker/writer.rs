@@ -7,6 +7,9 @@
 //!
 //! The writer holds the store lock for the whole batch, so it serialises with
 //! every other mutation, and delivery still follows the log's order.
+//!
+//! On PostgreSQL there is no lock to find busy: every push goes to the writer thread, so
+//! pushes share commits (and the log's counter row) whenever they arrive together.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,18 +22,20 @@ use tokio::sync::oneshot;
 use super::db::StoreError;
 use super::hub::Frame;
 use super::publish::{self, Draft};
+use super::store::Conn;
 use super::{AppState, team};
 
 /// Most pushes committed together.
 const MAX_BATCH: usize = 256;
 
+/// Who a push goes to and when it was made.
 struct Item {
-    draft: Option<Draft>,
     audience: Audience,
     now: i64,
 }
 
 struct Job {
+    draft: Draft,
     item: Item,
     reply: oneshot::Sender<Result<(Message, usize), String>>,
 }
@@ -124,18 +129,22 @@ impl Writer {
         audience: Audience,
         now: i64,
     ) -> Result<(Message, usize), String> {
-        let mut items = [Item {
-            draft: Some(draft),
-            audience,
-            now,
-        }];
-        if let Some(result) = state.store.try_with(|conn| commit(state, conn, &mut items)) {
-            return result.and_then(|mut done| done.pop().ok_or_else(|| "empty commit".to_owned()));
+        let items = [Item { audience, now }];
+        let mut drafts = [Some(draft)];
+        if let Some(result) = state.store.try_tx(
+            |c| log_items(c, &mut drafts, &items),
+            |logged| deliver_items(state, &items, logged),
+        ) {
+            return failed(result)
+                .and_then(|mut done| done.pop().ok_or_else(|| "empty commit".to_owned()));
         }
         let [item] = items;
+        let [Some(draft)] = drafts else {
+            return Err("internal error: a queued push lost its draft".to_owned());
+        };
         let (reply, rx) = oneshot::channel();
         self.tx
-            .send(Job { item, reply })
+            .send(Job { draft, item, reply })
             .map_err(|_| "the broker is shutting down".to_owned())?;
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         rx.await
@@ -164,9 +173,19 @@ pub fn spawn(queue: WriterQueue, state: Weak<AppState>) -> std::io::Result<()> {
 }
 
 fn run_batch(state: &AppState, jobs: Vec<Job>) {
-    let (mut items, replies): (Vec<Item>, Vec<_>) =
-        jobs.into_iter().map(|j| (j.item, j.reply)).unzip();
-    match state.store.with(|conn| commit(state, conn, &mut items)) {
+    let mut drafts = Vec::with_capacity(jobs.len());
+    let mut items = Vec::with_capacity(jobs.len());
+    let mut replies = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        drafts.push(Some(job.draft));
+        items.push(job.item);
+        replies.push(job.reply);
+    }
+    let result = state.store.tx_then(
+        |c| log_items(c, &mut drafts, &items),
+        |logged| deliver_items(state, &items, logged),
+    );
+    match failed(result) {
         Ok(done) => {
             for (reply, result) in replies.into_iter().zip(done) {
                 let _ = reply.send(Ok(result));
@@ -180,57 +199,69 @@ fn run_batch(state: &AppState, jobs: Vec<Job>) {
     }
 }
 
-/// Logs `items` in one transaction, commits, then delivers them in order.
-/// All or nothing: on failure nothing was logged or delivered.
-fn commit(
-    state: &AppState,
-    conn: &mut rusqlite::Connection,
-    items: &mut [Item],
-) -> Result<Vec<(Message, usize)>, String> {
-    let logged = (|| -> Result<Vec<(Message, Arc<Frame>)>, StoreError> {
-        let tx = conn.transaction()?;
-        let mut everyone: Option<BTreeSet<String>> = None;
-        let mut out = Vec::with_capacity(items.len());
-        for item in items.iter_mut() {
-            let Some(draft) = item.draft.take() else {
-                return Err(StoreError::Corrupt("push without a draft".into()));
+/// Logs `drafts` (one per item of `items`) inside the caller's transaction, with the
+/// attachment grants of each. All or nothing: the caller's transaction rolls back on `Err`.
+fn log_items(
+    c: &Conn<'_>,
+    drafts: &mut [Option<Draft>],
+    items: &[Item],
+) -> Result<Vec<(Message, Arc<Frame>)>, StoreError> {
+    let mut everyone: Option<BTreeSet<String>> = None;
+    let mut out = Vec::with_capacity(items.len());
+    for (draft, item) in drafts.iter_mut().zip(items) {
+        let Some(draft) = draft.take() else {
+            return Err(StoreError::Corrupt("push without a draft".into()));
+        };
+        let (msg, frame) = publish::log(c, draft, item.now)?;
+        if !msg.attachments.is_empty() {
+            let recipients = match &item.audience {
+                Audience::Only(names) => names.clone(),
+                Audience::Everyone => match &everyone {
+                    Some(all) => all.clone(),
+                    None => {
+                        // seam: team::members_list
+                        let conn = c.as_sqlite().ok_or_else(|| {
+                            StoreError::Corrupt("team::members_list not on PostgreSQL yet".into())
+                        })?;
+                        let all: BTreeSet<String> = team::members_list(conn)?
+                            .into_iter()
+                            .map(|m| m.name)
+                            .collect();
+                        everyone = Some(all.clone());
+                        all
+                    }
+                },
             };
-            let (msg, frame) = publish::log(&tx, draft, item.now)?;
-            if !msg.attachments.is_empty() {
-                let recipients = match &item.audience {
-                    Audience::Only(names) => names.clone(),
-                    Audience::Everyone => match &everyone {
-                        Some(all) => all.clone(),
-                        None => {
-                            let all: BTreeSet<String> = team::members_list(&tx)?
-                                .into_iter()
-                                .map(|m| m.name)
-                                .collect();
-                            everyone = Some(all.clone());
-                            all
-                        }
-                    },
-                };
-                publish::grant_attachments(&tx, &msg.attachments, &recipients, item.now)?;
-            }
-            out.push((msg, frame));
+            publish::grant_attachments(c, &msg.attachments, &recipients, item.now)?;
         }
-        tx.commit()?;
-        state.writer.count(out.len());
-        Ok(out)
-    })();
-    match logged {
-        Ok(out) => Ok(items
-            .iter()
-            .zip(out)
-            .map(|(item, (msg, frame))| {
-                let live = publish::deliver(state, &item.audience, &frame, item.now);
-                (msg, live)
-            })
-            .collect()),
-        Err(e) => {
-            tracing::error!(error = %e, "push commit failed; nothing in it was logged");
-            Err(format!("internal error: {e}"))
-        }
+        out.push((msg, frame));
     }
+    Ok(out)
+}
+
+/// Counts the commit of `logged` and delivers its messages in order (right after the commit,
+/// before any other transaction: see [`super::db::Store::tx_then`]).
+fn deliver_items(
+    state: &AppState,
+    items: &[Item],
+    logged: Vec<(Message, Arc<Frame>)>,
+) -> Vec<(Message, usize)> {
+    state.writer.count(logged.len());
+    items
+        .iter()
+        .zip(logged)
+        .map(|(item, (msg, frame))| {
+            let live = publish::deliver(state, &item.audience, &frame, item.now);
+            (msg, live)
+        })
+        .collect()
+}
+
+/// A failed commit as the text each request answers with; nothing in it was logged or
+/// delivered.
+fn failed<T>(result: Result<T, StoreError>) -> Result<T, String> {
+    result.map_err(|e| {
+        tracing::error!(error = %e, "push commit failed; nothing in it was logged");
+        format!("internal error: {e}")
+    })
 }

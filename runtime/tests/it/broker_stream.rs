@@ -7,6 +7,7 @@ use crate::broker_support;
 
 use std::time::Duration;
 
+use ac7_runtime::broker::store::Conn;
 use broker_support::{start_broker, start_with};
 use serde_json::json;
 
@@ -205,7 +206,7 @@ fn log_many(
     b.broker.state.store.with(|conn| {
         let tx = conn.transaction().unwrap();
         for i in 0..n {
-            ac7_runtime::broker::publish::log(&tx, make(i), now).unwrap();
+            ac7_runtime::broker::publish::log(&Conn::sqlite(&tx), make(i), now).unwrap();
         }
         tx.commit().unwrap();
     });

@@ -373,7 +373,7 @@ fn log_offline(db: &Path, from: &str, body: &str) {
     let store = broker_support::open_store(db);
     store.with(|conn| {
         ac7_runtime::broker::publish::log(
-            conn,
+            &ac7_runtime::broker::store::Conn::sqlite(conn),
             ac7_runtime::broker::publish::Draft {
                 to: None,
                 from: from.into(),

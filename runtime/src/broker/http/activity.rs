@@ -149,7 +149,7 @@ fn redact(event: &mut ActivityEvent) -> Result<(), String> {
 /// open objectives missing from `context`, at most once per objective per 5 minutes. A failure
 /// is logged; the upload it follows has succeeded either way.
 async fn remind(state: &Shared, member: &str, context: &str, now: i64) {
-    let open = match state.store.with(|conn| objectives::open_for(conn, member)) {
+    let open = match state.store.view(|c| objectives::open_for(c, member)) {
         Ok(open) => open,
         Err(e) => {
             tracing::warn!(error = %e, "objective context reminder: cannot list objectives");
@@ -305,7 +305,8 @@ pub(super) async fn objective(
 ) -> Result<Response, ApiError> {
     let q = parse_query(raw.as_deref())?;
     state.store.read(|conn| {
-        let obj = super::objectives::load(conn, &id)?;
+        // seam: objectives::load
+        let obj = super::objectives::load(&crate::broker::store::Conn::sqlite(conn), &id)?;
         super::objectives::authorize(&obj, &caller, ac7_protocol::domain::objective::Action::View)?;
         let mut intervals = activity::objective_intervals(conn, &id)?;
         if !caller.has(Permission::ActivityRead) {

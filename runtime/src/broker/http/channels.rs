@@ -4,12 +4,13 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
-use crate::broker::channels::{self as store, Channel, ChannelSummary};
+use crate::broker::channels::{self as store, Channel, ChannelMember, ChannelSummary};
+use crate::broker::db::StoreError;
+use crate::broker::store::Conn;
 use crate::broker::{AppState, now_ms, team};
 
 fn chan_err(status: StatusCode, msg: impl Into<String>, code: &str) -> ApiError {
@@ -39,11 +40,10 @@ fn slug_issue() -> ApiError {
     )
 }
 
-fn general(state: &AppState, conn: &Connection) -> Result<ChannelSummary, ApiError> {
-    let created = conn
-        .query_row("SELECT created_at FROM team WHERE id = 1", [], |r| {
-            r.get::<_, i64>(0)
-        })
+fn general(state: &AppState, c: &Conn<'_>) -> Result<ChannelSummary, ApiError> {
+    let created = store::general_created_at(c)
+        .ok()
+        .flatten()
         .unwrap_or(state.boot_time);
     Ok(ChannelSummary {
         channel: store::general(created),
@@ -53,9 +53,9 @@ fn general(state: &AppState, conn: &Connection) -> Result<ChannelSummary, ApiErr
     })
 }
 
-fn summary(conn: &Connection, ch: Channel, viewer: &str) -> Result<ChannelSummary, ApiError> {
-    let role = store::role_of(conn, &ch.id, viewer)?;
-    let count = store::member_names(conn, &ch.id)?.len();
+fn summary(c: &Conn<'_>, ch: Channel, viewer: &str) -> Result<ChannelSummary, ApiError> {
+    let role = store::role_of(c, &ch.id, viewer)?;
+    let count = store::member_names(c, &ch.id)?.len();
     Ok(ChannelSummary {
         channel: ch,
         joined: role.is_some(),
@@ -64,34 +64,43 @@ fn summary(conn: &Connection, ch: Channel, viewer: &str) -> Result<ChannelSummar
     })
 }
 
-fn find(conn: &Connection, slug: &str) -> Result<Channel, ApiError> {
-    store::by_slug(conn, slug)?
-        .ok_or_else(|| ApiError::not_found(format!("no such channel: {slug}")))
+fn find(c: &Conn<'_>, slug: &str) -> Result<Channel, ApiError> {
+    store::by_slug(c, slug)?.ok_or_else(|| ApiError::not_found(format!("no such channel: {slug}")))
 }
 
-fn with_members(conn: &Connection, ch: Channel, viewer: &str) -> Result<Response, ApiError> {
-    let members = store::members(conn, &ch.id)?;
-    let summary = summary(conn, ch, viewer)?;
-    Ok(reply(
+/// A channel from `viewer`'s side with its member rows.
+fn with_members(
+    c: &Conn<'_>,
+    ch: Channel,
+    viewer: &str,
+) -> Result<(ChannelSummary, Vec<ChannelMember>), ApiError> {
+    let members = store::members(c, &ch.id)?;
+    let summary = summary(c, ch, viewer)?;
+    Ok((summary, members))
+}
+
+fn members_reply((summary, members): (ChannelSummary, Vec<ChannelMember>)) -> Response {
+    reply(
         StatusCode::OK,
         &obj! {"channel" => &summary, "members" => &members},
-    ))
+    )
 }
 
 pub(super) async fn list(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    state.store.with(|conn| {
-        let general = general(&state, conn)?;
+    let mut all = state.store.view(|c| -> Result<_, ApiError> {
+        let general = general(&state, c)?;
         let mut all = Vec::new();
-        for ch in store::list_active(conn)? {
-            all.push(summary(conn, ch, &caller.name)?);
+        for ch in store::list_active(c)? {
+            all.push(summary(c, ch, &caller.name)?);
         }
         all.push(general);
-        all.sort_by_key(|c| std::cmp::Reverse(c.channel.created_at));
-        Ok(reply(StatusCode::OK, &obj! {"channels" => &all}))
-    })
+        Ok(all)
+    })?;
+    all.sort_by_key(|c| std::cmp::Reverse(c.channel.created_at));
+    Ok(reply(StatusCode::OK, &obj! {"channels" => &all}))
 }
 
 pub(super) async fn view(
@@ -99,16 +108,18 @@ pub(super) async fn view(
     caller: Caller,
     Path(slug): Path<String>,
 ) -> Result<Response, ApiError> {
-    state.store.with(|conn| {
-        if slug == "general" {
-            return Ok(reply(
-                StatusCode::OK,
-                &obj! {"channel" => &general(&state, conn)?, "members" => &[(); 0]},
-            ));
-        }
-        let ch = find(conn, &slug)?;
-        with_members(conn, ch, &caller.name)
-    })
+    if slug == "general" {
+        let general = state.store.view(|c| general(&state, c))?;
+        return Ok(reply(
+            StatusCode::OK,
+            &obj! {"channel" => &general, "members" => &[(); 0]},
+        ));
+    }
+    let found = state.store.view(|c| {
+        let ch = find(c, &slug)?;
+        with_members(c, ch, &caller.name)
+    })?;
+    Ok(members_reply(found))
 }
 
 #[derive(Deserialize)]
@@ -132,30 +143,21 @@ pub(super) async fn create(
     if !valid_slug(&b.slug) {
         return Err(slug_issue());
     }
-    state.store.with(|conn| {
-        if store::by_slug(conn, &b.slug)?.is_some() {
+    let ch = state.store.tx(|c| {
+        if store::by_slug(c, &b.slug)?.is_some() {
             return Err(chan_err(
                 StatusCode::CONFLICT,
                 format!("a channel called \"{}\" already exists", b.slug),
                 "slug_taken",
             ));
         }
-        let tx = conn
-            .transaction()
-            .map_err(crate::broker::db::StoreError::from)?;
-        let ch = store::create(&tx, &b.slug, &caller.name, now_ms())?;
-        tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        Ok(reply(StatusCode::CREATED, &ch))
-    })
+        Ok(store::create(c, &b.slug, &caller.name, now_ms())?)
+    })?;
+    Ok(reply(StatusCode::CREATED, &ch))
 }
 
-fn require_admin(
-    conn: &Connection,
-    ch: &Channel,
-    caller: &Caller,
-    doing: &str,
-) -> Result<(), ApiError> {
-    if store::role_of(conn, &ch.id, &caller.name)?.as_deref() == Some("admin") {
+fn require_admin(c: &Conn<'_>, ch: &Channel, caller: &Caller, doing: &str) -> Result<(), ApiError> {
+    if store::role_of(c, &ch.id, &caller.name)?.as_deref() == Some("admin") {
         Ok(())
     } else {
         Err(chan_err(
@@ -195,26 +197,27 @@ pub(super) async fn rename(
     if !valid_slug(&b.slug) {
         return Err(slug_issue());
     }
-    state.store.with(|conn| {
-        let ch = find(conn, &slug)?;
+    let ch = state.store.tx(|c| {
+        let ch = find(c, &slug)?;
         not_archived(&ch)?;
-        require_admin(conn, &ch, &caller, "rename this channel")?;
-        if b.slug != ch.slug && store::by_slug(conn, &b.slug)?.is_some() {
+        require_admin(c, &ch, &caller, "rename this channel")?;
+        if b.slug != ch.slug && store::by_slug(c, &b.slug)?.is_some() {
             return Err(chan_err(
                 StatusCode::CONFLICT,
                 format!("a channel called \"{}\" already exists", b.slug),
                 "slug_taken",
             ));
         }
-        store::rename(conn, &ch.id, &b.slug)?;
-        Ok(reply(
-            StatusCode::OK,
-            &Channel {
-                slug: b.slug.clone(),
-                ..ch
-            },
-        ))
-    })
+        store::rename(c, &ch.id, &b.slug)?;
+        Ok(ch)
+    })?;
+    Ok(reply(
+        StatusCode::OK,
+        &Channel {
+            slug: b.slug.clone(),
+            ..ch
+        },
+    ))
 }
 
 pub(super) async fn archive(
@@ -229,20 +232,21 @@ pub(super) async fn archive(
             "reserved",
         ));
     }
-    state.store.with(|conn| {
-        let ch = find(conn, &slug)?;
+    let (ch, now) = state.store.tx(|c| {
+        let ch = find(c, &slug)?;
         not_archived(&ch)?;
-        require_admin(conn, &ch, &caller, "archive this channel")?;
+        require_admin(c, &ch, &caller, "archive this channel")?;
         let now = now_ms();
-        store::archive(conn, &ch.id, now)?;
-        Ok(reply(
-            StatusCode::OK,
-            &Channel {
-                archived_at: Some(now),
-                ..ch
-            },
-        ))
-    })
+        store::archive(c, &ch.id, now)?;
+        Ok::<_, ApiError>((ch, now))
+    })?;
+    Ok(reply(
+        StatusCode::OK,
+        &Channel {
+            archived_at: Some(now),
+            ..ch
+        },
+    ))
 }
 
 #[derive(Deserialize, Default)]
@@ -279,14 +283,18 @@ pub(super) async fn add_member(
             "invalid_input",
         ));
     }
-    state.store.with(|conn| {
-        let ch = find(conn, &slug)?;
+    let found = state.store.tx(|c| {
+        let ch = find(c, &slug)?;
         not_archived(&ch)?;
         let target = b.member.unwrap_or_else(|| caller.name.clone());
         if target != caller.name {
-            if store::role_of(conn, &ch.id, &caller.name)?.as_deref() != Some("admin") {
+            if store::role_of(c, &ch.id, &caller.name)?.as_deref() != Some("admin") {
                 return Err(ApiError::forbidden("only admins can add other members"));
             }
+            // seam: team::member_exists
+            let conn = c.as_sqlite().ok_or_else(|| {
+                StoreError::Corrupt("team::member_exists not on PostgreSQL yet".into())
+            })?;
             if !team::member_exists(conn, &target)? {
                 return Err(chan_err(
                     StatusCode::NOT_FOUND,
@@ -295,7 +303,7 @@ pub(super) async fn add_member(
                 ));
             }
         }
-        if store::role_of(conn, &ch.id, &target)?.is_some() {
+        if store::role_of(c, &ch.id, &target)?.is_some() {
             return Err(chan_err(
                 StatusCode::CONFLICT,
                 format!("{target} is already a member of #{}", ch.slug),
@@ -308,9 +316,10 @@ pub(super) async fn add_member(
         } else {
             role.as_str()
         };
-        store::add_member(conn, &ch.id, &target, role, now_ms())?;
-        with_members(conn, ch, &caller.name)
-    })
+        store::add_member(c, &ch.id, &target, role, now_ms())?;
+        with_members(c, ch, &caller.name)
+    })?;
+    Ok(members_reply(found))
 }
 
 pub(super) async fn remove_member(
@@ -325,17 +334,17 @@ pub(super) async fn remove_member(
             "reserved",
         ));
     }
-    state.store.with(|conn| {
-        let ch = find(conn, &slug)?;
+    let found = state.store.tx(|c| {
+        let ch = find(c, &slug)?;
         if name != caller.name {
-            require_admin(conn, &ch, &caller, "remove other members")?;
+            require_admin(c, &ch, &caller, "remove other members")?;
         }
-        let Some(role) = store::role_of(conn, &ch.id, &name)? else {
+        let Some(role) = store::role_of(c, &ch.id, &name)? else {
             return Err(chan_err(StatusCode::CONFLICT, format!("{name} is not a member of #{}", ch.slug), "not_member"));
         };
         if role == "admin" {
-            let admins = store::members(conn, &ch.id)?.into_iter().filter(|m| m.role == "admin").count();
-            let others = store::members(conn, &ch.id)?.len() > 1;
+            let admins = store::members(c, &ch.id)?.into_iter().filter(|m| m.role == "admin").count();
+            let others = store::members(c, &ch.id)?.len() > 1;
             if admins == 1 && others {
                 return Err(chan_err(
                     StatusCode::CONFLICT,
@@ -344,9 +353,10 @@ pub(super) async fn remove_member(
                 ));
             }
         }
-        store::remove_member(conn, &ch.id, &name)?;
-        with_members(conn, ch, &caller.name)
-    })
+        store::remove_member(c, &ch.id, &name)?;
+        with_members(c, ch, &caller.name)
+    })?;
+    Ok(members_reply(found))
 }
 
 #[cfg(test)]

@@ -11,13 +11,14 @@ use ac7_protocol::domain::vfs::FsPath;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
+use crate::broker::db::StoreError;
 use crate::broker::messages::{self, Feed};
 use crate::broker::publish::Draft;
+use crate::broker::store::Conn;
 use crate::broker::team::{self, MemberRecord, Team};
 use crate::broker::{channels, fs, now_ms, objectives};
 
@@ -32,7 +33,11 @@ pub(super) async fn briefing(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    state.store.with(|conn| {
+    let (team, members, open) = state.store.view(|c| -> Result<_, ApiError> {
+        // seam: team::team_get, team::members_list
+        let conn = c.as_sqlite().ok_or_else(|| {
+            StoreError::Corrupt("team::team_get, team::members_list not on PostgreSQL yet".into())
+        })?;
         let team = team::team_get(conn)?.unwrap_or_else(|| Team {
             name: String::new(),
             directive: String::new(),
@@ -40,24 +45,25 @@ pub(super) async fn briefing(
             permission_presets: Default::default(),
         });
         let members = team::members_list(conn)?;
-        let me = members
-            .iter()
-            .find(|m| m.name == caller.name)
-            .ok_or_else(|| ApiError::unauthorized("token references unknown member"))?;
-        let open = objectives::open_for(conn, &caller.name)?;
-        Ok(reply(
-            StatusCode::OK,
-            &Briefing {
-                name: &me.name,
-                role: &me.role,
-                permissions: me.permissions,
-                instructions: compose_briefing(me, &team, &members),
-                team: &team,
-                teammates: members.iter().map(MemberRecord::teammate).collect(),
-                open_objectives: open,
-            },
-        ))
-    })
+        let open = objectives::open_for(c, &caller.name)?;
+        Ok((team, members, open))
+    })?;
+    let me = members
+        .iter()
+        .find(|m| m.name == caller.name)
+        .ok_or_else(|| ApiError::unauthorized("token references unknown member"))?;
+    Ok(reply(
+        StatusCode::OK,
+        &Briefing {
+            name: &me.name,
+            role: &me.role,
+            permissions: me.permissions,
+            instructions: compose_briefing(me, &team, &members),
+            team: &team,
+            teammates: members.iter().map(MemberRecord::teammate).collect(),
+            open_objectives: open,
+        },
+    ))
 }
 
 /// `BriefingResponse`, keys in ac7's order.
@@ -145,7 +151,13 @@ pub(super) async fn roster(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.with(|conn| team::members_list(conn))?;
+    let members = state.store.view(|c| {
+        // seam: team::members_list
+        let conn = c.as_sqlite().ok_or_else(|| {
+            StoreError::Corrupt("team::members_list not on PostgreSQL yet".into())
+        })?;
+        team::members_list(conn)
+    })?;
     let connected = state
         .hub
         .presence(members.iter().map(|m| m.name.as_str()), now_ms());
@@ -183,12 +195,16 @@ pub(super) async fn busy(
 /// Resolves attachments against the file space: each must exist, be a file and be
 /// readable by `caller`; name, size and MIME type come from the stored file.
 pub(super) fn canonical_attachments(
-    conn: &Connection,
+    c: &Conn<'_>,
     caller: &Caller,
     given: &[Attachment],
 ) -> Result<Vec<Attachment>, ApiError> {
     let mut out = Vec::with_capacity(given.len());
     for a in given {
+        // seam: fs::get, http::fs::can_read
+        let conn = c.as_sqlite().ok_or_else(|| {
+            StoreError::Corrupt("fs::get, http::fs::can_read not on PostgreSQL yet".into())
+        })?;
         let path = FsPath::parse(&a.path)
             .map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
         let entry = fs::get(conn, &path)?
@@ -250,10 +266,10 @@ pub(super) async fn push(
     let (thread_members, attachments) = if thread == Thread::General && given.is_empty() {
         (BTreeSet::new(), Vec::new())
     } else {
-        state.store.with(|conn| -> Result<_, ApiError> {
+        state.store.view(|c| -> Result<_, ApiError> {
             Ok((
-                thread_members(conn, &caller, &thread)?,
-                canonical_attachments(conn, &caller, &given)?,
+                thread_members(c, &caller, &thread)?,
+                canonical_attachments(c, &caller, &given)?,
             ))
         })?
     };
@@ -288,29 +304,33 @@ pub(super) async fn push(
 /// Validates a thread for posting by `caller` and returns its member list
 /// (empty for the general channel).
 fn thread_members(
-    conn: &Connection,
+    c: &Conn<'_>,
     caller: &Caller,
     thread: &Thread,
 ) -> Result<BTreeSet<String>, ApiError> {
     match thread {
         Thread::General => Ok(BTreeSet::new()),
         Thread::Channel(id) => {
-            let ch = channels::by_id(conn, id)?
+            let ch = channels::by_id(c, id)?
                 .ok_or_else(|| ApiError::not_found(format!("no such channel: {id}")))?;
             if ch.archived_at.is_some() {
                 return Err(ApiError::new(StatusCode::GONE, "channel is archived"));
             }
-            let members = channels::member_names(conn, id)?;
+            let members = channels::member_names(c, id)?;
             if !members.contains(&caller.name) {
                 return Err(ApiError::forbidden("not a member of this channel"));
             }
             Ok(members)
         }
         Thread::Objective(id) => {
-            let o = objectives::get(conn, id)?
+            let o = objectives::get(c, id)?
                 .ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
             obj_rules::authorize(&o, &caller.name, caller.permissions, Action::Discuss)
                 .map_err(|e| ApiError::forbidden(e.0))?;
+            // seam: team::managers
+            let conn = c.as_sqlite().ok_or_else(|| {
+                StoreError::Corrupt("team::managers not on PostgreSQL yet".into())
+            })?;
             let managers = team::managers(conn)?;
             Ok(obj_rules::thread_members(
                 &o,
@@ -358,10 +378,10 @@ fn ms_param(value: Option<String>, key: &str) -> Result<Option<i64>, ApiError> {
 }
 
 /// A message-id cursor (`before_id`, `after_id`) as its log position.
-fn id_param(conn: &Connection, value: Option<&str>, key: &str) -> Result<Option<i64>, ApiError> {
+fn id_param(c: &Conn<'_>, value: Option<&str>, key: &str) -> Result<Option<i64>, ApiError> {
     match value {
         None => Ok(None),
-        Some(id) => messages::seq_of(conn, id)?.map(Some).ok_or_else(|| {
+        Some(id) => messages::seq_of(c, id)?.map(Some).ok_or_else(|| {
             ApiError::bad_request(format!(
                 "`{key}` names no message in this broker's log; page from a message id this broker returned"
             ))
@@ -392,53 +412,51 @@ pub(super) async fn history(
     let after_ts = ms_param(q.after, "after")?;
     let before_id = q.before_id.filter(|s| !s.is_empty());
     let after_id = q.after_id.filter(|s| !s.is_empty());
-    // A read connection: never the write path's lock.
-    state.store.read(|conn| {
+    // A read transaction: never the write path's lock.
+    let rows = state.store.view(|c| -> Result<_, ApiError> {
         let feed = match (with, channel) {
             (Some(w), _) => Feed::With(w),
-            (None, Some(c)) if c == "general" => Feed::General,
-            (None, Some(c)) => {
-                let ch = match channels::by_slug(conn, &c)? {
+            (None, Some(name)) if name == "general" => Feed::General,
+            (None, Some(name)) => {
+                let ch = match channels::by_slug(c, &name)? {
                     Some(ch) => ch,
-                    None => channels::by_id(conn, &c)?
-                        .ok_or_else(|| ApiError::not_found(format!("no such channel: {c}")))?,
+                    None => channels::by_id(c, &name)?
+                        .ok_or_else(|| ApiError::not_found(format!("no such channel: {name}")))?,
                 };
-                if channels::role_of(conn, &ch.id, &caller.name)?.is_none() {
+                if channels::role_of(c, &ch.id, &caller.name)?.is_none() {
                     return Err(ApiError::forbidden("not a member of this channel"));
                 }
                 Feed::Channel(ch.id)
             }
             (None, None) => Feed::All,
         };
-        let scope =
-            messages::viewer_scope(conn, &caller.name, caller.has(Permission::MembersManage))?;
+        let scope = messages::viewer_scope(c, &caller.name, caller.has(Permission::MembersManage))?;
         let window = messages::Window {
-            after_seq: id_param(conn, after_id.as_deref(), "after_id")?,
-            before_seq: id_param(conn, before_id.as_deref(), "before_id")?,
+            after_seq: id_param(c, after_id.as_deref(), "after_id")?,
+            before_seq: id_param(c, before_id.as_deref(), "before_id")?,
             after_ts,
             before_ts,
             oldest_first: after_id.is_some() || after_ts.is_some(),
             limit,
         };
-        let rows = messages::page(conn, &caller.name, &scope, &feed, &window)?;
-        // The stored JSON is the Message as sent live: no need to decode and encode it again.
-        let mut body =
-            String::with_capacity(16 + rows.iter().map(|r| r.json.len() + 1).sum::<usize>());
-        body.push_str("{\"messages\":[");
-        for (i, row) in rows.iter().enumerate() {
-            if i > 0 {
-                body.push(',');
-            }
-            body.push_str(&row.json);
+        Ok(messages::page(c, &caller.name, &scope, &feed, &window)?)
+    })?;
+    // The stored JSON is the Message as sent live: no need to decode and encode it again.
+    let mut body = String::with_capacity(16 + rows.iter().map(|r| r.json.len() + 1).sum::<usize>());
+    body.push_str("{\"messages\":[");
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
         }
-        body.push_str("]}");
-        Ok((
-            StatusCode::OK,
-            [(axum::http::header::CONTENT_TYPE, "application/json")],
-            body,
-        )
-            .into_response())
-    })
+        body.push_str(&row.json);
+    }
+    body.push_str("]}");
+    Ok((
+        StatusCode::OK,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response())
 }
 
 #[cfg(test)]

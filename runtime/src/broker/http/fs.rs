@@ -48,8 +48,11 @@ fn required_path(uri: &Uri, key: &str) -> Result<FsPath, ApiError> {
 }
 
 fn is_objective_member(conn: &Connection, id: &str, name: &str) -> Result<bool, ApiError> {
-    Ok(objectives::get(conn, id)?
-        .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)))
+    // seam: objectives::get
+    Ok(
+        objectives::get(&crate::broker::store::Conn::sqlite(conn), id)?
+            .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)),
+    )
 }
 
 /// Whether `caller` owns `path` (may write, delete, move, list there).

@@ -17,7 +17,6 @@ use ac7_protocol::domain::vfs::FsPath;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
-use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -28,7 +27,16 @@ use crate::broker::hub::Frame;
 use crate::broker::objectives::{self as store, ListFilter};
 use crate::broker::publish::grant_attachments;
 use crate::broker::publish::{self, Draft};
+use crate::broker::store::Conn;
 use crate::broker::{AppState, fs, now_ms, team};
+
+// seam: sqlite_for (goes with the last seam that calls it)
+/// The raw SQLite connection under `c`, for the calls named by `what` that are not written
+/// against [`Conn`] yet.
+fn sqlite_for<'a>(c: &Conn<'a>, what: &str) -> Result<&'a rusqlite::Connection, StoreError> {
+    c.as_sqlite()
+        .ok_or_else(|| StoreError::Corrupt(format!("{what} not on PostgreSQL yet")))
+}
 
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
@@ -60,10 +68,10 @@ pub(super) async fn list(
         return Err(ApiError::bad_request("invalid query")
             .with("details", json!([super::name_issue("assignee")])));
     }
-    let objectives = state.store.with(|conn| -> Result<_, ApiError> {
+    let objectives = state.store.view(|c| -> Result<_, ApiError> {
         if caller.has(Permission::ObjectivesCreate) {
             Ok(store::list(
-                conn,
+                c,
                 &ListFilter {
                     assignee: assignee.as_deref(),
                     status,
@@ -77,7 +85,7 @@ pub(super) async fn list(
                 ));
             }
             Ok(store::list(
-                conn,
+                c,
                 &ListFilter {
                     assignee: None,
                     status,
@@ -89,8 +97,8 @@ pub(super) async fn list(
     Ok(reply(StatusCode::OK, &obj! {"objectives" => &objectives}))
 }
 
-pub(super) fn load(conn: &Connection, id: &str) -> Result<Objective, ApiError> {
-    store::get(conn, id)?.ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))
+pub(super) fn load(c: &Conn<'_>, id: &str) -> Result<Objective, ApiError> {
+    store::get(c, id)?.ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))
 }
 
 pub(super) fn authorize(obj: &Objective, caller: &Caller, action: Action) -> Result<(), ApiError> {
@@ -103,34 +111,36 @@ pub(super) async fn view(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    state.store.with(|conn| {
-        let obj = load(conn, &id)?;
+    let (obj, events) = state.store.view(|c| {
+        let obj = load(c, &id)?;
         authorize(&obj, &caller, Action::View)?;
-        let events = store::events(conn, &id)?;
-        #[derive(serde::Serialize)]
-        struct View {
-            objective: Objective,
-            events: Vec<ObjectiveEvent>,
-        }
-        Ok(reply(
-            StatusCode::OK,
-            &View {
-                objective: obj,
-                events,
-            },
-        ))
-    })
+        let events = store::events(c, &id)?;
+        Ok::<_, ApiError>((obj, events))
+    })?;
+    #[derive(serde::Serialize)]
+    struct View {
+        objective: Objective,
+        events: Vec<ObjectiveEvent>,
+    }
+    Ok(reply(
+        StatusCode::OK,
+        &View {
+            objective: obj,
+            events,
+        },
+    ))
 }
 
 /// Logs one lifecycle message per event (inside `conn`'s transaction) and returns
 /// the frames with their audiences, to deliver after commit.
 fn log_events(
-    conn: &Connection,
+    c: &Conn<'_>,
     obj: &Objective,
     events: &[ObjectiveEvent],
     now: i64,
 ) -> Result<Vec<(Audience, Arc<Frame>)>, StoreError> {
-    let managers = team::managers(conn)?;
+    // seam: team::managers
+    let managers = team::managers(sqlite_for(c, "team::managers")?)?;
     let mut out = Vec::with_capacity(events.len());
     for ev in events {
         let recipients = rules::event_recipients(obj, ev, managers.iter().map(String::as_str));
@@ -140,7 +150,7 @@ fn log_events(
             &recipients,
         );
         let (_, frame) = publish::log(
-            conn,
+            c,
             Draft {
                 to: None,
                 from: ev.actor.clone(),
@@ -205,59 +215,68 @@ pub(super) async fn create(
     }
     issues.finish("objective")?;
     let now = now_ms();
-    state.store.with(|conn| {
-        if !team::member_exists(conn, &b.assignee)? {
-            return Err(ApiError::bad_request(format!(
-                "unknown assignee: {}",
-                b.assignee
-            )));
-        }
-        for w in &watchers {
-            if !team::member_exists(conn, w)? {
-                return Err(ApiError::bad_request(format!("unknown watcher: {w}")));
+    let obj = state.store.tx_then(
+        |c| {
+            // seam: team::member_exists
+            let conn = sqlite_for(c, "team::member_exists")?;
+            if !team::member_exists(conn, &b.assignee)? {
+                return Err(ApiError::bad_request(format!(
+                    "unknown assignee: {}",
+                    b.assignee
+                )));
             }
-        }
-        let given = canonical_attachments(conn, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
-        let id = state.next_objective_id(conn, now)?;
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        let mut attachments = Vec::with_capacity(given.len());
-        for a in &given {
-            let src = FsPath::parse(&a.path).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let entry = fs::get(&tx, &src)?
-                .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {src}")))?;
-            let dest = FsPath::parse(&format!("/objectives/{id}"))
-                .and_then(|d| d.join(src.name()))
-                .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let copied = fs::copy(&tx, &entry, &dest, &caller.name, now)?;
-            attachments.push(Attachment {
-                path: copied.path,
-                name: copied.name,
-                size: copied.size.unwrap_or(0),
-                mime_type: copied
-                    .mime_type
-                    .unwrap_or_else(|| "application/octet-stream".into()),
-            });
-        }
-        let (obj, events) = rules::create(
-            NewObjective {
-                id,
-                title: b.title.clone(),
-                outcome: b.outcome.clone(),
-                body: b.body.clone().unwrap_or_default(),
-                assignee: b.assignee.clone(),
-                originator: caller.name.clone(),
-                watchers: watchers.clone(),
-                attachments,
-            },
-            now,
-        )
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        store::insert(&tx, &obj, &events)?;
-        let frames = log_events(&tx, &obj, &events, now)?;
-        tx.commit().map_err(StoreError::from)?;
-        deliver_all(&state, &frames, now);
-        Ok(reply(StatusCode::OK, &obj))
-    })
+            for w in &watchers {
+                if !team::member_exists(conn, w)? {
+                    return Err(ApiError::bad_request(format!("unknown watcher: {w}")));
+                }
+            }
+            let given = canonical_attachments(c, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
+            let id = state.next_objective_id(c, now)?;
+            let mut attachments = Vec::with_capacity(given.len());
+            for a in &given {
+                // seam: fs::get, fs::copy
+                let tx = sqlite_for(c, "fs::get, fs::copy")?;
+                let src =
+                    FsPath::parse(&a.path).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let entry = fs::get(tx, &src)?
+                    .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {src}")))?;
+                let dest = FsPath::parse(&format!("/objectives/{id}"))
+                    .and_then(|d| d.join(src.name()))
+                    .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                let copied = fs::copy(tx, &entry, &dest, &caller.name, now)?;
+                attachments.push(Attachment {
+                    path: copied.path,
+                    name: copied.name,
+                    size: copied.size.unwrap_or(0),
+                    mime_type: copied
+                        .mime_type
+                        .unwrap_or_else(|| "application/octet-stream".into()),
+                });
+            }
+            let (obj, events) = rules::create(
+                NewObjective {
+                    id,
+                    title: b.title.clone(),
+                    outcome: b.outcome.clone(),
+                    body: b.body.clone().unwrap_or_default(),
+                    assignee: b.assignee.clone(),
+                    originator: caller.name.clone(),
+                    watchers: watchers.clone(),
+                    attachments,
+                },
+                now,
+            )
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            store::insert(c, &obj, &events)?;
+            let frames = log_events(c, &obj, &events, now)?;
+            Ok::<_, ApiError>((obj, frames))
+        },
+        |(obj, frames)| {
+            deliver_all(&state, &frames, now);
+            obj
+        },
+    )?;
+    Ok(reply(StatusCode::OK, &obj))
 }
 
 /// Loads, authorizes, checks, applies, persists and announces one change.
@@ -266,30 +285,34 @@ fn mutate(
     caller: &Caller,
     id: &str,
     action: Action,
-    check: impl FnOnce(&Connection) -> Result<(), ApiError>,
+    check: impl FnOnce(&Conn<'_>) -> Result<(), ApiError>,
     change: Change,
 ) -> Result<Response, ApiError> {
     let now = now_ms();
-    state.store.with(|conn| {
-        let mut obj = load(conn, id)?;
-        authorize(&obj, caller, action)?;
-        check(conn)?;
-        let events = rules::apply(&mut obj, &caller.name, change, now).map_err(|e| {
-            ApiError::new(
-                StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
-                e.to_string(),
-            )
-        })?;
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        store::update(&tx, &obj, &events)?;
-        let frames = log_events(&tx, &obj, &events, now)?;
-        tx.commit().map_err(StoreError::from)?;
-        deliver_all(state, &frames, now);
-        Ok(reply(StatusCode::OK, &obj))
-    })
+    let obj = state.store.tx_then(
+        |c| {
+            let mut obj = load(c, id)?;
+            authorize(&obj, caller, action)?;
+            check(c)?;
+            let events = rules::apply(&mut obj, &caller.name, change, now).map_err(|e| {
+                ApiError::new(
+                    StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST),
+                    e.to_string(),
+                )
+            })?;
+            store::update(c, &obj, &events)?;
+            let frames = log_events(c, &obj, &events, now)?;
+            Ok::<_, ApiError>((obj, frames))
+        },
+        |(obj, frames)| {
+            deliver_all(state, &frames, now);
+            obj
+        },
+    )?;
+    Ok(reply(StatusCode::OK, &obj))
 }
 
-fn no_check(_: &Connection) -> Result<(), ApiError> {
+fn no_check(_: &Conn<'_>) -> Result<(), ApiError> {
     Ok(())
 }
 
@@ -417,8 +440,9 @@ pub(super) async fn reassign(
         .opt_len("note", b.note.as_deref(), 0, MAX_REASON_CHARS)
         .finish("reassign")?;
     let to = b.to.clone();
-    let check = move |conn: &Connection| {
-        if team::member_exists(conn, &to)? {
+    let check = move |c: &Conn<'_>| {
+        // seam: team::member_exists
+        if team::member_exists(sqlite_for(c, "team::member_exists")?, &to)? {
             Ok(())
         } else {
             Err(ApiError::bad_request(format!("unknown assignee: {to}")))
@@ -466,9 +490,10 @@ pub(super) async fn watchers(
     }
     issues.finish("watchers")?;
     let names: Vec<String> = add.iter().chain(&remove).cloned().collect();
-    let check = move |conn: &Connection| {
+    let check = move |c: &Conn<'_>| {
         for n in &names {
-            if !team::member_exists(conn, n)? {
+            // seam: team::member_exists
+            if !team::member_exists(sqlite_for(c, "team::member_exists")?, n)? {
                 return Err(ApiError::bad_request(format!("unknown watcher: {n}")));
             }
         }
@@ -510,35 +535,40 @@ pub(super) async fn discuss(
         )
         .finish("discuss")?;
     let now = now_ms();
-    state.store.with(|conn| {
-        let obj = load(conn, &id)?;
-        authorize(&obj, &caller, Action::Discuss)?;
-        let attachments =
-            canonical_attachments(conn, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
-        let managers = team::managers(conn)?;
-        let members = rules::thread_members(&obj, managers.iter().map(String::as_str));
-        let audience = message::audience(
-            Some(&caller.name),
-            &Route::Objective(obj.id.clone()),
-            &members,
-        );
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        let (msg, frame) = publish::log(
-            &tx,
-            Draft {
-                to: None,
-                from: caller.name.clone(),
-                title: b.title.clone(),
-                body: b.body.clone(),
-                level: LogLevel::Info,
-                data: rules::discuss_data(&obj.id),
-                attachments,
-            },
-            now,
-        )?;
-        grant_attachments(&tx, &msg.attachments, &members, now)?;
-        tx.commit().map_err(StoreError::from)?;
-        publish::deliver(&state, &audience, &frame, now);
-        Ok(reply(StatusCode::OK, &msg))
-    })
+    let msg = state.store.tx_then(
+        |c| {
+            let obj = load(c, &id)?;
+            authorize(&obj, &caller, Action::Discuss)?;
+            let attachments =
+                canonical_attachments(c, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
+            // seam: team::managers
+            let managers = team::managers(sqlite_for(c, "team::managers")?)?;
+            let members = rules::thread_members(&obj, managers.iter().map(String::as_str));
+            let audience = message::audience(
+                Some(&caller.name),
+                &Route::Objective(obj.id.clone()),
+                &members,
+            );
+            let (msg, frame) = publish::log(
+                c,
+                Draft {
+                    to: None,
+                    from: caller.name.clone(),
+                    title: b.title.clone(),
+                    body: b.body.clone(),
+                    level: LogLevel::Info,
+                    data: rules::discuss_data(&obj.id),
+                    attachments,
+                },
+                now,
+            )?;
+            grant_attachments(c, &msg.attachments, &members, now)?;
+            Ok::<_, ApiError>((msg, audience, frame))
+        },
+        |(msg, audience, frame)| {
+            publish::deliver(&state, &audience, &frame, now);
+            msg
+        },
+    )?;
+    Ok(reply(StatusCode::OK, &msg))
 }

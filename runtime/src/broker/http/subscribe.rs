@@ -36,6 +36,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use super::{ApiError, Caller, Shared};
+use crate::broker::db::StoreError;
 use crate::broker::hub::{Closed, Frame, Receiver, SubscribeError};
 use crate::broker::{AppState, messages, now_ms};
 use ac7_protocol::domain::permission::Permission;
@@ -92,42 +93,55 @@ pub(super) async fn subscribe(
     let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
 
     let now = now_ms();
-    let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
-        let opening = match &last_id {
-            None => Opening::Live,
-            Some(id) => match messages::seq_of(conn, id)? {
-                None => Opening::Reset(Reset::unknown_id(id)),
-                Some(cursor) => Opening::Replay(Replay {
-                    state: Arc::clone(&state),
-                    source: Source::Messages {
-                        viewer: caller.name.clone(),
-                        scope: Arc::new(messages::viewer_scope(
-                            conn,
-                            &caller.name,
-                            caller.has(Permission::MembersManage),
-                        )?),
-                    },
-                    cursor,
-                    head: messages::head(conn)?,
-                }),
-            },
-        };
-        if !state.hub.has_member(&caller.name)
-            && let Some(m) = crate::broker::team::member_get(conn, &caller.name)?
-        {
-            // Added offline (`ac7 member add`) while the broker was running.
-            state.hub.register_member(&m.name, m.role, now);
-        }
-        // A token revoked since this request authenticated (the auth cache) gets no stream.
-        if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
-            return Err(ApiError::unauthorized("unknown token"));
-        }
-        let sub = state
-            .hub
-            .subscribe(&caller.name, &caller.token_id, now)
-            .map_err(subscribe_error)?;
-        Ok((opening, sub))
-    })?;
+    // The head is read and the subscription taken in one write transaction: on SQLite no push
+    // commits (and delivers) in between, so every message is either replayed or live.
+    let (opening, sub) = state.store.tx_then(
+        |c| -> Result<_, ApiError> {
+            let opening = match &last_id {
+                None => Opening::Live,
+                Some(id) => match messages::seq_of(c, id)? {
+                    None => Opening::Reset(Reset::unknown_id(id)),
+                    Some(cursor) => Opening::Replay(Replay {
+                        state: Arc::clone(&state),
+                        source: Source::Messages {
+                            viewer: caller.name.clone(),
+                            scope: Arc::new(messages::viewer_scope(
+                                c,
+                                &caller.name,
+                                caller.has(Permission::MembersManage),
+                            )?),
+                        },
+                        cursor,
+                        head: messages::head(c)?,
+                    }),
+                },
+            };
+            // seam: team::member_get, team::token_id_exists
+            let conn = c.as_sqlite().ok_or_else(|| {
+                StoreError::Corrupt(
+                    "team::member_get, team::token_id_exists not on PostgreSQL yet".into(),
+                )
+            })?;
+            if !state.hub.has_member(&caller.name)
+                && let Some(m) = crate::broker::team::member_get(conn, &caller.name)?
+            {
+                // Added offline (`ac7 member add`) while the broker was running.
+                state.hub.register_member(&m.name, m.role, now);
+            }
+            // A token revoked since this request authenticated (the auth cache) gets no stream.
+            if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+                return Err(ApiError::unauthorized("unknown token"));
+            }
+            Ok(opening)
+        },
+        |opening| {
+            state
+                .hub
+                .subscribe(&caller.name, &caller.token_id, now)
+                .map(|sub| (opening, sub))
+                .map_err(subscribe_error)
+        },
+    )??;
     Ok(respond(&state, upgrade, opening, sub, false))
 }
 
@@ -269,9 +283,9 @@ impl Replay {
                     limit: REPLAY_PAGE,
                 };
                 tokio::task::spawn_blocking(move || {
-                    state.store.read(|conn| {
-                        messages::page(conn, &viewer, &scope, &messages::Feed::All, &window)
-                    })
+                    state
+                        .store
+                        .view(|c| messages::page(c, &viewer, &scope, &messages::Feed::All, &window))
                 })
                 .await
                 .map_err(|e| e.to_string())?
@@ -289,9 +303,13 @@ impl Replay {
                     ..Default::default()
                 };
                 tokio::task::spawn_blocking(move || {
-                    state
-                        .store
-                        .read(|conn| crate::broker::activity::list(conn, &member, &q, true))
+                    state.store.view(|c| {
+                        // seam: activity::list
+                        let conn = c.as_sqlite().ok_or_else(|| {
+                            StoreError::Corrupt("activity::list not on PostgreSQL yet".into())
+                        })?;
+                        crate::broker::activity::list(conn, &member, &q, true)
+                    })
                 })
                 .await
                 .map_err(|e| e.to_string())?
