@@ -363,7 +363,7 @@ pub async fn start(
             ),
             source,
         })?;
-    store.with(|conn| blobs::recover(conn, &blob_dir))?;
+    store.tx(|c| blobs::recover(c, &blob_dir))?;
     let boot_time = now_ms();
     let limits = hub::HubLimits {
         queue_frames: config.queue_capacity,

@@ -75,7 +75,8 @@ pub fn grant_attachments(
         };
         for r in recipients {
             if owner.as_deref() != Some(r.as_str()) {
-                fs::grant(conn, &a.path, r, now)?;
+                // seam: fs::grant
+                fs::grant(&super::store::Conn::sqlite(conn), &a.path, r, now)?;
             }
         }
     }

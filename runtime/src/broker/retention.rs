@@ -92,7 +92,10 @@ pub(crate) fn spawn(state: &Arc<AppState>, days: u32) {
                 let dir = state.blob_dir();
                 state
                     .store
-                    .with(|conn| super::blobs::empty_trash(conn, &dir))?;
+                    // seam: blobs::empty_trash
+                    .with(|conn| {
+                        super::blobs::empty_trash(&super::store::Conn::sqlite(conn), &dir)
+                    })?;
                 Ok::<_, StoreError>(pruned)
             })
             .await;

@@ -191,14 +191,16 @@ pub(super) fn canonical_attachments(
     for a in given {
         let path = FsPath::parse(&a.path)
             .map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
-        let entry = fs::get(conn, &path)?
+        // seam: fs::get
+        let entry = fs::get(&crate::broker::store::Conn::sqlite(conn), &path)?
             .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {path}")))?;
         if entry.is_dir() {
             return Err(ApiError::bad_request(format!(
                 "attachment is a directory: {path}"
             )));
         }
-        if !super::fs::can_read(conn, caller, &path)? {
+        // seam: fs::can_read
+        if !super::fs::can_read(&crate::broker::store::Conn::sqlite(conn), caller, &path)? {
             return Err(ApiError::forbidden(format!(
                 "no access to attachment: {path}"
             )));

@@ -223,12 +223,20 @@ pub(super) async fn create(
         let mut attachments = Vec::with_capacity(given.len());
         for a in &given {
             let src = FsPath::parse(&a.path).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let entry = fs::get(&tx, &src)?
+            // seam: fs::get
+            let entry = fs::get(&crate::broker::store::Conn::sqlite(&tx), &src)?
                 .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {src}")))?;
             let dest = FsPath::parse(&format!("/objectives/{id}"))
                 .and_then(|d| d.join(src.name()))
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let copied = fs::copy(&tx, &entry, &dest, &caller.name, now)?;
+            // seam: fs::copy
+            let copied = fs::copy(
+                &crate::broker::store::Conn::sqlite(&tx),
+                &entry,
+                &dest,
+                &caller.name,
+                now,
+            )?;
             attachments.push(Attachment {
                 path: copied.path,
                 name: copied.name,
