@@ -35,6 +35,7 @@ mod broker_tls;
 mod call_tool;
 mod codex_real;
 mod ipc_server;
+mod pg_fs;
 mod pg_store;
 mod quickstart;
 mod runner_activity;
