@@ -478,6 +478,6 @@ pub(super) async fn all(State(state): State<Shared>, caller: Caller) -> Result<R
             "admin permission required to list all files".into(),
         ));
     }
-    let entries = state.store.view(|c| store::all_files(c))?;
+    let entries = state.store.view(store::all_files)?;
     Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }
