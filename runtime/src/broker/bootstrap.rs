@@ -156,7 +156,8 @@ pub fn add_member(
     }
     let home = FsPath::parse(&format!("/{}", record.name))
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    fs::ensure_dir(conn, &home, &record.name, now)
+    // seam: fs::ensure_dir
+    fs::ensure_dir(&super::store::Conn::sqlite(conn), &home, &record.name, now)
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let (token, _) =
         team::token_issue(conn, &record.name, "initial", "bootstrap", created_by, now)?;
@@ -190,12 +191,12 @@ pub fn remove_member(
     let Some(id) = team::member_seq(conn, name)? else {
         return Ok(false);
     };
-    fs::archive_home(conn, name, id, actor, now).map_err(|e| match e {
+    let c = super::store::Conn::sqlite(conn);
+    fs::archive_home(&c, name, id, actor, now).map_err(|e| match e {
         fs::FsError::Store(e) => e,
         other => StoreError::Corrupt(other.to_string()),
     })?;
-    // seam: objectives::detach_member
-    super::objectives::detach_member(&super::store::Conn::sqlite(conn), name)?;
+    super::objectives::detach_member(&c, name)?;
     team::member_delete(conn, name)
 }
 

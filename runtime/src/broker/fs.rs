@@ -3,18 +3,23 @@
 //!
 //! File bytes are stored once per SHA-256 however many entries point at them:
 //! the `blobs` table keeps each blob's size and `refcount` (the entries pointing
-//! at it), and the bytes live in the blob directory ([`super::blobs`]; older
-//! databases keep them in the row). The row is deleted with the last entry.
-//! Entry and blob row change in one transaction, so a write is either wholly
-//! there or not at all.
+//! at it), and the bytes live where [`super::blobs`] keeps them (on SQLite the blob
+//! directory, older databases in the row; on PostgreSQL chunks in the database). The
+//! row is deleted with the last entry. Entry and blob row change in one transaction,
+//! so a write is either wholly there or not at all.
+//!
+//! Every function runs on a [`Conn`], in the caller's transaction, on SQLite or
+//! PostgreSQL alike.
 
 use ac7_protocol::domain::vfs::FsPath;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
+pub use super::blobs::Content;
 use super::blobs::{self, StagedBlob, Stored};
 use super::db::StoreError;
+use super::store::{Conn, Row};
 use super::tokens::sha256_hex;
+use crate::params;
 
 /// An entry (`FsEntry`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -137,14 +142,14 @@ pub enum Collide {
 
 const COLS: &str = "path, name, kind, owner, size, mime, hash, created_at, created_by, updated_at";
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FsEntry> {
+fn row(r: &Row) -> Result<FsEntry, StoreError> {
     Ok(FsEntry {
         path: r.get(0)?,
         name: r.get(1)?,
         kind: r.get(2)?,
         owner: r.get(3)?,
         size: r
-            .get::<_, Option<i64>>(4)?
+            .get::<Option<i64>>(4)?
             .map(|s| u64::try_from(s).unwrap_or(0)),
         mime_type: r.get(5)?,
         hash: r.get(6)?,
@@ -155,101 +160,104 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FsEntry> {
 }
 
 /// One entry.
-pub fn get(conn: &Connection, path: &FsPath) -> Result<Option<FsEntry>, StoreError> {
-    Ok(conn
-        .prepare_cached(&format!("SELECT {COLS} FROM fs_entries WHERE path = ?1"))?
-        .query_row([path.as_str()], row)
-        .optional()?)
+pub fn get(c: &Conn<'_>, path: &FsPath) -> Result<Option<FsEntry>, StoreError> {
+    c.query_row(
+        &format!("SELECT {COLS} FROM fs_entries WHERE path = ?1"),
+        params![path.as_str()],
+        row,
+    )
 }
 
 /// Children of a directory: directories first, then files, each by name.
-pub fn children(conn: &Connection, dir: &FsPath) -> Result<Vec<FsEntry>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM fs_entries WHERE parent = ?1 ORDER BY CASE kind WHEN 'directory' THEN 0 ELSE 1 END, name"
-    ))?;
-    Ok(stmt
-        .query_map([dir.as_str()], row)?
-        .collect::<Result<_, _>>()?)
+pub fn children(c: &Conn<'_>, dir: &FsPath) -> Result<Vec<FsEntry>, StoreError> {
+    c.query(
+        &format!(
+            "SELECT {COLS} FROM fs_entries WHERE parent = ?1 ORDER BY CASE kind WHEN 'directory' THEN 0 ELSE 1 END, name"
+        ),
+        params![dir.as_str()],
+        row,
+    )
 }
 
 /// Every file, newest first.
-pub fn all_files(conn: &Connection) -> Result<Vec<FsEntry>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLS} FROM fs_entries WHERE kind = 'file' ORDER BY updated_at DESC, path"
-    ))?;
-    Ok(stmt.query_map([], row)?.collect::<Result<_, _>>()?)
+pub fn all_files(c: &Conn<'_>) -> Result<Vec<FsEntry>, StoreError> {
+    c.query(
+        &format!(
+            "SELECT {COLS} FROM fs_entries WHERE kind = 'file' ORDER BY updated_at DESC, path"
+        ),
+        params![],
+        row,
+    )
 }
 
 /// Files granted to `member`, most recently updated first.
-pub fn shared_with(conn: &Connection, member: &str) -> Result<Vec<FsEntry>, StoreError> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {} FROM fs_entries e JOIN fs_grants g ON g.path = e.path
-         WHERE g.member_name = ?1 AND e.kind = 'file' ORDER BY e.updated_at DESC, e.path",
-        COLS.split(", ")
-            .map(|c| format!("e.{c}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    ))?;
-    Ok(stmt.query_map([member], row)?.collect::<Result<_, _>>()?)
+pub fn shared_with(c: &Conn<'_>, member: &str) -> Result<Vec<FsEntry>, StoreError> {
+    c.query(
+        &format!(
+            "SELECT {} FROM fs_entries e JOIN fs_grants g ON g.path = e.path
+             WHERE g.member_name = ?1 AND e.kind = 'file' ORDER BY e.updated_at DESC, e.path",
+            COLS.split(", ")
+                .map(|c| format!("e.{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        params![member],
+        row,
+    )
 }
 
 /// Whether `member` holds a read grant on `path`.
-pub fn has_grant(conn: &Connection, path: &FsPath, member: &str) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM fs_grants WHERE path = ?1 AND member_name = ?2")?
-        .query_row([path.as_str(), member], |_| Ok(()))
-        .optional()?
-        .is_some())
+pub fn has_grant(c: &Conn<'_>, path: &FsPath, member: &str) -> Result<bool, StoreError> {
+    c.exists(
+        "SELECT 1 FROM fs_grants WHERE path = ?1 AND member_name = ?2",
+        params![path.as_str(), member],
+    )
 }
 
 /// Grants `member` read access to `path`.
-pub fn grant(conn: &Connection, path: &str, member: &str, now: i64) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT OR IGNORE INTO fs_grants (path, member_name, granted_at) VALUES (?1, ?2, ?3)",
-    )?
-    .execute(params![path, member, now])?;
+pub fn grant(c: &Conn<'_>, path: &str, member: &str, now: i64) -> Result<(), StoreError> {
+    c.execute(
+        "INSERT INTO fs_grants (path, member_name, granted_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (path, member_name) DO NOTHING",
+        params![path, member, now],
+    )?;
     Ok(())
 }
 
 /// Creates `dir` and any missing ancestors as directories. Fails if something on the way is a file.
-pub fn ensure_dir(
-    conn: &Connection,
-    dir: &FsPath,
-    actor: &str,
-    now: i64,
-) -> Result<FsEntry, FsError> {
+pub fn ensure_dir(c: &Conn<'_>, dir: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
     let mut chain = dir.ancestors();
     chain.push(dir.clone());
     let mut last = None;
     for p in chain {
-        match get(conn, &p)? {
+        match get(c, &p)? {
             Some(e) if e.is_dir() => last = Some(e),
             Some(_) => return Err(FsError::NotADirectory(p.to_string())),
-            None => last = Some(insert_dir(conn, &p, actor, now)?),
+            None => last = Some(insert_dir(c, &p, actor, now)?),
         }
     }
     last.ok_or_else(|| FsError::InvalidInput("cannot create /".into()))
 }
 
-fn insert_dir(conn: &Connection, p: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
+fn insert_dir(c: &Conn<'_>, p: &FsPath, actor: &str, now: i64) -> Result<FsEntry, FsError> {
     let parent = p.parent().unwrap_or_else(FsPath::root);
-    conn.prepare_cached(
+    c.execute(
         "INSERT INTO fs_entries (path, parent, name, kind, owner, created_at, created_by, updated_at)
          VALUES (?1, ?2, ?3, 'directory', ?4, ?5, ?6, ?5)",
-    )?
-    .execute(params![p.as_str(), parent.as_str(), p.name(), p.owner(), now, actor])?;
-    get(conn, p)?.ok_or_else(|| FsError::NotFound(p.to_string()))
+        params![p.as_str(), parent.as_str(), p.name(), p.owner(), now, actor],
+    )?;
+    get(c, p)?.ok_or_else(|| FsError::NotFound(p.to_string()))
 }
 
 /// `mkdir`: with `recursive`, creates missing parents; without, the parent must exist.
 pub fn mkdir(
-    conn: &Connection,
+    c: &Conn<'_>,
     p: &FsPath,
     recursive: bool,
     actor: &str,
     now: i64,
 ) -> Result<FsEntry, FsError> {
-    if let Some(existing) = get(conn, p)? {
+    if let Some(existing) = get(c, p)? {
         return if existing.is_dir() && recursive {
             Ok(existing)
         } else {
@@ -258,7 +266,7 @@ pub fn mkdir(
     }
     let parent = p.parent().unwrap_or_else(FsPath::root);
     if !recursive && !parent.is_root() {
-        match get(conn, &parent)? {
+        match get(c, &parent)? {
             None => {
                 return Err(FsError::NotFound(format!(
                     "parent does not exist: {parent}"
@@ -268,48 +276,14 @@ pub fn mkdir(
             Some(_) => {}
         }
     }
-    ensure_dir(conn, p, actor, now)
-}
-
-fn blob_ref(conn: &Connection, hash: &str, data: &[u8]) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO blobs (hash, size, refcount, data) VALUES (?1, ?2, 1, ?3)
-         ON CONFLICT(hash) DO UPDATE SET refcount = refcount + 1",
-    )?
-    .execute(params![hash, data.len() as i64, data])?;
-    Ok(())
-}
-
-fn blob_unref(conn: &Connection, hash: &str) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE blobs SET refcount = refcount - 1 WHERE hash = ?1")?
-        .execute([hash])?;
-    let gone = conn
-        .prepare_cached("DELETE FROM blobs WHERE hash = ?1 AND refcount <= 0")?
-        .execute([hash])?;
-    if gone > 0 {
-        // The file goes after the commit (blobs::empty_trash).
-        conn.prepare_cached("INSERT OR IGNORE INTO blob_trash (hash) VALUES (?1)")?
-            .execute([hash])?;
-    }
-    Ok(())
-}
-
-/// Where the content of a write comes from.
-#[derive(Debug, Clone, Copy)]
-pub enum Content<'a> {
-    /// Bytes kept in the blob's row.
-    Inline(&'a [u8]),
-    /// A blob the store already holds (a copy).
-    Shared,
-    /// An upload staged in the blob directory; published to its address if new.
-    Staged(&'a StagedBlob),
+    ensure_dir(c, p, actor, now)
 }
 
 /// Writes a staged upload as a file (see [`write()`]). Call
 /// [`StagedBlob::unpublish`] if the transaction then fails to commit.
 #[allow(clippy::too_many_arguments)]
 pub fn write_staged(
-    conn: &Connection,
+    c: &Conn<'_>,
     p: &FsPath,
     staged: &StagedBlob,
     mime: &str,
@@ -318,7 +292,7 @@ pub fn write_staged(
     now: i64,
 ) -> Result<(FsEntry, bool), FsError> {
     place(
-        conn,
+        c,
         p,
         &staged.hash,
         Content::Staged(staged),
@@ -332,13 +306,17 @@ pub fn write_staged(
 
 /// Bytes of files charged to `member`: files in its home, and files it created
 /// in objective folders. Sizes are logical (a copy counts again).
-pub fn usage(conn: &Connection, member: &str) -> Result<u64, StoreError> {
-    let n: i64 = conn
-        .prepare_cached(
-            "SELECT COALESCE(SUM(size), 0) FROM fs_entries WHERE kind = 'file'
-             AND (owner = ?1 OR (owner LIKE 'obj:%' AND created_by = ?1))",
+pub fn usage(c: &Conn<'_>, member: &str) -> Result<u64, StoreError> {
+    // `lower(substr(…))`: the prefix test SQLite's `LIKE 'obj:%'` made (ASCII case folded),
+    // the same on PostgreSQL.
+    let n = c
+        .query_row(
+            "SELECT COALESCE(CAST(SUM(size) AS BIGINT), 0) FROM fs_entries WHERE kind = 'file'
+             AND (owner = ?1 OR (lower(substr(owner, 1, 4)) = 'obj:' AND created_by = ?1))",
+            params![member],
+            |r| r.get::<i64>(0),
         )?
-        .query_row([member], |r| r.get(0))?;
+        .unwrap_or(0);
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
@@ -352,7 +330,7 @@ pub fn charged_to(p: &FsPath, actor: &str) -> String {
 
 /// Writes a file. Parents are created. Returns the entry and whether it was renamed.
 pub fn write(
-    conn: &Connection,
+    c: &Conn<'_>,
     p: &FsPath,
     data: &[u8],
     mime: &str,
@@ -362,7 +340,7 @@ pub fn write(
 ) -> Result<(FsEntry, bool), FsError> {
     let hash = sha256_hex(data);
     place(
-        conn,
+        c,
         p,
         &hash,
         Content::Inline(data),
@@ -376,7 +354,7 @@ pub fn write(
 
 #[allow(clippy::too_many_arguments)]
 fn place(
-    conn: &Connection,
+    c: &Conn<'_>,
     p: &FsPath,
     hash: &str,
     data: Content<'_>,
@@ -391,12 +369,12 @@ fn place(
             "cannot write {p}: files must live inside a home or objective directory"
         ))
     })?;
-    ensure_dir(conn, &parent, actor, now)?;
+    ensure_dir(c, &parent, actor, now)?;
     let mut target = p.clone();
     let mut renamed = false;
     let mut n = 0;
     loop {
-        match get(conn, &target)? {
+        match get(c, &target)? {
             None => break,
             Some(e) if e.is_dir() => {
                 if collide == Collide::Suffix {
@@ -408,17 +386,17 @@ fn place(
             Some(existing) => match collide {
                 Collide::Error => return Err(FsError::Exists(target.to_string())),
                 Collide::Overwrite => {
-                    add_blob(conn, hash, data)?;
-                    conn.prepare_cached(
+                    add_blob(c, hash, data)?;
+                    c.execute(
                         "UPDATE fs_entries SET size = ?2, mime = ?3, hash = ?4, updated_at = ?5 WHERE path = ?1",
-                    )?
-                    .execute(params![target.as_str(), size as i64, mime, hash, now])?;
+                        params![target.as_str(), size as i64, mime, hash, now],
+                    )?;
                     // After the entry stops pointing at it (the blob row may go).
                     if let Some(old) = &existing.hash {
-                        blob_unref(conn, old)?;
+                        blobs::unref(c, old)?;
                     }
                     let entry =
-                        get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
+                        get(c, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
                     return Ok((entry, false));
                 }
                 Collide::Suffix => {}
@@ -433,51 +411,28 @@ fn place(
             .map_err(|e| FsError::InvalidInput(e.to_string()))?;
         renamed = true;
     }
-    add_blob(conn, hash, data)?;
-    conn.prepare_cached(
+    add_blob(c, hash, data)?;
+    c.execute(
         "INSERT INTO fs_entries (path, parent, name, kind, owner, size, mime, hash, created_at, created_by, updated_at)
          VALUES (?1, ?2, ?3, 'file', ?4, ?5, ?6, ?7, ?8, ?9, ?8)",
-    )?
-    .execute(params![target.as_str(), parent.as_str(), target.name(), target.owner(), size as i64, mime, hash, now, actor])?;
-    let entry = get(conn, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
+        params![target.as_str(), parent.as_str(), target.name(), target.owner(), size as i64, mime, hash, now, actor],
+    )?;
+    let entry = get(c, &target)?.ok_or_else(|| FsError::NotFound(target.to_string()))?;
     Ok((entry, renamed))
 }
 
-fn add_blob(conn: &Connection, hash: &str, data: Content<'_>) -> Result<(), FsError> {
-    match data {
-        Content::Inline(d) => blob_ref(conn, hash, d)?,
-        Content::Staged(staged) => {
-            let n = conn
-                .prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?
-                .execute([hash])?;
-            if n == 0 {
-                staged.publish().map_err(|source| StoreError::File {
-                    what: "cannot store a blob".into(),
-                    source,
-                })?;
-                conn.prepare_cached(
-                    "INSERT INTO blobs (hash, size, refcount, data) VALUES (?1, ?2, 1, x'')",
-                )?
-                .execute(params![hash, staged.size as i64])?;
-            }
-        }
-        Content::Shared => {
-            let n = conn
-                .prepare_cached("UPDATE blobs SET refcount = refcount + 1 WHERE hash = ?1")?
-                .execute([hash])?;
-            if n != 1 {
-                return Err(FsError::InvalidInput(format!(
-                    "attachment is corrupt: blob {hash} is missing"
-                )));
-            }
-        }
+fn add_blob(c: &Conn<'_>, hash: &str, data: Content<'_>) -> Result<(), FsError> {
+    if !blobs::add_ref(c, hash, data)? {
+        return Err(FsError::InvalidInput(format!(
+            "attachment is corrupt: blob {hash} is missing"
+        )));
     }
     Ok(())
 }
 
 /// Copies a file entry to `to` (suffixing on collision), sharing its blob.
 pub fn copy(
-    conn: &Connection,
+    c: &Conn<'_>,
     from: &FsEntry,
     to: &FsPath,
     actor: &str,
@@ -492,7 +447,7 @@ pub fn copy(
         .clone()
         .unwrap_or_else(|| "application/octet-stream".into());
     Ok(place(
-        conn,
+        c,
         to,
         &hash,
         Content::Shared,
@@ -506,69 +461,60 @@ pub fn copy(
 }
 
 /// Opens a file's content (`blob_dir`: the blob directory).
-pub fn read(
-    conn: &Connection,
-    blob_dir: &std::path::Path,
-    entry: &FsEntry,
-) -> Result<Stored, FsError> {
+pub fn read(c: &Conn<'_>, blob_dir: &std::path::Path, entry: &FsEntry) -> Result<Stored, FsError> {
     let hash = entry
         .hash
         .as_deref()
         .ok_or_else(|| FsError::IsADirectory(entry.path.clone()))?;
-    blobs::open(conn, blob_dir, hash)?.ok_or_else(|| {
+    blobs::open(c, blob_dir, hash)?.ok_or_else(|| {
         FsError::InvalidInput(format!("file is corrupt (missing content): {}", entry.path))
     })
 }
 
 /// Removes a file, or a directory (non-empty only with `recursive`).
-pub fn remove(conn: &Connection, p: &FsPath, recursive: bool) -> Result<(), FsError> {
-    let entry = get(conn, p)?.ok_or_else(|| FsError::NotFound(format!("no such path: {p}")))?;
+pub fn remove(c: &Conn<'_>, p: &FsPath, recursive: bool) -> Result<(), FsError> {
+    let entry = get(c, p)?.ok_or_else(|| FsError::NotFound(format!("no such path: {p}")))?;
     if entry.is_dir() {
         let prefix = format!("{}/", p.as_str());
-        let below: Vec<(String, Option<String>)> = {
-            let mut stmt = conn.prepare_cached(
-                "SELECT path, hash FROM fs_entries WHERE substr(path, 1, length(?1)) = ?1",
-            )?;
-            stmt.query_map([&prefix], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?
-        };
+        let below = c.query(
+            "SELECT path, hash FROM fs_entries WHERE substr(path, 1, length(?1)) = ?1",
+            params![prefix],
+            |r| Ok((r.get::<String>(0)?, r.get::<Option<String>>(1)?)),
+        )?;
         if !below.is_empty() && !recursive {
             return Err(FsError::NotEmpty(p.to_string()));
         }
         for (path, hash) in below {
-            delete_entry(conn, &path, hash.as_deref())?;
+            delete_entry(c, &path, hash.as_deref())?;
         }
     }
-    delete_entry(conn, p.as_str(), entry.hash.as_deref())
+    delete_entry(c, p.as_str(), entry.hash.as_deref())
 }
 
-fn delete_entry(conn: &Connection, path: &str, hash: Option<&str>) -> Result<(), FsError> {
-    conn.prepare_cached("DELETE FROM fs_entries WHERE path = ?1")?
-        .execute([path])?;
-    conn.prepare_cached("DELETE FROM fs_grants WHERE path = ?1")?
-        .execute([path])?;
+fn delete_entry(c: &Conn<'_>, path: &str, hash: Option<&str>) -> Result<(), FsError> {
+    c.execute("DELETE FROM fs_entries WHERE path = ?1", params![path])?;
+    c.execute("DELETE FROM fs_grants WHERE path = ?1", params![path])?;
     if let Some(h) = hash {
-        blob_unref(conn, h)?;
+        blobs::unref(c, h)?;
     }
     Ok(())
 }
 
 /// Moves a file (directories are refused). Grants follow the file.
 pub fn rename(
-    conn: &Connection,
+    c: &Conn<'_>,
     from: &FsPath,
     to: &FsPath,
     actor: &str,
     now: i64,
 ) -> Result<FsEntry, FsError> {
-    let entry =
-        get(conn, from)?.ok_or_else(|| FsError::NotFound(format!("no such path: {from}")))?;
+    let entry = get(c, from)?.ok_or_else(|| FsError::NotFound(format!("no such path: {from}")))?;
     if entry.is_dir() {
         return Err(FsError::InvalidInput(
             "directory move is not supported yet".into(),
         ));
     }
-    if get(conn, to)?.is_some() {
+    if get(c, to)?.is_some() {
         return Err(FsError::Exists(to.to_string()));
     }
     let parent = to.parent().filter(|q| !q.is_root()).ok_or_else(|| {
@@ -576,14 +522,23 @@ pub fn rename(
             "cannot move to {to}: files must live inside a directory"
         ))
     })?;
-    ensure_dir(conn, &parent, actor, now)?;
-    conn.prepare_cached(
+    ensure_dir(c, &parent, actor, now)?;
+    c.execute(
         "UPDATE fs_entries SET path = ?2, parent = ?3, name = ?4, owner = ?5, updated_at = ?6 WHERE path = ?1",
-    )?
-    .execute(params![from.as_str(), to.as_str(), parent.as_str(), to.name(), to.owner(), now])?;
-    conn.prepare_cached("UPDATE OR REPLACE fs_grants SET path = ?2 WHERE path = ?1")?
-        .execute([from.as_str(), to.as_str()])?;
-    get(conn, to)?.ok_or_else(|| FsError::NotFound(to.to_string()))
+        params![from.as_str(), to.as_str(), parent.as_str(), to.name(), to.owner(), now],
+    )?;
+    // The grants move; a member's grant already at the destination gives way to the one that
+    // moves there (SQLite's `UPDATE OR REPLACE`).
+    c.execute(
+        "DELETE FROM fs_grants WHERE path = ?2
+         AND member_name IN (SELECT member_name FROM fs_grants WHERE path = ?1)",
+        params![from.as_str(), to.as_str()],
+    )?;
+    c.execute(
+        "UPDATE fs_grants SET path = ?2 WHERE path = ?1",
+        params![from.as_str(), to.as_str()],
+    )?;
+    get(c, to)?.ok_or_else(|| FsError::NotFound(to.to_string()))
 }
 
 /// The top-level folder removed members' homes move to. Its name has a space, which no
@@ -594,7 +549,7 @@ pub const REMOVED_HOMES: &str = "/removed members";
 /// its `members.seq`, never reused; a free suffix is added should a folder of that name exist),
 /// with the read grants on it. Returns where it went; `None` without a home.
 pub fn archive_home(
-    conn: &Connection,
+    c: &Conn<'_>,
     member: &str,
     id: i64,
     actor: &str,
@@ -602,16 +557,16 @@ pub fn archive_home(
 ) -> Result<Option<FsPath>, FsError> {
     let home =
         FsPath::parse(&format!("/{member}")).map_err(|e| FsError::InvalidInput(e.to_string()))?;
-    if get(conn, &home)?.is_none() {
+    if get(c, &home)?.is_none() {
         return Ok(None);
     }
     let root = FsPath::parse(REMOVED_HOMES).map_err(|e| FsError::InvalidInput(e.to_string()))?;
-    ensure_dir(conn, &root, actor, now)?;
+    ensure_dir(c, &root, actor, now)?;
     let mut dest = root
         .join(&format!("{member}-{id}"))
         .map_err(|e| FsError::InvalidInput(e.to_string()))?;
     let mut n = 0;
-    while get(conn, &dest)?.is_some() {
+    while get(c, &dest)?.is_some() {
         n += 1;
         dest = root
             .join(&format!("{member}-{id}-{n}"))
@@ -620,7 +575,7 @@ pub fn archive_home(
     let (from, to) = (home.as_str(), dest.as_str());
     // Every entry at or below the home: the path's prefix changes; the home itself also gets
     // its new parent and name; all of them the owner of the new place.
-    conn.execute(
+    c.execute(
         "UPDATE fs_entries SET
              path = ?2 || substr(path, length(?1) + 1),
              parent = CASE WHEN path = ?1 THEN ?3 ELSE ?2 || substr(parent, length(?1) + 1) END,
@@ -629,8 +584,18 @@ pub fn archive_home(
          WHERE path = ?1 OR substr(path, 1, length(?1) + 1) = ?1 || '/'",
         params![from, to, root.as_str(), dest.name(), dest.owner()],
     )?;
-    conn.execute(
-        "UPDATE OR REPLACE fs_grants SET path = ?2 || substr(path, length(?1) + 1)
+    // The grants follow; one already at a destination path, for the same member, gives way
+    // to the one that moves there (SQLite's `UPDATE OR REPLACE`).
+    c.execute(
+        "DELETE FROM fs_grants WHERE EXISTS (
+             SELECT 1 FROM fs_grants g
+             WHERE g.member_name = fs_grants.member_name
+               AND (g.path = ?1 OR substr(g.path, 1, length(?1) + 1) = ?1 || '/')
+               AND ?2 || substr(g.path, length(?1) + 1) = fs_grants.path)",
+        params![from, to],
+    )?;
+    c.execute(
+        "UPDATE fs_grants SET path = ?2 || substr(path, length(?1) + 1)
          WHERE path = ?1 OR substr(path, 1, length(?1) + 1) = ?1 || '/'",
         params![from, to],
     )?;
@@ -638,12 +603,13 @@ pub fn archive_home(
 }
 
 /// Number of stored blobs and the sum of their reference counts (for tests and diagnostics).
-pub fn blob_stats(conn: &Connection) -> Result<(i64, i64), StoreError> {
-    Ok(conn.query_row(
-        "SELECT COUNT(*), COALESCE(SUM(refcount), 0) FROM blobs",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?)
+pub fn blob_stats(c: &Conn<'_>) -> Result<(i64, i64), StoreError> {
+    Ok(c.query_row(
+        "SELECT COUNT(*), COALESCE(CAST(SUM(refcount) AS BIGINT), 0) FROM blobs",
+        params![],
+        |r| Ok((r.get::<i64>(0)?, r.get::<i64>(1)?)),
+    )?
+    .unwrap_or((0, 0)))
 }
 
 #[cfg(test)]
@@ -658,128 +624,136 @@ mod tests {
     #[test]
     fn blobs_are_shared_and_purged_with_the_last_entry() {
         let store = Store::open_in_memory().unwrap();
-        store.with(|conn| {
-            ensure_dir(conn, &p("/a"), "a", 1).unwrap();
-            write(
-                conn,
-                &p("/a/x.txt"),
-                b"same",
-                "text/plain",
-                Collide::Error,
-                "a",
-                2,
-            )
-            .unwrap();
-            let (e, renamed) = write(
-                conn,
-                &p("/a/x.txt"),
-                b"same",
-                "text/plain",
-                Collide::Suffix,
-                "a",
-                3,
-            )
-            .unwrap();
-            assert!(renamed);
-            assert_eq!(e.path, "/a/x-1.txt");
-            assert_eq!(blob_stats(conn).unwrap(), (1, 2));
-            let src = get(conn, &p("/a/x.txt")).unwrap().unwrap();
-            copy(conn, &src, &p("/objectives/o1/x.txt"), "a", 4).unwrap();
-            assert_eq!(blob_stats(conn).unwrap(), (1, 3));
-            // overwrite with new content: old blob loses one ref, new blob appears
-            write(
-                conn,
-                &p("/a/x.txt"),
-                b"other",
-                "text/plain",
-                Collide::Overwrite,
-                "a",
-                5,
-            )
-            .unwrap();
-            assert_eq!(blob_stats(conn).unwrap(), (2, 3));
-            remove(conn, &p("/a/x-1.txt"), false).unwrap();
-            remove(conn, &p("/objectives/o1"), true).unwrap();
-            assert_eq!(blob_stats(conn).unwrap(), (1, 1));
-            // inline content (databases from before the blob directory) still reads
-            let dir = std::path::Path::new("/nonexistent");
-            let e = get(conn, &p("/a/x.txt")).unwrap().unwrap();
-            match read(conn, dir, &e).unwrap() {
-                Stored::Inline(bytes) => assert_eq!(bytes, b"other"),
-                Stored::File(_) => panic!("expected inline content"),
-            }
-            remove(conn, &p("/a"), true).unwrap();
-            assert_eq!(blob_stats(conn).unwrap(), (0, 0));
-            // deleted blobs wait in the trash for their files to be unlinked
-            let trashed: i64 = conn
-                .query_row("SELECT COUNT(*) FROM blob_trash", [], |r| r.get(0))
+        store
+            .tx(|conn| -> Result<(), StoreError> {
+                ensure_dir(conn, &p("/a"), "a", 1).unwrap();
+                write(
+                    conn,
+                    &p("/a/x.txt"),
+                    b"same",
+                    "text/plain",
+                    Collide::Error,
+                    "a",
+                    2,
+                )
                 .unwrap();
-            assert_eq!(trashed, 2);
-            blobs::empty_trash(conn, dir).unwrap();
-            let trashed: i64 = conn
-                .query_row("SELECT COUNT(*) FROM blob_trash", [], |r| r.get(0))
+                let (e, renamed) = write(
+                    conn,
+                    &p("/a/x.txt"),
+                    b"same",
+                    "text/plain",
+                    Collide::Suffix,
+                    "a",
+                    3,
+                )
                 .unwrap();
-            assert_eq!(trashed, 0);
-        });
+                assert!(renamed);
+                assert_eq!(e.path, "/a/x-1.txt");
+                assert_eq!(blob_stats(conn).unwrap(), (1, 2));
+                let src = get(conn, &p("/a/x.txt")).unwrap().unwrap();
+                copy(conn, &src, &p("/objectives/o1/x.txt"), "a", 4).unwrap();
+                assert_eq!(blob_stats(conn).unwrap(), (1, 3));
+                // overwrite with new content: old blob loses one ref, new blob appears
+                write(
+                    conn,
+                    &p("/a/x.txt"),
+                    b"other",
+                    "text/plain",
+                    Collide::Overwrite,
+                    "a",
+                    5,
+                )
+                .unwrap();
+                assert_eq!(blob_stats(conn).unwrap(), (2, 3));
+                remove(conn, &p("/a/x-1.txt"), false).unwrap();
+                remove(conn, &p("/objectives/o1"), true).unwrap();
+                assert_eq!(blob_stats(conn).unwrap(), (1, 1));
+                // inline content (databases from before the blob directory) still reads
+                let dir = std::path::Path::new("/nonexistent");
+                let e = get(conn, &p("/a/x.txt")).unwrap().unwrap();
+                match read(conn, dir, &e).unwrap() {
+                    Stored::Inline(bytes) => assert_eq!(bytes, b"other"),
+                    _ => panic!("expected inline content"),
+                }
+                remove(conn, &p("/a"), true).unwrap();
+                assert_eq!(blob_stats(conn).unwrap(), (0, 0));
+                // deleted blobs wait in the trash for their files to be unlinked
+                let trashed: i64 = conn
+                    .query_row("SELECT COUNT(*) FROM blob_trash", params![], |r| r.get(0))
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(trashed, 2);
+                blobs::empty_trash(conn, dir).unwrap();
+                let trashed: i64 = conn
+                    .query_row("SELECT COUNT(*) FROM blob_trash", params![], |r| r.get(0))
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(trashed, 0);
+                Ok(())
+            })
+            .unwrap();
     }
 
     #[test]
     fn directories_and_conflicts() {
         let store = Store::open_in_memory().unwrap();
-        store.with(|conn| {
-            ensure_dir(conn, &p("/a"), "a", 1).unwrap();
-            assert!(matches!(
-                mkdir(conn, &p("/a/b/c"), false, "a", 1),
-                Err(FsError::NotFound(_))
-            ));
-            mkdir(conn, &p("/a/b/c"), true, "a", 1).unwrap();
-            assert!(matches!(
-                remove(conn, &p("/a/b"), false),
-                Err(FsError::NotEmpty(_))
-            ));
-            write(conn, &p("/a/f"), b"1", "text/plain", Collide::Error, "a", 1).unwrap();
-            assert!(matches!(
-                write(
-                    conn,
-                    &p("/a/f/g"),
-                    b"1",
-                    "text/plain",
-                    Collide::Error,
-                    "a",
-                    1
-                ),
-                Err(FsError::NotADirectory(_))
-            ));
-            assert!(matches!(
-                write(
-                    conn,
-                    &p("/a/b"),
-                    b"1",
-                    "text/plain",
-                    Collide::Overwrite,
-                    "a",
-                    1
-                ),
-                Err(FsError::IsADirectory(_))
-            ));
-            assert!(matches!(
-                write(conn, &p("/top"), b"1", "t", Collide::Error, "a", 1),
-                Err(FsError::InvalidInput(_))
-            ));
-            let names: Vec<_> = children(conn, &p("/a"))
-                .unwrap()
-                .into_iter()
-                .map(|e| e.name)
-                .collect();
-            assert_eq!(names, vec!["b", "f"]);
-            grant(conn, "/a/f", "bob", 2).unwrap();
-            let moved = rename(conn, &p("/a/f"), &p("/a/g"), "a", 3).unwrap();
-            assert_eq!(moved.updated_at, 3);
-            assert!(has_grant(conn, &p("/a/g"), "bob").unwrap());
-            assert!(matches!(
-                rename(conn, &p("/a/b"), &p("/a/z"), "a", 3),
-                Err(FsError::InvalidInput(_))
-            ));
-        });
+        store
+            .tx(|conn| -> Result<(), StoreError> {
+                ensure_dir(conn, &p("/a"), "a", 1).unwrap();
+                assert!(matches!(
+                    mkdir(conn, &p("/a/b/c"), false, "a", 1),
+                    Err(FsError::NotFound(_))
+                ));
+                mkdir(conn, &p("/a/b/c"), true, "a", 1).unwrap();
+                assert!(matches!(
+                    remove(conn, &p("/a/b"), false),
+                    Err(FsError::NotEmpty(_))
+                ));
+                write(conn, &p("/a/f"), b"1", "text/plain", Collide::Error, "a", 1).unwrap();
+                assert!(matches!(
+                    write(
+                        conn,
+                        &p("/a/f/g"),
+                        b"1",
+                        "text/plain",
+                        Collide::Error,
+                        "a",
+                        1
+                    ),
+                    Err(FsError::NotADirectory(_))
+                ));
+                assert!(matches!(
+                    write(
+                        conn,
+                        &p("/a/b"),
+                        b"1",
+                        "text/plain",
+                        Collide::Overwrite,
+                        "a",
+                        1
+                    ),
+                    Err(FsError::IsADirectory(_))
+                ));
+                assert!(matches!(
+                    write(conn, &p("/top"), b"1", "t", Collide::Error, "a", 1),
+                    Err(FsError::InvalidInput(_))
+                ));
+                let names: Vec<_> = children(conn, &p("/a"))
+                    .unwrap()
+                    .into_iter()
+                    .map(|e| e.name)
+                    .collect();
+                assert_eq!(names, vec!["b", "f"]);
+                grant(conn, "/a/f", "bob", 2).unwrap();
+                let moved = rename(conn, &p("/a/f"), &p("/a/g"), "a", 3).unwrap();
+                assert_eq!(moved.updated_at, 3);
+                assert!(has_grant(conn, &p("/a/g"), "bob").unwrap());
+                assert!(matches!(
+                    rename(conn, &p("/a/b"), &p("/a/z"), "a", 3),
+                    Err(FsError::InvalidInput(_))
+                ));
+                Ok(())
+            })
+            .unwrap();
     }
 }

@@ -369,7 +369,7 @@ pub async fn start(
                     ),
                     source,
                 })?;
-            store.with(|conn| blobs::recover(conn, &blob_dir))?;
+            store.tx(|c| blobs::recover(c, &blob_dir))?;
             store
         }
     };

@@ -75,11 +75,7 @@ pub fn grant_attachments(
         };
         for r in recipients {
             if owner.as_deref() != Some(r.as_str()) {
-                // seam: fs::grant
-                let conn = c
-                    .as_sqlite()
-                    .ok_or_else(|| StoreError::Corrupt("fs::grant not on PostgreSQL yet".into()))?;
-                fs::grant(conn, &a.path, r, now)?;
+                fs::grant(c, &a.path, r, now)?;
             }
         }
     }

@@ -81,10 +81,7 @@ pub(crate) fn spawn(state: &Arc<AppState>, days: u32) {
                 let cut = cutoff(super::now_ms(), days);
                 let pruned = prune_all(&state.store, cut)?;
                 let dir = state.blob_dir();
-                // seam: blobs::empty_trash
-                state
-                    .store
-                    .with(|conn| super::blobs::empty_trash(conn, &dir))?;
+                super::blobs::empty_trash_after(&state.store, &dir)?;
                 Ok::<_, StoreError>(pruned)
             })
             .await;

@@ -529,7 +529,8 @@ async fn identical_content_is_stored_once_and_purged_with_the_last_entry() {
         b.broker
             .state
             .store
-            .with(|c| ac7_runtime::broker::fs::blob_stats(c).unwrap())
+            .view(ac7_runtime::broker::fs::blob_stats)
+            .unwrap()
     };
     b.write_file("builder", "/builder/1.txt", "text/plain", b"same", None)
         .await;

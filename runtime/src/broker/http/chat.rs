@@ -201,20 +201,16 @@ pub(super) fn canonical_attachments(
 ) -> Result<Vec<Attachment>, ApiError> {
     let mut out = Vec::with_capacity(given.len());
     for a in given {
-        // seam: fs::get, http::fs::can_read
-        let conn = c.as_sqlite().ok_or_else(|| {
-            StoreError::Corrupt("fs::get, http::fs::can_read not on PostgreSQL yet".into())
-        })?;
         let path = FsPath::parse(&a.path)
             .map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
-        let entry = fs::get(conn, &path)?
+        let entry = fs::get(c, &path)?
             .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {path}")))?;
         if entry.is_dir() {
             return Err(ApiError::bad_request(format!(
                 "attachment is a directory: {path}"
             )));
         }
-        if !super::fs::can_read(conn, caller, &path)? {
+        if !super::fs::can_read(c, caller, &path)? {
             return Err(ApiError::forbidden(format!(
                 "no access to attachment: {path}"
             )));

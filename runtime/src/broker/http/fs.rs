@@ -11,13 +11,13 @@ use ac7_protocol::domain::vfs::{FsPath, Scope};
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
-use rusqlite::Connection;
 use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, disposition, obj, parse_json, query_bytes, reply};
 use crate::broker::blobs::{self, StageError, Stored};
 use crate::broker::fs::{self as store, Collide, FsError};
+use crate::broker::store::Conn;
 use crate::broker::{now_ms, objectives};
 
 fn fs_err(status: StatusCode, msg: impl Into<String>, code: &str) -> ApiError {
@@ -47,37 +47,26 @@ fn required_path(uri: &Uri, key: &str) -> Result<FsPath, ApiError> {
     }
 }
 
-fn is_objective_member(conn: &Connection, id: &str, name: &str) -> Result<bool, ApiError> {
-    // seam: objectives::get
-    Ok(
-        objectives::get(&crate::broker::store::Conn::sqlite(conn), id)?
-            .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)),
-    )
+fn is_objective_member(c: &Conn<'_>, id: &str, name: &str) -> Result<bool, ApiError> {
+    Ok(objectives::get(c, id)?
+        .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)))
 }
 
 /// Whether `caller` owns `path` (may write, delete, move, list there).
-pub(crate) fn can_write(
-    conn: &Connection,
-    caller: &Caller,
-    path: &FsPath,
-) -> Result<bool, ApiError> {
+pub(crate) fn can_write(c: &Conn<'_>, caller: &Caller, path: &FsPath) -> Result<bool, ApiError> {
     if caller.has(Permission::MembersManage) {
         return Ok(true);
     }
     match path.scope() {
         Scope::Root | Scope::ObjectivesRoot => Ok(false),
         Scope::Home { member } => Ok(member == caller.name),
-        Scope::Objective { id } => is_objective_member(conn, id, &caller.name),
+        Scope::Objective { id } => is_objective_member(c, id, &caller.name),
     }
 }
 
 /// Whether `caller` may read `path`: ownership or a grant.
-pub(crate) fn can_read(
-    conn: &Connection,
-    caller: &Caller,
-    path: &FsPath,
-) -> Result<bool, ApiError> {
-    Ok(can_write(conn, caller, path)? || store::has_grant(conn, path, &caller.name)?)
+pub(crate) fn can_read(c: &Conn<'_>, caller: &Caller, path: &FsPath) -> Result<bool, ApiError> {
+    Ok(can_write(c, caller, path)? || store::has_grant(c, path, &caller.name)?)
 }
 
 pub(super) async fn ls(
@@ -89,9 +78,9 @@ pub(super) async fn ls(
         Some(raw) if !raw.is_empty() => parse_path(&raw)?,
         _ => FsPath::root(),
     };
-    state.store.with(|conn| {
+    state.store.view(|c| {
         let entries = if path.is_root() {
-            let all = store::children(conn, &path)?;
+            let all = store::children(c, &path)?;
             if caller.has(Permission::MembersManage) {
                 all
             } else {
@@ -100,10 +89,10 @@ pub(super) async fn ls(
                     .collect()
             }
         } else {
-            if !can_write(conn, &caller, &path)? {
+            if !can_write(c, &caller, &path)? {
                 return Err(forbidden(format!("cannot list {path}")));
             }
-            match store::get(conn, &path)? {
+            match store::get(c, &path)? {
                 Some(e) if !e.is_dir() => {
                     return Err(fs_err(
                         StatusCode::CONFLICT,
@@ -111,7 +100,7 @@ pub(super) async fn ls(
                         "not_a_directory",
                     ));
                 }
-                Some(_) => store::children(conn, &path)?,
+                Some(_) => store::children(c, &path)?,
                 None => Vec::new(),
             }
         };
@@ -132,11 +121,11 @@ pub(super) async fn stat(
             "invalid_input",
         ));
     }
-    state.store.with(|conn| {
-        if !can_read(conn, &caller, &path)? {
+    state.store.view(|c| {
+        if !can_read(c, &caller, &path)? {
             return Err(forbidden(format!("cannot stat {path}")));
         }
-        let entry = store::get(conn, &path)?
+        let entry = store::get(c, &path)?
             .ok_or_else(|| ApiError::not_found(format!("no such path: {path}")))?;
         Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
     })
@@ -150,33 +139,45 @@ pub(super) async fn read(
     let raw = uri.path().strip_prefix("/fs/read").unwrap_or("");
     let path = parse_path(&super::percent_decode_with(raw, false))?;
     let blob_dir = state.blob_dir();
-    let (entry, content) = state.store.with(|conn| -> Result<_, ApiError> {
-        if !can_read(conn, &caller, &path)? {
+    // `tx`, not `view`: on SQLite the blob file is opened under the write lock, which
+    // `empty_trash` takes too, so a concurrent delete cannot unlink it between the row and
+    // the open.
+    let (entry, content) = state.store.tx(|c| -> Result<_, ApiError> {
+        if !can_read(c, &caller, &path)? {
             return Err(forbidden(format!("cannot stat {path}")));
         }
-        let entry = store::get(conn, &path)?
+        let entry = store::get(c, &path)?
             .ok_or_else(|| FsError::NotFound(format!("no such path: {path}")))?;
         if entry.is_dir() {
             return Err(FsError::IsADirectory(path.to_string()).into());
         }
-        let content = store::read(conn, &blob_dir, &entry)?;
+        let content = store::read(c, &blob_dir, &entry)?;
         Ok((entry, content))
     })?;
     let mime = entry
         .mime_type
         .as_deref()
         .unwrap_or("application/octet-stream");
+    let streamed = |body: axum::body::Body, size: u64| {
+        let mut resp = body.into_response();
+        resp.headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+        resp
+    };
     let mut resp = match content {
         Stored::Inline(bytes) => bytes.into_response(),
-        Stored::File(file) => {
-            let mut resp =
-                axum::body::Body::from_stream(file_chunks(tokio::fs::File::from_std(file)))
-                    .into_response();
-            resp.headers_mut().insert(
-                header::CONTENT_LENGTH,
-                HeaderValue::from(entry.size.unwrap_or(0)),
-            );
-            resp
+        Stored::File(file) => streamed(
+            axum::body::Body::from_stream(file_chunks(tokio::fs::File::from_std(file))),
+            entry.size.unwrap_or(0),
+        ),
+        Stored::Chunks { hash, size } => {
+            let state = state.clone();
+            streamed(
+                axum::body::Body::from_stream(blobs::chunk_stream(size, move |idx| {
+                    state.store.view(|c| blobs::chunk(c, &hash, idx))
+                })),
+                size,
+            )
         }
     };
     let headers = resp.headers_mut();
@@ -255,7 +256,8 @@ const UPLOAD_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// `POST /fs/write`: the raw body is streamed to a temp file in the blob
 /// directory while it is hashed (never held in memory), then the entry is
-/// committed and the blob moved to its content address.
+/// committed with the blob (on SQLite the file moved to its content address, on
+/// PostgreSQL its chunks inserted; see [`blobs`]).
 pub(super) async fn write(
     State(state): State<Shared>,
     caller: Caller,
@@ -291,12 +293,12 @@ pub(super) async fn write(
     }
     // Refuse early what would be refused after the upload anyway.
     let charged = store::charged_to(&path, &caller.name);
-    state.store.with(|conn| -> Result<(), ApiError> {
-        if !can_write(conn, &caller, &path)? {
+    state.store.view(|c| -> Result<(), ApiError> {
+        if !can_write(c, &caller, &path)? {
             return Err(forbidden(format!("cannot write to {path}")));
         }
-        let replaced = replaced_size(conn, &path, collide)?;
-        check_quota(&state, conn, &charged, declared.unwrap_or(0), replaced)
+        let replaced = replaced_size(c, &path, collide)?;
+        check_quota(&state, c, &charged, declared.unwrap_or(0), replaced)
     })?;
     let staged = blobs::stage(
         &state.blob_dir(),
@@ -319,54 +321,34 @@ pub(super) async fn write(
         StageError::Body(msg) => ApiError::bad_request(msg),
         StageError::Store(e) => e.into(),
     })?;
-    let state2 = state.clone();
     let now = now_ms();
-    let blob_dir = state.blob_dir();
-    tokio::task::spawn_blocking(move || {
-        state2.store.with(|conn| -> Result<_, ApiError> {
-            if !can_write(conn, &caller, &path)? {
-                return Err(forbidden(format!("cannot write to {path}")));
-            }
-            let tx = conn
-                .transaction()
-                .map_err(crate::broker::db::StoreError::from)?;
-            let replaced = replaced_size(&tx, &path, collide)?;
-            check_quota(&state2, &tx, &charged, staged.size, replaced)?;
-            let (entry, renamed) =
-                store::write_staged(&tx, &path, &staged, &mime, collide, &caller.name, now)
-                    .inspect_err(|_| staged.unpublish())?;
-            if let Err(e) = tx.commit() {
-                staged.unpublish();
-                return Err(crate::broker::db::StoreError::from(e).into());
-            }
-            if replaced.is_some()
-                && let Err(e) = blobs::empty_trash(conn, &blob_dir)
-            {
-                tracing::warn!(error = %e, "cannot remove replaced blobs");
-            }
-            Ok(reply(
-                StatusCode::OK,
-                &obj! {"entry" => &entry, "renamed" => &renamed},
-            ))
-        })
-    })
-    .await
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("write task failed: {e}"),
-        )
-    })?
+    let (entry, renamed, replaced) = state.store.tx(|c| -> Result<_, ApiError> {
+        if !can_write(c, &caller, &path)? {
+            return Err(forbidden(format!("cannot write to {path}")));
+        }
+        let replaced = replaced_size(c, &path, collide)?;
+        check_quota(&state, c, &charged, staged.size, replaced)?;
+        // A file published for a write that then fails is removed again here, under the write
+        // lock. Should the commit itself fail, the file stays (no row references it): the next
+        // start removes it, and an upload of the same content meanwhile uses it as is.
+        let (entry, renamed) =
+            store::write_staged(c, &path, &staged, &mime, collide, &caller.name, now)
+                .inspect_err(|_| staged.unpublish())?;
+        Ok((entry, renamed, replaced.is_some()))
+    })?;
+    if replaced && let Err(e) = blobs::empty_trash_after(&state.store, &state.blob_dir()) {
+        tracing::warn!(error = %e, "cannot remove replaced blobs");
+    }
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"entry" => &entry, "renamed" => &renamed},
+    ))
 }
 
 /// The size of the file an overwriting write replaces.
-fn replaced_size(
-    conn: &Connection,
-    path: &FsPath,
-    collide: Collide,
-) -> Result<Option<u64>, ApiError> {
+fn replaced_size(c: &Conn<'_>, path: &FsPath, collide: Collide) -> Result<Option<u64>, ApiError> {
     Ok(match collide {
-        Collide::Overwrite => store::get(conn, path)?.and_then(|e| e.size),
+        Collide::Overwrite => store::get(c, path)?.and_then(|e| e.size),
         _ => None,
     })
 }
@@ -375,7 +357,7 @@ fn replaced_size(
 /// would put `member` over the file quota.
 fn check_quota(
     state: &Shared,
-    conn: &Connection,
+    c: &Conn<'_>,
     member: &str,
     size: u64,
     replaced: Option<u64>,
@@ -383,7 +365,7 @@ fn check_quota(
     let Some(quota) = state.config.file_quota_bytes else {
         return Ok(());
     };
-    let used = store::usage(conn, member)?;
+    let used = store::usage(c, member)?;
     let after = (used + size).saturating_sub(replaced.unwrap_or(0));
     if after > quota {
         return Err(fs_err(
@@ -413,17 +395,13 @@ pub(super) async fn mkdir(
 ) -> Result<Response, ApiError> {
     let b: MkdirBody = parse_json(&body, "mkdir")?;
     let path = parse_path(b.path.as_bytes())?;
-    state.store.with(|conn| {
-        if path.is_root() || !can_write(conn, &caller, &path)? {
+    let entry = state.store.tx(|c| {
+        if path.is_root() || !can_write(c, &caller, &path)? {
             return Err(forbidden(format!("cannot mkdir {path}")));
         }
-        let tx = conn
-            .transaction()
-            .map_err(crate::broker::db::StoreError::from)?;
-        let entry = store::mkdir(&tx, &path, b.recursive, &caller.name, now_ms())?;
-        tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
-    })
+        Ok::<_, ApiError>(store::mkdir(c, &path, b.recursive, &caller.name, now_ms())?)
+    })?;
+    Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
 }
 
 pub(super) async fn rm(
@@ -436,8 +414,8 @@ pub(super) async fn rm(
         query_bytes(uri.query(), "recursive").as_deref(),
         Some(b"true") | Some(b"1")
     );
-    state.store.with(|conn| {
-        if !can_write(conn, &caller, &path)? {
+    state.store.tx(|c| {
+        if !can_write(c, &caller, &path)? {
             return Err(forbidden(format!("cannot remove {path}")));
         }
         if path.segments().count() < 2 {
@@ -447,16 +425,12 @@ pub(super) async fn rm(
                 "invalid_input",
             ));
         }
-        let tx = conn
-            .transaction()
-            .map_err(crate::broker::db::StoreError::from)?;
-        store::remove(&tx, &path, recursive)?;
-        tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        if let Err(e) = blobs::empty_trash(conn, &state.blob_dir()) {
-            tracing::warn!(error = %e, "cannot remove deleted blobs");
-        }
-        Ok(StatusCode::NO_CONTENT.into_response())
-    })
+        Ok::<_, ApiError>(store::remove(c, &path, recursive)?)
+    })?;
+    if let Err(e) = blobs::empty_trash_after(&state.store, &state.blob_dir()) {
+        tracing::warn!(error = %e, "cannot remove deleted blobs");
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 #[derive(Deserialize)]
@@ -473,29 +447,23 @@ pub(super) async fn mv(
     let b: MvBody = parse_json(&body, "mv")?;
     let from = parse_path(b.from.as_bytes())?;
     let to = parse_path(b.to.as_bytes())?;
-    state.store.with(|conn| {
-        if !can_write(conn, &caller, &from)? {
+    let entry = state.store.tx(|c| {
+        if !can_write(c, &caller, &from)? {
             return Err(forbidden(format!("cannot move {from}")));
         }
-        if !can_write(conn, &caller, &to)? {
+        if !can_write(c, &caller, &to)? {
             return Err(forbidden(format!("cannot write to {to}")));
         }
-        let tx = conn
-            .transaction()
-            .map_err(crate::broker::db::StoreError::from)?;
-        let entry = store::rename(&tx, &from, &to, &caller.name, now_ms())?;
-        tx.commit().map_err(crate::broker::db::StoreError::from)?;
-        Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
-    })
+        Ok::<_, ApiError>(store::rename(c, &from, &to, &caller.name, now_ms())?)
+    })?;
+    Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
 }
 
 pub(super) async fn shared(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    let entries = state
-        .store
-        .with(|conn| store::shared_with(conn, &caller.name))?;
+    let entries = state.store.view(|c| store::shared_with(c, &caller.name))?;
     Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }
 
@@ -505,6 +473,6 @@ pub(super) async fn all(State(state): State<Shared>, caller: Caller) -> Result<R
             "admin permission required to list all files".into(),
         ));
     }
-    let entries = state.store.with(|conn| store::all_files(conn))?;
+    let entries = state.store.view(store::all_files)?;
     Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }

@@ -234,16 +234,14 @@ pub(super) async fn create(
             let id = state.next_objective_id(c, now)?;
             let mut attachments = Vec::with_capacity(given.len());
             for a in &given {
-                // seam: fs::get, fs::copy
-                let tx = sqlite_for(c, "fs::get, fs::copy")?;
                 let src =
                     FsPath::parse(&a.path).map_err(|e| ApiError::bad_request(e.to_string()))?;
-                let entry = fs::get(tx, &src)?
+                let entry = fs::get(c, &src)?
                     .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {src}")))?;
                 let dest = FsPath::parse(&format!("/objectives/{id}"))
                     .and_then(|d| d.join(src.name()))
                     .map_err(|e| ApiError::bad_request(e.to_string()))?;
-                let copied = fs::copy(tx, &entry, &dest, &caller.name, now)?;
+                let copied = fs::copy(c, &entry, &dest, &caller.name, now)?;
                 attachments.push(Attachment {
                     path: copied.path,
                     name: copied.name,
