@@ -91,7 +91,8 @@ pub fn viewer_scope(
         channels,
         objectives,
         manager,
-        since: super::team::member_since(conn, viewer)?.unwrap_or(i64::MAX),
+        // seam: team::member_since
+        since: super::team::member_since(&crate::broker::store::Conn::sqlite(conn), viewer)?.unwrap_or(i64::MAX),
     })
 }
 

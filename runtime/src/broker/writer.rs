@@ -202,7 +202,8 @@ fn commit(
                     Audience::Everyone => match &everyone {
                         Some(all) => all.clone(),
                         None => {
-                            let all: BTreeSet<String> = team::members_list(&tx)?
+                            // seam: team::members_list
+                            let all: BTreeSet<String> = team::members_list(&crate::broker::store::Conn::sqlite(&tx))?
                                 .into_iter()
                                 .map(|m| m.name)
                                 .collect();

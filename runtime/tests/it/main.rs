@@ -36,6 +36,7 @@ mod call_tool;
 mod codex_real;
 mod ipc_server;
 mod pg_store;
+mod pg_team;
 mod quickstart;
 mod runner_activity;
 mod runner_e2e;

@@ -287,7 +287,8 @@ pub(super) async fn add_member(
             if store::role_of(conn, &ch.id, &caller.name)?.as_deref() != Some("admin") {
                 return Err(ApiError::forbidden("only admins can add other members"));
             }
-            if !team::member_exists(conn, &target)? {
+            // seam: team::member_exists
+            if !team::member_exists(&crate::broker::store::Conn::sqlite(conn), &target)? {
                 return Err(chan_err(
                     StatusCode::NOT_FOUND,
                     format!("no such member: {target}"),

@@ -33,13 +33,15 @@ pub(super) async fn briefing(
     caller: Caller,
 ) -> Result<Response, ApiError> {
     state.store.with(|conn| {
-        let team = team::team_get(conn)?.unwrap_or_else(|| Team {
+        // seam: team::team_get
+        let team = team::team_get(&crate::broker::store::Conn::sqlite(conn))?.unwrap_or_else(|| Team {
             name: String::new(),
             directive: String::new(),
             context: String::new(),
             permission_presets: Default::default(),
         });
-        let members = team::members_list(conn)?;
+        // seam: team::members_list
+        let members = team::members_list(&crate::broker::store::Conn::sqlite(conn))?;
         let me = members
             .iter()
             .find(|m| m.name == caller.name)
@@ -145,7 +147,8 @@ pub(super) async fn roster(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.with(|conn| team::members_list(conn))?;
+    // seam: team::members_list
+    let members = state.store.with(|conn| team::members_list(&crate::broker::store::Conn::sqlite(conn)))?;
     let connected = state
         .hub
         .presence(members.iter().map(|m| m.name.as_str()), now_ms());
@@ -311,7 +314,8 @@ fn thread_members(
                 .ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
             obj_rules::authorize(&o, &caller.name, caller.permissions, Action::Discuss)
                 .map_err(|e| ApiError::forbidden(e.0))?;
-            let managers = team::managers(conn)?;
+            // seam: team::managers
+            let managers = team::managers(&crate::broker::store::Conn::sqlite(conn))?;
             Ok(obj_rules::thread_members(
                 &o,
                 managers.iter().map(String::as_str),

@@ -130,7 +130,8 @@ fn log_events(
     events: &[ObjectiveEvent],
     now: i64,
 ) -> Result<Vec<(Audience, Arc<Frame>)>, StoreError> {
-    let managers = team::managers(conn)?;
+    // seam: team::managers
+    let managers = team::managers(&crate::broker::store::Conn::sqlite(conn))?;
     let mut out = Vec::with_capacity(events.len());
     for ev in events {
         let recipients = rules::event_recipients(obj, ev, managers.iter().map(String::as_str));
@@ -206,14 +207,16 @@ pub(super) async fn create(
     issues.finish("objective")?;
     let now = now_ms();
     state.store.with(|conn| {
-        if !team::member_exists(conn, &b.assignee)? {
+        // seam: team::member_exists
+        if !team::member_exists(&crate::broker::store::Conn::sqlite(conn), &b.assignee)? {
             return Err(ApiError::bad_request(format!(
                 "unknown assignee: {}",
                 b.assignee
             )));
         }
         for w in &watchers {
-            if !team::member_exists(conn, w)? {
+            // seam: team::member_exists
+            if !team::member_exists(&crate::broker::store::Conn::sqlite(conn), w)? {
                 return Err(ApiError::bad_request(format!("unknown watcher: {w}")));
             }
         }
@@ -418,7 +421,8 @@ pub(super) async fn reassign(
         .finish("reassign")?;
     let to = b.to.clone();
     let check = move |conn: &Connection| {
-        if team::member_exists(conn, &to)? {
+        // seam: team::member_exists
+        if team::member_exists(&crate::broker::store::Conn::sqlite(conn), &to)? {
             Ok(())
         } else {
             Err(ApiError::bad_request(format!("unknown assignee: {to}")))
@@ -468,7 +472,8 @@ pub(super) async fn watchers(
     let names: Vec<String> = add.iter().chain(&remove).cloned().collect();
     let check = move |conn: &Connection| {
         for n in &names {
-            if !team::member_exists(conn, n)? {
+            // seam: team::member_exists
+            if !team::member_exists(&crate::broker::store::Conn::sqlite(conn), n)? {
                 return Err(ApiError::bad_request(format!("unknown watcher: {n}")));
             }
         }
@@ -515,7 +520,8 @@ pub(super) async fn discuss(
         authorize(&obj, &caller, Action::Discuss)?;
         let attachments =
             canonical_attachments(conn, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
-        let managers = team::managers(conn)?;
+        // seam: team::managers
+        let managers = team::managers(&crate::broker::store::Conn::sqlite(conn))?;
         let members = rules::thread_members(&obj, managers.iter().map(String::as_str));
         let audience = message::audience(
             Some(&caller.name),

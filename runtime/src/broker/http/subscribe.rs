@@ -113,13 +113,15 @@ pub(super) async fn subscribe(
             },
         };
         if !state.hub.has_member(&caller.name)
-            && let Some(m) = crate::broker::team::member_get(conn, &caller.name)?
+            // seam: team::member_get
+            && let Some(m) = crate::broker::team::member_get(&crate::broker::store::Conn::sqlite(conn), &caller.name)?
         {
             // Added offline (`ac7 member add`) while the broker was running.
             state.hub.register_member(&m.name, m.role, now);
         }
         // A token revoked since this request authenticated (the auth cache) gets no stream.
-        if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+        // seam: team::token_id_exists
+        if !crate::broker::team::token_id_exists(&crate::broker::store::Conn::sqlite(conn), &caller.token_id)? {
             return Err(ApiError::unauthorized("unknown token"));
         }
         let sub = state
@@ -291,7 +293,8 @@ impl Replay {
                 tokio::task::spawn_blocking(move || {
                     state
                         .store
-                        .read(|conn| crate::broker::activity::list(conn, &member, &q, true))
+                        // seam: activity::list
+                        .read(|conn| crate::broker::activity::list(&crate::broker::store::Conn::sqlite(conn), &member, &q, true))
                 })
                 .await
                 .map_err(|e| e.to_string())?
