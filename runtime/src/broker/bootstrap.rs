@@ -167,7 +167,7 @@ pub fn add_member(
     })
 }
 
-/// Removes member `name` in `conn`'s transaction; `false` if there is no such member. The
+/// Removes member `name` in `c`'s transaction; `false` if there is no such member. The
 /// caller checks that it is not the last admin, and afterwards ends its live streams.
 ///
 /// What happens to what the member leaves behind (README, "Removing a member"):
@@ -182,12 +182,7 @@ pub fn add_member(
 ///   watcher lists. The objectives' audit events keep the name as it was;
 /// - messages and activity stay: the rest of the team keeps its side of the history, and a new
 ///   member of that name sees none of it (its incarnation starts later; see [`team`]).
-pub fn remove_member(
-    c: &Conn<'_>,
-    name: &str,
-    actor: &str,
-    now: i64,
-) -> Result<bool, StoreError> {
+pub fn remove_member(c: &Conn<'_>, name: &str, actor: &str, now: i64) -> Result<bool, StoreError> {
     let Some(id) = team::member_seq(c, name)? else {
         return Ok(false);
     };
@@ -263,9 +258,7 @@ pub fn new_member_record(
     let permissions = resolve(permissions, &team.permission_presets, context)
         .map_err(|e| AdminError::Invalid(e.to_string()))?;
     if let Some(existing) = team::member_name_taken(c, name)? {
-        return Err(AdminError::Conflict(team::name_taken_text(
-            name, &existing,
-        )));
+        return Err(AdminError::Conflict(team::name_taken_text(name, &existing)));
     }
     Ok(MemberRecord {
         name: name.to_owned(),

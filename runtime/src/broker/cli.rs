@@ -534,6 +534,7 @@ pub fn prune(args: PruneArgs) -> anyhow::Result<i32> {
     }
     let store = Store::open(&args.db, SyncMode::Normal)?;
     let cutoff = super::retention::cutoff(now_ms(), args.older_than_days);
+    // seam: retention::prune_all
     let n = super::retention::prune_all(|f| store.with(|conn| f(conn)), cutoff)?;
     println!(
         "pruned {n} row{} (messages and activity) older than {} days from {}",

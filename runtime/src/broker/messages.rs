@@ -92,7 +92,8 @@ pub fn viewer_scope(
         objectives,
         manager,
         // seam: team::member_since
-        since: super::team::member_since(&crate::broker::store::Conn::sqlite(conn), viewer)?.unwrap_or(i64::MAX),
+        since: super::team::member_since(&crate::broker::store::Conn::sqlite(conn), viewer)?
+            .unwrap_or(i64::MAX),
     })
 }
 

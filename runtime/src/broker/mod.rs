@@ -363,6 +363,7 @@ pub async fn start(
             ),
             source,
         })?;
+    // seam: blobs::recover
     store.with(|conn| blobs::recover(conn, &blob_dir))?;
     let boot_time = now_ms();
     let limits = hub::HubLimits {

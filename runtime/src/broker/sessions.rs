@@ -116,10 +116,7 @@ pub fn session_slide(c: &Conn<'_>, hash: &str, now: i64, ttl_ms: i64) -> Result<
 
 /// Deletes one session; whether it existed.
 pub fn session_delete(c: &Conn<'_>, hash: &str) -> Result<bool, StoreError> {
-    Ok(c.execute(
-        "DELETE FROM sessions WHERE hash = ?1",
-        crate::params![hash],
-    )? == 1)
+    Ok(c.execute("DELETE FROM sessions WHERE hash = ?1", crate::params![hash])? == 1)
 }
 
 /// Deletes every session of a member (removed, or its sign-in secret replaced).
@@ -175,10 +172,7 @@ pub fn spawn_purge(state: &Arc<AppState>) {
     tokio::spawn(async move {
         loop {
             let Some(state) = weak.upgrade() else { return };
-            match state
-                .store
-                .tx(|c| sessions_purge(c, super::now_ms()))
-            {
+            match state.store.tx(|c| sessions_purge(c, super::now_ms())) {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(sessions = n, "purged expired sessions"),
                 Err(e) => tracing::warn!(error = %e, "cannot purge expired sessions"),
@@ -208,9 +202,7 @@ pub fn totp_get(c: &Conn<'_>, member: &str) -> Result<Option<TotpRow>, StoreErro
         |r| {
             Ok(TotpRow {
                 secret: r.get(0)?,
-                last_step: r
-                    .get::<Option<i64>>(1)?
-                    .and_then(|s| u64::try_from(s).ok()),
+                last_step: r.get::<Option<i64>>(1)?.and_then(|s| u64::try_from(s).ok()),
                 pending: r.get(2)?,
             })
         },
@@ -228,8 +220,7 @@ pub fn totp_enrolled(c: &Conn<'_>) -> Result<Vec<(String, String, Option<u64>)>,
             Ok((
                 r.get::<String>(0)?,
                 r.get::<String>(1)?,
-                r.get::<Option<i64>>(2)?
-                    .and_then(|s| u64::try_from(s).ok()),
+                r.get::<Option<i64>>(2)?.and_then(|s| u64::try_from(s).ok()),
             ))
         },
     )
@@ -415,33 +406,31 @@ mod tests {
     #[test]
     fn sessions_slide_expire_and_purge() {
         let store = Store::open_in_memory().unwrap();
-        store.tx(|conn| {
-            let (id, row) = session_create(conn, "ann", Some("ua"), 1_000, 100).unwrap();
-            assert_eq!(id.len(), 43);
-            assert_eq!(row.hash, session_hash(&id));
-            // the id itself is not stored
-            let stored = conn
-                .exists(
-                    "SELECT 1 FROM sessions WHERE hash = ?1",
-                    crate::params![id],
-                )
-                .unwrap();
-            assert!(!stored);
-            assert_eq!(
-                session_get(conn, &row.hash, 1_099).unwrap().unwrap().member,
-                "ann"
-            );
-            assert!(session_get(conn, &row.hash, 1_100).unwrap().is_none());
-            session_slide(conn, &row.hash, 1_050, 100).unwrap();
-            assert!(session_exists(conn, &row.hash, 1_100).unwrap());
-            assert_eq!(sessions_purge(conn, 1_149).unwrap(), 0);
-            assert_eq!(sessions_purge(conn, 1_150).unwrap(), 1);
-            let (_, r2) = session_create(conn, "ann", None, 0, 100).unwrap();
-            assert!(session_delete(conn, &r2.hash).unwrap());
-            assert!(!session_delete(conn, &r2.hash).unwrap());
-            Ok::<_, StoreError>(())
-        })
-        .unwrap();
+        store
+            .tx(|conn| {
+                let (id, row) = session_create(conn, "ann", Some("ua"), 1_000, 100).unwrap();
+                assert_eq!(id.len(), 43);
+                assert_eq!(row.hash, session_hash(&id));
+                // the id itself is not stored
+                let stored = conn
+                    .exists("SELECT 1 FROM sessions WHERE hash = ?1", crate::params![id])
+                    .unwrap();
+                assert!(!stored);
+                assert_eq!(
+                    session_get(conn, &row.hash, 1_099).unwrap().unwrap().member,
+                    "ann"
+                );
+                assert!(session_get(conn, &row.hash, 1_100).unwrap().is_none());
+                session_slide(conn, &row.hash, 1_050, 100).unwrap();
+                assert!(session_exists(conn, &row.hash, 1_100).unwrap());
+                assert_eq!(sessions_purge(conn, 1_149).unwrap(), 0);
+                assert_eq!(sessions_purge(conn, 1_150).unwrap(), 1);
+                let (_, r2) = session_create(conn, "ann", None, 0, 100).unwrap();
+                assert!(session_delete(conn, &r2.hash).unwrap());
+                assert!(!session_delete(conn, &r2.hash).unwrap());
+                Ok::<_, StoreError>(())
+            })
+            .unwrap();
         assert_eq!(slide_step(SESSION_TTL.as_millis() as i64), 60_000);
         assert_eq!(slide_step(1_200), 20);
     }
@@ -449,30 +438,31 @@ mod tests {
     #[test]
     fn totp_pending_does_not_replace_until_set() {
         let store = Store::open_in_memory().unwrap();
-        store.tx(|conn| {
-            totp_set(conn, "ann", "AAAA").unwrap();
-            totp_accept_step(conn, "ann", 7).unwrap();
-            totp_set_pending(conn, "ann", "BBBB").unwrap();
-            let row = totp_get(conn, "ann").unwrap().unwrap();
-            assert_eq!(
-                row,
-                TotpRow {
-                    secret: Some("AAAA".into()),
-                    last_step: Some(7),
-                    pending: Some("BBBB".into())
-                }
-            );
-            totp_set(conn, "ann", "BBBB").unwrap();
-            let row = totp_get(conn, "ann").unwrap().unwrap();
-            assert_eq!(
-                (row.secret.as_deref(), row.last_step, row.pending),
-                (Some("BBBB"), None, None)
-            );
-            // a member with only a pending secret cannot sign in
-            totp_set_pending(conn, "bob", "CCCC").unwrap();
-            assert_eq!(totp_get(conn, "bob").unwrap().unwrap().secret, None);
-            Ok::<_, StoreError>(())
-        })
-        .unwrap();
+        store
+            .tx(|conn| {
+                totp_set(conn, "ann", "AAAA").unwrap();
+                totp_accept_step(conn, "ann", 7).unwrap();
+                totp_set_pending(conn, "ann", "BBBB").unwrap();
+                let row = totp_get(conn, "ann").unwrap().unwrap();
+                assert_eq!(
+                    row,
+                    TotpRow {
+                        secret: Some("AAAA".into()),
+                        last_step: Some(7),
+                        pending: Some("BBBB".into())
+                    }
+                );
+                totp_set(conn, "ann", "BBBB").unwrap();
+                let row = totp_get(conn, "ann").unwrap().unwrap();
+                assert_eq!(
+                    (row.secret.as_deref(), row.last_step, row.pending),
+                    (Some("BBBB"), None, None)
+                );
+                // a member with only a pending secret cannot sign in
+                totp_set_pending(conn, "bob", "CCCC").unwrap();
+                assert_eq!(totp_get(conn, "bob").unwrap().unwrap().secret, None);
+                Ok::<_, StoreError>(())
+            })
+            .unwrap();
     }
 }

@@ -181,7 +181,10 @@ pub fn member_get(c: &Conn<'_>, name: &str) -> Result<Option<MemberRecord>, Stor
 
 /// Whether a member exists.
 pub fn member_exists(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
-    c.exists("SELECT 1 FROM members WHERE name = ?1", crate::params![name])
+    c.exists(
+        "SELECT 1 FROM members WHERE name = ?1",
+        crate::params![name],
+    )
 }
 
 /// The existing member whose name equals `name` without regard to case (names
@@ -285,10 +288,7 @@ pub fn member_delete(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
     )?;
     super::sessions::sessions_delete_member(c, name)?;
     super::sessions::totp_delete(c, name)?;
-    Ok(c.execute(
-        "DELETE FROM members WHERE name = ?1",
-        crate::params![name],
-    )? == 1)
+    Ok(c.execute("DELETE FROM members WHERE name = ?1", crate::params![name])? == 1)
 }
 
 /// Names of every member holding `members.manage`.

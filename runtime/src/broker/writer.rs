@@ -203,10 +203,11 @@ fn commit(
                         Some(all) => all.clone(),
                         None => {
                             // seam: team::members_list
-                            let all: BTreeSet<String> = team::members_list(&crate::broker::store::Conn::sqlite(&tx))?
-                                .into_iter()
-                                .map(|m| m.name)
-                                .collect();
+                            let all: BTreeSet<String> =
+                                team::members_list(&crate::broker::store::Conn::sqlite(&tx))?
+                                    .into_iter()
+                                    .map(|m| m.name)
+                                    .collect();
                             everyone = Some(all.clone());
                             all
                         }

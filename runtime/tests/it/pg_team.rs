@@ -112,20 +112,36 @@ fn team_and_members(c: &Conn<'_>) -> Result<Log, StoreError> {
     let bob = member("bob", "builder", &[]);
     note(&mut log, "insert ann", team::member_insert(c, &ann, 10)?);
     note(&mut log, "insert bob", team::member_insert(c, &bob, 11)?);
-    note(&mut log, "insert ann again", team::member_insert(c, &ann, 12)?);
+    note(
+        &mut log,
+        "insert ann again",
+        team::member_insert(c, &ann, 12)?,
+    );
     // The message log's head (LOG's table, written directly here) starts a new member.
     c.execute(
         "INSERT INTO messages (seq, id, ts, json) VALUES (7, 'm7', 0, '{}')",
         params![],
     )?;
     let carol = member("Carol", "tester", &[]);
-    note(&mut log, "insert Carol", team::member_insert(c, &carol, 13)?);
+    note(
+        &mut log,
+        "insert Carol",
+        team::member_insert(c, &carol, 13)?,
+    );
     note(&mut log, "members", team::members_list(c)?);
     for name in ["ann", "bob", "Carol", "carol", "nobody"] {
         note(&mut log, &format!("get {name}"), team::member_get(c, name)?);
-        note(&mut log, &format!("exists {name}"), team::member_exists(c, name)?);
+        note(
+            &mut log,
+            &format!("exists {name}"),
+            team::member_exists(c, name)?,
+        );
         note(&mut log, &format!("seq {name}"), team::member_seq(c, name)?);
-        note(&mut log, &format!("since {name}"), team::member_since(c, name)?);
+        note(
+            &mut log,
+            &format!("since {name}"),
+            team::member_since(c, name)?,
+        );
     }
     for name in ["ANN", "carol", "CAROL", "an", "a%", "a_n", "bob "] {
         note(
@@ -140,8 +156,16 @@ fn team_and_members(c: &Conn<'_>) -> Result<Log, StoreError> {
     team::member_update(c, &bob2)?;
     note(&mut log, "bob updated", team::member_get(c, "bob")?);
     note(&mut log, "managers", team::managers(c)?);
-    note(&mut log, "last admin ann", bootstrap::is_last_admin(c, "ann")?);
-    note(&mut log, "last admin bob", bootstrap::is_last_admin(c, "bob")?);
+    note(
+        &mut log,
+        "last admin ann",
+        bootstrap::is_last_admin(c, "ann")?,
+    );
+    note(
+        &mut log,
+        "last admin bob",
+        bootstrap::is_last_admin(c, "bob")?,
+    );
 
     // Tokens: issued at distinct times (their ids are random; the order is by time, then id).
     let (ann1, info1) = team::token_issue(c, "ann", "laptop", "bootstrap", None, 100)?;
@@ -194,7 +218,11 @@ fn team_and_members(c: &Conn<'_>) -> Result<Log, StoreError> {
     )?;
     note(&mut log, "resolve bob1 expired", resolved(c, &bob1, 1_000)?);
     note(&mut log, "resolve bob1 before", resolved(c, &bob1, 999)?);
-    note(&mut log, "ann tokens used", strip(team::tokens_list(c, "ann")?));
+    note(
+        &mut log,
+        "ann tokens used",
+        strip(team::tokens_list(c, "ann")?),
+    );
     note(&mut log, "bob tokens", strip(team::tokens_list(c, "bob")?));
     note(
         &mut log,
@@ -211,20 +239,20 @@ fn team_and_members(c: &Conn<'_>) -> Result<Log, StoreError> {
         "delete ann2",
         team::token_delete(c, "ann", &info2.id)?,
     );
-    note(
-        &mut log,
-        "token gone",
-        team::token_id_exists(c, &info2.id)?,
-    );
+    note(&mut log, "token gone", team::token_id_exists(c, &info2.id)?);
     team::token_touch(c, &info1.id, 4_242)?;
     team::token_delete_id(c, "no-such-id")?;
-    note(&mut log, "ann tokens left", strip(team::tokens_list(c, "ann")?));
     note(
         &mut log,
-        "revoke bob's",
-        team::tokens_revoke_all(c, "bob")?,
+        "ann tokens left",
+        strip(team::tokens_list(c, "ann")?),
     );
-    note(&mut log, "bob tokens left", strip(team::tokens_list(c, "bob")?));
+    note(&mut log, "revoke bob's", team::tokens_revoke_all(c, "bob")?);
+    note(
+        &mut log,
+        "bob tokens left",
+        strip(team::tokens_list(c, "bob")?),
+    );
 
     // Deleting a member takes its credentials and memberships (other groups' tables too).
     team::token_issue(c, "bob", "again", "rotate", None, 300)?;
@@ -238,14 +266,31 @@ fn team_and_members(c: &Conn<'_>) -> Result<Log, StoreError> {
     note(&mut log, "delete bob again", team::member_delete(c, "bob")?);
     for (what, sql) in [
         ("tokens", "SELECT 1 FROM tokens WHERE member_name = 'bob'"),
-        ("grants", "SELECT 1 FROM fs_grants WHERE member_name = 'bob'"),
-        ("sessions", "SELECT 1 FROM sessions WHERE member_name = 'bob'"),
-        ("totp", "SELECT 1 FROM member_totp WHERE member_name = 'bob'"),
+        (
+            "grants",
+            "SELECT 1 FROM fs_grants WHERE member_name = 'bob'",
+        ),
+        (
+            "sessions",
+            "SELECT 1 FROM sessions WHERE member_name = 'bob'",
+        ),
+        (
+            "totp",
+            "SELECT 1 FROM member_totp WHERE member_name = 'bob'",
+        ),
     ] {
-        note(&mut log, &format!("bob {what} left"), c.exists(sql, params![])?);
+        note(
+            &mut log,
+            &format!("bob {what} left"),
+            c.exists(sql, params![])?,
+        );
     }
     // A name given again is a new member: a new id, never the old one.
-    note(&mut log, "insert bob anew", team::member_insert(c, &bob, 20)?);
+    note(
+        &mut log,
+        "insert bob anew",
+        team::member_insert(c, &bob, 20)?,
+    );
     note(&mut log, "seq bob anew", team::member_seq(c, "bob")?);
     note(&mut log, "members at last", team::members_list(c)?);
     Ok(log)
@@ -270,10 +315,22 @@ fn sign_in(c: &Conn<'_>) -> Result<Log, StoreError> {
         |r| r.get(0),
     )?;
     note(&mut log, "ua length", ua.flatten().map(|u| u.len()));
-    note(&mut log, "get 1099", sessions::session_get(c, &row.hash, 1_099)?.map(|r| r.expires_at));
-    note(&mut log, "get 1100", sessions::session_get(c, &row.hash, 1_100)?);
+    note(
+        &mut log,
+        "get 1099",
+        sessions::session_get(c, &row.hash, 1_099)?.map(|r| r.expires_at),
+    );
+    note(
+        &mut log,
+        "get 1100",
+        sessions::session_get(c, &row.hash, 1_100)?,
+    );
     sessions::session_slide(c, &row.hash, 1_050, 100)?;
-    note(&mut log, "exists 1100", sessions::session_exists(c, &row.hash, 1_100)?);
+    note(
+        &mut log,
+        "exists 1100",
+        sessions::session_exists(c, &row.hash, 1_100)?,
+    );
     note(
         &mut log,
         "token id",
@@ -294,10 +351,26 @@ fn sign_in(c: &Conn<'_>) -> Result<Log, StoreError> {
     let (_, a2) = sessions::session_create(c, "ann", None, 0, 10_000)?;
     sessions::session_create(c, "ann", None, 0, 10_000)?;
     sessions::session_create(c, "bob", None, 0, 10_000)?;
-    note(&mut log, "delete one", sessions::session_delete(c, &a2.hash)?);
-    note(&mut log, "delete one again", sessions::session_delete(c, &a2.hash)?);
-    note(&mut log, "delete ann's", sessions::sessions_delete_member(c, "ann")?);
-    note(&mut log, "delete ann's again", sessions::sessions_delete_member(c, "ann")?);
+    note(
+        &mut log,
+        "delete one",
+        sessions::session_delete(c, &a2.hash)?,
+    );
+    note(
+        &mut log,
+        "delete one again",
+        sessions::session_delete(c, &a2.hash)?,
+    );
+    note(
+        &mut log,
+        "delete ann's",
+        sessions::sessions_delete_member(c, "ann")?,
+    );
+    note(
+        &mut log,
+        "delete ann's again",
+        sessions::sessions_delete_member(c, "ann")?,
+    );
 
     // TOTP: confirmed and pending secrets, the replay guard, enrolled members in member order.
     note(&mut log, "any before", sessions::totp_any(c)?);
@@ -333,14 +406,46 @@ fn sign_in(c: &Conn<'_>) -> Result<Log, StoreError> {
             )
         })
     };
-    note(&mut log, "login ann", login(c, Some("ann"), &code_of(1, now_secs), now_secs)?);
-    note(&mut log, "login ann replayed", login(c, Some("ann"), &code_of(1, now_secs), now_secs)?);
-    note(&mut log, "login ann nameless later", login(c, None, &code_of(1, now_secs + 60), now_secs + 60)?);
-    note(&mut log, "login bob (locked) nameless", login(c, None, &code_of(2, now_secs), now_secs)?);
-    note(&mut log, "login bob named", login(c, Some("bob"), &code_of(2, now_secs), now_secs)?);
-    note(&mut log, "login wrong", login(c, Some("ann"), "000000", now_secs)?);
-    note(&mut log, "login made-up name", login(c, Some("zed"), &code_of(1, now_secs), now_secs)?);
-    note(&mut log, "login ghost", login(c, None, &code_of(9, now_secs), now_secs)?);
+    note(
+        &mut log,
+        "login ann",
+        login(c, Some("ann"), &code_of(1, now_secs), now_secs)?,
+    );
+    note(
+        &mut log,
+        "login ann replayed",
+        login(c, Some("ann"), &code_of(1, now_secs), now_secs)?,
+    );
+    note(
+        &mut log,
+        "login ann nameless later",
+        login(c, None, &code_of(1, now_secs + 60), now_secs + 60)?,
+    );
+    note(
+        &mut log,
+        "login bob (locked) nameless",
+        login(c, None, &code_of(2, now_secs), now_secs)?,
+    );
+    note(
+        &mut log,
+        "login bob named",
+        login(c, Some("bob"), &code_of(2, now_secs), now_secs)?,
+    );
+    note(
+        &mut log,
+        "login wrong",
+        login(c, Some("ann"), "000000", now_secs)?,
+    );
+    note(
+        &mut log,
+        "login made-up name",
+        login(c, Some("zed"), &code_of(1, now_secs), now_secs)?,
+    );
+    note(
+        &mut log,
+        "login ghost",
+        login(c, None, &code_of(9, now_secs), now_secs)?,
+    );
     note(&mut log, "ann after", sessions::totp_get(c, "ann")?);
     note(
         &mut log,
@@ -351,12 +456,28 @@ fn sign_in(c: &Conn<'_>) -> Result<Log, StoreError> {
             |r| Ok((r.get::<String>(0)?, r.get::<i64>(1)?, r.get::<i64>(2)?, r.get::<i64>(3)?)),
         )?,
     );
-    note(&mut log, "confirm nobody", sessions::totp_confirm(c, "ann", "123456", now_secs)?);
-    note(&mut log, "confirm cy wrong", sessions::totp_confirm(c, "cy", "000000", now_secs)?);
-    note(&mut log, "confirm cy", sessions::totp_confirm(c, "cy", &code_of(3, now_secs), now_secs)?);
+    note(
+        &mut log,
+        "confirm nobody",
+        sessions::totp_confirm(c, "ann", "123456", now_secs)?,
+    );
+    note(
+        &mut log,
+        "confirm cy wrong",
+        sessions::totp_confirm(c, "cy", "000000", now_secs)?,
+    );
+    note(
+        &mut log,
+        "confirm cy",
+        sessions::totp_confirm(c, "cy", &code_of(3, now_secs), now_secs)?,
+    );
     note(&mut log, "cy after", sessions::totp_get(c, "cy")?);
     sessions::totp_set_pending(c, "cy", "not base32!")?;
-    note(&mut log, "confirm bad secret", sessions::totp_confirm(c, "cy", "123456", now_secs)?);
+    note(
+        &mut log,
+        "confirm bad secret",
+        sessions::totp_confirm(c, "cy", "123456", now_secs)?,
+    );
     sessions::totp_delete(c, "cy")?;
     note(&mut log, "cy deleted", sessions::totp_get(c, "cy")?);
     Ok(log)
@@ -383,9 +504,19 @@ fn activity_stream(c: &Conn<'_>) -> Result<Log, StoreError> {
         77,
     )?;
     note(&mut log, "appended", rows(&appended));
-    note(&mut log, "created_at", appended.iter().map(|r| r.created_at).collect::<Vec<_>>());
+    note(
+        &mut log,
+        "created_at",
+        appended.iter().map(|r| r.created_at).collect::<Vec<_>>(),
+    );
     // A removed member's rows, and a malformed row.
-    activity::append(c, "gone", 99, vec![exchange(2_100), marker("objective_close", 6_000, "obj-2")], 78)?;
+    activity::append(
+        c,
+        "gone",
+        99,
+        vec![exchange(2_100), marker("objective_close", 6_000, "obj-2")],
+        78,
+    )?;
     c.execute(
         "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
          VALUES ('gone', 7000, 'opaque_http', 'not json', 79, 98)",
@@ -395,9 +526,21 @@ fn activity_stream(c: &Conn<'_>) -> Result<Log, StoreError> {
         limit,
         ..Query::default()
     };
-    note(&mut log, "ann all", rows(&activity::list(c, "ann", &q(100), false)?));
-    note(&mut log, "ann ascending", rows(&activity::list(c, "ann", &q(100), true)?));
-    note(&mut log, "ann limit 2", rows(&activity::list(c, "ann", &q(2), false)?));
+    note(
+        &mut log,
+        "ann all",
+        rows(&activity::list(c, "ann", &q(100), false)?),
+    );
+    note(
+        &mut log,
+        "ann ascending",
+        rows(&activity::list(c, "ann", &q(100), true)?),
+    );
+    note(
+        &mut log,
+        "ann limit 2",
+        rows(&activity::list(c, "ann", &q(2), false)?),
+    );
     let filtered = Query {
         from: Some(2_000),
         to: Some(4_000),
@@ -406,28 +549,64 @@ fn activity_stream(c: &Conn<'_>) -> Result<Log, StoreError> {
         after_id: Some(1),
         limit: 10,
     };
-    note(&mut log, "ann filtered", rows(&activity::list(c, "ann", &filtered, false)?));
+    note(
+        &mut log,
+        "ann filtered",
+        rows(&activity::list(c, "ann", &filtered, false)?),
+    );
     let gone = activity::list(c, "gone", &q(100), false)?;
     note(&mut log, "gone (no member now)", rows(&gone));
-    note(&mut log, "malformed host", gone.first().map(|r| serde_json::to_value(&r.event).unwrap()["entry"]["host"].clone()));
+    note(
+        &mut log,
+        "malformed host",
+        gone.first()
+            .map(|r| serde_json::to_value(&r.event).unwrap()["entry"]["host"].clone()),
+    );
     note(&mut log, "head ann", activity::head(c, "ann")?);
     note(&mut log, "head gone", activity::head(c, "gone")?);
     note(&mut log, "head nobody", activity::head(c, "nobody")?);
     let intervals = activity::objective_intervals(c, "obj-1")?;
     note(&mut log, "intervals obj-1", &intervals);
-    note(&mut log, "intervals obj-2", activity::objective_intervals(c, "obj-2")?);
-    note(&mut log, "intervals none", activity::objective_intervals(c, "obj")?);
-    note(&mut log, "in obj-1", rows(&activity::in_intervals(c, &intervals, None, 10)?));
+    note(
+        &mut log,
+        "intervals obj-2",
+        activity::objective_intervals(c, "obj-2")?,
+    );
+    note(
+        &mut log,
+        "intervals none",
+        activity::objective_intervals(c, "obj")?,
+    );
+    note(
+        &mut log,
+        "in obj-1",
+        rows(&activity::in_intervals(c, &intervals, None, 10)?),
+    );
     let both: Vec<_> = intervals
         .iter()
         .cloned()
         .chain(activity::objective_intervals(c, "obj-2")?)
         .collect();
-    note(&mut log, "in both", rows(&activity::in_intervals(c, &both, None, 10)?));
-    note(&mut log, "in both before 4", rows(&activity::in_intervals(c, &both, Some(4), 1)?));
-    note(&mut log, "in none", rows(&activity::in_intervals(c, &[], None, 10)?));
+    note(
+        &mut log,
+        "in both",
+        rows(&activity::in_intervals(c, &both, None, 10)?),
+    );
+    note(
+        &mut log,
+        "in both before 4",
+        rows(&activity::in_intervals(c, &both, Some(4), 1)?),
+    );
+    note(
+        &mut log,
+        "in none",
+        rows(&activity::in_intervals(c, &[], None, 10)?),
+    );
     // Deleted rows keep their ids spent.
-    c.execute("DELETE FROM member_activity WHERE member_name = 'gone'", params![])?;
+    c.execute(
+        "DELETE FROM member_activity WHERE member_name = 'gone'",
+        params![],
+    )?;
     note(&mut log, "last id after delete", activity::last_id(c)?);
     Ok(log)
 }
@@ -440,7 +619,11 @@ fn administration(c: &Conn<'_>) -> Result<Log, StoreError> {
         Err(AdminError::Store(e)) => format!("store error: {e}"),
         Err(e) => format!("{e:?}"),
     };
-    note(&mut log, "no team", outcome(bootstrap::load_team(c).map(|t| t.name)));
+    note(
+        &mut log,
+        "no team",
+        outcome(bootstrap::load_team(c).map(|t| t.name)),
+    );
     team::team_put(
         c,
         &Team {
@@ -473,31 +656,93 @@ fn administration(c: &Conn<'_>) -> Result<Log, StoreError> {
     }
     let update = |c: &Conn<'_>, name: &str, perms: Option<&[String]>, title: &str| {
         outcome(
-            bootstrap::update_member(c, name, |m| m.role.title = title.to_owned(), perms, "update")
-                .map(|m| format!("{} {} {:?}", m.name, m.role.title, m.permissions.names())),
+            bootstrap::update_member(
+                c,
+                name,
+                |m| m.role.title = title.to_owned(),
+                perms,
+                "update",
+            )
+            .map(|m| format!("{} {} {:?}", m.name, m.role.title, m.permissions.names())),
         )
     };
     note(&mut log, "update nobody", update(c, "nobody", None, "x"));
-    note(&mut log, "update bob", update(c, "bob", Some(&["operator".to_owned()]), "reviewer"));
-    note(&mut log, "demote last admin", update(c, "Ann", Some(&[]), "lead"));
+    note(
+        &mut log,
+        "update bob",
+        update(c, "bob", Some(&["operator".to_owned()]), "reviewer"),
+    );
+    note(
+        &mut log,
+        "demote last admin",
+        update(c, "Ann", Some(&[]), "lead"),
+    );
     note(&mut log, "bad title", update(c, "bob", None, ""));
     note(&mut log, "bob stored", team::member_get(c, "bob")?);
-    note(&mut log, "remove nobody", outcome(bootstrap::remove_member_checked(c, "nobody", "Ann", 0).map(|()| String::new())));
-    note(&mut log, "remove last admin", outcome(bootstrap::remove_member_checked(c, "Ann", "Ann", 0).map(|()| String::new())));
-    note(&mut log, "rotate nobody", outcome(bootstrap::rotate_token(c, "nobody", None, 0).map(|(_, i)| i.label)));
+    note(
+        &mut log,
+        "remove nobody",
+        outcome(bootstrap::remove_member_checked(c, "nobody", "Ann", 0).map(|()| String::new())),
+    );
+    note(
+        &mut log,
+        "remove last admin",
+        outcome(bootstrap::remove_member_checked(c, "Ann", "Ann", 0).map(|()| String::new())),
+    );
+    note(
+        &mut log,
+        "rotate nobody",
+        outcome(bootstrap::rotate_token(c, "nobody", None, 0).map(|(_, i)| i.label)),
+    );
     team::token_issue(c, "Ann", "one", "bootstrap", None, 1)?;
     team::token_issue(c, "Ann", "two", "bootstrap", None, 2)?;
     let rotated = bootstrap::rotate_token(c, "Ann", Some("bob"), 3);
-    note(&mut log, "rotate Ann", outcome(rotated.as_ref().map(|(_, i)| format!("{} {} {:?}", i.label, i.origin, i.created_by)).map_err(|e| AdminError::Invalid(e.to_string()))));
+    note(
+        &mut log,
+        "rotate Ann",
+        outcome(
+            rotated
+                .as_ref()
+                .map(|(_, i)| format!("{} {} {:?}", i.label, i.origin, i.created_by))
+                .map_err(|e| AdminError::Invalid(e.to_string())),
+        ),
+    );
     let only = team::tokens_list(c, "Ann")?;
-    note(&mut log, "Ann tokens", only.iter().map(|t| t.label.clone()).collect::<Vec<_>>());
+    note(
+        &mut log,
+        "Ann tokens",
+        only.iter().map(|t| t.label.clone()).collect::<Vec<_>>(),
+    );
     let id = only.first().map(|t| t.id.clone()).unwrap_or_default();
-    note(&mut log, "revoke unknown", outcome(bootstrap::revoke_token(c, "Ann", "nope").map(|()| String::new())));
-    note(&mut log, "revoke as bob", outcome(bootstrap::revoke_token(c, "bob", &id).map(|()| String::new())));
-    note(&mut log, "revoke last of last admin", outcome(bootstrap::revoke_token(c, "Ann", &id).map(|()| String::new())));
+    note(
+        &mut log,
+        "revoke unknown",
+        outcome(bootstrap::revoke_token(c, "Ann", "nope").map(|()| String::new())),
+    );
+    note(
+        &mut log,
+        "revoke as bob",
+        outcome(bootstrap::revoke_token(c, "bob", &id).map(|()| String::new())),
+    );
+    note(
+        &mut log,
+        "revoke last of last admin",
+        outcome(bootstrap::revoke_token(c, "Ann", &id).map(|()| String::new())),
+    );
     team::token_issue(c, "Ann", "three", "rotate", None, 4)?;
-    note(&mut log, "revoke with another left", outcome(bootstrap::revoke_token(c, "Ann", &id).map(|()| String::new())));
-    note(&mut log, "Ann tokens at last", team::tokens_list(c, "Ann")?.iter().map(|t| t.label.clone()).collect::<Vec<_>>());
+    note(
+        &mut log,
+        "revoke with another left",
+        outcome(bootstrap::revoke_token(c, "Ann", &id).map(|()| String::new())),
+    );
+    note(
+        &mut log,
+        "Ann tokens at last",
+        team::tokens_list(c, "Ann")?
+            .iter()
+            .map(|t| t.label.clone())
+            .collect::<Vec<_>>(),
+    );
     Ok(log)
 }
 
@@ -530,13 +775,28 @@ async fn team_members_and_tokens_answer_alike() {
         return;
     };
     // A few answers pinned, so "the same" is also "right".
-    assert!(log.contains(&"insert ann again: false".to_owned()), "{log:#?}");
-    assert!(log.contains(&"taken CAROL: Some(\"Carol\")".to_owned()), "{log:#?}");
+    assert!(
+        log.contains(&"insert ann again: false".to_owned()),
+        "{log:#?}"
+    );
+    assert!(
+        log.contains(&"taken CAROL: Some(\"Carol\")".to_owned()),
+        "{log:#?}"
+    );
     assert!(log.contains(&"taken a%: None".to_owned()), "{log:#?}");
     assert!(log.contains(&"since Carol: Some(7)".to_owned()), "{log:#?}");
-    assert!(log.contains(&"seq bob anew: Some(4)".to_owned()), "{log:#?}");
-    assert!(log.contains(&"resolve ghost: \"Orphan\"".to_owned()), "{log:#?}");
-    assert!(log.contains(&"resolve ghost again: \"Unknown\"".to_owned()), "{log:#?}");
+    assert!(
+        log.contains(&"seq bob anew: Some(4)".to_owned()),
+        "{log:#?}"
+    );
+    assert!(
+        log.contains(&"resolve ghost: \"Orphan\"".to_owned()),
+        "{log:#?}"
+    );
+    assert!(
+        log.contains(&"resolve ghost again: \"Unknown\"".to_owned()),
+        "{log:#?}"
+    );
 }
 
 #[tokio::test]
@@ -560,7 +820,10 @@ async fn activity_answers_alike() {
     let Some(log) = compare(activity_stream).await else {
         return;
     };
-    assert!(log.contains(&"last id after delete: 9".to_owned()), "{log:#?}");
+    assert!(
+        log.contains(&"last id after delete: 9".to_owned()),
+        "{log:#?}"
+    );
     assert!(log.contains(&"head gone: 9".to_owned()), "{log:#?}");
 }
 

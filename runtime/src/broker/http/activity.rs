@@ -252,9 +252,7 @@ pub(super) async fn list(
     check_name(&name)?;
     check_reader(&caller, &name, "reading")?;
     let q = parse_query(raw.as_deref())?;
-    let rows = state
-        .store
-        .view(|c| activity::list(c, &name, &q, false))?;
+    let rows = state.store.view(|c| activity::list(c, &name, &q, false))?;
     Ok(reply(StatusCode::OK, &json!({"activity": rows})))
 }
 

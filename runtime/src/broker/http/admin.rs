@@ -320,9 +320,7 @@ pub(super) async fn token_delete(
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    state
-        .store
-        .tx(|c| bootstrap::revoke_token(c, &name, &id))?;
+    state.store.tx(|c| bootstrap::revoke_token(c, &name, &id))?;
     state.forget_auth();
     state.hub.close_token(&name, &id);
     state

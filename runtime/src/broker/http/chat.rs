@@ -34,12 +34,13 @@ pub(super) async fn briefing(
 ) -> Result<Response, ApiError> {
     state.store.with(|conn| {
         // seam: team::team_get
-        let team = team::team_get(&crate::broker::store::Conn::sqlite(conn))?.unwrap_or_else(|| Team {
-            name: String::new(),
-            directive: String::new(),
-            context: String::new(),
-            permission_presets: Default::default(),
-        });
+        let team =
+            team::team_get(&crate::broker::store::Conn::sqlite(conn))?.unwrap_or_else(|| Team {
+                name: String::new(),
+                directive: String::new(),
+                context: String::new(),
+                permission_presets: Default::default(),
+            });
         // seam: team::members_list
         let members = team::members_list(&crate::broker::store::Conn::sqlite(conn))?;
         let me = members
@@ -148,7 +149,9 @@ pub(super) async fn roster(
     _caller: Caller,
 ) -> Result<Response, ApiError> {
     // seam: team::members_list
-    let members = state.store.with(|conn| team::members_list(&crate::broker::store::Conn::sqlite(conn)))?;
+    let members = state
+        .store
+        .with(|conn| team::members_list(&crate::broker::store::Conn::sqlite(conn)))?;
     let connected = state
         .hub
         .presence(members.iter().map(|m| m.name.as_str()), now_ms());

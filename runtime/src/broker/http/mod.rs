@@ -363,10 +363,7 @@ impl FromRequestParts<Shared> for Caller {
             });
         }
         let now = super::now_ms();
-        let caller = match state
-            .store
-            .tx(|c| team::resolve_token(c, &hash, now))?
-        {
+        let caller = match state.store.tx(|c| team::resolve_token(c, &hash, now))? {
             team::TokenAuth::Member(token_id, m) => Caller {
                 name: m.name,
                 permissions: m.permissions,

@@ -102,9 +102,7 @@ pub(crate) fn cookie_caller(parts: &Parts, state: &Shared) -> Result<Caller, Api
         SessionAuth::Member(row, member) => (row, member),
         SessionAuth::Expired => return Err(ApiError::unauthorized("session expired")),
         SessionAuth::Orphan => {
-            state
-                .store
-                .tx(|c| sessions::session_delete(c, &hash))?;
+            state.store.tx(|c| sessions::session_delete(c, &hash))?;
             return Err(ApiError::unauthorized("session member no longer exists"));
         }
     };
@@ -289,9 +287,9 @@ pub(super) async fn login(
         ttl_ms: ttl,
     };
     // A member whose own key is locked is no candidate for a nameless code.
-    let (known, outcome) = state.store.tx(|c| {
-        sessions::totp_login(c, &attempt, |name| guard(&state).member_locked(name, now))
-    })?;
+    let (known, outcome) = state
+        .store
+        .tx(|c| sessions::totp_login(c, &attempt, |name| guard(&state).member_locked(name, now)))?;
     let outcome = outcome.map_err(login_refusal);
     // A name that is no member with TOTP counts as a nameless guess: made-up names buy nothing.
     // (Such an attempt is still answered 401 after the nameless budget locks, so no answer
@@ -609,7 +607,10 @@ pub(super) async fn setup(
             ApiError::conflict("the team has no member holding members.manage to enroll")
         })?;
         sessions::totp_set(c, &admin, &secret)?;
-        Ok((admin, team::team_get(c)?.map(|t| t.name).unwrap_or_default()))
+        Ok((
+            admin,
+            team::team_get(c)?.map(|t| t.name).unwrap_or_default(),
+        ))
     })?;
     let (uri, svg) = enrollment_shape(&team_name, &admin, &secret)?;
     limiter_clear(&state, &address, &admin, now);

@@ -294,7 +294,14 @@ impl Replay {
                     state
                         .store
                         // seam: activity::list
-                        .read(|conn| crate::broker::activity::list(&crate::broker::store::Conn::sqlite(conn), &member, &q, true))
+                        .read(|conn| {
+                            crate::broker::activity::list(
+                                &crate::broker::store::Conn::sqlite(conn),
+                                &member,
+                                &q,
+                                true,
+                            )
+                        })
                 })
                 .await
                 .map_err(|e| e.to_string())?
