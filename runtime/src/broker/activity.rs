@@ -17,50 +17,49 @@
 //! runner clocks put `ts` out of order. `from`/`to` filter on the event's own `ts`.
 
 use ac7_protocol::trace::activity::{ActivityEvent, ActivityRow, OpaqueEntryKind, OpaqueHttpEntry};
-use rusqlite::{Connection, params_from_iter};
 
 use super::db::StoreError;
+use super::store::{Backend, Conn, Value};
 
 /// Rows a list returns when the client names no `limit`.
 pub const DEFAULT_LIMIT: usize = 200;
 /// Most rows one list returns.
 pub const MAX_LIMIT: usize = 1000;
 
-/// Appends `events` for `member`, whose id (`members.seq`) is `member_seq`, in one
+/// Appends `events` for `member`, whose id (`members.seq`) is `member_seq`, in the caller's
 /// transaction (all or nothing); returns the stored rows in upload order.
 pub fn append(
-    conn: &mut Connection,
+    c: &Conn<'_>,
     member: &str,
     member_seq: i64,
     events: Vec<ActivityEvent>,
     now: i64,
 ) -> Result<Vec<ActivityRow>, StoreError> {
-    let tx = conn.transaction()?;
     let mut rows = Vec::with_capacity(events.len());
-    {
-        let mut insert = tx.prepare_cached(
-            "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        )?;
-        for event in events {
-            let json = serde_json::to_string(&event)?;
-            insert.execute(rusqlite::params![
-                member,
-                i64::try_from(event.ts()).unwrap_or(i64::MAX),
-                event.kind(),
-                json,
-                now,
-                member_seq
-            ])?;
-            rows.push(ActivityRow {
-                id: u64::try_from(tx.last_insert_rowid()).unwrap_or(0),
-                member_name: member.to_owned(),
-                event,
-                created_at: u64::try_from(now).unwrap_or(0),
-            });
-        }
+    for event in events {
+        let json = serde_json::to_string(&event)?;
+        let id = c
+            .query_row(
+                "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
+                crate::params![
+                    member,
+                    i64::try_from(event.ts()).unwrap_or(i64::MAX),
+                    event.kind(),
+                    json,
+                    now,
+                    member_seq
+                ],
+                |r| r.get::<i64>(0),
+            )?
+            .ok_or_else(|| StoreError::Corrupt("an activity insert returned no id".into()))?;
+        rows.push(ActivityRow {
+            id: u64::try_from(id).unwrap_or(0),
+            member_name: member.to_owned(),
+            event,
+            created_at: u64::try_from(now).unwrap_or(0),
+        });
     }
-    tx.commit()?;
     Ok(rows)
 }
 
@@ -84,7 +83,7 @@ pub struct Query {
 /// `member`'s rows matching `q`, newest first (or oldest first with `ascending`): those of
 /// the current member of that name, or, when no member has it, of every earlier one.
 pub fn list(
-    conn: &Connection,
+    c: &Conn<'_>,
     member: &str,
     q: &Query,
     ascending: bool,
@@ -92,10 +91,10 @@ pub fn list(
     let mut sql = String::from(
         "SELECT id, member_name, event_json, created_at FROM member_activity WHERE member_name = ?",
     );
-    let mut args: Vec<rusqlite::types::Value> = vec![member.to_owned().into()];
-    if let Some(seq) = super::team::member_seq(conn, member)? {
+    let mut args: Vec<Value> = vec![Value::Text(member.to_owned())];
+    if let Some(seq) = super::team::member_seq(c, member)? {
         sql.push_str(" AND member_seq = ?");
-        args.push(seq.into());
+        args.push(Value::Int(seq));
     }
     for (cond, v) in [
         (" AND ts >= ?", q.from),
@@ -105,22 +104,22 @@ pub fn list(
     ] {
         if let Some(v) = v {
             sql.push_str(cond);
-            args.push(v.into());
+            args.push(Value::Int(v));
         }
     }
     if !q.kinds.is_empty() {
         sql.push_str(" AND kind IN (");
         sql.push_str(&vec!["?"; q.kinds.len()].join(","));
         sql.push(')');
-        args.extend(q.kinds.iter().map(|k| (*k).to_owned().into()));
+        args.extend(q.kinds.iter().map(|k| Value::Text((*k).to_owned())));
     }
     sql.push_str(if ascending {
         " ORDER BY id ASC LIMIT ?"
     } else {
         " ORDER BY id DESC LIMIT ?"
     });
-    args.push(i64::try_from(q.limit).unwrap_or(i64::MAX).into());
-    query_rows(conn, &sql, args)
+    args.push(Value::Int(i64::try_from(q.limit).unwrap_or(i64::MAX)));
+    query_rows(c, &sql, &args)
 }
 
 /// One member's working interval on an objective: from an `objective_open`
@@ -141,25 +140,26 @@ pub struct Interval {
 /// The intervals in which members worked on `objective`, from their markers in
 /// append order, per member incarnation. A second open while one is open keeps the first;
 /// a close without an open is ignored.
-pub fn objective_intervals(
-    conn: &Connection,
-    objective: &str,
-) -> Result<Vec<Interval>, StoreError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT member_name, member_seq, kind, ts FROM member_activity
-         WHERE kind IN ('objective_open', 'objective_close')
-           AND json_extract(event_json, '$.objectiveId') = ?1
-         ORDER BY id",
-    )?;
-    let markers = stmt
-        .query_map([objective], |r| {
-            Ok((
-                (r.get::<_, String>(0)?, r.get::<_, i64>(1)?),
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        })?
-        .collect::<Result<Vec<_>, _>>()?;
+pub fn objective_intervals(c: &Conn<'_>, objective: &str) -> Result<Vec<Interval>, StoreError> {
+    // The objective is a field of the event's JSON: the markers are read and matched here.
+    let markers = c
+        .query(
+            "SELECT member_name, member_seq, kind, ts, event_json FROM member_activity
+             WHERE kind IN ('objective_open', 'objective_close')
+             ORDER BY id",
+            crate::params![],
+            |r| {
+                Ok((
+                    (r.get::<String>(0)?, r.get::<i64>(1)?),
+                    r.get::<String>(2)?,
+                    r.get::<i64>(3)?,
+                    r.get::<String>(4)?,
+                ))
+            },
+        )?
+        .into_iter()
+        .filter(|(_, _, _, json)| marker_objective(json).as_deref() == Some(objective))
+        .map(|(who, kind, ts, _)| (who, kind, ts));
     let mut open: std::collections::BTreeMap<(String, i64), i64> = Default::default();
     let mut out = Vec::new();
     for (who, kind, ts) in markers {
@@ -186,10 +186,23 @@ pub fn objective_intervals(
     Ok(out)
 }
 
+/// The `objectiveId` of a marker's stored JSON, if it has one (as text).
+fn marker_objective(json: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Marker {
+        #[serde(rename = "objectiveId")]
+        objective_id: Option<serde_json::Value>,
+    }
+    match serde_json::from_str::<Marker>(json).ok()?.objective_id? {
+        serde_json::Value::String(s) => Some(s),
+        _ => None,
+    }
+}
+
 /// Exchanges (`llm_exchange`, `opaque_http`) inside `intervals`, newest first,
 /// at most `limit`, only rows before `before_id` when given.
 pub fn in_intervals(
-    conn: &Connection,
+    c: &Conn<'_>,
     intervals: &[Interval],
     before_id: Option<i64>,
     limit: usize,
@@ -201,41 +214,33 @@ pub fn in_intervals(
         "SELECT id, member_name, event_json, created_at FROM member_activity
          WHERE kind IN ('llm_exchange', 'opaque_http') AND id < ? AND (",
     );
-    let mut args: Vec<rusqlite::types::Value> = vec![before_id.unwrap_or(i64::MAX).into()];
+    let mut args: Vec<Value> = vec![Value::Int(before_id.unwrap_or(i64::MAX))];
     for (i, iv) in intervals.iter().enumerate() {
         if i > 0 {
             sql.push_str(" OR ");
         }
         sql.push_str("(member_name = ? AND member_seq = ? AND ts >= ? AND ts <= ?)");
-        args.push(iv.member.clone().into());
-        args.push(iv.member_seq.into());
-        args.push(iv.from.into());
-        args.push(iv.to.unwrap_or(i64::MAX).into());
+        args.push(Value::Text(iv.member.clone()));
+        args.push(Value::Int(iv.member_seq));
+        args.push(Value::Int(iv.from));
+        args.push(Value::Int(iv.to.unwrap_or(i64::MAX)));
     }
     sql.push_str(") ORDER BY id DESC LIMIT ?");
-    args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
-    query_rows(conn, &sql, args)
+    args.push(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX)));
+    query_rows(c, &sql, &args)
 }
 
 /// Runs `sql` (selecting id, member_name, event_json, created_at) into rows.
-fn query_rows(
-    conn: &Connection,
-    sql: &str,
-    args: Vec<rusqlite::types::Value>,
-) -> Result<Vec<ActivityRow>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql)?;
-    let rows = stmt
-        .query_map(params_from_iter(args), |r| {
-            Ok((
-                r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
-            ))
-        })?
-        .map(|r| r.map(|(id, name, json, created)| row(id, name, &json, created)))
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(rows)
+fn query_rows(c: &Conn<'_>, sql: &str, args: &[Value]) -> Result<Vec<ActivityRow>, StoreError> {
+    let params: Vec<&dyn super::store::ToValue> = args.iter().map(|v| v as _).collect();
+    c.query(sql, &params, |r| {
+        Ok(row(
+            r.get::<i64>(0)?,
+            r.get::<String>(1)?,
+            &r.get::<String>(2)?,
+            r.get::<i64>(3)?,
+        ))
+    })
 }
 
 /// A row as a live-stream frame: SSE `id: <row id>`, `event: activity`, the
@@ -249,29 +254,39 @@ pub fn frame(row: &ActivityRow) -> Result<super::hub::Frame, StoreError> {
 }
 
 /// The last row id of `member` (0 if none), among the rows [`list`] gives.
-pub fn head(conn: &Connection, member: &str) -> Result<i64, StoreError> {
-    Ok(match super::team::member_seq(conn, member)? {
-        Some(seq) => conn
-            .prepare_cached(
-                "SELECT COALESCE(MAX(id), 0) FROM member_activity
-                 WHERE member_name = ?1 AND member_seq = ?2",
-            )?
-            .query_row(rusqlite::params![member, seq], |r| r.get::<_, i64>(0))?,
-        None => conn
-            .prepare_cached(
-                "SELECT COALESCE(MAX(id), 0) FROM member_activity WHERE member_name = ?1",
-            )?
-            .query_row([member], |r| r.get::<_, i64>(0))?,
-    })
+pub fn head(c: &Conn<'_>, member: &str) -> Result<i64, StoreError> {
+    let max = match super::team::member_seq(c, member)? {
+        Some(seq) => c.query_row(
+            "SELECT COALESCE(MAX(id), 0) FROM member_activity
+             WHERE member_name = ?1 AND member_seq = ?2",
+            crate::params![member, seq],
+            |r| r.get::<i64>(0),
+        )?,
+        None => c.query_row(
+            "SELECT COALESCE(MAX(id), 0) FROM member_activity WHERE member_name = ?1",
+            crate::params![member],
+            |r| r.get::<i64>(0),
+        )?,
+    };
+    Ok(max.unwrap_or(0))
 }
 
-/// The last row id of anyone (0 if none): ids above it were never handed out.
-pub fn last_id(conn: &Connection) -> Result<i64, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'member_activity'",
-        )?
-        .query_row([], |r| r.get::<_, i64>(0))?)
+/// The last row id of anyone (0 if none): ids above it were never handed out. It is the
+/// id counter's own value (rows deleted since count), which each database keeps its own way:
+/// SQLite in `sqlite_sequence`, PostgreSQL in the identity column's sequence (which counts ids
+/// handed out to transactions not committed yet too).
+pub fn last_id(c: &Conn<'_>) -> Result<i64, StoreError> {
+    let sql = match c.backend() {
+        Backend::Sqlite => {
+            "SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'member_activity'"
+        }
+        Backend::Postgres => {
+            "SELECT COALESCE(pg_sequence_last_value(
+                 CAST(pg_get_serial_sequence('member_activity', 'id') AS regclass)), 0)"
+        }
+    };
+    Ok(c.query_row(sql, crate::params![], |r| r.get::<i64>(0))?
+        .unwrap_or(0))
 }
 
 /// A stored row; one whose JSON no longer decodes comes back as an

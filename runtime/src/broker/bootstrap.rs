@@ -4,10 +4,10 @@
 use ac7_protocol::domain::message::is_valid_name;
 use ac7_protocol::domain::permission::{Permission, PermissionSet, default_presets, resolve};
 use ac7_protocol::domain::vfs::FsPath;
-use rusqlite::Connection;
 
 use super::config::{ConfigError, TeamConfig};
 use super::db::{Store, StoreError};
+use super::store::Conn;
 use super::team::{self, MemberRecord, Role, Team};
 use super::{fs, now_ms};
 
@@ -126,29 +126,27 @@ pub fn bootstrap(store: &Store, config: &TeamConfig) -> Result<Vec<IssuedToken>,
             permissions,
         });
     }
-    store.with(|conn| {
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        if let Some(existing) = team::team_get(&tx)? {
+    store.tx(|c| {
+        if let Some(existing) = team::team_get(c)? {
             return Err(BootstrapError::AlreadyHasTeam(existing.name));
         }
-        team::team_put(&tx, &team, now)?;
+        team::team_put(c, &team, now)?;
         let mut issued = Vec::new();
         for r in &records {
-            issued.push(add_member(&tx, r, None, now)?);
+            issued.push(add_member(c, r, None, now)?);
         }
-        tx.commit().map_err(StoreError::from)?;
         Ok(issued)
     })
 }
 
 /// Inserts a member (the name must be free), creates its home, issues its first token.
 pub fn add_member(
-    conn: &Connection,
+    c: &Conn<'_>,
     record: &MemberRecord,
     created_by: Option<&str>,
     now: i64,
 ) -> Result<IssuedToken, StoreError> {
-    if !team::member_insert(conn, record, now)? {
+    if !team::member_insert(c, record, now)? {
         return Err(StoreError::Corrupt(format!(
             "member '{}' already exists",
             record.name
@@ -156,18 +154,15 @@ pub fn add_member(
     }
     let home = FsPath::parse(&format!("/{}", record.name))
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    // seam: fs::ensure_dir
-    fs::ensure_dir(&super::store::Conn::sqlite(conn), &home, &record.name, now)
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let (token, _) =
-        team::token_issue(conn, &record.name, "initial", "bootstrap", created_by, now)?;
+    fs::ensure_dir(c, &home, &record.name, now).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let (token, _) = team::token_issue(c, &record.name, "initial", "bootstrap", created_by, now)?;
     Ok(IssuedToken {
         name: record.name.clone(),
         token,
     })
 }
 
-/// Removes member `name` in `conn`'s transaction; `false` if there is no such member. The
+/// Removes member `name` in `c`'s transaction; `false` if there is no such member. The
 /// caller checks that it is not the last admin, and afterwards ends its live streams.
 ///
 /// What happens to what the member leaves behind (README, "Removing a member"):
@@ -182,31 +177,162 @@ pub fn add_member(
 ///   watcher lists. The objectives' audit events keep the name as it was;
 /// - messages and activity stay: the rest of the team keeps its side of the history, and a new
 ///   member of that name sees none of it (its incarnation starts later; see [`team`]).
-pub fn remove_member(
-    conn: &Connection,
-    name: &str,
-    actor: &str,
-    now: i64,
-) -> Result<bool, StoreError> {
-    let Some(id) = team::member_seq(conn, name)? else {
+pub fn remove_member(c: &Conn<'_>, name: &str, actor: &str, now: i64) -> Result<bool, StoreError> {
+    let Some(id) = team::member_seq(c, name)? else {
         return Ok(false);
     };
-    let c = super::store::Conn::sqlite(conn);
-    fs::archive_home(&c, name, id, actor, now).map_err(|e| match e {
+    fs::archive_home(c, name, id, actor, now).map_err(|e| match e {
         fs::FsError::Store(e) => e,
         other => StoreError::Corrupt(other.to_string()),
     })?;
-    super::objectives::detach_member(&c, name)?;
-    team::member_delete(conn, name)
+    super::objectives::detach_member(c, name)?;
+    team::member_delete(c, name)
 }
 
 /// Whether removing `members.manage` from (or deleting) `name` would leave no admin.
-pub fn is_last_admin(conn: &Connection, name: &str) -> Result<bool, StoreError> {
-    let managers = team::managers(conn)?;
+pub fn is_last_admin(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
+    let managers = team::managers(c)?;
     Ok(managers.len() == 1 && managers[0] == name)
 }
 
 /// Whether `perms` holds `members.manage`.
 pub fn is_manager(perms: PermissionSet) -> bool {
     perms.contains(Permission::MembersManage)
+}
+
+/// Why a member administration step (over HTTP or `ac7 member`) was refused. Nothing was
+/// written: the caller's transaction rolls back.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The database has no team.
+    #[error("no team configured")]
+    NoTeam,
+    /// The request is invalid (bad permissions, bad fields).
+    #[error("{0}")]
+    Invalid(String),
+    /// No such member or token.
+    #[error("{0}")]
+    NotFound(String),
+    /// The change conflicts with the team's state (a taken name, the last admin).
+    #[error("{0}")]
+    Conflict(String),
+}
+
+fn no_such_member(name: &str) -> AdminError {
+    AdminError::NotFound(format!("no such member: {name}"))
+}
+
+/// The team, which must exist.
+pub fn load_team(c: &Conn<'_>) -> Result<Team, AdminError> {
+    team::team_get(c)?.ok_or(AdminError::NoTeam)
+}
+
+/// The record of a new member `name`: `permissions` resolved through the team's presets
+/// (`context` names the request in the error); a conflict when the name is taken (without
+/// regard to case). Nothing is stored.
+pub fn new_member_record(
+    c: &Conn<'_>,
+    name: &str,
+    role: &Role,
+    instructions: &str,
+    permissions: &[String],
+    context: &str,
+) -> Result<MemberRecord, AdminError> {
+    let team = load_team(c)?;
+    let permissions = resolve(permissions, &team.permission_presets, context)
+        .map_err(|e| AdminError::Invalid(e.to_string()))?;
+    if let Some(existing) = team::member_name_taken(c, name)? {
+        return Err(AdminError::Conflict(team::name_taken_text(name, &existing)));
+    }
+    Ok(MemberRecord {
+        name: name.to_owned(),
+        role: role.clone(),
+        instructions: instructions.to_owned(),
+        permissions,
+    })
+}
+
+/// Changes member `name`: `edit` sets its role and instructions, then `permissions` (when
+/// given) are resolved through the team's presets (`context` names the request in the error)
+/// and may not take `members.manage` from the last admin; the result is validated and stored.
+pub fn update_member(
+    c: &Conn<'_>,
+    name: &str,
+    edit: impl FnOnce(&mut MemberRecord),
+    permissions: Option<&[String]>,
+    context: &str,
+) -> Result<MemberRecord, AdminError> {
+    let team = load_team(c)?;
+    let mut m = team::member_get(c, name)?.ok_or_else(|| no_such_member(name))?;
+    edit(&mut m);
+    if let Some(p) = permissions {
+        let perms = resolve(p, &team.permission_presets, context)
+            .map_err(|e| AdminError::Invalid(e.to_string()))?;
+        if !is_manager(perms) && is_last_admin(c, name)? {
+            return Err(AdminError::Conflict(
+                "cannot remove members.manage from the last admin — promote someone else first"
+                    .into(),
+            ));
+        }
+        m.permissions = perms;
+    }
+    validate_member(&m.name, &m.role, &m.instructions).map_err(AdminError::Invalid)?;
+    team::member_update(c, &m)?;
+    Ok(m)
+}
+
+/// Removes member `name` ([`remove_member`]), unless there is no such member or it is the
+/// last admin.
+pub fn remove_member_checked(
+    c: &Conn<'_>,
+    name: &str,
+    actor: &str,
+    now: i64,
+) -> Result<(), AdminError> {
+    if !team::member_exists(c, name)? {
+        return Err(no_such_member(name));
+    }
+    if is_last_admin(c, name)? {
+        return Err(AdminError::Conflict(
+            "cannot remove the last admin — promote someone else first".into(),
+        ));
+    }
+    remove_member(c, name, actor, now)?;
+    Ok(())
+}
+
+/// Revokes every token of member `name` and issues a new one (`rotated`, by `created_by`);
+/// returns its plaintext and info.
+pub fn rotate_token(
+    c: &Conn<'_>,
+    name: &str,
+    created_by: Option<&str>,
+    now: i64,
+) -> Result<(String, team::TokenInfo), AdminError> {
+    if !team::member_exists(c, name)? {
+        return Err(no_such_member(name));
+    }
+    team::tokens_revoke_all(c, name)?;
+    Ok(team::token_issue(
+        c, name, "rotated", "rotate", created_by, now,
+    )?)
+}
+
+/// Revokes member `name`'s token `id`, unless it is not one of its tokens or it is the last
+/// token of the last admin.
+pub fn revoke_token(c: &Conn<'_>, name: &str, id: &str) -> Result<(), AdminError> {
+    let tokens = team::tokens_list(c, name)?;
+    if !tokens.iter().any(|t| t.id == id) {
+        return Err(AdminError::NotFound("no such token".into()));
+    }
+    if tokens.len() == 1 && is_last_admin(c, name)? {
+        return Err(AdminError::Conflict(
+            "cannot revoke the last token of the last admin".into(),
+        ));
+    }
+    team::token_delete(c, name, id)?;
+    Ok(())
 }

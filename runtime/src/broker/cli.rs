@@ -3,16 +3,15 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use ac7_protocol::domain::permission::{self, Permission};
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 
-use super::bootstrap::{self, add_member, is_last_admin, validate_member};
+use super::bootstrap::{self, AdminError, add_member, validate_member};
 use super::config::{MemberSection, TeamConfig, TeamSection};
 use super::datadir;
 use super::db::{Store, StoreError, SyncMode};
 use super::pg::PgConfig;
-use super::team::{self, MemberRecord, Role};
+use super::team::{self, Role};
 use super::{BrokerConfig, now_ms};
 
 /// `ac7 serve`.
@@ -439,7 +438,7 @@ fn open_team(
             (config, store)
         }
     };
-    let has_team = store.with(|conn| team::team_get(conn))?.is_some();
+    let has_team = store.view(team::team_get)?.is_some();
     if has_team {
         if args.team_config.is_some() || args.team_name.is_some() {
             tracing::warn!("the database already has a team; ignoring --team-config/--team-name");
@@ -533,74 +532,75 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
         }
         other => other.into(),
     })?;
-    store.with(|conn| -> anyhow::Result<i32> {
-        let team = team::team_get(conn)?.context("the database has no team yet")?;
-        match args.action {
-            MemberAction::List => {
-                for m in team::members_list(conn)? {
-                    println!("{}\t{}\t{}", m.name, m.role.title, m.permissions.names().join(","));
-                }
-            }
-            MemberAction::Add(f) => {
-                let role = Role { title: f.role.unwrap_or_else(|| "member".into()), description: f.description.unwrap_or_default() };
-                let instructions = f.instructions.unwrap_or_default();
-                validate_member(&f.name, &role, &instructions).map_err(anyhow::Error::msg)?;
-                let permissions = permission::resolve(&f.permissions.unwrap_or_default(), &team.permission_presets, &format!("member '{}'", f.name))?;
-                if let Some(existing) = team::member_name_taken(conn, &f.name)? {
-                    bail!(team::name_taken_text(&f.name, &existing));
-                }
-                let tx = conn.transaction().map_err(StoreError::from)?;
-                let issued = add_member(&tx, &MemberRecord { name: f.name, role, instructions, permissions }, None, now_ms())?;
-                tx.commit().map_err(StoreError::from)?;
-                println!("{}", issued.token);
-            }
-            MemberAction::Update(f) => {
-                let mut m = team::member_get(conn, &f.name)?.with_context(|| format!("no such member: {}", f.name))?;
-                if let Some(t) = f.role {
-                    m.role.title = t;
-                }
-                if let Some(d) = f.description {
-                    m.role.description = d;
-                }
-                if let Some(i) = f.instructions {
-                    m.instructions = i;
-                }
-                if let Some(p) = f.permissions {
-                    let perms = permission::resolve(&p, &team.permission_presets, &format!("member '{}'", m.name))?;
-                    if !perms.contains(Permission::MembersManage) && is_last_admin(conn, &m.name)? {
-                        bail!("cannot remove members.manage from the last admin — promote someone else first");
-                    }
-                    m.permissions = perms;
-                }
-                validate_member(&m.name, &m.role, &m.instructions).map_err(anyhow::Error::msg)?;
-                team::member_update(conn, &m)?;
-                println!("updated {}", m.name);
-            }
-            MemberAction::Remove { name } => {
-                if !team::member_exists(conn, &name)? {
-                    bail!("no such member: {name}");
-                }
-                if is_last_admin(conn, &name)? {
-                    bail!("cannot remove the last admin — promote someone else first");
-                }
-                let tx = conn.transaction().map_err(StoreError::from)?;
-                bootstrap::remove_member(&tx, &name, "ac7", now_ms())?;
-                tx.commit().map_err(StoreError::from)?;
-                println!("removed {name}");
-            }
-            MemberAction::RotateToken { name, .. } => {
-                if !team::member_exists(conn, &name)? {
-                    bail!("no such member: {name}");
-                }
-                let tx = conn.transaction().map_err(StoreError::from)?;
-                team::tokens_revoke_all(&tx, &name)?;
-                let (token, _) = team::token_issue(&tx, &name, "rotated", "rotate", None, now_ms())?;
-                tx.commit().map_err(StoreError::from)?;
-                println!("{token}");
+    if store.view(team::team_get)?.is_none() {
+        bail!("the database has no team yet");
+    }
+    let now = now_ms();
+    match args.action {
+        MemberAction::List => {
+            for m in store.view(team::members_list)? {
+                println!(
+                    "{}\t{}\t{}",
+                    m.name,
+                    m.role.title,
+                    m.permissions.names().join(",")
+                );
             }
         }
-        Ok(0)
-    })
+        MemberAction::Add(f) => {
+            let role = Role {
+                title: f.role.unwrap_or_else(|| "member".into()),
+                description: f.description.unwrap_or_default(),
+            };
+            let instructions = f.instructions.unwrap_or_default();
+            validate_member(&f.name, &role, &instructions).map_err(anyhow::Error::msg)?;
+            let permissions = f.permissions.unwrap_or_default();
+            let issued = store.tx(|c| -> Result<_, AdminError> {
+                let record = bootstrap::new_member_record(
+                    c,
+                    &f.name,
+                    &role,
+                    &instructions,
+                    &permissions,
+                    &format!("member '{}'", f.name),
+                )?;
+                Ok(add_member(c, &record, None, now)?)
+            })?;
+            println!("{}", issued.token);
+        }
+        MemberAction::Update(f) => {
+            let context = format!("member '{}'", f.name);
+            let m = store.tx(|c| {
+                bootstrap::update_member(
+                    c,
+                    &f.name,
+                    |m| {
+                        if let Some(t) = f.role {
+                            m.role.title = t;
+                        }
+                        if let Some(d) = f.description {
+                            m.role.description = d;
+                        }
+                        if let Some(i) = f.instructions {
+                            m.instructions = i;
+                        }
+                    },
+                    f.permissions.as_deref(),
+                    &context,
+                )
+            })?;
+            println!("updated {}", m.name);
+        }
+        MemberAction::Remove { name } => {
+            store.tx(|c| bootstrap::remove_member_checked(c, &name, "ac7", now))?;
+            println!("removed {name}");
+        }
+        MemberAction::RotateToken { name, .. } => {
+            let (token, _) = store.tx(|c| bootstrap::rotate_token(c, &name, None, now))?;
+            println!("{token}");
+        }
+    }
+    Ok(0)
 }
 
 /// `ac7 prune`: offline retention against the database file.

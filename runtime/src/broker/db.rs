@@ -602,8 +602,9 @@ INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
                 limit: 10,
                 ..Default::default()
             };
-            assert_eq!(crate::broker::activity::list(conn, "ann", &q, false).unwrap().len(), 1);
-            assert_eq!(crate::broker::activity::list(conn, "gone", &q, false).unwrap().len(), 1);
+            let c = Conn::sqlite(conn);
+            assert_eq!(crate::broker::activity::list(&c, "ann", &q, false).unwrap().len(), 1);
+            assert_eq!(crate::broker::activity::list(&c, "gone", &q, false).unwrap().len(), 1);
             let index: Vec<String> = conn
                 .prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'member_activity' ORDER BY name")
                 .unwrap()

@@ -23,7 +23,7 @@ pub struct Credential {
 
 /// Pairs the tokens `bootstrap` issued with whether each member is an admin.
 pub fn credentials(store: &Store, issued: &[IssuedToken]) -> Result<Vec<Credential>, StoreError> {
-    let members = store.with(|conn| team::members_list(conn))?;
+    let members = store.view(team::members_list)?;
     Ok(issued
         .iter()
         .map(|i| Credential {

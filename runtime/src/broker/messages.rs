@@ -115,15 +115,11 @@ pub fn viewer_scope(c: &Conn<'_>, viewer: &str, manager: bool) -> Result<ViewerS
         };
         objectives.extend(c.query(sql, params![viewer], |r| r.get::<String>(0))?);
     }
-    // seam: team::member_since
-    let conn = c
-        .as_sqlite()
-        .ok_or_else(|| StoreError::Corrupt("team::member_since not on PostgreSQL yet".into()))?;
     Ok(ViewerScope {
         channels,
         objectives,
         manager,
-        since: super::team::member_since(conn, viewer)?.unwrap_or(i64::MAX),
+        since: super::team::member_since(c, viewer)?.unwrap_or(i64::MAX),
     })
 }
 

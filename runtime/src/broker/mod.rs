@@ -382,11 +382,11 @@ pub async fn start(
     let hub = Hub::new(limits);
     let activity_hub = Hub::new(limits);
     let tls = config.tls.as_ref().map(server::tls_acceptor).transpose()?;
-    let (members, signin_ready) = store.with(|conn| -> Result<_, StartError> {
-        if team::team_get(conn)?.is_none() {
+    let (members, signin_ready) = store.view(|c| -> Result<_, StartError> {
+        if team::team_get(c)?.is_none() {
             return Err(StartError::NoTeam(config.db_path.clone()));
         }
-        Ok((team::members_list(conn)?, sessions::totp_any(conn)?))
+        Ok((team::members_list(c)?, sessions::totp_any(c)?))
     })?;
     let setup_code = if signin_ready {
         None

@@ -18,10 +18,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use base64::Engine as _;
-use rusqlite::{Connection, OptionalExtension, params};
 
 use super::AppState;
 use super::db::StoreError;
+use super::store::Conn;
 use super::tokens;
 
 /// How long a session lives after its last use: 7 days.
@@ -64,7 +64,7 @@ pub struct SessionRow {
 
 /// Stores a new session of `member` for `ttl_ms`; returns the id (for the cookie) and the row.
 pub fn session_create(
-    conn: &Connection,
+    c: &Conn<'_>,
     member: &str,
     user_agent: Option<&str>,
     now: i64,
@@ -76,79 +76,94 @@ pub fn session_create(
         member: member.to_owned(),
         expires_at: now.saturating_add(ttl_ms),
     };
-    conn.prepare_cached(
+    c.execute(
         "INSERT INTO sessions (hash, member_name, created_at, expires_at, last_seen, user_agent)
          VALUES (?1, ?2, ?3, ?4, ?3, ?5)",
-    )?
-    .execute(params![
-        row.hash,
-        row.member,
-        now,
-        row.expires_at,
-        user_agent.map(|ua| ua.chars().take(256).collect::<String>())
-    ])?;
+        crate::params![
+            row.hash,
+            row.member,
+            now,
+            row.expires_at,
+            user_agent.map(|ua| ua.chars().take(256).collect::<String>())
+        ],
+    )?;
     Ok((id, row))
 }
 
 /// The live session with this id hash, if any (expired rows count as absent).
-pub fn session_get(
-    conn: &Connection,
-    hash: &str,
-    now: i64,
-) -> Result<Option<SessionRow>, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT hash, member_name, expires_at FROM sessions WHERE hash = ?1 AND expires_at > ?2",
-        )?
-        .query_row(params![hash, now], |r| {
+pub fn session_get(c: &Conn<'_>, hash: &str, now: i64) -> Result<Option<SessionRow>, StoreError> {
+    c.query_row(
+        "SELECT hash, member_name, expires_at FROM sessions WHERE hash = ?1 AND expires_at > ?2",
+        crate::params![hash, now],
+        |r| {
             Ok(SessionRow {
                 hash: r.get(0)?,
                 member: r.get(1)?,
                 expires_at: r.get(2)?,
             })
-        })
-        .optional()?)
+        },
+    )
 }
 
 /// Moves a session's expiry to `now + ttl_ms`.
-pub fn session_slide(
-    conn: &Connection,
-    hash: &str,
-    now: i64,
-    ttl_ms: i64,
-) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE sessions SET expires_at = ?2, last_seen = ?3 WHERE hash = ?1")?
-        .execute(params![hash, now.saturating_add(ttl_ms), now])?;
+pub fn session_slide(c: &Conn<'_>, hash: &str, now: i64, ttl_ms: i64) -> Result<(), StoreError> {
+    c.execute(
+        "UPDATE sessions SET expires_at = ?2, last_seen = ?3 WHERE hash = ?1",
+        crate::params![hash, now.saturating_add(ttl_ms), now],
+    )?;
     Ok(())
 }
 
 /// Deletes one session; whether it existed.
-pub fn session_delete(conn: &Connection, hash: &str) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached("DELETE FROM sessions WHERE hash = ?1")?
-        .execute([hash])?
-        == 1)
+pub fn session_delete(c: &Conn<'_>, hash: &str) -> Result<bool, StoreError> {
+    Ok(c.execute("DELETE FROM sessions WHERE hash = ?1", crate::params![hash])? == 1)
 }
 
 /// Deletes every session of a member (removed, or its sign-in secret replaced).
-pub fn sessions_delete_member(conn: &Connection, member: &str) -> Result<usize, StoreError> {
-    Ok(conn
-        .prepare_cached("DELETE FROM sessions WHERE member_name = ?1")?
-        .execute([member])?)
+pub fn sessions_delete_member(c: &Conn<'_>, member: &str) -> Result<usize, StoreError> {
+    c.execute(
+        "DELETE FROM sessions WHERE member_name = ?1",
+        crate::params![member],
+    )
 }
 
 /// Whether a live (unexpired) session has this id hash.
-pub fn session_exists(conn: &Connection, hash: &str, now: i64) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM sessions WHERE hash = ?1 AND expires_at > ?2")?
-        .exists(params![hash, now])?)
+pub fn session_exists(c: &Conn<'_>, hash: &str, now: i64) -> Result<bool, StoreError> {
+    c.exists(
+        "SELECT 1 FROM sessions WHERE hash = ?1 AND expires_at > ?2",
+        crate::params![hash, now],
+    )
 }
 
 /// Deletes the sessions that expired before `now`; how many.
-pub fn sessions_purge(conn: &Connection, now: i64) -> Result<usize, StoreError> {
-    Ok(conn
-        .prepare_cached("DELETE FROM sessions WHERE expires_at <= ?1")?
-        .execute([now])?)
+pub fn sessions_purge(c: &Conn<'_>, now: i64) -> Result<usize, StoreError> {
+    c.execute(
+        "DELETE FROM sessions WHERE expires_at <= ?1",
+        crate::params![now],
+    )
+}
+
+/// Who a session cookie (by its id's hash) signs in, as [`session_member`] found it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionAuth {
+    /// A live session of an existing member.
+    Member(SessionRow, super::team::MemberRecord),
+    /// No live session has this hash.
+    Expired,
+    /// The session is live but its member is gone.
+    Orphan,
+}
+
+/// The live session with this id hash and its member (read only: the caller deletes an
+/// orphan and slides the expiry).
+pub fn session_member(c: &Conn<'_>, hash: &str, now: i64) -> Result<SessionAuth, StoreError> {
+    let Some(row) = session_get(c, hash, now)? else {
+        return Ok(SessionAuth::Expired);
+    };
+    Ok(match super::team::member_get(c, &row.member)? {
+        Some(m) => SessionAuth::Member(row, m),
+        None => SessionAuth::Orphan,
+    })
 }
 
 /// Purges expired sessions now and then every hour while the broker runs.
@@ -157,10 +172,7 @@ pub fn spawn_purge(state: &Arc<AppState>) {
     tokio::spawn(async move {
         loop {
             let Some(state) = weak.upgrade() else { return };
-            match state
-                .store
-                .with(|conn| sessions_purge(conn, super::now_ms()))
-            {
+            match state.store.tx(|c| sessions_purge(c, super::now_ms())) {
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(sessions = n, "purged expired sessions"),
                 Err(e) => tracing::warn!(error = %e, "cannot purge expired sessions"),
@@ -183,83 +195,207 @@ pub struct TotpRow {
 }
 
 /// The TOTP row of `member`, if it has one.
-pub fn totp_get(conn: &Connection, member: &str) -> Result<Option<TotpRow>, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT secret, last_step, pending_secret FROM member_totp WHERE member_name = ?1",
-        )?
-        .query_row([member], |r| {
+pub fn totp_get(c: &Conn<'_>, member: &str) -> Result<Option<TotpRow>, StoreError> {
+    c.query_row(
+        "SELECT secret, last_step, pending_secret FROM member_totp WHERE member_name = ?1",
+        crate::params![member],
+        |r| {
             Ok(TotpRow {
                 secret: r.get(0)?,
-                last_step: r
-                    .get::<_, Option<i64>>(1)?
-                    .and_then(|s| u64::try_from(s).ok()),
+                last_step: r.get::<Option<i64>>(1)?.and_then(|s| u64::try_from(s).ok()),
                 pending: r.get(2)?,
             })
-        })
-        .optional()?)
+        },
+    )
 }
 
 /// Every member with a confirmed secret, in member creation order: `(name, secret, last_step)`.
-pub fn totp_enrolled(conn: &Connection) -> Result<Vec<(String, String, Option<u64>)>, StoreError> {
-    let mut stmt = conn.prepare_cached(
+pub fn totp_enrolled(c: &Conn<'_>) -> Result<Vec<(String, String, Option<u64>)>, StoreError> {
+    c.query(
         "SELECT t.member_name, t.secret, t.last_step FROM member_totp t
          JOIN members m ON m.name = t.member_name
          WHERE t.secret IS NOT NULL ORDER BY m.seq",
-    )?;
-    let rows = stmt.query_map([], |r| {
-        Ok((
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, Option<i64>>(2)?
-                .and_then(|s| u64::try_from(s).ok()),
-        ))
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        crate::params![],
+        |r| {
+            Ok((
+                r.get::<String>(0)?,
+                r.get::<String>(1)?,
+                r.get::<Option<i64>>(2)?.and_then(|s| u64::try_from(s).ok()),
+            ))
+        },
+    )
 }
 
 /// Whether any member can sign in with TOTP (else the team needs its first-admin setup).
-pub fn totp_any(conn: &Connection) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached(
-            "SELECT 1 FROM member_totp t JOIN members m ON m.name = t.member_name
-             WHERE t.secret IS NOT NULL",
-        )?
-        .exists([])?)
+pub fn totp_any(c: &Conn<'_>) -> Result<bool, StoreError> {
+    c.exists(
+        "SELECT 1 FROM member_totp t JOIN members m ON m.name = t.member_name
+         WHERE t.secret IS NOT NULL",
+        crate::params![],
+    )
 }
 
 /// Sets `member`'s confirmed secret (replacing any, clearing the replay guard and any pending one).
-pub fn totp_set(conn: &Connection, member: &str, secret: &str) -> Result<(), StoreError> {
-    conn.prepare_cached(
+pub fn totp_set(c: &Conn<'_>, member: &str, secret: &str) -> Result<(), StoreError> {
+    c.execute(
         "INSERT INTO member_totp (member_name, secret, last_step, pending_secret) VALUES (?1, ?2, NULL, NULL)
-         ON CONFLICT(member_name) DO UPDATE SET secret = ?2, last_step = NULL, pending_secret = NULL",
-    )?
-    .execute(params![member, secret])?;
+         ON CONFLICT (member_name) DO UPDATE SET secret = excluded.secret, last_step = NULL, pending_secret = NULL",
+        crate::params![member, secret],
+    )?;
     Ok(())
 }
 
 /// Records a pending (unconfirmed) secret for `member`, keeping the confirmed one.
-pub fn totp_set_pending(conn: &Connection, member: &str, secret: &str) -> Result<(), StoreError> {
-    conn.prepare_cached(
+pub fn totp_set_pending(c: &Conn<'_>, member: &str, secret: &str) -> Result<(), StoreError> {
+    c.execute(
         "INSERT INTO member_totp (member_name, secret, last_step, pending_secret) VALUES (?1, NULL, NULL, ?2)
-         ON CONFLICT(member_name) DO UPDATE SET pending_secret = ?2",
-    )?
-    .execute(params![member, secret])?;
+         ON CONFLICT (member_name) DO UPDATE SET pending_secret = excluded.pending_secret",
+        crate::params![member, secret],
+    )?;
     Ok(())
 }
 
 /// Persists the last accepted step of `member`'s confirmed secret.
-pub fn totp_accept_step(conn: &Connection, member: &str, step: u64) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE member_totp SET last_step = ?2 WHERE member_name = ?1")?
-        .execute(params![member, i64::try_from(step).unwrap_or(i64::MAX)])?;
+pub fn totp_accept_step(c: &Conn<'_>, member: &str, step: u64) -> Result<(), StoreError> {
+    c.execute(
+        "UPDATE member_totp SET last_step = ?2 WHERE member_name = ?1",
+        crate::params![member, i64::try_from(step).unwrap_or(i64::MAX)],
+    )?;
     Ok(())
 }
 
 /// Forgets `member`'s sign-in secrets (member removed).
-pub fn totp_delete(conn: &Connection, member: &str) -> Result<(), StoreError> {
-    conn.prepare_cached("DELETE FROM member_totp WHERE member_name = ?1")?
-        .execute([member])?;
+pub fn totp_delete(c: &Conn<'_>, member: &str) -> Result<(), StoreError> {
+    c.execute(
+        "DELETE FROM member_totp WHERE member_name = ?1",
+        crate::params![member],
+    )?;
     Ok(())
+}
+
+/// Why a TOTP sign-in or confirmation was refused (nothing was written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TotpRefusal {
+    /// The code matches no candidate (or a stored secret that does not decode).
+    Invalid,
+    /// The code was used already.
+    Replayed,
+    /// The code matches more than one member (a nameless sign-in).
+    Ambiguous,
+}
+
+/// What a TOTP sign-in found: whether `member` (when named) has a confirmed secret, and the
+/// signed-in member with its new session's id and row, or why not.
+pub type LoginOutcome = (
+    bool,
+    Result<(super::team::MemberRecord, String, SessionRow), TotpRefusal>,
+);
+
+/// A TOTP sign-in attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct LoginAttempt<'a> {
+    /// The member named, if any.
+    pub member: Option<&'a str>,
+    /// The six-digit code.
+    pub code: &'a str,
+    /// Now, in Unix seconds (TOTP steps).
+    pub now_secs: u64,
+    /// The browser's user agent, kept with the session.
+    pub user_agent: Option<&'a str>,
+    /// Now, in epoch ms (the session's times).
+    pub now_ms: i64,
+    /// How long the new session lives.
+    pub ttl_ms: i64,
+}
+
+/// Signs in with `a.code`: against the named member's secret, or without a name against
+/// every member with a confirmed secret whose own sign-in key is not `locked`. On success the
+/// step is used up and a session is created.
+pub fn totp_login(
+    c: &Conn<'_>,
+    a: &LoginAttempt<'_>,
+    locked: impl Fn(&str) -> bool,
+) -> Result<LoginOutcome, StoreError> {
+    use ac7_protocol::signin::totp::{self, TotpError};
+    let LoginAttempt {
+        member,
+        code,
+        now_secs,
+        user_agent,
+        now_ms,
+        ttl_ms,
+    } = *a;
+    let enrolled = totp_enrolled(c)?;
+    let known = member.is_some_and(|name| enrolled.iter().any(|(n, _, _)| n == name));
+    let candidates = enrolled.into_iter().filter(|(n, _, _)| match member {
+        Some(name) => n == name,
+        None => !locked(n),
+    });
+    let mut matched: Vec<(String, u64)> = Vec::new();
+    let mut replayed = false;
+    for (name, secret, last) in candidates {
+        let Ok(key) = totp::base32_decode(&secret) else {
+            tracing::error!(member = %name, "stored TOTP secret is not base32");
+            continue;
+        };
+        match totp::verify(&key, code, now_secs, last) {
+            Ok(step) => matched.push((name, step)),
+            Err(TotpError::Replayed) => replayed = true,
+            Err(_) => {}
+        }
+    }
+    let (name, step) = match matched.len() {
+        1 => matched.remove(0),
+        0 if replayed => return Ok((known, Err(TotpRefusal::Replayed))),
+        0 => return Ok((known, Err(TotpRefusal::Invalid))),
+        _ => return Ok((known, Err(TotpRefusal::Ambiguous))),
+    };
+    let Some(m) = super::team::member_get(c, &name)? else {
+        return Ok((known, Err(TotpRefusal::Invalid)));
+    };
+    totp_accept_step(c, &name, step)?;
+    let (id, row) = session_create(c, &name, user_agent, now_ms, ttl_ms)?;
+    Ok((known, Ok((m, id, row))))
+}
+
+/// Why confirming a pending TOTP enrollment failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfirmError {
+    /// The member has no pending secret.
+    NoPending,
+    /// The pending secret does not decode (a store fault).
+    BadSecret(String),
+    /// The code is not one of the pending secret.
+    Refused(TotpRefusal),
+}
+
+/// Confirms `member`'s pending secret with `code` at `now_secs`: it becomes the member's
+/// secret, with the code's step used up.
+pub fn totp_confirm(
+    c: &Conn<'_>,
+    member: &str,
+    code: &str,
+    now_secs: u64,
+) -> Result<Result<(), ConfirmError>, StoreError> {
+    use ac7_protocol::signin::totp::{self, TotpError};
+    let Some(pending) = totp_get(c, member)?.and_then(|r| r.pending) else {
+        return Ok(Err(ConfirmError::NoPending));
+    };
+    let key = match totp::base32_decode(&pending) {
+        Ok(key) => key,
+        Err(e) => return Ok(Err(ConfirmError::BadSecret(e.to_string()))),
+    };
+    match totp::verify(&key, code, now_secs, None) {
+        Ok(step) => {
+            totp_set(c, member, &pending)?;
+            totp_accept_step(c, member, step)?;
+            Ok(Ok(()))
+        }
+        Err(TotpError::Replayed) => Ok(Err(ConfirmError::Refused(TotpRefusal::Replayed))),
+        Err(TotpError::Malformed | TotpError::Invalid) => {
+            Ok(Err(ConfirmError::Refused(TotpRefusal::Invalid)))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -270,32 +406,31 @@ mod tests {
     #[test]
     fn sessions_slide_expire_and_purge() {
         let store = Store::open_in_memory().unwrap();
-        store.with(|conn| {
-            let (id, row) = session_create(conn, "ann", Some("ua"), 1_000, 100).unwrap();
-            assert_eq!(id.len(), 43);
-            assert_eq!(row.hash, session_hash(&id));
-            // the id itself is not stored
-            let stored: i64 = conn
-                .query_row(
-                    "SELECT COUNT(*) FROM sessions WHERE hash = ?1",
-                    [&id],
-                    |r| r.get(0),
-                )
-                .unwrap();
-            assert_eq!(stored, 0);
-            assert_eq!(
-                session_get(conn, &row.hash, 1_099).unwrap().unwrap().member,
-                "ann"
-            );
-            assert!(session_get(conn, &row.hash, 1_100).unwrap().is_none());
-            session_slide(conn, &row.hash, 1_050, 100).unwrap();
-            assert!(session_exists(conn, &row.hash, 1_100).unwrap());
-            assert_eq!(sessions_purge(conn, 1_149).unwrap(), 0);
-            assert_eq!(sessions_purge(conn, 1_150).unwrap(), 1);
-            let (_, r2) = session_create(conn, "ann", None, 0, 100).unwrap();
-            assert!(session_delete(conn, &r2.hash).unwrap());
-            assert!(!session_delete(conn, &r2.hash).unwrap());
-        });
+        store
+            .tx(|conn| {
+                let (id, row) = session_create(conn, "ann", Some("ua"), 1_000, 100).unwrap();
+                assert_eq!(id.len(), 43);
+                assert_eq!(row.hash, session_hash(&id));
+                // the id itself is not stored
+                let stored = conn
+                    .exists("SELECT 1 FROM sessions WHERE hash = ?1", crate::params![id])
+                    .unwrap();
+                assert!(!stored);
+                assert_eq!(
+                    session_get(conn, &row.hash, 1_099).unwrap().unwrap().member,
+                    "ann"
+                );
+                assert!(session_get(conn, &row.hash, 1_100).unwrap().is_none());
+                session_slide(conn, &row.hash, 1_050, 100).unwrap();
+                assert!(session_exists(conn, &row.hash, 1_100).unwrap());
+                assert_eq!(sessions_purge(conn, 1_149).unwrap(), 0);
+                assert_eq!(sessions_purge(conn, 1_150).unwrap(), 1);
+                let (_, r2) = session_create(conn, "ann", None, 0, 100).unwrap();
+                assert!(session_delete(conn, &r2.hash).unwrap());
+                assert!(!session_delete(conn, &r2.hash).unwrap());
+                Ok::<_, StoreError>(())
+            })
+            .unwrap();
         assert_eq!(slide_step(SESSION_TTL.as_millis() as i64), 60_000);
         assert_eq!(slide_step(1_200), 20);
     }
@@ -303,28 +438,31 @@ mod tests {
     #[test]
     fn totp_pending_does_not_replace_until_set() {
         let store = Store::open_in_memory().unwrap();
-        store.with(|conn| {
-            totp_set(conn, "ann", "AAAA").unwrap();
-            totp_accept_step(conn, "ann", 7).unwrap();
-            totp_set_pending(conn, "ann", "BBBB").unwrap();
-            let row = totp_get(conn, "ann").unwrap().unwrap();
-            assert_eq!(
-                row,
-                TotpRow {
-                    secret: Some("AAAA".into()),
-                    last_step: Some(7),
-                    pending: Some("BBBB".into())
-                }
-            );
-            totp_set(conn, "ann", "BBBB").unwrap();
-            let row = totp_get(conn, "ann").unwrap().unwrap();
-            assert_eq!(
-                (row.secret.as_deref(), row.last_step, row.pending),
-                (Some("BBBB"), None, None)
-            );
-            // a member with only a pending secret cannot sign in
-            totp_set_pending(conn, "bob", "CCCC").unwrap();
-            assert_eq!(totp_get(conn, "bob").unwrap().unwrap().secret, None);
-        });
+        store
+            .tx(|conn| {
+                totp_set(conn, "ann", "AAAA").unwrap();
+                totp_accept_step(conn, "ann", 7).unwrap();
+                totp_set_pending(conn, "ann", "BBBB").unwrap();
+                let row = totp_get(conn, "ann").unwrap().unwrap();
+                assert_eq!(
+                    row,
+                    TotpRow {
+                        secret: Some("AAAA".into()),
+                        last_step: Some(7),
+                        pending: Some("BBBB".into())
+                    }
+                );
+                totp_set(conn, "ann", "BBBB").unwrap();
+                let row = totp_get(conn, "ann").unwrap().unwrap();
+                assert_eq!(
+                    (row.secret.as_deref(), row.last_step, row.pending),
+                    (Some("BBBB"), None, None)
+                );
+                // a member with only a pending secret cannot sign in
+                totp_set_pending(conn, "bob", "CCCC").unwrap();
+                assert_eq!(totp_get(conn, "bob").unwrap().unwrap().secret, None);
+                Ok::<_, StoreError>(())
+            })
+            .unwrap();
     }
 }

@@ -19,10 +19,10 @@
 //! `since_seq` 0 (the schema change is in [`super::db`]).
 
 use ac7_protocol::domain::permission::PermissionSet;
-use rusqlite::{Connection, OptionalExtension, params};
 use serde::Serialize;
 
 use super::db::StoreError;
+use super::store::{Conn, Row};
 use super::tokens;
 
 pub use ac7_protocol::domain::team::{Role, Team};
@@ -108,18 +108,19 @@ pub struct TokenInfo {
 }
 
 /// Reads the team, if one was created.
-pub fn team_get(conn: &Connection) -> Result<Option<Team>, StoreError> {
-    let row = conn
-        .prepare_cached("SELECT name, directive, context, presets FROM team WHERE id = 1")?
-        .query_row([], |r| {
+pub fn team_get(c: &Conn<'_>) -> Result<Option<Team>, StoreError> {
+    let row = c.query_row(
+        "SELECT name, directive, context, presets FROM team WHERE id = 1",
+        crate::params![],
+        |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
+                r.get::<String>(0)?,
+                r.get::<String>(1)?,
+                r.get::<String>(2)?,
+                r.get::<String>(3)?,
             ))
-        })
-        .optional()?;
+        },
+    )?;
     row.map(|(name, directive, context, presets)| {
         Ok(Team {
             name,
@@ -132,69 +133,69 @@ pub fn team_get(conn: &Connection) -> Result<Option<Team>, StoreError> {
 }
 
 /// Creates or replaces the team row.
-pub fn team_put(conn: &Connection, team: &Team, now: i64) -> Result<(), StoreError> {
-    conn.execute(
+pub fn team_put(c: &Conn<'_>, team: &Team, now: i64) -> Result<(), StoreError> {
+    c.execute(
         "INSERT INTO team (id, name, directive, context, presets, created_at) VALUES (1, ?1, ?2, ?3, ?4, ?5)
-         ON CONFLICT(id) DO UPDATE SET name = ?1, directive = ?2, context = ?3, presets = ?4",
-        params![team.name, team.directive, team.context, serde_json::to_string(&team.permission_presets)?, now],
+         ON CONFLICT (id) DO UPDATE SET name = excluded.name, directive = excluded.directive,
+             context = excluded.context, presets = excluded.presets",
+        crate::params![
+            team.name,
+            team.directive,
+            team.context,
+            serde_json::to_string(&team.permission_presets)?,
+            now
+        ],
     )?;
     Ok(())
 }
 
-fn member_from_row(
-    r: &rusqlite::Row<'_>,
-) -> rusqlite::Result<(String, String, String, String, String)> {
-    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
-}
-
-fn decode_member(
-    (name, title, description, instructions, perms): (String, String, String, String, String),
-) -> Result<MemberRecord, StoreError> {
+fn member_from_row(r: &Row) -> Result<MemberRecord, StoreError> {
     Ok(MemberRecord {
-        name,
-        role: Role { title, description },
-        instructions,
-        permissions: serde_json::from_str(&perms)?,
+        name: r.get(0)?,
+        role: Role {
+            title: r.get(1)?,
+            description: r.get(2)?,
+        },
+        instructions: r.get(3)?,
+        permissions: serde_json::from_str(&r.get::<String>(4)?)?,
     })
 }
 
-const MEMBER_COLS: &str = "name, role_title, role_description, instructions, permissions";
-
 /// Every member, in creation order.
-pub fn members_list(conn: &Connection) -> Result<Vec<MemberRecord>, StoreError> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {MEMBER_COLS} FROM members ORDER BY seq"))?;
-    let rows = stmt.query_map([], member_from_row)?;
-    rows.map(|r| decode_member(r?)).collect()
+pub fn members_list(c: &Conn<'_>) -> Result<Vec<MemberRecord>, StoreError> {
+    c.query(
+        "SELECT name, role_title, role_description, instructions, permissions FROM members ORDER BY seq",
+        crate::params![],
+        member_from_row,
+    )
 }
 
 /// One member by name.
-pub fn member_get(conn: &Connection, name: &str) -> Result<Option<MemberRecord>, StoreError> {
-    conn.prepare_cached(&format!(
-        "SELECT {MEMBER_COLS} FROM members WHERE name = ?1"
-    ))?
-    .query_row([name], member_from_row)
-    .optional()?
-    .map(decode_member)
-    .transpose()
+pub fn member_get(c: &Conn<'_>, name: &str) -> Result<Option<MemberRecord>, StoreError> {
+    c.query_row(
+        "SELECT name, role_title, role_description, instructions, permissions FROM members WHERE name = ?1",
+        crate::params![name],
+        member_from_row,
+    )
 }
 
 /// Whether a member exists.
-pub fn member_exists(conn: &Connection, name: &str) -> Result<bool, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM members WHERE name = ?1")?
-        .query_row([name], |_| Ok(()))
-        .optional()?
-        .is_some())
+pub fn member_exists(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
+    c.exists(
+        "SELECT 1 FROM members WHERE name = ?1",
+        crate::params![name],
+    )
 }
 
 /// The existing member whose name equals `name` without regard to case (names
-/// are unique that way: `Alice` and `alice` cannot both exist).
-pub fn member_name_taken(conn: &Connection, name: &str) -> Result<Option<String>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT name FROM members WHERE name = ?1 COLLATE NOCASE")?
-        .query_row([name], |r| r.get(0))
-        .optional()?)
+/// are unique that way: `Alice` and `alice` cannot both exist). Names are ASCII, and
+/// `lower` folds ASCII letters alike on both databases.
+pub fn member_name_taken(c: &Conn<'_>, name: &str) -> Result<Option<String>, StoreError> {
+    c.query_row(
+        "SELECT name FROM members WHERE lower(name) = lower(?1) ORDER BY seq",
+        crate::params![name],
+        |r| r.get(0),
+    )
 }
 
 /// Why `name` cannot be taken when `existing` holds it: the spec's `member '<name>' already
@@ -208,40 +209,58 @@ pub fn name_taken_text(name: &str, existing: &str) -> String {
 }
 
 /// Inserts a member, whose incarnation starts at the message log's current head; `false` if
-/// the name is taken.
-pub fn member_insert(conn: &Connection, m: &MemberRecord, now: i64) -> Result<bool, StoreError> {
-    let n = conn.execute(
-        "INSERT OR IGNORE INTO members (name, role_title, role_description, instructions, permissions, created_at, since_seq)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, (SELECT COALESCE(MAX(seq), 0) FROM messages))",
-        params![m.name, m.role.title, m.role.description, m.instructions, serde_json::to_string(&m.permissions)?, now],
+/// the name is taken. A taken name draws no id (PostgreSQL's identity would spend one on a
+/// conflicting insert), so ids run alike on both databases.
+pub fn member_insert(c: &Conn<'_>, m: &MemberRecord, now: i64) -> Result<bool, StoreError> {
+    let n = c.execute(
+        "INSERT INTO members (name, role_title, role_description, instructions, permissions, created_at, since_seq)
+         SELECT ?1, ?2, ?3, ?4, ?5, ?6, (SELECT COALESCE(MAX(seq), 0) FROM messages)
+         WHERE NOT EXISTS (SELECT 1 FROM members WHERE name = ?1)
+         ON CONFLICT (name) DO NOTHING",
+        crate::params![
+            m.name,
+            m.role.title,
+            m.role.description,
+            m.instructions,
+            serde_json::to_string(&m.permissions)?,
+            now
+        ],
     )?;
     Ok(n == 1)
 }
 
 /// Overwrites a member's role, instructions and permissions.
-pub fn member_update(conn: &Connection, m: &MemberRecord) -> Result<(), StoreError> {
-    conn.execute(
+pub fn member_update(c: &Conn<'_>, m: &MemberRecord) -> Result<(), StoreError> {
+    c.execute(
         "UPDATE members SET role_title = ?2, role_description = ?3, instructions = ?4, permissions = ?5 WHERE name = ?1",
-        params![m.name, m.role.title, m.role.description, m.instructions, serde_json::to_string(&m.permissions)?],
+        crate::params![
+            m.name,
+            m.role.title,
+            m.role.description,
+            m.instructions,
+            serde_json::to_string(&m.permissions)?
+        ],
     )?;
     Ok(())
 }
 
 /// The id of member `name` (`members.seq`, never reused), if it exists.
-pub fn member_seq(conn: &Connection, name: &str) -> Result<Option<i64>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT seq FROM members WHERE name = ?1")?
-        .query_row([name], |r| r.get(0))
-        .optional()?)
+pub fn member_seq(c: &Conn<'_>, name: &str) -> Result<Option<i64>, StoreError> {
+    c.query_row(
+        "SELECT seq FROM members WHERE name = ?1",
+        crate::params![name],
+        |r| r.get(0),
+    )
 }
 
 /// The message log position member `name` was created at (its DMs are the rows after it),
 /// if it exists.
-pub fn member_since(conn: &Connection, name: &str) -> Result<Option<i64>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT since_seq FROM members WHERE name = ?1")?
-        .query_row([name], |r| r.get(0))
-        .optional()?)
+pub fn member_since(c: &Conn<'_>, name: &str) -> Result<Option<i64>, StoreError> {
+    c.query_row(
+        "SELECT since_seq FROM members WHERE name = ?1",
+        crate::params![name],
+        |r| r.get(0),
+    )
 }
 
 /// What a removed member `name` is called where the name stays in the team's current state
@@ -254,18 +273,27 @@ pub fn removed_name(name: &str) -> String {
 /// Deletes a member's row and its credentials and memberships: tokens, channel memberships,
 /// file grants, browser sessions and TOTP secret. [`super::bootstrap::remove_member`] does
 /// the rest of a removal (home folder, objectives).
-pub fn member_delete(conn: &Connection, name: &str) -> Result<bool, StoreError> {
-    conn.execute("DELETE FROM tokens WHERE member_name = ?1", [name])?;
-    conn.execute("DELETE FROM channel_members WHERE member_name = ?1", [name])?;
-    conn.execute("DELETE FROM fs_grants WHERE member_name = ?1", [name])?;
-    super::sessions::sessions_delete_member(conn, name)?;
-    super::sessions::totp_delete(conn, name)?;
-    Ok(conn.execute("DELETE FROM members WHERE name = ?1", [name])? == 1)
+pub fn member_delete(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
+    c.execute(
+        "DELETE FROM tokens WHERE member_name = ?1",
+        crate::params![name],
+    )?;
+    c.execute(
+        "DELETE FROM channel_members WHERE member_name = ?1",
+        crate::params![name],
+    )?;
+    c.execute(
+        "DELETE FROM fs_grants WHERE member_name = ?1",
+        crate::params![name],
+    )?;
+    super::sessions::sessions_delete_member(c, name)?;
+    super::sessions::totp_delete(c, name)?;
+    Ok(c.execute("DELETE FROM members WHERE name = ?1", crate::params![name])? == 1)
 }
 
 /// Names of every member holding `members.manage`.
-pub fn managers(conn: &Connection) -> Result<Vec<String>, StoreError> {
-    Ok(members_list(conn)?
+pub fn managers(c: &Conn<'_>) -> Result<Vec<String>, StoreError> {
+    Ok(members_list(c)?
         .into_iter()
         .filter(|m| {
             m.permissions
@@ -277,7 +305,7 @@ pub fn managers(conn: &Connection) -> Result<Vec<String>, StoreError> {
 
 /// Issues a token for `member`; returns the plaintext (shown once) and its info.
 pub fn token_issue(
-    conn: &Connection,
+    c: &Conn<'_>,
     member: &str,
     label: &str,
     origin: &str,
@@ -296,78 +324,124 @@ pub fn token_issue(
         expires_at: None,
         created_by: created_by.map(str::to_owned),
     };
-    conn.execute(
+    c.execute(
         "INSERT INTO tokens (id, member_name, hash, label, origin, created_at, created_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![info.id, member, tokens::sha256_hex(token.as_bytes()), label, origin, now, created_by],
+        crate::params![
+            info.id,
+            member,
+            tokens::sha256_hex(token.as_bytes()),
+            label,
+            origin,
+            now,
+            created_by
+        ],
     )?;
     Ok((token, info))
 }
 
 /// Looks a token up by its hash: `(token id, member name, expires_at)`.
 pub fn token_lookup(
-    conn: &Connection,
+    c: &Conn<'_>,
     hash: &str,
 ) -> Result<Option<(String, String, Option<i64>)>, StoreError> {
-    Ok(conn
-        .prepare_cached("SELECT id, member_name, expires_at FROM tokens WHERE hash = ?1")?
-        .query_row([hash], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .optional()?)
+    c.query_row(
+        "SELECT id, member_name, expires_at FROM tokens WHERE hash = ?1",
+        crate::params![hash],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )
 }
 
 /// Records that a token was just used.
-pub fn token_touch(conn: &Connection, id: &str, now: i64) -> Result<(), StoreError> {
-    conn.prepare_cached("UPDATE tokens SET last_used_at = ?2 WHERE id = ?1")?
-        .execute(params![id, now])?;
+pub fn token_touch(c: &Conn<'_>, id: &str, now: i64) -> Result<(), StoreError> {
+    c.execute(
+        "UPDATE tokens SET last_used_at = ?2 WHERE id = ?1",
+        crate::params![id, now],
+    )?;
     Ok(())
 }
 
 /// Deletes one token by id.
-pub fn token_delete_id(conn: &Connection, id: &str) -> Result<(), StoreError> {
-    conn.execute("DELETE FROM tokens WHERE id = ?1", [id])?;
+pub fn token_delete_id(c: &Conn<'_>, id: &str) -> Result<(), StoreError> {
+    c.execute("DELETE FROM tokens WHERE id = ?1", crate::params![id])?;
     Ok(())
 }
 
 /// A member's tokens, oldest first.
-pub fn tokens_list(conn: &Connection, member: &str) -> Result<Vec<TokenInfo>, StoreError> {
-    let mut stmt = conn.prepare_cached(
+pub fn tokens_list(c: &Conn<'_>, member: &str) -> Result<Vec<TokenInfo>, StoreError> {
+    c.query(
         "SELECT id, member_name, label, origin, created_at, last_used_at, expires_at, created_by
          FROM tokens WHERE member_name = ?1 ORDER BY created_at, id",
-    )?;
-    let rows = stmt.query_map([member], |r| {
-        Ok(TokenInfo {
-            id: r.get(0)?,
-            member_name: r.get(1)?,
-            label: r.get(2)?,
-            origin: r.get(3)?,
-            created_at: r.get(4)?,
-            last_used_at: r.get(5)?,
-            expires_at: r.get(6)?,
-            created_by: r.get(7)?,
-        })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+        crate::params![member],
+        |r| {
+            Ok(TokenInfo {
+                id: r.get(0)?,
+                member_name: r.get(1)?,
+                label: r.get(2)?,
+                origin: r.get(3)?,
+                created_at: r.get(4)?,
+                last_used_at: r.get(5)?,
+                expires_at: r.get(6)?,
+                created_by: r.get(7)?,
+            })
+        },
+    )
 }
 
 /// Deletes a member's token; `false` if there is no such token for that member.
-pub fn token_delete(conn: &Connection, member: &str, id: &str) -> Result<bool, StoreError> {
-    Ok(conn.execute(
+pub fn token_delete(c: &Conn<'_>, member: &str, id: &str) -> Result<bool, StoreError> {
+    Ok(c.execute(
         "DELETE FROM tokens WHERE id = ?1 AND member_name = ?2",
-        [id, member],
+        crate::params![id, member],
     )? == 1)
 }
 
 /// Revokes every token of `member`.
-pub fn tokens_revoke_all(conn: &Connection, member: &str) -> Result<usize, StoreError> {
-    Ok(conn.execute("DELETE FROM tokens WHERE member_name = ?1", [member])?)
+pub fn tokens_revoke_all(c: &Conn<'_>, member: &str) -> Result<usize, StoreError> {
+    c.execute(
+        "DELETE FROM tokens WHERE member_name = ?1",
+        crate::params![member],
+    )
 }
 
 /// Whether the token with this id still exists (it was not revoked); for a browser session
 /// (`session:<hash>`), whether the session is still live.
-pub fn token_id_exists(conn: &Connection, id: &str) -> Result<bool, StoreError> {
+pub fn token_id_exists(c: &Conn<'_>, id: &str) -> Result<bool, StoreError> {
     if let Some(hash) = id.strip_prefix(super::sessions::SESSION_ID_PREFIX) {
-        return super::sessions::session_exists(conn, hash, super::now_ms());
+        return super::sessions::session_exists(c, hash, super::now_ms());
     }
-    Ok(conn
-        .prepare_cached("SELECT 1 FROM tokens WHERE id = ?1")?
-        .exists([id])?)
+    c.exists("SELECT 1 FROM tokens WHERE id = ?1", crate::params![id])
+}
+
+/// Who a bearer token (by its hash) authenticates, as [`resolve_token`] found it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TokenAuth {
+    /// The token is live and its member exists: `(token id, member)`.
+    Member(String, MemberRecord),
+    /// No such token, or it expired.
+    Unknown,
+    /// The token's member is gone (the token was deleted just now).
+    Orphan,
+}
+
+/// Resolves a bearer token by its hash at `now`: records its use on success, and deletes a
+/// token whose member no longer exists.
+pub fn resolve_token(c: &Conn<'_>, hash: &str, now: i64) -> Result<TokenAuth, StoreError> {
+    let Some((token_id, member, expires)) = token_lookup(c, hash)? else {
+        return Ok(TokenAuth::Unknown);
+    };
+    if expires.is_some_and(|e| e <= now) {
+        return Ok(TokenAuth::Unknown);
+    }
+    match member_get(c, &member)? {
+        Some(m) => {
+            // Cached for a few seconds after this, so `lastUsedAt` is accurate to the
+            // cache's lifetime without a write per request.
+            token_touch(c, &token_id, now)?;
+            Ok(TokenAuth::Member(token_id, m))
+        }
+        None => {
+            token_delete_id(c, &token_id)?;
+            Ok(TokenAuth::Orphan)
+        }
+    }
 }

@@ -219,14 +219,8 @@ fn log_items(
                 Audience::Everyone => match &everyone {
                     Some(all) => all.clone(),
                     None => {
-                        // seam: team::members_list
-                        let conn = c.as_sqlite().ok_or_else(|| {
-                            StoreError::Corrupt("team::members_list not on PostgreSQL yet".into())
-                        })?;
-                        let all: BTreeSet<String> = team::members_list(conn)?
-                            .into_iter()
-                            .map(|m| m.name)
-                            .collect();
+                        let all: BTreeSet<String> =
+                            team::members_list(c)?.into_iter().map(|m| m.name).collect();
                         everyone = Some(all.clone());
                         all
                     }

@@ -461,7 +461,7 @@ fn session(b: &TestBroker, member: &str) -> String {
     b.broker
         .state
         .store
-        .with(|conn| {
+        .tx(|conn| {
             ac7_runtime::broker::sessions::session_create(conn, member, None, now, 3_600_000)
         })
         .unwrap()

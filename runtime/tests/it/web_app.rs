@@ -35,7 +35,7 @@ fn session_for(b: &TestBroker, member: &str) -> String {
     b.broker
         .state
         .store
-        .with(|conn| sessions::session_create(conn, member, Some("web_app test"), now, 3_600_000))
+        .tx(|conn| sessions::session_create(conn, member, Some("web_app test"), now, 3_600_000))
         .unwrap()
         .0
 }
@@ -375,7 +375,7 @@ async fn a_form_from_another_origin_is_refused_and_a_revoked_session_signs_out()
     b.broker
         .state
         .store
-        .with(|conn| sessions::sessions_delete_member(conn, "director"))
+        .tx(|conn| sessions::sessions_delete_member(conn, "director"))
         .unwrap();
     br.script(
         "history.pushState(null, '', '/objectives'); dispatchEvent(new PopStateEvent('popstate'))",

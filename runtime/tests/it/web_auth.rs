@@ -40,7 +40,7 @@ fn enroll_direct(b: &TestBroker, member: &str) -> String {
     b.broker
         .state
         .store
-        .with(|conn| sessions::totp_set(conn, member, &secret))
+        .tx(|conn| sessions::totp_set(conn, member, &secret))
         .unwrap();
     secret
 }
@@ -609,7 +609,7 @@ async fn totp_enrollment_is_pending_until_confirmed() {
         .broker
         .state
         .store
-        .with(|c| sessions::totp_get(c, "builder"))
+        .tx(|c| sessions::totp_get(c, "builder"))
         .unwrap()
         .unwrap();
     assert_eq!(row.secret.as_deref(), Some(old.as_str()));

@@ -26,7 +26,7 @@ fn enroll(b: &TestBroker, member: &str) -> String {
     b.broker
         .state
         .store
-        .with(|conn| sessions::totp_set(conn, member, &secret))
+        .tx(|conn| sessions::totp_set(conn, member, &secret))
         .unwrap();
     secret
 }

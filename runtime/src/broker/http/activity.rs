@@ -79,16 +79,17 @@ pub(super) async fn upload(
     }
     let now = now_ms();
     let context = reminder::reminder_context(&upload.events);
-    // Delivered under the store lock, like `/push`, so a stream opening with
-    // `Last-Event-ID` sees each row either in its replay or live, never both.
-    let n = state.store.with(|conn| -> Result<usize, ApiError> {
+    // Delivered inside the transaction, under the store's write lock, like `/push`: a stream
+    // opening with `Last-Event-ID` takes that lock too, so it sees each row either in its
+    // replay or live, never both.
+    let n = state.store.tx(|c| -> Result<usize, ApiError> {
         // Stamped with the uploader's incarnation; a request authenticated just before its
         // member was removed (its credential is gone now) must not land in a successor's stream.
-        let member_seq = match crate::broker::team::member_seq(conn, &name)? {
-            Some(seq) if crate::broker::team::token_id_exists(conn, &caller.token_id)? => seq,
+        let member_seq = match crate::broker::team::member_seq(c, &name)? {
+            Some(seq) if crate::broker::team::token_id_exists(c, &caller.token_id)? => seq,
             _ => return Err(ApiError::unauthorized("unknown token")),
         };
-        let rows = activity::append(conn, &name, member_seq, upload.events, now)?;
+        let rows = activity::append(c, &name, member_seq, upload.events, now)?;
         let only = Audience::Only([name.clone()].into());
         for row in &rows {
             state
@@ -243,9 +244,7 @@ pub(super) async fn list(
     check_name(&name)?;
     check_reader(&caller, &name, "reading")?;
     let q = parse_query(raw.as_deref())?;
-    let rows = state
-        .store
-        .read(|conn| activity::list(conn, &name, &q, false))?;
+    let rows = state.store.view(|c| activity::list(c, &name, &q, false))?;
     Ok(reply(StatusCode::OK, &json!({"activity": rows})))
 }
 
@@ -261,12 +260,14 @@ pub(super) async fn stream(
     check_reader(&caller, &name, "streaming")?;
     let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
     let now = now_ms();
-    let (opening, sub) = state.store.with(|conn| -> Result<_, ApiError> {
-        let head = activity::head(conn, &name)?;
+    // In a write transaction although it only reads: on SQLite that takes the lock uploads
+    // deliver under, so the head and the live tail join without a gap or a duplicate.
+    let (opening, sub) = state.store.tx(|c| -> Result<_, ApiError> {
+        let head = activity::head(c, &name)?;
         let opening = match &last_id {
             None => Opening::Live,
             Some(id) => match id.trim().parse::<i64>() {
-                Ok(cursor) if (0..=activity::last_id(conn)?).contains(&cursor) => {
+                Ok(cursor) if (0..=activity::last_id(c)?).contains(&cursor) => {
                     Opening::Replay(Replay {
                         state: Arc::clone(&state),
                         source: Source::Activity {
@@ -279,7 +280,7 @@ pub(super) async fn stream(
                 _ => Opening::Reset(Reset::unknown_id(id)),
             },
         };
-        if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+        if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
             return Err(ApiError::unauthorized("unknown token"));
         }
         let sub = state
@@ -304,23 +305,23 @@ pub(super) async fn objective(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = parse_query(raw.as_deref())?;
-    state.store.read(|conn| {
-        // seam: objectives::load
-        let obj = super::objectives::load(&crate::broker::store::Conn::sqlite(conn), &id)?;
+    let (rows, intervals) = state.store.view(|c| -> Result<_, ApiError> {
+        let obj = super::objectives::load(c, &id)?;
         super::objectives::authorize(&obj, &caller, ac7_protocol::domain::objective::Action::View)?;
-        let mut intervals = activity::objective_intervals(conn, &id)?;
+        let mut intervals = activity::objective_intervals(c, &id)?;
         if !caller.has(Permission::ActivityRead) {
-            let me = crate::broker::team::member_seq(conn, &caller.name)?;
+            let me = crate::broker::team::member_seq(c, &caller.name)?;
             intervals.retain(|iv| iv.member == caller.name && Some(iv.member_seq) == me);
         }
-        let rows = activity::in_intervals(conn, &intervals, q.before_id, q.limit)?;
-        let intervals: Vec<_> = intervals
-            .iter()
-            .map(|iv| json!({"memberName": iv.member, "from": iv.from, "to": iv.to}))
-            .collect();
-        Ok(reply(
-            StatusCode::OK,
-            &json!({"activity": rows, "intervals": intervals}),
-        ))
-    })
+        let rows = activity::in_intervals(c, &intervals, q.before_id, q.limit)?;
+        Ok((rows, intervals))
+    })?;
+    let intervals: Vec<_> = intervals
+        .iter()
+        .map(|iv| json!({"memberName": iv.member, "from": iv.from, "to": iv.to}))
+        .collect();
+    Ok(reply(
+        StatusCode::OK,
+        &json!({"activity": rows, "intervals": intervals}),
+    ))
 }

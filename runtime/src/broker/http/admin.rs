@@ -8,22 +8,33 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
-use crate::broker::bootstrap::{self, add_member, is_last_admin, validate_member};
-use crate::broker::db::StoreError;
+use crate::broker::bootstrap::{self, AdminError, add_member, validate_member};
 use crate::broker::hub::Closed;
 use crate::broker::now_ms;
+use crate::broker::store::Conn;
 use crate::broker::team::{self, MemberRecord, Role, Team};
 
-fn load_team(conn: &rusqlite::Connection) -> Result<Team, ApiError> {
-    team::team_get(conn)?
-        .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no team configured"))
+impl From<AdminError> for ApiError {
+    fn from(e: AdminError) -> ApiError {
+        match e {
+            AdminError::Store(e) => e.into(),
+            AdminError::NoTeam => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            AdminError::Invalid(m) => ApiError::bad_request(m),
+            AdminError::NotFound(m) => ApiError::not_found(m),
+            AdminError::Conflict(m) => ApiError::conflict(m),
+        }
+    }
+}
+
+fn load_team(c: &Conn<'_>) -> Result<Team, ApiError> {
+    Ok(bootstrap::load_team(c)?)
 }
 
 pub(super) async fn team_get(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let team = state.store.with(|conn| load_team(conn))?;
+    let team = state.store.view(load_team)?;
     Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
 }
 
@@ -45,8 +56,8 @@ pub(super) async fn team_patch(
             "no fields to update (name, directive, context)",
         ));
     }
-    state.store.with(|conn| {
-        let mut team = load_team(conn)?;
+    let team = state.store.tx(|c| {
+        let mut team = load_team(c)?;
         if let Some(n) = name {
             team.name = n;
         }
@@ -57,16 +68,17 @@ pub(super) async fn team_patch(
             team.context = c;
         }
         bootstrap::validate_team(&team).map_err(ApiError::bad_request)?;
-        team::team_put(conn, &team, now_ms())?;
-        Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
-    })
+        team::team_put(c, &team, now_ms())?;
+        Ok::<_, ApiError>(team)
+    })?;
+    Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
 }
 
 pub(super) async fn presets_list(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let team = state.store.with(|conn| load_team(conn))?;
+    let team = state.store.view(load_team)?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"presets" => &team.permission_presets},
@@ -94,18 +106,19 @@ pub(super) async fn preset_put(
         .len("name", &name, 1, 64)
         .count("permissions", b.permissions.len(), 32)
         .finish("preset")?;
-    state.store.with(|conn| {
-        let mut team = load_team(conn)?;
+    let leaves = state.store.tx(|c| {
+        let mut team = load_team(c)?;
         let set = permission::resolve_preset(&name, &b.permissions, &team.permission_presets)
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let leaves: Vec<String> = set.names().into_iter().map(str::to_owned).collect();
         team.permission_presets.insert(name.clone(), leaves.clone());
-        team::team_put(conn, &team, now_ms())?;
-        Ok(reply(
-            StatusCode::OK,
-            &obj! {"preset" => &obj!{"name" => &name, "permissions" => &leaves}},
-        ))
-    })
+        team::team_put(c, &team, now_ms())?;
+        Ok::<_, ApiError>(leaves)
+    })?;
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"preset" => &obj!{"name" => &name, "permissions" => &leaves}},
+    ))
 }
 
 pub(super) async fn preset_delete(
@@ -118,58 +131,32 @@ pub(super) async fn preset_delete(
         Permission::TeamManage,
         "deleting presets",
     )?;
-    state.store.with(|conn| {
-        let mut team = load_team(conn)?;
+    state.store.tx(|c| {
+        let mut team = load_team(c)?;
         if team.permission_presets.remove(&name).is_none() {
             return Err(ApiError::not_found(format!("no such preset: {name}")));
         }
-        team::team_put(conn, &team, now_ms())?;
-        // Members hold resolved leaves, so nothing changes for them; report none.
-        Ok(reply(
-            StatusCode::OK,
-            &obj! {"deleted" => &name, "referencedBy" => &[(); 0]},
-        ))
-    })
+        team::team_put(c, &team, now_ms())?;
+        Ok(())
+    })?;
+    // Members hold resolved leaves, so nothing changes for them; report none.
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"deleted" => &name, "referencedBy" => &[(); 0]},
+    ))
 }
 
 pub(super) async fn members_list(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.with(|conn| team::members_list(conn))?;
+    let members = state.store.view(team::members_list)?;
     let body = if caller.has(Permission::MembersManage) {
         obj! {"members" => &members.iter().map(MemberRecord::view).collect::<Vec<_>>()}
     } else {
         obj! {"members" => &members.iter().map(MemberRecord::teammate).collect::<Vec<_>>()}
     };
     Ok(reply(StatusCode::OK, &body))
-}
-
-/// The record of a new member `name`: permissions resolved through the team's presets; 409
-/// when the name is taken (without regard to case). Nothing is stored.
-pub(super) fn new_member_record(
-    conn: &rusqlite::Connection,
-    name: &str,
-    role: &Role,
-    instructions: &str,
-    permissions: &[String],
-) -> Result<MemberRecord, ApiError> {
-    let team = load_team(conn)?;
-    let permissions = permission::resolve(
-        permissions,
-        &team.permission_presets,
-        &format!("create member '{name}'"),
-    )
-    .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    if let Some(existing) = team::member_name_taken(conn, name)? {
-        return Err(ApiError::conflict(team::name_taken_text(name, &existing)));
-    }
-    Ok(MemberRecord {
-        name: name.to_owned(),
-        role: role.clone(),
-        instructions: instructions.to_owned(),
-        permissions,
-    })
 }
 
 #[derive(Deserialize)]
@@ -194,11 +181,16 @@ pub(super) async fn members_create(
     let b: CreateMember = parse_json(&body, "member")?;
     validate_member(&b.name, &b.role, &b.instructions).map_err(ApiError::bad_request)?;
     let now = now_ms();
-    let (record, token) = state.store.with(|conn| -> Result<_, ApiError> {
-        let record = new_member_record(conn, &b.name, &b.role, &b.instructions, &b.permissions)?;
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        let issued = add_member(&tx, &record, Some(&caller.name), now)?;
-        tx.commit().map_err(StoreError::from)?;
+    let (record, token) = state.store.tx(|c| -> Result<_, AdminError> {
+        let record = bootstrap::new_member_record(
+            c,
+            &b.name,
+            &b.role,
+            &b.instructions,
+            &b.permissions,
+            &format!("create member '{}'", b.name),
+        )?;
+        let issued = add_member(c, &record, Some(&caller.name), now)?;
         Ok((record, issued.token))
     })?;
     state.forget_auth();
@@ -238,33 +230,21 @@ pub(super) async fn member_update(
             "no fields to update (role, instructions, permissions)",
         ));
     }
-    let record = state.store.with(|conn| -> Result<_, ApiError> {
-        let team = load_team(conn)?;
-        let mut m = team::member_get(conn, &name)?
-            .ok_or_else(|| ApiError::not_found(format!("no such member: {name}")))?;
-        if let Some(role) = b.role {
-            m.role = role;
-        }
-        if let Some(i) = b.instructions {
-            m.instructions = i;
-        }
-        if let Some(p) = b.permissions {
-            let perms = permission::resolve(
-                &p,
-                &team.permission_presets,
-                &format!("update member '{name}'"),
-            )
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            if !perms.contains(Permission::MembersManage) && is_last_admin(conn, &name)? {
-                return Err(ApiError::conflict(
-                    "cannot remove members.manage from the last admin — promote someone else first",
-                ));
-            }
-            m.permissions = perms;
-        }
-        validate_member(&m.name, &m.role, &m.instructions).map_err(ApiError::bad_request)?;
-        team::member_update(conn, &m)?;
-        Ok(m)
+    let record = state.store.tx(|c| {
+        bootstrap::update_member(
+            c,
+            &name,
+            |m| {
+                if let Some(role) = b.role {
+                    m.role = role;
+                }
+                if let Some(i) = b.instructions {
+                    m.instructions = i;
+                }
+            },
+            b.permissions.as_deref(),
+            &format!("update member '{name}'"),
+        )
     })?;
     state.forget_auth();
     state
@@ -283,20 +263,9 @@ pub(super) async fn member_delete(
         Permission::MembersManage,
         "removing members",
     )?;
-    state.store.with(|conn| {
-        if !team::member_exists(conn, &name)? {
-            return Err(ApiError::not_found(format!("no such member: {name}")));
-        }
-        if is_last_admin(conn, &name)? {
-            return Err(ApiError::conflict(
-                "cannot remove the last admin — promote someone else first",
-            ));
-        }
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        bootstrap::remove_member(&tx, &name, &caller.name, now_ms())?;
-        tx.commit().map_err(StoreError::from)?;
-        Ok(())
-    })?;
+    state
+        .store
+        .tx(|c| bootstrap::remove_member_checked(c, &name, &caller.name, now_ms()))?;
     state.forget_auth();
     state.hub.remove_member(&name);
     state.activity_hub.close_owner(&name, None, Closed::Removed);
@@ -321,30 +290,18 @@ pub(super) async fn rotate_token(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    state.store.with(|conn| {
-        if !team::member_exists(conn, &name)? {
-            return Err(ApiError::not_found(format!("no such member: {name}")));
-        }
-        let tx = conn.transaction().map_err(StoreError::from)?;
-        team::tokens_revoke_all(&tx, &name)?;
-        state.forget_auth();
-        let (token, info) = team::token_issue(
-            &tx,
-            &name,
-            "rotated",
-            "rotate",
-            Some(&caller.name),
-            now_ms(),
-        )?;
-        tx.commit().map_err(StoreError::from)?;
-        // Under the store lock, so no stream can register with an old token after this.
-        state.hub.close_member(&name, Closed::Revoked);
-        state.activity_hub.close_owner(&name, None, Closed::Revoked);
-        Ok(reply(
-            StatusCode::OK,
-            &obj! {"token" => &token, "tokenInfo" => &info},
-        ))
-    })
+    let (token, info) = state
+        .store
+        .tx(|c| bootstrap::rotate_token(c, &name, Some(&caller.name), now_ms()))?;
+    // After the commit: a stream registers only after checking its token under the store's
+    // lock, so none registers with an old token after this.
+    state.forget_auth();
+    state.hub.close_member(&name, Closed::Revoked);
+    state.activity_hub.close_owner(&name, None, Closed::Revoked);
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"token" => &token, "tokenInfo" => &info},
+    ))
 }
 
 pub(super) async fn tokens_list(
@@ -353,7 +310,7 @@ pub(super) async fn tokens_list(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    let tokens = state.store.with(|conn| team::tokens_list(conn, &name))?;
+    let tokens = state.store.view(|c| team::tokens_list(c, &name))?;
     Ok(reply(StatusCode::OK, &obj! {"tokens" => &tokens}))
 }
 
@@ -363,22 +320,11 @@ pub(super) async fn token_delete(
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    state.store.with(|conn| {
-        let tokens = team::tokens_list(conn, &name)?;
-        if !tokens.iter().any(|t| t.id == id) {
-            return Err(ApiError::not_found("no such token"));
-        }
-        if tokens.len() == 1 && is_last_admin(conn, &name)? {
-            return Err(ApiError::conflict(
-                "cannot revoke the last token of the last admin",
-            ));
-        }
-        team::token_delete(conn, &name, &id)?;
-        state.forget_auth();
-        state.hub.close_token(&name, &id);
-        state
-            .activity_hub
-            .close_owner(&name, Some(&id), Closed::Revoked);
-        Ok(StatusCode::NO_CONTENT.into_response())
-    })
+    state.store.tx(|c| bootstrap::revoke_token(c, &name, &id))?;
+    state.forget_auth();
+    state.hub.close_token(&name, &id);
+    state
+        .activity_hub
+        .close_owner(&name, Some(&id), Closed::Revoked);
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

@@ -9,7 +9,6 @@ use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
 use crate::broker::channels::{self as store, Channel, ChannelMember, ChannelSummary};
-use crate::broker::db::StoreError;
 use crate::broker::store::Conn;
 use crate::broker::{AppState, now_ms, team};
 
@@ -291,11 +290,7 @@ pub(super) async fn add_member(
             if store::role_of(c, &ch.id, &caller.name)?.as_deref() != Some("admin") {
                 return Err(ApiError::forbidden("only admins can add other members"));
             }
-            // seam: team::member_exists
-            let conn = c.as_sqlite().ok_or_else(|| {
-                StoreError::Corrupt("team::member_exists not on PostgreSQL yet".into())
-            })?;
-            if !team::member_exists(conn, &target)? {
+            if !team::member_exists(c, &target)? {
                 return Err(chan_err(
                     StatusCode::NOT_FOUND,
                     format!("no such member: {target}"),

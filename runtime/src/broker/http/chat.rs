@@ -15,7 +15,6 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
-use crate::broker::db::StoreError;
 use crate::broker::messages::{self, Feed};
 use crate::broker::publish::Draft;
 use crate::broker::store::Conn;
@@ -34,17 +33,13 @@ pub(super) async fn briefing(
     caller: Caller,
 ) -> Result<Response, ApiError> {
     let (team, members, open) = state.store.view(|c| -> Result<_, ApiError> {
-        // seam: team::team_get, team::members_list
-        let conn = c.as_sqlite().ok_or_else(|| {
-            StoreError::Corrupt("team::team_get, team::members_list not on PostgreSQL yet".into())
-        })?;
-        let team = team::team_get(conn)?.unwrap_or_else(|| Team {
+        let team = team::team_get(c)?.unwrap_or_else(|| Team {
             name: String::new(),
             directive: String::new(),
             context: String::new(),
             permission_presets: Default::default(),
         });
-        let members = team::members_list(conn)?;
+        let members = team::members_list(c)?;
         let open = objectives::open_for(c, &caller.name)?;
         Ok((team, members, open))
     })?;
@@ -151,13 +146,7 @@ pub(super) async fn roster(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.view(|c| {
-        // seam: team::members_list
-        let conn = c.as_sqlite().ok_or_else(|| {
-            StoreError::Corrupt("team::members_list not on PostgreSQL yet".into())
-        })?;
-        team::members_list(conn)
-    })?;
+    let members = state.store.view(|c| team::members_list(c))?;
     let connected = state
         .hub
         .presence(members.iter().map(|m| m.name.as_str()), now_ms());
@@ -323,11 +312,7 @@ fn thread_members(
                 .ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
             obj_rules::authorize(&o, &caller.name, caller.permissions, Action::Discuss)
                 .map_err(|e| ApiError::forbidden(e.0))?;
-            // seam: team::managers
-            let conn = c.as_sqlite().ok_or_else(|| {
-                StoreError::Corrupt("team::managers not on PostgreSQL yet".into())
-            })?;
-            let managers = team::managers(conn)?;
+            let managers = team::managers(c)?;
             Ok(obj_rules::thread_members(
                 &o,
                 managers.iter().map(String::as_str),

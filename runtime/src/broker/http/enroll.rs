@@ -35,11 +35,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::admin::new_member_record;
 use super::session::client_addr;
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::AppState;
-use crate::broker::bootstrap::{add_member, validate_member};
+use crate::broker::bootstrap::{add_member, new_member_record, validate_member};
 use crate::broker::db::StoreError;
 use crate::broker::now_ms;
 use crate::broker::team::{self, Role};
@@ -114,15 +113,19 @@ fn revoke(state: &AppState, grants: Vec<(String, Grant)>) {
     if grants.is_empty() {
         return;
     }
-    let result = state.store.with(|conn| -> Result<(), StoreError> {
-        for (member, g) in &grants {
-            team::token_delete_id(conn, &g.token_id)?;
-            tracing::info!(%member, token_id = %g.token_id, "revoked an enrollment token the device never collected");
+    let result = state.store.tx(|c| -> Result<(), StoreError> {
+        for (_, g) in &grants {
+            team::token_delete_id(c, &g.token_id)?;
         }
         Ok(())
     });
-    if let Err(e) = result {
-        tracing::error!(error = %e, "cannot revoke uncollected enrollment tokens");
+    match result {
+        Ok(()) => {
+            for (member, g) in &grants {
+                tracing::info!(%member, token_id = %g.token_id, "revoked an enrollment token the device never collected");
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "cannot revoke uncollected enrollment tokens"),
     }
     state.forget_auth();
 }
@@ -284,13 +287,13 @@ pub(super) async fn poll(
         PollOutcome::Expired => Err(poll_error("expired_token", None)),
         PollOutcome::Denied { reason } => Err(poll_error("access_denied", Some(&reason))),
         PollOutcome::Approved { member, grant } => {
-            let record = state.store.read(|conn| -> Result<_, StoreError> {
+            let record = state.store.view(|c| -> Result<_, StoreError> {
                 // The grant's token goes with its member: if it is gone, so is the member it
                 // was minted for (even if a new member has that name now).
-                if !team::token_id_exists(conn, &grant.token_id)? {
+                if !team::token_id_exists(c, &grant.token_id)? {
                     return Ok(None);
                 }
-                team::member_get(conn, &member)
+                team::member_get(c, &member)
             })?;
             let Some(record) = record else {
                 // Removed between approval and collection.
@@ -443,28 +446,33 @@ pub(super) async fn approve(
         .filter(|l| !l.trim().is_empty())
         .or_else(|| Some(pending.label.clone()).filter(|l| !l.trim().is_empty()))
         .unwrap_or_else(|| "connected device".to_owned());
-    let minted = state.store.with(|conn| -> Result<_, ApiError> {
-        let tx = conn.transaction().map_err(StoreError::from)?;
+    let minted = state.store.tx(|c| -> Result<_, ApiError> {
         let record = match &create {
-            None => team::member_get(&tx, &b.member_name)?
+            None => team::member_get(c, &b.member_name)?
                 .ok_or_else(|| ApiError::not_found(format!("no such member: {}", b.member_name)))?,
             Some((role, instructions, perms)) => {
-                let record = new_member_record(&tx, &b.member_name, role, instructions, perms)?;
-                add_member(&tx, &record, Some(&caller.name), now_ms)?;
+                let record = new_member_record(
+                    c,
+                    &b.member_name,
+                    role,
+                    instructions,
+                    perms,
+                    &format!("create member '{}'", b.member_name),
+                )?;
+                add_member(c, &record, Some(&caller.name), now_ms)?;
                 // The device's token is its only one.
-                team::tokens_revoke_all(&tx, &record.name)?;
+                team::tokens_revoke_all(c, &record.name)?;
                 record
             }
         };
         let (token, info) = team::token_issue(
-            &tx,
+            c,
             &record.name,
             &label,
             "enroll",
             Some(&caller.name),
             now_ms,
         )?;
-        tx.commit().map_err(StoreError::from)?;
         Ok((record, token, info))
     });
     let (record, token, info) = match minted {

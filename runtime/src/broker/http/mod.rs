@@ -363,30 +363,17 @@ impl FromRequestParts<Shared> for Caller {
             });
         }
         let now = super::now_ms();
-        let caller = state.store.with(|conn| {
-            let Some((token_id, member, expires)) = team::token_lookup(conn, &hash)? else {
-                return Err(ApiError::unauthorized("unknown token"));
-            };
-            if expires.is_some_and(|e| e <= now) {
-                return Err(ApiError::unauthorized("unknown token"));
+        let caller = match state.store.tx(|c| team::resolve_token(c, &hash, now))? {
+            team::TokenAuth::Member(token_id, m) => Caller {
+                name: m.name,
+                permissions: m.permissions,
+                token_id,
+            },
+            team::TokenAuth::Unknown => return Err(ApiError::unauthorized("unknown token")),
+            team::TokenAuth::Orphan => {
+                return Err(ApiError::unauthorized("token references unknown member"));
             }
-            match team::member_get(conn, &member)? {
-                Some(m) => {
-                    // Cached for a few seconds after this, so `lastUsedAt` is
-                    // accurate to the cache's lifetime without a write per request.
-                    team::token_touch(conn, &token_id, now)?;
-                    Ok(Caller {
-                        name: m.name,
-                        permissions: m.permissions,
-                        token_id,
-                    })
-                }
-                None => {
-                    team::token_delete_id(conn, &token_id)?;
-                    Err(ApiError::unauthorized("token references unknown member"))
-                }
-            }
-        })?;
+        };
         state.remember_auth(
             hash,
             caller.token_id.clone(),

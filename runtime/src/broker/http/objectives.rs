@@ -30,14 +30,6 @@ use crate::broker::publish::{self, Draft};
 use crate::broker::store::Conn;
 use crate::broker::{AppState, fs, now_ms, team};
 
-// seam: sqlite_for (goes with the last seam that calls it)
-/// The raw SQLite connection under `c`, for the calls named by `what` that are not written
-/// against [`Conn`] yet.
-fn sqlite_for<'a>(c: &Conn<'a>, what: &str) -> Result<&'a rusqlite::Connection, StoreError> {
-    c.as_sqlite()
-        .ok_or_else(|| StoreError::Corrupt(format!("{what} not on PostgreSQL yet")))
-}
-
 #[derive(Deserialize)]
 pub(super) struct ListQuery {
     assignee: Option<String>,
@@ -139,8 +131,7 @@ fn log_events(
     events: &[ObjectiveEvent],
     now: i64,
 ) -> Result<Vec<(Audience, Arc<Frame>)>, StoreError> {
-    // seam: team::managers
-    let managers = team::managers(sqlite_for(c, "team::managers")?)?;
+    let managers = team::managers(c)?;
     let mut out = Vec::with_capacity(events.len());
     for ev in events {
         let recipients = rules::event_recipients(obj, ev, managers.iter().map(String::as_str));
@@ -217,16 +208,14 @@ pub(super) async fn create(
     let now = now_ms();
     let obj = state.store.tx_then(
         |c| {
-            // seam: team::member_exists
-            let conn = sqlite_for(c, "team::member_exists")?;
-            if !team::member_exists(conn, &b.assignee)? {
+            if !team::member_exists(c, &b.assignee)? {
                 return Err(ApiError::bad_request(format!(
                     "unknown assignee: {}",
                     b.assignee
                 )));
             }
             for w in &watchers {
-                if !team::member_exists(conn, w)? {
+                if !team::member_exists(c, w)? {
                     return Err(ApiError::bad_request(format!("unknown watcher: {w}")));
                 }
             }
@@ -439,8 +428,7 @@ pub(super) async fn reassign(
         .finish("reassign")?;
     let to = b.to.clone();
     let check = move |c: &Conn<'_>| {
-        // seam: team::member_exists
-        if team::member_exists(sqlite_for(c, "team::member_exists")?, &to)? {
+        if team::member_exists(c, &to)? {
             Ok(())
         } else {
             Err(ApiError::bad_request(format!("unknown assignee: {to}")))
@@ -490,8 +478,7 @@ pub(super) async fn watchers(
     let names: Vec<String> = add.iter().chain(&remove).cloned().collect();
     let check = move |c: &Conn<'_>| {
         for n in &names {
-            // seam: team::member_exists
-            if !team::member_exists(sqlite_for(c, "team::member_exists")?, n)? {
+            if !team::member_exists(c, n)? {
                 return Err(ApiError::bad_request(format!("unknown watcher: {n}")));
             }
         }
@@ -539,8 +526,7 @@ pub(super) async fn discuss(
             authorize(&obj, &caller, Action::Discuss)?;
             let attachments =
                 canonical_attachments(c, &caller, b.attachments.as_deref().unwrap_or(&[]))?;
-            // seam: team::managers
-            let managers = team::managers(sqlite_for(c, "team::managers")?)?;
+            let managers = team::managers(c)?;
             let members = rules::thread_members(&obj, managers.iter().map(String::as_str));
             let audience = message::audience(
                 Some(&caller.name),

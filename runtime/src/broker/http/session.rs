@@ -40,7 +40,7 @@ use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
 use crate::broker::hub::Closed;
-use crate::broker::sessions::{self, SESSION_ID_PREFIX};
+use crate::broker::sessions::{self, ConfirmError, SESSION_ID_PREFIX, SessionAuth, TotpRefusal};
 use crate::broker::{now_ms, team};
 
 /// The session cookie's name.
@@ -94,26 +94,23 @@ pub(crate) fn cookie_caller(parts: &Parts, state: &Shared) -> Result<Caller, Api
     let hash = sessions::session_hash(id);
     let now = now_ms();
     let ttl = ttl_ms(state);
-    let Some(row) = state
+    // Read first: most requests change nothing, and a read does not wait for the writer.
+    let (row, member) = match state
         .store
-        .read(|conn| sessions::session_get(conn, &hash, now))?
-    else {
-        return Err(ApiError::unauthorized("session expired"));
-    };
-    let member = state
-        .store
-        .read(|conn| team::member_get(conn, &row.member))?;
-    let Some(member) = member else {
-        state
-            .store
-            .with(|conn| sessions::session_delete(conn, &hash))?;
-        return Err(ApiError::unauthorized("session member no longer exists"));
+        .view(|c| sessions::session_member(c, &hash, now))?
+    {
+        SessionAuth::Member(row, member) => (row, member),
+        SessionAuth::Expired => return Err(ApiError::unauthorized("session expired")),
+        SessionAuth::Orphan => {
+            state.store.tx(|c| sessions::session_delete(c, &hash))?;
+            return Err(ApiError::unauthorized("session member no longer exists"));
+        }
     };
     // Slide when the expiry moved by at least a step (not a write per request).
     if now.saturating_add(ttl) - row.expires_at >= sessions::slide_step(ttl) {
         state
             .store
-            .with(|conn| sessions::session_slide(conn, &hash, now, ttl))?;
+            .tx(|c| sessions::session_slide(c, &hash, now, ttl))?;
         if let Some(slot) = parts.extensions.get::<CookieRefresh>() {
             *slot
                 .0
@@ -243,6 +240,17 @@ pub(crate) fn totp_refusal(e: TotpError) -> ApiError {
     }
 }
 
+/// The answer to a refused TOTP sign-in or confirmation.
+fn login_refusal(r: TotpRefusal) -> ApiError {
+    match r {
+        TotpRefusal::Replayed => totp_refusal(TotpError::Replayed),
+        TotpRefusal::Invalid => totp_refusal(TotpError::Invalid),
+        TotpRefusal::Ambiguous => ApiError::unauthorized(
+            "this code matches more than one member; sign in with your name (member)",
+        ),
+    }
+}
+
 /// The login shape `{member, role, permissions, expiresAt}`.
 fn session_shape(m: &team::MemberRecord, expires_at: i64) -> super::Obj {
     obj! {
@@ -270,57 +278,19 @@ pub(super) async fn login(
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok());
     let ttl = ttl_ms(&state);
-    let (known, outcome) = state.store.with(|conn| -> Result<_, ApiError> {
-        let enrolled = sessions::totp_enrolled(conn)?;
-        let known = b
-            .member
-            .as_deref()
-            .is_some_and(|name| enrolled.iter().any(|(n, _, _)| n == name));
-        // A member whose own key is locked is no candidate for a nameless code.
-        let candidates: Vec<_> = {
-            let g = guard(&state);
-            enrolled
-                .into_iter()
-                .filter(|(n, _, _)| match &b.member {
-                    Some(name) => n == name,
-                    None => !g.member_locked(n, now),
-                })
-                .collect()
-        };
-        let mut matched: Vec<(String, u64)> = Vec::new();
-        let mut replayed = false;
-        for (name, secret, last) in candidates {
-            let Ok(key) = totp::base32_decode(&secret) else {
-                tracing::error!(member = %name, "stored TOTP secret is not base32");
-                continue;
-            };
-            match totp::verify(&key, &b.code, now, last) {
-                Ok(step) => matched.push((name, step)),
-                Err(TotpError::Replayed) => replayed = true,
-                Err(_) => {}
-            }
-        }
-        let verdict = match matched.len() {
-            1 => Ok(matched.remove(0)),
-            0 if replayed => Err(totp_refusal(TotpError::Replayed)),
-            0 => Err(totp_refusal(TotpError::Invalid)),
-            _ => Err(ApiError::unauthorized(
-                "this code matches more than one member; sign in with your name (member)",
-            )),
-        };
-        let outcome = match verdict {
-            Err(e) => Err(e),
-            Ok((name, step)) => match team::member_get(conn, &name)? {
-                None => Err(totp_refusal(TotpError::Invalid)),
-                Some(m) => {
-                    sessions::totp_accept_step(conn, &name, step)?;
-                    let (id, row) = sessions::session_create(conn, &name, ua, now_ms(), ttl)?;
-                    Ok((m, id, row))
-                }
-            },
-        };
-        Ok((known, outcome))
-    })?;
+    let attempt = sessions::LoginAttempt {
+        member: b.member.as_deref(),
+        code: &b.code,
+        now_secs: now,
+        user_agent: ua,
+        now_ms: now_ms(),
+        ttl_ms: ttl,
+    };
+    // A member whose own key is locked is no candidate for a nameless code.
+    let (known, outcome) = state
+        .store
+        .tx(|c| sessions::totp_login(c, &attempt, |name| guard(&state).member_locked(name, now)))?;
+    let outcome = outcome.map_err(login_refusal);
     // A name that is no member with TOTP counts as a nameless guess: made-up names buy nothing.
     // (Such an attempt is still answered 401 after the nameless budget locks, so no answer
     // tells which names are members.)
@@ -392,12 +362,12 @@ pub(super) async fn metrics(
 /// `GET /session`.
 pub(super) async fn get(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
     let now = now_ms();
-    let (member, expires) = state.store.read(|conn| -> Result<_, ApiError> {
-        let m = team::member_get(conn, &caller.name)?
+    let (member, expires) = state.store.view(|c| -> Result<_, ApiError> {
+        let m = team::member_get(c, &caller.name)?
             .ok_or_else(|| ApiError::unauthorized("session member no longer exists"))?;
         let expires = match caller.token_id.strip_prefix(SESSION_ID_PREFIX) {
             Some(hash) => {
-                sessions::session_get(conn, hash, now)?
+                sessions::session_get(c, hash, now)?
                     .ok_or_else(|| ApiError::unauthorized("session expired"))?
                     .expires_at
             }
@@ -415,9 +385,9 @@ pub(super) async fn logout(
 ) -> Result<Response, ApiError> {
     if let Some(id) = cookie_value(&headers, COOKIE) {
         let hash = sessions::session_hash(id);
-        let member = state.store.with(|conn| -> Result<_, ApiError> {
-            let row = sessions::session_get(conn, &hash, i64::MIN)?;
-            sessions::session_delete(conn, &hash)?;
+        let member = state.store.tx(|c| -> Result<_, ApiError> {
+            let row = sessions::session_get(c, &hash, i64::MIN)?;
+            sessions::session_delete(c, &hash)?;
             Ok(row.map(|r| r.member))
         })?;
         if let Some(member) = member {
@@ -471,14 +441,13 @@ pub(crate) fn qr_svg(uri: &str) -> Result<String, ApiError> {
         .build())
 }
 
-/// `{totpSecret, totpUri, qrSvg}` for `member`'s new secret.
+/// `(totpUri, qrSvg)` for `member`'s new secret in team `team_name`.
 fn enrollment_shape(
-    conn: &rusqlite::Connection,
+    team_name: &str,
     member: &str,
     secret: &str,
 ) -> Result<(String, String), ApiError> {
-    let team_name = team::team_get(conn)?.map(|t| t.name).unwrap_or_default();
-    let uri = totp_uri(&team_name, member, secret);
+    let uri = totp_uri(team_name, member, secret);
     let svg = qr_svg(&uri)?;
     Ok((uri, svg))
 }
@@ -506,13 +475,14 @@ pub(super) async fn enroll_totp(
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name, "enrolling another member's authenticator")?;
     let secret = new_totp_secret()?;
-    let (uri, svg) = state.store.with(|conn| -> Result<_, ApiError> {
-        if !team::member_exists(conn, &name)? {
+    let team_name = state.store.tx(|c| -> Result<_, ApiError> {
+        if !team::member_exists(c, &name)? {
             return Err(ApiError::not_found(format!("no such member: {name}")));
         }
-        sessions::totp_set_pending(conn, &name, &secret)?;
-        enrollment_shape(conn, &name, &secret)
+        sessions::totp_set_pending(c, &name, &secret)?;
+        Ok(team::team_get(c)?.map(|t| t.name).unwrap_or_default())
     })?;
+    let (uri, svg) = enrollment_shape(&team_name, &name, &secret)?;
     tracing::info!(member = %name, by = %caller.name, "TOTP enrollment started (pending confirmation)");
     Ok(reply(
         StatusCode::OK,
@@ -542,23 +512,21 @@ pub(super) async fn enroll_totp_confirm(
     let now = now_secs();
     let address = limiter_address(&parts, &state);
     limiter_check(&state, &address, Claim::Member(&name), now)?;
-    let outcome = state.store.with(|conn| -> Result<_, ApiError> {
-        let Some(pending) = sessions::totp_get(conn, &name)?.and_then(|r| r.pending) else {
+    let outcome = match state
+        .store
+        .tx(|c| sessions::totp_confirm(c, &name, &b.code, now))?
+    {
+        Ok(()) => Ok(()),
+        Err(ConfirmError::NoPending) => {
             return Err(ApiError::not_found(format!(
                 "no pending enrollment for {name}: POST /members/{name}/enroll-totp first"
             )));
-        };
-        let key = totp::base32_decode(&pending)
-            .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-        match totp::verify(&key, &b.code, now, None) {
-            Ok(step) => {
-                sessions::totp_set(conn, &name, &pending)?;
-                sessions::totp_accept_step(conn, &name, step)?;
-                Ok(Ok(()))
-            }
-            Err(e) => Ok(Err(totp_refusal(e))),
         }
-    })?;
+        Err(ConfirmError::BadSecret(e)) => {
+            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e));
+        }
+        Err(ConfirmError::Refused(r)) => Err(login_refusal(r)),
+    };
     match outcome {
         Ok(()) => {
             limiter_clear(&state, &address, &name, now);
@@ -582,7 +550,7 @@ fn setup_needed(state: &Shared) -> Result<bool, ApiError> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .is_some();
-    Ok(open && !state.store.read(sessions::totp_any)?)
+    Ok(open && !state.store.view(sessions::totp_any)?)
 }
 
 /// `GET /setup/status` (no auth) → `{needed}`.
@@ -634,14 +602,17 @@ pub(super) async fn setup(
         return Err(ApiError::unauthorized("invalid setup code"));
     }
     let secret = new_totp_secret()?;
-    let (admin, uri, svg) = state.store.with(|conn| -> Result<_, ApiError> {
-        let admin = team::managers(conn)?.into_iter().next().ok_or_else(|| {
+    let (admin, team_name) = state.store.tx(|c| -> Result<_, ApiError> {
+        let admin = team::managers(c)?.into_iter().next().ok_or_else(|| {
             ApiError::conflict("the team has no member holding members.manage to enroll")
         })?;
-        sessions::totp_set(conn, &admin, &secret)?;
-        let (uri, svg) = enrollment_shape(conn, &admin, &secret)?;
-        Ok((admin, uri, svg))
+        sessions::totp_set(c, &admin, &secret)?;
+        Ok((
+            admin,
+            team::team_get(c)?.map(|t| t.name).unwrap_or_default(),
+        ))
     })?;
+    let (uri, svg) = enrollment_shape(&team_name, &admin, &secret)?;
     limiter_clear(&state, &address, &admin, now);
     tracing::info!(member = %admin, "first-admin setup: TOTP enrolled");
     Ok(reply(

@@ -36,7 +36,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use super::{ApiError, Caller, Shared};
-use crate::broker::db::StoreError;
 use crate::broker::hub::{Closed, Frame, Receiver, SubscribeError};
 use crate::broker::{AppState, messages, now_ms};
 use ac7_protocol::domain::permission::Permission;
@@ -116,20 +115,14 @@ pub(super) async fn subscribe(
                     }),
                 },
             };
-            // seam: team::member_get, team::token_id_exists
-            let conn = c.as_sqlite().ok_or_else(|| {
-                StoreError::Corrupt(
-                    "team::member_get, team::token_id_exists not on PostgreSQL yet".into(),
-                )
-            })?;
             if !state.hub.has_member(&caller.name)
-                && let Some(m) = crate::broker::team::member_get(conn, &caller.name)?
+                && let Some(m) = crate::broker::team::member_get(c, &caller.name)?
             {
                 // Added offline (`ac7 member add`) while the broker was running.
                 state.hub.register_member(&m.name, m.role, now);
             }
             // A token revoked since this request authenticated (the auth cache) gets no stream.
-            if !crate::broker::team::token_id_exists(conn, &caller.token_id)? {
+            if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
                 return Err(ApiError::unauthorized("unknown token"));
             }
             Ok(opening)
@@ -303,13 +296,9 @@ impl Replay {
                     ..Default::default()
                 };
                 tokio::task::spawn_blocking(move || {
-                    state.store.view(|c| {
-                        // seam: activity::list
-                        let conn = c.as_sqlite().ok_or_else(|| {
-                            StoreError::Corrupt("activity::list not on PostgreSQL yet".into())
-                        })?;
-                        crate::broker::activity::list(conn, &member, &q, true)
-                    })
+                    state
+                        .store
+                        .view(|c| crate::broker::activity::list(c, &member, &q, true))
                 })
                 .await
                 .map_err(|e| e.to_string())?
