@@ -180,7 +180,7 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
         config.tls = Some(files);
     }
     // Each connection is a file descriptor: make room for the cap, or say why not.
-    if let Some(fds) = super::server::raise_fd_limit() {
+    if let Some(fds) = crate::rlimit::raise_fd_limit() {
         let needed = u64::try_from(args.max_connections)
             .unwrap_or(u64::MAX)
             .saturating_add(64);
