@@ -13,6 +13,7 @@ pub mod operator;
 pub mod operator_activity;
 pub mod peer;
 pub mod quickstart;
+pub mod rlimit;
 pub mod runner;
 pub mod tls_client;
 pub mod unix_socket;

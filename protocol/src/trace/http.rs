@@ -18,7 +18,11 @@
 //! *untraced* ([`HttpOutput::Untraced`] with the reason); the requests already sent come out
 //! without their response, and the rest of the connection is only relayed. Memory is bounded:
 //! heads by `max_head_bytes`, each body by `max_body_bytes` (the rest is counted and
-//! [`Body::truncated`] is set), pipelining by `max_pipelined`.
+//! [`Body::truncated`] is set), pipelining by `max_pipelined`. A host that caps the body bytes of
+//! all its connections together gives each connection an allowance before feeding it
+//! ([`HttpAssembler::set_body_allowance`]) and reads back what is kept
+//! ([`HttpAssembler::kept_body_bytes`]); a body that meets the allowance is truncated the same
+//! way, and keeps nothing more even when room comes back later (no gaps).
 //!
 //! **Content encoding.** With `rewrite_accept_encoding` (the trace host's setting) every request
 //! head is forwarded with `Accept-Encoding: identity`, so responses arrive uncompressed and no
@@ -68,18 +72,28 @@ pub struct Body {
     pub bytes: Vec<u8>,
     /// Every body byte seen.
     pub len: u64,
-    /// Bytes beyond the cap were dropped.
+    /// Bytes beyond the cap (per message, or the host's allowance) were dropped; once set, no
+    /// later byte is kept, so `bytes` is always a prefix of the body.
     pub truncated: bool,
     /// The `Content-Encoding`, when not `identity` (the bytes are then as encoded).
     pub encoding: Option<String>,
 }
 
 impl Body {
-    fn push(&mut self, bytes: &[u8], cap: usize) {
+    fn push(&mut self, bytes: &[u8], cap: usize, allowance: &mut Option<usize>) {
         self.len += bytes.len() as u64;
-        let room = cap.saturating_sub(self.bytes.len());
+        if self.truncated {
+            return;
+        }
+        let mut room = cap.saturating_sub(self.bytes.len());
+        if let Some(allowed) = *allowance {
+            room = room.min(allowed);
+        }
         let take = room.min(bytes.len());
         self.bytes.extend_from_slice(&bytes[..take]);
+        if let Some(allowed) = allowance {
+            *allowed -= take;
+        }
         if take < bytes.len() {
             self.truncated = true;
         }
@@ -138,6 +152,11 @@ pub struct Exchange {
 }
 
 impl Exchange {
+    /// The body bytes it holds (request and response).
+    pub fn body_bytes(&self) -> usize {
+        self.request.body.bytes.len() + self.response.as_ref().map_or(0, |r| r.body.bytes.len())
+    }
+
     /// The request's host: the `Host` header without a port, else the CONNECT host.
     pub fn host(&self) -> String {
         let host = header(&self.request.headers, "host").unwrap_or(&self.connect_host);
@@ -272,6 +291,8 @@ struct Conn {
     server: Buf,
     server_state: ServerState,
     pending: VecDeque<Pending>,
+    /// Body bytes this connection may still keep (`None`: only the per-message cap).
+    allowance: Option<usize>,
 }
 
 /// The assembler for every traced connection.
@@ -318,6 +339,7 @@ impl HttpAssembler {
                 server: Buf::default(),
                 server_state: ServerState::Head,
                 pending: VecDeque::new(),
+                allowance: None,
             },
         );
     }
@@ -408,6 +430,38 @@ impl HttpAssembler {
     /// The next output.
     pub fn poll_output(&mut self) -> Option<HttpOutput> {
         self.out.pop_front()
+    }
+
+    /// How many more body bytes connection `conn` may keep, from now until the next call
+    /// (`None`, the default: only `max_body_bytes` per message). A body that meets it is cut
+    /// like one over `max_body_bytes` ([`Body::truncated`]). Unknown ids are ignored.
+    pub fn set_body_allowance(&mut self, conn: ConnId, allowance: Option<usize>) {
+        if let Some(c) = self.conns.get_mut(&conn) {
+            c.allowance = allowance;
+        }
+    }
+
+    /// Body bytes held: those of the exchanges being assembled and of the finished ones not yet
+    /// drained from [`poll_output`](Self::poll_output). They grow only by what the
+    /// connections' allowances let in.
+    pub fn kept_body_bytes(&self) -> usize {
+        let pending: usize = self
+            .conns
+            .values()
+            .flat_map(|c| &c.pending)
+            .map(|p| {
+                p.request.body.bytes.len() + p.response.as_ref().map_or(0, |r| r.body.bytes.len())
+            })
+            .sum();
+        let finished: usize = self
+            .out
+            .iter()
+            .map(|o| match o {
+                HttpOutput::Exchange(e) => e.body_bytes(),
+                _ => 0,
+            })
+            .sum();
+        pending + finished
     }
 
     /// Connections being assembled.
@@ -642,6 +696,7 @@ fn read_body(
     framing: &mut Framing,
     body: &mut Body,
     cap: usize,
+    allowance: &mut Option<usize>,
     max_line: usize,
     mut fwd: Option<&mut Vec<u8>>,
 ) -> Result<bool, Fail> {
@@ -655,7 +710,7 @@ fn read_body(
         match framing {
             Framing::Length(0) => return Ok(true),
             Framing::UntilClose => {
-                body.push(rest, cap);
+                body.push(rest, cap, allowance);
                 forward(&mut fwd, rest);
                 let n = rest.len();
                 buf.consume(n);
@@ -666,7 +721,7 @@ fn read_body(
                     return Ok(false);
                 }
                 let n = (*remaining).min(rest.len() as u64) as usize;
-                body.push(&rest[..n], cap);
+                body.push(&rest[..n], cap, allowance);
                 forward(&mut fwd, &rest[..n]);
                 *remaining -= n as u64;
                 buf.consume(n);
@@ -832,6 +887,7 @@ fn parse_client(
                     &mut framing,
                     &mut p.request.body,
                     config.max_body_bytes,
+                    &mut c.allowance,
                     config.max_head_bytes,
                     Some(fwd),
                 )?;
@@ -937,6 +993,7 @@ fn parse_server(
                     &mut framing,
                     body,
                     config.max_body_bytes,
+                    &mut c.allowance,
                     config.max_head_bytes,
                     None,
                 )?;

@@ -343,6 +343,53 @@ fn caps_bound_memory_and_mark_truncation() {
     assert_eq!(a.buffered_bytes(), 0);
 }
 
+/// The host's allowance (its share of a total cap) cuts a body like the per-message cap: what is
+/// kept is a prefix, nothing is kept after the cut even when room comes back, the bytes still
+/// pass, and `kept_body_bytes` counts exactly what is held until it is drained.
+#[test]
+fn body_allowance_truncates_and_keeps_a_prefix() {
+    let mut a = HttpAssembler::new(rewriting());
+    a.handle_open(C, "api.example.com", 0);
+    a.set_body_allowance(C, Some(4));
+    a.handle_client_bytes(
+        C,
+        b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456",
+        1,
+    );
+    assert_eq!(a.kept_body_bytes(), 4);
+    // Room again: the body stays cut (no gap), the rest is only counted.
+    a.set_body_allowance(C, Some(100));
+    a.handle_client_bytes(C, b"789", 2);
+    assert_eq!(a.kept_body_bytes(), 4);
+    a.set_body_allowance(C, Some(3));
+    a.handle_server_bytes(C, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nab", 3);
+    assert_eq!(a.kept_body_bytes(), 6);
+    a.set_body_allowance(C, Some(1));
+    a.handle_server_bytes(C, b"cde", 4);
+    // Finished but not drained: still held.
+    assert_eq!(a.kept_body_bytes(), 7);
+    let out: Vec<_> = std::iter::from_fn(|| a.poll_output()).collect();
+    assert_eq!(
+        forwarded(&out),
+        b"POST / HTTP/1.1\r\nContent-Length: 10\r\nAccept-Encoding: identity\r\n\r\n0123456789"
+    );
+    let ex = exchanges(&out);
+    assert_eq!(ex.len(), 1);
+    assert_eq!(ex[0].body_bytes(), 7);
+    let body = &ex[0].request.body;
+    assert_eq!(
+        (&body.bytes[..], body.len, body.truncated),
+        (&b"0123"[..], 10, true)
+    );
+    let r = &ex[0].response.as_ref().expect("response").body;
+    assert_eq!((&r.bytes[..], r.len, r.truncated), (&b"abc"[..], 5, true));
+    assert_eq!(a.kept_body_bytes(), 0);
+    // Without an allowance, only the per-message cap applies.
+    a.set_body_allowance(C, None);
+    a.handle_client_bytes(C, b"POST / HTTP/1.1\r\nContent-Length: 3\r\n\r\nxyz", 5);
+    assert_eq!(a.kept_body_bytes(), 3);
+}
+
 #[test]
 fn accept_encoding_is_rewritten_to_identity() {
     let config = rewriting();
@@ -691,6 +738,7 @@ proptest! {
         script in proptest::collection::vec((0..4u8, "[a-z]{0,8}", proptest::collection::vec("[ -~]{0,40}", 0..4), 100..600u16), 1..5),
         client_cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..16),
         server_cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..16),
+        allowances in proptest::collection::vec(proptest::option::of(0..64usize), 1..34),
     ) {
         let mut client = Vec::new();
         let mut server = Vec::new();
@@ -745,6 +793,52 @@ proptest! {
         }).collect();
         prop_assert_eq!(got, expected);
         prop_assert!(untraced(&whole).is_empty());
+
+        // The same split under allowances (a host's total cap): the bodies kept grow by at most
+        // the allowance of each input, each is a prefix of the whole body, marked truncated
+        // when cut, and nothing else changes.
+        let mut a = HttpAssembler::new(HttpConfig::default());
+        a.handle_open(C, "h", 0);
+        let mut allowance = allowances.iter().cycle();
+        let mut limited = Vec::new();
+        let mut held = 0;
+        let inputs = split(&client, &client_cuts).into_iter().map(|p| (true, p))
+            .chain(split(&server, &server_cuts).into_iter().map(|p| (false, p)));
+        for (from_client, part) in inputs {
+            let allowed = *allowance.next().expect("cycle");
+            a.set_body_allowance(C, allowed);
+            if from_client {
+                a.handle_client_bytes(C, part, 1);
+            } else {
+                a.handle_server_bytes(C, part, 2);
+            }
+            let now = a.kept_body_bytes();
+            if let Some(allowed) = allowed {
+                prop_assert!(now <= held + allowed, "{} > {} + {}", now, held, allowed);
+            }
+            limited.extend(std::iter::from_fn(|| a.poll_output()));
+            held = a.kept_body_bytes();
+        }
+        a.handle_closed(C, 3);
+        limited.extend(std::iter::from_fn(|| a.poll_output()));
+        prop_assert_eq!(a.kept_body_bytes(), 0);
+        prop_assert_eq!(limited.len(), whole.len());
+        let cut_ok = |cut: &Body, full: &Body| {
+            full.bytes.starts_with(&cut.bytes)
+                && cut.len == full.len
+                && cut.truncated == (cut.bytes.len() < full.bytes.len())
+        };
+        for (cut, full) in limited.iter().zip(&whole) {
+            match (cut, full) {
+                (HttpOutput::Exchange(cut), HttpOutput::Exchange(full)) => {
+                    prop_assert!(cut_ok(&cut.request.body, &full.request.body), "{:?} vs {:?}", cut.request.body, full.request.body);
+                    let (rc, rf) = (cut.response.as_ref().expect("response"), full.response.as_ref().expect("response"));
+                    prop_assert!(cut_ok(&rc.body, &rf.body), "{:?} vs {:?}", rc.body, rf.body);
+                    prop_assert_eq!((&cut.request.target, rc.status), (&full.request.target, rf.status));
+                }
+                (cut, full) => prop_assert_eq!(cut, full),
+            }
+        }
     }
 
     /// Secrets from the corpus never survive, wherever they sit in an exchange and however the

@@ -199,8 +199,8 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
 /// the connections over it (a `/healthz` probe too) waiting unanswered at accept instead of
 /// getting the cap's `503`.
 fn connection_cap(explicit: Option<usize>) -> usize {
-    use super::server::{FD_HEADROOM, default_max_connections, raise_fd_limit};
-    let fds = raise_fd_limit();
+    use super::server::{FD_HEADROOM, default_max_connections};
+    let fds = crate::rlimit::raise_fd_limit();
     let Some(cap) = explicit else {
         let cap = default_max_connections(fds);
         tracing::info!(

@@ -176,23 +176,6 @@ pub fn tune_allocator() {
     }
 }
 
-/// Raises this process's open-file soft limit to its hard limit and returns the
-/// limit now in force (`None` if unlimited or unknown).
-pub fn raise_fd_limit() -> Option<u64> {
-    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
-    let limit = getrlimit(Resource::Nofile);
-    if limit.current < limit.maximum {
-        let raised = Rlimit {
-            current: limit.maximum,
-            maximum: limit.maximum,
-        };
-        if setrlimit(Resource::Nofile, raised).is_ok() {
-            return limit.maximum;
-        }
-    }
-    limit.current
-}
-
 /// Logs at most once per interval, counting what it did not log.
 struct Throttled {
     last: Option<Instant>,

@@ -414,6 +414,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     if let Some(trace) = &trace {
         trace.env().apply(&mut command);
     }
+    crate::rlimit::restore_fd_limit_in_child(&mut command);
     command.arg("app-server");
     for value in &args.config {
         command.args(["-c", value]);

@@ -12,6 +12,9 @@
 //! 4. the live stream (forwarder) and the objectives tracker;
 //! 5. the agent, with the terminal. SIGINT/SIGTERM/SIGHUP reaching the runner are forwarded to it.
 //!
+//! Every runner kind (this one, `ac7 codex`) first raises its open-file soft limit to the hard
+//! limit ([`crate::rlimit`]); the agent starts with the limit the runner was given.
+//!
 //! When the agent exits: the config is restored, the bridge gets `shutdown`, the socket is
 //! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it).
 
@@ -275,6 +278,9 @@ pub(crate) async fn start_core(
     policy: BridgePolicy,
     record_activity: bool,
 ) -> Result<Core, StartError> {
+    // The trace proxy's listener takes whatever local process connects: room for it besides the
+    // agent's own connections (the agent gets the limit it was started with back).
+    crate::rlimit::raise_fd_limit();
     let token = crate::connect::resolve_token_any(opts.token.as_deref(), &opts.url).ok_or_else(|| {
         StartError::Setup(format!(
             "no token for {url}: pass --token, set AC7_TOKEN, or run `ac7 connect --url {url}` once (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)",
@@ -428,6 +434,7 @@ async fn start(
     if let Some(trace) = &trace {
         trace.env().apply(&mut command);
     }
+    crate::rlimit::restore_fd_limit_in_child(&mut command);
     let child = command
         .args(args)
         .kill_on_drop(false)

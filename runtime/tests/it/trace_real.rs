@@ -243,19 +243,34 @@ async fn real_claude_exchange_is_traced_live_without_secrets() {
     );
 }
 
-/// `ac7 run --trace -- sh -c …` whose agent writes its proxy variables to a file and waits;
-/// returns the runner and the proxy URL.
+/// `ac7 run --trace -- sh -c …` whose agent writes its proxy variables (and its open-file soft
+/// limit) to a file and waits; returns the runner and the proxy URL.
 struct TracedRun {
     child: tokio::process::Child,
     proxy: String,
     tmp: PathBuf,
+    /// The agent's `ulimit -n`.
+    agent_fd_limit: String,
 }
 
+/// [`traced_run_limited`] with the open-file limit this process has.
 async fn traced_run(
     broker_url: &str,
     token: &str,
     dir: &Path,
     extra: &[(&str, &Path)],
+) -> TracedRun {
+    traced_run_limited(broker_url, token, dir, extra, None).await
+}
+
+/// [`traced_run`] with the runner started under an open-file soft limit of `soft_fd_limit`
+/// (the hard limit unchanged).
+async fn traced_run_limited(
+    broker_url: &str,
+    token: &str,
+    dir: &Path,
+    extra: &[(&str, &Path)],
+    soft_fd_limit: Option<u64>,
 ) -> TracedRun {
     let tmp = dir.join("tmp");
     std::fs::create_dir_all(&tmp).unwrap();
@@ -266,7 +281,7 @@ async fn traced_run(
         .arg(dir.join("mcp.json"))
         .args(["--", "sh", "-c"])
         .arg(format!(
-            "printf '%s\\n%s\\n%s\\n' \"$HTTPS_PROXY\" \"$NODE_EXTRA_CA_CERTS\" \"$NO_PROXY\" > {}.part && mv {0}.part {0} && read line; exit 0",
+            "printf '%s\\n%s\\n%s\\n%s\\n' \"$HTTPS_PROXY\" \"$NODE_EXTRA_CA_CERTS\" \"$NO_PROXY\" \"$(ulimit -n)\" > {}.part && mv {0}.part {0} && read line; exit 0",
             env_file.display()
         ))
         .env("AC7_TOKEN", token)
@@ -275,6 +290,25 @@ async fn traced_run(
         .kill_on_drop(true);
     for (k, v) in extra {
         command.env(k, v);
+    }
+    if let Some(soft) = soft_fd_limit {
+        // SAFETY: between fork and exec, two system calls (async-signal-safe) on a local struct.
+        unsafe {
+            command.pre_exec(move || {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                limit.rlim_cur = soft.min(limit.rlim_max);
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
     }
     let child = command.spawn().unwrap();
     let text = within(20, "the agent's environment", async {
@@ -295,6 +329,7 @@ async fn traced_run(
         child,
         proxy: lines[0].to_owned(),
         tmp,
+        agent_fd_limit: lines[3].to_owned(),
     }
 }
 
@@ -470,4 +505,101 @@ async fn tracing_is_opt_in_for_run_and_a_failed_start_runs_untraced() {
         1,
         "{stderr}"
     );
+}
+
+/// Open descriptors of process `pid`.
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+/// The open-file (soft, hard) limits of process `pid`; `u64::MAX` for unlimited.
+fn fd_limits(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let value = |v: &str| v.parse().unwrap_or(u64::MAX);
+    let fields: Vec<&str> = line["Max open files".len()..].split_whitespace().collect();
+    (value(fields[0]), value(fields[1]))
+}
+
+/// The adversarial run's attack: another local process opens 1,100 connections to the runner's
+/// proxy and sends nothing. The runner, started under a soft limit of 1,024 (as most shells give),
+/// raised it, holds at most the 64 newest of those connections (closing the oldest at once), and
+/// an authenticated request goes through while the attacker still holds all of them; the agent
+/// got the limit the runner was started with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_cannot_stall_the_agent() {
+    const SILENT: usize = 1100;
+    const CAP: usize = 64;
+    // This process holds the 1,100 client ends.
+    ac7_runtime::rlimit::raise_fd_limit();
+    let broker = start_broker().await;
+    let dir = tempdir();
+    let run = traced_run_limited(
+        &broker.url,
+        broker.token("builder"),
+        dir.path(),
+        &[],
+        Some(1024),
+    )
+    .await;
+    let pid = run.child.id().unwrap();
+    let (addr, auth) = run.proxy();
+    let origin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin_addr = origin.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = origin.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    let baseline = fd_count(pid);
+
+    let mut silent = Vec::with_capacity(SILENT);
+    for _ in 0..SILENT {
+        silent.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    // All of them still held on this side: the agent's request goes through.
+    let mut tcp = TcpStream::connect(&addr).await.unwrap();
+    tcp.write_all(
+        format!("GET http://{origin_addr}/x HTTP/1.1\r\nHost: {origin_addr}\r\n{auth}\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let answer = String::from_utf8(read_to_end(&mut tcp).await).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
+        "{answer}"
+    );
+    // The runner keeps at most the newest 64 of them.
+    let during = fd_count(pid);
+    assert!(
+        during <= baseline + CAP + 4,
+        "the runner holds {during} descriptors under attack ({baseline} before)"
+    );
+    // The oldest were closed by the runner (evicted as newer ones came).
+    for (i, stream) in silent[..SILENT - CAP - 1].iter_mut().enumerate() {
+        let mut byte = [0u8; 1];
+        let read = within(10, "an evicted connection to close", stream.read(&mut byte)).await;
+        assert!(matches!(read, Ok(0) | Err(_)), "connection {i}: {read:?}");
+    }
+    let (soft, hard) = fd_limits(pid);
+    assert_eq!(soft, hard, "the runner raised its open-file soft limit");
+    assert_eq!(
+        run.agent_fd_limit,
+        1024.min(hard).to_string(),
+        "the agent's limit"
+    );
+    drop(silent);
+    run.exit().await;
 }

@@ -17,6 +17,7 @@
 //! cargo run --release --bin ac7-bench -- ash-spawn        # ash-bridge spawn -> R
 //! cargo run --release --bin ac7-bench -- ash-query        # query -> done with an instant stand-in agent
 //! cargo run --release --bin ac7-bench -- trace            # model call direct vs via the trace proxy, runner RSS
+//! cargo run --release --bin ac7-bench -- proxy-attack     # runner fds, RSS, model call under 1,100 silent conns / 16 x 50 MB
 //! ```
 
 #[path = "../../../tests/it/common/catalogue.rs"]
@@ -30,6 +31,7 @@ pub(crate) mod bridge;
 pub(crate) mod broker;
 pub(crate) mod dialects;
 pub(crate) mod history;
+pub(crate) mod proxy_attack;
 pub(crate) mod runner;
 pub(crate) mod slow_consumer;
 pub(crate) mod trace;
@@ -58,6 +60,7 @@ pub(crate) const SCENARIOS: &[&str] = &[
     "ash-spawn",
     "ash-query",
     "trace",
+    "proxy-attack",
 ];
 
 /// Runs the scenario named by `args[0]`; returns the process exit code.
@@ -103,6 +106,10 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<i32> {
         }
         Some("trace") => {
             print_json(&trace::run()?)?;
+            Ok(0)
+        }
+        Some("proxy-attack") => {
+            print_json(&proxy_attack::run()?)?;
             Ok(0)
         }
         Some(broker::CHILD_ARG) => broker::child_main(&args[1..]),

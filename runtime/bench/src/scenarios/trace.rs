@@ -28,7 +28,7 @@ const ROUNDS: usize = 400;
 const WARMUP: usize = 20;
 const REQUEST_BYTES: usize = 10 * 1024;
 const RESPONSE_BYTES: usize = 50 * 1024;
-const HOST: &str = "api.anthropic.com";
+pub(super) const HOST: &str = "api.anthropic.com";
 
 /// The scenario's figures.
 #[derive(Debug, Serialize)]
@@ -43,7 +43,7 @@ pub(crate) struct Report {
     runner_peak_rss_kib: Option<u64>,
 }
 
-fn request() -> Vec<u8> {
+pub(super) fn request() -> Vec<u8> {
     let filler = "x".repeat(REQUEST_BYTES - 120);
     let body = format!(
         r#"{{"model":"claude-bench","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"{filler}"}}]}}"#
@@ -72,7 +72,10 @@ fn response() -> Vec<u8> {
 }
 
 /// Reads one HTTP message with a `content-length` body; `None` at end of stream.
-async fn read_message<S: AsyncRead + Unpin>(stream: &mut S, buf: &mut Vec<u8>) -> Option<usize> {
+pub(super) async fn read_message<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buf: &mut Vec<u8>,
+) -> Option<usize> {
     buf.clear();
     let mut chunk = vec![0u8; 64 * 1024];
     loop {
@@ -129,7 +132,7 @@ async fn stand_in(config: Arc<rustls::ServerConfig>) -> anyhow::Result<std::net:
     Ok(addr)
 }
 
-fn client_config(ca_pem: &[u8]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+pub(super) fn client_config(ca_pem: &[u8]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem) {
@@ -145,7 +148,7 @@ fn client_config(ca_pem: &[u8]) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     Ok(Arc::new(config))
 }
 
-async fn tls_over<S: AsyncRead + AsyncWrite + Unpin>(
+pub(super) async fn tls_over<S: AsyncRead + AsyncWrite + Unpin>(
     tcp: S,
     config: Arc<rustls::ClientConfig>,
 ) -> anyhow::Result<tokio_rustls::client::TlsStream<S>> {
@@ -184,47 +187,125 @@ pub(crate) fn run() -> anyhow::Result<Report> {
     result
 }
 
+/// `ac7 run --trace -- sh …` whose agent writes its proxy variables to a file and waits for a
+/// line on its stdin.
+pub(super) struct TracedRunner {
+    pub(super) child: std::process::Child,
+    /// `http://ac7:<secret>@127.0.0.1:<port>`.
+    pub(super) proxy_url: String,
+    /// The runner's session CA (PEM).
+    pub(super) ca: Vec<u8>,
+}
+
+impl TracedRunner {
+    /// Starts the runner against `broker` as `m0`, its model host dialled at `api` (a stand-in
+    /// whose CA is in `upstream_pem`); `command` is adjusted first (e.g. its limits).
+    pub(super) fn spawn(
+        ac7: &Path,
+        broker: &BrokerChild,
+        dir: &Path,
+        api: std::net::SocketAddr,
+        upstream_pem: &Path,
+        adjust: impl FnOnce(&mut Command),
+    ) -> anyhow::Result<Self> {
+        let env_file = dir.join("agent-env");
+        let mut command = Command::new(ac7);
+        command
+            .args(["run", "--trace", "--url", &broker.url, "--mcp-config"])
+            .arg(dir.join("mcp.json"))
+            .args(["--", "sh", "-c"])
+            .arg(format!(
+                "printf '%s\\n%s\\n' \"$HTTPS_PROXY\" \"$NODE_EXTRA_CA_CERTS\" > {0}.part && mv {0}.part {0} && read line; exit 0",
+                env_file.display()
+            ))
+            .env("AC7_TOKEN", broker.token("m0"))
+            .env("AC7_LOG", "error")
+            .env("AC7_CA_CERT", upstream_pem)
+            .env("AC7_TRACE_UPSTREAM", format!("{HOST}={api}"))
+            .stdin(Stdio::piped());
+        adjust(&mut command);
+        let mut child = command.spawn()?;
+        let started = Instant::now();
+        let env = loop {
+            if let Ok(text) = std::fs::read_to_string(&env_file) {
+                break text;
+            }
+            if started.elapsed() > Duration::from_secs(20) {
+                let _ = child.kill();
+                bail!("the runner's agent never started");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut lines = env.lines();
+        let proxy_url = lines.next().unwrap_or_default().to_owned();
+        let ca = match std::fs::read(lines.next().unwrap_or_default()) {
+            Ok(ca) => ca,
+            Err(e) => {
+                let _ = child.kill();
+                return Err(e).context("the runner's CA file (is tracing on?)");
+            }
+        };
+        Ok(Self {
+            child,
+            proxy_url,
+            ca,
+        })
+    }
+
+    /// The proxy's address and the `Proxy-Authorization` value.
+    pub(super) fn proxy(&self) -> anyhow::Result<(String, String)> {
+        use base64::Engine as _;
+        let (creds, addr) = self
+            .proxy_url
+            .strip_prefix("http://")
+            .and_then(|r| r.split_once('@'))
+            .context("no proxy URL in the agent's environment")?;
+        let auth = base64::engine::general_purpose::STANDARD.encode(creds);
+        Ok((addr.to_owned(), format!("Basic {auth}")))
+    }
+
+    /// Lets the agent exit, then waits for the runner.
+    pub(super) fn finish(mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// Opens a `CONNECT` tunnel to the model host through the proxy at `addr`.
+pub(super) async fn connect_tunnel(addr: &str, auth: &str) -> anyhow::Result<TcpStream> {
+    let mut tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    tcp.write_all(
+        format!(
+            "CONNECT {HOST}:443 HTTP/1.1\r\nHost: {HOST}:443\r\nProxy-Authorization: {auth}\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await?;
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if tcp.read(&mut byte).await? == 0 {
+            bail!("the proxy closed the CONNECT");
+        }
+        head.push(byte[0]);
+    }
+    if !head.starts_with(b"HTTP/1.1 200") {
+        bail!("CONNECT answered {}", String::from_utf8_lossy(&head));
+    }
+    Ok(tcp)
+}
+
 fn run_in(ac7: &Path, broker: &BrokerChild, dir: &Path) -> anyhow::Result<Report> {
     let rt = rt()?;
     let upstream_ca = TraceCa::generate()?;
     let upstream_pem = dir.join("upstream-ca.pem");
     std::fs::File::create(&upstream_pem)?.write_all(upstream_ca.pem().as_bytes())?;
     let api = rt.block_on(stand_in(upstream_ca.server_config(HOST)?))?;
-
-    let env_file = dir.join("agent-env");
-    let mut runner = Command::new(ac7)
-        .args(["run", "--trace", "--url", &broker.url, "--mcp-config"])
-        .arg(dir.join("mcp.json"))
-        .args(["--", "sh", "-c"])
-        .arg(format!(
-            "printf '%s\\n%s\\n' \"$HTTPS_PROXY\" \"$NODE_EXTRA_CA_CERTS\" > {0}.part && mv {0}.part {0} && read line; exit 0",
-            env_file.display()
-        ))
-        .env("AC7_TOKEN", broker.token("m0"))
-        .env("AC7_LOG", "error")
-        .env("AC7_CA_CERT", &upstream_pem)
-        .env("AC7_TRACE_UPSTREAM", format!("{HOST}={api}"))
-        .stdin(Stdio::piped())
-        .spawn()?;
-    let started = Instant::now();
-    let env = loop {
-        if let Ok(text) = std::fs::read_to_string(&env_file) {
-            break text;
-        }
-        if started.elapsed() > Duration::from_secs(20) {
-            let _ = runner.kill();
-            bail!("the runner's agent never started");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let mut lines = env.lines();
-    let proxy_url = lines.next().unwrap_or_default().to_owned();
-    let runner_ca = std::fs::read(lines.next().unwrap_or_default())
-        .context("the runner's CA file (is tracing on?)")?;
-    let measured = rt.block_on(measure(api, &proxy_url, &upstream_ca, &runner_ca));
-    let runner_peak_rss_kib = peak_rss_kib(runner.id());
-    drop(runner.stdin.take());
-    let _ = runner.wait();
+    let runner = TracedRunner::spawn(ac7, broker, dir, api, &upstream_pem, |_| {})?;
+    let measured = rt.block_on(measure(api, &runner, &upstream_ca));
+    let runner_peak_rss_kib = peak_rss_kib(runner.child.id());
+    runner.finish();
     let (mut direct, mut via_proxy) = measured?;
     let direct = Latency::of(&mut direct).context("no samples")?;
     let via_proxy = Latency::of(&mut via_proxy).context("no samples")?;
@@ -242,40 +323,17 @@ fn run_in(ac7: &Path, broker: &BrokerChild, dir: &Path) -> anyhow::Result<Report
 
 async fn measure(
     api: std::net::SocketAddr,
-    proxy_url: &str,
+    runner: &TracedRunner,
     upstream_ca: &TraceCa,
-    runner_ca: &[u8],
 ) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
-    use base64::Engine as _;
-    let (creds, proxy_addr) = proxy_url
-        .strip_prefix("http://")
-        .and_then(|r| r.split_once('@'))
-        .context("no proxy URL in the agent's environment")?;
-    let auth = base64::engine::general_purpose::STANDARD.encode(creds);
+    let (proxy_addr, auth) = runner.proxy()?;
 
     let tcp = TcpStream::connect(api).await?;
     tcp.set_nodelay(true)?;
     let mut direct = tls_over(tcp, client_config(upstream_ca.pem().as_bytes())?).await?;
 
-    let mut tcp = TcpStream::connect(proxy_addr).await?;
-    tcp.set_nodelay(true)?;
-    tcp.write_all(
-        format!("CONNECT {HOST}:443 HTTP/1.1\r\nHost: {HOST}:443\r\nProxy-Authorization: Basic {auth}\r\n\r\n")
-            .as_bytes(),
-    )
-    .await?;
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        if tcp.read(&mut byte).await? == 0 {
-            bail!("the proxy closed the CONNECT");
-        }
-        head.push(byte[0]);
-    }
-    if !head.starts_with(b"HTTP/1.1 200") {
-        bail!("CONNECT answered {}", String::from_utf8_lossy(&head));
-    }
-    let mut proxied = tls_over(tcp, client_config(runner_ca)?).await?;
+    let tcp = connect_tunnel(&proxy_addr, &auth).await?;
+    let mut proxied = tls_over(tcp, client_config(&runner.ca)?).await?;
 
     let request = request();
     let mut buf = Vec::new();

@@ -105,6 +105,7 @@ impl TraceHost {
                 upstream_tls,
                 upstream_override,
                 secret,
+                limits: proxy::ProxyLimits::default(),
             },
             Arc::new(activity),
         )

@@ -24,15 +24,30 @@
 //!   proxied connection), traced only when the host is a model API host (§5 bug 2).
 //! - Anything else: `400 Bad Request`; the listener stays up.
 //!
+//! Holding up against other local processes ([`ProxyLimits`]; README, "Tracing (runner)"):
+//! - A connection is *unauthenticated* until its first request head is complete and carries the
+//!   secret. At most `max_unauthenticated` (64) are open at once: accepting one more closes the
+//!   oldest waiting one at once (oldest-first eviction, not refusal: refusing new connections
+//!   would let 64 silent ones lock the agent out, while an agent's connection sends its head
+//!   right after connecting and is gone from the queue long before 64 newer ones arrive). Each
+//!   must authenticate within `auth_timeout` (5 s) or is closed. Authenticated connections (only
+//!   the agent has the secret) are not counted, so the agent always gets through; with the
+//!   runner's open-file limit raised to its hard limit, the descriptors are there for it.
+//! - The body bytes kept for tracing, across every connection and the decode queue, are capped
+//!   at `max_buffered_bytes` (64 MiB) besides the per-message cap: a body that would pass it is
+//!   cut (`truncated` in the record) while its bytes are relayed whole. Bytes are counted from
+//!   the moment they are kept until the decode thread is done with their exchange. The relay
+//!   itself holds at most a 16 KiB read buffer each way and one head per connection.
+//!
 //! For tests, `AC7_TRACE_UPSTREAM=host=addr[,host=addr…]` dials `addr` instead of `host:port`;
 //! the TLS name checked is still `host`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -52,8 +67,6 @@ pub const UPSTREAM_ENV: &str = "AC7_TRACE_UPSTREAM";
 
 /// Largest request head the proxy reads before deciding.
 const MAX_HEAD: usize = 64 * 1024;
-/// How long a client may take to send its first request head.
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long dialling (and the TLS handshake with) an upstream may take.
 const DIAL_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long [`TraceProxy::close`] waits for open connections to wind up.
@@ -108,6 +121,137 @@ pub struct ProxyConfig {
     pub upstream_override: HashMap<String, String>,
     /// The secret every request must carry.
     pub secret: String,
+    /// Caps against other local processes and against memory growth.
+    pub limits: ProxyLimits,
+}
+
+/// The proxy's caps (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProxyLimits {
+    /// Most connections open at once that have not sent a complete request head with the
+    /// secret; one more closes the oldest of them. Default 64.
+    pub max_unauthenticated: usize,
+    /// How long a connection may take to send that head. Default 5 s.
+    pub auth_timeout: Duration,
+    /// Most body bytes kept for tracing across all connections until decoded. Default 64 MiB.
+    pub max_buffered_bytes: usize,
+}
+
+impl Default for ProxyLimits {
+    fn default() -> Self {
+        Self {
+            max_unauthenticated: 64,
+            auth_timeout: Duration::from_secs(5),
+            max_buffered_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// The connections that have not authenticated yet, by id (oldest first).
+#[derive(Debug, Default)]
+struct Gate {
+    /// Dropping a connection's sender closes it.
+    waiting: std::sync::Mutex<BTreeMap<u64, tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Gate {
+    fn waiting(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<u64, tokio::sync::oneshot::Sender<()>>> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Counts connection `id` in, first evicting the oldest waiting ones so that at most `max`
+    /// wait; the receiver completes when `id` is evicted in turn.
+    fn enter(&self, id: u64, max: usize) -> tokio::sync::oneshot::Receiver<()> {
+        let (evict, evicted) = tokio::sync::oneshot::channel();
+        let mut waiting = self.waiting();
+        while waiting.len() >= max.max(1) {
+            // Dropping the sender wakes the connection's task, which closes it.
+            waiting.pop_first();
+        }
+        waiting.insert(id, evict);
+        evicted
+    }
+
+    /// Connection `id` authenticated (or ended): it stops counting. `false` when it had been
+    /// evicted meanwhile.
+    fn leave(&self, id: u64) -> bool {
+        self.waiting().remove(&id).is_some()
+    }
+
+    fn len(&self) -> usize {
+        self.waiting().len()
+    }
+}
+
+/// Connection `id` counts in the [`Gate`] until this is passed or dropped.
+struct Waiting<'a> {
+    gate: &'a Gate,
+    id: u64,
+}
+
+impl Waiting<'_> {
+    /// Authenticated: `false` when the connection was evicted meanwhile (it must close).
+    fn pass(self) -> bool {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.gate.leave(this.id)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.gate.leave(self.id);
+    }
+}
+
+/// The body bytes kept for tracing, all connections together, against their cap.
+#[derive(Debug)]
+struct Budget {
+    cap: usize,
+    used: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Budget {
+    fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            used: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+        }
+    }
+
+    /// Takes up to `want` bytes of the room left; returns how many.
+    fn reserve(&self, want: usize) -> usize {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let grant = want.min(self.cap.saturating_sub(used));
+            if grant == 0 {
+                return 0;
+            }
+            match self.used.compare_exchange_weak(
+                used,
+                used + grant,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.peak.fetch_max(used + grant, Ordering::Relaxed);
+                    return grant;
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.used.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
 }
 
 struct Shared {
@@ -117,6 +261,8 @@ struct Shared {
     sink: Arc<dyn TraceSink>,
     next_id: AtomicU64,
     decoder: Decoder,
+    gate: Gate,
+    budget: Arc<Budget>,
 }
 
 /// What the relays hand the decode thread.
@@ -130,31 +276,43 @@ enum Decode {
 /// The sending side of the decode thread.
 struct Decoder {
     queue: std::sync::mpsc::Sender<Decode>,
+    budget: Arc<Budget>,
 }
 
 impl Decoder {
-    /// Starts the thread; `done` fires once it has handed its last exchange to `sink`.
+    /// Starts the thread; `done` fires once it has handed its last exchange to `sink`. The body
+    /// bytes of each exchange are given back to `budget` once it is decoded.
     fn start(
         sink: Arc<dyn TraceSink>,
         preview_chars: usize,
+        budget: Arc<Budget>,
     ) -> io::Result<(Self, tokio::sync::oneshot::Receiver<()>)> {
         let (queue, work) = std::sync::mpsc::channel();
         let (done, finished) = tokio::sync::oneshot::channel();
+        let held = budget.clone();
         std::thread::Builder::new()
             .name("ac7-trace-decode".into())
             .spawn(move || {
                 while let Ok(Decode::Exchange(conn, exchange)) = work.recv() {
-                    sink.exchange(conn, exchange_event(&exchange, preview_chars));
+                    let bytes = exchange.body_bytes();
+                    let event = exchange_event(&exchange, preview_chars);
+                    drop(exchange);
+                    held.release(bytes);
+                    sink.exchange(conn, event);
                 }
                 let _ = done.send(());
             })?;
-        Ok((Self { queue }, finished))
+        Ok((Self { queue, budget }, finished))
     }
 
     fn decode(&self, conn: u64, exchange: Box<Exchange>) {
         // The thread outlives every relay (it stops on `Stop` only), so this cannot fail while
         // a relay runs; after `close` gave up waiting there is nobody left to tell.
-        let _ = self.queue.send(Decode::Exchange(conn, exchange));
+        if let Err(std::sync::mpsc::SendError(Decode::Exchange(_, exchange))) =
+            self.queue.send(Decode::Exchange(conn, exchange))
+        {
+            self.budget.release(exchange.body_bytes());
+        }
     }
 
     fn stop(&self) {
@@ -191,14 +349,20 @@ impl TraceProxy {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("ac7:{secret}"))
         );
-        let (decoder, decoded) =
-            Decoder::start(sink.clone(), TraceConfig::default().preview_chars)?;
+        let budget = Arc::new(Budget::new(config.limits.max_buffered_bytes));
+        let (decoder, decoded) = Decoder::start(
+            sink.clone(),
+            TraceConfig::default().preview_chars,
+            budget.clone(),
+        )?;
         let shared = Arc::new(Shared {
             config,
             authorization,
             sink,
             next_id: AtomicU64::new(1),
             decoder,
+            gate: Gate::default(),
+            budget,
         });
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(accept_loop(listener, shared.clone(), stopped));
@@ -220,6 +384,24 @@ impl TraceProxy {
     /// The proxy URL for the agent, with the credentials.
     pub fn url(&self) -> String {
         format!("http://ac7:{}@{}", self.secret, self.addr)
+    }
+
+    /// Connections open now that have not authenticated (at most
+    /// [`ProxyLimits::max_unauthenticated`]).
+    pub fn unauthenticated(&self) -> usize {
+        self.shared.gate.len()
+    }
+
+    /// Body bytes kept for tracing now, all connections and the decode queue together (at most
+    /// [`ProxyLimits::max_buffered_bytes`]).
+    pub fn buffered_bytes(&self) -> usize {
+        self.shared.budget.used.load(Ordering::Relaxed)
+    }
+
+    /// The most [`TraceProxy::buffered_bytes`] has been (counting the room taken for a read
+    /// before what it kept is settled).
+    pub fn peak_buffered_bytes(&self) -> usize {
+        self.shared.budget.peak.load(Ordering::Relaxed)
     }
 
     /// Stops listening; open connections end (their unfinished requests are reported
@@ -250,7 +432,8 @@ async fn accept_loop(
                 Ok((stream, _)) => {
                     let _ = stream.set_nodelay(true);
                     let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-                    conns.spawn(serve(shared.clone(), id, stream, stopped.clone()));
+                    let evicted = shared.gate.enter(id, shared.config.limits.max_unauthenticated);
+                    conns.spawn(serve(shared.clone(), id, stream, stopped.clone(), evicted));
                 }
                 Err(e) => {
                     tracing::warn!("trace proxy: accept failed: {e}");
@@ -383,33 +566,60 @@ async fn reply(client: &mut TcpStream, status: &str, extra: &str) {
     let _ = client.shutdown().await;
 }
 
-async fn serve(
-    shared: Arc<Shared>,
-    id: u64,
-    mut client: TcpStream,
-    stopped: watch::Receiver<bool>,
-) {
-    let (head, rest) = match tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client)).await {
-        Ok(Ok(read)) => read,
-        Ok(Err(e)) if e.kind() == io::ErrorKind::InvalidData => {
-            return reply(&mut client, "431 Request Header Fields Too Large", "").await;
+/// Reads the first request head and checks the secret; `None` once the client got its 4xx.
+async fn admit(shared: &Shared, client: &mut TcpStream) -> Option<(Head, Vec<u8>)> {
+    let (head, rest) = match read_head(client).await {
+        Ok(read) => read,
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            reply(client, "431 Request Header Fields Too Large", "").await;
+            return None;
         }
-        _ => return,
+        Err(_) => return None,
     };
     let Some(head) = parse_head(&head) else {
-        return reply(&mut client, "400 Bad Request", "").await;
+        reply(client, "400 Bad Request", "").await;
+        return None;
     };
     let authorized = head
         .headers
         .iter()
         .any(|(n, v)| n.eq_ignore_ascii_case("proxy-authorization") && *v == shared.authorization);
     if !authorized {
-        return reply(
-            &mut client,
+        reply(
+            client,
             "407 Proxy Authentication Required",
             "Proxy-Authenticate: Basic realm=\"ac7 trace\"\r\n",
         )
         .await;
+        return None;
+    }
+    Some((head, rest))
+}
+
+async fn serve(
+    shared: Arc<Shared>,
+    id: u64,
+    mut client: TcpStream,
+    stopped: watch::Receiver<bool>,
+    evicted: tokio::sync::oneshot::Receiver<()>,
+) {
+    let waiting = Waiting {
+        gate: &shared.gate,
+        id,
+    };
+    // Unauthenticated: closed when evicted, or when the head has not come in time.
+    let admitted = tokio::select! {
+        admitted = tokio::time::timeout(
+            shared.config.limits.auth_timeout,
+            admit(&shared, &mut client),
+        ) => admitted.ok().flatten(),
+        _ = evicted => None,
+    };
+    let Some((head, rest)) = admitted else {
+        return;
+    };
+    if !waiting.pass() {
+        return;
     }
     if head.method.eq_ignore_ascii_case("CONNECT") {
         let Some((host, port)) = split_authority(&head.target) else {
@@ -554,18 +764,23 @@ async fn relay_traced<C, S>(
     S: AsyncRead + AsyncWrite + Unpin,
 {
     let conn = ConnId(id);
-    let mut tracer = HttpAssembler::new(HttpConfig {
-        rewrite_accept_encoding: true,
-        ..HttpConfig::default()
-    });
+    let mut tracer = Traced {
+        assembler: HttpAssembler::new(HttpConfig {
+            rewrite_accept_encoding: true,
+            ..HttpConfig::default()
+        }),
+        conn,
+        budget: &shared.budget,
+        held: 0,
+    };
     let now = || u64::try_from(crate::clock::now_ms()).unwrap_or(0);
-    tracer.handle_open(conn, host, now());
+    tracer.assembler.handle_open(conn, host, now());
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut sr, mut sw) = tokio::io::split(server);
     if !first.is_empty() {
-        tracer.handle_client_bytes(conn, &first, now());
+        tracer.feed(first.len(), |a, c| a.handle_client_bytes(c, &first, now()));
         if drain(&mut tracer, shared, Some(&mut sw)).await.is_err() {
-            tracer.handle_closed(conn, now());
+            tracer.feed(0, |a, c| a.handle_closed(c, now()));
             let _ = drain(&mut tracer, shared, None::<&mut S>).await;
             return;
         }
@@ -581,7 +796,7 @@ async fn relay_traced<C, S>(
                     let _ = sw.shutdown().await;
                 }
                 Ok(n) => {
-                    tracer.handle_client_bytes(conn, &cbuf[..n], now());
+                    tracer.feed(n, |a, c| a.handle_client_bytes(c, &cbuf[..n], now()));
                     if drain(&mut tracer, shared, Some(&mut sw)).await.is_err() {
                         break;
                     }
@@ -589,13 +804,13 @@ async fn relay_traced<C, S>(
             },
             read = sr.read(&mut sbuf) => match read {
                 Ok(0) | Err(_) => {
-                    tracer.handle_server_eof(conn, now());
+                    tracer.feed(0, |a, c| a.handle_server_eof(c, now()));
                     let _ = drain(&mut tracer, shared, Some(&mut sw)).await;
                     let _ = cw.shutdown().await;
                     break;
                 }
                 Ok(n) => {
-                    tracer.handle_server_bytes(conn, &sbuf[..n], now());
+                    tracer.feed(n, |a, c| a.handle_server_bytes(c, &sbuf[..n], now()));
                     let written = async {
                         cw.write_all(&sbuf[..n]).await?;
                         cw.flush().await
@@ -611,14 +826,58 @@ async fn relay_traced<C, S>(
             _ = stopped.changed() => break,
         }
     }
-    tracer.handle_closed(conn, now());
+    tracer.feed(0, |a, c| a.handle_closed(c, now()));
     let _ = drain(&mut tracer, shared, None::<&mut tokio::io::WriteHalf<S>>).await;
+}
+
+/// One traced connection's assembler, the body bytes it keeps counted in the proxy's [`Budget`].
+struct Traced<'a> {
+    assembler: HttpAssembler,
+    conn: ConnId,
+    budget: &'a Budget,
+    /// Body bytes the assembler holds, all counted in `budget`.
+    held: usize,
+}
+
+impl Traced<'_> {
+    /// Runs `input` (at most `len` new body bytes) with the room the budget has for them.
+    fn feed(&mut self, len: usize, input: impl FnOnce(&mut HttpAssembler, ConnId)) {
+        let grant = self.budget.reserve(len);
+        self.assembler.set_body_allowance(self.conn, Some(grant));
+        input(&mut self.assembler, self.conn);
+        self.assembler.set_body_allowance(self.conn, Some(0));
+        // The bodies grew by at most `grant`; they shrink when a request is dropped unsent.
+        let held = self.assembler.kept_body_bytes();
+        debug_assert!(
+            held <= self.held + grant,
+            "{held} > {} + {grant}",
+            self.held
+        );
+        self.budget
+            .release((self.held + grant).saturating_sub(held));
+        self.held = held;
+    }
+
+    /// The next output; a finished exchange's bytes stay counted until the decode thread is done.
+    fn poll_output(&mut self) -> Option<HttpOutput> {
+        let output = self.assembler.poll_output()?;
+        if let HttpOutput::Exchange(exchange) = &output {
+            self.held -= exchange.body_bytes();
+        }
+        Some(output)
+    }
+}
+
+impl Drop for Traced<'_> {
+    fn drop(&mut self) {
+        self.budget.release(self.held);
+    }
 }
 
 /// Hands the assembler's outputs on: bytes to the server, requests to the sink, finished
 /// exchanges to the decode thread.
 async fn drain<W: AsyncWrite + Unpin>(
-    tracer: &mut HttpAssembler,
+    tracer: &mut Traced<'_>,
     shared: &Shared,
     mut server: Option<&mut W>,
 ) -> io::Result<()> {

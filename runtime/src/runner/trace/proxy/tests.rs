@@ -3,6 +3,7 @@ use std::sync::Mutex;
 use ac7_protocol::trace::activity::ActivityEvent;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
 
 use super::*;
 
@@ -97,6 +98,14 @@ async fn proxy_with(
     overrides: &[(&str, SocketAddr)],
     upstream: Arc<rustls::ClientConfig>,
 ) -> (TraceProxy, Arc<TraceCa>, Arc<Recorded>) {
+    proxy_limited(overrides, upstream, ProxyLimits::default()).await
+}
+
+async fn proxy_limited(
+    overrides: &[(&str, SocketAddr)],
+    upstream: Arc<rustls::ClientConfig>,
+    limits: ProxyLimits,
+) -> (TraceProxy, Arc<TraceCa>, Arc<Recorded>) {
     let ca = Arc::new(TraceCa::generate().unwrap());
     let sink = Arc::new(Recorded::default());
     let proxy = TraceProxy::start(
@@ -108,6 +117,7 @@ async fn proxy_with(
                 .map(|(h, a)| ((*h).to_owned(), a.to_string()))
                 .collect(),
             secret: "s3cret".into(),
+            limits,
         },
         sink.clone(),
     )
@@ -381,4 +391,216 @@ async fn plain_http_to_a_model_host_is_traced() {
         serde_json::to_value(&events[0].1).unwrap()["kind"],
         "llm_exchange"
     );
+}
+
+/// A TLS client that trusts only the session CA `ca`.
+fn agent_tls(ca: &TraceCa) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(
+        rustls::pki_types::CertificateDer::pem_slice_iter(ca.pem().as_bytes()).map(Result::unwrap),
+    );
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(client))
+}
+
+/// A plain HTTP origin answering every request `200 ok`; returns its address.
+async fn ok_origin() -> SocketAddr {
+    let origin = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = origin.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = origin.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A plain `http://` request through the proxy with the secret; returns the answer.
+async fn authenticated_get(proxy: &TraceProxy, origin: SocketAddr) -> String {
+    let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    tcp.write_all(
+        format!("GET http://{origin}/x HTTP/1.1\r\nHost: {origin}\r\n{AUTH}\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    String::from_utf8(read_all(&mut tcp).await).unwrap()
+}
+
+/// Whether the proxy closed `stream` within `wait` (end of stream, or a reset).
+async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(wait, stream.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Connections that never authenticate cannot lock the agent out: past `max_unauthenticated`
+/// the oldest are closed at once (long before their timeout), the count stays at the cap, and an
+/// authenticated request gets through while the newest silent ones are still open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_capped_oldest_first_and_the_agent_gets_through() {
+    const SILENT: usize = 300;
+    const CAP: usize = 64;
+    let origin = ok_origin().await;
+    let limits = ProxyLimits {
+        max_unauthenticated: CAP,
+        // Long: every close seen below is an eviction, not a timeout.
+        auth_timeout: Duration::from_secs(120),
+        ..ProxyLimits::default()
+    };
+    let (proxy, _, _) = proxy_limited(&[], upstream_config(&[]), limits).await;
+    let mut silent = Vec::with_capacity(SILENT);
+    for _ in 0..SILENT {
+        silent.push(TcpStream::connect(proxy.addr()).await.unwrap());
+    }
+    let (oldest, newest) = silent.split_at_mut(SILENT - CAP);
+    for (i, stream) in oldest.iter_mut().enumerate() {
+        assert!(
+            closed_within(stream, Duration::from_secs(10)).await,
+            "silent connection {i} is still open"
+        );
+    }
+    // Connection k is evicted when k + CAP is accepted: all of them were, the newest CAP wait.
+    assert_eq!(proxy.unauthenticated(), CAP);
+    let answer = authenticated_get(&proxy, origin).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200 OK") && answer.ends_with("ok"),
+        "{answer}"
+    );
+    // The agent's connection took the oldest waiting one's place; the rest are still open.
+    for (i, stream) in newest.iter_mut().enumerate().skip(1) {
+        assert!(
+            !closed_within(stream, Duration::from_millis(20)).await,
+            "recent silent connection {i} was closed"
+        );
+    }
+    assert_eq!(proxy.unauthenticated(), CAP - 1);
+    proxy.close().await;
+}
+
+/// A connection that does not send a complete head with the secret within `auth_timeout` is
+/// closed, silent or trickling; the count goes back to zero.
+#[tokio::test]
+async fn unauthenticated_connections_time_out() {
+    let limits = ProxyLimits {
+        auth_timeout: Duration::from_millis(300),
+        ..ProxyLimits::default()
+    };
+    let (proxy, _, _) = proxy_limited(&[], upstream_config(&[]), limits).await;
+    let mut waiting = Vec::new();
+    for _ in 0..10 {
+        waiting.push(TcpStream::connect(proxy.addr()).await.unwrap());
+    }
+    let mut trickle = TcpStream::connect(proxy.addr()).await.unwrap();
+    trickle
+        .write_all(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    waiting.push(trickle);
+    for stream in &mut waiting {
+        assert!(closed_within(stream, Duration::from_secs(10)).await);
+    }
+    // The gate forgets each one as its task ends, just after the close.
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while proxy.unauthenticated() > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the timed-out connections stopped counting");
+    let origin = ok_origin().await;
+    assert!(authenticated_get(&proxy, origin).await.ends_with("ok"));
+    proxy.close().await;
+}
+
+/// Many concurrent large responses: each reaches the client whole, while the body bytes kept
+/// for tracing, all exchanges together, never pass `max_buffered_bytes`; the bodies that met the
+/// cap are recorded `truncated`, and everything is given back once decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_buffered_bytes_are_capped_and_responses_relayed_whole() {
+    const CLIENTS: usize = 8;
+    const BODY: usize = 3 * 1024 * 1024 / 2;
+    const CAP: usize = 1024 * 1024;
+    let mut response =
+        format!("HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\ncontent-length: {BODY}\r\n\r\n")
+            .into_bytes();
+    response.extend((0..BODY).map(|i| (i % 251) as u8));
+    let upstream = stand_in("api.anthropic.com", response.clone()).await;
+    let limits = ProxyLimits {
+        max_buffered_bytes: CAP,
+        ..ProxyLimits::default()
+    };
+    let (proxy, ca, sink) = proxy_limited(
+        &[("api.anthropic.com", upstream.addr)],
+        upstream_config(&[&upstream.ca_pem]),
+        limits,
+    )
+    .await;
+    let proxy = Arc::new(proxy);
+    let connector = agent_tls(&ca);
+    let mut clients = JoinSet::new();
+    for _ in 0..CLIENTS {
+        let (proxy, connector) = (proxy.clone(), connector.clone());
+        clients.spawn(async move {
+            let (tcp, head) = connect(&proxy, "api.anthropic.com:443").await;
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            let mut tls = connector
+                .connect(ServerName::try_from("api.anthropic.com").unwrap(), tcp)
+                .await
+                .unwrap();
+            tls.write_all(b"GET /v1/models HTTP/1.1\r\nHost: api.anthropic.com\r\n\r\n")
+                .await
+                .unwrap();
+            let mut got = Vec::new();
+            tokio::time::timeout(Duration::from_secs(60), tls.read_to_end(&mut got))
+                .await
+                .expect("the response in time")
+                .unwrap();
+            got
+        });
+    }
+    while let Some(got) = clients.join_next().await {
+        let got = got.unwrap();
+        assert!(
+            got == response,
+            "a response of {} bytes came back altered",
+            got.len()
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while sink.events.lock().unwrap().len() < CLIENTS {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("every exchange decoded");
+    let peak = proxy.peak_buffered_bytes();
+    assert!(peak <= CAP && peak > 0, "peak {peak}, cap {CAP}");
+    assert_eq!(proxy.buffered_bytes(), 0);
+    for (_, event) in sink.events.lock().unwrap().iter() {
+        let json = serde_json::to_value(event).unwrap();
+        assert_eq!(json["kind"], "opaque_http", "{json}");
+        // Each body alone is over the total cap: each was cut, none interrupted.
+        assert_eq!(
+            json["entry"]["truncated"],
+            serde_json::json!(["response_body"]),
+            "{json}"
+        );
+        assert_eq!(json["entry"]["status"], 200);
+    }
+    Arc::into_inner(proxy).unwrap().close().await;
 }
