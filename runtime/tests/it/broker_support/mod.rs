@@ -39,6 +39,16 @@ pub fn on_postgres() -> bool {
     std::env::var("AC7_TEST_BACKEND").is_ok_and(|v| v == "postgres")
 }
 
+/// For a test of something only the SQLite store has (its blob directory, its one write
+/// lock): `true`, after saying so, when the suite runs on PostgreSQL.
+pub fn sqlite_only(what: &str) -> bool {
+    let skip = on_postgres();
+    if skip {
+        eprintln!("skipped on PostgreSQL: {what} is the SQLite store's");
+    }
+    skip
+}
+
 pub async fn start_broker() -> TestBroker {
     start_with(|_| {}).await
 }
