@@ -78,6 +78,7 @@ pub mod config;
 pub mod datadir;
 pub mod db;
 pub mod first_run;
+pub mod follower;
 pub mod fs;
 mod http;
 pub mod hub;
@@ -223,6 +224,9 @@ pub struct AppState {
     pub(crate) setup_code: std::sync::Mutex<Option<String>>,
     /// Device-code enrollments (`ac7 connect`).
     pub(crate) enroll: std::sync::Mutex<http::enroll::EnrollDesk>,
+    /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
+    /// ([`follower`]). `None` on SQLite, where a commit delivers its own messages.
+    pub follower: Option<follower::Follower>,
 }
 
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
@@ -396,6 +400,10 @@ pub async fn start(
     for m in members {
         hub.register_member(&m.name, m.role, boot_time);
     }
+    let follower = match &config.postgres {
+        Some(_) => Some(follower::Follower::new(store.view(messages::head)?)),
+        None => None,
+    };
     let (writer, queue) = writer::channel();
     let config_enroll = config.enroll;
     let state = Arc::new(AppState {
@@ -412,7 +420,11 @@ pub async fn start(
         signin_limiter: Default::default(),
         setup_code: std::sync::Mutex::new(setup_code.as_deref().map(sessions::session_hash)),
         enroll: std::sync::Mutex::new(http::enroll::EnrollDesk::new(config_enroll)),
+        follower,
     });
+    if let Some(pg) = &state.config.postgres {
+        follower::spawn_doorbell(&state, pg.clone());
+    }
     sessions::spawn_purge(&state);
     http::enroll::spawn_expiry(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;

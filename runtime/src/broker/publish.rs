@@ -53,9 +53,19 @@ pub fn log(c: &Conn<'_>, draft: Draft, now: i64) -> Result<(Message, Arc<Frame>)
     Ok((msg, frame))
 }
 
-/// Hands a committed frame to the live subscribers; returns how many took it.
+/// Hands a committed frame to the live subscribers; returns how many took it. With replicas
+/// (PostgreSQL) the follower delivers it, in log order with every replica's messages, and
+/// this returns its count (see [`super::follower`]).
 pub fn deliver(state: &AppState, audience: &Audience, frame: &Arc<Frame>, now: i64) -> usize {
-    state.hub.deliver(audience, frame, now)
+    match &state.follower {
+        None => state.hub.deliver(audience, frame, now),
+        Some(follower) => {
+            if let Err(e) = follower.catch_up(state) {
+                tracing::warn!(error = %e, "reading the log back for live delivery failed; the doorbell retries");
+            }
+            follower.live_count(&frame.id).unwrap_or(0)
+        }
+    }
 }
 
 /// Grants read access to `attachments` to every recipient except the file's owner.

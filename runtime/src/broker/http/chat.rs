@@ -241,11 +241,15 @@ pub(super) async fn push(
     message::strip_reserved(&mut data);
     let thread = Thread::from_data(&data).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let now = now_ms();
-    // Presence entries mirror the member table (the broker owns the database).
+    // Presence entries mirror the member table; a member added since (offline, or on another
+    // replica) is registered on first sight.
     if let Some(to) = &payload.to
         && !state.hub.has_member(to)
     {
-        return Err(ApiError::not_found(format!("no such agent: {to}")));
+        match state.store.view(|c| team::member_get(c, to))? {
+            Some(m) => state.hub.register_member(&m.name, m.role, now),
+            None => return Err(ApiError::not_found(format!("no such agent: {to}"))),
+        }
     }
     let given = payload.attachments.unwrap_or_default();
     let (thread_members, attachments) = if thread == Thread::General && given.is_empty() {

@@ -128,11 +128,24 @@ pub(super) async fn subscribe(
             Ok(opening)
         },
         |opening| {
-            state
-                .hub
-                .subscribe(&caller.name, &caller.token_id, now)
-                .map(|sub| (opening, sub))
-                .map_err(subscribe_error)
+            let subscribe = || state.hub.subscribe(&caller.name, &caller.token_id, now);
+            match &state.follower {
+                None => subscribe().map(|sub| (opening, sub)),
+                // With replicas: replay up to what this replica had delivered when the stream
+                // was registered; the follower delivers everything after it live.
+                Some(follower) => {
+                    let (sub, delivered) = follower.subscribe_at(subscribe);
+                    let opening = match opening {
+                        Opening::Replay(mut replay) => {
+                            replay.head = delivered;
+                            Opening::Replay(replay)
+                        }
+                        other => other,
+                    };
+                    sub.map(|sub| (opening, sub))
+                }
+            }
+            .map_err(subscribe_error)
         },
     )??;
     Ok(respond(&state, upgrade, opening, sub, false))

@@ -1,0 +1,202 @@
+//! Live delivery when several replicas share one log (the store on PostgreSQL).
+//!
+//! On SQLite one process owns the log and delivers each message right after committing it,
+//! under the write lock, so live streams get messages in log order. With replicas, messages
+//! are committed by any of them; a replica learns of the others' through the doorbell
+//! (`LISTEN`/`NOTIFY`, a hint only) and of its own when it commits. Either way the
+//! [`Follower`] reads the log after the last sequence it delivered, in sequence order, and
+//! hands each message to this replica's live streams. Sequence numbers become visible in
+//! commit order with no hole that fills later, so "everything after `delivered`" never skips a
+//! message: a missed doorbell delays a delivery, never loses one.
+//!
+//! The audience of a message read back is computed as a push computes it: its route (direct,
+//! general, channel, objective thread) and, for threads, the members at delivery time.
+//!
+//! A subscription taken on this replica is registered under the follower's lock
+//! ([`Follower::subscribe_at`]), which also says up to which sequence this replica has
+//! delivered: the subscriber's replay ends there and its live stream begins after it, so a
+//! message is either replayed or delivered live, never both, never neither.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use ac7_protocol::domain::message::{self, Audience, Message, Route};
+use ac7_protocol::domain::objective as obj_rules;
+
+use super::db::StoreError;
+use super::hub::Frame;
+use super::store::Conn;
+use super::{AppState, channels, objectives, team};
+use crate::params;
+
+/// Messages read (and delivered) per round trip.
+const PAGE: i64 = 500;
+
+/// Live counts remembered for the pushes waiting on them.
+const REMEMBERED: usize = 4096;
+
+/// The replica's place in the log (see the module docs).
+#[derive(Debug)]
+pub struct Follower {
+    inner: Mutex<Place>,
+}
+
+#[derive(Debug)]
+struct Place {
+    /// The last sequence delivered to this replica's live streams.
+    delivered: i64,
+    /// How many live streams took each recently delivered message, by message id.
+    live: VecDeque<(String, usize)>,
+}
+
+impl Follower {
+    /// A follower that has delivered everything up to `head`.
+    pub fn new(head: i64) -> Follower {
+        Follower {
+            inner: Mutex::new(Place {
+                delivered: head,
+                live: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn place(&self) -> std::sync::MutexGuard<'_, Place> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The last sequence delivered here.
+    pub fn delivered(&self) -> i64 {
+        self.place().delivered
+    }
+
+    /// Delivers every committed message after the last one delivered, in order; returns how
+    /// many it delivered. Blocking (store reads): call it off the async workers.
+    pub fn catch_up(&self, state: &AppState) -> Result<usize, StoreError> {
+        let mut place = self.place();
+        let mut total = 0;
+        loop {
+            let after = place.delivered;
+            let batch = state.store.view(|c| read_after(c, after))?;
+            if batch.is_empty() {
+                return Ok(total);
+            }
+            let now = super::now_ms();
+            for (seq, id, frame, audience) in batch {
+                let live = state.hub.deliver(&audience, &frame, now);
+                place.delivered = seq;
+                if place.live.len() == REMEMBERED {
+                    place.live.pop_front();
+                }
+                place.live.push_back((id, live));
+                total += 1;
+            }
+        }
+    }
+
+    /// How many live streams of this replica took message `id` (after [`Follower::catch_up`]
+    /// delivered it).
+    pub fn live_count(&self, id: &str) -> Option<usize> {
+        self.place()
+            .live
+            .iter()
+            .rev()
+            .find(|(i, _)| i == id)
+            .map(|(_, n)| *n)
+    }
+
+    /// Runs `subscribe` (which registers a live stream) under the follower's lock; returns
+    /// its result and the last sequence delivered before the stream existed.
+    pub fn subscribe_at<T>(&self, subscribe: impl FnOnce() -> T) -> (T, i64) {
+        let place = self.place();
+        (subscribe(), place.delivered)
+    }
+}
+
+type Delivery = (i64, String, Arc<Frame>, Audience);
+
+/// The messages after `after`, with their audiences.
+fn read_after(c: &Conn<'_>, after: i64) -> Result<Vec<Delivery>, StoreError> {
+    let rows = c.query(
+        "SELECT seq, json FROM messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        params![after, PAGE],
+        |r| Ok((r.get::<i64>(0)?, r.get::<String>(1)?)),
+    )?;
+    let mut threads: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut managers: Option<Vec<String>> = None;
+    let mut out = Vec::with_capacity(rows.len());
+    for (seq, json) in rows {
+        let msg: Message = serde_json::from_str(&json)?;
+        let route = Route::of_message(&msg);
+        let members = match &route {
+            Route::Channel(id) => {
+                let key = format!("chan:{id}");
+                if !threads.contains_key(&key) {
+                    threads.insert(key.clone(), channels::member_names(c, id)?);
+                }
+                threads.get(&key).cloned().unwrap_or_default()
+            }
+            Route::Objective(id) => {
+                let key = format!("obj:{id}");
+                if !threads.contains_key(&key) {
+                    let members = match objectives::get(c, id)? {
+                        Some(o) => {
+                            if managers.is_none() {
+                                managers = Some(team::managers(c)?);
+                            }
+                            obj_rules::thread_members(
+                                &o,
+                                managers.iter().flatten().map(String::as_str),
+                            )
+                        }
+                        None => BTreeSet::new(),
+                    };
+                    threads.insert(key.clone(), members);
+                }
+                threads.get(&key).cloned().unwrap_or_default()
+            }
+            Route::General | Route::Direct { .. } | Route::Unroutable => BTreeSet::new(),
+        };
+        let audience = message::audience(msg.from.as_deref(), &route, &members);
+        let frame = Arc::new(Frame::new(msg.id.clone(), json));
+        out.push((seq, msg.id, frame, audience));
+    }
+    Ok(out)
+}
+
+/// Rings this replica's follower whenever any replica's append commits (the doorbell), and
+/// after the doorbell's connection came back (a ring may have been missed). Runs until the
+/// broker's state is gone.
+pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut doorbell = loop {
+            match super::pg::Doorbell::start(&config).await {
+                Ok(d) => break d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the log doorbell cannot listen yet; retrying");
+                    if weak.strong_count() == 0 {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        };
+        loop {
+            let _ring = doorbell.ring().await;
+            let Some(state) = weak.upgrade() else { return };
+            let run = tokio::task::spawn_blocking(move || {
+                state
+                    .follower
+                    .as_ref()
+                    .map(|f| f.catch_up(&state))
+                    .transpose()
+            })
+            .await;
+            match run {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "reading the log after a doorbell failed"),
+                Err(e) => tracing::error!(error = %e, "the log follower task failed"),
+            }
+        }
+    });
+}
