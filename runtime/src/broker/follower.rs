@@ -9,24 +9,22 @@
 //! commit order with no hole that fills later, so "everything after `delivered`" never skips a
 //! message: a missed doorbell delays a delivery, never loses one.
 //!
-//! The audience of a message read back is computed as a push computes it: its route (direct,
-//! general, channel, objective thread) and, for threads, the members at delivery time.
+//! A message is delivered to the audience it was pushed to, which its row keeps.
 //!
 //! A subscription taken on this replica is registered under the follower's lock
 //! ([`Follower::subscribe_at`]), which also says up to which sequence this replica has
 //! delivered: the subscriber's replay ends there and its live stream begins after it, so a
 //! message is either replayed or delivered live, never both, never neither.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use ac7_protocol::domain::message::{self, Audience, Message, Route};
-use ac7_protocol::domain::objective as obj_rules;
+use ac7_protocol::domain::message::Audience;
 
+use super::AppState;
 use super::db::StoreError;
 use super::hub::Frame;
 use super::store::Conn;
-use super::{AppState, channels, objectives, team};
 use crate::params;
 
 /// Messages read (and delivered) per round trip.
@@ -114,53 +112,21 @@ impl Follower {
 
 type Delivery = (i64, String, Arc<Frame>, Audience);
 
-/// The messages after `after`, with their audiences.
+/// The messages after `after`, with the audiences they were pushed to.
 fn read_after(c: &Conn<'_>, after: i64) -> Result<Vec<Delivery>, StoreError> {
-    let rows = c.query(
-        "SELECT seq, json FROM messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+    c.query(
+        "SELECT seq, id, json, audience FROM messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
         params![after, PAGE],
-        |r| Ok((r.get::<i64>(0)?, r.get::<String>(1)?)),
-    )?;
-    let mut threads: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut managers: Option<Vec<String>> = None;
-    let mut out = Vec::with_capacity(rows.len());
-    for (seq, json) in rows {
-        let msg: Message = serde_json::from_str(&json)?;
-        let route = Route::of_message(&msg);
-        let members = match &route {
-            Route::Channel(id) => {
-                let key = format!("chan:{id}");
-                if !threads.contains_key(&key) {
-                    threads.insert(key.clone(), channels::member_names(c, id)?);
-                }
-                threads.get(&key).cloned().unwrap_or_default()
-            }
-            Route::Objective(id) => {
-                let key = format!("obj:{id}");
-                if !threads.contains_key(&key) {
-                    let members = match objectives::get(c, id)? {
-                        Some(o) => {
-                            if managers.is_none() {
-                                managers = Some(team::managers(c)?);
-                            }
-                            obj_rules::thread_members(
-                                &o,
-                                managers.iter().flatten().map(String::as_str),
-                            )
-                        }
-                        None => BTreeSet::new(),
-                    };
-                    threads.insert(key.clone(), members);
-                }
-                threads.get(&key).cloned().unwrap_or_default()
-            }
-            Route::General | Route::Direct { .. } | Route::Unroutable => BTreeSet::new(),
-        };
-        let audience = message::audience(msg.from.as_deref(), &route, &members);
-        let frame = Arc::new(Frame::new(msg.id.clone(), json));
-        out.push((seq, msg.id, frame, audience));
-    }
-    Ok(out)
+        |r| {
+            let audience = match r.get::<Option<String>>(3)? {
+                None => Audience::Everyone,
+                Some(names) => Audience::Only(serde_json::from_str(&names)?),
+            };
+            let id = r.get::<String>(1)?;
+            let frame = Arc::new(Frame::new(id.clone(), r.get::<String>(2)?));
+            Ok((r.get::<i64>(0)?, id, frame, audience))
+        },
+    )
 }
 
 /// Rings this replica's follower whenever any replica's append commits (the doorbell), and

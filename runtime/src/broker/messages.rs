@@ -18,7 +18,7 @@
 
 use std::collections::HashSet;
 
-use ac7_protocol::domain::message::{Membership, Message, Route};
+use ac7_protocol::domain::message::{Audience, Membership, Message, Route};
 
 use super::db::StoreError;
 use super::store::{Backend, Conn, ToValue};
@@ -30,7 +30,12 @@ use crate::params;
 /// On PostgreSQL the number comes from the counter row `log_head`, whose row lock this
 /// transaction then holds until it ends, so numbers become visible in commit order (see
 /// [`super::pg::log`]); the doorbell ([`super::pg::log::LOG_CHANNEL`]) rings at commit.
-pub fn insert(c: &Conn<'_>, msg: &Message, json: &str) -> Result<i64, StoreError> {
+pub fn insert(
+    c: &Conn<'_>,
+    msg: &Message,
+    json: &str,
+    audience: &Audience,
+) -> Result<i64, StoreError> {
     let thread = match &msg.to {
         Some(_) => None,
         None => match Route::of_message(msg) {
@@ -55,10 +60,18 @@ pub fn insert(c: &Conn<'_>, msg: &Message, json: &str) -> Result<i64, StoreError
                     |r| r.get::<i64>(0),
                 )?
                 .ok_or_else(|| StoreError::Corrupt("the log_head row is missing".into()))?;
+            // Replicas deliver what they read back from the log: the audience decided at push
+            // time travels with the row (NULL: everyone).
+            let audience = match audience {
+                Audience::Everyone => None,
+                Audience::Only(names) => Some(serde_json::to_string(names)?),
+            };
             c.execute(
-                "INSERT INTO messages (seq, id, ts, to_name, from_name, thread, json)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![seq, msg.id, msg.ts, msg.to, msg.from, thread, json],
+                "INSERT INTO messages (seq, id, ts, to_name, from_name, thread, json, audience)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    seq, msg.id, msg.ts, msg.to, msg.from, thread, json, audience
+                ],
             )?;
             c.execute("SELECT pg_notify('ac7_log', ?1)", params![seq.to_string()])?;
             Some(seq)

@@ -35,7 +35,12 @@ pub struct Draft {
 /// Stamps `draft` with an id and `now`, and appends it to the log (inside the
 /// caller's transaction, if any). Deliver the returned frame with [`deliver`]
 /// after committing.
-pub fn log(c: &Conn<'_>, draft: Draft, now: i64) -> Result<(Message, Arc<Frame>), StoreError> {
+pub fn log(
+    c: &Conn<'_>,
+    draft: Draft,
+    audience: &Audience,
+    now: i64,
+) -> Result<(Message, Arc<Frame>), StoreError> {
     let msg = Message {
         id: uuid::Uuid::new_v4().to_string(),
         ts: now,
@@ -48,7 +53,7 @@ pub fn log(c: &Conn<'_>, draft: Draft, now: i64) -> Result<(Message, Arc<Frame>)
         attachments: draft.attachments,
     };
     let json = serde_json::to_string(&msg)?;
-    messages::insert(c, &msg, &json)?;
+    messages::insert(c, &msg, &json, audience)?;
     let frame = Arc::new(Frame::new(msg.id.clone(), json));
     Ok((msg, frame))
 }

@@ -212,7 +212,7 @@ fn log_items(
         let Some(draft) = draft.take() else {
             return Err(StoreError::Corrupt("push without a draft".into()));
         };
-        let (msg, frame) = publish::log(c, draft, item.now)?;
+        let (msg, frame) = publish::log(c, draft, &item.audience, item.now)?;
         if !msg.attachments.is_empty() {
             let recipients = match &item.audience {
                 Audience::Only(names) => names.clone(),

@@ -7,6 +7,7 @@ use crate::broker_support;
 
 use std::time::Duration;
 
+use ac7_protocol::domain::message::{self, Route};
 use broker_support::{start_broker, start_with};
 use serde_json::json;
 
@@ -207,7 +208,11 @@ fn log_many(
         .store
         .tx(|c| {
             for i in 0..n {
-                ac7_runtime::broker::publish::log(c, make(i), now)?;
+                let draft = make(i);
+                // Who a push of it would have reached: a DM its two parties, else everyone.
+                let route = Route::of(draft.to.as_deref(), &draft.data);
+                let audience = message::audience(Some(&draft.from), &route, &Default::default());
+                ac7_runtime::broker::publish::log(c, draft, &audience, now)?;
             }
             Ok::<_, ac7_runtime::broker::db::StoreError>(())
         })

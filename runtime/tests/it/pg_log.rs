@@ -74,7 +74,12 @@ fn message(id: &str, ts: i64, from: &str, to: Option<&str>, thread: Option<&str>
 }
 
 fn insert(c: &Conn<'_>, m: &Message) -> Result<i64, StoreError> {
-    messages::insert(c, m, &serde_json::to_string(m)?)
+    messages::insert(
+        c,
+        m,
+        &serde_json::to_string(m)?,
+        &ac7_protocol::domain::message::Audience::Everyone,
+    )
 }
 
 fn scope(channels: &[&str], objectives: &[&str], manager: bool, since: i64) -> ViewerScope {

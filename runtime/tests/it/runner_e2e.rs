@@ -383,6 +383,7 @@ fn log_offline(db: &Path, from: &str, body: &str) {
                 data: Default::default(),
                 attachments: vec![],
             },
+            &ac7_protocol::domain::message::Audience::Everyone,
             ac7_runtime::broker::now_ms(),
         )
         .unwrap();

@@ -146,7 +146,7 @@ pub(super) async fn roster(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.view(|c| team::members_list(c))?;
+    let members = state.store.view(team::members_list)?;
     let connected = state
         .hub
         .presence(members.iter().map(|m| m.name.as_str()), now_ms());

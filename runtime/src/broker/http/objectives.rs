@@ -151,6 +151,7 @@ fn log_events(
                 data: rules::lifecycle_data(obj, ev),
                 attachments: Vec::new(),
             },
+            &audience,
             now,
         )?;
         out.push((audience, frame));
@@ -544,6 +545,7 @@ pub(super) async fn discuss(
                     data: rules::discuss_data(&obj.id),
                     attachments,
                 },
+                &audience,
                 now,
             )?;
             grant_attachments(c, &msg.attachments, &members, now)?;

@@ -5,6 +5,8 @@
 //! stores and serves the very bytes it was given), plus the state a replica used to keep in
 //! memory and that every replica must now share:
 //!
+//! - `messages.audience`: who a message was for when it was pushed (a JSON array of names;
+//!   NULL: everyone), so every replica delivers it to the same people.
 //! - `log_head`: the last sequence number given to a message; its row lock orders appends
 //!   (see [`super::log`]).
 //! - `replicas`: each running `ac7 serve` and its heartbeat.
@@ -72,7 +74,8 @@ CREATE TABLE messages (
     to_name TEXT COLLATE "C",
     from_name TEXT COLLATE "C",
     thread TEXT COLLATE "C",
-    json TEXT COLLATE "C" NOT NULL
+    json TEXT COLLATE "C" NOT NULL,
+    audience TEXT COLLATE "C"
 );
 CREATE INDEX messages_thread ON messages(thread, seq);
 CREATE INDEX messages_to ON messages(to_name, seq);
