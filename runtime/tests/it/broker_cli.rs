@@ -5,9 +5,10 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
+
+use crate::common::served::{Served, serve, token};
 
 use serde_json::{Value, json};
 
@@ -20,72 +21,6 @@ const TEAM: &str = r#"{
     {"name": "builder", "role": {"title": "engineer"}}
   ]
 }"#;
-
-struct Served {
-    child: Child,
-    url: String,
-    tokens: Vec<(String, String)>,
-    /// Stdout lines after the "listening" line.
-    lines: mpsc::Receiver<String>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `ac7 serve` on a free port and waits for its "listening" line.
-fn serve(db: &Path, extra: &[&str]) -> Served {
-    let child = Command::new(AC7)
-        .args(["serve", "--db"])
-        .arg(db)
-        .args(["--port", "0"])
-        .args(extra)
-        .env("AC7_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Owned by `Served` at once, so the child is killed and reaped on every path.
-    let (tx, rx) = mpsc::channel();
-    let mut served = Served {
-        child,
-        url: String::new(),
-        tokens: Vec::new(),
-        lines: rx,
-    };
-    let stdout = served.child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    loop {
-        let line = served
-            .lines
-            .recv_timeout(Duration::from_secs(20))
-            .expect("ac7 serve did not report listening");
-        if let Some(url) = line.strip_prefix("ac7 broker listening on ") {
-            served.url = url.to_owned();
-            return served;
-        }
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        if parts.len() == 2 && parts[1].starts_with("ac7_") {
-            served
-                .tokens
-                .push((parts[0].to_owned(), parts[1].to_owned()));
-        }
-    }
-}
-
-fn token<'a>(s: &'a Served, who: &str) -> &'a str {
-    &s.tokens.iter().find(|(n, _)| n == who).unwrap().1
-}
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder()

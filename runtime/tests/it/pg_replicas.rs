@@ -171,3 +171,142 @@ async fn a_stream_that_moves_replica_resumes_without_gap_or_duplicate() {
         .await;
     assert_eq!(on_b.next_message().await["id"], live["id"]);
 }
+
+/// Follows `builder`'s stream on `urls[0]`; when it breaks, resumes on the next URL with
+/// `Last-Event-ID`. Records every message id it receives, in order.
+async fn follow(
+    urls: Vec<String>,
+    token: String,
+    got: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    use futures_util::StreamExt;
+    let http = reqwest::Client::new();
+    let mut last: Option<String> = None;
+    for url in urls.iter().cycle().take(8) {
+        let mut req = http
+            .get(format!("{url}/subscribe?name=builder"))
+            .bearer_auth(&token)
+            .header("accept", "text/event-stream");
+        if let Some(id) = &last {
+            req = req.header("last-event-id", id);
+        }
+        let Ok(resp) = req.send().await else {
+            continue;
+        };
+        let mut body = resp.bytes_stream();
+        let mut buf = String::new();
+        while let Some(Ok(chunk)) = body.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                let id = event.lines().find_map(|l| l.strip_prefix("id: "));
+                let is_message = event.lines().any(|l| l == "event: message");
+                if let (Some(id), true) = (id, is_message) {
+                    got.lock().unwrap().push(id.to_owned());
+                    last = Some(id.to_owned());
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_replica_killed_mid_flood_loses_nothing_acknowledged() {
+    use crate::common::served::{serve, token};
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let target = std::path::Path::new(&db.url);
+    // The first replica creates the team; the second joins it.
+    let mut a = serve(
+        target,
+        &[
+            "--team-name",
+            "replicated",
+            "--directive",
+            "Stay up.",
+            "--member",
+            "director:lead:admin",
+            "--member",
+            "builder:engineer",
+        ],
+    );
+    let b = serve(target, &[]);
+    assert!(b.tokens.is_empty(), "a joining replica prints no tokens");
+    let (director, builder) = (
+        token(&a, "director").to_owned(),
+        token(&a, "builder").to_owned(),
+    );
+    // One stream starts on the replica that dies (and must move), one on the survivor.
+    let moving = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let staying = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let followers = [
+        tokio::spawn(follow(
+            vec![a.url.clone(), b.url.clone()],
+            builder.clone(),
+            std::sync::Arc::clone(&moving),
+        )),
+        tokio::spawn(follow(
+            vec![b.url.clone()],
+            builder.clone(),
+            std::sync::Arc::clone(&staying),
+        )),
+    ];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let mut acked = Vec::new();
+    let mut killed = false;
+    for i in 0..200 {
+        if i == 100 {
+            a.child.kill().unwrap();
+            a.child.wait().unwrap();
+            killed = true;
+        }
+        // Even pushes go to A while it lives; a refused push moves on to B.
+        for url in [&a.url, &b.url]
+            .into_iter()
+            .skip(usize::from(killed || i % 2 == 1))
+        {
+            let sent = http
+                .post(format!("{url}/push"))
+                .bearer_auth(&director)
+                .json(&json!({"to": "builder", "body": format!("flood {i}")}))
+                .send()
+                .await;
+            if let Ok(r) = sent {
+                assert_eq!(r.status(), 200);
+                let v: Value = r.json().await.unwrap();
+                acked.push(v["message"]["id"].as_str().unwrap().to_owned());
+                break;
+            }
+        }
+    }
+    assert_eq!(acked.len(), 200);
+    let last = acked.last().unwrap().clone();
+    for (what, got) in [("moving", &moving), ("staying", &staying)] {
+        crate::common::wait_until(
+            &format!("the {what} stream to receive the last push"),
+            Duration::from_secs(20),
+            async || got.lock().unwrap().contains(&last).then_some(()),
+        )
+        .await;
+        let got = got.lock().unwrap().clone();
+        let mut seen = std::collections::HashSet::new();
+        assert!(
+            got.iter().all(|id| seen.insert(id)),
+            "{what}: a message arrived twice"
+        );
+        let in_order: Vec<&String> = got.iter().filter(|id| acked.contains(id)).collect();
+        assert_eq!(
+            in_order,
+            acked.iter().collect::<Vec<_>>(),
+            "{what}: every acknowledged push, once, in order"
+        );
+    }
+    for f in followers {
+        f.abort();
+    }
+}

@@ -25,6 +25,7 @@ pub mod messages_api;
 pub mod npm;
 pub mod postgres;
 pub mod procfs;
+pub mod served;
 pub mod webdriver;
 
 /// The `ac7` binary under test.
