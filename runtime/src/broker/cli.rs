@@ -449,7 +449,16 @@ fn open_team(
         Some(c) => c,
         None => team_config_from(args)?.ok_or_else(no_team)?,
     };
-    let issued = bootstrap::bootstrap(&store, &config)?;
+    let issued = match bootstrap::bootstrap(&store, &config) {
+        Ok(issued) => issued,
+        // Replicas started at once on an empty database: one creates the team (and prints
+        // its tokens), the others find it made and join.
+        Err(e) if postgres.is_some() && store.view(team::team_get)?.is_some() => {
+            tracing::info!(error = %e, "another replica created the team first; joining it");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let creds = super::first_run::credentials(&store, &issued)?;
     Ok(Some((config.team.name, creds)))
 }

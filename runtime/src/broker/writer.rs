@@ -37,7 +37,7 @@ struct Item {
 struct Job {
     draft: Draft,
     item: Item,
-    reply: oneshot::Sender<Result<(Message, usize), String>>,
+    reply: oneshot::Sender<Result<(Message, usize), PushError>>,
 }
 
 /// The handle requests use to reach the writer thread.
@@ -128,27 +128,28 @@ impl Writer {
         draft: Draft,
         audience: Audience,
         now: i64,
-    ) -> Result<(Message, usize), String> {
+    ) -> Result<(Message, usize), PushError> {
         let items = [Item { audience, now }];
         let mut drafts = [Some(draft)];
         if let Some(result) = state.store.try_tx(
             |c| log_items(c, &mut drafts, &items),
             |logged| deliver_items(state, &items, logged),
         ) {
-            return failed(result)
-                .and_then(|mut done| done.pop().ok_or_else(|| "empty commit".to_owned()));
+            return failed(result).and_then(|mut done| {
+                done.pop()
+                    .ok_or_else(|| PushError::Failed("empty commit".to_owned()))
+            });
         }
         let [item] = items;
         let [Some(draft)] = drafts else {
-            return Err("internal error: a queued push lost its draft".to_owned());
+            return Err(PushError::Failed("a queued push lost its draft".to_owned()));
         };
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { draft, item, reply })
-            .map_err(|_| "the broker is shutting down".to_owned())?;
+            .map_err(|_| PushError::ShuttingDown)?;
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
-        rx.await
-            .map_err(|_| "the broker is shutting down".to_owned())?
+        rx.await.map_err(|_| PushError::ShuttingDown)?
     }
 }
 
@@ -251,11 +252,29 @@ fn deliver_items(
         .collect()
 }
 
-/// A failed commit as the text each request answers with; nothing in it was logged or
-/// delivered.
-fn failed<T>(result: Result<T, StoreError>) -> Result<T, String> {
+/// Why a push was not logged (nothing in its commit was logged or delivered).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    /// The database is out of reach for now (a restart, a network cut): retry shortly.
+    #[error("the database is unavailable: nothing was done; retry shortly")]
+    Unavailable,
+    /// The broker is stopping.
+    #[error("the broker is shutting down")]
+    ShuttingDown,
+    /// The commit failed.
+    #[error("internal error: {0}")]
+    Failed(String),
+}
+
+/// A failed commit as what each request of it answers.
+fn failed<T>(result: Result<T, StoreError>) -> Result<T, PushError> {
     result.map_err(|e| {
-        tracing::error!(error = %e, "push commit failed; nothing in it was logged");
-        format!("internal error: {e}")
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "push not logged: the database is unavailable");
+            PushError::Unavailable
+        } else {
+            tracing::error!(error = %e, "push commit failed; nothing in it was logged");
+            PushError::Failed(e.to_string())
+        }
     })
 }

@@ -310,3 +310,206 @@ async fn a_replica_killed_mid_flood_loses_nothing_acknowledged() {
         f.abort();
     }
 }
+
+#[tokio::test]
+async fn two_replicas_starting_at_once_on_an_empty_database_make_one_team() {
+    use crate::common::served::serve;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let flags = [
+        "--team-name",
+        "together",
+        "--directive",
+        "Start together.",
+        "--member",
+        "director:lead:admin",
+        "--member",
+        "builder:engineer",
+    ];
+    let starts: Vec<_> = (0..2)
+        .map(|_| {
+            let url = db.url.clone();
+            std::thread::spawn(move || serve(std::path::Path::new(&url), &flags))
+        })
+        .collect();
+    let served: Vec<_> = starts.into_iter().map(|t| t.join().unwrap()).collect();
+    let creators: Vec<_> = served.iter().filter(|s| !s.tokens.is_empty()).collect();
+    assert_eq!(creators.len(), 1, "exactly one replica created the team");
+    let director = &creators[0]
+        .tokens
+        .iter()
+        .find(|(n, _)| n == "director")
+        .unwrap()
+        .1;
+    let http = reqwest::Client::new();
+    for s in &served {
+        let roster: Value = http
+            .get(format!("{}/roster", s.url))
+            .bearer_auth(director)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let names: Vec<&str> = roster["teammates"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{roster}"))
+            .iter()
+            .map(|m| m["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["director", "builder"], "{roster}");
+    }
+    let admin = ac7_runtime::broker::pg::PgPool::connect(PgConfig::parse(&db.url).unwrap())
+        .await
+        .unwrap();
+    let migrations: i64 = admin
+        .get()
+        .await
+        .unwrap()
+        .query_one("SELECT count(*) FROM schema_migrations", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(migrations, 1);
+}
+
+/// A TCP forwarder to the PostgreSQL server that the test can cut (every connection dropped,
+/// new ones refused) and bring back on the same port: PostgreSQL going away, for one broker.
+struct Cuttable {
+    port: u16,
+    tasks: std::sync::Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Cuttable {
+    async fn open(port: u16) -> Cuttable {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let tasks = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let held = std::sync::Arc::clone(&tasks);
+        let accept = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let conn = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect("127.0.0.1:5432").await
+                    {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                held.lock().unwrap().push(conn);
+            }
+        });
+        tasks.lock().unwrap().push(accept);
+        Cuttable { port, tasks }
+    }
+
+    fn cut(&self) {
+        for t in self.tasks.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+// Multi-threaded: the forwarder's tasks run while a broker thread waits on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_away_is_503_then_everything_resumes_and_nothing_acknowledged_is_lost() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    if !db.url.contains("@127.0.0.1:5432/") {
+        eprintln!("skipped: the forwarder reaches PostgreSQL at 127.0.0.1:5432 only");
+        return;
+    }
+    let config: TeamConfig = serde_json::from_str(TEAM).unwrap();
+    let tokens: HashMap<String, String> = {
+        let store = Store::open_postgres(PgConfig::parse(&db.url).unwrap()).unwrap();
+        bootstrap::bootstrap(&store, &config)
+            .unwrap()
+            .into_iter()
+            .map(|i| (i.name, i.token))
+            .collect()
+    };
+    let proxy = Cuttable::open(0).await;
+    let via_proxy = db
+        .url
+        .replace("@127.0.0.1:5432/", &format!("@127.0.0.1:{}/", proxy.port));
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ac7_runtime::broker::BrokerConfig::new(dir.path().join("ac7.db"));
+    let mut pg = PgConfig::parse(&via_proxy).unwrap();
+    pg.connect_timeout = Duration::from_secs(1);
+    cfg.postgres = Some(pg);
+    let broker = broker_support::start_on(cfg, "127.0.0.1:0".parse().unwrap()).await;
+    let b = TestBroker {
+        url: format!("http://{}", broker.addr),
+        tokens,
+        broker,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap(),
+        dir,
+        pg: None,
+    };
+    let mut stream = b.sse("builder", None).await;
+    let mut acked = vec![
+        b.push("director", json!({"to": "builder", "body": "before"}))
+            .await,
+    ];
+
+    proxy.cut();
+    let r = b
+        .post(
+            "/push",
+            "director",
+            json!({"to": "builder", "body": "while away"}),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json["code"].clone()),
+        (503, json!("database_unavailable")),
+        "{}",
+        r.text
+    );
+    assert!(r.json["error"].as_str().is_some(), "{}", r.text);
+    let r = b.get("/history?with=director", "builder").await;
+    assert_eq!(r.status, 503, "{}", r.text);
+
+    // PostgreSQL is back: the broker reconnects by itself.
+    let _back = Cuttable::open(proxy.port).await;
+    crate::common::wait_until(
+        "pushes to succeed again",
+        Duration::from_secs(20),
+        async || {
+            let r = b
+                .post(
+                    "/push",
+                    "director",
+                    json!({"to": "builder", "body": "after"}),
+                )
+                .await;
+            (r.status == 200).then(|| r.json["message"].clone())
+        },
+    )
+    .await;
+    let history = b
+        .get("/history?with=director&limit=100", "builder")
+        .await
+        .json;
+    let mut logged: Vec<Value> = history["messages"].as_array().unwrap().clone();
+    logged.reverse();
+    let after = logged.last().unwrap().clone();
+    acked.push(after.clone());
+    // Nothing acknowledged is lost; the refused push is not in the log.
+    let bodies: Vec<&str> = logged.iter().map(|m| m["body"].as_str().unwrap()).collect();
+    assert_eq!(bodies.first(), Some(&"before"), "{bodies:?}");
+    assert!(!bodies.contains(&"while away"), "{bodies:?}");
+    // The live stream stayed open and carries on.
+    assert_eq!(stream.next_message().await["id"], acked[0]["id"]);
+    let mut got = stream.next_message().await;
+    while got["body"] == "after" && got["id"] != after["id"] {
+        got = stream.next_message().await;
+    }
+    assert_eq!(got["id"], after["id"]);
+}

@@ -19,6 +19,7 @@ use crate::broker::messages::{self, Feed};
 use crate::broker::publish::Draft;
 use crate::broker::store::Conn;
 use crate::broker::team::{self, MemberRecord, Team};
+use crate::broker::writer::PushError;
 use crate::broker::{channels, fs, now_ms, objectives};
 
 pub(super) async fn healthz() -> Response {
@@ -283,7 +284,13 @@ pub(super) async fn push(
         .writer
         .push(&state, draft, audience, now)
         .await
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        .map_err(|e| match e {
+            PushError::Unavailable => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                .with("code", serde_json::json!("database_unavailable")),
+            PushError::ShuttingDown | PushError::Failed(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+            }
+        })?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"delivery" => &obj!{"live" => &live, "targets" => &targets}, "message" => &msg},

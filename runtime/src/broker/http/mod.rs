@@ -297,6 +297,14 @@ impl From<StoreError> for ApiError {
             )
             .with("code", json!("disk_full"));
         }
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "database unavailable");
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the database is unavailable: nothing was done; retry shortly",
+            )
+            .with("code", json!("database_unavailable"));
+        }
         tracing::error!(error = %e, "store failure");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

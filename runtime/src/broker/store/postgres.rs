@@ -54,16 +54,31 @@ impl PgStore {
                 what: "cannot start the PostgreSQL connection threads".into(),
                 source,
             })?;
-        let pool = wait(runtime.spawn(async move {
+        let started = wait(runtime.spawn(async move {
             let pool = PgPool::connect(config).await?;
             migrate(&pool).await?;
             Ok::<_, PgError>(pool)
-        }))
-        .map_err(|e| StoreError::Corrupt(format!("PostgreSQL start-up task failed: {e}")))??;
-        Ok(PgStore {
+        }));
+        // Dropping a runtime blocks on its workers, which an async caller forbids: on failure
+        // it is shut down in the background.
+        let pool = match started {
+            Ok(Ok(pool)) => pool,
+            Ok(Err(e)) => {
+                runtime.shutdown_background();
+                return Err(e.into());
+            }
+            Err(e) => {
+                runtime.shutdown_background();
+                return Err(StoreError::Corrupt(format!(
+                    "PostgreSQL start-up task failed: {e}"
+                )));
+            }
+        };
+        let store = PgStore {
             pool,
             runtime: Some(runtime),
-        })
+        };
+        Ok(store)
     }
 
     /// The pool (for the doorbell and tests).
