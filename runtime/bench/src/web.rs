@@ -57,7 +57,8 @@ pub(crate) fn run() -> anyhow::Result<Value> {
             let store = Store::open(&db, SyncMode::Normal)?;
             let issued = bootstrap::bootstrap(&store, &config)?;
             let now = i64::try_from(now_ms_f64() as u64)?;
-            let (id, _) = store.with(|c| sessions::session_create(c, "director", None, now, 3_600_000))?;
+            let (id, _) =
+                store.tx(|c| sessions::session_create(c, "director", None, now, 3_600_000))?;
             (issued, id)
         };
         let builder = issued

@@ -13,6 +13,7 @@ use serde_json::json;
 
 use super::broker::{BrokerChild, client, rt};
 use super::{Report, percentile};
+use ac7_protocol::domain::message::Audience;
 use ac7_runtime::broker::publish::{Draft, log};
 use ac7_runtime::broker::{channels, now_ms};
 
@@ -23,19 +24,22 @@ const SAMPLES: usize = 2_000;
 const HAMMERS: usize = 4;
 
 fn seed(store: &ac7_runtime::broker::db::Store) -> anyhow::Result<()> {
-    store.with(|conn| -> anyhow::Result<()> {
+    store.tx(|c| -> anyhow::Result<()> {
         let now = now_ms();
-        let tx = conn.transaction()?;
-        let hidden = channels::create(&tx, "hidden", "director", now)?;
-        channels::add_member(&tx, &hidden.id, "m1", "member", now)?;
+        let hidden = channels::create(c, "hidden", "director", now)?;
+        channels::add_member(c, &hidden.id, "m1", "member", now)?;
         let thread = format!("chan:{}", hidden.id);
+        let channel = Audience::Only(["director", "m1"].map(String::from).into());
         for i in 0..MESSAGES {
             let mut data = serde_json::Map::new();
-            if i % VISIBLE_EVERY != 0 {
+            let audience = if i % VISIBLE_EVERY != 0 {
                 data.insert("thread".into(), json!(thread));
-            }
+                &channel
+            } else {
+                &Audience::Everyone
+            };
             log(
-                &tx,
+                c,
                 Draft {
                     to: None,
                     from: "director".into(),
@@ -45,10 +49,10 @@ fn seed(store: &ac7_runtime::broker::db::Store) -> anyhow::Result<()> {
                     data,
                     attachments: Vec::new(),
                 },
+                audience,
                 now - (MESSAGES - i) as i64,
             )?;
         }
-        tx.commit()?;
         Ok(())
     })
 }
