@@ -207,6 +207,36 @@ impl BrokerChild {
         })
     }
 
+    /// Another broker process on this one's PostgreSQL database (a replica); `None` on SQLite.
+    pub(super) fn replica(&self) -> anyhow::Result<Option<BrokerChild>> {
+        let Some(pg) = &self.pg else {
+            return Ok(None);
+        };
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .arg(CHILD_ARG)
+            .arg(&pg.url)
+            .env("AC7_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let stdout = child.stdout.take().context("no child stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("replica did not start: {line:?}");
+        };
+        Ok(Some(BrokerChild {
+            url: format!("http://{addr}"),
+            child,
+            tokens: self.tokens.clone(),
+            dir: self.dir.join("replica"),
+            pg: None,
+        }))
+    }
+
     pub(super) fn token(&self, name: &str) -> &str {
         self.tokens
             .iter()
@@ -360,6 +390,115 @@ pub(super) async fn collect_samples(
     }
     samples.sort_unstable();
     samples
+}
+
+/// Replicas on one PostgreSQL database (`AC7_BENCH_POSTGRES` required): durable pushes/s
+/// with 16 clients spread over 3 replicas; push on replica A -> SSE delivery on replica B
+/// (p50/p99, one push at a time); peak RSS per replica; doorbells (NOTIFYs) per second, one
+/// per message.
+pub(crate) fn replicas() -> anyhow::Result<Report> {
+    if std::env::var("AC7_BENCH_POSTGRES").is_err() {
+        bail!("broker-replicas needs AC7_BENCH_POSTGRES=postgres://USER@HOST:PORT/DB");
+    }
+    let a = BrokerChild::spawn(10)?;
+    let b = a.replica()?.context("a replica")?;
+    let c = a.replica()?.context("a replica")?;
+    let (elapsed, lat, delivery) = rt()?.block_on(async {
+        // Throughput: the push load spread over the three replicas.
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for k in 0..CLIENTS {
+            let http = client()?;
+            let url = format!("{}/push", [&a.url, &b.url, &c.url][k % 3]);
+            let token = a.token("director").to_owned();
+            let to = format!("m{}", k % 10);
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::with_capacity(PUSHES_PER_CLIENT / 4);
+                for i in 0..PUSHES_PER_CLIENT / 4 {
+                    let t = Instant::now();
+                    let r = http
+                        .post(&url)
+                        .bearer_auth(&token)
+                        .json(&json!({"to": to, "body": format!("client {k} message {i}")}))
+                        .send()
+                        .await?;
+                    if !r.status().is_success() {
+                        bail!("push failed: {}", r.status());
+                    }
+                    r.bytes().await?;
+                    lat.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
+                }
+                Ok::<_, anyhow::Error>(lat)
+            }));
+        }
+        let mut lat = Vec::new();
+        for t in tasks {
+            lat.extend(t.await??);
+        }
+        let elapsed = started.elapsed();
+        lat.sort_unstable();
+        // Cross-replica delivery: push on A, subscriber on B.
+        let ready = Arc::new(AtomicU64::new(0));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
+        let sub = tokio::spawn(sse_loop(
+            client()?,
+            format!("{}/subscribe?name=m0", b.url),
+            a.token("m0").to_owned(),
+            Arc::clone(&ready),
+            move |_| tx.send(Instant::now()).is_ok(),
+        ));
+        while ready.load(Ordering::SeqCst) < 1 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let http = client()?;
+        let mut delivery = Vec::with_capacity(500);
+        for i in 0..500 {
+            let t = Instant::now();
+            http.post(format!("{}/push", a.url))
+                .bearer_auth(a.token("director"))
+                .json(&json!({"to": "m0", "body": format!("cross {i}")}))
+                .send()
+                .await?
+                .bytes()
+                .await?;
+            let at = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await?
+                .context("the subscriber on B stopped")?;
+            delivery.push(u64::try_from(at.duration_since(t).as_micros()).unwrap_or(u64::MAX));
+        }
+        sub.abort();
+        delivery.sort_unstable();
+        Ok::<_, anyhow::Error>((elapsed, lat, delivery))
+    })?;
+    let total = CLIENTS * (PUSHES_PER_CLIENT / 4);
+    let per_sec = (total as f64 / elapsed.as_secs_f64()).round();
+    let mut r = Report::new();
+    r.insert("scenario", json!("broker-replicas"));
+    r.insert("replicas", json!(3));
+    r.insert("clients", json!(CLIENTS));
+    r.insert("pushes", json!(total));
+    r.insert("pushes_per_sec", json!(per_sec));
+    r.insert("notifies_per_sec", json!(per_sec));
+    r.insert("ack_p50_us", json!(percentile(&lat, 50.0)));
+    r.insert("ack_p99_us", json!(percentile(&lat, 99.0)));
+    r.insert(
+        "cross_replica_delivery_p50_us",
+        json!(percentile(&delivery, 50.0)),
+    );
+    r.insert(
+        "cross_replica_delivery_p99_us",
+        json!(percentile(&delivery, 99.0)),
+    );
+    r.insert(
+        "replica_peak_rss_kib",
+        json!([
+            peak_rss_kib(a.pid()),
+            peak_rss_kib(b.pid()),
+            peak_rss_kib(c.pid())
+        ]),
+    );
+    Ok(r)
 }
 
 /// Push -> SSE delivery latency to 10 subscribers.

@@ -55,6 +55,7 @@ pub(crate) const SCENARIOS: &[&str] = &[
     "broker-history",
     "broker-slow-consumer",
     "broker-upload",
+    "broker-replicas",
     "runner",
     "call-tool",
     "ash-spawn",
@@ -88,6 +89,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-history") => emit(&history::history()?),
         Some("broker-slow-consumer") => emit(&slow_consumer::run()?),
         Some("broker-upload") => emit(&broker::upload()?),
+        Some("broker-replicas") => emit(&broker::replicas()?),
         Some("runner") => {
             print_json(&runner::run()?)?;
             Ok(0)
