@@ -229,6 +229,15 @@ pub struct AppState {
     pub follower: Option<follower::Follower>,
 }
 
+impl Drop for AppState {
+    fn drop(&mut self) {
+        // On PostgreSQL `db_path` is inside this process's private upload staging directory.
+        if self.config.postgres.is_some() {
+            let _ = std::fs::remove_dir_all(datadir::data_dir(&self.config.db_path));
+        }
+    }
+}
+
 /// A resolved bearer token, remembered for [`AUTH_CACHE_TTL`].
 #[derive(Debug, Clone)]
 pub(crate) struct CachedAuth {
@@ -358,11 +367,41 @@ impl RunningBroker {
 
 /// Opens the store (which must hold a team) and serves on `listener`.
 pub async fn start(
-    config: BrokerConfig,
+    mut config: BrokerConfig,
     listener: TcpListener,
 ) -> Result<RunningBroker, StartError> {
     let store = match &config.postgres {
-        Some(pg) => store::off_worker(|| Store::open_postgres(pg.clone()))?,
+        Some(pg) => {
+            let store = store::off_worker(|| Store::open_postgres(pg.clone()))?;
+            // Uploads are staged (hashed while they arrive) in a private local directory of
+            // this process; their contents then go to the database.
+            let staging = std::env::temp_dir().join(format!(
+                "ac7-staging-{}-{}",
+                std::process::id(),
+                now_ms()
+            ));
+            let made = std::os::unix::fs::DirBuilderExt::mode(
+                std::fs::DirBuilder::new().recursive(true),
+                0o700,
+            )
+            .create(&staging);
+            made.map_err(|source| StoreError::File {
+                what: format!(
+                    "cannot create the upload staging directory {}",
+                    staging.display()
+                ),
+                source,
+            })?;
+            config.db_path = staging.join("staging.db");
+            datadir::prepare_blob_dir(&config.db_path).map_err(|source| StoreError::File {
+                what: format!(
+                    "cannot create {}",
+                    datadir::blob_dir(&config.db_path).display()
+                ),
+                source,
+            })?;
+            store
+        }
         None => {
             let store = Store::open(&config.db_path, config.sync)?;
             let blob_dir =
