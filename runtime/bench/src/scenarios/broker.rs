@@ -72,6 +72,28 @@ pub(super) struct BrokerChild {
     pg: Option<BenchDb>,
 }
 
+/// Starts this binary as a broker child on `target` (a db path or a PostgreSQL URL); the child
+/// and its URL once it printed its listening line.
+fn spawn_child(target: &str) -> anyhow::Result<(Child, String)> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .arg(CHILD_ARG)
+        .arg(target)
+        .env("AC7_LOG", "error")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child.stdout.take().context("no child stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let Some(addr) = line.trim().strip_prefix("listening ") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("broker child did not start: {line:?}");
+    };
+    Ok((child, format!("http://{addr}")))
+}
+
 /// A database of its own on the `AC7_BENCH_POSTGRES` server, dropped on drop.
 struct BenchDb {
     admin: String,
@@ -179,27 +201,12 @@ impl BrokerChild {
             seed(&store)?;
             tokens
         };
-        let exe = std::env::current_exe()?;
         let target = pg
             .as_ref()
             .map_or_else(|| db.display().to_string(), |pg| pg.url.clone());
-        let mut child = Command::new(exe)
-            .arg(CHILD_ARG)
-            .arg(&target)
-            .env("AC7_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let stdout = child.stdout.take().context("no child stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let Some(addr) = line.trim().strip_prefix("listening ") else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("broker child did not start: {line:?}");
-        };
+        let (child, url) = spawn_child(&target)?;
         Ok(BrokerChild {
-            url: format!("http://{addr}"),
+            url,
             child,
             tokens,
             dir,
@@ -212,24 +219,9 @@ impl BrokerChild {
         let Some(pg) = &self.pg else {
             return Ok(None);
         };
-        let exe = std::env::current_exe()?;
-        let mut child = Command::new(exe)
-            .arg(CHILD_ARG)
-            .arg(&pg.url)
-            .env("AC7_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()?;
-        let stdout = child.stdout.take().context("no child stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let Some(addr) = line.trim().strip_prefix("listening ") else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("replica did not start: {line:?}");
-        };
+        let (child, url) = spawn_child(&pg.url)?;
         Ok(Some(BrokerChild {
-            url: format!("http://{addr}"),
+            url,
             child,
             tokens: self.tokens.clone(),
             dir: self.dir.join("replica"),
