@@ -294,27 +294,6 @@ impl Store {
         }
     }
 
-    /// [`Store::tx_then`] if SQLite's write connection is free right now; `None` (and neither
-    /// closure runs) when another transaction holds it, and always on PostgreSQL, where
-    /// transactions do not wait for one another on a lock here.
-    pub fn try_tx<T, U, E: From<StoreError>>(
-        &self,
-        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
-        then: impl FnOnce(T) -> U,
-    ) -> Option<Result<U, E>> {
-        match &self.backing {
-            Backing::Sqlite(file) => off_worker(|| {
-                let mut guard = match file.conn.try_lock() {
-                    Ok(guard) => guard,
-                    Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-                    Err(std::sync::TryLockError::WouldBlock) => return None,
-                };
-                Some(sqlite_tx(&mut guard, f).map(then))
-            }),
-            Backing::Postgres(_) => None,
-        }
-    }
-
     /// Runs the read-only `f` in a read transaction (on SQLite a read connection: it sees the
     /// last committed state and never waits for the writer). Off the async workers.
     pub fn view<T, E: From<StoreError>>(

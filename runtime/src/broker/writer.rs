@@ -1,15 +1,12 @@
-//! Group commit for `/push`. A push that finds the store idle is committed on
-//! the spot. One that finds it busy is queued; the writer thread logs every
-//! queued push in a single transaction, commits once, fans the batch out in log
-//! order and answers each request. So alone a push costs one commit, and under
-//! load many pushes share one (one WAL write). A push is acknowledged only
+//! Group commit for `/push`. Every push goes to the writer thread (a thread of its own, so a
+//! commit, and a checkpoint's fsync, never stalls an async worker); it logs every push waiting
+//! in a single transaction, commits once, fans the batch out in log order and answers each
+//! request. So alone a push costs one commit, and under load many pushes share one (one WAL
+//! write; on PostgreSQL, one transaction on the log's counter row). A push is acknowledged only
 //! after the commit that holds it.
 //!
-//! The writer holds the store lock for the whole batch, so it serialises with
-//! every other mutation, and delivery still follows the log's order.
-//!
-//! On PostgreSQL there is no lock to find busy: every push goes to the writer thread, so
-//! pushes share commits (and the log's counter row) whenever they arrive together.
+//! The writer holds the store lock for the whole batch, so it serialises with every other
+//! mutation, and delivery still follows the log's order.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,7 +47,7 @@ pub struct Writer {
 /// How the pushes were committed so far: what shows whether group commit happened.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
-    /// Commits that logged pushes (inline or by the writer thread).
+    /// Commits that logged pushes.
     pub commits: u64,
     /// Pushes logged by those commits.
     pub pushes: u64,
@@ -58,7 +55,7 @@ pub struct CommitStats {
     pub grouped: u64,
     /// The most pushes one commit held.
     pub largest: u64,
-    /// Pushes that found the store busy and were queued for the writer thread.
+    /// Pushes handed to the writer thread.
     pub queued: u64,
 }
 
@@ -118,32 +115,15 @@ impl Writer {
         s.largest.fetch_max(n, Ordering::Relaxed);
     }
 
-    /// Logs, commits and delivers one message; returns it with its live count.
-    ///
-    /// When the store is idle the push is committed right here (no thread hop);
-    /// when it is busy the push joins the writer's next batch.
+    /// Logs, commits and delivers one message (in the writer's next batch); returns it with
+    /// its live count.
     pub async fn push(
         &self,
-        state: &AppState,
         draft: Draft,
         audience: Audience,
         now: i64,
     ) -> Result<(Message, usize), PushError> {
-        let items = [Item { audience, now }];
-        let mut drafts = [Some(draft)];
-        if let Some(result) = state.store.try_tx(
-            |c| log_items(c, &mut drafts, &items),
-            |logged| deliver_items(state, &items, logged),
-        ) {
-            return failed(result).and_then(|mut done| {
-                done.pop()
-                    .ok_or_else(|| PushError::Failed("empty commit".to_owned()))
-            });
-        }
-        let [item] = items;
-        let [Some(draft)] = drafts else {
-            return Err(PushError::Failed("a queued push lost its draft".to_owned()));
-        };
+        let item = Item { audience, now };
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { draft, item, reply })

@@ -308,34 +308,19 @@ async fn postgres_log_numbers_follow_commit_order_and_ring_the_doorbell() {
 }
 
 #[tokio::test]
-async fn group_commit_queues_every_push_on_postgres() {
+async fn tx_then_runs_the_follow_up_after_the_commit() {
     let Some((_db, pg, sqlite)) = stores().await else {
         return;
     };
-    // SQLite commits on the spot when its write connection is free.
-    let done = sqlite.try_tx(
-        |c| insert(c, &message("x", 1, "ann", None, None)),
-        |seq| seq * 10,
-    );
-    assert_eq!(done.map(Result::unwrap), Some(10));
-    // PostgreSQL never takes the inline path: nothing runs.
-    let ran = std::cell::Cell::new(false);
-    let none = pg.try_tx(
-        |_| {
-            ran.set(true);
-            Ok::<_, StoreError>(())
-        },
-        |()| (),
-    );
-    assert!(none.is_none() && !ran.get());
-    // The writer's path: commit, then the follow-up.
-    let seq = pg
-        .tx_then(
-            |c| insert(c, &message("y", 2, "ann", None, None)),
-            |seq| seq + 100,
-        )
-        .unwrap();
-    assert_eq!(seq, 101);
+    for (name, store) in [("postgres", &pg), ("sqlite", &sqlite)] {
+        let seq = store
+            .tx_then(
+                |c| insert(c, &message("y", 2, "ann", None, None)),
+                |seq| seq + 100,
+            )
+            .unwrap();
+        assert_eq!(seq, 101, "{name}");
+    }
 }
 
 #[tokio::test]

@@ -282,7 +282,7 @@ pub(super) async fn push(
     };
     let (msg, live) = state
         .writer
-        .push(&state, draft, audience, now)
+        .push(draft, audience, now)
         .await
         .map_err(|e| match e {
             PushError::Unavailable => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
