@@ -635,3 +635,42 @@ async fn store_sql_answers_the_same_on_sqlite_and_postgres() {
     // One pooled connection served all of it.
     assert_eq!(pg.pool().idle(), 1);
 }
+
+#[tokio::test]
+async fn a_transaction_that_panics_leaves_no_half_open_connection_behind() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let pg = PgStore::open(PgConfig::parse(&db.url).unwrap()).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pg.tx(false, |c| -> Result<(), StoreError> {
+            c.execute("INSERT INTO blob_trash (hash) VALUES (?1)", params!["half"])?;
+            panic!("a bug in a store function");
+        })
+    }));
+    assert!(panicked.is_err());
+    // The next transactions start clean: nothing of the panicked one, no "already in a
+    // transaction" connection handed out.
+    for _ in 0..3 {
+        let seen = pg
+            .tx(false, |c| {
+                c.exists("SELECT 1 FROM blob_trash WHERE hash = ?1", params!["half"])
+            })
+            .unwrap();
+        assert!(!seen);
+    }
+    pg.tx(false, |c| {
+        c.execute(
+            "INSERT INTO blob_trash (hash) VALUES (?1)",
+            params!["whole"],
+        )
+    })
+    .unwrap();
+    assert!(
+        pg.tx(true, |c| c.exists(
+            "SELECT 1 FROM blob_trash WHERE hash = ?1",
+            params!["whole"]
+        ))
+        .unwrap()
+    );
+}

@@ -96,6 +96,7 @@ impl PgStore {
             .map_err(|e| StoreError::Corrupt(format!("PostgreSQL pool task failed: {e}")))??;
         Ok(Session {
             client: RefCell::new(client),
+            open: std::cell::Cell::new(false),
         })
     }
 
@@ -112,14 +113,20 @@ impl PgStore {
         } else {
             "BEGIN"
         })?;
-        match f(&Conn::postgres(&session)) {
-            Ok(out) => {
-                session.execute_batch("COMMIT")?;
-                Ok(out)
-            }
-            Err(e) => {
+        session.open.set(true);
+        let outcome = f(&Conn::postgres(&session));
+        let end = match &outcome {
+            Ok(_) => "COMMIT",
+            Err(_) => "ROLLBACK",
+        };
+        let ended = session.execute_batch(end);
+        session.open.set(false);
+        match (outcome, ended) {
+            (Ok(out), Ok(())) => Ok(out),
+            (Ok(_), Err(e)) => Err(e.into()),
+            (Err(e), ended) => {
                 // A failed rollback leaves the connection in no known state: drop it.
-                if session.execute_batch("ROLLBACK").is_err() {
+                if ended.is_err() {
                     session.client.borrow_mut().forget();
                 }
                 Err(e)
@@ -133,6 +140,17 @@ impl PgStore {
 #[derive(Debug)]
 pub struct Session {
     client: RefCell<PooledClient>,
+    /// A transaction is open on it (a closure that panicked leaves it so).
+    open: std::cell::Cell<bool>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Never hand the next caller a connection in the middle of someone's transaction.
+        if self.open.get() {
+            self.client.get_mut().forget();
+        }
+    }
 }
 
 impl Session {
