@@ -217,6 +217,11 @@ fn log_many(
             Ok::<_, ac7_runtime::broker::db::StoreError>(())
         })
         .unwrap();
+    // With replicas, live delivery follows the log: hand these to the (absent) live streams
+    // now, as a push would have, so a stream opened later replays them from the log.
+    if let Some(follower) = &b.broker.state.follower {
+        follower.catch_up(&b.broker.state).unwrap();
+    }
 }
 
 fn draft(from: &str, to: Option<&str>, body: String) -> ac7_runtime::broker::publish::Draft {
