@@ -1,5 +1,5 @@
 //! Dialects: how ac7 talks to the programs around it — MCP (the agent's side of the ac7 MCP
-//! bridge), seed 001's `call_tool`, seed 003's Ash, and Codex's `app-server` JSON-RPC — with
+//! bridge), the length-prefixed `call_tool` dialect, the Ash dialect, and Codex's `app-server` JSON-RPC — with
 //! the machines that speak them.
 
 pub mod ash;

@@ -96,9 +96,9 @@
 //! | | [`session::tracker`] | the objectives tracker: 150 ms debounce, refresh, `tools/list_changed` |
 //! | | [`session::pending`] | the correlation table: monotonic ids, out-of-order answers, `fail_all` |
 //! | [`dialect`] | [`dialect::mcp`] | MCP method names, version negotiation, `initialize` and `CallToolResult` shapes |
-//! | | [`dialect::call_tool`] | the seed 001 dialect: messages, parent-side decoding, the sequential client |
-//! | | [`dialect::call_tool_bridge`] | the seed 001 bridge: MCP on stdio, validated `call_tool` calls to the parent |
-//! | | [`dialect::ash`] | the seed 003 dialect: commands and events, the per-connection bridge and the host |
+//! | | [`dialect::call_tool`] | the length-prefixed `call_tool` dialect: messages, parent-side decoding, the sequential client |
+//! | | [`dialect::call_tool_bridge`] | the `call_tool` bridge: MCP on stdio, validated `call_tool` calls to the parent |
+//! | | [`dialect::ash`] | the Ash dialect: commands and events, the per-connection bridge and the host |
 //! | | [`dialect::codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
 //! | | [`dialect::schema`] | the JSON Schema subset tool input schemas use |
 //! | [`domain`] | [`domain::message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |

@@ -4,11 +4,11 @@
 //! Glossary (each name means one thing):
 //! - **bridge**: a process an agent (or a host) starts that speaks a dialect on one side and
 //!   relays to ac7 on the other. [`mcp_bridge`] is `ac7 mcp-bridge`, the MCP stdio bridge that
-//!   relays to the runner's socket; [`call_tool_bridge`] is the seed 001 bridge (MCP on stdio,
-//!   `call_tool` frames to a parent); [`ash_bridge`] is `ac7 ash-bridge`, the seed 003 bridge that
+//!   relays to the runner's socket; [`call_tool_bridge`] is the `call_tool` bridge (MCP on stdio,
+//!   `call_tool` frames to a parent); [`ash_bridge`] is `ac7 ash-bridge`, the Ash bridge that
 //!   runs the agent for an Ash host.
 //! - **host**: the process on the other end of a bridge that drives it and answers it:
-//!   [`call_tool_host`] is the seed 001 parent (it answers `call_tool` requests);
+//!   [`call_tool_host`] is the `call_tool` parent (it answers `call_tool` requests);
 //!   [`ash_host`] drives an Ash bridge ([`ash_host::AshClient`] is the handle to that task).
 //! - **runner**: `ac7 run` / `ac7 claude-code` / `ac7 codex` — it serves MCP bridges on its IPC
 //!   socket ([`crate::runner::ipc_server`]); the protocol crate's `session::runner` is its machine.

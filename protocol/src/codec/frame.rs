@@ -1,6 +1,6 @@
 //! The five ac7 IPC frame kinds between runner and bridge, their decoder and their encoder.
 //!
-//! Wire form (seed 000): one compact JSON object per line, discriminated by `kind`:
+//! Wire form: one compact JSON object per line, discriminated by `kind`:
 //!
 //! ```text
 //! {"kind":"mcp_request","id":1,"method":"tools/list"}

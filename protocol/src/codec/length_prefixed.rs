@@ -1,4 +1,4 @@
-//! Length-prefixed framing (seed 001): a 4-byte big-endian payload length, then the payload.
+//! Length-prefixed framing (the `call_tool` dialect's): a 4-byte big-endian payload length, then the payload.
 //!
 //! The cap is inclusive (a payload of exactly [`MAX_PAYLOAD_BYTES`] is accepted) and is checked
 //! on the prefix, before any of the payload is waited for or stored. Unlike line framing there

@@ -1,4 +1,4 @@
-//! The Ash bridge protocol (seed 003): newline-delimited JSON between a host and a bridge that
+//! The Ash bridge protocol: newline-delimited JSON between a host and a bridge that
 //! runs an agent inside a sandbox.
 //!
 //! Commands (host → bridge) are discriminated by `cmd`, events (bridge → host) by `ev`:

@@ -1,4 +1,4 @@
-//! The `call_tool` dialect (seed 001): length-prefixed JSON between a bridge and its parent.
+//! The `call_tool` dialect: length-prefixed JSON between a bridge and its parent.
 //!
 //! ```text
 //! bridge → parent  {"method":"call_tool","params":{"name":"echo","arguments":{"text":"hi"}}}
@@ -309,7 +309,7 @@ fn json_kind(raw: &RawValue) -> &'static str {
 }
 
 /// Checks a parent's `result` the way an MCP client will: an object whose `content` is a
-/// non-empty list (seed 001: "`content` MUST contain at least one element") of content blocks,
+/// non-empty list (`content` must hold at least one element) of content blocks,
 /// each with a known `type` and that type's required fields; `isError`, when present, a
 /// boolean; `_meta`, when present, an object. Unknown extra fields are allowed. Nothing is
 /// copied: fields are looked at raw.

@@ -12,7 +12,7 @@
 //!   that is not a valid `CallToolResult` ([`validate_tool_result`]: e.g. `{}`, or `content`
 //!   empty or not a list) becomes an `isError` result naming the problem.
 //! - Every failure without a reply is an `isError` result too (MCP reports tool failures as
-//!   results; seed 001: "Bridge returns MCP error to CLI"), never a JSON-RPC error: a request too
+//!   results, as the dialect has the bridge return them to the agent), never a JSON-RPC error: a request too
 //!   large to send, a parent that cannot be reached, drops the connection mid-call, or sends bad
 //!   framing, invalid JSON or a reply over the cap. The text says what failed and that the next
 //!   call reconnects (it does).

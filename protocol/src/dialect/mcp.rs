@@ -157,10 +157,9 @@ mod tests {
         let got: serde_json::Value = initialize_result(Some(&params), "0.0.0-dev")
             .parse()
             .unwrap();
-        let capture: serde_json::Value = serde_json::from_str(include_str!(
-            "../../../../shared/spec/captures/mcp/mcp-initialize-result.json"
-        ))
-        .unwrap();
+        let capture: serde_json::Value =
+            serde_json::from_str(include_str!("../../testdata/mcp-initialize-result.json"))
+                .unwrap();
         assert_eq!(got, capture["result"]);
     }
 

@@ -1,6 +1,6 @@
 //! How a broker message reaches an agent: the self-echo rule, the
 //! `notifications/claude/channel` params for Claude Code, and the `<channel>` text for Codex
-//! (seed 004, with the thread values of `../shared/spec/DECISIONS.md`).
+//! (thread values `general`, `chan:<id>`, `obj:<id>`, `dm`).
 //!
 //! Meta is a flat string → string map (clients drop a push whose meta values are not strings), in
 //! runner.md §9.3's order: `msg_id`, `level`, `ts` (`MM/DD/YY HH:MM:SS UTC`), `ts_ms`, `thread`
@@ -53,7 +53,7 @@ pub fn is_objective_event(message: &Message) -> bool {
     message.data.get("kind").and_then(Value::as_str) == Some("objective")
 }
 
-/// Self-echo rule (seed 004): chat-shaped messages the agent sent itself are not delivered
+/// Self-echo rule: chat-shaped messages the agent sent itself are not delivered
 /// back to it; objective lifecycle events are, even when the agent caused them.
 pub fn suppress_self_echo(message: &Message, me: &str) -> bool {
     message.from.as_deref() == Some(me) && !is_objective_event(message)

@@ -16,7 +16,7 @@
 //! counts as attached, and never receives queued or live notifications. Everything below is
 //! about the agent's bridges.
 //!
-//! Policy (seed 000): one bridge at a time. With [`BridgePolicy::DisplaceOld`] (the default) a
+//! Policy: one bridge at a time. With [`BridgePolicy::DisplaceOld`] (the default) a
 //! newcomer takes over and the old connection gets `shutdown{reason:"displaced-by-new-bridge"}`
 //! and is closed; with [`BridgePolicy::RejectNew`] the newcomer gets an `error` frame and is
 //! closed. A response goes only to the connection that asked; one for a connection that is gone

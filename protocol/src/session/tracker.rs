@@ -15,7 +15,7 @@
 
 use std::time::{Duration, Instant};
 
-/// The debounce delay (seed 002: "debounces these by 150ms to coalesce bursts").
+/// The debounce delay: bursts of objective changes within 150 ms coalesce into one refresh.
 pub const DEBOUNCE: Duration = Duration::from_millis(150);
 
 /// Something for the application to do.

@@ -1,4 +1,4 @@
-//! `ac7 ash-bridge`: the bridge side of the Ash protocol (seed 003). Listens on
+//! `ac7 ash-bridge`: the bridge side of the Ash protocol. Listens on
 //! `$ASH_BRIDGE_SOCKET`, writes `R` to stdout once listening, and serves every connection with
 //! its own [`AshConnection`] (state is never shared between connections), running the agent
 //! (`claude`) as a child process per query. The session map is shared by all connections.

@@ -1,4 +1,4 @@
-//! The host's side of an Ash bridge connection (seed 003), driving [`AshHost`]: connect, wait for
+//! The host's side of an Ash bridge connection, driving [`AshHost`]: connect, wait for
 //! `ready` (10 s), then run `query` / `resume` / `exec` commands one after another, streaming the
 //! agent's messages to the caller.
 //!

@@ -1,5 +1,5 @@
 //! `ac7 mcp-bridge --dialect call-tool`: MCP on the agent's stdio, length-prefixed `call_tool`
-//! requests (seed 001) to a parent process on a Unix socket.
+//! requests to a parent process on a Unix socket.
 //!
 //! All protocol decisions are made by [`CallToolBridge`]; `Relay` (`dialects/relay.rs`) (shared with
 //! the ac7 dialect) pumps the bytes, connects when the session asks (`Connect`) and drops the

@@ -1,4 +1,4 @@
-//! The parent's side of the `call_tool` dialect (seed 001): async Rust functions served as tools
+//! The parent's side of the `call_tool` dialect: async Rust functions served as tools
 //! to `ac7 mcp-bridge --dialect call-tool`.
 //!
 //! ```no_run

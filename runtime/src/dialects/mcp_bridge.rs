@@ -50,7 +50,7 @@ others, or no socket is given (one line on stderr says why).";
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct McpBridgeArgs {
     /// The protocol spoken with the parent: `ac7` (the runner's socket, `AC7_RUNNER_SOCKET`) or
-    /// `call-tool` (length-prefixed `call_tool` requests to a parent process, seed 001).
+    /// `call-tool` (length-prefixed `call_tool` requests to a parent process).
     #[arg(long, value_enum, default_value_t = Dialect::Ac7)]
     pub dialect: Dialect,
     /// call-tool: the tool-schema file the parent wrote (JSON array of

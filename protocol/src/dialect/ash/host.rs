@@ -16,7 +16,7 @@ use crate::codec::line::{Line, LineDecoder};
 use crate::dialect::ash::{Command, Event, command_line, decode_event};
 use crate::session::pending::Pending;
 
-/// How long to wait for `ready` (seed 003: "with a 10-second timeout").
+/// How long to wait for `ready`: 10 seconds.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Cap on one event line: 64 MiB (agent messages can be large).

@@ -1,7 +1,7 @@
 //! The pieces tool definitions for `tools/list` are made of: property schemas, the teammate list and
 //! the open-objectives summary.
 //!
-//! Names, property names, types, enums and `required` lists are exact (seed 002, the captures);
+//! Names, property names, types, enums and `required` lists are exact (as the reference runner serves them);
 //! `title` is accepted on `broadcast`, `send`, `channels_post` and `objectives_discuss`
 //! (DECISIONS.md). Descriptions are ours; they name the agent, its role, team and teammates, and
 //! `objectives_list`'s carries the live open objectives so the agent sees what it is working on

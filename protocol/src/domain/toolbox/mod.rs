@@ -1,4 +1,4 @@
-//! The toolbox the runner serves to its agent (seed 002): definitions composed from the briefing,
+//! The toolbox the runner serves to its agent: definitions composed from the briefing,
 //! argument validation with the seeds' error texts, and each tool as a small plan.
 //!
 //! A plan is pure: [`plan`] validates the arguments and returns either the finished text or the

@@ -111,7 +111,7 @@ fn run(ctx: &Context, tool: &str, args: Value, responses: Vec<Response>) -> (Str
 #[test]
 fn tool_lists_match_the_capture_and_gate_by_permission() {
     let capture: Value = serde_json::from_str(include_str!(
-        "../../../../../shared/spec/captures/mcp/mcp-tools-list-result-director.json"
+        "../../../testdata/mcp-tools-list-result-director.json"
     ))
     .unwrap();
     let captured = capture["result"]["tools"].as_array().unwrap();
