@@ -264,12 +264,21 @@ pub(super) fn rt() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// `CLIENTS` tasks each pushing `per_client` DMs; returns (elapsed, sorted ack latencies in µs).
 async fn push_load(b: &BrokerChild, per_client: usize) -> anyhow::Result<(Duration, Vec<u64>)> {
+    push_load_over(&[b], b.token("director"), per_client).await
+}
+
+/// [`push_load`] with client `c` pushing to `brokers[c % brokers.len()]`, as `token`.
+async fn push_load_over(
+    brokers: &[&BrokerChild],
+    token: &str,
+    per_client: usize,
+) -> anyhow::Result<(Duration, Vec<u64>)> {
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
         let http = client()?;
-        let url = format!("{}/push", b.url);
-        let token = b.token("director").to_owned();
+        let url = format!("{}/push", brokers[c % brokers.len()].url);
+        let token = token.to_owned();
         let to = format!("m{}", c % 10);
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(per_client);
@@ -397,38 +406,8 @@ pub(crate) fn replicas() -> anyhow::Result<Report> {
     let c = a.replica()?.context("a replica")?;
     let (elapsed, lat, delivery) = rt()?.block_on(async {
         // Throughput: the push load spread over the three replicas.
-        let started = Instant::now();
-        let mut tasks = Vec::new();
-        for k in 0..CLIENTS {
-            let http = client()?;
-            let url = format!("{}/push", [&a.url, &b.url, &c.url][k % 3]);
-            let token = a.token("director").to_owned();
-            let to = format!("m{}", k % 10);
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::with_capacity(PUSHES_PER_CLIENT / 4);
-                for i in 0..PUSHES_PER_CLIENT / 4 {
-                    let t = Instant::now();
-                    let r = http
-                        .post(&url)
-                        .bearer_auth(&token)
-                        .json(&json!({"to": to, "body": format!("client {k} message {i}")}))
-                        .send()
-                        .await?;
-                    if !r.status().is_success() {
-                        bail!("push failed: {}", r.status());
-                    }
-                    r.bytes().await?;
-                    lat.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
-                }
-                Ok::<_, anyhow::Error>(lat)
-            }));
-        }
-        let mut lat = Vec::new();
-        for t in tasks {
-            lat.extend(t.await??);
-        }
-        let elapsed = started.elapsed();
-        lat.sort_unstable();
+        let (elapsed, lat) =
+            push_load_over(&[&a, &b, &c], a.token("director"), PUSHES_PER_CLIENT / 4).await?;
         // Cross-replica delivery: push on A, subscriber on B.
         let ready = Arc::new(AtomicU64::new(0));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Instant>();
