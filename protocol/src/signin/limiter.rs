@@ -75,16 +75,21 @@ pub struct Locked {
     pub retry_after: u64,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
+/// What a limiter remembers of one key: enough to keep it outside the process (in a database
+/// several brokers share) and put it back with [`AttemptLimiter::restore`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KeyState {
     /// First failure of the open window (`None`: no window open).
-    opened: Option<u64>,
-    failures: u32,
+    pub opened: Option<u64>,
+    /// Failures in the open window.
+    pub failures: u32,
     /// When the current (or last) lock ends.
-    locked_until: u64,
+    pub locked_until: u64,
     /// Locks so far (reset after `max_lock` of quiet).
-    strikes: u32,
+    pub strikes: u32,
 }
+
+type Bucket = KeyState;
 
 /// Failure counts per key, each in its own window.
 #[derive(Debug, Clone)]
@@ -167,19 +172,19 @@ impl<K: Ord> AttemptLimiter<K> {
     /// remembered.
     pub fn handle_timeout(&mut self, now: u64) {
         let config = self.config;
-        self.buckets.retain(|_, b| now < Self::expires(config, b));
+        self.buckets.retain(|_, b| now < Self::expiry(config, b));
     }
 
     /// When the next key can be dropped (then [`AttemptLimiter::handle_timeout`] frees it).
     pub fn poll_timeout(&self) -> Option<u64> {
         self.buckets
             .values()
-            .map(|b| Self::expires(self.config, b))
+            .map(|b| Self::expiry(self.config, b))
             .min()
     }
 
     /// When a bucket holds nothing any more: its window closed and its strikes forgotten.
-    fn expires(config: LimiterConfig, b: &Bucket) -> u64 {
+    fn expiry(config: LimiterConfig, b: &Bucket) -> u64 {
         let window = b.opened.map_or(0, |o| o.saturating_add(config.window));
         let strikes = if b.strikes > 0 {
             b.locked_until.saturating_add(config.max_lock)
@@ -187,6 +192,29 @@ impl<K: Ord> AttemptLimiter<K> {
             0
         };
         window.max(strikes)
+    }
+
+    /// What the limiter holds for `key` (`None`: nothing, as for a key never seen).
+    pub fn state(&self, key: &K) -> Option<KeyState> {
+        self.buckets.get(key).copied()
+    }
+
+    /// Puts back what [`AttemptLimiter::state`] gave for `key` (`None` forgets the key).
+    pub fn restore(&mut self, key: K, state: Option<KeyState>) {
+        match state {
+            Some(s) => {
+                self.buckets.insert(key, s);
+            }
+            None => {
+                self.buckets.remove(&key);
+            }
+        }
+    }
+
+    /// When `state` holds nothing any more under this limiter's limits (its window closed and
+    /// its strikes forgotten): the time a store may drop it.
+    pub fn expires(&self, state: &KeyState) -> u64 {
+        Self::expiry(self.config, state)
     }
 
     /// Whether `key` is locked at `now`.
@@ -315,6 +343,16 @@ pub struct SignInStats {
     pub lockouts: u64,
 }
 
+impl SignInStats {
+    /// Adds `other`'s counts (stats of guards rebuilt per attempt from a shared store).
+    pub fn add(&mut self, other: SignInStats) {
+        self.named_failures += other.named_failures;
+        self.nameless_failures += other.nameless_failures;
+        self.refused += other.refused;
+        self.lockouts += other.lockouts;
+    }
+}
+
 /// The sign-in limiter of a team: per address, per member, and one team-wide budget for
 /// attempts without a member name (see the module docs).
 #[derive(Debug, Clone)]
@@ -340,7 +378,8 @@ impl SignInGuard {
         }
     }
 
-    fn keys(address: &str, claim: Claim<'_>) -> Vec<SignInKey> {
+    /// The keys an attempt from `address` for `claim` is counted under (the address first).
+    pub fn keys(address: &str, claim: Claim<'_>) -> Vec<SignInKey> {
         let mut keys = vec![SignInKey::Address(address.to_owned())];
         match claim {
             Claim::Member(m) => keys.push(SignInKey::Member(m.to_owned())),
@@ -355,6 +394,28 @@ impl SignInGuard {
             SignInKey::Nameless => &self.nameless,
             SignInKey::Address(_) | SignInKey::Member(_) => &self.per_key,
         }
+    }
+
+    fn limiter_mut(&mut self, key: &SignInKey) -> &mut AttemptLimiter<SignInKey> {
+        match key {
+            SignInKey::Nameless => &mut self.nameless,
+            SignInKey::Address(_) | SignInKey::Member(_) => &mut self.per_key,
+        }
+    }
+
+    /// What the guard holds for `key` (to keep it in a shared store).
+    pub fn state(&self, key: &SignInKey) -> Option<KeyState> {
+        self.limiter(key).state(key)
+    }
+
+    /// Puts back a key's state from a shared store (`None` forgets the key).
+    pub fn restore(&mut self, key: SignInKey, state: Option<KeyState>) {
+        self.limiter_mut(&key).restore(key, state);
+    }
+
+    /// When a store may drop `key` holding `state` (see [`AttemptLimiter::expires`]).
+    pub fn expires(&self, key: &SignInKey, state: &KeyState) -> u64 {
+        self.limiter(key).expires(state)
     }
 
     /// Whether an attempt from `address` (an [`address_key`]) for `claim` may be evaluated
@@ -392,11 +453,7 @@ impl SignInGuard {
         }
         let mut started = Vec::new();
         for key in Self::keys(address, claim) {
-            let limiter = match key {
-                SignInKey::Nameless => &mut self.nameless,
-                SignInKey::Address(_) | SignInKey::Member(_) => &mut self.per_key,
-            };
-            if let Err(l) = limiter.record_failure(key.clone(), now)
+            if let Err(l) = self.limiter_mut(&key).record_failure(key.clone(), now)
                 && l.new
             {
                 self.stats.lockouts += 1;

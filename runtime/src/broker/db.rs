@@ -519,6 +519,21 @@ CREATE TABLE IF NOT EXISTS member_totp (
     last_step INTEGER,
     pending_secret TEXT
 );
+CREATE TABLE IF NOT EXISTS attempt_limits (
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    opened INTEGER,
+    failures INTEGER NOT NULL,
+    locked_until INTEGER NOT NULL,
+    strikes INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    PRIMARY KEY (scope, key)
+);
+CREATE INDEX IF NOT EXISTS attempt_limits_expires ON attempt_limits(scope, expires_at);
+CREATE TABLE IF NOT EXISTS setup_code (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    code TEXT NOT NULL
+);
 "#;
 
 #[cfg(test)]

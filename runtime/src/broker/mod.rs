@@ -70,6 +70,7 @@
 //! - **Not implemented:** the "session online" notice.
 
 pub mod activity;
+pub mod attempts;
 pub mod blobs;
 pub mod bootstrap;
 pub mod channels;
@@ -217,11 +218,8 @@ pub struct AppState {
     pub(crate) push_limiter: ratelimit::Limiter,
     /// Cooldowns of the objective context reminder (activity.md §3.6).
     pub(crate) reminders: std::sync::Mutex<ac7_protocol::trace::reminder::Reminders>,
-    /// Failed sign-in attempts per client address, per member, and without a member name.
-    pub(crate) signin_limiter: std::sync::Mutex<ac7_protocol::signin::limiter::SignInGuard>,
-    /// SHA-256 of the one-time first-admin setup code, while the team has no member with
-    /// TOTP (see `http::session`).
-    pub(crate) setup_code: std::sync::Mutex<Option<String>>,
+    /// This process's sign-in counters (the limiter's keys live in the store: [`attempts`]).
+    pub(crate) signin_stats: std::sync::Mutex<ac7_protocol::signin::limiter::SignInStats>,
     /// Device-code enrollments (`ac7 connect`).
     pub(crate) enroll: std::sync::Mutex<http::enroll::EnrollDesk>,
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
@@ -425,17 +423,15 @@ pub async fn start(
     let hub = Hub::new(limits);
     let activity_hub = Hub::new(limits);
     let tls = config.tls.as_ref().map(server::tls_acceptor).transpose()?;
-    let (members, signin_ready) = store.view(|c| -> Result<_, StartError> {
+    let members = store.view(|c| -> Result<_, StartError> {
         if team::team_get(c)?.is_none() {
             return Err(StartError::NoTeam(config.db_path.clone()));
         }
-        Ok((team::members_list(c)?, sessions::totp_any(c)?))
+        Ok(team::members_list(c)?)
     })?;
-    let setup_code = if signin_ready {
-        None
-    } else {
-        Some(sessions::new_session_id().map_err(|e| StartError::Listen(std::io::Error::other(e)))?)
-    };
+    let fresh =
+        sessions::new_session_id().map_err(|e| StartError::Listen(std::io::Error::other(e)))?;
+    let setup_code = store.tx(|c| sessions::setup_code_open(c, &fresh))?;
     for m in members {
         hub.register_member(&m.name, m.role, boot_time);
     }
@@ -456,8 +452,7 @@ pub async fn start(
         objective_counter: AtomicU16::new(0),
         auth_cache: Default::default(),
         reminders: Default::default(),
-        signin_limiter: Default::default(),
-        setup_code: std::sync::Mutex::new(setup_code.as_deref().map(sessions::session_hash)),
+        signin_stats: Default::default(),
         enroll: std::sync::Mutex::new(http::enroll::EnrollDesk::new(config_enroll)),
         follower,
     });

@@ -235,6 +235,43 @@ pub fn totp_any(c: &Conn<'_>) -> Result<bool, StoreError> {
     )
 }
 
+/// The one-time first-admin setup code while no member has TOTP: the stored one, else `fresh`
+/// (stored now, so every broker on the store accepts and prints the same code). `None` once a
+/// member has TOTP (the code is then dropped).
+pub fn setup_code_open(c: &Conn<'_>, fresh: &str) -> Result<Option<String>, StoreError> {
+    if totp_any(c)? {
+        c.execute("DELETE FROM setup_code", crate::params![])?;
+        return Ok(None);
+    }
+    c.execute(
+        "INSERT INTO setup_code (id, code) VALUES (1, ?1) ON CONFLICT (id) DO NOTHING",
+        crate::params![fresh],
+    )?;
+    setup_code_get(c)
+}
+
+/// The stored setup code, if any.
+pub fn setup_code_get(c: &Conn<'_>) -> Result<Option<String>, StoreError> {
+    c.query_row(
+        "SELECT code FROM setup_code WHERE id = 1",
+        crate::params![],
+        |r| r.get(0),
+    )
+}
+
+/// Uses up the setup code if `given` is it (compared in constant time): `true` when it was.
+pub fn setup_code_take(c: &Conn<'_>, given: &str) -> Result<bool, StoreError> {
+    let Some(code) = setup_code_get(c)? else {
+        return Ok(false);
+    };
+    let (stored, given) = (session_hash(&code), session_hash(given));
+    if !ac7_protocol::signin::totp::constant_time_eq(stored.as_bytes(), given.as_bytes()) {
+        return Ok(false);
+    }
+    c.execute("DELETE FROM setup_code", crate::params![])?;
+    Ok(true)
+}
+
 /// Sets `member`'s confirmed secret (replacing any, clearing the replay guard and any pending one).
 pub fn totp_set(c: &Conn<'_>, member: &str, secret: &str) -> Result<(), StoreError> {
     c.execute(

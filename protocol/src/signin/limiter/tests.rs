@@ -301,3 +301,92 @@ fn the_best_nameless_attacker_gets_ten_guesses_a_day_after_the_first() {
         "{after_first_day} after two days"
     );
 }
+
+/// One step of a sign-in workload: who tries, claiming what, whether the code was right, and
+/// how many seconds passed before.
+#[derive(Debug, Clone)]
+struct Step {
+    address: u8,
+    claim: u8,
+    good: bool,
+    wait: u64,
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    proptest::collection::vec(
+        (
+            0u8..4,
+            0u8..5,
+            proptest::bool::weighted(0.1),
+            prop_oneof![Just(0u64), 1u64..120, 800u64..4000, 80_000u64..100_000,],
+        )
+            .prop_map(|(address, claim, good, wait)| Step {
+                address,
+                claim,
+                good,
+                wait,
+            }),
+        1..300,
+    )
+}
+
+fn claim_of(n: u8) -> Claim<'static> {
+    match n {
+        0 => Claim::AnyMember,
+        1 => Claim::NoMember,
+        2 => Claim::Member("alice"),
+        _ => Claim::Member("bob"),
+    }
+}
+
+proptest::proptest! {
+    /// A guard rebuilt for every attempt from the states of the keys it touches (as brokers
+    /// sharing a database do) answers exactly as one long-lived guard.
+    #[test]
+    fn a_guard_rebuilt_per_attempt_from_stored_key_states_answers_the_same(steps in steps()) {
+        let mut long = SignInGuard::default();
+        let mut store: BTreeMap<SignInKey, KeyState> = BTreeMap::new();
+        let mut now = T0;
+        for s in steps {
+            now += s.wait;
+            let address = format!("10.0.0.{}", s.address);
+            let claim = claim_of(s.claim);
+            let mut keys = SignInGuard::keys(&address, claim);
+            keys.push(SignInKey::Member("alice".into()));
+            keys.push(SignInKey::Member("bob".into()));
+            let mut short = SignInGuard::default();
+            for k in &keys {
+                short.restore(k.clone(), store.get(k).copied());
+            }
+            let a = long.check(&address, claim, now);
+            let b = short.check(&address, claim, now);
+            proptest::prop_assert_eq!(&a, &b);
+            proptest::prop_assert_eq!(long.member_locked("alice", now), short.member_locked("alice", now));
+            if a.is_ok() {
+                let member = match claim {
+                    Claim::Member(m) => m,
+                    _ => "alice",
+                };
+                if s.good && !matches!(claim, Claim::NoMember) {
+                    long.handle_success(&address, member, now);
+                    short.handle_success(&address, member, now);
+                } else {
+                    let la = long.handle_failure(&address, claim, now);
+                    let lb = short.handle_failure(&address, claim, now);
+                    proptest::prop_assert_eq!(la, lb);
+                }
+            }
+            for k in keys {
+                match short.state(&k) {
+                    Some(st) if now < short.expires(&k, &st) => {
+                        store.insert(k, st);
+                    }
+                    _ => {
+                        store.remove(&k);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -29,7 +29,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use ac7_protocol::signin::limiter::{Claim, Refusal, SignInGuard, SignInKey, address_key};
+use ac7_protocol::signin::limiter::{Claim, Refusal, SignInKey, address_key};
 use ac7_protocol::signin::totp::{self, TotpError};
 use axum::extract::{ConnectInfo, State};
 use axum::http::request::Parts;
@@ -39,9 +39,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
+use crate::broker::StoreError;
 use crate::broker::hub::Closed;
 use crate::broker::sessions::{self, ConfirmError, SESSION_ID_PREFIX, SessionAuth, TotpRefusal};
-use crate::broker::{now_ms, team};
+use crate::broker::store::Conn;
+use crate::broker::{attempts, now_ms, team};
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "ac7_session";
@@ -166,46 +168,63 @@ fn now_secs() -> u64 {
     u64::try_from(now_ms() / 1000).unwrap_or(0)
 }
 
-fn guard(state: &Shared) -> std::sync::MutexGuard<'_, SignInGuard> {
-    state
-        .signin_limiter
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// The key the sign-in limiter counts this request's client address under.
 pub(crate) fn limiter_address(parts: &Parts, state: &Shared) -> String {
     client_ip(parts, state).map_or_else(|| "unknown".to_owned(), address_key)
 }
 
-/// Checks the sign-in limiter for an attempt (429 when a key it counts under is locked).
-pub(crate) fn limiter_check(
+/// How an attempt at a guessable secret came out.
+pub(crate) enum Judged<'a, T> {
+    /// The secret was right: `member` signed in (their key and the address are cleared).
+    Passed(T, String),
+    /// It was wrong: answer `error`, counted under `claim`.
+    Failed(ApiError, Claim<'a>),
+}
+
+/// Runs one attempt at a guessable secret under the sign-in limiter, in one transaction with
+/// the limiter's keys (so every broker on the store counts the same failures): 429 while a
+/// key `asked` counts under is locked; else `judge` evaluates the attempt (it may ask whether
+/// a member is locked) and the limiter counts what it judged. An `Err` from `judge` counts as
+/// nothing and commits nothing. Each lockout started is logged (one line per key).
+pub(crate) fn guarded<'a, T>(
     state: &Shared,
     address: &str,
-    claim: Claim<'_>,
+    asked: Claim<'_>,
     now: u64,
-) -> Result<(), ApiError> {
-    guard(state).check(address, claim, now).map_err(refused)
-}
-
-/// Records a failed attempt; logs each lockout it starts (one line per locked key).
-pub(crate) fn limiter_fail(state: &Shared, address: &str, claim: Claim<'_>, now: u64) {
-    let mut g = guard(state);
-    if g.len() > 10_000 {
-        g.handle_timeout(now);
-    }
-    for e in g.handle_failure(address, claim, now) {
-        tracing::warn!(
-            locked = %e.key,
-            lock_secs = e.lock_secs,
-            strikes = e.strikes,
-            "sign-in locked after repeated failures"
-        );
-    }
-}
-
-fn limiter_clear(state: &Shared, address: &str, member: &str, now: u64) {
-    guard(state).handle_success(address, member, now);
+    judge: impl FnOnce(&Conn<'_>, &dyn Fn(&str) -> bool) -> Result<Judged<'a, T>, ApiError>,
+) -> Result<T, ApiError> {
+    let (outcome, stats) = state.store.tx(|c| -> Result<_, ApiError> {
+        let mut a = attempts::load(c, address, asked)?;
+        if let Err(r) = a.check(address, asked, now) {
+            return Ok((Err(refused(r)), a.stats()));
+        }
+        let judged = judge(c, &|member| a.member_locked(member, now))?;
+        let outcome = match judged {
+            Judged::Passed(t, member) => {
+                a.pass(address, &member, now);
+                Ok(t)
+            }
+            Judged::Failed(e, claim) => {
+                for l in a.fail(address, claim, now) {
+                    tracing::warn!(
+                        locked = %l.key,
+                        lock_secs = l.lock_secs,
+                        strikes = l.strikes,
+                        "sign-in locked after repeated failures"
+                    );
+                }
+                Err(e)
+            }
+        };
+        a.save(c, now)?;
+        Ok((outcome, a.stats()))
+    })?;
+    state
+        .signin_stats
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .add(stats);
+    outcome
 }
 
 #[derive(Deserialize)]
@@ -272,7 +291,6 @@ pub(super) async fn login(
     let now = now_secs();
     let address = limiter_address(&parts, &state);
     let asked = b.member.as_deref().map_or(Claim::AnyMember, Claim::Member);
-    limiter_check(&state, &address, asked, now)?;
     let ua = parts
         .headers
         .get(header::USER_AGENT)
@@ -286,34 +304,33 @@ pub(super) async fn login(
         now_ms: now_ms(),
         ttl_ms: ttl,
     };
-    // A member whose own key is locked is no candidate for a nameless code.
-    let (known, outcome) = state
-        .store
-        .tx(|c| sessions::totp_login(c, &attempt, |name| guard(&state).member_locked(name, now)))?;
-    let outcome = outcome.map_err(login_refusal);
-    // A name that is no member with TOTP counts as a nameless guess: made-up names buy nothing.
-    // (Such an attempt is still answered 401 after the nameless budget locks, so no answer
-    // tells which names are members.)
-    let claim = match b.member.as_deref() {
-        Some(name) if known => Claim::Member(name),
-        Some(_) | None => Claim::AnyMember,
-    };
-    match outcome {
-        Ok((m, id, row)) => {
-            limiter_clear(&state, &address, &m.name, now);
-            tracing::info!(member = %m.name, "signed in (TOTP)");
-            let mut resp = reply(StatusCode::OK, &session_shape(&m, row.expires_at));
-            resp.headers_mut().insert(
-                header::SET_COOKIE,
-                set_cookie(&state, &id, state.config.session_ttl.as_secs()),
-            );
-            Ok(resp)
-        }
-        Err(e) => {
-            limiter_fail(&state, &address, claim, now);
-            Err(e)
-        }
-    }
+    let (m, id, row) = guarded(&state, &address, asked, now, |c, member_locked| {
+        // A member whose own key is locked is no candidate for a nameless code.
+        let (known, outcome) = sessions::totp_login(c, &attempt, member_locked)?;
+        Ok(match outcome {
+            Ok((m, id, row)) => {
+                let name = m.name.clone();
+                Judged::Passed((m, id, row), name)
+            }
+            // A name that is no member with TOTP counts as a nameless guess: made-up names
+            // buy nothing. (Such an attempt is still answered 401 after the nameless budget
+            // locks, so no answer tells which names are members.)
+            Err(r) => Judged::Failed(
+                login_refusal(r),
+                match b.member.as_deref() {
+                    Some(name) if known => Claim::Member(name),
+                    Some(_) | None => Claim::AnyMember,
+                },
+            ),
+        })
+    })?;
+    tracing::info!(member = %m.name, "signed in (TOTP)");
+    let mut resp = reply(StatusCode::OK, &session_shape(&m, row.expires_at));
+    resp.headers_mut().insert(
+        header::SET_COOKIE,
+        set_cookie(&state, &id, state.config.session_ttl.as_secs()),
+    );
+    Ok(resp)
 }
 
 /// `GET /metrics` (`members.manage`): the sign-in guard's counters in the Prometheus text
@@ -328,10 +345,11 @@ pub(super) async fn metrics(
         "reading the broker's metrics",
     )?;
     let now = now_secs();
-    let (stats, locked) = {
-        let g = guard(&state);
-        (g.stats(), g.locked(now))
-    };
+    let locked = state.store.view(|c| attempts::locked(c, now))?;
+    let stats = *state
+        .signin_stats
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let body = format!(
         "# HELP ac7_signin_failures_total Failed sign-in attempts, by whether they named a member.\n\
          # TYPE ac7_signin_failures_total counter\n\
@@ -511,46 +529,32 @@ pub(super) async fn enroll_totp_confirm(
     check_code(&b.code, "confirmation")?;
     let now = now_secs();
     let address = limiter_address(&parts, &state);
-    limiter_check(&state, &address, Claim::Member(&name), now)?;
-    let outcome = match state
-        .store
-        .tx(|c| sessions::totp_confirm(c, &name, &b.code, now))?
-    {
-        Ok(()) => Ok(()),
-        Err(ConfirmError::NoPending) => {
-            return Err(ApiError::not_found(format!(
-                "no pending enrollment for {name}: POST /members/{name}/enroll-totp first"
-            )));
-        }
-        Err(ConfirmError::BadSecret(e)) => {
-            return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e));
-        }
-        Err(ConfirmError::Refused(r)) => Err(login_refusal(r)),
-    };
-    match outcome {
-        Ok(()) => {
-            limiter_clear(&state, &address, &name, now);
-            tracing::info!(member = %name, "TOTP enrollment confirmed");
-            Ok(reply(
-                StatusCode::OK,
-                &obj! {"member" => &name, "enrolled" => &true},
-            ))
-        }
-        Err(e) => {
-            limiter_fail(&state, &address, Claim::Member(&name), now);
-            Err(e)
-        }
-    }
+    guarded(&state, &address, Claim::Member(&name), now, |c, _| {
+        Ok(match sessions::totp_confirm(c, &name, &b.code, now)? {
+            Ok(()) => Judged::Passed((), name.clone()),
+            Err(ConfirmError::NoPending) => {
+                return Err(ApiError::not_found(format!(
+                    "no pending enrollment for {name}: POST /members/{name}/enroll-totp first"
+                )));
+            }
+            Err(ConfirmError::BadSecret(e)) => {
+                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e));
+            }
+            Err(ConfirmError::Refused(r)) => Judged::Failed(login_refusal(r), Claim::Member(&name)),
+        })
+    })?;
+    tracing::info!(member = %name, "TOTP enrollment confirmed");
+    Ok(reply(
+        StatusCode::OK,
+        &obj! {"member" => &name, "enrolled" => &true},
+    ))
 }
 
 /// Whether the first-admin setup is open: a setup code exists and nobody has TOTP yet.
 fn setup_needed(state: &Shared) -> Result<bool, ApiError> {
-    let open = state
-        .setup_code
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .is_some();
-    Ok(open && !state.store.view(sessions::totp_any)?)
+    Ok(state.store.view(|c| {
+        Ok::<_, StoreError>(sessions::setup_code_get(c)?.is_some() && !sessions::totp_any(c)?)
+    })?)
 }
 
 /// `GET /setup/status` (no auth) → `{needed}`.
@@ -582,38 +586,22 @@ pub(super) async fn setup(
             "setup already done: sign in, or ask an admin to enroll you",
         ));
     }
-    limiter_check(&state, &address, Claim::NoMember, now)?;
-    let given = sessions::session_hash(b.code.trim());
-    let taken = {
-        let mut slot = state
-            .setup_code
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match slot.as_deref() {
-            Some(h) if totp::constant_time_eq(h.as_bytes(), given.as_bytes()) => {
-                *slot = None;
-                true
-            }
-            _ => false,
-        }
-    };
-    if !taken {
-        limiter_fail(&state, &address, Claim::NoMember, now);
-        return Err(ApiError::unauthorized("invalid setup code"));
-    }
     let secret = new_totp_secret()?;
-    let (admin, team_name) = state.store.tx(|c| -> Result<_, ApiError> {
+    let (admin, team_name) = guarded(&state, &address, Claim::NoMember, now, |c, _| {
+        if !sessions::setup_code_take(c, b.code.trim())? {
+            return Ok(Judged::Failed(
+                ApiError::unauthorized("invalid setup code"),
+                Claim::NoMember,
+            ));
+        }
         let admin = team::managers(c)?.into_iter().next().ok_or_else(|| {
             ApiError::conflict("the team has no member holding members.manage to enroll")
         })?;
         sessions::totp_set(c, &admin, &secret)?;
-        Ok((
-            admin,
-            team::team_get(c)?.map(|t| t.name).unwrap_or_default(),
-        ))
+        let team_name = team::team_get(c)?.map(|t| t.name).unwrap_or_default();
+        Ok(Judged::Passed((admin.clone(), team_name), admin))
     })?;
     let (uri, svg) = enrollment_shape(&team_name, &admin, &secret)?;
-    limiter_clear(&state, &address, &admin, now);
     tracing::info!(member = %admin, "first-admin setup: TOTP enrolled");
     Ok(reply(
         StatusCode::OK,

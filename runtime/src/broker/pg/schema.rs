@@ -14,9 +14,10 @@
 //!   the sum over replicas whose heartbeat is fresh. `member_status`: last seen and busy.
 //! - `delivery_cursors`: per member, the last sequence delivered to any of its live streams.
 //! - `rate_buckets`: the per-member token bucket, as the time it is full again (µs).
-//! - `attempt_limits`: failure windows per scope (`signin`, `enroll`) and key (a member or a
-//!   client address); `opened` is Unix seconds, as the sign-in limiter counts.
-//! - `setup_code`: the hash of the one-time first-admin code.
+//! - `attempt_limits`: what the sign-in limiter remembers per key (a client address, a member,
+//!   the nameless budget), in Unix seconds as it counts; a row goes at `expires_at`.
+//! - `setup_code`: the one-time first-admin code, while nobody has TOTP (every replica prints
+//!   it at start).
 //! - `enrollments`: device-code enrollments (`ac7 connect`), keyed by the device code's hash;
 //!   times in Unix seconds, as the enrollment desk counts. An approved row holds the device's
 //!   new token until the device collects it (one poll) or the enrollment expires.
@@ -213,14 +214,17 @@ CREATE INDEX rate_buckets_full_at ON rate_buckets(full_at_us);
 CREATE TABLE attempt_limits (
     scope TEXT COLLATE "C" NOT NULL CHECK (scope IN ('signin', 'enroll')),
     key TEXT COLLATE "C" NOT NULL,
-    opened BIGINT NOT NULL,
+    opened BIGINT,
     failures INTEGER NOT NULL,
+    locked_until BIGINT NOT NULL,
+    strikes INTEGER NOT NULL,
+    expires_at BIGINT NOT NULL,
     PRIMARY KEY (scope, key)
 );
-CREATE INDEX attempt_limits_opened ON attempt_limits(opened);
+CREATE INDEX attempt_limits_expires ON attempt_limits(scope, expires_at);
 CREATE TABLE setup_code (
     id INTEGER PRIMARY KEY CHECK (id = 1),
-    hash TEXT COLLATE "C" NOT NULL
+    code TEXT COLLATE "C" NOT NULL
 );
 CREATE TABLE enrollments (
     device_code_hash TEXT COLLATE "C" PRIMARY KEY,
