@@ -470,6 +470,43 @@ impl Hub {
         }
     }
 
+    /// Every member's live stream count and last-seen time, for sharing with other replicas.
+    pub fn live_counts(&self) -> Vec<(String, usize, i64)> {
+        self.lock()
+            .members
+            .iter()
+            .map(|(name, e)| {
+                let live = e.subs.iter().filter(|s| !s.queue.is_closed()).count();
+                (name.clone(), live, e.last_seen)
+            })
+            .collect()
+    }
+
+    /// `name`'s live streams on this hub.
+    pub fn live_count(&self, name: &str) -> usize {
+        self.lock().members.get(name).map_or(0, |e| {
+            e.subs.iter().filter(|s| !s.queue.is_closed()).count()
+        })
+    }
+
+    /// The tokens (by id) live streams authenticated with, per member, each once.
+    pub fn live_tokens(&self) -> Vec<(String, String)> {
+        let inner = self.lock();
+        let mut out: Vec<(String, String)> = inner
+            .members
+            .iter()
+            .flat_map(|(name, e)| {
+                e.subs
+                    .iter()
+                    .filter(|s| !s.queue.is_closed())
+                    .map(move |s| (name.clone(), s.token.clone()))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Marks `name` busy until `until` (or clears it with 0).
     pub fn set_busy(&self, name: &str, until: i64) {
         if let Some(entry) = self.lock().members.get_mut(name) {

@@ -88,6 +88,7 @@ pub mod objectives;
 pub mod pg;
 pub mod publish;
 pub mod ratelimit;
+pub mod replica;
 pub mod retention;
 pub mod server;
 pub mod sessions;
@@ -225,6 +226,8 @@ pub struct AppState {
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
     /// ([`follower`]). `None` on SQLite, where a commit delivers its own messages.
     pub follower: Option<follower::Follower>,
+    /// On PostgreSQL: this replica's row and presence writer ([`replica`]).
+    pub replica: Option<replica::Replica>,
 }
 
 impl Drop for AppState {
@@ -439,6 +442,14 @@ pub async fn start(
         Some(_) => Some(follower::Follower::new(store.view(messages::head)?)),
         None => None,
     };
+    let addr = listener.local_addr()?;
+    let (replica, stream_ends) = match &config.postgres {
+        Some(_) => {
+            let (r, rx) = store.tx(|c| replica::register(c, &addr.to_string()))?;
+            (Some(r), Some(rx))
+        }
+        None => (None, None),
+    };
     let (writer, queue) = writer::channel();
     let config_enroll = config.enroll;
     let state = Arc::new(AppState {
@@ -455,9 +466,13 @@ pub async fn start(
         signin_stats: Default::default(),
         enroll: std::sync::Mutex::new(http::enroll::EnrollDesk::new(config_enroll)),
         follower,
+        replica,
     });
     if let Some(pg) = &state.config.postgres {
         follower::spawn_doorbell(&state, pg.clone());
+    }
+    if let Some(rx) = stream_ends {
+        replica::spawn(&state, addr.to_string(), rx);
     }
     sessions::spawn_purge(&state);
     http::enroll::spawn_expiry(&state);
@@ -465,7 +480,6 @@ pub async fn start(
     if let Some(days) = state.config.retain_days {
         retention::spawn(&state, days);
     }
-    let addr = listener.local_addr()?;
     web::warm();
     let app = http::router(Arc::clone(&state));
     let (tx, rx) = oneshot::channel::<()>();

@@ -40,6 +40,7 @@ mod pg_fs;
 mod pg_log;
 mod pg_replicas;
 mod pg_serve;
+mod pg_shared;
 mod pg_store;
 mod pg_team;
 mod quickstart;

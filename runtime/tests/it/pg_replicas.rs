@@ -18,6 +18,15 @@ use crate::common::postgres::TestDb;
 
 /// `n` brokers on `db` (the team bootstrapped once), each its own [`TestBroker`].
 async fn replicas(db: &TestDb, n: usize) -> Vec<TestBroker> {
+    replicas_with(db, n, |_| {}).await
+}
+
+/// [`replicas`], each broker's settings changed by `tweak` first.
+pub(crate) async fn replicas_with(
+    db: &TestDb,
+    n: usize,
+    tweak: impl Fn(&mut ac7_runtime::broker::BrokerConfig),
+) -> Vec<TestBroker> {
     let config: TeamConfig = serde_json::from_str(TEAM).unwrap();
     let pg = PgConfig::parse(&db.url).unwrap();
     let tokens: HashMap<String, String> = {
@@ -33,6 +42,7 @@ async fn replicas(db: &TestDb, n: usize) -> Vec<TestBroker> {
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = ac7_runtime::broker::BrokerConfig::new(dir.path().join("ac7.db"));
         cfg.postgres = Some(pg.clone());
+        tweak(&mut cfg);
         let broker = broker_support::start_on(cfg, "127.0.0.1:0".parse().unwrap()).await;
         out.push(TestBroker {
             url: format!("http://{}", broker.addr),

@@ -20,7 +20,7 @@ use crate::broker::publish::Draft;
 use crate::broker::store::Conn;
 use crate::broker::team::{self, MemberRecord, Team};
 use crate::broker::writer::PushError;
-use crate::broker::{channels, fs, now_ms, objectives};
+use crate::broker::{StoreError, channels, fs, now_ms, objectives};
 
 pub(super) async fn healthz() -> Response {
     reply(
@@ -147,10 +147,26 @@ pub(super) async fn roster(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.view(team::members_list)?;
-    let connected = state
+    let now = now_ms();
+    let (members, shared) = state.store.view(|c| -> Result<_, StoreError> {
+        let shared = match &state.replica {
+            Some(me) => Some(crate::broker::replica::presence(c, me, now)?),
+            None => None,
+        };
+        Ok((team::members_list(c)?, shared))
+    })?;
+    let mut connected = state
         .hub
-        .presence(members.iter().map(|m| m.name.as_str()), now_ms());
+        .presence(members.iter().map(|m| m.name.as_str()), now);
+    // With replicas: live streams and busy reports of every replica.
+    if let Some(shared) = shared {
+        for p in &mut connected {
+            let s = shared.get(&p.name).copied().unwrap_or_default();
+            p.connected += s.connected;
+            p.last_seen = p.last_seen.max(s.last_seen);
+            p.busy = (s.busy_until > now).then_some(true);
+        }
+    }
     Ok(reply(
         StatusCode::OK,
         &Roster {
@@ -175,10 +191,13 @@ pub(super) async fn busy(
 ) -> Result<Response, ApiError> {
     // activity.md §3.5: "invalid busy report", not the usual "invalid … payload".
     let b: BusyBody = parse_json(&body, "busy").map_err(|e| e.saying("invalid busy report"))?;
-    state.hub.set_busy(
-        &caller.name,
-        if b.busy { now_ms() + BUSY_TTL_MS } else { 0 },
-    );
+    let until = if b.busy { now_ms() + BUSY_TTL_MS } else { 0 };
+    state.hub.set_busy(&caller.name, until);
+    if state.replica.is_some() {
+        state
+            .store
+            .tx(|c| crate::broker::replica::set_busy(c, &caller.name, until))?;
+    }
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

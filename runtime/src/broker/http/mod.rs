@@ -407,7 +407,14 @@ impl FromRequestParts<Shared> for Sender {
     ) -> Result<Self, Self::Rejection> {
         let caller = Caller::from_request_parts(parts, state).await?;
         let limiter = &state.push_limiter;
-        match limiter.take(&caller.name, std::time::Instant::now()) {
+        // With replicas the bucket is the member's one in the database, shared by all.
+        let taken = match (limiter.rate(), &state.replica) {
+            (Some(rate), Some(_)) => state
+                .store
+                .tx(|c| crate::broker::replica::take_token(c, &caller.name, rate))?,
+            _ => limiter.take(&caller.name, std::time::Instant::now()),
+        };
+        match taken {
             Ok(()) => Ok(Sender(caller)),
             Err(wait) => {
                 let secs = super::ratelimit::retry_after_secs(wait);

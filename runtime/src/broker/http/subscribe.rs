@@ -66,6 +66,11 @@ impl Drop for Guard {
             &self.state.hub
         };
         hub.unsubscribe(&self.name, self.id);
+        if !self.activity
+            && let Some(replica) = &self.state.replica
+        {
+            replica.stream_closed(&self.name);
+        }
     }
 }
 
@@ -125,6 +130,21 @@ pub(super) async fn subscribe(
             if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
                 return Err(ApiError::unauthorized("unknown token"));
             }
+            // With replicas the cap counts the member's streams on every replica.
+            if let Some(replica) = &state.replica
+                && let Err(limit) = replica.stream_opening(
+                    c,
+                    &caller.name,
+                    state.hub.live_count(&caller.name),
+                    state.config.max_subscriptions_per_member,
+                    now,
+                )?
+            {
+                return Err(subscribe_error(SubscribeError::TooMany {
+                    name: caller.name.clone(),
+                    limit,
+                }));
+            }
             Ok(opening)
         },
         |opening| {
@@ -145,7 +165,13 @@ pub(super) async fn subscribe(
                     sub.map(|sub| (opening, sub))
                 }
             }
-            .map_err(subscribe_error)
+            .map_err(|e| {
+                // Counted on the shared presence by the transaction: uncount it.
+                if let Some(replica) = &state.replica {
+                    replica.stream_closed(&caller.name);
+                }
+                subscribe_error(e)
+            })
         },
     )??;
     Ok(respond(&state, upgrade, opening, sub, false))

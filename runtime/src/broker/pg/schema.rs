@@ -9,7 +9,9 @@
 //!   NULL: everyone), so every replica delivers it to the same people.
 //! - `log_head`: the last sequence number given to a message; its row lock orders appends
 //!   (see [`super::log`]).
-//! - `replicas`: each running `ac7 serve` and its heartbeat.
+//! - `replicas`: each running `ac7 serve` and its heartbeat. This table, `presence` and
+//!   `rate_buckets` are unlogged (no write-ahead log; emptied if the database server crashes,
+//!   and refilled by the next heartbeat).
 //! - `presence`: live streams per replica and member, heartbeated; a member's `connected` is
 //!   the sum over replicas whose heartbeat is fresh. `member_status`: last seen and busy.
 //! - `delivery_cursors`: per member, the last sequence delivered to any of its live streams.
@@ -181,14 +183,14 @@ CREATE TABLE member_totp (
     pending_secret TEXT COLLATE "C"
 );
 
-CREATE TABLE replicas (
+CREATE UNLOGGED TABLE replicas (
     id TEXT COLLATE "C" PRIMARY KEY,
     addr TEXT COLLATE "C" NOT NULL,
     version TEXT COLLATE "C" NOT NULL,
     started_at BIGINT NOT NULL,
     heartbeat_at BIGINT NOT NULL
 );
-CREATE TABLE presence (
+CREATE UNLOGGED TABLE presence (
     replica_id TEXT COLLATE "C" NOT NULL REFERENCES replicas(id) ON DELETE CASCADE,
     member_name TEXT COLLATE "C" NOT NULL,
     connected INTEGER NOT NULL CHECK (connected >= 0),
@@ -206,7 +208,7 @@ CREATE TABLE delivery_cursors (
     last_seq BIGINT NOT NULL,
     updated_at BIGINT NOT NULL
 );
-CREATE TABLE rate_buckets (
+CREATE UNLOGGED TABLE rate_buckets (
     member_name TEXT COLLATE "C" PRIMARY KEY,
     full_at_us BIGINT NOT NULL
 );
