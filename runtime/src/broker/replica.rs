@@ -207,6 +207,9 @@ pub fn take_token(
     Ok(Err(Duration::from_micros(u64::try_from(wait).unwrap_or(1))))
 }
 
+/// What a heartbeat found gone: streams' tokens (member, token id) and members.
+type Stale = (Vec<(String, String)>, Vec<String>);
+
 /// One heartbeat: refreshes this replica's row and presence rows from `counts` (live streams
 /// per member on this replica) and `last_seen`; answers which of `tokens` (member, token id)
 /// are gone and which of `members` no longer exist.
@@ -216,7 +219,7 @@ fn beat(
     addr: &str,
     counts: &[(String, usize, i64)],
     tokens: &[(String, String)],
-) -> Result<(Vec<(String, String)>, Vec<String>), StoreError> {
+) -> Result<Stale, StoreError> {
     let now = now_ms();
     c.execute(
         "INSERT INTO replicas (id, addr, version, started_at, heartbeat_at) VALUES (?1, ?2, ?3, ?4, ?4)
