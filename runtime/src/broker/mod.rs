@@ -322,6 +322,14 @@ impl AppState {
                 .fetch_add(1, Ordering::Relaxed)
                 .wrapping_add(1);
             let id = ac7_protocol::domain::objective::format_id(u64::try_from(now).unwrap_or(0), n);
+            // Replicas may draw the same id in the same millisecond: the second to take the
+            // id's lock sees the first's row once it commits, and draws again.
+            if c.backend() == store::conn::Backend::Postgres {
+                c.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext(?1)::bigint)",
+                    crate::params![id],
+                )?;
+            }
             if !objectives::exists(c, &id)? {
                 return Ok(id);
             }
@@ -460,7 +468,8 @@ pub async fn start(
         activity_hub,
         config,
         boot_time,
-        objective_counter: AtomicU16::new(0),
+        // A random start, so replicas starting together do not walk the same ids.
+        objective_counter: AtomicU16::new(u16::try_from(std::process::id() & 0xffff).unwrap_or(0) ^ (boot_time as u16)),
         auth_cache: Default::default(),
         reminders: Default::default(),
         signin_stats: Default::default(),
