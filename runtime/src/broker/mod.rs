@@ -469,7 +469,9 @@ pub async fn start(
         config,
         boot_time,
         // A random start, so replicas starting together do not walk the same ids.
-        objective_counter: AtomicU16::new(u16::try_from(std::process::id() & 0xffff).unwrap_or(0) ^ (boot_time as u16)),
+        objective_counter: AtomicU16::new(
+            u16::try_from(std::process::id() & 0xffff).unwrap_or(0) ^ (boot_time as u16),
+        ),
         auth_cache: Default::default(),
         reminders: Default::default(),
         signin_stats: Default::default(),
