@@ -22,8 +22,9 @@
 //! most [`BATCH_ROWS`] rows or about [`BATCH_BYTES`] bytes, so no table is ever held in memory.
 //! Every column keeps its value: member ids (`members.seq`) and incarnations (`since_seq`,
 //! `member_activity.member_seq`), token and session hashes (every token and sign-in keeps
-//! working), message sequence numbers (their order, and every `after_id` / `Last-Event-ID`
-//! cursor), objective event and activity ids.
+//! working), the sign-in limiter's state (a locked-out guesser stays locked out) and the
+//! first-admin setup code while nobody has TOTP, message sequence numbers (their order, and
+//! every `after_id` / `Last-Event-ID` cursor), objective event and activity ids.
 //!
 //! - **Counters.** SQLite's `AUTOINCREMENT` never hands out a number twice, even after the row
 //!   with it is gone (a removed member, pruned messages); its last number is in
@@ -47,9 +48,8 @@
 //!   after the log's last message at its start, so no copied message is ever delivered live
 //!   again; replays and `/history` decide visibility from current memberships.
 //! - **Not copied:** what a SQLite broker keeps only in memory (presence, busy, rate limits,
-//!   the sign-in limiter, a first-admin setup code, device enrollments) and its blob trash
-//!   (contents already unreferenced). The PostgreSQL tables for that state start empty, as
-//!   for a new team.
+//!   device enrollments) and its blob trash (contents already unreferenced). The PostgreSQL
+//!   tables for that state start empty, as for a new team.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -323,6 +323,16 @@ const MEMBER_TOTP: Table = Table {
     columns: "member_name, secret, last_step, pending_secret",
     order: "member_name",
 };
+const ATTEMPT_LIMITS: Table = Table {
+    name: "attempt_limits",
+    columns: "scope, key, opened, failures, locked_until, strikes, expires_at",
+    order: "scope, key",
+};
+const SETUP_CODE: Table = Table {
+    name: "setup_code",
+    columns: "id, code",
+    order: "id",
+};
 const CHANNELS: Table = Table {
     name: "channels",
     columns: "id, slug, created_by, created_at, archived_at",
@@ -371,12 +381,14 @@ const MEMBER_ACTIVITY: Table = Table {
 
 /// Every table copied, in the order copied (a referenced row before the rows that reference
 /// it: channels before their members, objectives before their events, blobs before entries).
-const TABLES: [&Table; 14] = [
+const TABLES: [&Table; 16] = [
     &TEAM,
     &MEMBERS,
     &TOKENS,
     &SESSIONS,
     &MEMBER_TOTP,
+    &ATTEMPT_LIMITS,
+    &SETUP_CODE,
     &CHANNELS,
     &CHANNEL_MEMBERS,
     &OBJECTIVES,

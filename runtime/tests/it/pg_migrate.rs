@@ -40,12 +40,14 @@ const TEAM_FLAGS: [&str; 10] = [
 ];
 
 /// Every table `ac7 migrate` copies.
-const TABLES: [&str; 14] = [
+const TABLES: [&str; 16] = [
     "team",
     "members",
     "tokens",
     "sessions",
     "member_totp",
+    "attempt_limits",
+    "setup_code",
     "channels",
     "channel_members",
     "objectives",
@@ -471,6 +473,20 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
         )
         .await;
     assert_eq!(signed_in.status, 200, "{}", signed_in.json);
+    // A wrong code: the sign-in limiter keeps a failure.
+    let good = code(&secret, 0);
+    let wrong = format!(
+        "{:06}",
+        (good.parse::<u32>().unwrap() + 500_000) % 1_000_000
+    );
+    let refused = api
+        .send(
+            api.http
+                .post(format!("{}/session/totp", api.url))
+                .json(&json!({"code": wrong, "member": "director"})),
+        )
+        .await;
+    assert_eq!(refused.status, 401, "{}", refused.json);
     let cookie = signed_in.headers["set-cookie"]
         .to_str()
         .unwrap()
@@ -535,6 +551,8 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
         (counts, bytes, counters)
     };
     assert_eq!(pg_counts, sqlite_counts);
+    let held = |t: &str| sqlite_counts.iter().find(|(n, _)| n == t).unwrap().1;
+    assert!(held("attempt_limits") > 0 && held("sessions") > 0 && held("member_totp") > 0);
     for (t, n) in &sqlite_counts {
         assert_eq!(summary.get(t.as_str()), Some(n), "summary of {t}: {stdout}");
     }
