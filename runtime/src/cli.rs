@@ -44,6 +44,10 @@ pub enum Command {
     Member(MemberArgs),
     /// Delete old messages offline, against the database file (`--older-than-days N`).
     Prune(PruneArgs),
+    /// Copy a team from its SQLite file into an empty PostgreSQL database, to run it as
+    /// `ac7 serve --db postgres://…` replicas (`--from FILE --to URL`; the broker stopped).
+    #[command(after_help = crate::broker::migrate_team::HELP_FOOTER)]
+    Migrate(crate::broker::migrate_team::MigrateArgs),
     /// Send a message through a running broker.
     Push(PushArgs),
     /// Show the team and who is connected.
@@ -168,6 +172,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Codex(args) => Ok(crate::runner::codex::codex(args)),
         Command::Member(args) => crate::broker::cli::member(args),
         Command::Prune(args) => crate::broker::cli::prune(args),
+        Command::Migrate(args) => Ok(crate::broker::migrate_team::run(args)),
         Command::Push(args) => crate::operator::push(args),
         Command::Roster(conn) => crate::operator::roster(conn),
         Command::History(args) => crate::operator::history(args),

@@ -286,10 +286,16 @@ fn pg_ref(c: &Conn<'_>, hash: &str, size: u64) -> Result<bool, StoreError> {
 }
 
 /// PostgreSQL: stores the `size` bytes read from `src` as the chunks of blob `hash`, one
-/// chunk in memory at a time. Chunks left by anything else under that hash are replaced.
-fn store_chunks(c: &Conn<'_>, hash: &str, mut src: impl Read, size: u64) -> Result<(), StoreError> {
+/// chunk in memory at a time. Chunks left by anything else under that hash are replaced. The
+/// one chunk writer: uploads, and the copy of a SQLite team's contents (`ac7 migrate`).
+pub(super) fn store_chunks(
+    c: &Conn<'_>,
+    hash: &str,
+    mut src: impl Read,
+    size: u64,
+) -> Result<(), StoreError> {
     let read_err = |source| StoreError::File {
-        what: "cannot read a staged upload".into(),
+        what: format!("cannot read the content of blob {hash}"),
         source,
     };
     c.execute("DELETE FROM blob_chunks WHERE hash = ?1", params![hash])?;
@@ -313,7 +319,7 @@ fn store_chunks(c: &Conn<'_>, hash: &str, mut src: impl Read, size: u64) -> Resu
     }
     if total != size {
         return Err(StoreError::Corrupt(format!(
-            "blob {hash}: staged {size} bytes, read {total}"
+            "blob {hash}: expected {size} bytes, read {total}"
         )));
     }
     Ok(())

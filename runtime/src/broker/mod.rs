@@ -84,6 +84,7 @@ pub mod fs;
 mod http;
 pub mod hub;
 pub mod messages;
+pub mod migrate_team;
 pub mod objectives;
 pub mod pg;
 pub mod publish;

@@ -38,6 +38,7 @@ mod codex_real;
 mod ipc_server;
 mod pg_fs;
 mod pg_log;
+mod pg_migrate;
 mod pg_replicas;
 mod pg_serve;
 mod pg_shared;
