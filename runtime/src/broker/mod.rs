@@ -1,15 +1,16 @@
 //! `ac7 serve`: the broker.
 //!
-//! One process holds the team's state in an embedded SQLite file (WAL) and
-//! serves the HTTP API of `spec/broker-api.md`, with the live stream on
-//! `GET /subscribe` as SSE (plain GET) or WebSocket (upgrade request).
+//! One process holds the team's state in an embedded SQLite file (WAL), or any
+//! number of replicas share it in PostgreSQL ([`pg`], [`follower`], [`replica`]),
+//! and serves the broker's HTTP API, with the live stream on `GET /subscribe` as
+//! SSE (plain GET) or WebSocket (upgrade request).
 //!
 //! Layout: [`db`] opens the file; [`team`], [`messages`], [`channels`],
 //! [`objectives`] and [`fs`] are the store per concern; [`hub`] is the
 //! in-process fanout; `http` holds the routes; [`bootstrap`] creates a team
 //! from a [`config::TeamConfig`]; [`cli`] holds the `serve` and `member` commands.
 //!
-//! # Behaviour where the spec is silent (or where we chose differently)
+//! # Behaviour worth knowing
 //!
 //! - **Ordering.** A push is logged and fanned out under the one store lock, so
 //!   every subscriber sees messages in log order; `Last-Event-ID` replay and the
@@ -32,11 +33,11 @@
 //! - **Visibility.** `/history`, replay and live fanout share one rule
 //!   (`ac7_protocol::domain::message::matches_viewer`): DMs to their two parties, general
 //!   to all, channel posts to members, objective threads to thread members; a
-//!   sender always sees their own messages. ac7's default feed leaks channel and
-//!   objective posts to everyone; ours does not (DECISIONS.md).
+//!   sender always sees their own messages. (The TypeScript ac7's default feed shows
+//!   channel and objective posts to everyone; ours does not.)
 //! - **Attachment grants** go to the message's audience (DM recipient, channel
 //!   members, objective thread members, or everyone for general), not to every
-//!   member as ac7 does for channel posts.
+//!   member as the TypeScript ac7 does for channel posts.
 //! - **Objectives.** `members.manage` holders may view any objective (they are
 //!   implicit thread members); objective members may list `/objectives/<id>`.
 //!   `objectives.reassign` or `members.manage` may reassign. Lifecycle pushes are
