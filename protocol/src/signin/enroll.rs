@@ -158,22 +158,48 @@ pub struct PendingView {
     pub expires_at: u64,
 }
 
-#[derive(Debug, Clone)]
-enum State<G> {
-    Pending { last_poll: Option<u64> },
-    Approved { member: String, grant: G },
-    Denied { reason: String },
+/// Where an enrollment stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnrollState<G> {
+    /// Waiting for an approver; the device last polled at `last_poll`.
+    Pending {
+        /// Unix seconds of the device's last poll.
+        last_poll: Option<u64>,
+    },
+    /// Approved for `member`; `grant` waits for the device's next poll.
+    Approved {
+        /// The member the device is bound to.
+        member: String,
+        /// What the device collects.
+        grant: G,
+    },
+    /// Denied, with the approver's reason.
+    Denied {
+        /// Why.
+        reason: String,
+    },
 }
 
-#[derive(Debug, Clone)]
-struct Entry<G> {
-    user_code: String,
-    address: String,
-    label: String,
-    created_at: u64,
-    expires_at: u64,
-    state: State<G>,
+/// One live enrollment, as a store outside the process keeps it (see
+/// [`EnrollStore::records`] and [`EnrollStore::restore`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnrollRecord<G> {
+    /// The user code in its stored form (`XXXXXXXX`, see [`normalize_user_code`]).
+    pub user_code: String,
+    /// The client address that created it.
+    pub address: String,
+    /// The device's label hint.
+    pub label: String,
+    /// Unix seconds of creation.
+    pub created_at: u64,
+    /// Unix seconds of expiry.
+    pub expires_at: u64,
+    /// Where it stands.
+    pub state: EnrollState<G>,
 }
+
+type State<G> = EnrollState<G>;
+type Entry<G> = EnrollRecord<G>;
 
 /// Live enrollments, keyed by device code, with an index by user code.
 #[derive(Debug, Clone)]
@@ -421,6 +447,28 @@ impl<G> EnrollStore<G> {
     /// The next piece of work for the caller.
     pub fn poll_output(&mut self) -> Option<EnrollEvent<G>> {
         self.output.pop_front()
+    }
+
+    /// Every enrollment held, by the key it is polled with (its device code as created, or
+    /// whatever key [`EnrollStore::restore`] gave it).
+    pub fn records(&self) -> impl Iterator<Item = (&str, &EnrollRecord<G>)> {
+        self.entries.iter().map(|(k, e)| (k.as_str(), e))
+    }
+
+    /// Puts back an enrollment kept outside the process, polled from now on by `key` (a store
+    /// may keep a hash of the device code and poll with the same hash). A record whose user
+    /// code is already held under another key replaces nothing and is dropped.
+    pub fn restore(&mut self, key: String, record: EnrollRecord<G>) {
+        if self
+            .by_user_code
+            .get(&record.user_code)
+            .is_some_and(|k| *k != key)
+        {
+            return;
+        }
+        self.by_user_code
+            .insert(record.user_code.clone(), key.clone());
+        self.entries.insert(key, record);
     }
 
     /// Live enrollments held (any state).
@@ -698,6 +746,77 @@ mod tests {
             sorted.dedup();
             prop_assert_eq!(sorted.len(), left.len(), "a grant left twice");
             prop_assert_eq!(sorted.into_iter().collect::<BTreeSet<_>>(), approved);
+        }
+
+        /// A store rebuilt before every step from the records the last step left (as brokers
+        /// sharing a database do) answers exactly as one long-lived store.
+        #[test]
+        fn a_store_rebuilt_from_its_records_answers_the_same(ops in prop::collection::vec(op(), 1..80)) {
+            let mut long: EnrollStore<u32> = store();
+            let mut kept: Vec<(String, EnrollRecord<u32>)> = Vec::new();
+            let mut now = T0;
+            let mut created: Vec<Created> = Vec::new();
+            let mut next = 0u8;
+            for (i, op) in ops.into_iter().enumerate() {
+                let mut short: EnrollStore<u32> = store();
+                for (k, r) in kept.drain(..) {
+                    short.restore(k, r);
+                }
+                let grant = u32::try_from(i).unwrap_or(0);
+                let (a, b) = match op {
+                    Op::Create { seed, addr } => {
+                        let addr = format!("10.0.0.{addr}");
+                        next = next.wrapping_add(1);
+                        let a = long.create(&[next; 32], &[seed; 8], &addr, "l", now);
+                        let b = short.create(&[next; 32], &[seed; 8], &addr, "l", now);
+                        if let Ok(c) = &a {
+                            created.push(c.clone());
+                        }
+                        (format!("{a:?}"), format!("{b:?}"))
+                    }
+                    Op::Poll { which } => {
+                        let Some(c) = created.get(which).cloned() else {
+                            kept = short.records().map(|(k, r)| (k.to_owned(), r.clone())).collect();
+                            continue;
+                        };
+                        (format!("{:?}", long.poll(&c.device_code, now)), format!("{:?}", short.poll(&c.device_code, now)))
+                    }
+                    Op::Approve { which, manager } => {
+                        let Some(c) = created.get(which).cloned() else {
+                            kept = short.records().map(|(k, r)| (k.to_owned(), r.clone())).collect();
+                            continue;
+                        };
+                        let perms = if manager { admin() } else { PermissionSet::default() };
+                        (
+                            format!("{:?}", long.approve(&c.user_code, perms, "m", grant, now)),
+                            format!("{:?}", short.approve(&c.user_code, perms, "m", grant, now)),
+                        )
+                    }
+                    Op::Deny { which } => {
+                        let Some(c) = created.get(which).cloned() else {
+                            kept = short.records().map(|(k, r)| (k.to_owned(), r.clone())).collect();
+                            continue;
+                        };
+                        (format!("{:?}", long.deny(&c.user_code, admin(), "no", now)), format!("{:?}", short.deny(&c.user_code, admin(), "no", now)))
+                    }
+                    Op::Tick { secs } => {
+                        now += secs;
+                        (String::new(), String::new())
+                    }
+                    Op::Timeout => {
+                        long.handle_timeout(now);
+                        short.handle_timeout(now);
+                        (String::new(), String::new())
+                    }
+                };
+                prop_assert_eq!(a, b);
+                let out = |s: &mut EnrollStore<u32>| std::iter::from_fn(|| s.poll_output()).collect::<Vec<_>>();
+                prop_assert_eq!(out(&mut long), out(&mut short));
+                prop_assert_eq!(long.pending(now), short.pending(now));
+                kept = short.records().map(|(k, r)| (k.to_owned(), r.clone())).collect();
+                let now_held: Vec<(String, EnrollRecord<u32>)> = long.records().map(|(k, r)| (k.to_owned(), r.clone())).collect();
+                prop_assert_eq!(&kept, &now_held);
+            }
         }
     }
 }

@@ -534,6 +534,21 @@ CREATE TABLE IF NOT EXISTS setup_code (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     code TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS enrollments (
+    device_code_hash TEXT PRIMARY KEY,
+    user_code TEXT NOT NULL UNIQUE,
+    address TEXT NOT NULL,
+    label TEXT NOT NULL,
+    user_agent TEXT,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied')),
+    last_poll INTEGER,
+    member_name TEXT,
+    token_id TEXT,
+    token TEXT,
+    reason TEXT
+);
 "#;
 
 #[cfg(test)]

@@ -79,6 +79,7 @@ pub mod cli;
 pub mod config;
 pub mod datadir;
 pub mod db;
+pub mod enrollments;
 pub mod first_run;
 pub mod follower;
 pub mod fs;
@@ -223,8 +224,6 @@ pub struct AppState {
     pub(crate) reminders: std::sync::Mutex<ac7_protocol::trace::reminder::Reminders>,
     /// This process's sign-in counters (the limiter's keys live in the store: [`attempts`]).
     pub(crate) signin_stats: std::sync::Mutex<ac7_protocol::signin::limiter::SignInStats>,
-    /// Device-code enrollments (`ac7 connect`).
-    pub(crate) enroll: std::sync::Mutex<http::enroll::EnrollDesk>,
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
     /// ([`follower`]). `None` on SQLite, where a commit delivers its own messages.
     pub follower: Option<follower::Follower>,
@@ -461,7 +460,6 @@ pub async fn start(
         None => (None, None),
     };
     let (writer, queue) = writer::channel();
-    let config_enroll = config.enroll;
     let state = Arc::new(AppState {
         push_limiter: ratelimit::Limiter::new(config.push_rate),
         writer,
@@ -477,7 +475,6 @@ pub async fn start(
         auth_cache: Default::default(),
         reminders: Default::default(),
         signin_stats: Default::default(),
-        enroll: std::sync::Mutex::new(http::enroll::EnrollDesk::new(config_enroll)),
         follower,
         replica,
     });

@@ -331,3 +331,77 @@ async fn a_token_rotated_on_one_replica_closes_its_streams_on_another() {
         "the revoked token's stream on the other replica stays open"
     );
 }
+
+#[tokio::test]
+async fn an_enrollment_started_on_one_replica_is_approved_on_another_and_collected_on_a_third() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas_with(&db, 3, |_| {}).await;
+    let started: Value = rs[0]
+        .http
+        .post(format!("{}/enroll", rs[0].url))
+        .json(&json!({"labelHint": "laptop"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let device = started["deviceCode"].as_str().unwrap().to_owned();
+    let user_code = started["userCode"].as_str().unwrap().to_owned();
+    let poll = async |b: &TestBroker| {
+        let r = b
+            .http
+            .post(format!("{}/enroll/poll", b.url))
+            .json(&json!({"deviceCode": device}))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    };
+    let (status, pending) = poll(&rs[2]).await;
+    assert_eq!(
+        (status, pending["error"].as_str()),
+        (400, Some("authorization_pending"))
+    );
+    // Polled again at once on another replica: too soon, the interval is shared too.
+    let (status, soon) = poll(&rs[0]).await;
+    assert_eq!((status, soon["error"].as_str()), (400, Some("slow_down")));
+    let listed = rs[1].get("/enroll/pending", "director").await;
+    assert_eq!(
+        listed.json["enrollments"][0]["userCode"],
+        user_code.as_str()
+    );
+    assert_eq!(listed.json["enrollments"][0]["labelHint"], "laptop");
+    let approved = rs[1]
+        .post(
+            "/enroll/approve",
+            "director",
+            json!({"mode": "bind", "userCode": user_code, "memberName": "builder"}),
+        )
+        .await;
+    assert_eq!(approved.status, 200, "{}", approved.text);
+    let (status, got) = poll(&rs[2]).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["member"]["name"], "builder");
+    // Collected once: every replica now calls the code expired, and the token works everywhere.
+    for r in &rs {
+        let (status, again) = poll(r).await;
+        assert_eq!(
+            (status, again["error"].as_str()),
+            (400, Some("expired_token"))
+        );
+    }
+    let token = got["token"].as_str().unwrap();
+    for r in &rs {
+        let me = r
+            .http
+            .get(format!("{}/briefing", r.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(me.status(), 200);
+    }
+}

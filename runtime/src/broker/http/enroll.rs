@@ -1,4 +1,4 @@
-//! Device-code enrollment (`ac7 connect`; broker-api §6.3, web.md §3.2) over
+//! Device-code enrollment (`ac7 connect`) over
 //! [`ac7_protocol::signin::enroll::EnrollStore`].
 //!
 //! * `POST /enroll {labelHint?}` (no auth) → `{deviceCode, userCode, verificationUri,
@@ -6,28 +6,26 @@
 //!   an hour (the window opens at the first) and 3 live at once; past either, 429 with
 //!   `Retry-After` and `retryAfter`. The client address is the socket peer; only with
 //!   `ac7 serve --trust-proxy` is it the first `X-Forwarded-For` entry (a header any client can
-//!   set, so trusting it without a proxy that overwrites it would let anyone pick their key —
-//!   ac7's bug).
+//!   set, so trusting it without a proxy that overwrites it would let anyone pick their key).
 //! * `POST /enroll/poll {deviceCode}` (no auth) → `200 {token, tokenId, member}` once approved
 //!   (one-shot), else 400 `{"error": "authorization_pending" | "slow_down" | "expired_token" |
 //!   "access_denied", "errorDescription"?}`.
 //! * `GET /enroll/pending`, `POST /enroll/approve`, `POST /enroll/reject` need `members.manage`.
 //!   Approval mints the device's token at once (origin `enroll`, label `label` → hint →
-//!   `connected device`); its plaintext waits in memory for the device's next poll. A grant the
-//!   device never collects is revoked when the enrollment expires (ac7 leaves it live).
-//! * Enrollments live in memory: a broker restart forgets pending ones (the CLI's poll then
-//!   gets `expired_token` and the user runs `ac7 connect` again).
+//!   `connected device`); its plaintext waits in the store for the device's next poll. A grant
+//!   the device never collects is revoked when the enrollment expires (the TypeScript ac7
+//!   leaves it live).
+//! * Enrollments live in the store ([`crate::broker::enrollments`]): a restart forgets none,
+//!   and with replicas a device may poll any of them.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use ac7_protocol::domain::permission::Permission;
 use ac7_protocol::signin::enroll::{
-    CreateError, DEVICE_RANDOM_BYTES, DecideError, EnrollConfig, EnrollEvent, EnrollStore,
-    PollOutcome, USER_RANDOM_BYTES, normalize_user_code,
+    CreateError, DEVICE_RANDOM_BYTES, DecideError, PollOutcome, USER_RANDOM_BYTES,
+    normalize_user_code,
 };
-use ac7_protocol::signin::limiter::{AttemptLimiter, LimiterConfig};
 use axum::extract::State;
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
@@ -39,95 +37,39 @@ use super::session::client_addr;
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::AppState;
 use crate::broker::bootstrap::{add_member, new_member_record, validate_member};
-use crate::broker::db::StoreError;
+use crate::broker::enrollments::{self, Desk, Grant, MINTS};
 use crate::broker::now_ms;
+use crate::broker::store::Conn;
 use crate::broker::team::{self, Role};
-
-/// Enrollments one client address may start per hour.
-const MINTS: LimiterConfig = LimiterConfig {
-    max_failures: 10,
-    window: 3600,
-    max_lock: 3600,
-};
-
-/// What an approval hands the device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Grant {
-    token: String,
-    token_id: String,
-}
-
-/// The broker's enrollment desk: the store, each enrollment's user agent (by user code), and
-/// the per-address mint limit.
-#[derive(Debug)]
-pub(crate) struct EnrollDesk {
-    store: EnrollStore<Grant>,
-    user_agents: BTreeMap<String, String>,
-    mints: AttemptLimiter<String>,
-}
-
-impl EnrollDesk {
-    /// An empty desk.
-    pub(crate) fn new(config: EnrollConfig) -> Self {
-        EnrollDesk {
-            store: EnrollStore::new(config),
-            user_agents: BTreeMap::new(),
-            mints: AttemptLimiter::new(MINTS),
-        }
-    }
-}
-
-impl EnrollDesk {
-    /// Expires what is due and returns the grants to revoke.
-    fn expire(&mut self, now: u64) -> Vec<(String, Grant)> {
-        self.store.handle_timeout(now);
-        self.mints.handle_timeout(now);
-        let mut revoke = Vec::new();
-        while let Some(EnrollEvent::Revoke { member, grant }) = self.store.poll_output() {
-            revoke.push((member, grant));
-        }
-        let live: std::collections::BTreeSet<String> = self
-            .store
-            .pending(now)
-            .into_iter()
-            .map(|p| normalize_user_code(&p.user_code))
-            .collect();
-        self.user_agents.retain(|code, _| live.contains(code));
-        revoke
-    }
-}
 
 fn now_secs() -> u64 {
     u64::try_from(now_ms() / 1000).unwrap_or(0)
 }
 
-fn desk(state: &AppState) -> std::sync::MutexGuard<'_, EnrollDesk> {
-    state
-        .enroll
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Revokes grants that will never be collected.
-fn revoke(state: &AppState, grants: Vec<(String, Grant)>) {
-    if grants.is_empty() {
-        return;
+/// Runs `f` on the enrollment desk in one transaction (loaded with `address`'s mint count when
+/// given), after expiring what is due and revoking the grants nobody collected; what `f` and
+/// the expiry changed is written back when `f` returns `Ok`.
+fn at_desk<T>(
+    state: &AppState,
+    address: Option<&str>,
+    f: impl FnOnce(&Conn<'_>, &mut Desk, u64) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let now = now_secs();
+    let (out, revoked) = state.store.tx(|c| -> Result<_, ApiError> {
+        let mut desk = enrollments::load(c, state.config.enroll, address)?;
+        let revoked = desk.expire(now);
+        enrollments::revoke(c, &revoked)?;
+        let out = f(c, &mut desk, now)?;
+        desk.save(c, now)?;
+        Ok((out, revoked))
+    })?;
+    for (member, g) in &revoked {
+        tracing::info!(%member, token_id = %g.token_id, "revoked an enrollment token the device never collected");
     }
-    let result = state.store.tx(|c| -> Result<(), StoreError> {
-        for (_, g) in &grants {
-            team::token_delete_id(c, &g.token_id)?;
-        }
-        Ok(())
-    });
-    match result {
-        Ok(()) => {
-            for (member, g) in &grants {
-                tracing::info!(%member, token_id = %g.token_id, "revoked an enrollment token the device never collected");
-            }
-        }
-        Err(e) => tracing::error!(error = %e, "cannot revoke uncollected enrollment tokens"),
+    if !revoked.is_empty() {
+        state.forget_auth();
     }
-    state.forget_auth();
+    Ok(out)
 }
 
 /// Expires enrollments (and revokes uncollected grants) every few seconds while the broker runs.
@@ -137,8 +79,11 @@ pub(crate) fn spawn_expiry(state: &Arc<AppState>) {
         loop {
             tokio::time::sleep(Duration::from_secs(5)).await;
             let Some(state) = weak.upgrade() else { return };
-            let grants = desk(&state).expire(now_secs());
-            revoke(&state, grants);
+            let expired =
+                crate::broker::store::off_worker(|| at_desk(&state, None, |_, _, _| Ok(())));
+            if let Err(e) = expired {
+                tracing::warn!(error = %e.error, "cannot expire enrollments");
+            }
         }
     });
 }
@@ -188,13 +133,9 @@ pub(super) async fn create(
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .map(|s| s.chars().take(256).collect::<String>());
-    let now = now_secs();
-    let (created, grants) = {
-        let mut desk = desk(&state);
-        let grants = desk.expire(now);
+    let label = b.label_hint.clone().unwrap_or_default();
+    let (created, now) = at_desk(&state, Some(&address), |_, desk, now| {
         if let Err(l) = desk.mints.check(&address, now) {
-            drop(desk);
-            revoke(&state, grants);
             return Err(too_many(
                 l.retry_after,
                 &format!(
@@ -208,28 +149,21 @@ pub(super) async fn create(
             attempt += 1;
             let device = random::<DEVICE_RANDOM_BYTES>()?;
             let user = random::<USER_RANDOM_BYTES>()?;
-            let label = b.label_hint.as_deref().unwrap_or("");
-            match desk.store.create(&device, &user, &address, label, now) {
-                Ok(c) => break Ok(c),
+            match desk.store.create(&device, &user, &address, &label, now) {
+                Ok(c) => break c,
                 Err(CreateError::CodeTaken) if attempt < 8 => continue,
-                Err(e) => break Err(e),
-            }
-        };
-        let created = match created {
-            Ok(c) => c,
-            Err(CreateError::TooMany { retry_after }) => {
-                drop(desk);
-                revoke(&state, grants);
-                return Err(too_many(
-                    retry_after,
-                    &format!("too many pending enrollments; retry in {retry_after} s"),
-                ));
-            }
-            Err(e @ CreateError::CodeTaken) => {
-                return Err(ApiError::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    e.to_string(),
-                ));
+                Err(CreateError::TooMany { retry_after }) => {
+                    return Err(too_many(
+                        retry_after,
+                        &format!("too many pending enrollments; retry in {retry_after} s"),
+                    ));
+                }
+                Err(e @ CreateError::CodeTaken) => {
+                    return Err(ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        e.to_string(),
+                    ));
+                }
             }
         };
         let _ = desk.mints.record_failure(address.clone(), now);
@@ -237,9 +171,8 @@ pub(super) async fn create(
             desk.user_agents
                 .insert(normalize_user_code(&created.user_code), ua);
         }
-        (created, grants)
-    };
-    revoke(&state, grants);
+        Ok((created, now))
+    })?;
     tracing::info!(%address, user_code = %created.user_code, "device enrollment started");
     let complete = format!("/enroll?code={}", created.user_code);
     Ok(reply(
@@ -274,43 +207,55 @@ pub(super) async fn poll(
         device_code: String,
     }
     let b: PollBody = parse_json(&body, "poll")?;
-    let now = now_secs();
-    let (outcome, grants) = {
-        let mut desk = desk(&state);
-        let outcome = desk.store.poll(&b.device_code, now);
-        (outcome, desk.expire(now))
-    };
-    revoke(&state, grants);
-    match outcome {
-        PollOutcome::Pending => Err(poll_error("authorization_pending", None)),
-        PollOutcome::SlowDown => Err(poll_error("slow_down", None)),
-        PollOutcome::Expired => Err(poll_error("expired_token", None)),
-        PollOutcome::Denied { reason } => Err(poll_error("access_denied", Some(&reason))),
-        PollOutcome::Approved { member, grant } => {
-            let record = state.store.view(|c| -> Result<_, StoreError> {
-                // The grant's token goes with its member: if it is gone, so is the member it
-                // was minted for (even if a new member has that name now).
-                if !team::token_id_exists(c, &grant.token_id)? {
-                    return Ok(None);
-                }
-                team::member_get(c, &member)
-            })?;
-            let Some(record) = record else {
-                // Removed between approval and collection.
-                revoke(&state, vec![(member, grant)]);
-                return Err(poll_error("expired_token", None));
+    let key = enrollments::device_key(&b.device_code);
+    let outcome = at_desk(&state, None, |c, desk, now| {
+        let outcome = desk.store.poll(&key, now);
+        if let PollOutcome::Approved { member, grant } = outcome {
+            // The grant's token goes with its member: if it is gone, so is the member it was
+            // minted for (even if a new member has that name now).
+            let record = if team::token_id_exists(c, &grant.token_id)? {
+                team::member_get(c, &member)?
+            } else {
+                None
             };
+            return Ok(match record {
+                Some(record) => Collected::Approved(record, grant),
+                None => {
+                    // Removed between approval and collection.
+                    enrollments::revoke(c, &[(member, grant)])?;
+                    Collected::Other(PollOutcome::Expired)
+                }
+            });
+        }
+        Ok(Collected::Other(outcome))
+    })?;
+    let outcome = match outcome {
+        Collected::Approved(record, grant) => {
             tracing::info!(member = %record.name, "device enrollment collected");
-            Ok(reply(
+            return Ok(reply(
                 StatusCode::OK,
                 &obj! {
                     "token" => &grant.token,
                     "tokenId" => &grant.token_id,
                     "member" => &record.teammate(),
                 },
-            ))
+            ));
         }
+        Collected::Other(o) => o,
+    };
+    match outcome {
+        PollOutcome::Pending => Err(poll_error("authorization_pending", None)),
+        PollOutcome::SlowDown => Err(poll_error("slow_down", None)),
+        PollOutcome::Expired => Err(poll_error("expired_token", None)),
+        PollOutcome::Denied { reason } => Err(poll_error("access_denied", Some(&reason))),
+        PollOutcome::Approved { .. } => Err(poll_error("expired_token", None)),
     }
+}
+
+/// A poll's outcome once its grant, if any, was checked against its member.
+enum Collected {
+    Approved(team::MemberRecord, Grant),
+    Other(PollOutcome<Grant>),
 }
 
 fn require_manager(caller: &Caller, doing: &str) -> Result<(), ApiError> {
@@ -323,11 +268,8 @@ pub(super) async fn pending(
     caller: Caller,
 ) -> Result<Response, ApiError> {
     require_manager(&caller, "listing enrollments")?;
-    let now = now_secs();
-    let (list, grants) = {
-        let mut desk = desk(&state);
-        let grants = desk.expire(now);
-        let list: Vec<super::Obj> = desk
+    let list = at_desk(&state, None, |_, desk, now| {
+        Ok(desk
             .store
             .pending(now)
             .into_iter()
@@ -347,10 +289,8 @@ pub(super) async fn pending(
                     "expiresAt" => &ms(p.expires_at),
                 }
             })
-            .collect();
-        (list, grants)
-    };
-    revoke(&state, grants);
+            .collect::<Vec<super::Obj>>())
+    })?;
     Ok(reply(StatusCode::OK, &obj! {"enrollments" => &list}))
 }
 
@@ -413,40 +353,35 @@ pub(super) async fn approve(
             )));
         }
     };
-    let now = now_secs();
     let now_ms = now_ms();
     let code = normalize_user_code(&b.user_code);
-    // The desk stays locked from the check to the approval, so the code cannot be decided
-    // by someone else in between.
-    let mut desk = desk(&state);
-    let grants = desk.expire(now);
-    let listed = desk
-        .store
-        .pending(now)
-        .into_iter()
-        .find(|p| normalize_user_code(&p.user_code) == code);
-    let Some(pending) = listed else {
-        // Not pending: the store says why (nothing is approved by this call).
-        let dummy = Grant {
-            token: String::new(),
-            token_id: String::new(),
-        };
-        let err = desk
+    // One transaction from the check to the approval: the code cannot be decided by anyone
+    // else in between, and a refused approval mints nothing.
+    let (record, info, shown_code) = at_desk(&state, None, |c, desk, now| {
+        let listed = desk
             .store
-            .approve(&code, caller.permissions, &b.member_name, dummy, now)
-            .err()
-            .unwrap_or(DecideError::NotFound);
-        drop(desk);
-        revoke(&state, grants);
-        return Err(decide_error(err));
-    };
-    let label = b
-        .label
-        .clone()
-        .filter(|l| !l.trim().is_empty())
-        .or_else(|| Some(pending.label.clone()).filter(|l| !l.trim().is_empty()))
-        .unwrap_or_else(|| "connected device".to_owned());
-    let minted = state.store.tx(|c| -> Result<_, ApiError> {
+            .pending(now)
+            .into_iter()
+            .find(|p| normalize_user_code(&p.user_code) == code);
+        let Some(pending) = listed else {
+            // Not pending: the store says why (nothing is approved by this call).
+            let dummy = Grant {
+                token: String::new(),
+                token_id: String::new(),
+            };
+            let err = desk
+                .store
+                .approve(&code, caller.permissions, &b.member_name, dummy, now)
+                .err()
+                .unwrap_or(DecideError::NotFound);
+            return Err(decide_error(err));
+        };
+        let label = b
+            .label
+            .clone()
+            .filter(|l| !l.trim().is_empty())
+            .or_else(|| Some(pending.label.clone()).filter(|l| !l.trim().is_empty()))
+            .unwrap_or_else(|| "connected device".to_owned());
         let record = match &create {
             None => team::member_get(c, &b.member_name)?
                 .ok_or_else(|| ApiError::not_found(format!("no such member: {}", b.member_name)))?,
@@ -473,37 +408,23 @@ pub(super) async fn approve(
             Some(&caller.name),
             now_ms,
         )?;
-        Ok((record, token, info))
-    });
-    let (record, token, info) = match minted {
-        Ok(m) => m,
-        Err(e) => {
-            drop(desk);
-            revoke(&state, grants);
-            return Err(e);
-        }
-    };
-    let grant = Grant {
-        token,
-        token_id: info.id.clone(),
-    };
-    let approved = desk
-        .store
-        .approve(&code, caller.permissions, &record.name, grant.clone(), now);
-    desk.user_agents.remove(&code);
-    drop(desk);
-    revoke(&state, grants);
-    if let Err(e) = approved {
-        revoke(&state, vec![(record.name.clone(), grant)]);
-        return Err(decide_error(e));
-    }
+        let grant = Grant {
+            token,
+            token_id: info.id.clone(),
+        };
+        desk.store
+            .approve(&code, caller.permissions, &record.name, grant, now)
+            .map_err(decide_error)?;
+        desk.user_agents.remove(&code);
+        Ok((record, info, pending.user_code))
+    })?;
     state.forget_auth();
     if create.is_some() {
         state
             .hub
             .register_member(&record.name, record.role.clone(), now_ms);
     }
-    tracing::info!(member = %record.name, by = %caller.name, user_code = %pending.user_code, "device enrollment approved");
+    tracing::info!(member = %record.name, by = %caller.name, user_code = %shown_code, "device enrollment approved");
     Ok(reply(
         StatusCode::OK,
         &obj! {"member" => &record.teammate(), "tokenInfo" => &info},
@@ -528,21 +449,17 @@ pub(super) async fn reject(
     Issues::default()
         .opt_len("reason", b.reason.as_deref(), 0, 256)
         .finish("reject")?;
-    let now = now_secs();
     let reason = b
         .reason
+        .clone()
         .unwrap_or_else(|| format!("rejected by {}", caller.name));
-    let (result, grants) = {
-        let mut desk = desk(&state);
-        let grants = desk.expire(now);
-        let result = desk
-            .store
-            .deny(&b.user_code, caller.permissions, &reason, now);
+    at_desk(&state, None, |_, desk, now| {
+        desk.store
+            .deny(&b.user_code, caller.permissions, &reason, now)
+            .map_err(decide_error)?;
         desk.user_agents.remove(&normalize_user_code(&b.user_code));
-        (result, grants)
-    };
-    revoke(&state, grants);
-    result.map_err(decide_error)?;
+        Ok(())
+    })?;
     tracing::info!(by = %caller.name, user_code = %b.user_code, "device enrollment rejected");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
