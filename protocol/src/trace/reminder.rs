@@ -84,6 +84,16 @@ impl Reminders {
         Some(reminder_body(&missing))
     }
 
+    /// Every key cooling down and when it fired (epoch ms), to keep outside the process.
+    pub fn fired(&self) -> impl Iterator<Item = (&str, i64)> {
+        self.fired.iter().map(|(k, at)| (k.as_str(), *at))
+    }
+
+    /// Puts back a key that fired at `at` (epoch ms), kept outside the process.
+    pub fn restore(&mut self, key: String, at: i64) {
+        self.fired.insert(key, at);
+    }
+
     /// Keys currently cooling down.
     pub fn len(&self) -> usize {
         self.fired.len()

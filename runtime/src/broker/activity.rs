@@ -317,3 +317,48 @@ fn row(id: i64, member_name: String, json: &str, created_at: i64) -> ActivityRow
         created_at: u64::try_from(created_at).unwrap_or(0),
     }
 }
+
+/// The objective context reminder's check for `member` (see
+/// [`ac7_protocol::trace::reminder::Reminders::check`]) against the cool-downs kept in the store:
+/// the reminder body, or `None`; the keys it fires are stored, expired ones dropped.
+pub fn remind_check(
+    c: &Conn<'_>,
+    member: &str,
+    context: &str,
+    open: &[ac7_protocol::domain::objective::Objective],
+    now: i64,
+) -> Result<Option<String>, StoreError> {
+    use ac7_protocol::trace::reminder::{COOLDOWN_MS, Reminders};
+    let prefix = format!("{member}:");
+    if c.backend() == Backend::Postgres {
+        // Replicas checking the same member at once: one after the other.
+        c.execute(
+            "SELECT pg_advisory_xact_lock(hashtext(?1)::bigint)",
+            crate::params![format!("ac7 reminder {member}")],
+        )?;
+    }
+    let mut reminders = Reminders::default();
+    let upper = format!("{member};");
+    for (key, at) in c.query(
+        "SELECT key, fired_at FROM reminder_cooldowns WHERE key >= ?1 AND key < ?2",
+        crate::params![prefix, upper],
+        |r| Ok((r.get::<String>(0)?, r.get::<i64>(1)?)),
+    )? {
+        reminders.restore(key, at);
+    }
+    let body = reminders.check(member, context, open, now);
+    if body.is_some() {
+        for (key, at) in reminders.fired() {
+            c.execute(
+                "INSERT INTO reminder_cooldowns (key, fired_at) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET fired_at = excluded.fired_at",
+                crate::params![key, at],
+            )?;
+        }
+    }
+    c.execute(
+        "DELETE FROM reminder_cooldowns WHERE fired_at < ?1",
+        crate::params![now - COOLDOWN_MS],
+    )?;
+    Ok(body)
+}

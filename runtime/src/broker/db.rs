@@ -534,6 +534,10 @@ CREATE TABLE IF NOT EXISTS setup_code (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     code TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS reminder_cooldowns (
+    key TEXT PRIMARY KEY,
+    fired_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS enrollments (
     device_code_hash TEXT PRIMARY KEY,
     user_code TEXT NOT NULL UNIQUE,

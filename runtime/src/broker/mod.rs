@@ -220,8 +220,6 @@ pub struct AppState {
     auth_cache: std::sync::Mutex<std::collections::HashMap<String, CachedAuth>>,
     /// Per-member buckets for message-creating requests.
     pub(crate) push_limiter: ratelimit::Limiter,
-    /// Cooldowns of the objective context reminder (activity.md §3.6).
-    pub(crate) reminders: std::sync::Mutex<ac7_protocol::trace::reminder::Reminders>,
     /// This process's sign-in counters (the limiter's keys live in the store: [`attempts`]).
     pub(crate) signin_stats: std::sync::Mutex<ac7_protocol::signin::limiter::SignInStats>,
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
@@ -473,7 +471,6 @@ pub async fn start(
             u16::try_from(std::process::id() & 0xffff).unwrap_or(0) ^ (boot_time as u16),
         ),
         auth_cache: Default::default(),
-        reminders: Default::default(),
         signin_stats: Default::default(),
         follower,
         replica,

@@ -9,7 +9,7 @@ use broker_support::start_broker;
 use serde_json::{Value, json};
 
 /// An `llm_exchange` exactly as the TypeScript runner uploads it (activity.md §1.1, §1.2).
-fn exchange(ts: u64) -> Value {
+pub(crate) fn exchange(ts: u64) -> Value {
     json!({
         "kind": "llm_exchange",
         "ts": ts,
@@ -351,7 +351,7 @@ async fn objective_activity_spans_assignees_intervals() {
 }
 
 /// An `llm_exchange` whose request carries `messages` user texts and, when `tools`, one tool.
-fn exchange_with(ts: u64, texts: &[&str], tools: bool) -> Value {
+pub(crate) fn exchange_with(ts: u64, texts: &[&str], tools: bool) -> Value {
     let mut e = exchange(ts);
     let request = &mut e["entry"]["request"];
     request["messages"] = texts

@@ -405,3 +405,37 @@ async fn an_enrollment_started_on_one_replica_is_approved_on_another_and_collect
         assert_eq!(me.status(), 200);
     }
 }
+
+#[tokio::test]
+async fn the_objective_reminder_cools_down_across_replicas() {
+    use crate::broker_activity::exchange_with;
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas_with(&db, 2, |_| {}).await;
+    let made = rs[0]
+        .post(
+            "/objectives",
+            "director",
+            json!({"title": "Forgotten", "outcome": "done", "assignee": "builder"}),
+        )
+        .await;
+    assert_eq!(made.status, 200, "{}", made.text);
+    let mut builder = rs[0].sse("builder", None).await;
+    for (i, r) in rs.iter().enumerate() {
+        let up = r
+            .post(
+                "/members/builder/activity",
+                "builder",
+                json!({"events": [exchange_with(i as u64 + 1, &["hi", "there"], true)]}),
+            )
+            .await;
+        assert_eq!(up.status, 201, "{}", up.text);
+        if i == 0 {
+            let m = builder.next_message().await;
+            assert_eq!(m["title"], "objective context reminder");
+        }
+    }
+    // The second replica knows the first one reminded: no second DM within the cool-down.
+    builder.expect_silence(500).await;
+}

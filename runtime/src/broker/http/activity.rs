@@ -146,8 +146,9 @@ fn redact(event: &mut ActivityEvent) -> Result<(), String> {
     Ok(())
 }
 
-/// The objective context reminder (activity.md §3.6): a DM from `ac7` listing the member's
-/// open objectives missing from `context`, at most once per objective per 5 minutes. A failure
+/// The objective context reminder: a DM from `ac7` listing the member's open objectives
+/// missing from `context`, at most once per objective per 5 minutes (cool-downs kept in the
+/// store, so replicas share them). A failure
 /// is logged; the upload it follows has succeeded either way.
 async fn remind(state: &Shared, member: &str, context: &str, now: i64) {
     let open = match state.store.view(|c| objectives::open_for(c, member)) {
@@ -157,9 +158,15 @@ async fn remind(state: &Shared, member: &str, context: &str, now: i64) {
             return;
         }
     };
-    let body = match state.reminders.lock() {
-        Ok(mut reminders) => reminders.check(member, context, &open, now),
-        Err(_) => return,
+    let body = match state
+        .store
+        .tx(|c| activity::remind_check(c, member, context, &open, now))
+    {
+        Ok(body) => body,
+        Err(e) => {
+            tracing::warn!(error = %e, "objective context reminder: cannot check cool-downs");
+            return;
+        }
     };
     let Some(body) = body else {
         return;

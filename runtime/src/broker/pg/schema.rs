@@ -20,6 +20,8 @@
 //!   the nameless budget), in Unix seconds as it counts; a row goes at `expires_at`.
 //! - `setup_code`: the one-time first-admin code, while nobody has TOTP (every replica prints
 //!   it at start).
+//! - `reminder_cooldowns`: when the objective context reminder last fired per
+//!   `<member>:<objective>` key (epoch ms).
 //! - `enrollments`: device-code enrollments (`ac7 connect`), keyed by the device code's hash;
 //!   times in Unix seconds, as the enrollment desk counts. An approved row holds the device's
 //!   new token until the device collects it (one poll) or the enrollment expires.
@@ -227,6 +229,10 @@ CREATE INDEX attempt_limits_expires ON attempt_limits(scope, expires_at);
 CREATE TABLE setup_code (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     code TEXT COLLATE "C" NOT NULL
+);
+CREATE TABLE reminder_cooldowns (
+    key TEXT COLLATE "C" PRIMARY KEY,
+    fired_at BIGINT NOT NULL
 );
 CREATE TABLE enrollments (
     device_code_hash TEXT COLLATE "C" PRIMARY KEY,
