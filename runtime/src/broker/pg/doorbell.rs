@@ -1,12 +1,16 @@
-//! The log doorbell: a task that `LISTEN`s on [`LOG_CHANNEL`] on a connection of its own and
-//! publishes the newest sequence it heard.
+//! The doorbell: a task that `LISTEN`s on [`LOG_CHANNEL`] and [`ACTIVITY_CHANNEL`] on one
+//! connection of its own and publishes the newest message sequence and activity row id it
+//! heard.
 //!
-//! A ring only says "the log has grown to at least this sequence"; the consumer then reads
-//! the log after its own last sequence. When the listening connection dies (server restart,
-//! terminated backend, a failed ping) the task reconnects with backoff (100 ms doubling to 5 s)
-//! and, once listening again, reports [`Ring::Reconnected`]: notifications sent while it was
-//! away are lost, so the consumer re-reads the log from its last sequence. A missed doorbell
-//! delays a delivery; it never loses one.
+//! A ring only says "the log (or the activity table) has grown to at least this number"; the
+//! consumer then reads the table after its own last number. When the listening connection dies
+//! (server restart, terminated backend, a failed ping) the task reconnects with backoff (100 ms
+//! doubling to 5 s) and, once listening again, reports [`Ring::Reconnected`] to every consumer:
+//! notifications sent while it was away are lost, so each consumer re-reads its table from its
+//! last number. A missed doorbell delays a delivery; it never loses one.
+//!
+//! [`Doorbell::ring`] waits for the log; further consumers take a [`Bell`] of their own
+//! ([`Doorbell::bell`]), each with its own idea of what it has seen.
 
 use std::time::Duration;
 
@@ -28,11 +32,17 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 const PING_EVERY: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The `LISTEN`/`NOTIFY` channel of activity uploads. Its payload is the id of the last
+/// `member_activity` row of the committed upload, in decimal, and nothing else.
+pub const ACTIVITY_CHANNEL: &str = "ac7_activity";
+
 /// What the doorbell task has heard so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DoorbellState {
-    /// The newest sequence announced (0 before any).
+    /// The newest message sequence announced (0 before any).
     pub newest: i64,
+    /// The newest activity row id announced (0 before any).
+    pub activity: i64,
     /// How many times the task has reconnected since it started.
     pub reconnects: u64,
 }
@@ -40,18 +50,64 @@ pub struct DoorbellState {
 /// What changed since the consumer last asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ring {
-    /// The log has grown to at least this sequence.
+    /// The table has grown to at least this number (a message sequence, an activity id).
     Seq(i64),
     /// The listening connection was lost and is back: announcements may have been missed,
-    /// re-read the log from your last sequence.
+    /// re-read the table from your last number.
     Reconnected,
+}
+
+/// Which announcements a [`Bell`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    /// Messages appended to the log ([`LOG_CHANNEL`]).
+    Log,
+    /// Activity rows uploaded ([`ACTIVITY_CHANNEL`]).
+    Activity,
+}
+
+/// One consumer of the doorbell: waits for announcements on its channel, and for
+/// reconnections.
+#[derive(Debug)]
+pub struct Bell {
+    rx: watch::Receiver<DoorbellState>,
+    seen: DoorbellState,
+    channel: Channel,
+}
+
+impl Bell {
+    /// Waits for the next change: a reconnection first (it supersedes any number heard
+    /// meanwhile), else the newest number of this bell's channel. Rings that came while nobody
+    /// waited are merged. A bell whose doorbell is gone rings [`Ring::Reconnected`] every 5 s.
+    pub async fn ring(&mut self) -> Ring {
+        loop {
+            let now = *self.rx.borrow_and_update();
+            if now.reconnects != self.seen.reconnects {
+                self.seen = now;
+                return Ring::Reconnected;
+            }
+            let (newest, seen) = match self.channel {
+                Channel::Log => (now.newest, self.seen.newest),
+                Channel::Activity => (now.activity, self.seen.activity),
+            };
+            if newest > seen {
+                self.seen = now;
+                return Ring::Seq(newest);
+            }
+            if self.rx.changed().await.is_err() {
+                // The task ended (it only does by panicking, or with its doorbell): fall back
+                // to polling the table.
+                tokio::time::sleep(BACKOFF_MAX).await;
+                return Ring::Reconnected;
+            }
+        }
+    }
 }
 
 /// A running doorbell. Dropping it stops the task.
 #[derive(Debug)]
 pub struct Doorbell {
-    rx: watch::Receiver<DoorbellState>,
-    seen: DoorbellState,
+    log: Bell,
     task: JoinHandle<()>,
 }
 
@@ -74,41 +130,40 @@ impl Doorbell {
         let first = listen(config, &tls, &tx).await?;
         let task = tokio::spawn(run(config.clone(), tls, tx, first));
         Ok(Doorbell {
-            rx,
-            seen: DoorbellState::default(),
+            log: Bell {
+                rx,
+                seen: DoorbellState::default(),
+                channel: Channel::Log,
+            },
             task,
         })
     }
 
-    /// Waits for the next change: a reconnection first (it supersedes any sequence heard
-    /// meanwhile), else the newest sequence. Rings that came while nobody waited are merged.
+    /// Waits for the next change of the log: a reconnection first (it supersedes any sequence
+    /// heard meanwhile), else the newest sequence. Rings that came while nobody waited are
+    /// merged.
     pub async fn ring(&mut self) -> Ring {
-        loop {
-            let now = *self.rx.borrow_and_update();
-            if now.reconnects != self.seen.reconnects {
-                self.seen = now;
-                return Ring::Reconnected;
-            }
-            if now.newest > self.seen.newest {
-                self.seen = now;
-                return Ring::Seq(now.newest);
-            }
-            if self.rx.changed().await.is_err() {
-                // The task ended (it only does by panicking): fall back to polling the log.
-                tokio::time::sleep(BACKOFF_MAX).await;
-                return Ring::Reconnected;
-            }
+        self.log.ring().await
+    }
+
+    /// A further consumer of `channel`, which has seen nothing yet (its first
+    /// [`Bell::ring`] answers at once if anything was heard). It rings while `self` lives.
+    pub fn bell(&self, channel: Channel) -> Bell {
+        Bell {
+            rx: self.log.rx.clone(),
+            seen: DoorbellState::default(),
+            channel,
         }
     }
 
     /// What the task has heard so far.
     pub fn state(&self) -> DoorbellState {
-        *self.rx.borrow()
+        *self.log.rx.borrow()
     }
 
     /// Another receiver of the state, for further consumers (valid while `self` lives).
     pub fn subscribe(&self) -> watch::Receiver<DoorbellState> {
-        self.rx.clone()
+        self.log.rx.clone()
     }
 }
 
@@ -124,20 +179,25 @@ async fn listen(
     let driver = tokio::spawn(async move {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                Some(Ok(AsyncMessage::Notification(n))) if n.channel() == LOG_CHANNEL => {
+                Some(Ok(AsyncMessage::Notification(n)))
+                    if n.channel() == LOG_CHANNEL || n.channel() == ACTIVITY_CHANNEL =>
+                {
+                    let log = n.channel() == LOG_CHANNEL;
                     match n.payload().parse::<i64>() {
-                        Ok(seq) => {
+                        Ok(number) => {
                             tx.send_if_modified(|s| {
-                                let newer = seq > s.newest;
+                                let newest = if log { &mut s.newest } else { &mut s.activity };
+                                let newer = number > *newest;
                                 if newer {
-                                    s.newest = seq;
+                                    *newest = number;
                                 }
                                 newer
                             });
                         }
                         Err(_) => tracing::warn!(
+                            channel = n.channel(),
                             payload = n.payload(),
-                            "ignored a doorbell ring that is not a sequence"
+                            "ignored a doorbell ring that is not a number"
                         ),
                     }
                 }
@@ -150,7 +210,8 @@ async fn listen(
             }
         }
     });
-    if let Err(e) = client.batch_execute(&format!("LISTEN {LOG_CHANNEL}")).await {
+    let listen = format!("LISTEN {LOG_CHANNEL}; LISTEN {ACTIVITY_CHANNEL}");
+    if let Err(e) = client.batch_execute(&listen).await {
         driver.abort();
         return Err(e.into());
     }

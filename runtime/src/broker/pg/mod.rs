@@ -8,8 +8,8 @@
 //!   connections.
 //! - [`migrate()`] brings the schema to the version this binary knows, once even when replicas
 //!   start together, and refuses a database migrated by a newer binary.
-//! - [`log`] appends messages and reads them back in order; [`Doorbell`] hears appends made by
-//!   any replica.
+//! - [`log`] appends messages and reads them back in order; [`Doorbell`] hears appends (and
+//!   activity uploads) made by any replica.
 //!
 //! # One team per database
 //!
@@ -42,7 +42,7 @@ pub mod schema;
 pub mod tls;
 
 pub use config::{PgConfig, SslMode};
-pub use doorbell::{Doorbell, DoorbellState, Ring};
+pub use doorbell::{ACTIVITY_CHANNEL, Bell, Channel, Doorbell, DoorbellState, Ring};
 pub use error::PgError;
 pub use log::{LOG_CHANNEL, LogMessage, LogRow};
 pub use migrate::{Migrated, latest_version, migrate};
