@@ -28,6 +28,12 @@ pub const MAX_LIMIT: usize = 1000;
 
 /// Appends `events` for `member`, whose id (`members.seq`) is `member_seq`, in the caller's
 /// transaction (all or nothing); returns the stored rows in upload order.
+///
+/// On SQLite the id is the `AUTOINCREMENT` row id; the one write connection serializes
+/// uploads. On PostgreSQL the ids come from the counter row `activity_head`, whose row lock
+/// this transaction then holds until it ends, so ids become visible in commit order; the
+/// doorbell ([`super::pg::ACTIVITY_CHANNEL`]) rings at commit with the last id (see
+/// [`super::activity_follower`]).
 pub fn append(
     c: &Conn<'_>,
     member: &str,
@@ -35,24 +41,52 @@ pub fn append(
     events: Vec<ActivityEvent>,
     now: i64,
 ) -> Result<Vec<ActivityRow>, StoreError> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    // On PostgreSQL: the ids `first..=last`, taken at once.
+    let mut next = match c.backend() {
+        Backend::Sqlite => None,
+        Backend::Postgres => {
+            let n = i64::try_from(events.len())
+                .map_err(|_| StoreError::Corrupt("an upload larger than i64".into()))?;
+            let last = c
+                .query_row(
+                    "UPDATE activity_head SET last_id = last_id + ?1 WHERE id = 1 RETURNING last_id",
+                    crate::params![n],
+                    |r| r.get::<i64>(0),
+                )?
+                .ok_or_else(|| StoreError::Corrupt("the activity_head row is missing".into()))?;
+            c.execute(
+                "SELECT pg_notify(?1, ?2)",
+                crate::params![super::pg::ACTIVITY_CHANNEL, last.to_string()],
+            )?;
+            Some(last - n + 1)
+        }
+    };
     let mut rows = Vec::with_capacity(events.len());
     for event in events {
         let json = serde_json::to_string(&event)?;
-        let id = c
-            .query_row(
+        let ts = i64::try_from(event.ts()).unwrap_or(i64::MAX);
+        let id = match next.as_mut() {
+            None => c.query_row(
                 "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-                crate::params![
-                    member,
-                    i64::try_from(event.ts()).unwrap_or(i64::MAX),
-                    event.kind(),
-                    json,
-                    now,
-                    member_seq
-                ],
+                crate::params![member, ts, event.kind(), json, now, member_seq],
                 |r| r.get::<i64>(0),
-            )?
-            .ok_or_else(|| StoreError::Corrupt("an activity insert returned no id".into()))?;
+            )?,
+            Some(next) => {
+                let id = *next;
+                *next += 1;
+                c.execute(
+                    "INSERT INTO member_activity (id, member_name, ts, kind, event_json, created_at, member_seq)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    crate::params![id, member, ts, event.kind(), json, now, member_seq],
+                )?;
+                Some(id)
+            }
+        }
+        .ok_or_else(|| StoreError::Corrupt("an activity insert returned no id".into()))?;
         rows.push(ActivityRow {
             id: u64::try_from(id).unwrap_or(0),
             member_name: member.to_owned(),
@@ -273,17 +307,13 @@ pub fn head(c: &Conn<'_>, member: &str) -> Result<i64, StoreError> {
 
 /// The last row id of anyone (0 if none): ids above it were never handed out. It is the
 /// id counter's own value (rows deleted since count), which each database keeps its own way:
-/// SQLite in `sqlite_sequence`, PostgreSQL in the identity column's sequence (which counts ids
-/// handed out to transactions not committed yet too).
+/// SQLite in `sqlite_sequence`, PostgreSQL in `activity_head` (committed uploads only).
 pub fn last_id(c: &Conn<'_>) -> Result<i64, StoreError> {
     let sql = match c.backend() {
         Backend::Sqlite => {
             "SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'member_activity'"
         }
-        Backend::Postgres => {
-            "SELECT COALESCE(pg_sequence_last_value(
-                 CAST(pg_get_serial_sequence('member_activity', 'id') AS regclass)), 0)"
-        }
+        Backend::Postgres => "SELECT last_id FROM activity_head WHERE id = 1",
     };
     Ok(c.query_row(sql, crate::params![], |r| r.get::<i64>(0))?
         .unwrap_or(0))

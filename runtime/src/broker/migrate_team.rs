@@ -29,9 +29,10 @@
 //! - **Counters.** SQLite's `AUTOINCREMENT` never hands out a number twice, even after the row
 //!   with it is gone (a removed member, pruned messages); its last number is in
 //!   `sqlite_sequence`. Each PostgreSQL counter is set to the larger of that and the highest
-//!   copied number: `log_head.last_seq` for the message log, and with `setval` the identity
-//!   sequences of `members.seq`, `objective_events.seq` and `member_activity.id`, so the next
-//!   insert on PostgreSQL continues after them and collides with nothing.
+//!   copied number: `log_head.last_seq` for the message log, `activity_head.last_id` for
+//!   activity, and with `setval` the identity sequences of `members.seq` and
+//!   `objective_events.seq`, so the next insert on PostgreSQL continues after them and
+//!   collides with nothing.
 //! - **File contents.** Each blob is read from the blob directory beside the file (or from
 //!   the legacy `blobs.data` column) one chunk at a time and written as `blob_chunks` rows by
 //!   the store's own chunk writer (`blobs::store_chunks`), exactly as an upload on
@@ -498,11 +499,12 @@ fn copy(src: &Conn<'_>, dst: &Conn<'_>, blob_dir: &Path) -> Result<Summary, Stor
         "UPDATE log_head SET last_seq = ?1 WHERE id = 1",
         params![head],
     )?;
-    for (table, column) in [
-        ("members", "seq"),
-        ("objective_events", "seq"),
-        ("member_activity", "id"),
-    ] {
+    let activity = counter(src, "member_activity", "id")?;
+    dst.execute(
+        "UPDATE activity_head SET last_id = ?1 WHERE id = 1",
+        params![activity],
+    )?;
+    for (table, column) in [("members", "seq"), ("objective_events", "seq")] {
         let last = counter(src, table, column)?;
         if last > 0 {
             dst.query_row(

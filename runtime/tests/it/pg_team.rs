@@ -517,10 +517,10 @@ fn activity_stream(c: &Conn<'_>) -> Result<Log, StoreError> {
         vec![exchange(2_100), marker("objective_close", 6_000, "obj-2")],
         78,
     )?;
+    let malformed = activity::append(c, "gone", 98, vec![exchange(7_000)], 79)?;
     c.execute(
-        "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
-         VALUES ('gone', 7000, 'opaque_http', 'not json', 79, 98)",
-        params![],
+        "UPDATE member_activity SET event_json = 'not json' WHERE id = ?1",
+        params![i64::try_from(malformed[0].id).unwrap()],
     )?;
     let q = |limit: usize| Query {
         limit,

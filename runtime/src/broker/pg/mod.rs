@@ -31,6 +31,10 @@
 //! hint to read the table; the table is the truth. A replica whose listening connection drops
 //! reconnects and re-reads the log after its last sequence ([`Ring::Reconnected`]), so a lost
 //! notification delays a delivery but never loses one.
+//!
+//! Activity uploads ring the same doorbell on a second channel, `ac7_activity`, with the id of
+//! their last row; their ids are ordered the same way, by the counter row `activity_head`
+//! (see [`crate::broker::activity_follower`]).
 
 pub mod config;
 pub mod doorbell;
