@@ -156,6 +156,34 @@ pub fn list(
     query_rows(c, &sql, &args)
 }
 
+/// Up to `limit` rows of anyone with an id above `after_id`, oldest first, each with whether
+/// [`list`] would give it for its member name now: the row is of the current member of that
+/// name, or no member has the name.
+pub fn after(
+    c: &Conn<'_>,
+    after_id: i64,
+    limit: usize,
+) -> Result<Vec<(ActivityRow, bool)>, StoreError> {
+    c.query(
+        "SELECT a.id, a.member_name, a.event_json, a.created_at,
+                CASE WHEN m.seq IS NULL OR m.seq = a.member_seq THEN 1 ELSE 0 END
+         FROM member_activity a LEFT JOIN members m ON m.name = a.member_name
+         WHERE a.id > ?1 ORDER BY a.id LIMIT ?2",
+        crate::params![after_id, i64::try_from(limit).unwrap_or(i64::MAX)],
+        |r| {
+            Ok((
+                row(
+                    r.get::<i64>(0)?,
+                    r.get::<String>(1)?,
+                    &r.get::<String>(2)?,
+                    r.get::<i64>(3)?,
+                ),
+                r.get::<i64>(4)? == 1,
+            ))
+        },
+    )
+}
+
 /// One member's working interval on an objective: from an `objective_open`
 /// marker to the next `objective_close` (inclusive, on `ts`); `to` is `None`
 /// while still open.

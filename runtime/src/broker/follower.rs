@@ -130,8 +130,10 @@ fn read_after(c: &Conn<'_>, after: i64) -> Result<Vec<Delivery>, StoreError> {
 }
 
 /// Rings this replica's follower whenever any replica's append commits (the doorbell), and
-/// after the doorbell's connection came back (a ring may have been missed). Runs until the
-/// broker's state is gone.
+/// after the doorbell's connection came back (a ring may have been missed); starts the
+/// activity follower's consumer of the same doorbell ([`super::activity_follower`]). Each
+/// reads once as soon as the doorbell listens: an append committed between reading where the
+/// log was at start and listening rang nobody. Runs until the broker's state is gone.
 pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
     let weak = Arc::downgrade(state);
     tokio::spawn(async move {
@@ -147,8 +149,15 @@ pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
                 }
             }
         };
+        match weak.upgrade() {
+            Some(state) if state.activity_follower.is_some() => {
+                let bell = doorbell.bell(super::pg::Channel::Activity);
+                super::activity_follower::spawn_bell(&state, bell);
+            }
+            Some(_) => {}
+            None => return,
+        }
         loop {
-            let _ring = doorbell.ring().await;
             let Some(state) = weak.upgrade() else { return };
             let run = tokio::task::spawn_blocking(move || {
                 state
@@ -163,6 +172,7 @@ pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
                 Ok(Err(e)) => tracing::warn!(error = %e, "reading the log after a doorbell failed"),
                 Err(e) => tracing::error!(error = %e, "the log follower task failed"),
             }
+            let _ring = doorbell.ring().await;
         }
     });
 }

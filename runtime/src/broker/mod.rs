@@ -71,6 +71,7 @@
 //! - **Not implemented:** the "session online" notice.
 
 pub mod activity;
+pub mod activity_follower;
 pub mod attempts;
 pub mod blobs;
 pub mod bootstrap;
@@ -225,6 +226,10 @@ pub struct AppState {
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
     /// ([`follower`]). `None` on SQLite, where a commit delivers its own messages.
     pub follower: Option<follower::Follower>,
+    /// On PostgreSQL: this replica's place in the shared activity table; live activity
+    /// streams follow it ([`activity_follower`]). `None` on SQLite, where an upload delivers
+    /// its own rows.
+    pub activity_follower: Option<activity_follower::ActivityFollower>,
     /// On PostgreSQL: this replica's row and presence writer ([`replica`]).
     pub replica: Option<replica::Replica>,
 }
@@ -445,9 +450,14 @@ pub async fn start(
     for m in members {
         hub.register_member(&m.name, m.role, boot_time);
     }
-    let follower = match &config.postgres {
-        Some(_) => Some(follower::Follower::new(store.view(messages::head)?)),
-        None => None,
+    let (follower, activity_follower) = match &config.postgres {
+        Some(_) => (
+            Some(follower::Follower::new(store.view(messages::head)?)),
+            Some(activity_follower::ActivityFollower::new(
+                store.view(activity::last_id)?,
+            )),
+        ),
+        None => (None, None),
     };
     let addr = listener.local_addr()?;
     let (replica, stream_ends) = match &config.postgres {
@@ -473,6 +483,7 @@ pub async fn start(
         auth_cache: Default::default(),
         signin_stats: Default::default(),
         follower,
+        activity_follower,
         replica,
     });
     if let Some(pg) = &state.config.postgres {

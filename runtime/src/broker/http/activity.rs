@@ -14,7 +14,9 @@
 //! keepalive). With `Last-Event-ID` (or `?lastEventId=`) the member's rows after
 //! that id are replayed first, oldest first, then live rows, with no gap and no
 //! duplicate; an id that is not a row id of this broker gets the `reset` event of
-//! `/subscribe` first. It shares `/subscribe`'s machinery (byte- and
+//! `/subscribe` first. With replicas (PostgreSQL) row ids are the shared table's, so a stream
+//! resumes on any replica the same way, and every replica's watchers get every row
+//! ([`crate::broker::activity_follower`]). It shares `/subscribe`'s machinery (byte- and
 //! frame-capped queues, paged replay, revocation) but not its hub: activity never
 //! reaches an agent's `/subscribe` stream.
 
@@ -79,9 +81,10 @@ pub(super) async fn upload(
     }
     let now = now_ms();
     let context = reminder::reminder_context(&upload.events);
-    // Delivered inside the transaction, under the store's write lock, like `/push`: a stream
-    // opening with `Last-Event-ID` takes that lock too, so it sees each row either in its
-    // replay or live, never both.
+    // On SQLite: delivered inside the transaction, under the store's write lock, like `/push`:
+    // a stream opening with `Last-Event-ID` takes that lock too, so it sees each row either in
+    // its replay or live, never both. On PostgreSQL the activity follower delivers the rows
+    // after the commit, in id order with every replica's (see `activity_follower`).
     let n = state.store.tx(|c| -> Result<usize, ApiError> {
         // Stamped with the uploader's incarnation; a request authenticated just before its
         // member was removed (its credential is gone now) must not land in a successor's stream.
@@ -90,14 +93,21 @@ pub(super) async fn upload(
             _ => return Err(ApiError::unauthorized("unknown token")),
         };
         let rows = activity::append(c, &name, member_seq, upload.events, now)?;
-        let only = Audience::Only([name.clone()].into());
-        for row in &rows {
-            state
-                .activity_hub
-                .deliver(&only, &Arc::new(activity::frame(row)?), now);
+        if state.activity_follower.is_none() {
+            let only = Audience::Only([name.clone()].into());
+            for row in &rows {
+                state
+                    .activity_hub
+                    .deliver(&only, &Arc::new(activity::frame(row)?), now);
+            }
         }
         Ok(rows.len())
     })?;
+    if let Some(follower) = &state.activity_follower
+        && let Err(e) = crate::broker::store::off_worker(|| follower.catch_up(&state))
+    {
+        tracing::warn!(error = %e, "reading activity back for live delivery failed; the doorbell retries");
+    }
     if let Some(context) = context {
         remind(&state, &name, &context, now).await;
     }
@@ -268,34 +278,57 @@ pub(super) async fn stream(
     let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
     let now = now_ms();
     // In a write transaction although it only reads: on SQLite that takes the lock uploads
-    // deliver under, so the head and the live tail join without a gap or a duplicate.
-    let (opening, sub) = state.store.tx(|c| -> Result<_, ApiError> {
-        let head = activity::head(c, &name)?;
-        let opening = match &last_id {
-            None => Opening::Live,
-            Some(id) => match id.trim().parse::<i64>() {
-                Ok(cursor) if (0..=activity::last_id(c)?).contains(&cursor) => {
-                    Opening::Replay(Replay {
-                        state: Arc::clone(&state),
-                        source: Source::Activity {
-                            member: name.clone(),
-                        },
-                        cursor,
-                        head,
-                    })
+    // deliver under, and the stream is registered before it is released, so the head and the
+    // live tail join without a gap or a duplicate. On PostgreSQL the stream is registered with
+    // the activity follower, whose position ends the replay (see `activity_follower`).
+    let (opening, sub) = state.store.tx_then(
+        |c| -> Result<_, ApiError> {
+            let head = activity::head(c, &name)?;
+            let opening = match &last_id {
+                None => Opening::Live,
+                Some(id) => match id.trim().parse::<i64>() {
+                    Ok(cursor) if (0..=activity::last_id(c)?).contains(&cursor) => {
+                        Opening::Replay(Replay {
+                            state: Arc::clone(&state),
+                            source: Source::Activity {
+                                member: name.clone(),
+                            },
+                            cursor,
+                            head,
+                        })
+                    }
+                    _ => Opening::Reset(Reset::unknown_id(id)),
+                },
+            };
+            if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
+                return Err(ApiError::unauthorized("unknown token"));
+            }
+            Ok(opening)
+        },
+        |opening| -> Result<_, ApiError> {
+            let watch = || {
+                state
+                    .activity_hub
+                    .watch(&name, &caller.name, &caller.token_id, now)
+            };
+            let Some(follower) = &state.activity_follower else {
+                return Ok((opening, watch().map_err(subscribe_error)?));
+            };
+            let cursor = match &opening {
+                Opening::Replay(replay) => Some(replay.cursor),
+                Opening::Live | Opening::Reset(_) => None,
+            };
+            let (sub, delivered) = follower.watch_at(&state, cursor, watch)?;
+            let opening = match opening {
+                Opening::Replay(mut replay) => {
+                    replay.head = delivered;
+                    Opening::Replay(replay)
                 }
-                _ => Opening::Reset(Reset::unknown_id(id)),
-            },
-        };
-        if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
-            return Err(ApiError::unauthorized("unknown token"));
-        }
-        let sub = state
-            .activity_hub
-            .watch(&name, &caller.name, &caller.token_id, now)
-            .map_err(subscribe_error)?;
-        Ok((opening, sub))
-    })?;
+                other => other,
+            };
+            Ok((opening, sub.map_err(subscribe_error)?))
+        },
+    )??;
     Ok(respond(&state, upgrade, opening, sub, true))
 }
 
