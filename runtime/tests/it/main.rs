@@ -36,6 +36,7 @@ mod call_tool;
 mod client_failover;
 mod codex_real;
 mod ipc_server;
+mod pg_activity;
 mod pg_fs;
 mod pg_log;
 mod pg_migrate;
