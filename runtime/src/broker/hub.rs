@@ -507,6 +507,25 @@ impl Hub {
         out
     }
 
+    /// On a hub of watched streams: the tokens (by id) live streams authenticated with, per
+    /// holder ([`Hub::watch`]'s `owner`), each once.
+    pub fn live_owner_tokens(&self) -> Vec<(String, String)> {
+        let inner = self.lock();
+        let mut out: Vec<(String, String)> = inner
+            .members
+            .values()
+            .flat_map(|e| {
+                e.subs
+                    .iter()
+                    .filter(|s| !s.queue.is_closed())
+                    .map(|s| (s.owner.clone(), s.token.clone()))
+            })
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Marks `name` busy until `until` (or clears it with 0).
     pub fn set_busy(&self, name: &str, until: i64) {
         if let Some(entry) = self.lock().members.get_mut(name) {

@@ -8,8 +8,9 @@
 //!   than [`EXPIRY`], so the streams of a replica
 //!   that died (SIGKILL, lost host) stop counting within 15 s. The heartbeat also rewrites this
 //!   replica's rows from its own hub (so a lost update heals within one beat), raises each
-//!   member's `last_seen`, closes the local streams of tokens revoked and members removed on
-//!   another replica, and forgets full token buckets and long-dead replicas.
+//!   member's `last_seen`, closes the local streams (live activity streams too) of tokens
+//!   revoked and members removed on another replica, and forgets full token buckets and
+//!   long-dead replicas.
 //! * **Subscription cap.** Opening a stream takes the member's `member_status` row lock, sums
 //!   the live streams over fresh replicas and adds this replica's one in the same transaction,
 //!   so the cap holds across replicas; a stream's end is written by a background task.
@@ -27,6 +28,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use super::hub::Closed;
 use super::ratelimit::Rate;
 use super::store::Conn;
 use super::{AppState, StoreError, now_ms};
@@ -263,6 +265,24 @@ fn beat(
     Ok((revoked, removed))
 }
 
+/// Which of `watchers` (holder, token id) of live activity streams are gone: the tokens
+/// revoked (holder, token id), and the holders that are no member any more.
+fn stale_watchers(c: &Conn<'_>, watchers: &[(String, String)]) -> Result<Stale, StoreError> {
+    let mut revoked = Vec::new();
+    let mut removed: Vec<String> = Vec::new();
+    for (owner, token) in watchers {
+        if removed.contains(owner) {
+            continue;
+        }
+        if super::team::member_get(c, owner)?.is_none() {
+            removed.push(owner.clone());
+        } else if !super::team::token_id_exists(c, token)? {
+            revoked.push((owner.clone(), token.clone()));
+        }
+    }
+    Ok((revoked, removed))
+}
+
 /// Starts the heartbeat and the presence writer of this replica.
 pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedReceiver<String>) {
     let weak: Weak<AppState> = Arc::downgrade(state);
@@ -276,16 +296,26 @@ pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedRec
                     let Some(replica) = &state.replica else { return };
                     let counts = state.hub.live_counts();
                     let tokens = state.hub.live_tokens();
+                    let watchers = state.activity_hub.live_owner_tokens();
                     let beat = super::store::off_worker(|| {
-                        state.store.tx(|c| beat(c, &replica.id, &addr, &counts, &tokens))
+                        state.store.tx(|c| {
+                            let streams = beat(c, &replica.id, &addr, &counts, &tokens)?;
+                            Ok::<_, StoreError>((streams, stale_watchers(c, &watchers)?))
+                        })
                     });
                     match beat {
-                        Ok((revoked, removed)) => {
+                        Ok(((revoked, removed), (revoked_watchers, removed_watchers))) => {
                             for (member, token) in revoked {
                                 state.hub.close_token(&member, &token);
                             }
                             for member in removed {
                                 state.hub.remove_member(&member);
+                            }
+                            for (owner, token) in revoked_watchers {
+                                state.activity_hub.close_owner(&owner, Some(&token), Closed::Revoked);
+                            }
+                            for owner in removed_watchers {
+                                state.activity_hub.close_owner(&owner, None, Closed::Removed);
                             }
                         }
                         Err(e) => tracing::warn!(error = %e, "replica heartbeat failed"),

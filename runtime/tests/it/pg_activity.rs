@@ -2,7 +2,7 @@
 //! any replica reaches every watcher of that member on every replica, once, in id order, even
 //! when an upload with a smaller id commits after one with a larger id, or when a doorbell is
 //! missed; a watcher that moves to another replica resumes with `Last-Event-ID` without a gap
-//! or a duplicate.
+//! or a duplicate; a watcher whose token is revoked through another replica is cut off.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
@@ -322,4 +322,37 @@ async fn a_missed_doorbell_delays_activity_and_never_loses_it() {
         assert_eq!(row["id"].as_u64(), Some(unheard), "replica {i}");
         w.expect_silence(300).await;
     }
+}
+
+#[tokio::test]
+async fn a_token_rotated_on_one_replica_closes_its_activity_streams_on_another() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas_with(&db, 2, |_| {}).await;
+    let mut watching = rs[0].sse_path("builder", BUILDER, None).await;
+    let mut bystander = rs[0].sse_path("director", BUILDER, None).await;
+    let rotated = rs[1]
+        .post("/members/builder/rotate-token", "director", json!({}))
+        .await;
+    assert_eq!(rotated.status, 200, "{}", rotated.text);
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while watching.next_block().await.is_some() {}
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "the revoked token's activity stream on the other replica stays open"
+    );
+    // Another watcher's stream goes on.
+    let token = rotated.json["token"].as_str().unwrap();
+    upload(
+        &rs[1].http,
+        &rs[1].url,
+        "builder",
+        token,
+        vec![marker(1, "after")],
+    )
+    .await;
+    assert_eq!(next_ids(&mut bystander, 1).await, stored(&rs[0]).await);
 }
