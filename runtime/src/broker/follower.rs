@@ -70,25 +70,7 @@ impl Follower {
     /// Delivers every committed message after the last one delivered, in order; returns how
     /// many it delivered. Blocking (store reads): call it off the async workers.
     pub fn catch_up(&self, state: &AppState) -> Result<usize, StoreError> {
-        let mut place = self.place();
-        let mut total = 0;
-        loop {
-            let after = place.delivered;
-            let batch = state.store.view(|c| read_after(c, after))?;
-            if batch.is_empty() {
-                return Ok(total);
-            }
-            let now = super::now_ms();
-            for (seq, id, frame, audience) in batch {
-                let live = state.hub.deliver(&audience, &frame, now);
-                place.delivered = seq;
-                if place.live.len() == REMEMBERED {
-                    place.live.pop_front();
-                }
-                place.live.push_back((id, live));
-                total += 1;
-            }
-        }
+        deliver_after(&mut self.place(), state)
     }
 
     /// How many live streams of this replica took message `id` (after [`Follower::catch_up`]
@@ -102,11 +84,43 @@ impl Follower {
             .map(|(_, n)| *n)
     }
 
-    /// Runs `subscribe` (which registers a live stream) under the follower's lock; returns
+    /// Runs `subscribe` (which registers a live stream) under the follower's lock, after
+    /// catching up first when `cursor` (the stream's `Last-Event-ID`, as a sequence) is beyond
+    /// what this replica has delivered (a client moving from a replica further ahead); returns
     /// its result and the last sequence delivered before the stream existed.
-    pub fn subscribe_at<T>(&self, subscribe: impl FnOnce() -> T) -> (T, i64) {
-        let place = self.place();
-        (subscribe(), place.delivered)
+    pub fn subscribe_at<T>(
+        &self,
+        state: &AppState,
+        cursor: Option<i64>,
+        subscribe: impl FnOnce() -> T,
+    ) -> Result<(T, i64), StoreError> {
+        let mut place = self.place();
+        if cursor.is_some_and(|c| c > place.delivered) {
+            deliver_after(&mut place, state)?;
+        }
+        Ok((subscribe(), place.delivered))
+    }
+}
+
+/// Reads and delivers the messages after `place.delivered`, moving it on message by message.
+fn deliver_after(place: &mut Place, state: &AppState) -> Result<usize, StoreError> {
+    let mut total = 0;
+    loop {
+        let after = place.delivered;
+        let batch = state.store.view(|c| read_after(c, after))?;
+        if batch.is_empty() {
+            return Ok(total);
+        }
+        let now = super::now_ms();
+        for (seq, id, frame, audience) in batch {
+            let live = state.hub.deliver(&audience, &frame, now);
+            place.delivered = seq;
+            if place.live.len() == REMEMBERED {
+                place.live.pop_front();
+            }
+            place.live.push_back((id, live));
+            total += 1;
+        }
     }
 }
 

@@ -523,3 +523,44 @@ async fn postgres_away_is_503_then_everything_resumes_and_nothing_acknowledged_i
     }
     assert_eq!(got["id"], after["id"]);
 }
+
+/// A client that already got a message this replica has not delivered yet (it came from a
+/// replica further ahead) resumes here without getting it again.
+#[tokio::test]
+async fn resuming_past_what_this_replica_delivered_gets_nothing_twice() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas(&db, 2).await;
+    let first = rs[0]
+        .push("director", json!({"to": "builder", "body": "first"}))
+        .await;
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    // A copy of it under a new id, logged without ringing any replica's doorbell.
+    let pool = db.pool().await;
+    let client = pool.get().await.unwrap();
+    let unannounced = "msg-unannounced";
+    client
+        .execute(
+            "WITH head AS (UPDATE log_head SET last_seq = last_seq + 1 WHERE id = 1
+                           RETURNING last_seq)
+             INSERT INTO messages (seq, id, ts, to_name, from_name, thread, json, audience)
+             SELECT head.last_seq, $2, m.ts, m.to_name, m.from_name, m.thread,
+                    replace(m.json, $1, $2), m.audience
+             FROM head, messages m WHERE m.id = $1",
+            &[&first_id, &unannounced],
+        )
+        .await
+        .unwrap();
+    // The client got it elsewhere and resumes on the second replica from there.
+    let mut stream = rs[1].sse("builder", Some(unannounced)).await;
+    rs[0]
+        .push("director", json!({"to": "builder", "body": "second"}))
+        .await;
+    let next = stream.next_message().await;
+    assert_eq!(
+        next["body"], "second",
+        "the resumed-past message came again: {next}"
+    );
+    stream.expect_silence(300).await;
+}

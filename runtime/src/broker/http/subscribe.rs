@@ -147,14 +147,26 @@ pub(super) async fn subscribe(
             }
             Ok(opening)
         },
-        |opening| {
+        |opening| -> Result<_, ApiError> {
             let subscribe = || state.hub.subscribe(&caller.name, &caller.token_id, now);
-            match &state.follower {
+            let uncount = || {
+                // Counted on the shared presence by the transaction: uncount it.
+                if let Some(replica) = &state.replica {
+                    replica.stream_closed(&caller.name);
+                }
+            };
+            let taken = match &state.follower {
                 None => subscribe().map(|sub| (opening, sub)),
                 // With replicas: replay up to what this replica had delivered when the stream
                 // was registered; the follower delivers everything after it live.
                 Some(follower) => {
-                    let (sub, delivered) = follower.subscribe_at(subscribe);
+                    let cursor = match &opening {
+                        Opening::Replay(replay) => Some(replay.cursor),
+                        _ => None,
+                    };
+                    let (sub, delivered) = follower
+                        .subscribe_at(&state, cursor, subscribe)
+                        .inspect_err(|_| uncount())?;
                     let opening = match opening {
                         Opening::Replay(mut replay) => {
                             replay.head = delivered;
@@ -164,12 +176,9 @@ pub(super) async fn subscribe(
                     };
                     sub.map(|sub| (opening, sub))
                 }
-            }
-            .map_err(|e| {
-                // Counted on the shared presence by the transaction: uncount it.
-                if let Some(replica) = &state.replica {
-                    replica.stream_closed(&caller.name);
-                }
+            };
+            taken.map_err(|e| {
+                uncount();
                 subscribe_error(e)
             })
         },
