@@ -385,7 +385,10 @@ fn drain_bridge(
                 assert_eq!(frame.iter().filter(|b| **b == b'\n').count(), 1);
                 match decode_frame(&frame[..frame.len() - 1]) {
                     Ok(crate::codec::frame::Frame::McpRequest(req)) => forwarded.push(req.id),
-                    Ok(crate::codec::frame::Frame::Shutdown(_)) => {}
+                    Ok(
+                        crate::codec::frame::Frame::Shutdown(_)
+                        | crate::codec::frame::Frame::Ack(_),
+                    ) => {}
                     other => panic!("unexpected frame to the runner: {other:?}"),
                 }
             }

@@ -7,3 +7,6 @@ pub mod mcp_bridge;
 pub mod pending;
 pub mod runner;
 pub mod tracker;
+
+#[cfg(test)]
+mod handover_tests;

@@ -6,6 +6,8 @@
 //! {"kind":"mcp_request","id":1,"method":"tools/list"}
 //! {"kind":"mcp_response","id":1,"result":{"tools":[]}}
 //! {"kind":"mcp_notification","method":"notifications/claude/channel","params":{…}}
+//! {"kind":"mcp_notification","method":"notifications/claude/channel","params":{…},"seq":7}
+//! {"kind":"ack","seq":7}
 //! {"kind":"shutdown","reason":"displaced-by-new-bridge"}
 //! {"kind":"error","message":"runner already attached"}
 //! ```
@@ -45,6 +47,16 @@ pub enum Frame {
     Shutdown(Shutdown),
     /// either direction: a protocol-level error, optionally about one request.
     Error(ErrorFrame),
+    /// bridge → runner: the notification numbered `seq` was written to the agent (`seq` 0, sent
+    /// on connect: this bridge acknowledges what it writes).
+    Ack(Ack),
+}
+
+/// `ack`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ack {
+    /// The notification's `seq`, or 0 for "I acknowledge".
+    pub seq: u64,
 }
 
 /// `mcp_request`.
@@ -74,6 +86,9 @@ pub struct McpNotification {
     pub method: String,
     /// Params verbatim; absent when `None`.
     pub params: Option<RawJson>,
+    /// The runner's number for it, which a bridge that acknowledges sends back in an `ack` once
+    /// it wrote it to the agent (absent from runners that do not ask).
+    pub seq: Option<u64>,
 }
 
 /// `shutdown`.
@@ -105,16 +120,19 @@ pub enum FrameKind {
     Shutdown,
     /// `error`
     Error,
+    /// `ack`
+    Ack,
 }
 
 impl FrameKind {
     /// Every kind.
-    pub const ALL: [FrameKind; 5] = [
+    pub const ALL: [FrameKind; 6] = [
         Self::McpRequest,
         Self::McpResponse,
         Self::McpNotification,
         Self::Shutdown,
         Self::Error,
+        Self::Ack,
     ];
 
     /// The wire name.
@@ -125,6 +143,7 @@ impl FrameKind {
             Self::McpNotification => "mcp_notification",
             Self::Shutdown => "shutdown",
             Self::Error => "error",
+            Self::Ack => "ack",
         }
     }
 
@@ -154,6 +173,7 @@ impl Frame {
             Self::McpNotification(_) => FrameKind::McpNotification,
             Self::Shutdown(_) => FrameKind::Shutdown,
             Self::Error(_) => FrameKind::Error,
+            Self::Ack(_) => FrameKind::Ack,
         }
     }
 }
@@ -177,7 +197,7 @@ pub enum DropReason {
     NotAnObject,
     /// An object without a string `kind`.
     MissingKind,
-    /// A `kind` that is not one of the five.
+    /// A `kind` that is not one of the six.
     UnknownKind {
         /// The kind as sent.
         kind: String,
@@ -302,6 +322,8 @@ struct WireFrame<'a> {
     reason: Option<&'a RawValue>,
     #[serde(default, borrow, deserialize_with = "present")]
     message: Option<&'a RawValue>,
+    #[serde(default, borrow, deserialize_with = "present")]
+    seq: Option<&'a RawValue>,
 }
 
 /// Decodes one line (without its newline) into a frame.
@@ -359,6 +381,21 @@ pub fn decode_frame(line: &[u8]) -> Result<Frame, DropReason> {
         FrameKind::McpNotification => Frame::McpNotification(McpNotification {
             method: method()?,
             params,
+            seq: match wire.seq {
+                None => None,
+                Some(raw) if raw.get() == "null" => None,
+                Some(raw) => Some(
+                    serde_json::from_str::<u64>(raw.get())
+                        .map_err(|_| invalid("\"seq\" must be a non-negative integer"))?,
+                ),
+            },
+        }),
+        FrameKind::Ack => Frame::Ack(Ack {
+            seq: match wire.seq {
+                Some(raw) => serde_json::from_str::<u64>(raw.get())
+                    .map_err(|_| invalid("\"seq\" must be a non-negative integer"))?,
+                None => return Err(invalid("missing \"seq\"")),
+            },
         }),
         FrameKind::McpResponse => {
             let id = required_id()?;
@@ -445,7 +482,17 @@ fn write_frame(frame: &Frame, out: &mut Vec<u8>) {
                 }
             }
         }
-        Frame::McpNotification(n) => write_method_params(out, &n.method, n.params.as_ref()),
+        Frame::McpNotification(n) => {
+            write_method_params(out, &n.method, n.params.as_ref());
+            if let Some(seq) = n.seq {
+                out.extend_from_slice(b",\"seq\":");
+                write_int(out, seq);
+            }
+        }
+        Frame::Ack(a) => {
+            out.extend_from_slice(b",\"seq\":");
+            write_int(out, a.seq);
+        }
         Frame::Shutdown(s) => {
             if let Some(reason) = &s.reason {
                 out.extend_from_slice(b",\"reason\":");

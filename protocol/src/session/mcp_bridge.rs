@@ -14,6 +14,10 @@
 //! - relays `mcp_notification` frames as JSON-RPC notifications — from start-up until the agent
 //!   is ready (`notifications/initialized` sent, first `tools/list` answered, then
 //!   [`START_GRACE`]) they are held, in order and bounded (see [`startup`]);
+//! - acknowledges each numbered notification (`ack{seq}`) once it is written to the agent, and
+//!   says so first thing on the socket (`ack{seq:0}`); a notification it never wrote (held at
+//!   teardown, refused by a full hold, or unread when it closed) stays unacknowledged, and the
+//!   runner gives it to the next bridge;
 //! - drops a pending request when the agent sends `notifications/cancelled` for it;
 //! - answers a request whose frame would exceed the cap with `-32603` without sending it, and a
 //!   malformed agent line with `-32700` / `-32600`;
@@ -31,7 +35,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::codec::frame::{
-    Decoded, DropReason, Dropped, Frame, FrameDecoder, FrameKind, MAX_FRAME_BYTES, McpRequest,
+    Ack, Decoded, DropReason, Dropped, Frame, FrameDecoder, FrameKind, MAX_FRAME_BYTES, McpRequest,
     Shutdown, encode_frame,
 };
 use crate::codec::json::RawJson;
@@ -247,13 +251,15 @@ pub struct BridgeSession {
     runner: FrameDecoder,
     pending: Pending<Forwarded>,
     hold: StartupHold,
+    /// The `seq` of each held notification that carried one, in order.
+    held_seqs: Vec<u64>,
     out: VecDeque<BridgeOutput>,
 }
 
 impl BridgeSession {
     /// A session that has just connected to the runner.
     pub fn new(config: BridgeConfig) -> Self {
-        Self {
+        let mut session = Self {
             agent: LineDecoder::new(config.max_agent_line_bytes),
             runner: FrameDecoder::new(config.max_frame_bytes),
             face: McpFace {
@@ -270,8 +276,13 @@ impl BridgeSession {
             config,
             state: State::Relaying,
             pending: Pending::new(),
+            held_seqs: Vec::new(),
             out: VecDeque::new(),
-        }
+        };
+        // First thing on the socket: this bridge acknowledges the notifications it writes, so
+        // the runner can hand those it never wrote to the next bridge.
+        session.ack([0]);
+        session
     }
 
     /// Bytes read from the agent (stdin).
@@ -356,6 +367,8 @@ impl BridgeSession {
                     to: Peer::Agent,
                     bytes,
                 }));
+            let seqs = std::mem::take(&mut self.held_seqs);
+            self.ack(seqs);
             self.event(BridgeEvent::Released { count });
         }
     }
@@ -462,11 +475,14 @@ impl BridgeSession {
                 let mut line = Vec::new();
                 jsonrpc::encode_notification(&mut line, &n.method, n.params.as_ref());
                 match self.hold.offer(line) {
-                    Offer::Pass(line) => self.out.push_back(BridgeOutput::Transmit {
-                        to: Peer::Agent,
-                        bytes: line,
-                    }),
-                    Offer::Held => {}
+                    Offer::Pass(line) => {
+                        self.out.push_back(BridgeOutput::Transmit {
+                            to: Peer::Agent,
+                            bytes: line,
+                        });
+                        self.ack(n.seq);
+                    }
+                    Offer::Held => self.held_seqs.extend(n.seq),
                     Offer::Refused => {
                         let held = self.hold.held();
                         self.event(BridgeEvent::HoldFull {
@@ -489,7 +505,7 @@ impl BridgeSession {
                     id: e.id,
                 });
             }
-            Decoded::Frame(frame @ Frame::McpRequest(_)) => {
+            Decoded::Frame(frame @ (Frame::McpRequest(_) | Frame::Ack(_))) => {
                 self.event(BridgeEvent::UnexpectedFrame { kind: frame.kind() });
             }
             Decoded::Dropped(dropped) => {
@@ -556,6 +572,8 @@ impl BridgeSession {
             self.answer(id, forwarded, &error, now);
         }
         let count = self.hold.discard();
+        // Never written, so never acknowledged: the runner hands them to the next bridge.
+        self.held_seqs.clear();
         if count > 0 {
             self.event(BridgeEvent::HeldDiscarded { count });
         }
@@ -573,6 +591,26 @@ impl BridgeSession {
         }
         self.state = State::Closed;
         self.out.push_back(BridgeOutput::Exit(reason));
+    }
+
+    /// Tells the runner these notifications were written to the agent (one `ack` frame each).
+    /// The driver writes outputs in order, so an `ack` never overtakes its line.
+    fn ack(&mut self, seqs: impl IntoIterator<Item = u64>) {
+        for seq in seqs {
+            let mut bytes = Vec::new();
+            if encode_frame(
+                &Frame::Ack(Ack { seq }),
+                &mut bytes,
+                self.config.max_frame_bytes,
+            )
+            .is_ok()
+            {
+                self.out.push_back(BridgeOutput::Transmit {
+                    to: Peer::Runner,
+                    bytes,
+                });
+            }
+        }
     }
 
     fn answer_agent(&mut self, id: Option<&Id>, error: &RpcError) {

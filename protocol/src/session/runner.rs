@@ -23,6 +23,18 @@
 //! is dropped. Notifications go to the attached bridge; while none is attached they wait in a
 //! bounded queue (overflow drops the oldest and says so) and are delivered on attach.
 //!
+//! Handing over between bridges: every notification carries a `seq`. A bridge that says first
+//! thing that it acknowledges (`ack{seq:0}`) sends `ack{seq}` for each notification once it
+//! wrote it to the agent. When such a bridge goes — it closed, sent `shutdown`, or was
+//! displaced — whatever it was sent and never acknowledged goes to the next bridge (at once if
+//! one is attached, else queued ahead of later notifications), so a notification the old bridge
+//! never wrote is written once, by the new one. A displaced bridge is not closed at once: it
+//! gets `shutdown` and is read until it closes (its acknowledgements say what it wrote); only
+//! then is the rest handed over. Bridges that do not acknowledge (other implementations) are
+//! handled as before: what they were sent counts as delivered. Under
+//! [`BridgePolicy::AllowMany`] every bridge already got every notification, so nothing is
+//! handed over.
+//!
 //! A response that would not fit in a frame is replaced, so no request waits forever: a
 //! `tools/call` gets an `isError` result `<tool>: result too large (N bytes > MAX)`, any other
 //! method a `-32603` error.
@@ -251,6 +263,15 @@ pub enum RunnerEvent {
         /// How many.
         count: usize,
     },
+    /// Notifications a bridge was sent and never wrote to the agent were handed on.
+    Redelivered {
+        /// The bridge that did not write them.
+        from: ConnId,
+        /// The bridge they went to (`None`: queued until one attaches).
+        to: Option<ConnId>,
+        /// How many.
+        count: usize,
+    },
 }
 
 /// A call the session cannot honour because the application made a mistake.
@@ -282,6 +303,12 @@ struct Attached {
     origin: Origin,
     decoder: FrameDecoder,
     in_flight: BTreeMap<u64, InFlight>,
+    /// The bridge acknowledges what it writes (it sent `ack{seq:0}`).
+    acks: bool,
+    /// Notifications sent to it and not acknowledged, by `seq`.
+    unacked: BTreeMap<u64, Vec<u8>>,
+    /// Displaced: told to shut down, read until it closes, sent nothing new.
+    draining: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -306,7 +333,9 @@ pub struct RunnerSession {
     /// Served connections: the agent's bridges (at most one unless the policy is `AllowMany`)
     /// and outsiders.
     attached: BTreeMap<ConnId, Attached>,
-    queued: VecDeque<Vec<u8>>,
+    /// Notifications waiting for a bridge, in `seq` order.
+    queued: VecDeque<(u64, Vec<u8>)>,
+    next_seq: u64,
     out: VecDeque<RunnerOutput>,
 }
 
@@ -319,6 +348,7 @@ impl RunnerSession {
             next_conn: 0,
             attached: BTreeMap::new(),
             queued: VecDeque::new(),
+            next_seq: 1,
             out: VecDeque::new(),
         }
     }
@@ -350,8 +380,18 @@ impl RunnerSession {
                         reason: Some(DISPLACED_REASON.to_owned()),
                     });
                     self.transmit(old, &frame);
-                    self.out.push_back(RunnerOutput::Close { conn: old });
-                    self.detach(old, DetachReason::Displaced);
+                    // Read until it closes: its acknowledgements (if it sends any) say what
+                    // it wrote; the rest is handed on then. Whether it acknowledges may not be
+                    // known yet (its first bytes may still be unread), so it is never cut off.
+                    if let Some(a) = self.attached.get_mut(&old) {
+                        a.draining = true;
+                        let abandoned = std::mem::take(&mut a.in_flight).len();
+                        self.event(RunnerEvent::Detached {
+                            conn: old,
+                            reason: DetachReason::Displaced,
+                            abandoned,
+                        });
+                    }
                 }
             }
             BridgePolicy::RejectNew => {
@@ -369,11 +409,8 @@ impl RunnerSession {
         }
         self.serve(conn, origin);
         let delivered = self.queued.len();
-        if delivered > 0 {
-            let bytes: Vec<u8> = self.queued.drain(..).flatten().collect();
-            self.out
-                .push_back(RunnerOutput::Transmit { to: conn, bytes });
-        }
+        let queued: Vec<(u64, Vec<u8>)> = self.queued.drain(..).collect();
+        self.send_numbered(conn, queued);
         self.event(RunnerEvent::Attached { conn, delivered });
         conn
     }
@@ -418,7 +455,7 @@ impl RunnerSession {
         if conn.0 >= self.next_conn {
             return Err(RunnerMisuse::UnknownConnection(conn));
         }
-        let Some(attached) = self.attached.get_mut(&conn) else {
+        let Some(attached) = self.attached.get_mut(&conn).filter(|a| !a.draining) else {
             self.event(RunnerEvent::ResponseDropped { conn, id });
             return Ok(());
         };
@@ -452,9 +489,12 @@ impl RunnerSession {
             self.event(RunnerEvent::NotificationsDropped { count: 1 });
             return;
         }
+        let seq = self.next_seq;
+        self.next_seq += 1;
         let frame = Frame::McpNotification(McpNotification {
             method: method.to_owned(),
             params,
+            seq: Some(seq),
         });
         let bytes = match encode_frame_vec(&frame, self.config.max_frame_bytes) {
             Ok(bytes) => bytes,
@@ -470,14 +510,31 @@ impl RunnerSession {
         let conns: Vec<ConnId> = self.agent_bridges().collect();
         if !conns.is_empty() {
             for conn in conns {
-                self.out.push_back(RunnerOutput::Transmit {
-                    to: conn,
-                    bytes: bytes.clone(),
-                });
+                self.send_numbered(conn, vec![(seq, bytes.clone())]);
             }
             return;
         }
-        self.queued.push_back(bytes);
+        self.queued.push_back((seq, bytes));
+        self.trim_queue();
+    }
+
+    /// Sends numbered notifications to `conn` (one write), remembering them until acknowledged.
+    fn send_numbered(&mut self, conn: ConnId, items: Vec<(u64, Vec<u8>)>) {
+        if items.is_empty() {
+            return;
+        }
+        let mut bytes = Vec::new();
+        if let Some(a) = self.attached.get_mut(&conn) {
+            for (seq, line) in items {
+                bytes.extend_from_slice(&line);
+                a.unacked.insert(seq, line);
+            }
+        }
+        self.out
+            .push_back(RunnerOutput::Transmit { to: conn, bytes });
+    }
+
+    fn trim_queue(&mut self) {
         let excess = self
             .queued
             .len()
@@ -530,13 +587,21 @@ impl RunnerSession {
 
     /// How many outsiders are being served.
     pub fn outsider_count(&self) -> usize {
-        self.attached.len() - self.attached_count()
+        self.attached
+            .values()
+            .filter(|a| a.origin == Origin::Outsider)
+            .count()
+    }
+
+    /// How many displaced bridges are still being read until they close.
+    pub fn draining_count(&self) -> usize {
+        self.attached.values().filter(|a| a.draining).count()
     }
 
     fn agent_bridges(&self) -> impl DoubleEndedIterator<Item = ConnId> + '_ {
         self.attached
             .iter()
-            .filter(|(_, a)| a.origin == Origin::Agent)
+            .filter(|(_, a)| a.origin == Origin::Agent && !a.draining)
             .map(|(conn, _)| *conn)
     }
 
@@ -551,6 +616,11 @@ impl RunnerSession {
     }
 
     fn frame_from_bridge(&mut self, conn: ConnId, decoded: Decoded, now: Instant) {
+        // A displaced bridge is read only for its acknowledgements and its end.
+        let draining = self.attached.get(&conn).is_some_and(|a| a.draining);
+        if draining && !matches!(decoded, Decoded::Frame(Frame::Ack(_) | Frame::Shutdown(_))) {
+            return;
+        }
         match decoded {
             Decoded::Frame(Frame::McpRequest(req)) => {
                 let Some(attached) = self.attached.get_mut(&conn) else {
@@ -588,6 +658,15 @@ impl RunnerSession {
                 message: e.message,
                 id: e.id,
             }),
+            Decoded::Frame(Frame::Ack(ack)) => {
+                if let Some(a) = self.attached.get_mut(&conn) {
+                    if ack.seq == 0 {
+                        a.acks = true;
+                    } else {
+                        a.unacked.remove(&ack.seq);
+                    }
+                }
+            }
             Decoded::Frame(frame @ (Frame::McpResponse(_) | Frame::McpNotification(_))) => {
                 self.event(RunnerEvent::UnexpectedFrame {
                     conn,
@@ -620,6 +699,9 @@ impl RunnerSession {
                 origin,
                 decoder: FrameDecoder::new(self.config.max_frame_bytes),
                 in_flight: BTreeMap::new(),
+                acks: false,
+                unacked: BTreeMap::new(),
+                draining: false,
             },
         );
     }
@@ -627,14 +709,51 @@ impl RunnerSession {
     fn detach(&mut self, conn: ConnId, reason: DetachReason) {
         if let Some(attached) = self.attached.remove(&conn) {
             let abandoned = attached.in_flight.len();
-            self.event(match attached.origin {
-                Origin::Agent => RunnerEvent::Detached {
+            match attached.origin {
+                // A displaced bridge said so when it was displaced.
+                Origin::Agent if attached.draining => {}
+                Origin::Agent => self.event(RunnerEvent::Detached {
                     conn,
-                    reason,
+                    reason: reason.clone(),
                     abandoned,
-                },
-                Origin::Outsider => RunnerEvent::OutsiderLeft { conn, abandoned },
-            });
+                }),
+                Origin::Outsider => self.event(RunnerEvent::OutsiderLeft { conn, abandoned }),
+            }
+            let hand_on = attached.origin == Origin::Agent
+                && attached.acks
+                && self.config.policy != BridgePolicy::AllowMany
+                && reason != DetachReason::RunnerShutdown;
+            if hand_on && !attached.unacked.is_empty() {
+                self.hand_on(conn, attached.unacked);
+            }
+        }
+    }
+
+    /// Gives what `from` never wrote to the attached bridge, or queues it ahead of later ones.
+    fn hand_on(&mut self, from: ConnId, unacked: BTreeMap<u64, Vec<u8>>) {
+        let count = unacked.len();
+        let current = self.agent_bridges().next_back();
+        match current {
+            Some(to) => {
+                self.send_numbered(to, unacked.into_iter().collect());
+                self.event(RunnerEvent::Redelivered {
+                    from,
+                    to: Some(to),
+                    count,
+                });
+            }
+            None => {
+                let mut all: Vec<(u64, Vec<u8>)> = unacked.into_iter().collect();
+                all.extend(self.queued.drain(..));
+                all.sort_by_key(|(seq, _)| *seq);
+                self.queued = all.into();
+                self.trim_queue();
+                self.event(RunnerEvent::Redelivered {
+                    from,
+                    to: None,
+                    count,
+                });
+            }
         }
     }
 

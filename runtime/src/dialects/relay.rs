@@ -8,7 +8,7 @@
 //!   socket read ────────▶ handle_parent_bytes / handle_parent_closed ─┤ RelaySession
 //!   SIGINT/SIGTERM ─────▶ handle_terminate ───────────────────────────┤
 //!   poll_timeout elapsed ▶ handle_timeout ────────────────────────────┘
-//!        poll_output: ToAgent -> stdout (blocking write + flush), ToParent -> socket buffer,
+//!        poll_output: ToAgent -> stdout (blocking write + flush), then ToParent -> socket buffer,
 //!                     Connect -> start connecting, Disconnect -> drop the socket,
 //!                     Event -> stderr log, Exit -> flush the socket briefly and return
 //! ```
@@ -237,17 +237,22 @@ impl<S: RelaySession> Relay<S> {
         }
     }
 
-    /// Drains the session's outputs and performs them: stdout synchronously, the socket as far as
-    /// it takes bytes now. Returns the exit once the session has finished.
+    /// Drains the session's outputs and performs them: stdout synchronously, then the socket as
+    /// far as it takes bytes now. Returns the exit once the session has finished.
+    ///
+    /// Stdout goes first, and what a round has for the parent is sent only once that round's
+    /// stdout write succeeded: an acknowledgement of a notification never reaches the parent
+    /// unless its line reached the agent's pipe.
     fn pump(&mut self) -> Option<S::Exit> {
         let mut exit = None;
         loop {
             let mut any = false;
+            let mut for_parent: Vec<Vec<u8>> = Vec::new();
             while let Some(output) = self.session.poll_output() {
                 any = true;
                 match output {
                     RelayOutput::ToAgent(bytes) => append(&mut self.to_agent, bytes),
-                    RelayOutput::ToParent(bytes) => self.to_parent.push(bytes),
+                    RelayOutput::ToParent(bytes) => for_parent.push(bytes),
                     RelayOutput::Connect => {
                         self.connecting = Some(Box::pin(connect(self.path.clone())));
                     }
@@ -255,6 +260,7 @@ impl<S: RelaySession> Relay<S> {
                         self.socket = None;
                         self.connecting = None;
                         self.to_parent.clear();
+                        for_parent.clear();
                     }
                     RelayOutput::Event(event) => S::log_event(&event),
                     RelayOutput::Exit(reason) => exit = Some(reason),
@@ -263,13 +269,6 @@ impl<S: RelaySession> Relay<S> {
             if !any {
                 return exit;
             }
-            // A failed write feeds the session (parent closed / agent gone), which queues the
-            // teardown's outputs: the next round performs them.
-            if self.socket.is_some() {
-                self.write_socket();
-            } else {
-                self.to_parent.clear();
-            }
             let bytes = std::mem::take(&mut self.to_agent);
             if !bytes.is_empty()
                 && self.stdout_open
@@ -277,7 +276,19 @@ impl<S: RelaySession> Relay<S> {
             {
                 tracing::warn!(error = %err, "writing to stdout failed; the agent is gone");
                 self.stdout_open = false;
+                // What this round had for the parent may acknowledge lines that never arrived.
+                for_parent.clear();
                 self.session.handle_agent_eof(Instant::now());
+            }
+            for frame in for_parent {
+                self.to_parent.push(frame);
+            }
+            // A failed write feeds the session (parent closed / agent gone), which queues the
+            // teardown's outputs: the next round performs them.
+            if self.socket.is_some() {
+                self.write_socket();
+            } else {
+                self.to_parent.clear();
             }
         }
     }

@@ -673,6 +673,19 @@ fn log_event(event: &RunnerEvent) {
         RunnerEvent::NotificationsDropped { count } => {
             tracing::warn!(count, "notifications dropped (no bridge attached)");
         }
+        RunnerEvent::Redelivered { from, to, count } => match to {
+            Some(to) => tracing::info!(
+                from = from.0,
+                to = to.0,
+                count,
+                "notifications the old bridge never wrote handed to the new one"
+            ),
+            None => tracing::info!(
+                from = from.0,
+                count,
+                "notifications the old bridge never wrote queued for the next one"
+            ),
+        },
     }
 }
 

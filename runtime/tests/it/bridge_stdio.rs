@@ -282,6 +282,12 @@ async fn garbage_oversized_and_unmatched_frames_from_the_runner_are_dropped() {
     let mut frames = BufReader::new(read).lines();
     bridge.initialize().await;
 
+    // First on the socket: the bridge says it acknowledges the notifications it writes.
+    let hello = within(5, "the bridge's first frame", frames.next_line())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(hello, r#"{"kind":"ack","seq":0}"#);
     bridge
         .send(r#"{"jsonrpc":"2.0","id":"a","method":"tools/list"}"#)
         .await;

@@ -1039,3 +1039,61 @@ async fn a_runner_logs_at_warn_by_default() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(!stderr.contains("\"INFO\""), "default is warn: {stderr}");
 }
+
+/// An agent that closes its bridge and starts a new one every 400 ms (as Claude Code does on
+/// `/mcp` reconnect) while a flood of DMs arrives: each reaches it exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_swapping_its_bridge_every_400_ms_under_a_flood_gets_each_dm_once() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let bodies: Vec<String> = (0..600).map(|i| format!("flood-{i}")).collect();
+    let expect = bodies.join(",");
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "swap",
+        &[("AC7_TEST_EXPECT", &expect)],
+    );
+    wait_for_file(
+        &dir.path().join("ready"),
+        "the agent to start its first bridge",
+    )
+    .await;
+    // About 150 a second for 4 s: every bridge boundary falls inside the flood.
+    for chunk in bodies.chunks(15) {
+        for body in chunk {
+            let r = broker
+                .post("/push", "director", json!({"to": "builder", "body": body}))
+                .await;
+            assert_eq!(r.status, 200, "{}", r.text);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    let out = result(dir.path());
+    let received: Vec<&str> = out["received"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let bridges = out["bridges"].as_u64().unwrap();
+    assert!(
+        bridges >= 5,
+        "only {bridges} bridges: the flood outran the swaps"
+    );
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &received {
+        *counts.entry(r).or_default() += 1;
+    }
+    let lost: Vec<&String> = bodies
+        .iter()
+        .filter(|b| !counts.contains_key(b.as_str()))
+        .collect();
+    let doubled: Vec<(&&str, &usize)> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        lost.is_empty() && doubled.is_empty(),
+        "over {bridges} bridges: lost {lost:?}, more than once {doubled:?}"
+    );
+}

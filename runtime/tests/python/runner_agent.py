@@ -17,6 +17,9 @@ Scenarios:
   displace  start a first bridge by hand (raw lines: handshake and tools/list), then an SDK client
             on a second one; record that the first one's stdout closed (it was displaced), then
             wait for the bodies in AC7_TEST_EXPECT on the second
+  swap      raw JSON lines, no SDK: a bridge at a time, each closed after AC7_TEST_SWAP_MS
+            (default 400) of delivering and replaced by a new one, until every body in
+            AC7_TEST_EXPECT arrived; every channel event is recorded, duplicates included
   exit:N    exit with code N at once (never starts the bridge)
   hang      sleep until killed
 """
@@ -248,6 +251,67 @@ async def scenario_displace() -> dict:
     }
 
 
+def scenario_swap_sync() -> dict:
+    import select
+    import subprocess
+
+    entry = server()
+    expect = os.environ["AC7_TEST_EXPECT"].split(",")
+    lifetime = int(os.environ.get("AC7_TEST_SWAP_MS", "400")) / 1000
+    received: list[str] = []
+    bridges = 0
+    deadline = time.monotonic() + WAIT * 3
+
+    def take(line: bytes) -> dict:
+        msg = json.loads(line)
+        if msg.get("method") == "notifications/claude/channel":
+            received.append(msg["params"]["content"])
+        return msg
+
+    while time.monotonic() < deadline:
+        bridges += 1
+        bridge = subprocess.Popen([entry.command, *entry.args], env={**os.environ, **(entry.env or {})},
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                     "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                "clientInfo": {"name": "swap", "version": "0"}}},
+                    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}):
+            bridge.stdin.write((json.dumps(msg) + "\n").encode())
+            bridge.stdin.flush()
+        if bridges == 1:
+            (WORK / "ready").write_text("ready")
+        # Deliver for a while, reading whole lines as they come.
+        until = time.monotonic() + lifetime
+        buf = b""
+        while time.monotonic() < until:
+            ready, _, _ = select.select([bridge.stdout], [], [], max(0.0, until - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(bridge.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line.strip():
+                    take(line)
+        # Close it as an MCP client does, and read what it still writes until it exits.
+        bridge.stdin.close()
+        rest = buf + bridge.stdout.read()
+        bridge.wait(timeout=WAIT)
+        for line in rest.split(b"\n"):
+            if line.strip():
+                take(line)
+        if set(expect).issubset(received):
+            break
+    return {"received": received, "bridges": bridges}
+
+
+async def scenario_swap() -> dict:
+    return await anyio.to_thread.run_sync(scenario_swap_sync)
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario.startswith("exit:"):
@@ -256,7 +320,7 @@ def main() -> None:
         (WORK / "ready").write_text("ready")
         time.sleep(3600)
         return
-    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace}[scenario])
+    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace, "swap": scenario_swap}[scenario])
     (WORK / "result.json").write_text(json.dumps(result))
 
 

@@ -40,11 +40,15 @@ fn examples() -> Vec<Frame> {
             params: Some(raw(
                 r#"{"content":"hi","meta":{"from":"alice","thread":"dm"}}"#,
             )),
+            seq: Some(7),
         }),
         Frame::McpNotification(McpNotification {
             method: "notifications/tools/list_changed".into(),
             params: None,
+            seq: None,
         }),
+        Frame::Ack(Ack { seq: 0 }),
+        Frame::Ack(Ack { seq: 7 }),
         Frame::Shutdown(Shutdown {
             reason: Some("displaced-by-new-bridge".into()),
         }),
@@ -210,6 +214,7 @@ fn notification_of_len(len: usize) -> Frame {
     Frame::McpNotification(McpNotification {
         method: "m".into(),
         params: Some(raw(&format!(r#"{{"p":"{}"}}"#, "x".repeat(len - skeleton)))),
+        seq: None,
     })
 }
 
@@ -341,9 +346,19 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             })),
         (any::<u64>(), outcome)
             .prop_map(|(id, outcome)| Frame::McpResponse(McpResponse { id, outcome })),
-        (any::<String>(), proptest::option::of(raw_object())).prop_map(|(method, params)| {
-            Frame::McpNotification(McpNotification { method, params })
-        }),
+        (
+            any::<String>(),
+            proptest::option::of(raw_object()),
+            proptest::option::of(any::<u64>())
+        )
+            .prop_map(|(method, params, seq)| {
+                Frame::McpNotification(McpNotification {
+                    method,
+                    params,
+                    seq,
+                })
+            }),
+        any::<u64>().prop_map(|seq| Frame::Ack(Ack { seq })),
         proptest::option::of(any::<String>())
             .prop_map(|reason| Frame::Shutdown(Shutdown { reason })),
         (any::<String>(), proptest::option::of(any::<u64>()))

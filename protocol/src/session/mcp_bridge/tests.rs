@@ -134,7 +134,12 @@ fn relays_requests_responses_and_notifications() {
     assert_eq!(init["id"], 0);
     assert_eq!(init["result"]["protocolVersion"], "2025-06-18");
     assert_eq!(init["result"]["serverInfo"]["version"], "1.2.3");
-    assert!(to_runner(&out).is_empty(), "initialize is answered locally");
+    // The session's first output is its promise to acknowledge; initialize is answered locally.
+    assert_eq!(
+        to_runner(&out),
+        vec!["{\"kind\":\"ack\",\"seq\":0}\n"],
+        "initialize is answered locally"
+    );
 
     h.agent(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
     let out = h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);

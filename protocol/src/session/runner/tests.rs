@@ -139,7 +139,10 @@ fn scripted_session_displace_respond_notify_shutdown() {
             "{\"kind\":\"shutdown\",\"reason\":\"displaced-by-new-bridge\"}\n".to_owned()
         )]
     );
-    assert!(out.contains(&RunnerOutput::Close { conn: a }));
+    assert!(
+        !out.contains(&RunnerOutput::Close { conn: a }),
+        "A is read until it closes"
+    );
     assert_eq!(s.attached(), Some(b));
 
     let n = step(
@@ -319,7 +322,7 @@ fn queue_is_bounded_and_overflow_is_reported() {
     let (_, bytes) = &transmitted(&out)[0];
     assert_eq!(
         bytes,
-        "{\"kind\":\"mcp_notification\",\"method\":\"n\",\"params\":{\"i\":2}}\n{\"kind\":\"mcp_notification\",\"method\":\"n\",\"params\":{\"i\":3}}\n{\"kind\":\"mcp_notification\",\"method\":\"n\",\"params\":{\"i\":4}}\n"
+        "{\"kind\":\"mcp_notification\",\"method\":\"n\",\"params\":{\"i\":2},\"seq\":3}\n{\"kind\":\"mcp_notification\",\"method\":\"n\",\"params\":{\"i\":3},\"seq\":4}\n{\"kind\":\"mcp_notification\",\"method\":\"n\",\"params\":{\"i\":4},\"seq\":5}\n"
     );
     assert_eq!(s.attached(), Some(a));
 }
@@ -342,7 +345,7 @@ fn an_outsider_is_served_but_never_displaces_nor_gets_events() {
         transmitted(&out),
         vec![(
             agent.0,
-            "{\"kind\":\"mcp_notification\",\"method\":\"queued\"}\n".to_owned()
+            "{\"kind\":\"mcp_notification\",\"method\":\"queued\",\"seq\":1}\n".to_owned()
         )]
     );
     // A second outsider while the agent's bridge is attached: nobody is displaced.
@@ -378,10 +381,14 @@ fn an_outsider_is_served_but_never_displaces_nor_gets_events() {
     // A new bridge from the agent's tree still displaces the old one.
     let newer = s.handle_connect(Origin::Agent, now);
     let out = drain(&mut s, &mut t);
-    assert!(out.contains(&RunnerOutput::Close { conn: agent }));
-    assert!(!out.iter().any(
-        |o| matches!(o, RunnerOutput::Close { conn } if *conn == outsider || *conn == second)
-    ));
+    assert_eq!(
+        transmitted(&out),
+        vec![(
+            agent.0,
+            "{\"kind\":\"shutdown\",\"reason\":\"displaced-by-new-bridge\"}\n".to_owned()
+        )]
+    );
+    assert!(!out.iter().any(|o| matches!(o, RunnerOutput::Close { .. })));
     assert_eq!(s.attached(), Some(newer));
 
     s.handle_closed(second, now);
@@ -416,6 +423,8 @@ struct Model {
     in_flight: BTreeMap<u64, BTreeSet<u64>>,
     queued: usize,
     shut_down: bool,
+    /// Displaced bridges: told to shut down, still read (and served) until they close.
+    draining: BTreeSet<u64>,
 }
 
 const QUEUE_LIMIT: usize = 4;
@@ -454,6 +463,7 @@ impl ReferenceStateMachine for RunnerModel {
             in_flight: BTreeMap::new(),
             queued: 0,
             shut_down: false,
+            draining: BTreeSet::new(),
         })
         .boxed()
     }
@@ -517,7 +527,8 @@ impl ReferenceStateMachine for RunnerModel {
                     (Some(_), BridgePolicy::RejectNew) => {}
                     (old, _) => {
                         if let Some(old) = old {
-                            m.open.remove(&old);
+                            // Displaced: read until it closes, never cut off.
+                            m.draining.insert(old);
                             m.in_flight.remove(&old);
                         }
                         m.attached = Some(conn);
@@ -555,6 +566,7 @@ impl ReferenceStateMachine for RunnerModel {
                 m.open.remove(&conn);
                 m.in_flight.remove(&conn);
                 m.outsiders.remove(&conn);
+                m.draining.remove(&conn);
                 if m.attached == Some(conn) {
                     m.attached = None;
                 }
@@ -573,6 +585,10 @@ impl ReferenceStateMachine for RunnerModel {
                     m.open.remove(&conn);
                     m.in_flight.remove(&conn);
                 }
+                for conn in std::mem::take(&mut m.draining) {
+                    m.open.remove(&conn);
+                    m.in_flight.remove(&conn);
+                }
                 m.shut_down = true;
                 m.queued = 0;
             }
@@ -582,7 +598,8 @@ impl ReferenceStateMachine for RunnerModel {
 }
 
 impl Model {
-    /// Whether requests from `conn` are served (the agent's bridge or an outsider).
+    /// Whether requests from `conn` are served (the agent's bridge or an outsider; a displaced
+    /// bridge is only read for its acknowledgements and its end).
     fn served(&self, conn: u64) -> bool {
         self.attached == Some(conn) || self.outsiders.contains(&conn)
     }
@@ -656,6 +673,7 @@ impl StateMachineTest for RunnerModel {
     fn check_invariants(sut: &Sut, model: &Model) {
         assert_eq!(sut.session.attached().map(|c| c.0), model.attached);
         assert_eq!(sut.session.outsider_count(), model.outsiders.len());
+        assert_eq!(sut.session.draining_count(), model.draining.len());
         assert_eq!(sut.session.queued_notifications(), model.queued);
         assert_eq!(sut.session.is_shut_down(), model.shut_down);
     }
@@ -712,7 +730,10 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
                         let to_old = frames_to(outputs, old);
                         assert_eq!(to_old.len(), 1);
                         assert_eq!(to_old[0]["reason"], DISPLACED_REASON);
-                        assert_eq!(closes, vec![old]);
+                        assert!(
+                            closes.is_empty(),
+                            "the displaced bridge is read until it closes"
+                        );
                     }
                     BridgePolicy::RejectNew => {
                         assert_eq!(frames_to(outputs, new)[0]["message"], ALREADY_ATTACHED);
@@ -799,7 +820,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
         }
         Step::PeerClose { .. } => assert!(targets.is_empty()),
         Step::BridgeShutdown { conn } => {
-            if before.served(conn) {
+            if before.served(conn) || before.draining.contains(&conn) {
                 assert_eq!(closes, vec![conn]);
             } else {
                 assert!(targets.is_empty());
@@ -817,6 +838,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
         Step::Shutdown => {
             let mut served: BTreeSet<u64> = before.outsiders.clone();
             served.extend(before.attached);
+            served.extend(before.draining.iter().copied());
             if before.shut_down {
                 assert!(targets.is_empty());
             } else {
@@ -834,4 +856,110 @@ prop_state_machine! {
 
     #[test]
     fn runner_session_matches_the_model(sequential 1..60 => RunnerModel);
+}
+
+/// Bytes of `ack` frames for `seqs`.
+fn acks(seqs: &[u64]) -> Vec<u8> {
+    seqs.iter()
+        .flat_map(|s| format!("{{\"kind\":\"ack\",\"seq\":{s}}}\n").into_bytes())
+        .collect()
+}
+
+fn redelivered(outputs: &[RunnerOutput]) -> Vec<(u64, Option<u64>, usize)> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            RunnerOutput::Event(RunnerEvent::Redelivered { from, to, count }) => {
+                Some((from.0, to.map(|c| c.0), *count))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn what_a_closing_bridge_never_wrote_goes_to_the_next_one_once() {
+    let mut s = RunnerSession::new(RunnerConfig::default());
+    let now = Instant::now();
+    let mut t = String::new();
+    let a = s.handle_connect(Origin::Agent, now);
+    s.handle_bytes(a, &acks(&[0]), now);
+    for i in 1..=3 {
+        s.notify("n", Some(raw(&format!("{{\"i\":{i}}}"))), now);
+    }
+    // It wrote the first, then went away.
+    s.handle_bytes(a, &acks(&[1]), now);
+    s.handle_closed(a, now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(redelivered(&out), vec![(a.0, None, 2)]);
+    assert_eq!(s.queued_notifications(), 2);
+    let b = s.handle_connect(Origin::Agent, now);
+    let out = drain(&mut s, &mut t);
+    let sent = transmitted(&out);
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].1.contains("\"seq\":2") && sent[0].1.contains("\"seq\":3"));
+    assert!(
+        !sent[0].1.contains("\"seq\":1"),
+        "the written one is not sent again"
+    );
+    assert_eq!(sent[0].0, b.0);
+}
+
+#[test]
+fn a_displaced_bridge_is_read_until_it_closes_and_the_rest_handed_on() {
+    let mut s = RunnerSession::new(RunnerConfig::default());
+    let now = Instant::now();
+    let mut t = String::new();
+    let a = s.handle_connect(Origin::Agent, now);
+    s.notify("n", Some(raw("{\"i\":1}")), now);
+    s.notify("n", Some(raw("{\"i\":2}")), now);
+    drain(&mut s, &mut t);
+    let b = s.handle_connect(Origin::Agent, now);
+    let out = drain(&mut s, &mut t);
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, RunnerOutput::Close { conn } if *conn == a)),
+        "the displaced bridge is not cut off before it is read"
+    );
+    s.notify("n", Some(raw("{\"i\":3}")), now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(
+        connections(&out),
+        vec![b.0],
+        "new ones go to the new bridge only"
+    );
+    // Its first bytes (read only now) say it acknowledges; it wrote the first and closed.
+    s.handle_bytes(a, &acks(&[0, 1]), now);
+    s.handle_closed(a, now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(redelivered(&out), vec![(a.0, Some(b.0), 1)]);
+    let sent = transmitted(&out);
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].1.contains("\"seq\":2"));
+}
+
+#[test]
+fn bridges_that_do_not_acknowledge_and_many_bridges_get_nothing_handed_on() {
+    // A bridge that never said it acknowledges: what it was sent counts as delivered.
+    let mut s = RunnerSession::new(RunnerConfig::default());
+    let now = Instant::now();
+    let mut t = String::new();
+    let a = s.handle_connect(Origin::Agent, now);
+    s.notify("n", None, now);
+    s.handle_closed(a, now);
+    let out = drain(&mut s, &mut t);
+    assert!(redelivered(&out).is_empty());
+    assert_eq!(s.queued_notifications(), 0);
+    // Under AllowMany every bridge got a copy already.
+    let mut s = RunnerSession::new(RunnerConfig {
+        policy: BridgePolicy::AllowMany,
+        ..RunnerConfig::default()
+    });
+    let a = s.handle_connect(Origin::Agent, now);
+    let _b = s.handle_connect(Origin::Agent, now);
+    s.handle_bytes(a, &acks(&[0]), now);
+    s.notify("n", None, now);
+    s.handle_closed(a, now);
+    let out = drain(&mut s, &mut t);
+    assert!(redelivered(&out).is_empty());
 }
