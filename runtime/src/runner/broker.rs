@@ -117,8 +117,9 @@ impl BrokerClient {
         self.token_watch.as_ref()
     }
 
-    /// A 401 came back: the token watch (if any) checks the token.
-    pub(crate) fn saw_unauthorized(&self) {
+    /// A 401 came back, or the live stream ended (the broker ends the streams of a revoked
+    /// token at once): the token watch (if any) checks the token.
+    pub(crate) fn check_token(&self) {
         if let Some(watch) = &self.token_watch {
             watch.suspect(self);
         }
@@ -181,7 +182,7 @@ impl BrokerClient {
                 Err(e) if !last && e.is_connect() => self.fail_over(i),
                 other => {
                     if matches!(&other, Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED) {
-                        self.saw_unauthorized();
+                        self.check_token();
                     }
                     return other;
                 }

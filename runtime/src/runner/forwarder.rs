@@ -10,8 +10,8 @@
 //!   WebSocket text frame; `auto` (the default) tries SSE and switches to WebSocket for good when
 //!   the broker does not answer with an event stream (the TypeScript ac7 broker serves only that).
 //! - Every subscription says where this runner runs (`X-AC7-Runner: host=…;pid=…`), which the
-//!   broker shows on `/roster`; a 401 on a connect makes the client's token watch check whether
-//!   the token was revoked ([`super::revocation`]).
+//!   broker shows on `/roster`; a 401 on a connect, and the end of an open stream, make the
+//!   client's token watch check whether the token was revoked ([`super::revocation`]).
 //! - `AC7_RECONNECT_BASE_MS` (undocumented, for tests) replaces the 1 s first reconnect delay;
 //!   the longest delay stays 30 times the first.
 
@@ -193,6 +193,9 @@ impl Forwarder {
                         }
                         Err(reason) => {
                             conn = None;
+                            // Revoking a token ends its streams at once: check it now rather
+                            // than at the next connect, which may be up to 30 s away.
+                            self.client.check_token();
                             self.machine.handle_closed(&reason, now);
                         }
                     }
@@ -346,7 +349,7 @@ async fn open_ws(
                 tungstenite::Error::Io(_) => true,
                 tungstenite::Error::Http(r) => {
                     if r.status() == tungstenite::http::StatusCode::UNAUTHORIZED {
-                        client.saw_unauthorized();
+                        client.check_token();
                     }
                     r.status().is_server_error()
                 }

@@ -5,7 +5,8 @@
 //! with the old token gets 401 from then on. Without this watch the runner would retry for ever
 //! with backoff, its agent deaf and every tool failing.
 //!
-//! - Every 401 the runner's broker client gets (the live stream, a tool call, an upload) makes
+//! - Every 401 the runner's broker client gets (the live stream, a tool call, an upload), and
+//!   the end of an open live stream (the broker ends a revoked token's streams at once), makes
 //!   the [`TokenWatch`] confirm with `GET /briefing`, one check at a time: a 401 there means the
 //!   token is revoked; any other answer (200, a 5xx, a network error, no answer within
 //!   [`CHECK_TIMEOUT`]) means it is not, and the 401 is left to the usual retries (a later 401
