@@ -11,7 +11,7 @@
 //!   between the fork and the `prctl` is caught by checking the parent right after it. Only the
 //!   agent itself gets the signal; what it started sees its pipes close.
 //! - **Signals.** SIGINT, SIGTERM and SIGHUP reaching the runner go to the agent's whole process
-//!   group; [`Supervisor`] then gives the group `--kill-grace` (default
+//!   group; the runner then gives the group `--kill-grace` (default
 //!   [`DEFAULT_KILL_GRACE`]) to end — the agent and whatever of its group outlives it — and sends
 //!   SIGKILL to the group when the grace is over. An agent that ignores SIGTERM cannot keep the
 //!   runner alive past the grace.
