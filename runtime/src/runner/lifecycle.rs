@@ -255,10 +255,20 @@ impl Agent {
         if !matches!(stopped, Ok(Some(status)) if status.stopped()) {
             return;
         }
-        terminal.give_to(rustix::process::getpgrp());
+        let me = rustix::process::getpgrp();
+        let holds = |group: Pid| {
+            terminal.with_fd(|fd| rustix::termios::tcgetpgrp(fd).is_ok_and(|p| p == group))
+        };
+        // Only from the agent: after a `bg` the shell holds the terminal, and keeps it.
+        if holds(pid) {
+            terminal.give_to(me);
+        }
         let _ = rustix::process::kill_process(rustix::process::getpid(), Signal::STOP);
-        // Continued.
-        terminal.give_to(pid);
+        // Continued: in the foreground (`fg`) the terminal goes back to the agent; in the
+        // background (`bg`) the shell keeps it.
+        if holds(me) {
+            terminal.give_to(pid);
+        }
         self.signal(Signal::CONT);
     }
 }
