@@ -46,6 +46,64 @@ pub const RESET_EVENT: &str = "reset";
 /// [`Reset`] when it cannot.
 pub const REPLAY_HEADER: &str = "x-ac7-replay";
 
+/// The request header by which a runner says where it runs when it subscribes:
+/// `host=<host name>;pid=<process id>` ([`RunnerId`]). The broker shows it on `/roster`, so a
+/// second runner for the same member can say where the first one runs. Optional: a subscriber
+/// without it (the TypeScript ac7 runner, a browser) is counted as before.
+pub const RUNNER_HEADER: &str = "x-ac7-runner";
+
+/// Where a runner runs, as it says in [`RUNNER_HEADER`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunnerId {
+    /// The machine's host name.
+    pub host: String,
+    /// The runner's process id on that machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+}
+
+/// The longest host name [`RunnerId::parse`] keeps (a DNS name's limit).
+pub const MAX_RUNNER_HOST: usize = 253;
+
+impl RunnerId {
+    /// The header value: `host=<host>;pid=<pid>`.
+    pub fn to_header(&self) -> String {
+        match self.pid {
+            Some(pid) => format!("host={};pid={pid}", self.host),
+            None => format!("host={}", self.host),
+        }
+    }
+
+    /// Reads a header value: `;`-separated `key=value` pairs, `host` required (1 to
+    /// [`MAX_RUNNER_HOST`] visible ASCII characters, no `;`, `=` or spaces), `pid` optional (a
+    /// positive number; one that is not is left out), unknown keys ignored. `None` when there is
+    /// no usable host.
+    pub fn parse(value: &str) -> Option<RunnerId> {
+        let mut host = None;
+        let mut pid = None;
+        for pair in value.split(';') {
+            let Some((key, val)) = pair.split_once('=') else {
+                continue;
+            };
+            match key.trim() {
+                "host" => host = Some(val.trim()),
+                "pid" => pid = val.trim().parse::<u32>().ok().filter(|p| *p > 0),
+                _ => {}
+            }
+        }
+        let host = host.filter(|h| {
+            !h.is_empty()
+                && h.len() <= MAX_RUNNER_HOST
+                && h.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b';' && b != b'=')
+        })?;
+        Some(RunnerId {
+            host: host.to_owned(),
+            pid,
+        })
+    }
+}
+
 /// Why the broker could not replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -657,6 +715,38 @@ mod tests {
     use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 
     use super::*;
+
+    #[test]
+    fn runner_ids_round_trip_and_bad_values_are_dropped() {
+        let id = RunnerId {
+            host: "build-box.lan".into(),
+            pid: Some(4242),
+        };
+        assert_eq!(id.to_header(), "host=build-box.lan;pid=4242");
+        assert_eq!(RunnerId::parse(&id.to_header()), Some(id));
+        assert_eq!(
+            RunnerId::parse(" pid=7 ; host=h ; extra=1"),
+            Some(RunnerId {
+                host: "h".into(),
+                pid: Some(7)
+            })
+        );
+        assert_eq!(
+            RunnerId::parse("host=h;pid=-3"),
+            Some(RunnerId {
+                host: "h".into(),
+                pid: None
+            })
+        );
+        assert_eq!(RunnerId::parse("pid=7"), None);
+        assert_eq!(RunnerId::parse("host=;pid=7"), None);
+        assert_eq!(RunnerId::parse("host=a b"), None);
+        assert_eq!(RunnerId::parse(&format!("host={}", "h".repeat(254))), None);
+        assert_eq!(
+            serde_json::to_value(RunnerId::parse("host=h").unwrap()).unwrap(),
+            serde_json::json!({"host": "h"})
+        );
+    }
     use crate::fuzzing::{LiveSim, LiveStep};
     use crate::test_support::proptest_config;
 

@@ -19,6 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ac7_protocol::domain::message::Audience;
+use ac7_protocol::session::live::RunnerId;
 use axum::body::Bytes;
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -213,6 +214,10 @@ pub struct Presence {
     /// Present (as `true`) while a runner reports busy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub busy: Option<bool>,
+    /// Where the live streams on this broker come from, for those whose runner said so
+    /// (`X-AC7-Runner`); left out when none did.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub runners: Vec<RunnerId>,
 }
 
 #[derive(Debug)]
@@ -223,6 +228,8 @@ struct Sub {
     /// The member holding the stream (the entry's own name on `/subscribe`; the
     /// watcher on a hub of watched streams, see [`Hub::watch`]).
     owner: String,
+    /// Where the stream's runner runs, when it said so.
+    runner: Option<RunnerId>,
     queue: Arc<Queue>,
 }
 
@@ -394,6 +401,7 @@ impl Hub {
             id,
             token: token_id.to_owned(),
             owner: owner.to_owned(),
+            runner: None,
             queue: Arc::clone(&queue),
         });
         Ok(Subscription {
@@ -401,6 +409,18 @@ impl Hub {
             id,
             rx: Receiver { queue },
         })
+    }
+
+    /// Records where subscriber `id` of `name` runs (shown on the roster).
+    pub fn set_runner(&self, name: &str, id: u64, runner: RunnerId) {
+        if let Some(sub) = self
+            .lock()
+            .members
+            .get_mut(name)
+            .and_then(|e| e.subs.iter_mut().find(|s| s.id == id))
+        {
+            sub.runner = Some(runner);
+        }
     }
 
     /// Deregisters a subscriber.
@@ -550,6 +570,12 @@ impl Hub {
                     last_seen: e.last_seen,
                     role: Some(e.role.clone()),
                     busy: (e.busy_until > now).then_some(true),
+                    runners: e
+                        .subs
+                        .iter()
+                        .filter(|s| !s.queue.is_closed())
+                        .filter_map(|s| s.runner.clone())
+                        .collect(),
                 })
             })
             .collect()
@@ -699,6 +725,27 @@ mod tests {
             hub.subscribe("ghost", "t", 0).unwrap_err(),
             SubscribeError::UnknownMember
         );
+    }
+
+    #[test]
+    fn the_roster_shows_where_live_streams_run() {
+        let hub = hub_with(16, usize::MAX, 8);
+        hub.register_member("a", role(), 0);
+        let plain = hub.subscribe("a", "t", 0).unwrap();
+        let runner = hub.subscribe("a", "t", 0).unwrap();
+        let id = RunnerId {
+            host: "box".into(),
+            pid: Some(12),
+        };
+        hub.set_runner("a", runner.id, id.clone());
+        let p = &hub.presence(["a"], 0)[0];
+        assert_eq!((p.connected, p.runners.clone()), (2, vec![id]));
+        drop(runner);
+        let p = &hub.presence(["a"], 0)[0];
+        assert_eq!((p.connected, p.runners.len()), (1, 0));
+        let json = serde_json::to_value(p).unwrap();
+        assert!(json.get("runners").is_none(), "left out when empty: {json}");
+        drop(plain);
     }
 
     #[tokio::test]

@@ -9,12 +9,18 @@
 //! client shares where it is, so the live stream, the tools and the activity uploads of a runner
 //! all move together. A timeout or a 500 is not retried elsewhere: the request may have been
 //! carried out.
+//!
+//! **A revoked token.** A runner's client carries a [`TokenWatch`]
+//! ([`BrokerClient::with_token_watch`]): every 401 it gets makes the watch check the token (see
+//! [`super::revocation`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ac7_protocol::domain::toolbox::{Body, Briefing, Method, Request, Response};
+
+use super::revocation::TokenWatch;
 
 /// How long one broker request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -26,6 +32,8 @@ pub struct BrokerClient {
     urls: Arc<[String]>,
     current: Arc<AtomicUsize>,
     token: String,
+    /// A runner's: every 401 makes it check whether the token was revoked.
+    token_watch: Option<TokenWatch>,
 }
 
 /// Why a broker request failed before any HTTP status came back, split by where the fault
@@ -92,7 +100,29 @@ impl BrokerClient {
                 .collect(),
             current: Arc::new(AtomicUsize::new(0)),
             token: token.to_owned(),
+            token_watch: None,
         })
+    }
+
+    /// This client, and every clone made of it from now on, with a [`TokenWatch`]: a 401 from
+    /// the broker makes it check whether the token was revoked (see
+    /// [`super::revocation`]).
+    pub fn with_token_watch(mut self) -> Self {
+        self.token_watch = Some(TokenWatch::default());
+        self
+    }
+
+    /// The token watch, when [`BrokerClient::with_token_watch`] set one.
+    pub fn token_watch(&self) -> Option<&TokenWatch> {
+        self.token_watch.as_ref()
+    }
+
+    /// A 401 came back, or the live stream ended (the broker ends the streams of a revoked
+    /// token at once): the token watch (if any) checks the token.
+    pub(crate) fn check_token(&self) {
+        if let Some(watch) = &self.token_watch {
+            watch.suspect(self);
+        }
     }
 
     /// The base URL requests go to now.
@@ -150,7 +180,12 @@ impl BrokerClient {
                     self.fail_over(i);
                 }
                 Err(e) if !last && e.is_connect() => self.fail_over(i),
-                other => return other,
+                other => {
+                    if matches!(&other, Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED) {
+                        self.check_token();
+                    }
+                    return other;
+                }
             }
         }
     }

@@ -2,11 +2,13 @@
 //!
 //! The runner core (briefing, IPC socket and tools, objectives tracker, live stream) is the same as
 //! for `ac7 claude-code`; what differs:
-//! - the bridge is registered in an ephemeral `CODEX_HOME` (`$XDG_CACHE_HOME/ac7/codex/ac7-codex-…`
-//!   or `~/.cache/ac7/codex/…`, never under `$TMPDIR`, where codex refuses to install helpers;
-//!   0700), with a 0600 `config.toml` (`[mcp_servers.ac7]` = this executable + `mcp-bridge`,
-//!   tool approval `approve`, `AC7_RUNNER_SOCKET` in its env) and `auth.json` linked from the
-//!   user's Codex home when present; the directory is removed on every exit path;
+//! - the bridge is registered in an ephemeral `CODEX_HOME`
+//!   (`$XDG_CACHE_HOME/ac7/codex/ac7-codex-<pid>-<12 hex>` or `~/.cache/ac7/codex/…`, never
+//!   under `$TMPDIR`, where codex refuses to install helpers; 0700), with a 0600 `config.toml`
+//!   (`[mcp_servers.ac7]` = this executable + `mcp-bridge`, tool approval `approve`,
+//!   `AC7_RUNNER_SOCKET` in its env) and `auth.json` linked from the user's Codex home when
+//!   present; the directory is removed on every exit path, and after a `kill -9` by the next
+//!   runner that starts ([`super::leftovers`]);
 //! - the user's Codex home is `$CODEX_HOME` if set, else `~/.codex`. Its `config.toml` (model,
 //!   `model_provider`, `[model_providers.*]`, profiles, other MCP servers — everything) is merged
 //!   into the ephemeral one; ours wins for `mcp_servers.ac7` only. `--profile NAME` layers the
@@ -19,8 +21,14 @@
 //! - events become `<channel>` texts delivered as `turn/start` (idle, or `systemError` after a
 //!   failed turn) or `turn/steer` (active) by [`CodexClient`]; when codex rejects the request, each
 //!   sender gets a DM from this member saying which messages were not delivered and why;
-//! - SIGINT/SIGTERM end the session: the active turn is interrupted, app-server is stopped, and the
-//!   runner exits 130 / 143.
+//! - app-server runs in a process group of its own and dies with the runner, even of `kill -9`
+//!   ([`super::lifecycle`]); the runner keeps the terminal;
+//! - SIGINT/SIGTERM end the session: the active turn is interrupted, app-server's stdin is
+//!   closed and the signal goes to its process group, which gets SIGKILL if it has not ended
+//!   within `--kill-grace` (default 10 s); the runner exits 130 / 143. Any other end closes
+//!   stdin and waits as long before SIGKILL;
+//! - a revoked token ([`super::revocation`]) is a turn telling codex, one line on stderr, then the
+//!   same teardown with SIGTERM, and exit [`super::revocation::EXIT_REVOKED`].
 //!
 //! `--doctor` starts the same set-up, checks that Codex starts the `ac7` MCP server, lists its
 //! tools and can call `roster` through it, prints a report and exits 0 (all good) or 1.
@@ -75,8 +83,6 @@ pub struct CodexArgs {
 
 /// How long `--doctor` waits for each step.
 const DOCTOR_STEP: Duration = doctor::STEP;
-/// How long codex gets to exit after its stdin closes.
-const EXIT_GRACE: Duration = Duration::from_secs(5);
 /// How long teardown waits for "not delivered" DMs still in flight.
 const NOTICE_GRACE: Duration = Duration::from_secs(5);
 
@@ -320,26 +326,34 @@ fn merge_config(
     Ok(merged)
 }
 
+/// Where the temporary Codex homes go: `$XDG_CACHE_HOME/ac7/codex`, else `~/.cache/ac7/codex`.
+pub(crate) fn homes_dir() -> Option<PathBuf> {
+    let cache = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        Some(cache) => PathBuf::from(cache),
+        None => PathBuf::from(std::env::var_os("HOME").filter(|v| !v.is_empty())?).join(".cache"),
+    };
+    Some(cache.join("ac7/codex"))
+}
+
 fn create_home(exe: &Path, socket: &Path, user: &UserCodex) -> Result<CodexHome, StartError> {
     let merged = merge_config(user.config.as_ref(), user.profile.as_ref(), exe, socket)?;
-    let parent = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        Some(cache) => PathBuf::from(cache),
-        None => std::env::var_os("HOME")
-            .map(|home| PathBuf::from(home).join(".cache"))
-            .ok_or_else(|| {
-                StartError::Setup(
-                    "neither XDG_CACHE_HOME nor HOME is set: nowhere to put CODEX_HOME".into(),
-                )
-            })?,
-    }
-    .join("ac7/codex");
+    let parent = homes_dir().ok_or_else(|| {
+        StartError::Setup(
+            "neither XDG_CACHE_HOME nor HOME is set: nowhere to put CODEX_HOME".into(),
+        )
+    })?;
     std::fs::create_dir_all(&parent)
         .map_err(|e| StartError::System(format!("cannot create {}: {e}", parent.display())))?;
-    let mut nonce = [0u8; 6];
+    let mut nonce = [0u8; super::leftovers::HOME_NONCE_HEX / 2];
     getrandom::fill(&mut nonce)
         .map_err(|e| StartError::System(format!("no randomness for CODEX_HOME: {e}")))?;
     let name: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
-    let dir = parent.join(format!("ac7-codex-{name}"));
+    // The pid in the name tells the next runner whether this one is still running.
+    let dir = parent.join(format!(
+        "{}-{}-{name}",
+        super::leftovers::CODEX_HOME_PREFIX,
+        std::process::id()
+    ));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
@@ -370,6 +384,7 @@ enum End {
     Signal(i32),
     Failed(String),
     Doctor(bool),
+    Revoked,
 }
 
 async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
@@ -415,6 +430,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         trace.env().apply(&mut command);
     }
     crate::rlimit::restore_fd_limit_in_child(&mut command);
+    super::lifecycle::prepare(&mut command, false);
     command.arg("app-server");
     for value in &args.config {
         command.args(["-c", value]);
@@ -445,6 +461,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     if let Some(pid) = child.id() {
         core.agent.set(pid);
     }
+    let agent = super::lifecycle::Agent::new(&child, None);
     let b = &core.briefing;
     eprintln!(
         "ac7 codex: {} ({}) on team {} — cwd {}",
@@ -456,6 +473,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
 
     // Live events: rendered here, delivered by the client machine.
     let (events_tx, mut events) = mpsc::unbounded_channel::<SinkEvent>();
+    let notices_tx = events_tx.clone();
     let (me, tracker) = (b.name.clone(), core.tracker.clone());
     let stop_stream = core.start_stream(
         args.opts.stream,
@@ -492,6 +510,12 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         (Ok(i), Ok(t)) => (i, t),
         _ => return start_failed(&StartError::System("cannot install signal handlers".into())),
     };
+    let mut token = core
+        .client
+        .token_watch()
+        .map(super::revocation::TokenWatch::subscribe);
+    // Once the token is revoked: when the session ends (codex had the notice meanwhile).
+    let mut revoked_end: Option<Instant> = None;
     let end = 'session: loop {
         // Act on everything the machine wants, then wait for the next input.
         while let Some(output) = client.poll_output() {
@@ -540,6 +564,14 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             () = sleep_until(doctor_deadline) => break End::Doctor(doctor.as_mut().is_some_and(|d| d.timed_out())),
             _ = int.recv() => break End::Signal(2),
             _ = term.recv() => break End::Signal(15),
+            () = super::lifecycle::token_revoked(token.as_mut()), if revoked_end.is_none() => {
+                let url = core.client.url();
+                eprintln!("{}", super::revocation::revoked_line(&me, url));
+                let notice = super::revocation::revoked_notice(&me, url);
+                let _ = notices_tx.send(SinkEvent::from_message(&notice, &me));
+                revoked_end = Some(Instant::now() + super::revocation::NOTICE_TIME);
+            }
+            () = sleep_until(revoked_end) => break End::Revoked,
         }
     };
 
@@ -559,14 +591,29 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             _ => {}
         }
     }
+    // Codex's stdin closing is its cue to end; a signal or a revocation also goes to its
+    // process group; SIGKILL when the grace is over.
     drop(stdin);
-    let status = match tokio::time::timeout(EXIT_GRACE, child.wait()).await {
+    let deadline = Instant::now() + args.opts.kill_grace;
+    match &end {
+        End::Signal(n) => {
+            agent.signal(
+                rustix::process::Signal::from_named_raw(*n)
+                    .unwrap_or(rustix::process::Signal::TERM),
+            );
+        }
+        End::Revoked => agent.signal(rustix::process::Signal::TERM),
+        _ => {}
+    }
+    let status = match tokio::time::timeout_at(deadline, child.wait()).await {
         Ok(status) => status,
         Err(_) => {
-            let _ = child.start_kill();
+            tracing::warn!("codex did not end within the grace: SIGKILL to its process group");
+            agent.signal(rustix::process::Signal::KILL);
             child.wait().await
         }
     };
+    agent.reap_group(deadline).await;
     drop(home);
     let _ = tokio::time::timeout(NOTICE_GRACE, notices.join_all()).await;
     let _ = stop_stream.send(true);
@@ -577,6 +624,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             (2, "codex-failed".to_owned())
         }
         End::Doctor(ok) => (i32::from(!ok), "doctor".to_owned()),
+        End::Revoked => (super::revocation::EXIT_REVOKED, "token-revoked".to_owned()),
         End::CodexExited => {
             let code = super::exit_code(status);
             (code, format!("codex-exited-{code}"))

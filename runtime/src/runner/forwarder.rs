@@ -9,6 +9,9 @@
 //! - `--stream sse` reads `text/event-stream` ([`SseParser`]); `ws` reads one frame per
 //!   WebSocket text frame; `auto` (the default) tries SSE and switches to WebSocket for good when
 //!   the broker does not answer with an event stream (the TypeScript ac7 broker serves only that).
+//! - Every subscription says where this runner runs (`X-AC7-Runner: host=…;pid=…`), which the
+//!   broker shows on `/roster`; a 401 on a connect, and the end of an open stream, make the
+//!   client's token watch check whether the token was revoked ([`super::revocation`]).
 //! - `AC7_RECONNECT_BASE_MS` (undocumented, for tests) replaces the 1 s first reconnect delay;
 //!   the longest delay stays 30 times the first.
 
@@ -19,7 +22,7 @@ use std::time::Duration;
 use ac7_protocol::codec::sse::{SseItem, SseParser};
 use ac7_protocol::domain::message::Message;
 use ac7_protocol::session::live::{
-    HistoryQuery, LiveConfig, LiveFrame, LiveOutput, LiveStream, REPLAY_HEADER,
+    HistoryQuery, LiveConfig, LiveFrame, LiveOutput, LiveStream, REPLAY_HEADER, RUNNER_HEADER,
 };
 use futures_util::StreamExt;
 use tokio::sync::watch;
@@ -190,6 +193,9 @@ impl Forwarder {
                         }
                         Err(reason) => {
                             conn = None;
+                            // Revoking a token ends its streams at once: check it now rather
+                            // than at the next connect, which may be up to 30 s away.
+                            self.client.check_token();
                             self.machine.handle_closed(&reason, now);
                         }
                     }
@@ -271,6 +277,7 @@ async fn open_sse(
         .send(reqwest::Method::GET, &path, |request| {
             let request = request
                 .header(reqwest::header::ACCEPT, "text/event-stream")
+                .header(RUNNER_HEADER, super::lifecycle::this_runner().to_header())
                 // A live stream has no end: only the machine's watchdog bounds it.
                 .timeout(Duration::from_secs(365 * 24 * 3600));
             match last_id {
@@ -330,6 +337,9 @@ async fn open_ws(
     if let Ok(v) = "1".parse() {
         headers.insert("X-AC7-Protocol", v);
     }
+    if let Ok(v) = super::lifecycle::this_runner().to_header().parse() {
+        headers.insert(RUNNER_HEADER, v);
+    }
     let (socket, response) = match tokio_tungstenite::connect_async(request).await {
         Ok(opened) => opened,
         Err(e) => {
@@ -337,7 +347,12 @@ async fn open_ws(
             // be opened, or a broker that cannot serve (5xx), says nothing good about this one.
             let unavailable = match &e {
                 tungstenite::Error::Io(_) => true,
-                tungstenite::Error::Http(r) => r.status().is_server_error(),
+                tungstenite::Error::Http(r) => {
+                    if r.status() == tungstenite::http::StatusCode::UNAUTHORIZED {
+                        client.check_token();
+                    }
+                    r.status().is_server_error()
+                }
                 _ => false,
             };
             if unavailable {

@@ -10,13 +10,24 @@
 //! 3. the agent's MCP config (`./.mcp.json`, or `--mcp-config`): an `ac7` entry that starts
 //!    this executable as `mcp-bridge` with `AC7_RUNNER_SOCKET`, restored on every exit path;
 //! 4. the live stream (forwarder) and the objectives tracker;
-//! 5. the agent, with the terminal. SIGINT/SIGTERM/SIGHUP reaching the runner are forwarded to it.
+//! 5. the agent, in a process group of its own that dies with the runner, with the terminal
+//!    ([`lifecycle`]). SIGINT/SIGTERM/SIGHUP reaching the runner go to the agent's process group,
+//!    and SIGKILL follows after `--kill-grace` (default 10 s).
+//!
+//! Also at start-up: the files runners that died left behind are removed ([`leftovers`]), and a
+//! member that is already live on the broker (another runner of it runs) is one warning naming
+//! where (host and pid, from `GET /roster`).
+//!
+//! A revoked token (rotated, deleted, the member removed) stops the runner: the agent is told,
+//! one line goes to stderr, the agent is stopped as on SIGTERM, and the runner exits
+//! [`revocation::EXIT_REVOKED`] ([`revocation`]).
 //!
 //! Every runner kind (this one, `ac7 codex`) first raises its open-file soft limit to the hard
 //! limit ([`crate::rlimit`]); the agent starts with the limit the runner was given.
 //!
 //! When the agent exits: the config is restored, the bridge gets `shutdown`, the socket is
-//! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it).
+//! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it), or
+//! [`revocation::EXIT_REVOKED`] when it was stopped because the token was revoked.
 
 pub mod activity;
 pub mod broker;
@@ -24,8 +35,11 @@ pub mod codex;
 pub(crate) mod doctor;
 pub mod forwarder;
 pub mod ipc_server;
+pub mod leftovers;
+pub mod lifecycle;
 pub mod logs;
 pub mod mcp_config;
+pub mod revocation;
 pub mod trace;
 pub mod tracker;
 
@@ -65,6 +79,10 @@ pub struct RunnerOpts {
     /// The IPC socket path (default `$TMPDIR/.ac7-runner-<pid>.sock`).
     #[arg(long)]
     pub socket: Option<PathBuf>,
+    /// Seconds the agent's process group gets to end after the runner passed on SIGINT, SIGTERM
+    /// or SIGHUP (or stopped it because its token was revoked) before it gets SIGKILL.
+    #[arg(long, env = lifecycle::KILL_GRACE_ENV, value_name = "SECS", default_value = "10", value_parser = lifecycle::parse_kill_grace)]
+    pub kill_grace: std::time::Duration,
 }
 
 /// `ac7 claude-code`.
@@ -250,6 +268,11 @@ fn run_runner(
 
 struct Running {
     child: tokio::process::Child,
+    agent: lifecycle::Agent,
+    grace: std::time::Duration,
+    client: BrokerClient,
+    me: String,
+    runner: RunnerHandle,
     config: mcp_config::McpConfigGuard,
     server: ipc_server::ServerTask,
     stop_stream: watch::Sender<bool>,
@@ -287,8 +310,9 @@ pub(crate) async fn start_core(
             url = opts.url.first().map_or(DEFAULT_URL, String::as_str)
         ))
     })?;
-    let client =
-        BrokerClient::with_urls(&opts.url, &token).map_err(|e| StartError::Setup(e.to_string()))?;
+    let client = BrokerClient::with_urls(&opts.url, &token)
+        .map_err(|e| StartError::Setup(e.to_string()))?
+        .with_token_watch();
     let briefing = client.briefing().await.map_err(|e| {
         let mut text = format!("briefing failed against {}: {e}", opts.url.join(", "));
         if matches!(e, BriefingError::Transport(TransportError::Unreachable(_) | TransportError::Interrupted(_))) {
@@ -303,6 +327,8 @@ pub(crate) async fn start_core(
     if let Some(dir) = ipc_server::default_socket_path().parent() {
         ipc_server::remove_stale_sockets(dir);
     }
+    leftovers::remove_dead_runners_files(&std::env::temp_dir(), codex::homes_dir().as_deref());
+    warn_if_already_live(&client, &briefing.name).await;
     let agent = crate::peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
         path: opts.socket.clone(),
@@ -348,6 +374,81 @@ pub(crate) async fn start_core(
         agent,
         activity,
     })
+}
+
+/// Warns on stderr when `me` already has live streams on the broker (another runner of the
+/// member, most often), naming where they run as far as the roster says. Quiet when the roster
+/// cannot be read: the warning is a courtesy.
+async fn warn_if_already_live(client: &BrokerClient, me: &str) {
+    let request = toolbox::Request {
+        method: toolbox::Method::Get,
+        path: "/roster".into(),
+        body: toolbox::Body::Empty,
+    };
+    let roster = match client.execute(&request).await {
+        Ok(response) if response.status == 200 => {
+            serde_json::from_slice::<Value>(&response.body).unwrap_or_default()
+        }
+        Ok(response) => {
+            tracing::debug!(status = response.status, "cannot read the roster");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot read the roster");
+            return;
+        }
+    };
+    let Some(entry) = roster["connected"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["name"] == me))
+    else {
+        return;
+    };
+    let live = entry["connected"].as_u64().unwrap_or(0);
+    if live > 0 {
+        let runners: Vec<ac7_protocol::session::live::RunnerId> =
+            serde_json::from_value(entry["runners"].clone()).unwrap_or_default();
+        eprintln!(
+            "{}",
+            already_live_warning(me, live, &runners, &lifecycle::host_name())
+        );
+    }
+}
+
+/// The warning for a member with `live` live streams, `runners` of which said where they run;
+/// `here` is this machine's host name.
+fn already_live_warning(
+    me: &str,
+    live: u64,
+    runners: &[ac7_protocol::session::live::RunnerId],
+    here: &str,
+) -> String {
+    let mut places: Vec<String> = runners
+        .iter()
+        .map(|r| {
+            let mut place = format!("a runner on host {}", r.host);
+            if let Some(pid) = r.pid {
+                place.push_str(&format!(" (pid {pid}"));
+                if r.host == here && !lifecycle::pid_alive(pid) {
+                    place.push_str(", no longer running: the broker drops its stream soon");
+                }
+                place.push(')');
+            }
+            place
+        })
+        .collect();
+    let unnamed = live.saturating_sub(runners.len() as u64);
+    if unnamed > 0 {
+        places.push(format!(
+            "{unnamed} stream{} that did not say where {} (a browser, or an older runner)",
+            if unnamed == 1 { "" } else { "s" },
+            if unnamed == 1 { "it runs" } else { "they run" }
+        ));
+    }
+    format!(
+        "ac7: warning: member {me} is already live on the broker: {}. Every runner of a member gets the same messages and each agent acts on them; stop the other one unless you mean to run both.",
+        places.join("; ")
+    )
 }
 
 impl Core {
@@ -435,6 +536,7 @@ async fn start(
         trace.env().apply(&mut command);
     }
     crate::rlimit::restore_fd_limit_in_child(&mut command);
+    let terminal = lifecycle::prepare(&mut command, true);
     let child = command
         .args(args)
         .kill_on_drop(false)
@@ -445,7 +547,12 @@ async fn start(
         core.agent.set(pid);
     }
     Ok(Running {
+        agent: lifecycle::Agent::new(&child, terminal),
         child,
+        grace: opts.kill_grace,
+        client: core.client.clone(),
+        me: core.briefing.name.clone(),
+        runner: core.runner.clone(),
         config,
         server: core.server,
         stop_stream,
@@ -456,8 +563,36 @@ async fn start(
 
 impl Running {
     async fn wait(mut self) -> i32 {
-        let status = forward_signals_until_exit(&mut self.child).await;
-        let code = exit_code(status);
+        let (client, me, runner) = (self.client.clone(), self.me.clone(), self.runner.clone());
+        let ended = lifecycle::Supervisor {
+            child: &mut self.child,
+            agent: &self.agent,
+            grace: self.grace,
+            token: self
+                .client
+                .token_watch()
+                .map(revocation::TokenWatch::subscribe),
+        }
+        .run(|| {
+            eprintln!("{}", revocation::revoked_line(&me, client.url()));
+            let notice = revocation::revoked_notice(&me, client.url());
+            runner.notify(
+                mcp::CLAUDE_CHANNEL,
+                Some(ac7_protocol::domain::channel::claude_channel_params(
+                    &notice,
+                )),
+            );
+        })
+        .await;
+        let code = match ended {
+            Ok(ended) if ended.revoked => revocation::EXIT_REVOKED,
+            Ok(ended) => exit_code(ended.status),
+            Err(e) => {
+                // No signal handlers: the agent runs on unsupervised; wait for it.
+                eprintln!("ac7: cannot watch for signals ({e}); waiting for the agent");
+                exit_code(self.child.wait().await)
+            }
+        };
         if let Err(e) = self.config.restore() {
             eprintln!("ac7: warning: {e}");
         }
@@ -473,33 +608,6 @@ impl Running {
             .shutdown(Some(&format!("agent-exited-{code}")))
             .await;
         code
-    }
-}
-
-/// Waits for the agent, passing SIGINT, SIGTERM and SIGHUP on to it.
-async fn forward_signals_until_exit(
-    child: &mut tokio::process::Child,
-) -> std::io::Result<ExitStatus> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let pid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .and_then(rustix::process::Pid::from_raw);
-    let (mut int, mut term, mut hup) = (
-        signal(SignalKind::interrupt())?,
-        signal(SignalKind::terminate())?,
-        signal(SignalKind::hangup())?,
-    );
-    loop {
-        let sig = tokio::select! {
-            status = child.wait() => return status,
-            _ = int.recv() => rustix::process::Signal::INT,
-            _ = term.recv() => rustix::process::Signal::TERM,
-            _ = hup.recv() => rustix::process::Signal::HUP,
-        };
-        if let Some(pid) = pid {
-            let _ = rustix::process::kill_process(pid, sig);
-        }
     }
 }
 
@@ -565,8 +673,12 @@ fn handler(
                         .and_then(|p| p.parse().ok())
                         .unwrap_or(Value::Null);
                     let name = params["name"].as_str().unwrap_or_default().to_owned();
-                    let text =
-                        run_plan(&client, toolbox::plan(&ctx, &name, &params["arguments"])).await;
+                    let text = run_plan(
+                        &client,
+                        &ctx.briefing.name,
+                        toolbox::plan(&ctx, &name, &params["arguments"]),
+                    )
+                    .await;
                     if text.objectives_changed {
                         tracker.trigger();
                     }
@@ -582,12 +694,20 @@ fn handler(
 }
 
 /// Performs a plan's requests until it is done. A request that fails before any HTTP status
-/// ends the tool with that error.
-async fn run_plan(client: &BrokerClient, mut plan: Plan) -> toolbox::ToolText {
+/// ends the tool with that error; a 401 that the token watch confirms as a revoked token ends it
+/// with [`revocation::revoked_text`].
+async fn run_plan(client: &BrokerClient, me: &str, mut plan: Plan) -> toolbox::ToolText {
     loop {
         match plan {
             Plan::Done(text) => return text,
             Plan::Request(request, next) => match client.execute(&request).await {
+                Ok(response) if response.status == 401 && revoked(client).await => {
+                    return toolbox::ToolText {
+                        text: revocation::revoked_text(me, client.url()),
+                        is_error: true,
+                        objectives_changed: false,
+                    };
+                }
                 Ok(response) => plan = next(response),
                 Err(e) => {
                     return toolbox::ToolText {
@@ -601,9 +721,46 @@ async fn run_plan(client: &BrokerClient, mut plan: Plan) -> toolbox::ToolText {
     }
 }
 
+/// After a 401: whether the client's token watch confirms the token was revoked.
+async fn revoked(client: &BrokerClient) -> bool {
+    match client.token_watch() {
+        Some(watch) => watch.confirm(client).await,
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_already_live_warning_says_where() {
+        use ac7_protocol::session::live::RunnerId;
+        let there = RunnerId {
+            host: "box-a".into(),
+            pid: Some(4242),
+        };
+        let text = already_live_warning("builder", 1, std::slice::from_ref(&there), "box-b");
+        assert_eq!(
+            text,
+            "ac7: warning: member builder is already live on the broker: a runner on host box-a (pid 4242). Every runner of a member gets the same messages and each agent acts on them; stop the other one unless you mean to run both."
+        );
+        let gone = RunnerId {
+            host: "box-b".into(),
+            pid: Some(999_999_999),
+        };
+        let text = already_live_warning("builder", 3, &[there, gone], "box-b");
+        assert!(
+            text.contains("a runner on host box-b (pid 999999999, no longer running: the broker drops its stream soon)"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "; 1 stream that did not say where it runs (a browser, or an older runner)."
+            ),
+            "{text}"
+        );
+    }
 
     #[test]
     fn claude_flags_are_added_unless_given() {

@@ -547,3 +547,215 @@ async fn a_user_config_that_does_not_parse_is_a_clear_start_up_error() {
         "nothing created"
     );
 }
+
+/// The pids of `root`'s descendants, from `/proc/<pid>/stat`.
+fn descendants(root: u32) -> Vec<u32> {
+    let parent_of = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(") ")?;
+        rest.split(' ').nth(1)?.parse().ok()
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(all.iter().filter(|p| parent_of(**p) == Some(parent)));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// Whether `pid` runs no more (gone, or a zombie nobody reaped yet).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'))
+    })
+}
+
+/// `ac7 codex` killed with SIGKILL: codex app-server and everything under it die with it, and
+/// the next runner that starts removes the Codex home and trace CA files it left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_codex_runner_killed_by_sigkill_leaves_no_process_and_its_files_go_at_the_next_start() {
+    use tokio::io::AsyncBufReadExt;
+    let broker = start_broker().await;
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let tmp = common::tempdir();
+    let mut child = session(&broker, cache.path(), work.path())
+        .env("TMPDIR", tmp.path())
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    common::within(60, "the codex session to start", async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("agent connected") {
+                return;
+            }
+        }
+        panic!("ac7 codex ended before its session started");
+    })
+    .await;
+    let under = descendants(child.id().unwrap());
+    assert!(!under.is_empty(), "codex app-server runs under the runner");
+    let homes = cache.path().join("ac7/codex");
+    let left_files = || -> Vec<String> {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .filter(|n| n.starts_with("ac7-trace-"))
+            .collect()
+    };
+    assert_eq!(std::fs::read_dir(&homes).unwrap().count(), 1);
+    assert_eq!(
+        left_files().len(),
+        2,
+        "the CA and the bundle: {:?}",
+        left_files()
+    );
+
+    child.start_kill().unwrap();
+    child.wait().await.unwrap();
+    wait_until_showing(
+        "codex app-server and its children to die with the runner",
+        std::time::Duration::from_secs(10),
+        || {
+            format!(
+                "still running: {:?}",
+                under.iter().filter(|p| !gone(**p)).collect::<Vec<_>>()
+            )
+        },
+        async || under.iter().all(|p| gone(*p)),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_dir(&homes).unwrap().count(),
+        1,
+        "nothing of a killed runner cleans up"
+    );
+
+    let out = common::within(
+        30,
+        "the next runner",
+        Command::new(env!("CARGO_BIN_EXE_ac7"))
+            .args(["run", "--url", &broker.url, "--", "true"])
+            .current_dir(work.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("XDG_CACHE_HOME", cache.path())
+            .env("TMPDIR", tmp.path())
+            .output(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_dir(&homes).unwrap().count(),
+        0,
+        "the dead runner's Codex home is removed"
+    );
+    assert_eq!(
+        left_files(),
+        Vec::<String>::new(),
+        "its CA files are removed"
+    );
+}
+
+/// A revoked token under `ac7 codex`: codex gets a turn saying so (the stand-in model sees it),
+/// one stderr line names the member, CODEX_HOME is removed, and the runner exits 77 within 20 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_is_a_turn_for_codex_and_exit_77() {
+    use tokio::io::AsyncBufReadExt;
+    let broker = start_broker().await;
+    let model = standin::StandIn::default();
+    let base_url = model.start().await;
+    let user_home = common::tempdir();
+    std::fs::write(
+        user_home.path().join("config.toml"),
+        format!(
+            r#"model = "base-model"
+model_provider = "standin"
+
+[model_providers.standin]
+name = "Responses stand-in"
+base_url = "{base_url}"
+wire_api = "responses"
+env_key = "STANDIN_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+"#
+        ),
+    )
+    .unwrap();
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let mut child = session(&broker, cache.path(), work.path())
+        .env("CODEX_HOME", user_home.path())
+        .env("STANDIN_API_KEY", "standin-key")
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    common::within(60, "the codex session to start", async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("agent connected") {
+                return;
+            }
+        }
+        panic!("ac7 codex ended before its session started");
+    })
+    .await;
+    let stderr = tokio::spawn(async move {
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+
+    let rotated = broker
+        .post("/members/builder/rotate-token", "director", json!({}))
+        .await;
+    assert_eq!(rotated.status, 200, "{}", rotated.text);
+    let status = common::within(20, "ac7 codex to exit after the revocation", child.wait())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(77));
+    let stderr = stderr.await.unwrap();
+    assert_eq!(
+        stderr
+            .iter()
+            .filter(|l| l.starts_with("ac7: the token of member builder was revoked"))
+            .count(),
+        1,
+        "{stderr:#?}"
+    );
+    assert!(
+        model
+            .requests()
+            .iter()
+            .filter_map(standin::Request::last_user_text)
+            .any(|text| text.contains("builder's token was revoked")),
+        "codex had a turn with the notice: {:#?}",
+        model
+            .requests()
+            .iter()
+            .map(|r| r.last_user_text())
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        std::fs::read_dir(cache.path().join("ac7/codex"))
+            .unwrap()
+            .count(),
+        0,
+        "CODEX_HOME removed"
+    );
+}

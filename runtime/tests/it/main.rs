@@ -48,6 +48,7 @@ mod pg_team;
 mod quickstart;
 mod runner_activity;
 mod runner_e2e;
+mod runner_lifecycle;
 mod trace_real;
 mod web_app;
 mod web_auth;

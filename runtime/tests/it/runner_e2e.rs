@@ -17,10 +17,10 @@ use common::{python, within};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-const ORIGINAL_CONFIG: &str =
+pub(crate) const ORIGINAL_CONFIG: &str =
     "{\"mcpServers\": {\"other\": {\"command\": \"other-server\"}},\n  \"keep\": true}\n";
 
-fn agent_script() -> PathBuf {
+pub(crate) fn agent_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/runner_agent.py")
 }
 
@@ -79,13 +79,13 @@ fn result(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).unwrap()).unwrap()
 }
 
-fn config_dir() -> tempfile::TempDir {
+pub(crate) fn config_dir() -> tempfile::TempDir {
     let dir = common::tempdir();
     std::fs::write(dir.path().join(".mcp.json"), ORIGINAL_CONFIG).unwrap();
     dir
 }
 
-fn assert_restored(dir: &Path) {
+pub(crate) fn assert_restored(dir: &Path) {
     assert_eq!(
         std::fs::read_to_string(dir.join(".mcp.json")).unwrap(),
         ORIGINAL_CONFIG

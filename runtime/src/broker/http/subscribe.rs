@@ -8,7 +8,8 @@
 //!
 //! Each stream reads from its hub queue (bounded in frames and bytes; see
 //! [`crate::broker::hub`]) and remembers the token it authenticated with, so that
-//! revoking the token ends it. SSE responses carry `Connection: close`: when the
+//! revoking the token ends it, and where its runner runs when the request says so
+//! (`X-AC7-Runner: host=…;pid=…`, shown as `runners` on `/roster`). SSE responses carry `Connection: close`: when the
 //! broker ends a stream, the connection goes with it.
 //!
 //! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), every message
@@ -47,7 +48,7 @@ use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, Stream, StreamExt};
 
-use ac7_protocol::session::live::{REPLAY_HEADER, RESET_EVENT, Reset};
+use ac7_protocol::session::live::{REPLAY_HEADER, RESET_EVENT, RUNNER_HEADER, Reset, RunnerId};
 
 /// Deregisters the subscriber when the stream or socket task ends.
 struct Guard {
@@ -183,6 +184,14 @@ pub(super) async fn subscribe(
             })
         },
     )??;
+    if let Some(runner) = parts
+        .headers
+        .get(RUNNER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(RunnerId::parse)
+    {
+        state.hub.set_runner(&sub.name, sub.id, runner);
+    }
     Ok(respond(&state, upgrade, opening, sub, false))
 }
 

@@ -14,7 +14,9 @@
 //! - Only the CA certificate touches disk ([`CaFile`]): `$TMPDIR/ac7-trace-ca-<pid>-<8 hex>.pem`,
 //!   mode 0600, created exclusively, removed when the [`CaFile`] is dropped or closed — on every
 //!   exit path of the runner that unwinds (the agent's exit, a start-up failure, a signal the
-//!   runner forwards). Private keys never leave memory.
+//!   runner forwards); after a `kill -9`, by the next runner that starts
+//!   ([`crate::runner::leftovers`], which reads the pid in the name). Private keys never leave
+//!   memory.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -190,7 +192,11 @@ impl TraceCa {
 
     /// Writes the CA certificate to a fresh 0600 file in `dir` (normally `$TMPDIR`).
     pub fn write_pem(&self, dir: &Path) -> Result<CaFile, CaError> {
-        CaFile::create(dir, "ac7-trace-ca", self.pem.as_bytes())
+        CaFile::create(
+            dir,
+            crate::runner::leftovers::CA_PREFIX,
+            self.pem.as_bytes(),
+        )
     }
 }
 

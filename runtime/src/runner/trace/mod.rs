@@ -93,7 +93,10 @@ impl TraceHost {
                     pem.push(b'\n');
                 }
                 pem.extend_from_slice(ca.pem().as_bytes());
-                Some(CaFile::create(&dir, "ac7-trace-bundle", &pem).map_err(|e| e.to_string())?)
+                Some(
+                    CaFile::create(&dir, super::leftovers::BUNDLE_PREFIX, &pem)
+                        .map_err(|e| e.to_string())?,
+                )
             }
         };
         let mut secret = [0u8; 16];
