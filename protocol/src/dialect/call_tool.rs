@@ -52,8 +52,30 @@ pub struct SchemaFileError(pub String);
 
 /// Parses the tool-schema file: a JSON array of `{name, description, input_schema}`.
 pub fn parse_schema_file(text: &str) -> Result<Vec<ToolSchema>, SchemaFileError> {
-    let tools: Vec<ToolSchema> =
-        serde_json::from_str(text).map_err(|e| SchemaFileError(e.to_string()))?;
+    let file: Vec<Value> = match serde_json::from_str::<Value>(text) {
+        Ok(Value::Array(file)) => file,
+        Ok(other) => {
+            return Err(SchemaFileError(format!(
+                "the file must hold a JSON array of tools [{{\"name\", \"description\", \
+                 \"input_schema\"}}], not {}",
+                a_kind(&other)
+            )));
+        }
+        Err(e) => return Err(SchemaFileError(format!("not valid JSON: {e}"))),
+    };
+    let mut tools = Vec::with_capacity(file.len());
+    for (i, tool) in file.into_iter().enumerate() {
+        if !tool.is_object() {
+            return Err(SchemaFileError(format!(
+                "tool {i} is {}, not an object {{\"name\", \"description\", \"input_schema\"}}",
+                a_kind(&tool)
+            )));
+        }
+        // On an object, serde's messages name the JSON field and the JSON type expected.
+        let tool: ToolSchema =
+            serde_json::from_value(tool).map_err(|e| SchemaFileError(format!("tool {i}: {e}")))?;
+        tools.push(tool);
+    }
     let mut seen = std::collections::BTreeSet::new();
     for tool in &tools {
         if tool.name.is_empty() {
@@ -270,7 +292,12 @@ pub fn decode_reply(payload: &[u8]) -> Result<Reply, Fatal> {
             Ok(Reply::Result(RawJson::from_raw(result)))
         }
         (Some(_), None) => Err(Fatal::UnexpectedReply("result is not an object".into())),
+        (None, Some(error)) if first_byte(error) != b'{' => Err(Fatal::UnexpectedReply(format!(
+            "\"error\" must be an object {{\"message\": <string>, \"type\": <string>}}, not {}",
+            a_kind_raw(error)
+        ))),
         (None, Some(error)) => {
+            // On an object, serde's messages name the JSON field and the JSON type expected.
             let error: WireError = serde_json::from_str(error.get())
                 .map_err(|e| Fatal::UnexpectedReply(format!("bad error object: {e}")))?;
             Ok(Reply::Error {
@@ -305,6 +332,29 @@ fn json_kind(raw: &RawValue) -> &'static str {
         b't' | b'f' => "boolean",
         b'n' => "null",
         _ => "number",
+    }
+}
+
+/// The JSON type of `value` with its article: "a string", "an object", ...
+pub(crate) fn a_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn a_kind_raw(raw: &RawValue) -> &'static str {
+    match json_kind(raw) {
+        "null" => "null",
+        "object" => "an object",
+        "array" => "an array",
+        "string" => "a string",
+        "boolean" => "a boolean",
+        _ => "a number",
     }
 }
 

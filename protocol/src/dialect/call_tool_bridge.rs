@@ -20,7 +20,6 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::codec::json::RawJson;
@@ -28,7 +27,8 @@ use crate::codec::jsonrpc::{INVALID_PARAMS, Id, METHOD_NOT_FOUND, RpcError};
 use crate::codec::length_prefixed::MAX_PAYLOAD_BYTES;
 use crate::codec::line::LineDecoder;
 use crate::dialect::call_tool::{
-    CallError, CallTool, CallToolClient, ClientOutput, Reply, ToolSchema, validate_tool_result,
+    CallError, CallTool, CallToolClient, ClientOutput, Reply, ToolSchema, a_kind,
+    validate_tool_result,
 };
 use crate::dialect::mcp;
 use crate::dialect::mcp_face::{AgentLine, McpFace, error_line, result_line};
@@ -150,12 +150,6 @@ pub struct CallToolBridge {
     cancelled: BTreeSet<String>,
     closed: bool,
     out: VecDeque<CallToolBridgeOutput>,
-}
-
-#[derive(Deserialize)]
-struct CallParams {
-    name: Option<Value>,
-    arguments: Option<Value>,
 }
 
 impl CallToolBridge {
@@ -296,16 +290,36 @@ impl CallToolBridge {
     }
 
     fn call(&mut self, agent_id: Id, params: Option<&RawJson>) {
-        let params = params.and_then(|p| p.parse::<CallParams>().ok());
-        let Some(CallParams {
-            name: Some(Value::String(name)),
-            arguments,
-        }) = params
-        else {
-            let error = RpcError::new(INVALID_PARAMS, "tools/call needs params.name (a string)");
-            return self.send_agent(error_line(Some(&agent_id), &error));
+        const NEEDS: &str = "tools/call needs params {\"name\": <tool name>, \"arguments\": {…}}";
+        let mut params = match params.map(RawJson::parse::<Value>) {
+            None => {
+                return self
+                    .invalid_params(&agent_id, format!("{NEEDS}; the request has no params"));
+            }
+            Some(Ok(Value::Object(params))) => params,
+            Some(Ok(other)) => {
+                return self
+                    .invalid_params(&agent_id, format!("{NEEDS}; params is {}", a_kind(&other)));
+            }
+            Some(Err(e)) => {
+                return self.invalid_params(&agent_id, format!("{NEEDS}; params: {e}"));
+            }
         };
-        let arguments = match arguments {
+        let name = match params.remove("name") {
+            Some(Value::String(name)) => name,
+            None => {
+                let why = "tools/call needs params.name (a string): it is missing";
+                return self.invalid_params(&agent_id, why.to_owned());
+            }
+            Some(other) => {
+                let why = format!(
+                    "tools/call needs params.name (a string): it is {}",
+                    a_kind(&other)
+                );
+                return self.invalid_params(&agent_id, why);
+            }
+        };
+        let arguments = match params.remove("arguments") {
             None | Some(Value::Null) => Value::Object(Default::default()),
             Some(arguments) => arguments,
         };
@@ -404,6 +418,12 @@ impl CallToolBridge {
         self.pump();
         self.closed = true;
         self.out.push_back(CallToolBridgeOutput::Exit);
+    }
+
+    /// Answers `-32602` with `message`.
+    fn invalid_params(&mut self, agent_id: &Id, message: String) {
+        let error = RpcError::new(INVALID_PARAMS, message);
+        self.send_agent(error_line(Some(agent_id), &error));
     }
 
     fn send_agent(&mut self, line: Vec<u8>) {

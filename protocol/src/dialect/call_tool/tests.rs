@@ -432,3 +432,53 @@ fn tool_results_are_validated_like_an_mcp_client_would() {
         assert_eq!(check(text), Err(why.to_owned()), "{text}");
     }
 }
+
+/// Error texts are read by people and agents who never saw this crate's source: serde's
+/// defaults for a mistyped object ("expected struct WireError") name Rust types. Each text here
+/// names the JSON the peer sent instead.
+#[test]
+fn error_texts_name_json_not_rust_types() {
+    let rust_words = [
+        "struct",
+        "WireError",
+        "ToolSchema",
+        "Value",
+        "Vec",
+        "BTreeMap",
+        "RawValue",
+    ];
+    let texts = [
+        decode_reply(br#"{"error":"boom"}"#)
+            .unwrap_err()
+            .to_string(),
+        decode_reply(br#"{"error":{"message":1,"type":"T"}}"#)
+            .unwrap_err()
+            .to_string(),
+        decode_reply(br#"{"error":[1]}"#).unwrap_err().to_string(),
+        parse_schema_file(r#"["echo"]"#).unwrap_err().to_string(),
+        parse_schema_file(r#"[{"name":1,"input_schema":{}}]"#)
+            .unwrap_err()
+            .to_string(),
+        parse_schema_file(r#"{"tools":[]}"#)
+            .unwrap_err()
+            .to_string(),
+        validate_tool_result(&raw(r#"{"content":[{"type":"resource","resource":[1]}]}"#))
+            .unwrap_err()
+            .to_string(),
+    ];
+    for text in &texts {
+        for word in rust_words {
+            assert!(!text.contains(word), "{text:?} names {word}");
+        }
+    }
+    assert_eq!(
+        texts[0],
+        "unexpected reply: \"error\" must be an object {\"message\": <string>, \"type\": <string>}, \
+         not a string"
+    );
+    assert_eq!(
+        texts[3],
+        "invalid tool-schema file: tool 0 is a string, not an object {\"name\", \"description\", \
+         \"input_schema\"}"
+    );
+}

@@ -319,3 +319,37 @@ fn transport_failures_and_invalid_results_are_is_error_results() {
     let out = h.agent(&call(10));
     assert_eq!(out, vec![CallToolBridgeOutput::Connect]);
 }
+
+/// `tools/call` with no `params` at all, or params without a usable name: JSON-RPC `-32602`
+/// saying what the request needs.
+#[test]
+fn tools_call_without_params_is_invalid_params() {
+    let mut h = Harness::new(MAX_PAYLOAD_BYTES);
+    let out = h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#);
+    assert_eq!(
+        agent_lines(&out)[0],
+        json!({"jsonrpc":"2.0","id":1,"error":{"code":-32602,"message":
+            "tools/call needs params {\"name\": <tool name>, \"arguments\": {…}}; the request has no params"}})
+    );
+    let out =
+        h.agent(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"arguments":{}}}"#);
+    assert_eq!(
+        agent_lines(&out)[0]["error"],
+        json!({"code":-32602,"message":"tools/call needs params.name (a string): it is missing"})
+    );
+    let out = h.agent(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":7}}"#);
+    assert_eq!(
+        agent_lines(&out)[0]["error"],
+        json!({"code":-32602,"message":"tools/call needs params.name (a string): it is a number"})
+    );
+    let out = h.agent(r#"{"jsonrpc":"2.0","id":4,"method":"tools/call","params":[1]}"#);
+    assert_eq!(
+        agent_lines(&out)[0]["error"],
+        json!({"code":-32602,"message":
+            "tools/call needs params {\"name\": <tool name>, \"arguments\": {…}}; params is an array"})
+    );
+    assert!(
+        !out.contains(&CallToolBridgeOutput::Connect),
+        "nothing goes to the parent"
+    );
+}
