@@ -4,7 +4,7 @@
 //!
 //! Enabled with the `fuzzing` feature (always on in this crate's tests).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::codec::frame::{
@@ -1222,7 +1222,7 @@ pub struct LiveSim {
     log: Vec<SimMessage>,
     next_serial: u64,
     /// What the broker sent on the open connection, not yet read.
-    inbound: Option<std::collections::VecDeque<crate::session::live::LiveFrame>>,
+    inbound: Option<VecDeque<crate::session::live::LiveFrame>>,
     connect_pending: Option<Option<String>>,
     fetch_pending: Option<crate::session::live::HistoryQuery>,
     delivered: Vec<u64>,
@@ -1295,7 +1295,7 @@ impl LiveSim {
             }
             LiveStep::Accept => {
                 if let Some(last) = self.connect_pending.take() {
-                    let mut inbound = std::collections::VecDeque::new();
+                    let mut inbound = VecDeque::new();
                     if let Some(id) = last {
                         match self.log.iter().position(|m| m.message.id == id) {
                             Some(at) => inbound.extend(self.log[at + 1..].iter().map(|m| {
@@ -1995,10 +1995,88 @@ mod tests {
             call_tool_bridge_ops(&data);
         }
 
+        /// The same oracle on inputs made of the steps that matter most (calls, connecting,
+        /// replies, cancels, time passing), so cancels on the wire, late replies and timeouts
+        /// come up in every run, not only under a coverage-guided fuzzer.
+        #[test]
+        fn call_tool_bridge_oracle_holds_on_scripted_input(
+            cap in any::<u8>(),
+            steps in proptest::collection::vec(ctb_step(), 0..60),
+        ) {
+            call_tool_bridge_ops(&ctb_script(cap, &steps));
+        }
+
         #[test]
         fn codex_oracle_holds(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
             codex_ops(&data);
         }
+    }
+
+    /// One step of a scripted `call_tool_bridge` input (see [`call_tool_bridge_ops`] for how
+    /// each is read).
+    #[derive(Debug, Clone)]
+    enum CtbStep {
+        /// A request: kind (`% 10`), padding choice, where the line is split.
+        Request(u8, u8, u8),
+        /// A cancel: of any request, or of a waiting call; which one.
+        Cancel(bool, u8),
+        /// A connection report.
+        Connect(u8),
+        /// One or two reply frames: their kinds and `isError` bytes, and where they split.
+        Reply(bool, [(u8, u8); 2], u8),
+        /// The parent closes.
+        Close,
+        /// Time passes by this many quarters of the call timeout (`% 6`).
+        Wait(u8),
+        /// The timer fires early.
+        Early,
+    }
+
+    fn ctb_step() -> impl Strategy<Value = CtbStep> {
+        prop_oneof![
+            3 => (6u8..10, any::<u8>(), any::<u8>()).prop_map(|(k, p, s)| CtbStep::Request(k, p, s)),
+            1 => (any::<u8>(), any::<u8>(), any::<u8>()).prop_map(|(k, p, s)| CtbStep::Request(k, p, s)),
+            2 => (any::<bool>(), any::<u8>()).prop_map(|(a, i)| CtbStep::Cancel(a, i)),
+            2 => (1u8..3).prop_map(CtbStep::Connect),
+            1 => Just(CtbStep::Connect(0)),
+            3 => (any::<bool>(), any::<[(u8, u8); 2]>(), any::<u8>())
+                .prop_map(|(two, kinds, split)| CtbStep::Reply(two, kinds, split)),
+            1 => Just(CtbStep::Close),
+            2 => (0u8..6).prop_map(CtbStep::Wait),
+            1 => Just(CtbStep::Early),
+        ]
+    }
+
+    /// The input bytes [`call_tool_bridge_ops`] reads as these steps.
+    fn ctb_script(cap: u8, steps: &[CtbStep]) -> Vec<u8> {
+        let mut out = vec![cap];
+        for step in steps {
+            match *step {
+                CtbStep::Request(kind, pad, split) => {
+                    out.extend([0, kind]);
+                    if kind % 10 >= 8 {
+                        out.push(pad);
+                    }
+                    out.push(split);
+                }
+                CtbStep::Cancel(any, pick) => out.extend([4, if any { 0 } else { 1 }, pick]),
+                CtbStep::Connect(how) => out.extend([6, how]),
+                CtbStep::Reply(two, kinds, split) => {
+                    out.extend([7, if two { 0 } else { 1 }]);
+                    for (kind, is_error) in &kinds[..if two { 2 } else { 1 }] {
+                        out.push(*kind);
+                        if kind % 7 <= 1 {
+                            out.push(*is_error);
+                        }
+                    }
+                    out.push(split);
+                }
+                CtbStep::Close => out.push(10),
+                CtbStep::Wait(quarters) => out.extend([12, quarters]),
+                CtbStep::Early => out.push(13),
+            }
+        }
+        out
     }
 
     /// The committed seed corpora (`fuzz/corpus/<target>/`) hold their oracles too.
@@ -2388,10 +2466,15 @@ enum CtbLink {
     Open,
 }
 
+/// The call timeout of the fuzzed bridge.
+const CTB_CALL_TIMEOUT: Duration = Duration::from_secs(8);
+
 /// Everything the `call_tool_bridge` oracle tracks.
 struct CtbOracle {
     max_payload_bytes: usize,
     tools_list: serde_json::Value,
+    /// The driver's clock: every input happens at this time.
+    now: Instant,
     /// Request id (raw JSON text) → what answers it.
     expect: BTreeMap<String, CtbExpect>,
     /// Request id → responses seen.
@@ -2399,12 +2482,22 @@ struct CtbOracle {
     /// Requests cancelled before they were answered.
     cancelled: BTreeSet<String>,
     link: CtbLink,
-    /// The call tag on the wire.
-    in_flight: Option<u64>,
+    /// The call tag awaited on the wire, and its deadline.
+    in_flight: Option<(u64, Instant)>,
+    /// Calls cancelled while on the wire whose replies the parent still owes, oldest first:
+    /// the next frames from the parent are theirs.
+    late: VecDeque<u64>,
+    /// Late replies the bridge reported discarded.
+    discarded: usize,
     /// The last call tag sent to the parent (calls go in the agent's order).
     last_sent: Option<u64>,
-    /// Reply tag → the call tag on the wire when that reply was sent, and the result sent.
+    /// Reply tag → the call tag it answers (the one owed the next reply when it reached the
+    /// bridge; `None`: nobody was owed one), and the result sent.
     replies: BTreeMap<u64, (Option<u64>, Option<serde_json::Value>)>,
+    /// The call whose cancel the bridge is being sent.
+    cancelling: Option<u64>,
+    /// Call tags answered with the timeout.
+    timed_out: BTreeSet<u64>,
     exited: bool,
 }
 
@@ -2424,7 +2517,16 @@ impl CtbOracle {
         tag.unwrap_or_else(|| panic!("a call the agent never made: {name} {arguments}"))
     }
 
+    /// The calls the next frames from the parent answer, in order: the late replies owed, then
+    /// the call awaited.
+    fn owed(&self) -> VecDeque<u64> {
+        let mut owed = self.late.clone();
+        owed.extend(self.in_flight.map(|(tag, _)| tag));
+        owed
+    }
+
     fn drain(&mut self, bridge: &mut crate::dialect::call_tool_bridge::CallToolBridge) {
+        use crate::dialect::call_tool::{CallError, MAX_LATE_REPLIES};
         use crate::dialect::call_tool_bridge::{
             CallToolBridgeEvent, CallToolBridgeOutput as Out, Peer,
         };
@@ -2443,7 +2545,11 @@ impl CtbOracle {
                     bytes,
                 } => {
                     assert_eq!(self.link, CtbLink::Open, "a frame sent while not connected");
-                    assert_eq!(self.in_flight, None, "a second call on the wire");
+                    assert_eq!(self.in_flight, None, "a second call awaited on the wire");
+                    assert!(
+                        self.late.len() <= MAX_LATE_REPLIES,
+                        "a call sent behind more than {MAX_LATE_REPLIES} late replies"
+                    );
                     let prefix: [u8; 4] = bytes[..4].try_into().expect("a length prefix");
                     let len = u32::from_be_bytes(prefix) as usize;
                     assert_eq!(len + 4, bytes.len(), "one whole frame per transmit");
@@ -2462,7 +2568,7 @@ impl CtbOracle {
                         "call {tag} sent twice or out of order"
                     );
                     self.last_sent = Some(tag);
-                    self.in_flight = Some(tag);
+                    self.in_flight = Some((tag, self.now + CTB_CALL_TIMEOUT));
                 }
                 Out::Connect => {
                     assert_eq!(self.link, CtbLink::Idle, "Connect while connected");
@@ -2472,14 +2578,39 @@ impl CtbOracle {
                     assert_ne!(self.link, CtbLink::Idle, "Disconnect while disconnected");
                     self.link = CtbLink::Idle;
                     self.in_flight = None;
+                    self.late.clear();
                 }
-                Out::Event(CallToolBridgeEvent::Completed { error, .. }) => {
-                    if !matches!(
-                        error,
-                        Some(crate::dialect::call_tool::CallError::TooLarge(_))
-                    ) {
-                        self.in_flight = None;
+                Out::Event(CallToolBridgeEvent::Completed { error, .. }) => match error {
+                    Some(CallError::TooLarge(_)) => {}
+                    Some(CallError::TimedOut { after }) => {
+                        assert_eq!(after, CTB_CALL_TIMEOUT);
+                        let Some((tag, _)) = self.in_flight.take() else {
+                            panic!("a timeout with no call awaited");
+                        };
+                        assert!(
+                            self.timed_out.contains(&tag),
+                            "call {tag} timed out without the agent being told so"
+                        );
                     }
+                    _ => self.in_flight = None,
+                },
+                Out::Event(CallToolBridgeEvent::Cancelled { on_wire, .. }) => {
+                    let Some(tag) = self.cancelling.take() else {
+                        panic!("a cancel for no call the agent was waiting on");
+                    };
+                    let awaited = self.in_flight.is_some_and(|(t, _)| t == tag);
+                    assert_eq!(on_wire, awaited, "call {tag}: on the wire or not?");
+                    if on_wire {
+                        self.in_flight = None;
+                        self.late.push_back(tag);
+                    }
+                }
+                Out::Event(CallToolBridgeEvent::LateReplyDiscarded { .. }) => {
+                    assert!(
+                        self.late.pop_front().is_some(),
+                        "a late reply discarded while none was owed"
+                    );
+                    self.discarded += 1;
                 }
                 Out::Event(_) => {}
                 Out::Exit => self.exited = true,
@@ -2489,6 +2620,16 @@ impl CtbOracle {
             bridge.is_closed(),
             self.exited,
             "is_closed disagrees with Exit"
+        );
+        let deadline = if self.exited {
+            None
+        } else {
+            self.in_flight.map(|(_, deadline)| deadline)
+        };
+        assert_eq!(
+            bridge.poll_timeout(),
+            deadline,
+            "the timer is not the deadline of the call awaited"
         );
     }
 
@@ -2548,19 +2689,31 @@ impl CtbOracle {
                 let CtbExpect::Call(tag) = expect else {
                     return;
                 };
-                // A reply tag in the answer: the reply must have been sent while this call was
-                // on the wire, and a valid result is passed through unchanged.
+                if text.contains(": the parent did not reply within ") {
+                    assert_eq!(result["isError"], true);
+                    let Some((awaited, deadline)) = self.in_flight else {
+                        panic!("call {tag} timed out while nothing was awaited");
+                    };
+                    assert_eq!(
+                        awaited, tag,
+                        "call {tag} answered with the timeout of {awaited}"
+                    );
+                    assert!(self.now >= deadline, "call {tag} timed out early");
+                    self.timed_out.insert(tag);
+                }
+                // A reply tag in the answer: the reply must be the one owed to this call when it
+                // reached the bridge, and a valid result is passed through unchanged.
                 let reply = text
                     .strip_prefix('r')
                     .or_else(|| text.strip_prefix('m'))
                     .and_then(|t| t.split(' ').next())
                     .and_then(|t| t.parse::<u64>().ok());
                 if let Some(reply) = reply {
-                    let (during, sent) = &self.replies[&reply];
+                    let (owed_to, sent) = &self.replies[&reply];
                     assert_eq!(
-                        *during,
+                        *owed_to,
                         Some(tag),
-                        "call {tag} got reply {reply}, sent while {during:?} was on the wire"
+                        "call {tag} got reply {reply}, which answers {owed_to:?}"
                     );
                     if let Some(sent) = sent {
                         assert_eq!(result, sent, "a valid result is passed through unchanged");
@@ -2573,22 +2726,29 @@ impl CtbOracle {
 
 /// `call_tool_bridge`: an agent, a parent process and the driver doing arbitrary things to a
 /// [`crate::dialect::call_tool_bridge::CallToolBridge`]: requests of every kind (split at arbitrary
-/// bytes), cancellations, garbage lines; connection attempts succeeding or failing; replies,
-/// unsolicited replies, invalid results and raw garbage from the parent; the parent closing;
+/// bytes), cancellations (of queued calls, of the call on the wire, of answered ones), garbage
+/// lines; connection attempts succeeding or failing; replies (some owed to cancelled calls, some
+/// not JSON at all), unsolicited replies, invalid results and raw garbage from the parent; the
+/// parent closing; time passing, with the driver's timer firing when due and sometimes early;
 /// agent EOF or a signal. Calls and replies carry tags so the oracle can tell them apart.
 ///
 /// Oracles: every agent request is answered exactly once (a cancelled one never), all of them by
 /// the time of `Exit`, with the answer its method gets (`tools/list` the schema file's tools,
 /// `-32601` for unknown methods, `-32602` without a name); every `tools/call` answer is a valid
-/// `CallToolResult`, never a JSON-RPC error; a parent reply answers only the call that was on the
-/// wire when its last byte reached the bridge (two replies in one read drop the link; a second
-/// one arriving after the next call went out is indistinguishable from that call's answer), and
-/// a valid result reaches the agent unchanged; lines to the agent are
-/// single-line JSON; frames to the parent are whole length-prefixed `call_tool` requests under
-/// the cap, sent only while connected, one at a time, each call at most once and in the agent's
-/// order; `Connect` only while disconnected, `Disconnect` only while connected or connecting;
-/// connection reports the driver cannot have made change nothing; `Exit` once and last, after it
-/// `is_closed` holds and every input is ignored; `poll_output` terminates.
+/// `CallToolResult`, never a JSON-RPC error; a call times out only once its deadline (the time
+/// it was sent plus the call timeout) has passed, and its answer names the timeout; the timer
+/// asked for is always the deadline of the call awaited; a parent reply answers only the call
+/// owed the next reply when its last byte reached the bridge (the calls cancelled on the wire
+/// first, then the call awaited; two replies in one read beyond that drop the link; a second one
+/// arriving after the next call went out is indistinguishable from that call's answer), a reply
+/// owed to a cancelled call is discarded whatever it holds and reaches nobody, and a valid
+/// result reaches the agent unchanged; lines to the agent are single-line JSON; frames to the
+/// parent are whole length-prefixed `call_tool` requests under the cap, sent only while
+/// connected, one awaited at a time, each call at most once and in the agent's order;
+/// `Connect` only while disconnected, `Disconnect` only while connected or connecting;
+/// connection reports the driver cannot have made and timers fired early change nothing;
+/// `Exit` once and last, after it `is_closed` holds and every input is ignored; `poll_output`
+/// terminates.
 pub fn call_tool_bridge_ops(data: &[u8]) {
     use crate::dialect::call_tool::{Reply, encode_reply, parse_schema_file, tools_list_result};
     use crate::dialect::call_tool_bridge::{CallToolBridge, CallToolBridgeConfig};
@@ -2603,28 +2763,35 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
             max_agent_line_bytes: 8192,
             server_name: "fuzz".into(),
             server_version: "0".into(),
+            call_timeout: CTB_CALL_TIMEOUT,
         },
         tools,
     );
     let mut o = CtbOracle {
         max_payload_bytes,
         tools_list,
+        now: Instant::now(),
         expect: BTreeMap::new(),
         answered: BTreeMap::new(),
         cancelled: BTreeSet::new(),
         link: CtbLink::Idle,
         in_flight: None,
+        late: VecDeque::new(),
+        discarded: 0,
         last_sent: None,
         replies: BTreeMap::new(),
+        cancelling: None,
+        timed_out: BTreeSet::new(),
         exited: false,
     };
+    o.drain(&mut bridge);
     let mut next = 0u64;
     let mut steps = 0;
     while !input.is_empty() && !o.exited && steps < 2_000 {
         steps += 1;
         next += 1;
         let n = next;
-        match input.byte() % 12 {
+        match input.byte() % 14 {
             0..=3 => {
                 let key = if n.is_multiple_of(2) {
                     n.to_string()
@@ -2679,23 +2846,46 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                     "{{\"jsonrpc\":\"2.0\",\"id\":{key},\"method\":\"{method}\",\"params\":{params}}}\n"
                 );
                 let split = input.below(line.len() + 1);
-                bridge.handle_agent_bytes(&line.as_bytes()[..split]);
+                bridge.handle_agent_bytes(&line.as_bytes()[..split], o.now);
                 o.drain(&mut bridge);
-                bridge.handle_agent_bytes(&line.as_bytes()[split..]);
+                bridge.handle_agent_bytes(&line.as_bytes()[split..], o.now);
             }
             4 => {
-                let keys: Vec<&String> = o.expect.keys().collect();
+                // Mostly the call awaited or a queued one; sometimes anything the agent sent.
+                let any = input.byte().is_multiple_of(4);
+                let pick = input.byte();
+                let waiting: Vec<&String> = o
+                    .expect
+                    .iter()
+                    .filter(|(key, e)| {
+                        matches!(e, CtbExpect::Call(_)) && !o.answered.contains_key(*key)
+                    })
+                    .map(|(key, _)| key)
+                    .collect();
+                let keys: Vec<&String> = if !waiting.is_empty() && !any {
+                    waiting
+                } else {
+                    o.expect.keys().collect()
+                };
                 if keys.is_empty() {
                     continue;
                 }
-                let key = keys[input.below(keys.len())].clone();
-                if !o.answered.contains_key(&key) {
+                let key = keys[usize::from(pick) % keys.len()].clone();
+                if !o.answered.contains_key(&key) && !o.cancelled.contains(&key) {
                     o.cancelled.insert(key.clone());
+                    if let Some(CtbExpect::Call(tag)) = o.expect.get(&key) {
+                        o.cancelling = Some(*tag);
+                    }
                 }
                 let line = format!(
                     "{{\"jsonrpc\":\"2.0\",\"method\":\"notifications/cancelled\",\"params\":{{\"requestId\":{key},\"reason\":\"x\"}}}}\n"
                 );
-                bridge.handle_agent_bytes(line.as_bytes());
+                bridge.handle_agent_bytes(line.as_bytes(), o.now);
+                o.drain(&mut bridge);
+                assert_eq!(
+                    o.cancelling, None,
+                    "a waiting call cancelled without a trace"
+                );
             }
             5 => {
                 // Garbage that can never name a request id, one line.
@@ -2706,24 +2896,24 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                     );
                 }
                 garbage.push(b'\n');
-                bridge.handle_agent_bytes(&garbage);
+                bridge.handle_agent_bytes(&garbage, o.now);
             }
             6 => match (o.link, input.byte() % 3) {
                 (CtbLink::Connecting, 0) => {
-                    bridge.handle_connect_failed("refused");
+                    bridge.handle_connect_failed("refused", o.now);
                     o.link = CtbLink::Idle;
                 }
                 (CtbLink::Connecting, _) => {
-                    bridge.handle_connected();
+                    bridge.handle_connected(o.now);
                     o.link = CtbLink::Open;
                 }
                 (_, spurious) => {
                     // A report the driver cannot make in this state changes nothing.
                     match spurious {
-                        0 => bridge.handle_connected(),
-                        1 => bridge.handle_connect_failed("late"),
-                        _ if o.link == CtbLink::Idle => bridge.handle_parent_closed(),
-                        _ => bridge.handle_connected(),
+                        0 => bridge.handle_connected(o.now),
+                        1 => bridge.handle_connect_failed("late", o.now),
+                        _ if o.link == CtbLink::Idle => bridge.handle_parent_closed(o.now),
+                        _ => bridge.handle_connected(o.now),
                     }
                     assert_eq!(
                         bridge.poll_output(),
@@ -2732,90 +2922,115 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                     );
                 }
             },
-            7 | 8 if o.link == CtbLink::Open => {
+            7 | 8 => {
+                // The bytes of a step are read whatever the state, so an input means the same
+                // steps in any state.
                 let mut bytes = Vec::new();
                 // (reply tag, the valid result sent, where the frame ends in `bytes`)
                 let mut frames_sent = Vec::new();
                 let frames = if input.byte().is_multiple_of(4) { 2 } else { 1 };
                 for i in 0..frames {
                     let rt = n * 2 + i;
-                    let (reply, sent) = match input.byte() % 6 {
+                    let (payload, sent) = match input.byte() % 7 {
                         0 | 1 => {
                             let result = json!({"content":[{"type":"text","text":format!("r{rt}")}],"isError":input.byte().is_multiple_of(4)});
                             let raw = RawJson::from_value(&result).expect("JSON");
-                            (Reply::Result(raw), Some(result))
+                            (encode_reply(&Reply::Result(raw)), Some(result))
                         }
                         2 => (
-                            Reply::Error {
+                            encode_reply(&Reply::Error {
                                 message: format!("m{rt}"),
                                 error_type: "ToolError".into(),
-                            },
+                            }),
                             None,
                         ),
-                        3 => (
-                            Reply::Result(RawJson::from_text("{}").expect("JSON")),
+                        3 => (br#"{"result":{}}"#.to_vec(), None),
+                        4 => (br#"{"result":{"content":[{"type":"text"}]}}"#.to_vec(), None),
+                        5 => (
+                            format!(
+                                r#"{{"result":{{"content":[{{"type":"text","text":"r{rt}"}}],"isError":"no"}}}}"#
+                            )
+                            .into_bytes(),
                             None,
                         ),
-                        4 => (
-                            Reply::Result(
-                                RawJson::from_text(r#"{"content":[{"type":"text"}]}"#)
-                                    .expect("JSON"),
-                            ),
-                            None,
-                        ),
-                        _ => (
-                            Reply::Result(
-                                RawJson::from_text(&format!(
-                                    r#"{{"content":[{{"type":"text","text":"r{rt}"}}],"isError":"no"}}"#
-                                ))
-                                .expect("JSON"),
-                            ),
-                            None,
-                        ),
+                        // Not JSON: a protocol error, unless a cancelled call is owed it.
+                        _ => (format!("late r{rt} \"").into_bytes(), None),
                     };
-                    length_prefixed::encode(&encode_reply(&reply), &mut bytes, usize::MAX)
-                        .expect("no cap");
+                    length_prefixed::encode(&payload, &mut bytes, usize::MAX).expect("no cap");
                     frames_sent.push((rt, sent, bytes.len()));
                 }
-                // A reply belongs to the call on the wire when its last byte reaches the bridge:
-                // a frame that arrives whole after the next call went out is, for all the bridge
-                // can tell, that call's answer (the stream carries no timing).
+                // A reply belongs to the call owed the next reply when its last byte reaches the
+                // bridge: a frame that arrives whole after the next call went out is, for all the
+                // bridge can tell, that call's answer (the stream carries no timing).
                 let split = input.below(bytes.len() + 1);
+                if o.link != CtbLink::Open {
+                    continue;
+                }
+                let mut owed = o.owed();
+                let late_before = o.late.len();
+                let discarded_before = o.discarded;
+                let mut whole = 0;
                 for (rt, sent, end) in &frames_sent {
                     if *end <= split {
-                        o.replies.insert(*rt, (o.in_flight, sent.clone()));
+                        whole += 1;
+                        o.replies.insert(*rt, (owed.pop_front(), sent.clone()));
                     }
                 }
-                bridge.handle_parent_bytes(&bytes[..split]);
+                bridge.handle_parent_bytes(&bytes[..split], o.now);
                 o.drain(&mut bridge);
+                // Owed replies come first and are discarded unread, whatever they hold.
+                assert_eq!(
+                    o.discarded - discarded_before,
+                    whole.min(late_before),
+                    "late replies not discarded by their frames"
+                );
                 if o.link == CtbLink::Open {
+                    let mut owed = o.owed();
                     for (rt, sent, end) in frames_sent {
                         if end > split {
-                            o.replies.insert(rt, (o.in_flight, sent));
+                            o.replies.insert(rt, (owed.pop_front(), sent));
                         }
                     }
-                    bridge.handle_parent_bytes(&bytes[split..]);
+                    bridge.handle_parent_bytes(&bytes[split..], o.now);
                 }
             }
-            9 if o.link == CtbLink::Open => bridge.handle_parent_bytes(input.bytes(24)),
+            9 => {
+                let garbage = input.bytes(24);
+                if o.link == CtbLink::Open {
+                    bridge.handle_parent_bytes(garbage, o.now);
+                }
+            }
             10 if o.link == CtbLink::Open => {
-                bridge.handle_parent_closed();
+                bridge.handle_parent_closed(o.now);
                 o.link = CtbLink::Idle;
                 o.in_flight = None;
+                o.late.clear();
             }
             11 => {
                 if input.byte().is_multiple_of(2) {
-                    bridge.handle_agent_eof();
+                    bridge.handle_agent_eof(o.now);
                 } else {
-                    bridge.handle_terminate();
+                    bridge.handle_terminate(o.now);
                 }
+            }
+            12 => {
+                // Time passes; the driver fires the timer once it is due.
+                o.now += CTB_CALL_TIMEOUT / 4 * u32::from(input.byte() % 6);
+                if bridge.poll_timeout().is_some_and(|due| due <= o.now) {
+                    bridge.handle_timeout(o.now);
+                }
+            }
+            // A timer firing before it is due (or with none asked for) changes nothing.
+            13 if bridge.poll_timeout().is_none_or(|due| o.now < due) => {
+                bridge.handle_timeout(o.now);
+                assert_eq!(bridge.poll_output(), None, "an early timer did something");
             }
             _ => {}
         }
         o.drain(&mut bridge);
     }
     if !o.exited {
-        bridge.handle_agent_eof();
+        bridge.handle_agent_eof(o.now);
         o.drain(&mut bridge);
     }
     assert!(o.exited, "agent EOF ends the session");
@@ -2828,14 +3043,19 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
         }
     }
     // Closed for good: every input is ignored.
-    bridge.handle_agent_bytes(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n");
-    bridge.handle_agent_eof();
-    bridge.handle_terminate();
-    bridge.handle_connected();
-    bridge.handle_connect_failed("x");
-    bridge.handle_parent_bytes(b"\0\0\0\x02{}");
-    bridge.handle_parent_closed();
+    bridge.handle_agent_bytes(
+        b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n",
+        o.now,
+    );
+    bridge.handle_agent_eof(o.now);
+    bridge.handle_terminate(o.now);
+    bridge.handle_connected(o.now);
+    bridge.handle_connect_failed("x", o.now);
+    bridge.handle_parent_bytes(b"\0\0\0\x02{}", o.now);
+    bridge.handle_parent_closed(o.now);
+    bridge.handle_timeout(o.now + CTB_CALL_TIMEOUT * 2);
     assert!(bridge.is_closed());
+    assert_eq!(bridge.poll_timeout(), None, "a timer after Exit");
     assert_eq!(bridge.poll_output(), None, "output after Exit");
 }
 

@@ -6,17 +6,28 @@
 //! parent → bridge  {"error":{"message":"Unknown tool: nope","type":"ToolNotFoundError"}}
 //! ```
 //!
-//! Strictly one request on the wire per connection. [`CallToolClient`] (the bridge's side) queues
+//! One call awaited at a time per connection. [`CallToolClient`] (the bridge's side) queues
 //! further calls in order, connects lazily on the first call, fails the call in flight with a clear
 //! error when the parent drops, and reconnects for the next one. Bytes the parent sends with a
-//! reply or while nothing is on the wire answer nothing: they drop the link. Correlation is by
-//! order, kept in the shared [`Pending`] table. The parent's side decodes requests with
+//! reply or while nothing is awaited answer nothing: they drop the link. Correlation is by
+//! order, kept in the shared [`Pending`] table.
+//!
+//! Each call on the wire has a deadline (the client's call timeout from the moment it was sent):
+//! a call the parent has not answered by then fails with [`CallError::TimedOut`] and the link is
+//! dropped, since a parent that does not answer one call would hold every later call on that
+//! connection too; the next call reconnects. A call cancelled while queued is removed; one
+//! cancelled while on the wire frees the queue at once: the next call is sent on the same
+//! connection, and the reply the parent still owes the cancelled call is read by its length
+//! prefix and discarded, unparsed, when it comes (replies come in request order, so it is the
+//! first frame after the cancel). A parent that owes more than [`MAX_LATE_REPLIES`] such replies
+//! is dropped instead. The parent's side decodes requests with
 //! [`decode_call`], which separates what must close the connection ([`Fatal`]: framing or JSON
 //! can no longer be trusted) from what gets an error reply (unknown method, bad params).
 //!
 //! The tool-schema file the parent writes (0600) for the bridge is [`parse_schema_file`].
 
 use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -25,6 +36,13 @@ use serde_json::value::RawValue;
 use crate::codec::json::{NotObject, RawJson, object_text, present};
 use crate::codec::length_prefixed::{self, LpDecoder, LpError, PayloadTooLarge};
 use crate::session::pending::Pending;
+
+/// How long a call may wait for the parent's reply unless the bridge is told otherwise.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Replies a connection may owe to calls cancelled on the wire before the link is dropped
+/// instead (each one is a request the parent still works on before it reads the next).
+pub const MAX_LATE_REPLIES: usize = 8;
 
 /// The only method.
 pub const CALL_TOOL: &str = "call_tool";
@@ -456,9 +474,36 @@ pub enum CallError {
     /// The parent broke the protocol; the connection was dropped.
     #[error("protocol error from the parent: {0}")]
     Protocol(Fatal),
+    /// The parent did not reply within the call timeout; the connection was dropped.
+    #[error("no reply from the parent within {}", seconds(*after))]
+    TimedOut {
+        /// The call timeout.
+        after: Duration,
+    },
     /// The client was shut down.
     #[error("the bridge is shutting down")]
     Shutdown,
+}
+
+/// A duration as people read it: `120 s`, `1.5 s`, `250 ms`.
+pub fn seconds(d: Duration) -> String {
+    if d < Duration::from_secs(1) {
+        format!("{} ms", d.as_millis())
+    } else if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        let text = format!("{:.3}", d.as_secs_f64());
+        format!("{} s", text.trim_end_matches('0'))
+    }
+}
+
+/// Where a cancelled call was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cancelled {
+    /// Not sent yet: removed from the queue.
+    Queued,
+    /// On the wire: the parent's reply to it will be discarded.
+    OnWire,
 }
 
 /// Something for the driver to do.
@@ -477,17 +522,31 @@ pub enum ClientOutput<T> {
         /// The parent's reply, or why there is none.
         outcome: Result<Reply, CallError>,
     },
+    /// The reply to a call cancelled on the wire arrived and was discarded unread.
+    LateReplyDiscarded {
+        /// Its payload's length.
+        len: usize,
+    },
 }
 
-/// The connection to the parent. Only a connected link has a decoder and a call on the wire.
+/// The call on the wire that a reply will answer.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    id: u64,
+    deadline: Instant,
+}
+
+/// The connection to the parent. Only a connected link has a decoder and calls on the wire.
 #[derive(Debug, Clone)]
 enum Link {
     Disconnected,
     Connecting,
     Connected {
         decoder: LpDecoder,
-        /// The call on the wire, if any; the protocol is sequential.
-        in_flight: Option<u64>,
+        /// Replies owed to calls cancelled on the wire: the next frames, discarded.
+        late: usize,
+        /// The call awaited, if any (after the `late` replies); the protocol is sequential.
+        in_flight: Option<InFlight>,
     },
 }
 
@@ -499,37 +558,42 @@ struct Queued<T> {
 
 /// The bridge's side of the dialect. See the [module docs](self).
 ///
-/// Contract: a timeless machine (no `now`). The application issues calls with
-/// [`request`](Self::request); the driver reports the connection's life with
-/// `handle_connected` / `handle_connect_failed` / `handle_bytes` / `handle_closed` and drains
-/// [`poll_output`](Self::poll_output): [`ClientOutput::Connect`], [`ClientOutput::Transmit`],
-/// [`ClientOutput::Disconnect`], and one [`ClientOutput::Completed`] per call.
+/// Contract: inputs take the time they happen (`now`, last) and never read a clock. The
+/// application issues calls with [`request`](Self::request) and withdraws them with
+/// [`cancel`](Self::cancel); the driver reports the connection's life with `handle_connected` /
+/// `handle_connect_failed` / `handle_bytes` / `handle_closed`, calls
+/// [`handle_timeout`](Self::handle_timeout) once [`poll_timeout`](Self::poll_timeout) has passed,
+/// and drains [`poll_output`](Self::poll_output): [`ClientOutput::Connect`],
+/// [`ClientOutput::Transmit`], [`ClientOutput::Disconnect`], one [`ClientOutput::Completed`] per
+/// call not cancelled, and [`ClientOutput::LateReplyDiscarded`] for the log.
 #[derive(Debug, Clone)]
 pub struct CallToolClient<T> {
     max_payload_bytes: usize,
+    call_timeout: Duration,
     link: Link,
     calls: Pending<Queued<T>>,
     out: VecDeque<ClientOutput<T>>,
 }
 
 impl<T> CallToolClient<T> {
-    /// A client not yet connected.
-    pub fn new(max_payload_bytes: usize) -> Self {
+    /// A client not yet connected; each call gets `call_timeout` for its reply once sent.
+    pub fn new(max_payload_bytes: usize, call_timeout: Duration) -> Self {
         Self {
             max_payload_bytes,
+            call_timeout,
             link: Link::Disconnected,
             calls: Pending::new(),
             out: VecDeque::new(),
         }
     }
 
-    /// Queues a call; it goes on the wire when every earlier one is answered.
-    pub fn request(&mut self, call: &CallTool, token: T) {
+    /// Queues a call; it goes on the wire when every earlier one is answered or cancelled.
+    pub fn request(&mut self, call: &CallTool, token: T, now: Instant) {
         let mut frame = Vec::new();
         match length_prefixed::encode(&encode_call(call), &mut frame, self.max_payload_bytes) {
             Ok(()) => {
                 self.calls.insert(Queued { token, frame });
-                self.pump();
+                self.pump(now);
             }
             Err(too_large) => self.out.push_back(ClientOutput::Completed {
                 token,
@@ -538,19 +602,54 @@ impl<T> CallToolClient<T> {
         }
     }
 
+    /// Withdraws the first pending call whose token matches: removed from the queue, or, on the
+    /// wire, no longer awaited (the next call goes out at once and the parent's reply to this
+    /// one is discarded when it comes). It will not complete. `None` when no pending call
+    /// matches (answered already, or never made).
+    pub fn cancel(
+        &mut self,
+        mut matches: impl FnMut(&T) -> bool,
+        now: Instant,
+    ) -> Option<(T, Cancelled)> {
+        let id = self.calls.find(|queued| matches(&queued.token))?;
+        let queued = self.calls.remove(id)?;
+        let on_wire = match &mut self.link {
+            Link::Connected {
+                late, in_flight, ..
+            } if in_flight.is_some_and(|f| f.id == id) => {
+                *in_flight = None;
+                *late += 1;
+                true
+            }
+            Link::Disconnected | Link::Connecting | Link::Connected { .. } => false,
+        };
+        if on_wire && matches!(self.link, Link::Connected { late, .. } if late > MAX_LATE_REPLIES) {
+            self.link = Link::Disconnected;
+            self.out.push_back(ClientOutput::Disconnect);
+        }
+        self.pump(now);
+        let cancelled = if on_wire {
+            Cancelled::OnWire
+        } else {
+            Cancelled::Queued
+        };
+        Some((queued.token, cancelled))
+    }
+
     /// The connection is open.
-    pub fn handle_connected(&mut self) {
+    pub fn handle_connected(&mut self, now: Instant) {
         if matches!(self.link, Link::Connecting) {
             self.link = Link::Connected {
                 decoder: LpDecoder::new(self.max_payload_bytes),
+                late: 0,
                 in_flight: None,
             };
-            self.pump();
+            self.pump(now);
         }
     }
 
     /// The connection could not be opened: every queued call fails with the reason.
-    pub fn handle_connect_failed(&mut self, reason: &str) {
+    pub fn handle_connect_failed(&mut self, reason: &str, _now: Instant) {
         if !matches!(self.link, Link::Connecting) {
             return;
         }
@@ -564,73 +663,132 @@ impl<T> CallToolClient<T> {
     }
 
     /// Bytes from the parent.
-    pub fn handle_bytes(&mut self, bytes: &[u8]) {
+    pub fn handle_bytes(&mut self, bytes: &[u8], now: Instant) {
         let Link::Connected { decoder, .. } = &mut self.link else {
             return;
         };
         decoder.push(bytes);
         loop {
-            let Link::Connected { decoder, in_flight } = &mut self.link else {
+            let Link::Connected {
+                decoder,
+                late,
+                in_flight,
+            } = &mut self.link
+            else {
                 return;
             };
-            match decoder.decode() {
+            let payload = match decoder.decode() {
                 Ok(None) => return,
-                Ok(Some(payload)) => {
-                    let Some(id) = *in_flight else {
-                        self.drop_link(Fatal::UnexpectedReply("a reply nobody asked for".into()));
-                        return;
-                    };
-                    match decode_reply(&payload) {
-                        Ok(reply) => {
-                            *in_flight = None;
-                            // Bytes that came with the reply were sent before the parent could
-                            // see the next request: they cannot answer it.
-                            let stray = decoder.buffered_len() > 0;
-                            self.complete(id, Ok(reply));
-                            if stray {
-                                self.drop_link(Fatal::UnexpectedReply(
-                                    "bytes after a reply, before the next request".into(),
-                                ));
-                                return;
-                            }
-                            self.pump();
-                        }
-                        Err(fatal) => {
-                            self.drop_link(fatal);
-                            return;
-                        }
-                    }
-                }
+                Ok(Some(payload)) => payload,
                 Err(error) => {
-                    self.drop_link(Fatal::Framing(error));
+                    self.drop_link(Fatal::Framing(error), now);
                     return;
                 }
+            };
+            if *late > 0 {
+                // The first frame owed is the cancelled call's reply: its content is never
+                // looked at, whatever it holds.
+                *late -= 1;
+                self.out
+                    .push_back(ClientOutput::LateReplyDiscarded { len: payload.len() });
+            } else {
+                let Some(InFlight { id, .. }) = *in_flight else {
+                    self.drop_link(
+                        Fatal::UnexpectedReply("a reply nobody asked for".into()),
+                        now,
+                    );
+                    return;
+                };
+                match decode_reply(&payload) {
+                    Ok(reply) => {
+                        *in_flight = None;
+                        self.complete(id, Ok(reply));
+                    }
+                    Err(fatal) => {
+                        self.drop_link(fatal, now);
+                        return;
+                    }
+                }
             }
+            // Bytes that came behind the last reply owed were sent before the parent could see
+            // a next request: they cannot answer it.
+            if let Link::Connected {
+                decoder,
+                late: 0,
+                in_flight: None,
+            } = &self.link
+                && decoder.buffered_len() > 0
+            {
+                self.drop_link(
+                    Fatal::UnexpectedReply("bytes after a reply, before the next request".into()),
+                    now,
+                );
+                return;
+            }
+            self.pump(now);
         }
     }
 
     /// The parent closed the connection (ignored unless connected: a connection attempt that
     /// fails is reported with `handle_connect_failed`).
-    pub fn handle_closed(&mut self) {
+    pub fn handle_closed(&mut self, now: Instant) {
         let (mut decoder, in_flight) = match std::mem::replace(&mut self.link, Link::Disconnected) {
-            Link::Connected { decoder, in_flight } => (decoder, in_flight),
+            Link::Connected {
+                decoder, in_flight, ..
+            } => (decoder, in_flight),
             unconnected @ (Link::Disconnected | Link::Connecting) => {
                 self.link = unconnected;
                 return;
             }
         };
-        if let Some(id) = in_flight {
+        if let Some(InFlight { id, .. }) = in_flight {
             let outcome = match decoder.decode_eof() {
                 Err(error) => Err(CallError::Protocol(Fatal::Framing(error))),
                 Ok(()) => Err(CallError::ConnectionLost),
             };
             self.complete(id, outcome);
         }
-        self.pump();
+        self.pump(now);
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is due: the deadline of the call on the
+    /// wire, if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match &self.link {
+            Link::Connected {
+                in_flight: Some(f), ..
+            } => Some(f.deadline),
+            Link::Disconnected | Link::Connecting | Link::Connected { .. } => None,
+        }
+    }
+
+    /// Fails the call on the wire if its deadline has passed ([`CallError::TimedOut`]), drops
+    /// the link, and reconnects for what is still queued. Early calls change nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let Some(deadline) = self.poll_timeout() else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        if let Link::Connected {
+            in_flight: Some(InFlight { id, .. }),
+            ..
+        } = std::mem::replace(&mut self.link, Link::Disconnected)
+        {
+            self.complete(
+                id,
+                Err(CallError::TimedOut {
+                    after: self.call_timeout,
+                }),
+            );
+        }
+        self.out.push_back(ClientOutput::Disconnect);
+        self.pump(now);
     }
 
     /// Fails every queued and in-flight call (teardown); the tokens come out as `Completed`.
-    pub fn shutdown(&mut self) {
+    pub fn shutdown(&mut self, _now: Instant) {
         let link = std::mem::replace(&mut self.link, Link::Disconnected);
         for (_, queued) in self.calls.fail_all() {
             self.out.push_back(ClientOutput::Completed {
@@ -651,12 +809,12 @@ impl<T> CallToolClient<T> {
         self.out.pop_front()
     }
 
-    /// Calls queued or in flight.
+    /// Calls queued or in flight (not those cancelled).
     pub fn pending_len(&self) -> usize {
         self.calls.len()
     }
 
-    /// Whether a call is on the wire.
+    /// Whether a call on the wire awaits its reply.
     pub fn is_busy(&self) -> bool {
         matches!(
             self.link,
@@ -665,6 +823,14 @@ impl<T> CallToolClient<T> {
                 ..
             }
         )
+    }
+
+    /// Replies the connection owes to calls cancelled on the wire.
+    pub fn late_replies(&self) -> usize {
+        match self.link {
+            Link::Connected { late, .. } => late,
+            Link::Disconnected | Link::Connecting => 0,
+        }
     }
 
     fn complete(&mut self, id: u64, outcome: Result<Reply, CallError>) {
@@ -678,19 +844,19 @@ impl<T> CallToolClient<T> {
 
     /// Framing or the reply stream broke: fail the call in flight, close, and reconnect for what
     /// is still queued.
-    fn drop_link(&mut self, fatal: Fatal) {
+    fn drop_link(&mut self, fatal: Fatal, now: Instant) {
         if let Link::Connected {
-            in_flight: Some(id),
+            in_flight: Some(InFlight { id, .. }),
             ..
         } = std::mem::replace(&mut self.link, Link::Disconnected)
         {
             self.complete(id, Err(CallError::Protocol(fatal)));
         }
         self.out.push_back(ClientOutput::Disconnect);
-        self.pump();
+        self.pump(now);
     }
 
-    fn pump(&mut self) {
+    fn pump(&mut self, now: Instant) {
         match &mut self.link {
             Link::Disconnected if !self.calls.is_empty() => {
                 self.link = Link::Connecting;
@@ -700,17 +866,19 @@ impl<T> CallToolClient<T> {
                 in_flight: in_flight @ None,
                 ..
             } => {
+                // The next call not yet sent: every pending call before it was sent and then
+                // answered or cancelled, so the first pending one.
                 let Some(id) = self.calls.ids().next() else {
                     return;
                 };
-                let frame = std::mem::take(
-                    &mut self
-                        .calls
-                        .get_mut(id)
-                        .expect("the id was just listed")
-                        .frame,
-                );
-                *in_flight = Some(id);
+                let Some(queued) = self.calls.get_mut(id) else {
+                    return;
+                };
+                let frame = std::mem::take(&mut queued.frame);
+                *in_flight = Some(InFlight {
+                    id,
+                    deadline: now + self.call_timeout,
+                });
                 self.out.push_back(ClientOutput::Transmit(frame));
             }
             Link::Disconnected | Link::Connecting | Link::Connected { .. } => {}

@@ -7,7 +7,12 @@
 //!   `isError` result `Input validation error: …`. Unknown tool names are forwarded (the parent
 //!   answers `ToolNotFoundError`).
 //! - Calls go to the parent one at a time through [`CallToolClient`] (lazy connect, reconnect after
-//!   a drop). A parent error `{message, type}` becomes an `isError` result `"<message> (type:
+//!   a drop). Each has [`CallToolBridgeConfig::call_timeout`] for its reply once sent; past that
+//!   the agent gets an `isError` result naming the timeout, the connection is dropped and the
+//!   next call reconnects.
+//! - `notifications/cancelled` for a queued call removes it; for the call on the wire it frees
+//!   the queue at once (the next call is sent) and the parent's reply to the cancelled call is
+//!   discarded by its length prefix when it comes. A cancelled request is not answered. A parent error `{message, type}` becomes an `isError` result `"<message> (type:
 //!   <type>)"`; a valid parent result is passed through unchanged, `isError: true` included; one
 //!   that is not a valid `CallToolResult` ([`validate_tool_result`]: e.g. `{}`, or `content`
 //!   empty or not a list) becomes an `isError` result naming the problem.
@@ -18,7 +23,8 @@
 //!   call reconnects (it does).
 //! - Other methods get `-32601`. Teardown (agent EOF, signal) answers what is pending and exits.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -27,8 +33,8 @@ use crate::codec::jsonrpc::{INVALID_PARAMS, Id, METHOD_NOT_FOUND, RpcError};
 use crate::codec::length_prefixed::MAX_PAYLOAD_BYTES;
 use crate::codec::line::LineDecoder;
 use crate::dialect::call_tool::{
-    CallError, CallTool, CallToolClient, ClientOutput, Reply, ToolSchema, a_kind,
-    validate_tool_result,
+    CallError, CallTool, CallToolClient, Cancelled, ClientOutput, DEFAULT_CALL_TIMEOUT, Reply,
+    ToolSchema, a_kind, seconds, validate_tool_result,
 };
 use crate::dialect::mcp;
 use crate::dialect::mcp_face::{AgentLine, McpFace, error_line, result_line};
@@ -45,6 +51,8 @@ pub struct CallToolBridgeConfig {
     pub server_name: String,
     /// `serverInfo.version`.
     pub server_version: String,
+    /// How long a call sent to the parent may wait for its reply.
+    pub call_timeout: Duration,
 }
 
 impl Default for CallToolBridgeConfig {
@@ -54,6 +62,7 @@ impl Default for CallToolBridgeConfig {
             max_agent_line_bytes: 2 * MAX_PAYLOAD_BYTES,
             server_name: mcp::SERVER_NAME.to_owned(),
             server_version: "0.0.0-dev".to_owned(),
+            call_timeout: DEFAULT_CALL_TIMEOUT,
         }
     }
 }
@@ -120,6 +129,18 @@ pub enum CallToolBridgeEvent {
         /// What was wrong.
         detail: String,
     },
+    /// The agent cancelled a call; it will not be answered.
+    Cancelled {
+        /// Tool name.
+        tool: String,
+        /// Whether it was on the wire (the parent's reply to it will be discarded) or queued.
+        on_wire: bool,
+    },
+    /// The parent's reply to a call cancelled on the wire arrived and was discarded.
+    LateReplyDiscarded {
+        /// Its payload's length.
+        len: usize,
+    },
     /// A notification from the agent the bridge does not act on.
     AgentNotificationIgnored {
         /// Its method.
@@ -135,11 +156,13 @@ struct Token {
 
 /// The session. See the [module docs](self).
 ///
-/// Contract: a timeless machine (no `now`: no timers, nothing timed). Inputs are `handle_*`:
-/// agent bytes / EOF, the parent connection's life (`handle_connected`, `handle_connect_failed`,
-/// `handle_parent_bytes`, `handle_parent_closed`) and `handle_terminate`. Outputs are drained from
-/// [`poll_output`](Self::poll_output): [`CallToolBridgeOutput::Transmit`] `{ to, bytes }`,
-/// `Connect` / `Disconnect` for the parent socket, `Event`s for the log, and `Exit` last.
+/// Contract: inputs are `handle_*(…, now)` and never read a clock: agent bytes / EOF, the parent
+/// connection's life (`handle_connected`, `handle_connect_failed`, `handle_parent_bytes`,
+/// `handle_parent_closed`), `handle_terminate`, and `handle_timeout` once
+/// [`poll_timeout`](Self::poll_timeout) (the deadline of the call on the wire) has passed.
+/// Outputs are drained from [`poll_output`](Self::poll_output):
+/// [`CallToolBridgeOutput::Transmit`] `{ to, bytes }`, `Connect` / `Disconnect` for the parent
+/// socket, `Event`s for the log, and `Exit` last.
 #[derive(Debug)]
 pub struct CallToolBridge {
     face: McpFace,
@@ -147,7 +170,6 @@ pub struct CallToolBridge {
     tools_list: RawJson,
     agent: LineDecoder,
     client: CallToolClient<Token>,
-    cancelled: BTreeSet<String>,
     closed: bool,
     out: VecDeque<CallToolBridgeOutput>,
 }
@@ -165,15 +187,14 @@ impl CallToolBridge {
             tools_list: crate::dialect::call_tool::tools_list_result(&tools),
             tools,
             agent: LineDecoder::new(config.max_agent_line_bytes),
-            client: CallToolClient::new(config.max_payload_bytes),
-            cancelled: BTreeSet::new(),
+            client: CallToolClient::new(config.max_payload_bytes, config.call_timeout),
             closed: false,
             out: VecDeque::new(),
         }
     }
 
     /// Bytes from the agent.
-    pub fn handle_agent_bytes(&mut self, bytes: &[u8]) {
+    pub fn handle_agent_bytes(&mut self, bytes: &[u8], now: Instant) {
         if self.closed {
             return;
         }
@@ -181,64 +202,83 @@ impl CallToolBridge {
         agent.push(bytes);
         while let Some(line) = agent.decode() {
             let line = self.face.classify(line);
-            self.agent_line(line);
+            self.agent_line(line, now);
         }
         self.agent = agent;
         self.pump();
     }
 
     /// The agent closed stdin: answer what is pending, disconnect, exit.
-    pub fn handle_agent_eof(&mut self) {
+    pub fn handle_agent_eof(&mut self, now: Instant) {
         if self.closed {
             return;
         }
         if let Some(line) = self.agent.decode_eof() {
             let line = self.face.classify(line);
-            self.agent_line(line);
+            self.agent_line(line, now);
         }
-        self.teardown();
+        self.teardown(now);
     }
 
     /// SIGINT/SIGTERM: the same teardown.
-    pub fn handle_terminate(&mut self) {
+    pub fn handle_terminate(&mut self, now: Instant) {
         if !self.closed {
-            self.teardown();
+            self.teardown(now);
         }
     }
 
     /// The connection to the parent is open.
-    pub fn handle_connected(&mut self) {
+    pub fn handle_connected(&mut self, now: Instant) {
         if self.closed {
             return;
         }
-        self.client.handle_connected();
+        self.client.handle_connected(now);
         self.pump();
     }
 
     /// The connection to the parent could not be made.
-    pub fn handle_connect_failed(&mut self, reason: &str) {
+    pub fn handle_connect_failed(&mut self, reason: &str, now: Instant) {
         if self.closed {
             return;
         }
-        self.client.handle_connect_failed(reason);
+        self.client.handle_connect_failed(reason, now);
         self.pump();
     }
 
     /// Bytes from the parent.
-    pub fn handle_parent_bytes(&mut self, bytes: &[u8]) {
+    pub fn handle_parent_bytes(&mut self, bytes: &[u8], now: Instant) {
         if self.closed {
             return;
         }
-        self.client.handle_bytes(bytes);
+        self.client.handle_bytes(bytes, now);
         self.pump();
     }
 
     /// The parent closed the connection.
-    pub fn handle_parent_closed(&mut self) {
+    pub fn handle_parent_closed(&mut self, now: Instant) {
         if self.closed {
             return;
         }
-        self.client.handle_closed();
+        self.client.handle_closed(now);
+        self.pump();
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is due: the deadline of the call on the
+    /// wire, if any.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.closed {
+            return None;
+        }
+        self.client.poll_timeout()
+    }
+
+    /// A call on the wire whose deadline has passed is answered with an `isError` result naming
+    /// the timeout; the connection is dropped and the next call reconnects.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.closed {
+            return;
+        }
+        self.client.handle_timeout(now);
         self.pump();
     }
 
@@ -252,7 +292,7 @@ impl CallToolBridge {
         self.closed
     }
 
-    fn agent_line(&mut self, line: AgentLine) {
+    fn agent_line(&mut self, line: AgentLine, now: Instant) {
         match line {
             AgentLine::Blank | AgentLine::Response => {}
             AgentLine::Invalid {
@@ -272,14 +312,21 @@ impl CallToolBridge {
                 bytes: answer,
             }),
             AgentLine::Cancelled(id) => {
-                self.cancelled.insert(id.as_raw().get().to_owned());
+                // What the client did before the cancel comes out before it.
+                self.pump();
+                if let Some((token, cancelled)) = self.client.cancel(|t| t.agent_id == id, now) {
+                    self.event(CallToolBridgeEvent::Cancelled {
+                        tool: token.tool,
+                        on_wire: cancelled == Cancelled::OnWire,
+                    });
+                }
             }
             AgentLine::Notification(method) => {
                 self.event(CallToolBridgeEvent::AgentNotificationIgnored { method })
             }
             AgentLine::Request(req) => match req.method.as_str() {
                 mcp::TOOLS_LIST => self.send_agent(result_line(&req.id, &self.tools_list)),
-                mcp::TOOLS_CALL => self.call(req.id, req.params.as_ref()),
+                mcp::TOOLS_CALL => self.call(req.id, req.params.as_ref(), now),
                 other => {
                     let error =
                         RpcError::new(METHOD_NOT_FOUND, format!("Method not found: {other}"));
@@ -289,7 +336,7 @@ impl CallToolBridge {
         }
     }
 
-    fn call(&mut self, agent_id: Id, params: Option<&RawJson>) {
+    fn call(&mut self, agent_id: Id, params: Option<&RawJson>, now: Instant) {
         const NEEDS: &str = "tools/call needs params {\"name\": <tool name>, \"arguments\": {…}}";
         let mut params = match params.map(RawJson::parse::<Value>) {
             None => {
@@ -355,6 +402,7 @@ impl CallToolBridge {
                 agent_id,
                 tool: name,
             },
+            now,
         );
     }
 
@@ -371,6 +419,9 @@ impl CallToolBridge {
                 }
                 ClientOutput::Disconnect => self.out.push_back(CallToolBridgeOutput::Disconnect),
                 ClientOutput::Completed { token, outcome } => self.completed(token, outcome),
+                ClientOutput::LateReplyDiscarded { len } => {
+                    self.event(CallToolBridgeEvent::LateReplyDiscarded { len });
+                }
             }
         }
     }
@@ -397,10 +448,7 @@ impl CallToolBridge {
             ),
             Err(error) => (mcp::tool_error(&failure_text(tool, error)), None),
         };
-        let line = result_line(&token.agent_id, &result);
-        if !self.cancelled.remove(token.agent_id.as_raw().get()) {
-            self.send_agent(line);
-        }
+        self.send_agent(result_line(&token.agent_id, &result));
         if let Some(invalid) = invalid {
             self.event(CallToolBridgeEvent::InvalidResult {
                 tool: token.tool.clone(),
@@ -413,8 +461,8 @@ impl CallToolBridge {
         });
     }
 
-    fn teardown(&mut self) {
-        self.client.shutdown();
+    fn teardown(&mut self, now: Instant) {
+        self.client.shutdown(now);
         self.pump();
         self.closed = true;
         self.out.push_back(CallToolBridgeOutput::Exit);
@@ -456,6 +504,12 @@ fn failure_text(tool: &str, error: &CallError) -> String {
         CallError::Protocol(fatal) => format!(
             "{tool}: protocol error from the parent ({fatal}); the connection was dropped and \
              the call may or may not have run. The next call reconnects."
+        ),
+        CallError::TimedOut { after } => format!(
+            "{tool}: the parent did not reply within {} (the bridge's call timeout); the call may \
+             or may not have run, and may still be running. The connection was dropped; the next \
+             call reconnects.",
+            seconds(*after)
         ),
         CallError::Shutdown => {
             format!("{tool}: the bridge is shutting down; the call was not completed.")

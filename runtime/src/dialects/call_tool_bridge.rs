@@ -8,11 +8,13 @@
 //! The tool-schema file must be readable by its owner only (the parent writes it 0600); a file
 //! readable by group or others is refused, as is one that is missing or not a valid schema list.
 //! The connection is made lazily, on the first `tools/call`, and again after the parent drops it.
+//! Each call sent gets `--call-timeout` seconds (default 120) for its reply; the session machine
+//! keeps the deadline and the relay only sleeps until it.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ac7_protocol::dialect::call_tool::{ToolSchema, parse_schema_file};
 use ac7_protocol::dialect::call_tool_bridge::{
@@ -24,6 +26,10 @@ use crate::dialects::stdio::AgentStdin;
 
 /// The environment variable naming the parent's socket when `--socket` is not given.
 pub const CALL_TOOL_SOCKET_ENV: &str = "AC7_CALL_TOOL_SOCKET";
+
+/// The environment variable setting the call timeout in milliseconds (tests), as the hidden
+/// `--call-timeout-ms` does.
+pub const CALL_TIMEOUT_MS_ENV: &str = "AC7_CALL_TOOL_TIMEOUT_MS";
 
 /// Why the call-tool bridge could not start.
 #[derive(Debug, thiserror::Error)]
@@ -93,8 +99,12 @@ pub fn load_schema_file(path: &Path) -> Result<Vec<ToolSchema>, CallToolBridgeEr
 
 /// Runs the call-tool bridge; returns the exit code (0 after a normal teardown, 1 when it could
 /// not start; the reason is printed on stderr as one line).
-pub(crate) fn run(schema_file: Option<PathBuf>, socket: Option<PathBuf>) -> i32 {
-    match run_bridge(schema_file, socket) {
+pub(crate) fn run(
+    schema_file: Option<PathBuf>,
+    socket: Option<PathBuf>,
+    call_timeout: Duration,
+) -> i32 {
+    match run_bridge(schema_file, socket, call_timeout) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("ac7 mcp-bridge: {err}");
@@ -106,6 +116,7 @@ pub(crate) fn run(schema_file: Option<PathBuf>, socket: Option<PathBuf>) -> i32 
 fn run_bridge(
     schema_file: Option<PathBuf>,
     socket: Option<PathBuf>,
+    call_timeout: Duration,
 ) -> Result<(), CallToolBridgeError> {
     let schema_file = schema_file.ok_or(CallToolBridgeError::NoSchemaFile)?;
     let socket = socket
@@ -122,6 +133,7 @@ fn run_bridge(
         let mut stdin = AgentStdin::open().map_err(CallToolBridgeError::Start)?;
         let config = CallToolBridgeConfig {
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
+            call_timeout,
             ..CallToolBridgeConfig::default()
         };
         Relay::new(CallToolBridge::new(config, tools), socket, None)
@@ -132,36 +144,37 @@ fn run_bridge(
     })
 }
 
-// The session has no timers and no use for the time.
 impl RelaySession for CallToolBridge {
     type Event = CallToolBridgeEvent;
     type Exit = ();
 
-    fn handle_agent_bytes(&mut self, bytes: &[u8], _now: Instant) {
-        CallToolBridge::handle_agent_bytes(self, bytes);
+    fn handle_agent_bytes(&mut self, bytes: &[u8], now: Instant) {
+        CallToolBridge::handle_agent_bytes(self, bytes, now);
     }
-    fn handle_agent_eof(&mut self, _now: Instant) {
-        CallToolBridge::handle_agent_eof(self);
+    fn handle_agent_eof(&mut self, now: Instant) {
+        CallToolBridge::handle_agent_eof(self, now);
     }
-    fn handle_connected(&mut self, _now: Instant) {
-        CallToolBridge::handle_connected(self);
+    fn handle_connected(&mut self, now: Instant) {
+        CallToolBridge::handle_connected(self, now);
     }
-    fn handle_connect_failed(&mut self, reason: &str, _now: Instant) {
-        CallToolBridge::handle_connect_failed(self, reason);
+    fn handle_connect_failed(&mut self, reason: &str, now: Instant) {
+        CallToolBridge::handle_connect_failed(self, reason, now);
     }
-    fn handle_parent_bytes(&mut self, bytes: &[u8], _now: Instant) {
-        CallToolBridge::handle_parent_bytes(self, bytes);
+    fn handle_parent_bytes(&mut self, bytes: &[u8], now: Instant) {
+        CallToolBridge::handle_parent_bytes(self, bytes, now);
     }
-    fn handle_parent_closed(&mut self, _now: Instant) {
-        CallToolBridge::handle_parent_closed(self);
+    fn handle_parent_closed(&mut self, now: Instant) {
+        CallToolBridge::handle_parent_closed(self, now);
     }
-    fn handle_terminate(&mut self, _now: Instant) {
-        CallToolBridge::handle_terminate(self);
+    fn handle_terminate(&mut self, now: Instant) {
+        CallToolBridge::handle_terminate(self, now);
     }
     fn poll_timeout(&self) -> Option<Instant> {
-        None
+        CallToolBridge::poll_timeout(self)
     }
-    fn handle_timeout(&mut self, _now: Instant) {}
+    fn handle_timeout(&mut self, now: Instant) {
+        CallToolBridge::handle_timeout(self, now);
+    }
     fn poll_output(&mut self) -> Option<RelayOutput<CallToolBridgeEvent, ()>> {
         Some(match CallToolBridge::poll_output(self)? {
             CallToolBridgeOutput::Transmit {
@@ -211,6 +224,16 @@ fn log_event(event: &CallToolBridgeEvent) {
                 detail,
                 "the parent's result is not a valid MCP tool result; answered with isError"
             );
+        }
+        CallToolBridgeEvent::Cancelled { tool, on_wire } => {
+            tracing::debug!(
+                tool,
+                on_wire,
+                "call cancelled by the agent; not answered (a reply to it is discarded)"
+            );
+        }
+        CallToolBridgeEvent::LateReplyDiscarded { len } => {
+            tracing::debug!(len, "the parent's reply to a cancelled call discarded");
         }
         CallToolBridgeEvent::AgentNotificationIgnored { method } => {
             tracing::debug!(method, "notification from the agent ignored");

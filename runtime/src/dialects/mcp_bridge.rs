@@ -60,6 +60,32 @@ pub struct McpBridgeArgs {
     /// call-tool: the parent's Unix socket.
     #[arg(long, value_name = "PATH", env = crate::dialects::call_tool_bridge::CALL_TOOL_SOCKET_ENV)]
     pub socket: Option<PathBuf>,
+    /// call-tool: seconds a call sent to the parent may wait for its reply; past that the agent
+    /// gets an isError result naming the timeout, the connection is dropped and the next call
+    /// reconnects (default 120).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub call_timeout: Option<u64>,
+    /// call-tool: the call timeout in milliseconds, over --call-timeout. Hidden: for tests.
+    #[arg(
+        long,
+        hide = true,
+        value_name = "MS",
+        env = crate::dialects::call_tool_bridge::CALL_TIMEOUT_MS_ENV,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub call_timeout_ms: Option<u64>,
+}
+
+impl McpBridgeArgs {
+    /// The call-tool bridge's call timeout: `--call-timeout-ms`, else `--call-timeout`, else
+    /// 120 s.
+    pub fn call_timeout(&self) -> Duration {
+        match (self.call_timeout_ms, self.call_timeout) {
+            (Some(ms), _) => Duration::from_millis(ms),
+            (None, Some(secs)) => Duration::from_secs(secs),
+            (None, None) => ac7_protocol::dialect::call_tool::DEFAULT_CALL_TIMEOUT,
+        }
+    }
 }
 
 /// Which parent the bridge talks to.
@@ -68,7 +94,7 @@ pub enum Dialect {
     /// An ac7 runner.
     #[default]
     Ac7,
-    /// A seed-001 `call_tool` parent.
+    /// A `call_tool` parent (length-prefixed JSON over a Unix socket).
     CallTool,
 }
 
@@ -114,10 +140,15 @@ pub enum BridgeError {
 /// could not start (the reason is printed on stderr as one line).
 pub fn run(args: McpBridgeArgs) -> i32 {
     if args.dialect == Dialect::CallTool {
-        return crate::dialects::call_tool_bridge::run(args.schema_file, args.socket);
+        let call_timeout = args.call_timeout();
+        return crate::dialects::call_tool_bridge::run(args.schema_file, args.socket, call_timeout);
     }
     if args.schema_file.is_some() {
         eprintln!("ac7 mcp-bridge: --schema-file is only used with --dialect call-tool");
+        return 1;
+    }
+    if args.call_timeout.is_some() {
+        eprintln!("ac7 mcp-bridge: --call-timeout is only used with --dialect call-tool");
         return 1;
     }
     match run_bridge(std::env::var_os(RUNNER_SOCKET_ENV)) {

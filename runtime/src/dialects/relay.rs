@@ -1,6 +1,6 @@
 //! The one event loop behind both bridge dialects (`ac7 mcp-bridge` and `--dialect call-tool`):
-//! the agent's stdio on one side, a Unix socket to the parent (the runner, or a seed-001
-//! `call_tool` parent) on the other, and a sans-IO session machine deciding everything.
+//! the agent's stdio on one side, a Unix socket to the parent (the runner, or a `call_tool`
+//! parent) on the other, and a sans-IO session machine deciding everything.
 //!
 //! ```text
 //!   stdin ──────────────▶ handle_agent_bytes / handle_agent_eof ─────┐

@@ -1,3 +1,5 @@
+use std::time::{Duration, Instant};
+
 use serde_json::json;
 
 use super::*;
@@ -16,6 +18,8 @@ fn tools() -> Vec<ToolSchema> {
 struct Harness {
     bridge: CallToolBridge,
     transcript: String,
+    /// The time every input happens at; tests move it forward.
+    now: Instant,
 }
 
 impl Harness {
@@ -28,13 +32,27 @@ impl Harness {
         Self {
             bridge: CallToolBridge::new(config, tools()),
             transcript: String::new(),
+            now: Instant::now(),
+        }
+    }
+
+    fn with_timeout(call_timeout: Duration) -> Self {
+        let config = CallToolBridgeConfig {
+            server_version: "1.2.3".into(),
+            call_timeout,
+            ..CallToolBridgeConfig::default()
+        };
+        Self {
+            bridge: CallToolBridge::new(config, tools()),
+            transcript: String::new(),
+            now: Instant::now(),
         }
     }
 
     fn agent(&mut self, line: &str) -> Vec<CallToolBridgeOutput> {
         self.transcript.push_str(&format!("agent  > {line}\n"));
         self.bridge
-            .handle_agent_bytes(format!("{line}\n").as_bytes());
+            .handle_agent_bytes(format!("{line}\n").as_bytes(), self.now);
         self.drain()
     }
 
@@ -44,17 +62,17 @@ impl Harness {
             .push_str(&format!("parent > {}\n", String::from_utf8_lossy(&payload)));
         let mut frame = Vec::new();
         length_prefixed::encode(&payload, &mut frame, usize::MAX).unwrap();
-        self.bridge.handle_parent_bytes(&frame);
+        self.bridge.handle_parent_bytes(&frame, self.now);
         self.drain()
     }
 
     fn event(
         &mut self,
         label: &str,
-        f: impl FnOnce(&mut CallToolBridge),
+        f: impl FnOnce(&mut CallToolBridge, Instant),
     ) -> Vec<CallToolBridgeOutput> {
         self.transcript.push_str(&format!("{label}\n"));
-        f(&mut self.bridge);
+        f(&mut self.bridge, self.now);
         self.drain()
     }
 
@@ -141,7 +159,7 @@ fn scripted_session() {
     assert_eq!(out, vec![CallToolBridgeOutput::Connect]);
     h.agent(r#"{"jsonrpc":"2.0","id":"four","method":"tools/call","params":{"name":"nope","arguments":{}}}"#);
     h.agent(r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"add","arguments":{"a":2,"b":3}}}"#);
-    let out = h.event("(connected)", |b| b.handle_connected());
+    let out = h.event("(connected)", |b, now| b.handle_connected(now));
     assert_eq!(sent(&out), 1);
     let out = h.parent(&Reply::Result(
         RawJson::from_text(r#"{"content":[{"type":"text","text":"hi"}],"isError":true}"#).unwrap(),
@@ -162,7 +180,7 @@ fn scripted_session() {
         json!({"jsonrpc":"2.0","id":"four","result":{"content":[{"type":"text","text":"Unknown tool: nope (type: ToolNotFoundError)"}],"isError":true}})
     );
     // The parent drops mid-call: that call fails, the next one reconnects.
-    let out = h.event("(parent closed)", |b| b.handle_parent_closed());
+    let out = h.event("(parent closed)", |b, now| b.handle_parent_closed(now));
     let lines = agent_lines(&out);
     assert_eq!(lines[0]["id"], 5);
     assert_eq!(
@@ -176,10 +194,10 @@ fn scripted_session() {
     );
     let out = h.agent(r#"{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"echo","arguments":{"text":"again"}}}"#);
     assert_eq!(out, vec![CallToolBridgeOutput::Connect]);
-    h.event("(connected)", |b| b.handle_connected());
+    h.event("(connected)", |b, now| b.handle_connected(now));
     let out = h.agent(r#"{"jsonrpc":"2.0","id":7,"method":"resources/list"}"#);
     assert_eq!(agent_lines(&out)[0]["error"]["code"], -32601);
-    let out = h.event("(agent EOF)", |b| b.handle_agent_eof());
+    let out = h.event("(agent EOF)", |b, now| b.handle_agent_eof(now));
     assert_eq!(
         agent_lines(&out)[0]["id"],
         6,
@@ -204,8 +222,8 @@ fn oversized_request_and_connect_failure_are_answered() {
     );
     let out = h.agent(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}"#);
     assert_eq!(out, vec![CallToolBridgeOutput::Connect]);
-    let out = h.event("(connect failed)", |b| {
-        b.handle_connect_failed("No such file or directory")
+    let out = h.event("(connect failed)", |b, now| {
+        b.handle_connect_failed("No such file or directory", now)
     });
     let lines = agent_lines(&out);
     assert_eq!(lines[0]["result"]["isError"], true, "{}", lines[0]);
@@ -222,7 +240,7 @@ fn oversized_request_and_connect_failure_are_answered() {
 fn cancelled_call_is_not_answered() {
     let mut h = Harness::new(MAX_PAYLOAD_BYTES);
     h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"x"}}}"#);
-    h.event("(connected)", |b| b.handle_connected());
+    h.event("(connected)", |b, now| b.handle_connected(now));
     h.agent(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}"#);
     let out = h.parent(&Reply::Result(mcp::tool_text("x")));
     assert!(agent_lines(&out).is_empty());
@@ -237,7 +255,7 @@ fn transport_failures_and_invalid_results_are_is_error_results() {
         )
     };
     h.agent(&call(1));
-    h.event("(connected)", |b| b.handle_connected());
+    h.event("(connected)", |b, now| b.handle_connected(now));
     for (id, result, why) in [
         (1, "{}", "the result has no \"content\" list"),
         (
@@ -304,8 +322,8 @@ fn transport_failures_and_invalid_results_are_is_error_results() {
     // the call is an isError result, and the next call reconnects.
     h.agent(&call(9));
     let over = ((MAX_PAYLOAD_BYTES + 1) as u32).to_be_bytes();
-    let out = h.event("(parent sends an over-cap length)", |b| {
-        b.handle_parent_bytes(&over)
+    let out = h.event("(parent sends an over-cap length)", |b, now| {
+        b.handle_parent_bytes(&over, now)
     });
     let lines = agent_lines(&out);
     assert_eq!(lines[0]["result"]["isError"], true);
@@ -352,4 +370,114 @@ fn tools_call_without_params_is_invalid_params() {
         !out.contains(&CallToolBridgeOutput::Connect),
         "nothing goes to the parent"
     );
+}
+
+fn echo_call(id: u32, text: &str) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}}}}}}"#
+    )
+}
+
+fn text_reply(text: &str) -> Reply {
+    Reply::Result(mcp::tool_text(text))
+}
+
+/// A parent that never answers: at the deadline the agent gets an `isError` result naming the
+/// timeout, the silent connection is dropped, and the next call goes out on a new one.
+#[test]
+fn a_parent_that_never_answers_times_out() {
+    let mut h = Harness::with_timeout(Duration::from_secs(30));
+    h.agent(&echo_call(1, "lost"));
+    h.agent(&echo_call(2, "queued"));
+    let t0 = h.now;
+    let out = h.event("(connected)", |b, now| b.handle_connected(now));
+    assert_eq!(sent(&out), 1);
+    assert_eq!(h.bridge.poll_timeout(), Some(t0 + Duration::from_secs(30)));
+    h.now += Duration::from_secs(29);
+    let out = h.event("(29 s later: the timer fires early)", |b, now| {
+        b.handle_timeout(now)
+    });
+    assert!(out.is_empty(), "{out:?}");
+    h.now += Duration::from_secs(1);
+    let out = h.event("(30 s: the deadline)", |b, now| b.handle_timeout(now));
+    let lines = agent_lines(&out);
+    assert_eq!(
+        lines[0],
+        json!({"jsonrpc":"2.0","id":1,"result":{"isError":true,"content":[{"type":"text","text":
+            "echo: the parent did not reply within 30 s (the bridge's call timeout); the call may \
+             or may not have run, and may still be running. The connection was dropped; the next \
+             call reconnects."}]}})
+    );
+    let disconnect = out
+        .iter()
+        .position(|o| *o == CallToolBridgeOutput::Disconnect);
+    let connect = out.iter().position(|o| *o == CallToolBridgeOutput::Connect);
+    assert!(
+        disconnect.is_some() && disconnect < connect,
+        "dropped, then reconnected for the queued call: {out:?}"
+    );
+    assert!(out.iter().any(|o| matches!(
+        o,
+        CallToolBridgeOutput::Event(CallToolBridgeEvent::Completed {
+            error: Some(CallError::TimedOut { .. }),
+            ..
+        })
+    )));
+    let out = h.event("(connected)", |b, now| b.handle_connected(now));
+    assert_eq!(sent(&out), 1, "the queued call goes out");
+    let out = h.parent(&text_reply("queued"));
+    assert_eq!(
+        agent_lines(&out)[0],
+        json!({"jsonrpc":"2.0","id":2,"result":{"content":[{"type":"text","text":"queued"}]}})
+    );
+    assert_eq!(h.bridge.poll_timeout(), None);
+    snapshots(|| insta::assert_snapshot!("call_tool_bridge_timeout_transcript", h.transcript));
+}
+
+/// Cancelling the call on the wire frees the queue at once; the parent's reply to the
+/// cancelled call is discarded when it comes and never answers the next call. Cancelling a
+/// queued call removes it: it is never sent. Neither is answered.
+#[test]
+fn cancel_frees_the_queue_and_the_late_reply_is_discarded() {
+    let mut h = Harness::new(MAX_PAYLOAD_BYTES);
+    h.agent(&echo_call(1, "one"));
+    h.agent(&echo_call(2, "two"));
+    h.agent(&echo_call(3, "three"));
+    h.event("(connected)", |b, now| b.handle_connected(now));
+    let out = h.agent(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2,"reason":"queued"}}"#,
+    );
+    assert_eq!(sent(&out), 0, "cancelling a queued call sends nothing");
+    let out = h.agent(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"on the wire"}}"#,
+    );
+    assert!(
+        agent_lines(&out).is_empty(),
+        "a cancelled call is not answered"
+    );
+    assert_eq!(sent(&out), 1, "the queue moves on at once");
+    assert!(out.contains(&CallToolBridgeOutput::Event(
+        CallToolBridgeEvent::Cancelled {
+            tool: "echo".into(),
+            on_wire: true
+        }
+    )));
+    let out = h.parent(&text_reply("one (late)"));
+    assert!(
+        agent_lines(&out).is_empty(),
+        "the late reply answers nobody"
+    );
+    assert!(out.iter().any(|o| matches!(
+        o,
+        CallToolBridgeOutput::Event(CallToolBridgeEvent::LateReplyDiscarded { .. })
+    )));
+    assert!(!out.contains(&CallToolBridgeOutput::Disconnect));
+    let out = h.parent(&text_reply("three"));
+    assert_eq!(
+        agent_lines(&out),
+        vec![json!({"jsonrpc":"2.0","id":3,"result":{"content":[{"type":"text","text":"three"}]}})]
+    );
+    let out = h.event("(agent EOF)", |b, now| b.handle_agent_eof(now));
+    assert!(agent_lines(&out).is_empty(), "nothing left to answer");
+    snapshots(|| insta::assert_snapshot!("call_tool_bridge_cancel_transcript", h.transcript));
 }
