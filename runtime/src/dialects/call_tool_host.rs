@@ -33,8 +33,10 @@
 //! object) close the connection without a reply; a malformed request gets a `ValueError` reply;
 //! an unknown tool `ToolNotFoundError`; a tool's [`ToolError`] an error reply with its type; a
 //! result too large for a frame an `IPCMessageSizeError` reply, and the connection stays. A
-//! client that sends a request before the previous reply is counted
-//! ([`RunningHost::pipelined_requests`]) and logged; its requests are still answered in order.
+//! request that arrives before the previous reply is written is counted
+//! ([`RunningHost::pipelined_requests`]) and answered in order, after that reply: the bridge
+//! sends one when its agent cancels the call in flight (it discards the reply to the cancelled
+//! call), and a tool that is cancelled still runs to its end.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -222,7 +224,7 @@ impl RunningHost {
     }
 
     /// Requests that arrived on a connection before the previous request's reply was written (a
-    /// bridge breaking the one-at-a-time rule).
+    /// bridge whose agent cancelled the call in flight, or one breaking the one-at-a-time rule).
     pub fn pipelined_requests(&self) -> u64 {
         self.stats.pipelined.load(Ordering::Relaxed)
     }
@@ -357,7 +359,9 @@ async fn connection(
         };
         if decoder.buffered_len() > 0 {
             stats.pipelined.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!("the bridge sent a request before the previous reply");
+            tracing::debug!(
+                "a request arrived before the previous reply (the bridge's agent cancelled that call)"
+            );
         }
         stats.calls.fetch_add(1, Ordering::Relaxed);
         if let Err(err) = stream.write_all(&frame(&reply)).await {

@@ -570,3 +570,233 @@ async fn the_host_answers_bad_requests_and_closes_on_untrusted_bytes() {
     assert_eq!(read_reply(&mut conn).await, None);
     assert_eq!(running.pipelined_requests(), 0);
 }
+
+/// What a [`manual_parent`] reports to the test.
+enum ParentEvent {
+    /// Connection `n` was accepted; its write half, for the test to answer on.
+    Accepted(usize, tokio::net::unix::OwnedWriteHalf),
+    /// A request read on connection `n`.
+    Request(usize, ac7_protocol::dialect::call_tool::CallTool),
+    /// Connection `n` reached EOF: the bridge closed it.
+    Closed(usize),
+}
+
+/// A parent that answers nothing by itself: every connection and request goes to the test,
+/// which writes the replies when and how it likes.
+async fn manual_parent(listener: UnixListener, events: mpsc::UnboundedSender<ParentEvent>) {
+    for n in 0.. {
+        let (conn, _) = listener.accept().await.unwrap();
+        let (mut read, write) = conn.into_split();
+        let _ = events.send(ParentEvent::Accepted(n, write));
+        let events = events.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut prefix = [0u8; 4];
+                if read.read_exact(&mut prefix).await.is_err() {
+                    let _ = events.send(ParentEvent::Closed(n));
+                    return;
+                }
+                let mut payload = vec![0u8; u32::from_be_bytes(prefix) as usize];
+                read.read_exact(&mut payload).await.unwrap();
+                let _ = events.send(ParentEvent::Request(n, decode_call(&payload).unwrap()));
+            }
+        });
+    }
+}
+
+async fn next_event(events: &mut mpsc::UnboundedReceiver<ParentEvent>, what: &str) -> ParentEvent {
+    within(10, what, events.recv()).await.unwrap()
+}
+
+/// The next request the parent reads: (connection, tool, arguments).
+async fn next_request(
+    events: &mut mpsc::UnboundedReceiver<ParentEvent>,
+    conns: &mut Vec<tokio::net::unix::OwnedWriteHalf>,
+) -> (usize, String, Value) {
+    loop {
+        match next_event(events, "a request at the parent").await {
+            ParentEvent::Accepted(n, write) => {
+                assert_eq!(n, conns.len());
+                conns.push(write);
+            }
+            ParentEvent::Request(n, call) => {
+                return (n, call.name, call.arguments.parse().unwrap());
+            }
+            ParentEvent::Closed(n) => panic!("connection {n} closed while a request was awaited"),
+        }
+    }
+}
+
+fn text_frame(text: &str) -> Vec<u8> {
+    let payload = json!({"result": {"content": [{"type": "text", "text": text}]}}).to_string();
+    let mut frame = Vec::new();
+    length_prefixed::encode(payload.as_bytes(), &mut frame, usize::MAX).unwrap();
+    frame
+}
+
+fn call_line(id: u32, tool: &str, text: &str) -> String {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": {"text": text}}})
+    .to_string()
+}
+
+fn call_tool_bridge(schema: &Path, socket: &Path, timeout_ms: &str) -> Bridge {
+    Bridge::spawn_with(
+        &[
+            OsStr::new("mcp-bridge"),
+            OsStr::new("--dialect"),
+            OsStr::new("call-tool"),
+            OsStr::new("--schema-file"),
+            schema.as_os_str(),
+            OsStr::new("--socket"),
+            socket.as_os_str(),
+        ],
+        &[("AC7_CALL_TOOL_TIMEOUT_MS", Path::new(timeout_ms))],
+    )
+}
+
+/// A parent that never answers a call: after the call timeout (300 ms here, through
+/// `AC7_CALL_TOOL_TIMEOUT_MS`) the agent gets an `isError` result naming the timeout, the
+/// bridge drops the silent connection, and the call queued behind it goes out on a new one
+/// and is answered; so is the one after.
+#[tokio::test]
+async fn a_parent_that_never_answers_times_out_and_the_next_call_works() {
+    let dir = tempdir();
+    let schema = schema_file(dir.path(), &["hang", "echo"]);
+    let socket = dir.path().join("p.sock");
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let parent = tokio::spawn(manual_parent(
+        UnixListener::bind(&socket).unwrap(),
+        events_tx,
+    ));
+    let mut bridge = call_tool_bridge(&schema, &socket, "300");
+    bridge.initialize().await;
+    bridge.send(&call_line(1, "hang", "never")).await;
+    bridge.send(&call_line(2, "echo", "queued")).await;
+    let mut conns = Vec::new();
+    let (conn, tool, _) = next_request(&mut events, &mut conns).await;
+    assert_eq!((conn, tool.as_str()), (0, "hang"));
+
+    let answer = bridge.recv().await;
+    assert_eq!(
+        answer,
+        json!({"jsonrpc": "2.0", "id": 1, "result": {"isError": true, "content": [{"type": "text",
+            "text": "hang: the parent did not reply within 300 ms (the bridge's call timeout); the \
+                     call may or may not have run, and may still be running. The connection was \
+                     dropped; the next call reconnects."}]}})
+    );
+    // The silent connection is closed by the bridge; the queued call comes on a new one.
+    let mut closed = false;
+    let (conn, tool, args) = loop {
+        match next_event(&mut events, "the bridge to drop and reconnect").await {
+            ParentEvent::Closed(0) => closed = true,
+            ParentEvent::Accepted(n, write) => {
+                assert_eq!(n, conns.len());
+                conns.push(write);
+            }
+            ParentEvent::Request(n, call) => {
+                break (n, call.name, call.arguments.parse::<Value>().unwrap());
+            }
+            ParentEvent::Closed(n) => panic!("connection {n} closed"),
+        }
+    };
+    assert_eq!(
+        (conn, tool.as_str(), &args["text"]),
+        (1, "echo", &json!("queued"))
+    );
+    conns[1].write_all(&text_frame("ok queued")).await.unwrap();
+    let answer = bridge.recv().await;
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "ok queued",
+        "{answer}"
+    );
+
+    bridge.send(&call_line(3, "echo", "after")).await;
+    let (conn, _, args) = next_request(&mut events, &mut conns).await;
+    assert_eq!((conn, &args["text"]), (1, &json!("after")));
+    conns[1].write_all(&text_frame("ok after")).await.unwrap();
+    let answer = bridge.recv().await;
+    assert_eq!(answer["id"], 3, "{answer}");
+    assert_eq!(answer["result"]["content"][0]["text"], "ok after");
+    if !closed {
+        assert!(
+            matches!(
+                next_event(&mut events, "the silent connection to close").await,
+                ParentEvent::Closed(0)
+            ),
+            "the first connection was not closed"
+        );
+    }
+    bridge.close_stdin();
+    let (code, rest, _) = bridge.exit().await;
+    assert_eq!((code, rest.len()), (0, 0), "{rest:?}");
+    parent.abort();
+}
+
+/// The agent cancels the call on the wire: the bridge sends the next call at once, on the same
+/// connection, while the parent still works on the cancelled one. The parent's reply to the
+/// cancelled call then arrives (in one write with the next call's reply): it is discarded by
+/// its frame, the next call gets its own answer, the cancelled call none, and the connection
+/// stays in step for the call after.
+#[tokio::test]
+async fn a_cancel_frees_the_queue_and_the_late_reply_is_discarded() {
+    let dir = tempdir();
+    let schema = schema_file(dir.path(), &["slow", "echo"]);
+    let socket = dir.path().join("p.sock");
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let parent = tokio::spawn(manual_parent(
+        UnixListener::bind(&socket).unwrap(),
+        events_tx,
+    ));
+    let mut bridge = call_tool_bridge(&schema, &socket, "60000");
+    bridge.initialize().await;
+    bridge.send(&call_line(1, "slow", "cancelled")).await;
+    bridge.send(&call_line(2, "echo", "next")).await;
+    let mut conns = Vec::new();
+    let (_, tool, _) = next_request(&mut events, &mut conns).await;
+    assert_eq!(tool, "slow");
+    bridge
+        .send(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"reason":"user"}}"#)
+        .await;
+    let (conn, tool, args) = next_request(&mut events, &mut conns).await;
+    assert_eq!(
+        (conn, tool.as_str(), &args["text"]),
+        (0, "echo", &json!("next")),
+        "the next call goes out at once, on the same connection"
+    );
+    let mut both = text_frame("late reply to the cancelled call");
+    both.extend(text_frame("ok next"));
+    conns[0].write_all(&both).await.unwrap();
+    let answer = bridge.recv().await;
+    assert_eq!(
+        answer,
+        json!({"jsonrpc": "2.0", "id": 2, "result": {"content": [{"type": "text", "text": "ok next"}]}})
+    );
+
+    bridge.send(&call_line(3, "echo", "after")).await;
+    let (conn, _, args) = next_request(&mut events, &mut conns).await;
+    assert_eq!(
+        (conn, &args["text"]),
+        (0, &json!("after")),
+        "still one connection"
+    );
+    conns[0].write_all(&text_frame("ok after")).await.unwrap();
+    let answer = bridge.recv().await;
+    assert_eq!(answer["id"], 3, "{answer}");
+    assert_eq!(answer["result"]["content"][0]["text"], "ok after");
+
+    bridge.close_stdin();
+    let (code, rest, stderr) = bridge.exit().await;
+    assert_eq!(
+        (code, rest.len()),
+        (0, 0),
+        "the cancelled call is never answered: {rest:?}"
+    );
+    assert!(
+        stderr.contains("the parent's reply to a cancelled call discarded"),
+        "{stderr}"
+    );
+    assert_eq!(conns.len(), 1, "no reconnect");
+    parent.abort();
+}
