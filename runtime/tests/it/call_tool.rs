@@ -1,4 +1,4 @@
-//! `ac7 mcp-bridge --dialect call-tool` between an agent and a `call_tool` parent (seed 001):
+//! `ac7 mcp-bridge --dialect call-tool` between an agent and a `call_tool` parent:
 //! the official MCP Python SDK against a `CallToolHost`, and a raw fake parent for replies the
 //! host never sends.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
@@ -254,7 +254,7 @@ fn schema_file(dir: &Path, names: &[&str]) -> std::path::PathBuf {
     path
 }
 
-/// Seed 001: a parent that is absent, drops mid-call, sends invalid JSON, a length over the cap
+/// A parent that is absent, drops mid-call, sends invalid JSON, a length over the cap
 /// or a reply over the cap, or a result that is not a valid MCP result: the agent (the official
 /// SDK, which would raise on a JSON-RPC error or an invalid result) gets an `isError` result
 /// saying what failed, and the next call reconnects.
