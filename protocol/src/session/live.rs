@@ -284,6 +284,9 @@ pub struct LiveConfig {
     pub max_held: usize,
     /// Seed of the jitter.
     pub seed: u64,
+    /// The id of a message already seen before this machine started: the first connect resumes
+    /// after it (a runner picking up where its member's last one left off).
+    pub resume_from: Option<String>,
 }
 
 impl Default for LiveConfig {
@@ -297,6 +300,7 @@ impl Default for LiveConfig {
             page: 100,
             max_held: 4096,
             seed: 0,
+            resume_from: None,
         }
     }
 }
@@ -368,12 +372,13 @@ impl LiveStream {
     pub fn new(config: LiveConfig, now: Instant) -> Self {
         let backoff = config.backoff_start;
         let rng = config.seed ^ 0x9E37_79B9_7F4A_7C15;
+        let last_id = config.resume_from.clone();
         let mut me = Self {
             config,
             phase: Phase::Waiting { at: now },
             backoff,
             rng,
-            last_id: None,
+            last_id,
             last_ts: None,
             seen: BTreeSet::new(),
             seen_order: VecDeque::new(),

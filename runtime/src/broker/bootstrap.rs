@@ -186,6 +186,7 @@ pub fn remove_member(c: &Conn<'_>, name: &str, actor: &str, now: i64) -> Result<
         other => StoreError::Corrupt(other.to_string()),
     })?;
     super::objectives::detach_member(c, name)?;
+    super::cursors::forget(c, name)?;
     team::member_delete(c, name)
 }
 

@@ -534,6 +534,12 @@ CREATE TABLE IF NOT EXISTS setup_code (
     id INTEGER PRIMARY KEY CHECK (id = 1),
     code TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS delivery_cursors (
+    member_name TEXT PRIMARY KEY,
+    last_seq INTEGER NOT NULL,
+    last_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS reminder_cooldowns (
     key TEXT PRIMARY KEY,
     fired_at INTEGER NOT NULL

@@ -78,6 +78,7 @@ pub mod bootstrap;
 pub mod channels;
 pub mod cli;
 pub mod config;
+pub mod cursors;
 pub mod datadir;
 pub mod db;
 pub mod enrollments;
@@ -232,6 +233,8 @@ pub struct AppState {
     pub activity_follower: Option<activity_follower::ActivityFollower>,
     /// On PostgreSQL: this replica's row and presence writer ([`replica`]).
     pub replica: Option<replica::Replica>,
+    /// Delivery positions noted by live streams, not yet written ([`cursors`]).
+    pub cursors: cursors::Cursors,
 }
 
 impl Drop for AppState {
@@ -365,9 +368,15 @@ impl RunningBroker {
         }
         self.state.hub.close_all();
         self.state.activity_hub.close_all();
-        self.task
+        let result = self
+            .task
             .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let state = Arc::clone(&self.state);
+        if let Err(e) = store::off_worker(|| state.cursors.flush(&state)) {
+            tracing::warn!(error = %e, "cannot write the last delivery cursors");
+        }
+        result
     }
 
     /// Waits until the server stops on its own (it only does on error).
@@ -485,6 +494,7 @@ pub async fn start(
         follower,
         activity_follower,
         replica,
+        cursors: Default::default(),
     });
     if let Some(pg) = &state.config.postgres {
         follower::spawn_doorbell(&state, pg.clone());
@@ -493,6 +503,7 @@ pub async fn start(
         replica::spawn(&state, addr.to_string(), rx);
     }
     sessions::spawn_purge(&state);
+    cursors::spawn(&state);
     http::enroll::spawn_expiry(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;
     if let Some(days) = state.config.retain_days {

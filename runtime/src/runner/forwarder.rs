@@ -82,18 +82,38 @@ type Opening =
     Pin<Box<dyn Future<Output = (StreamMode, Result<(Conn, bool, Option<i64>), String>)> + Send>>;
 type Fetching = Pin<Box<dyn Future<Output = (u64, Result<Vec<Message>, String>)> + Send>>;
 
+/// Where a runner that starts picks up: after the last message the broker delivered to its
+/// member (the durable cursor), at most `cap` of what came since handed to the agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resume {
+    /// The id of the last message delivered to any of the member's live streams.
+    pub after_id: String,
+    /// Missed messages handed on at most; one notice counts the rest.
+    pub cap: usize,
+}
+
+/// The most missed messages read at start (ten pages).
+const MISSED_MAX: usize = 1000;
+
 /// The forwarder: the machine, its driver state, and the sink.
 pub struct Forwarder {
     client: BrokerClient,
     me: String,
     mode: StreamMode,
     sink: Sink,
-    machine: LiveStream,
+    config: LiveConfig,
+    resume: Option<Resume>,
 }
 
 impl Forwarder {
-    /// A forwarder for member `me`.
-    pub fn new(client: BrokerClient, me: String, mode: StreamMode, sink: Sink) -> Self {
+    /// A forwarder for member `me`, resuming where `resume` says (else from now).
+    pub fn new(
+        client: BrokerClient,
+        me: String,
+        mode: StreamMode,
+        sink: Sink,
+        resume: Option<Resume>,
+    ) -> Self {
         let mut config = LiveConfig::default();
         if let Some(ms) = std::env::var(RECONNECT_BASE_ENV)
             .ok()
@@ -111,17 +131,100 @@ impl Forwarder {
             me,
             mode,
             sink,
-            machine: LiveStream::new(config, Instant::now().into_std()),
+            config,
+            resume,
         }
+    }
+
+    /// Hands the agent what the member missed since `resume.after_id` (the oldest `cap` of it,
+    /// then a notice counting the rest); returns the id the live stream resumes after.
+    async fn catch_up(&mut self, resume: Resume) -> String {
+        use ac7_protocol::domain::channel;
+        let mut after = resume.after_id.clone();
+        let mut missed: Vec<Message> = Vec::new();
+        let mut full = false;
+        loop {
+            let query = HistoryQuery {
+                id: 0,
+                before_ts: None,
+                after_ts: None,
+                after_id: Some(after.clone()),
+                limit: 100,
+            };
+            match fetch(self.client.clone(), query).await {
+                (_, Ok(page)) => {
+                    let short = page.len() < 100;
+                    if let Some(last) = page.last() {
+                        after = last.id.clone();
+                    }
+                    missed.extend(page);
+                    if missed.len() >= MISSED_MAX {
+                        full = true;
+                        break;
+                    }
+                    if short {
+                        break;
+                    }
+                }
+                (_, Err(reason)) => {
+                    // The live stream's replay still brings them, uncapped.
+                    tracing::warn!(reason, "cannot read the messages missed while away");
+                    return resume.after_id;
+                }
+            }
+        }
+        let for_agent: Vec<Message> = missed
+            .into_iter()
+            .filter(|m| !channel::suppress_self_echo(m, &self.me))
+            .collect();
+        let total = for_agent.len();
+        let rest = total.saturating_sub(resume.cap);
+        for message in for_agent.into_iter().take(resume.cap) {
+            (self.sink)(message);
+        }
+        if rest > 0 || full {
+            let more = if full {
+                format!("{rest} or more")
+            } else {
+                rest.to_string()
+            };
+            let body = format!(
+                "{more} more messages reached you while no runner was live; call `recent` to read them."
+            );
+            (self.sink)(Message {
+                id: format!("missed-{after}"),
+                ts: crate::clock::now_ms(),
+                to: Some(self.me.clone()),
+                from: Some("ac7".to_owned()),
+                title: Some("missed messages".to_owned()),
+                body,
+                level: ac7_protocol::domain::message::LogLevel::Notice,
+                data: serde_json::Map::new(),
+                attachments: Vec::new(),
+            });
+        }
+        if total > 0 {
+            tracing::info!(
+                delivered = total.min(resume.cap),
+                more = rest,
+                "handed the agent what its member missed while no runner was live"
+            );
+        }
+        after
     }
 
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        if let Some(resume) = self.resume.take() {
+            let after = self.catch_up(resume).await;
+            self.config.resume_from = Some(after);
+        }
+        let mut machine = LiveStream::new(self.config.clone(), Instant::now().into_std());
         let mut conn: Option<Conn> = None;
         let mut opening: Option<Opening> = None;
         let mut fetching: Option<Fetching> = None;
         loop {
-            while let Some(output) = self.machine.poll_output() {
+            while let Some(output) = machine.poll_output() {
                 match output {
                     LiveOutput::Deliver(message) => (self.sink)(message),
                     LiveOutput::Connect { last_event_id } => {
@@ -152,14 +255,14 @@ impl Forwarder {
                     }
                 }
             }
-            let deadline = self.machine.poll_timeout().map(Instant::from_std);
+            let deadline = machine.poll_timeout().map(Instant::from_std);
             tokio::select! {
                 () = stopping(&mut shutdown) => {
-                    self.machine.shutdown(Instant::now().into_std());
+                    machine.shutdown(Instant::now().into_std());
                     close(conn.take()).await;
                     return;
                 }
-                () = sleep_until(deadline) => self.machine.handle_timeout(Instant::now().into_std()),
+                () = sleep_until(deadline) => machine.handle_timeout(Instant::now().into_std()),
                 (mode, result) = maybe(&mut opening) => {
                     opening = None;
                     if mode != self.mode {
@@ -170,17 +273,17 @@ impl Forwarder {
                     match result {
                         Ok((opened, replays, broker_ms)) => {
                             conn = Some(opened);
-                            self.machine.handle_connected(replays, broker_ms, now);
+                            machine.handle_connected(replays, broker_ms, now);
                         }
-                        Err(reason) => self.machine.handle_closed(&reason, now),
+                        Err(reason) => machine.handle_closed(&reason, now),
                     }
                 }
                 (query, result) = maybe(&mut fetching) => {
                     fetching = None;
                     let now = Instant::now().into_std();
                     match result {
-                        Ok(messages) => self.machine.handle_history(query, messages, now),
-                        Err(reason) => self.machine.handle_history_failed(query, &reason, now),
+                        Ok(messages) => machine.handle_history(query, messages, now),
+                        Err(reason) => machine.handle_history_failed(query, &reason, now),
                     }
                 }
                 result = next_frames(&mut conn) => {
@@ -188,7 +291,7 @@ impl Forwarder {
                     match result {
                         Ok(frames) => {
                             for frame in frames {
-                                self.machine.handle_frame(frame, now);
+                                machine.handle_frame(frame, now);
                             }
                         }
                         Err(reason) => {
@@ -196,7 +299,7 @@ impl Forwarder {
                             // Revoking a token ends its streams at once: check it now rather
                             // than at the next connect, which may be up to 30 s away.
                             self.client.check_token();
-                            self.machine.handle_closed(&reason, now);
+                            machine.handle_closed(&reason, now);
                         }
                     }
                 }

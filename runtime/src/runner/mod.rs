@@ -83,6 +83,11 @@ pub struct RunnerOpts {
     /// or SIGHUP (or stopped it because its token was revoked) before it gets SIGKILL.
     #[arg(long, env = lifecycle::KILL_GRACE_ENV, value_name = "SECS", default_value = "10", value_parser = lifecycle::parse_kill_grace)]
     pub kill_grace: std::time::Duration,
+    /// At start, the messages the member missed while no runner was live (after the last one
+    /// the broker delivered to it) reach the agent in order, at most this many; one notice then
+    /// says how many more there were and that the `recent` tool shows them.
+    #[arg(long, env = "AC7_BACKFILL", value_name = "N", default_value_t = 50)]
+    pub backfill: usize,
 }
 
 /// `ac7 claude-code`.
@@ -293,6 +298,8 @@ pub(crate) struct Core {
     pub(crate) agent: crate::peer::AgentPid,
     /// Activity upload, busy reports and objective markers; shut down before `server`.
     pub(crate) activity: Option<activity::Activity>,
+    /// Missed messages handed to the agent at start, at most (`--backfill`).
+    pub(crate) backfill: usize,
 }
 
 /// `record_activity`: start the activity pipeline and objective markers ([`activity::Activity`]).
@@ -373,6 +380,7 @@ pub(crate) async fn start_core(
         socket_path,
         agent,
         activity,
+        backfill: opts.backfill,
     })
 }
 
@@ -477,8 +485,21 @@ impl Core {
         sink: forwarder::Sink,
     ) -> watch::Sender<bool> {
         let (stop, stopped) = watch::channel(false);
-        let forwarder =
-            forwarder::Forwarder::new(self.client.clone(), self.briefing.name.clone(), mode, sink);
+        let resume = self
+            .briefing
+            .delivered_through
+            .clone()
+            .map(|after_id| forwarder::Resume {
+                after_id,
+                cap: self.backfill,
+            });
+        let forwarder = forwarder::Forwarder::new(
+            self.client.clone(),
+            self.briefing.name.clone(),
+            mode,
+            sink,
+            resume,
+        );
         tokio::spawn(forwarder.run(stopped));
         stop
     }

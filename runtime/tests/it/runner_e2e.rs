@@ -1097,3 +1097,89 @@ async fn an_agent_swapping_its_bridge_every_400_ms_under_a_flood_gets_each_dm_on
         "over {bridges} bridges: lost {lost:?}, more than once {doubled:?}"
     );
 }
+
+/// Waits until the broker's durable cursor for `member` is at message `id`.
+async fn wait_cursor(broker: &TestBroker, member: &str, id: &str) {
+    common::wait_until(
+        "the broker to record the last delivery",
+        Duration::from_secs(10),
+        async || {
+            let b = broker.get("/briefing", member).await;
+            (b.json["deliveredThrough"] == id).then_some(())
+        },
+    )
+    .await;
+}
+
+/// A runner that starts gets what its member missed while no runner was live, in order, once;
+/// past `--backfill` one notice says how many more there were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_starts_gets_what_was_missed_while_away() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = messages_runner(&broker, dir.path(), &["before"], "auto").await;
+    let before = broker
+        .push("director", json!({"to": "builder", "body": "before"}))
+        .await;
+    assert_received_once_in_order(&mut child, dir.path(), &["before"], "first run").await;
+    wait_cursor(&broker, "builder", before["id"].as_str().unwrap()).await;
+
+    // Away: three DMs and a general post, nothing running for builder.
+    for body in ["away-1", "away-2"] {
+        broker
+            .push("director", json!({"to": "builder", "body": body}))
+            .await;
+    }
+    broker.push("reviewer", json!({"body": "away-3"})).await;
+    let dir2 = config_dir();
+    let mut child =
+        messages_runner(&broker, dir2.path(), &["away-1", "away-2", "away-3"], "sse").await;
+    assert_received_once_in_order(
+        &mut child,
+        dir2.path(),
+        &["away-1", "away-2", "away-3"],
+        "what was missed, once, in order, and not what was delivered before",
+    )
+    .await;
+
+    // Past the cap: the oldest two, then one notice counting the rest.
+    let through = broker.get("/briefing", "builder").await.json["deliveredThrough"].clone();
+    assert!(
+        through.is_string(),
+        "the second run moved the cursor: {through}"
+    );
+    common::wait_until(
+        "the cursor to reach away-3",
+        Duration::from_secs(10),
+        async || {
+            let b = broker.get("/briefing", "builder").await;
+            let h = broker.get("/history?limit=1", "builder").await;
+            (b.json["deliveredThrough"] == h.json["messages"][0]["id"]).then_some(())
+        },
+    )
+    .await;
+    for i in 0..5 {
+        broker
+            .push(
+                "director",
+                json!({"to": "builder", "body": format!("later-{i}")}),
+            )
+            .await;
+    }
+    let notice =
+        "3 more messages reached you while no runner was live; call `recent` to read them.";
+    let dir3 = config_dir();
+    let expect = ["later-0", "later-1", notice];
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir3.path(),
+        "messages",
+        &[
+            ("AC7_TEST_EXPECT", &expect.join(",")),
+            ("AC7_BACKFILL", "2"),
+        ],
+    );
+    wait_for_file(&dir3.path().join("ready"), "the agent to be listening").await;
+    assert_received_once_in_order(&mut child, dir3.path(), &expect, "capped").await;
+}

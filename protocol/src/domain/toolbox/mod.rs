@@ -66,6 +66,10 @@ pub struct Briefing {
     /// The agent's open objectives at start-up.
     #[serde(default)]
     pub open_objectives: Vec<Objective>,
+    /// The last message the broker wrote to any of the member's live streams (brokers that keep
+    /// no such cursor leave it out): a runner that starts resumes after it.
+    #[serde(default)]
+    pub delivered_through: Option<String>,
 }
 
 /// What a plan needs to know besides its arguments.

@@ -33,7 +33,7 @@ pub(super) async fn briefing(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    let (team, members, open) = state.store.view(|c| -> Result<_, ApiError> {
+    let (team, members, open, through) = state.store.view(|c| -> Result<_, ApiError> {
         let team = team::team_get(c)?.unwrap_or_else(|| Team {
             name: String::new(),
             directive: String::new(),
@@ -42,7 +42,8 @@ pub(super) async fn briefing(
         });
         let members = team::members_list(c)?;
         let open = objectives::open_for(c, &caller.name)?;
-        Ok((team, members, open))
+        let through = crate::broker::cursors::get(c, &caller.name)?;
+        Ok((team, members, open, through))
     })?;
     let me = members
         .iter()
@@ -58,6 +59,7 @@ pub(super) async fn briefing(
             team: &team,
             teammates: members.iter().map(MemberRecord::teammate).collect(),
             open_objectives: open,
+            delivered_through: through,
         },
     ))
 }
@@ -73,6 +75,10 @@ struct Briefing<'a> {
     team: &'a Team,
     teammates: Vec<team::Teammate<'a>>,
     open_objectives: Vec<ac7_protocol::domain::objective::Objective>,
+    /// The last message written to any of the member's live streams (absent before the first):
+    /// a runner that starts resumes after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delivered_through: Option<String>,
 }
 
 /// `/roster`, keys in ac7's order.

@@ -59,6 +59,16 @@ struct Guard {
     activity: bool,
 }
 
+impl Guard {
+    /// Notes that message `id` was written to this member's stream (activity streams carry no
+    /// messages).
+    fn delivered(&self, id: &str) {
+        if !self.activity {
+            self.state.cursors.note(&self.name, id);
+        }
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         let hub = if self.activity {
@@ -106,6 +116,7 @@ pub(super) async fn subscribe(
                 None => Opening::Live,
                 Some(id) => match messages::seq_of(c, id)? {
                     None => Opening::Reset(Reset::unknown_id(id)),
+                    // The client says it has everything through `id`: as good as delivered.
                     Some(cursor) => Opening::Replay(Replay {
                         state: Arc::clone(&state),
                         source: Source::Messages {
@@ -121,6 +132,9 @@ pub(super) async fn subscribe(
                     }),
                 },
             };
+            if let (Opening::Replay(_), Some(id)) = (&opening, &last_id) {
+                state.cursors.note(&caller.name, id);
+            }
             if !state.hub.has_member(&caller.name)
                 && let Some(m) = crate::broker::team::member_get(c, &caller.name)?
             {
@@ -324,6 +338,7 @@ impl Replay {
         let page = match &self.source {
             Source::Messages { viewer, scope } => {
                 let (viewer, scope) = (viewer.clone(), Arc::clone(scope));
+                let reader = viewer.clone();
                 let window = messages::Window {
                     after_seq: Some(cursor),
                     before_seq: Some(head + 1),
@@ -332,17 +347,22 @@ impl Replay {
                     oldest_first: true,
                     limit: REPLAY_PAGE,
                 };
-                tokio::task::spawn_blocking(move || {
+                let page = tokio::task::spawn_blocking(move || {
                     state
                         .store
-                        .view(|c| messages::page(c, &viewer, &scope, &messages::Feed::All, &window))
+                        .view(|c| messages::page(c, &reader, &scope, &messages::Feed::All, &window))
                 })
                 .await
                 .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?
                 .into_iter()
                 .map(|r| (r.seq, Frame::new(r.id, r.json)))
-                .collect::<Vec<_>>()
+                .collect::<Vec<_>>();
+                // Replayed to the viewer's stream: delivered, as a live message would be.
+                if let Some((_, last)) = page.last() {
+                    self.state.cursors.note(&viewer, &last.id);
+                }
+                page
             }
             Source::Activity { member } => {
                 let member = member.clone();
@@ -421,7 +441,10 @@ fn sse_stream(
 ) -> impl Stream<Item = Result<Bytes, Infallible>> {
     let live = stream::unfold((rx, guard), move |(mut rx, guard)| async move {
         match tokio::time::timeout(keepalive, rx.recv()).await {
-            Ok(Ok(frame)) => Some((frame.sse.clone(), (rx, guard))),
+            Ok(Ok(frame)) => {
+                guard.delivered(&frame.id);
+                Some((frame.sse.clone(), (rx, guard)))
+            }
             Ok(Err(_closed)) => None,
             Err(_) => Some((Bytes::from_static(b":\n\n"), (rx, guard))),
         }
@@ -492,6 +515,7 @@ async fn run_socket(
                     if socket.send(WsMessage::Text(f.json.clone())).await.is_err() {
                         break;
                     }
+                    guard.delivered(&f.id);
                 }
                 Err(why) => {
                     // Closed by the hub: tell the client why (and to reconnect, where it may).

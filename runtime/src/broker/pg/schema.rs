@@ -17,7 +17,8 @@
 //!   and refilled by the next heartbeat).
 //! - `presence`: live streams per replica and member, heartbeated; a member's `connected` is
 //!   the sum over replicas whose heartbeat is fresh. `member_status`: last seen and busy.
-//! - `delivery_cursors`: per member, the last sequence delivered to any of its live streams.
+//! - `delivery_cursors`: per member, the last message (sequence and id) delivered to any of its
+//!   live streams.
 //! - `rate_buckets`: the per-member token bucket, as the time it is full again (µs).
 //! - `attempt_limits`: what the sign-in limiter remembers per key (a client address, a member,
 //!   the nameless budget), in Unix seconds as it counts; a row goes at `expires_at`.
@@ -216,6 +217,7 @@ CREATE TABLE member_status (
 CREATE TABLE delivery_cursors (
     member_name TEXT COLLATE "C" PRIMARY KEY,
     last_seq BIGINT NOT NULL,
+    last_id TEXT COLLATE "C" NOT NULL,
     updated_at BIGINT NOT NULL
 );
 CREATE UNLOGGED TABLE rate_buckets (
