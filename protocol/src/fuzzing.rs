@@ -3246,6 +3246,9 @@ impl CxOracle {
                         assert!(self.undelivered.insert(n), "told twice about {msg}");
                     }
                 }
+                CodexOutput::TurnFailed(failure) => {
+                    panic!("a failed turn codex never reported: {failure:?}")
+                }
                 CodexOutput::Event(CodexEvent::Dropped { events, .. }) => {
                     assert!(
                         self.may_drop,

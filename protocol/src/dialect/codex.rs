@@ -15,19 +15,32 @@
 //! shutdown) routes the bundle by the thread's state: `idle` or `systemError` → `turn/start`;
 //! `active` with a known turn → `turn/steer` with `expectedTurnId`; no thread yet, `notLoaded`, or
 //! `active` without a known turn → the events go back to the front of the buffer and wait. One
-//! delivery is in flight at a time, so the order of events is the order they were pushed. A
-//! `turn/steer` that lost the race with the end of its turn (`expected active turn`, `no active
-//! turn`, `not steerable`) is retried once with the then-current state (as `turn/start` when
-//! idle); nothing is sent twice.
+//! delivery is in flight at a time, so the order of events is the order they were pushed.
+//!
+//! A `turn/steer` that lost the race with the end of its turn (`expected active turn`, `no active
+//! turn`, `not steerable`) is never dropped: its events wait, at the front, until that turn is
+//! over for us too (`turn/completed`, another `turn/started`, or the thread leaving `active`), and
+//! then go as a new `turn/start` (or steer the next turn); that turn is never steered again.
+//!
+//! A bundle codex refuses (a JSON-RPC error other than the steer race, e.g. an input over codex's
+//! length limit) is split in halves, and each half is delivered on its own, before anything newer
+//! — so one oversized event does not take the others down with it. Only a single event that codex
+//! refuses is dropped ([`CodexEvent::Dropped`] for the log, at once). When the last part of a
+//! refused bundle is settled, one [`CodexOutput::Undelivered`] per sender asks the driver to tell
+//! that sender (a DM built by [`Undelivered::push_body`]) about all of their events that codex
+//! refused. Events still waiting at shutdown are reported the same way.
 //!
 //! `systemError` is what codex reports after a turn failed (the model endpoint answered an error,
 //! the stream broke): the thread still takes a new `turn/start`, so it is routed like `idle` —
-//! one failed turn must not make the member deaf. Events are dropped only when codex rejects the
-//! request that carries them (a JSON-RPC error other than the steer race), or at shutdown; then,
-//! besides [`CodexEvent::Dropped`] for the log, one [`CodexOutput::Undelivered`] per sender asks
-//! the driver to tell that sender (a DM built by [`Undelivered::push_body`]). Events without a
-//! sender to tell — the member's own, system notices, and such notices themselves (data key
-//! [`UNDELIVERED_KEY`]) — are dropped silently, so two members can never bounce notices.
+//! one failed turn must not make the member deaf. The events each turn carried are remembered by
+//! turn id (from the `turn/start` answer, or the steered turn); when `turn/completed` says the turn
+//! `failed`, [`CodexOutput::TurnFailed`] reports it with its reason (the turn's `error.message`,
+//! else the last final `error` notification of that turn), and each sender whose event it carried
+//! gets one [`CodexOutput::Undelivered`] of kind [`NoticeKind::TurnFailed`].
+//!
+//! Events without a sender to tell — the member's own, system notices, and such notices
+//! themselves (data key [`UNDELIVERED_KEY`]) — are never the subject of a notice, so two members
+//! can never bounce notices.
 //!
 //! After [`CodexClient::shutdown`] codex's stdin is closed and nothing more is written to it:
 //! application requests still open (and any made later) are answered with an error at once, a
@@ -59,6 +72,12 @@ pub const DENIED_REQUESTS: [&str; 5] = [
 ];
 
 const STEER_RACE: [&str; 3] = ["expected active turn", "no active turn", "not steerable"];
+
+/// The reason of a failed turn that codex gave none for.
+const TURN_FAILED: &str = "the turn failed";
+
+/// How many ended turns are remembered (for a delivery answered after its turn ended).
+const ENDED_TURNS: usize = 16;
 
 /// The error of an application request codex can no longer answer (see [`CodexClient::shutdown`]).
 const SESSION_ENDED: &str = "the codex session ended before codex answered";
@@ -106,15 +125,26 @@ impl From<String> for SinkEvent {
     }
 }
 
-/// Events from one sender that codex did not take.
+/// What became of the events a notice is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoticeKind {
+    /// Codex refused the request carrying them.
+    Refused,
+    /// Codex took them, but the turn that carried them failed.
+    TurnFailed,
+}
+
+/// Events from one sender that codex did not take, or whose turn failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Undelivered {
     /// The sender.
     pub to: String,
     /// Their message ids, in push order.
     pub msg_ids: Vec<String>,
-    /// Why (codex's error message).
+    /// Why (codex's error message, or the failed turn's reason).
     pub reason: String,
+    /// Refused, or carried by a failed turn.
+    pub kind: NoticeKind,
 }
 
 impl Undelivered {
@@ -127,17 +157,41 @@ impl Undelivered {
         } else {
             ("your messages", "were", "them")
         };
+        let (title, body) = match self.kind {
+            NoticeKind::Refused => (
+                "not delivered",
+                format!(
+                    "{what} {ids} {verb} not delivered to {me}: codex did not take {them} ({}). Send {them} again later, or reach {me} another way.",
+                    self.reason
+                ),
+            ),
+            NoticeKind::TurnFailed => (
+                "turn failed",
+                format!(
+                    "{what} {ids} reached {me}, but the codex turn carrying {them} failed ({}), so {me} may not have acted on {them}. Send {them} again later, or reach {me} another way.",
+                    self.reason
+                ),
+            ),
+        };
         json!({
             "to": self.to,
             "level": "warning",
-            "title": "not delivered",
-            "body": format!(
-                "{what} {ids} {verb} not delivered to {me}: codex did not take {them} ({}). Send {them} again later, or reach {me} another way.",
-                self.reason
-            ),
+            "title": title,
+            "body": body,
             "data": { UNDELIVERED_KEY: ids },
         })
     }
+}
+
+/// A turn that codex reported failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnFailure {
+    /// The turn's id.
+    pub turn_id: String,
+    /// Why it failed.
+    pub reason: String,
+    /// The ids of the messages it carried that have a sender to tell, in push order.
+    pub msg_ids: Vec<String>,
 }
 
 /// What the runner asks of codex.
@@ -192,8 +246,11 @@ pub enum CodexOutput {
         /// The result, or the error message.
         outcome: Result<Value, String>,
     },
-    /// Events codex did not take: tell their sender (see [`Undelivered::push_body`]).
+    /// Events codex did not take, or whose turn failed: tell their sender (see
+    /// [`Undelivered::push_body`]).
     Undelivered(Undelivered),
+    /// A turn failed (record it; its senders get [`CodexOutput::Undelivered`]).
+    TurnFailed(TurnFailure),
     /// Something worth logging.
     Event(CodexEvent),
 }
@@ -239,8 +296,10 @@ enum Call {
     ThreadStart,
     Deliver {
         events: Vec<SinkEvent>,
-        steer: bool,
-        retried: bool,
+        /// The turn steered (`turn/steer`), or `None` (`turn/start`).
+        steer: Option<String>,
+        /// A part of a refused bundle (waits as a unit, before the buffer).
+        part: bool,
     },
     Interrupt,
     App,
@@ -281,6 +340,18 @@ pub struct CodexClient {
     calls: Pending<Call>,
     status: ThreadStatus,
     buffer: VecDeque<SinkEvent>,
+    /// Parts of a refused bundle still to deliver, each on its own, before the buffer.
+    parts: VecDeque<Vec<SinkEvent>>,
+    /// Events codex refused, with its reason, not reported yet (while parts are pending).
+    refused: Vec<(SinkEvent, String)>,
+    /// The turn a steer lost the race with: it is over, never steer it again.
+    lost_turn: Option<String>,
+    /// What each turn carried, by turn id, until it completes.
+    carried: BTreeMap<String, Vec<SinkEvent>>,
+    /// The last final `error` notification of each running turn.
+    turn_errors: BTreeMap<String, String>,
+    /// Turns that completed lately, with the failure reason of those that failed.
+    ended: VecDeque<(String, Option<String>)>,
     flush_at: Option<Instant>,
     delivering: bool,
     out: VecDeque<CodexOutput>,
@@ -313,6 +384,12 @@ impl CodexClient {
             calls: Pending::new(),
             status: ThreadStatus::NotLoaded,
             buffer: VecDeque::new(),
+            parts: VecDeque::new(),
+            refused: Vec::new(),
+            lost_turn: None,
+            carried: BTreeMap::new(),
+            turn_errors: BTreeMap::new(),
+            ended: VecDeque::new(),
             flush_at: None,
             delivering: false,
             out: VecDeque::new(),
@@ -326,7 +403,8 @@ impl CodexClient {
     pub fn notify(&mut self, event: impl Into<SinkEvent>, now: Instant) {
         let event = event.into();
         if matches!(self.phase, Phase::Closed | Phase::Failed) {
-            self.drop_events(vec![event], "codex is not running".into());
+            self.refuse(vec![event], "codex is not running");
+            self.report_refused();
             return;
         }
         self.buffer.push_back(event);
@@ -380,13 +458,13 @@ impl CodexClient {
             let params = json!({"threadId": thread_id, "turnId": turn_id});
             self.request_call("turn/interrupt", &params, Call::Interrupt);
         }
-        if !self.buffer.is_empty() {
-            let events = self.buffer.drain(..).collect();
-            self.drop_events(
-                events,
-                "the session ended before codex could take it".into(),
-            );
+        let mut left: Vec<SinkEvent> = self.parts.drain(..).flatten().collect();
+        left.extend(self.buffer.drain(..));
+        if !left.is_empty() {
+            self.refuse(left, "the session ended before codex could take it");
         }
+        // Now: codex may never answer the delivery in flight (it reports its own events).
+        self.report_refused();
         // Codex is not read any more: nobody may wait for its answer. Deliveries stay, so that
         // a late answer still says whether codex took their events.
         let ids: Vec<u64> = self.calls.ids().collect();
@@ -449,7 +527,7 @@ impl CodexClient {
 
     /// Events waiting for delivery.
     pub fn buffered(&self) -> usize {
-        self.buffer.len()
+        self.buffer.len() + self.parts.iter().map(Vec::len).sum::<usize>()
     }
 
     fn message(&mut self, message: Message, now: Instant) {
@@ -516,12 +594,18 @@ impl CodexClient {
                             self.flush();
                         }
                     }
-                    "turn/completed" => {
-                        if let Phase::Running { active_turn, .. } = &mut self.phase {
-                            *active_turn = None;
+                    "turn/completed" => self.turn_completed(&params),
+                    "error" => {
+                        if params["willRetry"] != true
+                            && let (Some(turn), Some(message)) = (
+                                params["turnId"].as_str(),
+                                params["error"]["message"].as_str(),
+                            )
+                        {
+                            self.turn_errors.insert(turn.to_owned(), message.to_owned());
                         }
+                        self.event(CodexEvent::CodexError(params.to_string()));
                     }
-                    "error" => self.event(CodexEvent::CodexError(params.to_string())),
                     _ => {}
                 }
             }
@@ -574,20 +658,40 @@ impl CodexClient {
             Call::Deliver {
                 events,
                 steer,
-                retried,
+                part,
             } => {
                 self.delivering = false;
+                let closed = matches!(self.phase, Phase::Closed);
                 match result {
-                    Ok(_) => {}
-                    Err(message)
-                        if steer && !retried && STEER_RACE.iter().any(|s| message.contains(s)) =>
-                    {
-                        self.route(events, true);
+                    Ok(result) => {
+                        let turn =
+                            steer.or_else(|| result["turn"]["id"].as_str().map(str::to_owned));
+                        if let Some(turn) = turn {
+                            self.carry(turn, events);
+                        }
                     }
-                    Err(message) => self.drop_events(events, message),
+                    Err(message)
+                        if !closed
+                            && steer.is_some()
+                            && STEER_RACE.iter().any(|s| message.contains(s)) =>
+                    {
+                        // That turn is over: wait for its end, then start a new one.
+                        self.lost_turn = steer;
+                        self.requeue(events, part);
+                    }
+                    Err(_) if !closed && events.len() > 1 => {
+                        let mut first = events;
+                        let second = first.split_off(first.len() / 2);
+                        self.parts.push_front(second);
+                        self.parts.push_front(first);
+                    }
+                    Err(message) => self.refuse(events, &message),
                 }
-                if self.flush_at.is_none() {
+                if self.flush_at.is_none() || !self.parts.is_empty() {
                     self.flush();
+                }
+                if !self.delivering && self.parts.is_empty() {
+                    self.report_refused();
                 }
             }
             Call::Interrupt => {}
@@ -606,49 +710,52 @@ impl CodexClient {
         }
     }
 
-    /// Sends the buffered events if the state allows; one delivery at a time.
+    /// Sends the next part of a refused bundle, else the buffered events, if the state allows;
+    /// one delivery at a time.
     fn flush(&mut self) {
-        if self.delivering || self.buffer.is_empty() || !matches!(self.phase, Phase::Running { .. })
-        {
+        if self.delivering || !matches!(self.phase, Phase::Running { .. }) {
+            return;
+        }
+        if let Some(part) = self.parts.pop_front() {
+            return self.route(part, true);
+        }
+        if self.buffer.is_empty() {
             return;
         }
         let events: Vec<SinkEvent> = self.buffer.drain(..).collect();
         self.route(events, false);
     }
 
-    fn route(&mut self, events: Vec<SinkEvent>, retried: bool) {
+    fn route(&mut self, events: Vec<SinkEvent>, part: bool) {
         let Phase::Running {
             thread_id,
             active_turn,
         } = &self.phase
         else {
-            if matches!(self.phase, Phase::Closed) {
-                // A steer retried after shutdown: nothing will flush the buffer again.
-                return self.drop_events(
-                    events,
-                    "the session ended before codex could take it".into(),
-                );
-            }
-            return self.rebuffer(events);
+            return self.requeue(events, part);
         };
         match self.status {
-            ThreadStatus::NotLoaded => return self.rebuffer(events),
+            ThreadStatus::NotLoaded => return self.requeue(events, part),
             // After a failed turn: codex takes a new turn/start, so route as idle.
             ThreadStatus::Idle | ThreadStatus::Active | ThreadStatus::SystemError => {}
         }
         let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
         let input = json!([{"type": "text", "text": texts.join("\n")}]);
         let (method, params, steer) = match (self.status, active_turn) {
-            (ThreadStatus::Active, None) => return self.rebuffer(events),
+            (ThreadStatus::Active, None) => return self.requeue(events, part),
+            // Codex said this turn cannot be steered any more: wait for its end.
+            (ThreadStatus::Active, Some(turn)) if self.lost_turn.as_ref() == Some(turn) => {
+                return self.requeue(events, part);
+            }
             (ThreadStatus::Active, Some(turn)) => (
                 "turn/steer",
                 json!({"threadId": thread_id, "input": input, "expectedTurnId": turn}),
-                true,
+                Some(turn.clone()),
             ),
             _ => (
                 "turn/start",
                 json!({"threadId": thread_id, "input": input}),
-                false,
+                None,
             ),
         };
         self.event(CodexEvent::Delivering {
@@ -662,14 +769,87 @@ impl CodexClient {
             Call::Deliver {
                 events,
                 steer,
-                retried,
+                part,
             },
         );
     }
 
-    fn rebuffer(&mut self, events: Vec<SinkEvent>) {
+    /// Puts events that cannot go yet back in front: a part as a unit, others into the buffer
+    /// (to go with what is buffered after them).
+    fn requeue(&mut self, events: Vec<SinkEvent>, part: bool) {
+        if matches!(self.phase, Phase::Closed) {
+            // Nothing will flush again.
+            return self.refuse(events, "the session ended before codex could take it");
+        }
+        if part {
+            self.parts.push_front(events);
+            return;
+        }
         for event in events.into_iter().rev() {
             self.buffer.push_front(event);
+        }
+    }
+
+    /// Codex took `events` into `turn`: remember them until it completes (reporting them at
+    /// once if it already failed).
+    fn carry(&mut self, turn: String, events: Vec<SinkEvent>) {
+        if let Some((_, failed)) = self.ended.iter().find(|(id, _)| *id == turn) {
+            if let Some(reason) = failed.clone() {
+                self.turn_failed(turn, reason, events);
+            }
+            return;
+        }
+        self.carried.entry(turn).or_default().extend(events);
+    }
+
+    fn turn_completed(&mut self, params: &Value) {
+        let turn = &params["turn"];
+        let id = turn["id"].as_str().map(str::to_owned);
+        if let Phase::Running { active_turn, .. } = &mut self.phase {
+            *active_turn = None;
+        }
+        if let Some(id) = id {
+            let error = self.turn_errors.remove(&id);
+            let events = self.carried.remove(&id).unwrap_or_default();
+            let failed = (turn["status"] == "failed").then(|| {
+                turn["error"]["message"]
+                    .as_str()
+                    .map(str::to_owned)
+                    .or(error)
+                    .unwrap_or_else(|| TURN_FAILED.to_owned())
+            });
+            if let Some(reason) = &failed {
+                self.turn_failed(id.clone(), reason.clone(), events);
+            }
+            if self.ended.len() == ENDED_TURNS {
+                self.ended.pop_front();
+            }
+            self.ended.push_back((id, failed));
+        }
+        // Events waiting for this turn's end can go now.
+        self.flush();
+    }
+
+    fn turn_failed(&mut self, turn_id: String, reason: String, events: Vec<SinkEvent>) {
+        let by_sender = by_sender(events.iter().filter_map(|e| e.reply_to.clone()));
+        let mut msg_ids = Vec::new();
+        for event in &events {
+            if let Some((_, id)) = &event.reply_to {
+                msg_ids.push(id.clone());
+            }
+        }
+        self.out.push_back(CodexOutput::TurnFailed(TurnFailure {
+            turn_id,
+            reason: reason.clone(),
+            msg_ids,
+        }));
+        for (to, msg_ids) in by_sender {
+            self.out.push_back(CodexOutput::Undelivered(Undelivered {
+                to,
+                msg_ids,
+                reason: reason.clone(),
+                kind: NoticeKind::TurnFailed,
+            }));
         }
     }
 
@@ -687,21 +867,40 @@ impl CodexClient {
         self.out.push_back(CodexOutput::Failed(reason));
     }
 
-    /// Reports dropped events, and asks the driver to tell each sender (in name order).
-    fn drop_events(&mut self, events: Vec<SinkEvent>, reason: String) {
+    /// Drops events codex refused (or that can no longer be delivered): logged at once, their
+    /// senders told by [`report_refused`](Self::report_refused).
+    fn refuse(&mut self, events: Vec<SinkEvent>, reason: &str) {
         self.event(CodexEvent::Dropped {
             events: events.len(),
-            reason: reason.clone(),
+            reason: reason.to_owned(),
         });
-        let mut by_sender: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (to, msg_id) in events.into_iter().filter_map(|e| e.reply_to) {
-            by_sender.entry(to).or_default().push(msg_id);
+        self.refused
+            .extend(events.into_iter().map(|e| (e, reason.to_owned())));
+    }
+
+    /// Tells the senders of the refused events: one notice per sender (in name order) naming
+    /// all their refused events and the reasons.
+    fn report_refused(&mut self) {
+        if self.refused.is_empty() {
+            return;
         }
-        for (to, msg_ids) in by_sender {
+        let refused = std::mem::take(&mut self.refused);
+        let mut senders: BTreeMap<String, (Vec<String>, Vec<&str>)> = BTreeMap::new();
+        for (event, reason) in &refused {
+            if let Some((to, msg_id)) = &event.reply_to {
+                let (ids, why) = senders.entry(to.clone()).or_default();
+                ids.push(msg_id.clone());
+                if !why.contains(&reason.as_str()) {
+                    why.push(reason);
+                }
+            }
+        }
+        for (to, (msg_ids, why)) in senders {
             self.out.push_back(CodexOutput::Undelivered(Undelivered {
                 to,
                 msg_ids,
-                reason: reason.clone(),
+                reason: why.join("; "),
+                kind: NoticeKind::Refused,
             }));
         }
     }
@@ -709,6 +908,15 @@ impl CodexClient {
     fn event(&mut self, event: CodexEvent) {
         self.out.push_back(CodexOutput::Event(event));
     }
+}
+
+/// Message ids grouped by sender, in name order.
+fn by_sender(pairs: impl Iterator<Item = (String, String)>) -> BTreeMap<String, Vec<String>> {
+    let mut by_sender: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (to, msg_id) in pairs {
+        by_sender.entry(to).or_default().push(msg_id);
+    }
+    by_sender
 }
 
 #[cfg(test)]

@@ -60,14 +60,27 @@ pub enum ActivityEvent {
         /// The exchange.
         entry: OpaqueHttpEntry,
     },
+    /// An agent's turn failed (a Codex turn that `turn/completed` reported `failed`).
+    TurnFailed {
+        /// Epoch milliseconds (runner clock) when the failure was reported.
+        ts: u64,
+        /// The agent's id of the turn.
+        turn_id: String,
+        /// Why it failed, as the agent said.
+        reason: String,
+        /// The messages the turn carried whose senders were told, in push order.
+        #[serde(default)]
+        msg_ids: Vec<String>,
+    },
 }
 
-/// The four event kinds, as `kind` spells them (for filters).
-pub const ACTIVITY_KINDS: [&str; 4] = [
+/// The event kinds, as `kind` spells them (for filters).
+pub const ACTIVITY_KINDS: [&str; 5] = [
     "objective_open",
     "objective_close",
     "llm_exchange",
     "opaque_http",
+    "turn_failed",
 ];
 
 impl ActivityEvent {
@@ -78,6 +91,7 @@ impl ActivityEvent {
             Self::ObjectiveClose { .. } => ACTIVITY_KINDS[1],
             Self::LlmExchange { .. } => ACTIVITY_KINDS[2],
             Self::OpaqueHttp { .. } => ACTIVITY_KINDS[3],
+            Self::TurnFailed { .. } => ACTIVITY_KINDS[4],
         }
     }
 
@@ -87,7 +101,8 @@ impl ActivityEvent {
             Self::ObjectiveOpen { ts, .. }
             | Self::ObjectiveClose { ts, .. }
             | Self::LlmExchange { ts, .. }
-            | Self::OpaqueHttp { ts, .. } => *ts,
+            | Self::OpaqueHttp { ts, .. }
+            | Self::TurnFailed { ts, .. } => *ts,
         }
     }
 
@@ -491,6 +506,25 @@ mod tests {
 
     use super::*;
 
+    /// A failed agent turn: its wire shape, read back as written.
+    #[test]
+    fn turn_failed_round_trips() {
+        let body = json!({"events": [{"kind": "turn_failed", "ts": 5, "turnId": "t1",
+            "reason": "unexpected status 500", "msgIds": ["m1", "m2"]}]});
+        let upload = ActivityUpload::parse(body.to_string().as_bytes()).expect("valid upload");
+        assert_eq!(
+            upload.events,
+            vec![ActivityEvent::TurnFailed {
+                ts: 5,
+                turn_id: "t1".into(),
+                reason: "unexpected status 500".into(),
+                msg_ids: vec!["m1".into(), "m2".into()],
+            }]
+        );
+        assert_eq!(upload.events[0].kind(), "turn_failed");
+        assert_eq!(serde_json::to_value(&upload).expect("serializes"), body);
+    }
+
     /// What the TypeScript runner uploads (activity.md §1.1, §1.2) deserializes and keeps its
     /// shape when written back.
     #[test]
@@ -537,7 +571,8 @@ mod tests {
                 .iter()
                 .map(ActivityEvent::kind)
                 .collect::<Vec<_>>(),
-            ACTIVITY_KINDS
+            ACTIVITY_KINDS[..4],
+            "the TypeScript runner's kinds"
         );
         back["events"][0]["objectiveId"] = json!("");
         assert_eq!(

@@ -334,7 +334,8 @@ impl Activity {
     }
 }
 
-fn now_ms() -> u64 {
+/// Epoch milliseconds on the runner's clock (activity events' `ts`).
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -19,8 +19,9 @@
 //!   (repeatable) goes to `codex app-server` as is, and wins over both files;
 //! - the briefing prose goes in as `developerInstructions` of `thread/start`;
 //! - events become `<channel>` texts delivered as `turn/start` (idle, or `systemError` after a
-//!   failed turn) or `turn/steer` (active) by [`CodexClient`]; when codex rejects the request, each
-//!   sender gets a DM from this member saying which messages were not delivered and why;
+//!   failed turn) or `turn/steer` (active) by [`CodexClient`]; when codex refuses an event, or a
+//!   turn carrying it fails, its sender gets a DM from this member saying which messages and why;
+//!   a failed turn is also recorded as a `turn_failed` activity event;
 //! - app-server runs in a process group of its own and dies with the runner, even of `kill -9`
 //!   ([`super::lifecycle`]); the runner keeps the terminal;
 //! - SIGINT/SIGTERM end the session: the active turn is interrupted, app-server's stdin is
@@ -39,10 +40,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ac7_protocol::dialect::codex::{
-    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, Undelivered,
+    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, TurnFailure,
+    Undelivered,
 };
 use ac7_protocol::domain::toolbox::{Body, Method, Request};
 use ac7_protocol::session::runner::BridgePolicy;
+use ac7_protocol::trace::activity::ActivityEvent;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -502,6 +505,10 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     // "Not delivered" DMs in flight; awaited (bounded) before the runner leaves the broker.
     let mut notices = tokio::task::JoinSet::new();
     let me = core.briefing.name.clone();
+    let activity = core
+        .activity
+        .as_ref()
+        .map(super::activity::Activity::handle);
     use tokio::signal::unix::{SignalKind, signal};
     let (mut int, mut term) = match (
         signal(SignalKind::interrupt()),
@@ -549,6 +556,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                 CodexOutput::Undelivered(undelivered) => {
                     notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
                 }
+                CodexOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), failure),
                 CodexOutput::Event(event) => log_event(&event),
             }
         }
@@ -587,6 +595,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             CodexOutput::Undelivered(undelivered) => {
                 notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
             }
+            CodexOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), failure),
             CodexOutput::Event(event) => log_event(&event),
             _ => {}
         }
@@ -682,6 +691,24 @@ async fn tell_sender(broker: super::BrokerClient, me: String, undelivered: Undel
         Err(e) => {
             tracing::warn!(to = undelivered.to, error = %e, "could not tell the sender their message was not delivered")
         }
+    }
+}
+
+/// Logs a failed turn and records it as a `turn_failed` activity event.
+fn turn_failed(activity: Option<&super::activity::ActivityHandle>, failure: TurnFailure) {
+    tracing::warn!(
+        turn_id = failure.turn_id,
+        reason = failure.reason,
+        msg_ids = ?failure.msg_ids,
+        "a codex turn failed"
+    );
+    if let Some(activity) = activity {
+        activity.record(ActivityEvent::TurnFailed {
+            ts: super::activity::now_ms(),
+            turn_id: failure.turn_id,
+            reason: failure.reason,
+            msg_ids: failure.msg_ids,
+        });
     }
 }
 

@@ -170,7 +170,8 @@ fn start_up_then_bundled_turns_and_steering() {
     assert_eq!(params["input"][0]["text"], "third\nfourth");
     c.answer("turn/steer", Ok(json!({})));
 
-    // A steer that races the end of its turn is retried once, as turn/start when idle.
+    // A steer that races the end of its turn goes again when that turn is over: as turn/start
+    // when idle.
     c.push("fifth");
     c.advance(200);
     c.codex_says(json!({"jsonrpc": "2.0", "method": "turn/completed", "params": {"threadId": "th-1", "turn": {"id": "turn-1"}}}));
@@ -309,27 +310,52 @@ fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
         c.client.notify(event, c.now);
     }
     c.advance(200);
-    let out = c.answer("turn/start", Err("thread th-1 is closed"));
+    // Codex refuses the bundle, and then every part of it: each event is dropped alone, and
+    // each sender is told once, when the last part is settled.
+    let mut out = Vec::new();
+    let mut requests = 0;
+    while c.requests.iter().any(|(_, m, _)| m == "turn/start") {
+        requests += 1;
+        let answered = c.answer("turn/start", Err("thread th-1 is closed"));
+        out.extend(answered.into_iter().filter(|o| {
+            !matches!(
+                o,
+                CodexOutput::Transmit(_) | CodexOutput::Event(CodexEvent::Delivering { .. })
+            )
+        }));
+    }
+    assert_eq!(requests, 13, "halving 7 events down to single ones");
+    let (dropped, out): (Vec<_>, Vec<_>) = out
+        .into_iter()
+        .partition(|o| matches!(o, CodexOutput::Event(CodexEvent::Dropped { .. })));
+    assert_eq!(
+        dropped,
+        vec![
+            CodexOutput::Event(CodexEvent::Dropped {
+                events: 1,
+                reason: "thread th-1 is closed".into()
+            });
+            7
+        ]
+    );
     assert_eq!(
         out,
         vec![
-            CodexOutput::Event(CodexEvent::Dropped {
-                events: 7,
-                reason: "thread th-1 is closed".into()
-            }),
             CodexOutput::Undelivered(Undelivered {
                 to: "alice".into(),
                 msg_ids: vec!["m1".into(), "m3".into()],
-                reason: "thread th-1 is closed".into()
+                reason: "thread th-1 is closed".into(),
+                kind: NoticeKind::Refused,
             }),
             CodexOutput::Undelivered(Undelivered {
                 to: "bob".into(),
                 msg_ids: vec!["m2".into()],
-                reason: "thread th-1 is closed".into()
+                reason: "thread th-1 is closed".into(),
+                kind: NoticeKind::Refused,
             }),
         ]
     );
-    let CodexOutput::Undelivered(alice) = &out[1] else {
+    let CodexOutput::Undelivered(alice) = &out[0] else {
         panic!()
     };
     let body = alice.push_body("builder");
@@ -354,8 +380,251 @@ fn a_rejected_turn_tells_each_sender_once_and_never_the_member_itself() {
     assert!(out.contains(&CodexOutput::Undelivered(Undelivered {
         to: "bob".into(),
         msg_ids: vec!["m2".into()],
-        reason: "the session ended before codex could take it".into()
+        reason: "the session ended before codex could take it".into(),
+        kind: NoticeKind::Refused,
     })));
+}
+
+fn from(sender: &str, id: &str, text: &str) -> SinkEvent {
+    SinkEvent {
+        text: text.into(),
+        reply_to: Some((sender.into(), id.into())),
+    }
+}
+
+fn dropped(out: &[CodexOutput]) -> usize {
+    out.iter()
+        .map(|o| match o {
+            CodexOutput::Event(CodexEvent::Dropped { events, .. }) => *events,
+            _ => 0,
+        })
+        .sum()
+}
+
+fn notices(out: &[CodexOutput]) -> Vec<Undelivered> {
+    out.iter()
+        .filter_map(|o| match o {
+            CodexOutput::Undelivered(u) => Some(u.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn turn_started(c: &mut Codex, turn: &str) -> Vec<CodexOutput> {
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "turn/started", "params": {"threadId": "th-1", "turn": {"id": turn}}}))
+}
+
+fn turn_completed(c: &mut Codex, turn: Value) -> Vec<CodexOutput> {
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "turn/completed", "params": {"threadId": "th-1", "turn": turn}}))
+}
+
+/// Codex ended the turn just before our steer reached it, and says so before `turn/completed`
+/// reaches us: the steer is not sent again into that turn (it would fail the same way) and is
+/// never dropped; it waits for the turn's end and starts the next turn, with what came meanwhile.
+#[test]
+fn a_steer_that_loses_the_race_waits_for_the_end_of_the_turn_and_starts_a_new_one() {
+    let mut c = Codex::start();
+    c.ready("active");
+    turn_started(&mut c, "t1");
+    c.client.notify(from("alice", "m1", "first"), c.now);
+    c.advance(200);
+    assert_eq!(c.requests.last().unwrap().1, "turn/steer");
+    let out = c.answer("turn/steer", Err("no active turn to steer"));
+    assert_eq!(dropped(&out), 0, "{out:?}");
+    assert!(
+        c.requests.is_empty(),
+        "steered the ended turn again: {out:?}"
+    );
+    // The window passing, or more events, do not steer it either.
+    c.client.notify(from("bob", "m2", "second"), c.now);
+    let out = c.advance(200);
+    assert!(c.requests.is_empty(), "{out:?}");
+    assert_eq!(c.client.buffered(), 2);
+    // Its end: still `active` until the status says otherwise, then a new turn with both.
+    turn_completed(&mut c, json!({"id": "t1", "status": "completed"}));
+    assert!(c.requests.is_empty());
+    c.status("idle");
+    let (_, method, params) = c.requests.last().unwrap().clone();
+    assert_eq!(method, "turn/start");
+    assert_eq!(params["input"][0]["text"], "first\nsecond");
+    let out = c.answer("turn/start", Ok(json!({"turn": {"id": "t2"}})));
+    assert!(notices(&out).is_empty());
+
+    // A next turn that starts before the lost one's end reaches us is steered.
+    turn_started(&mut c, "t2");
+    c.status("active");
+    c.client.notify(from("alice", "m3", "third"), c.now);
+    c.advance(200);
+    c.answer("turn/steer", Err("expected active turn t2 but found t3"));
+    assert!(c.requests.is_empty());
+    turn_started(&mut c, "t3");
+    let (_, method, params) = c.requests.last().unwrap().clone();
+    assert_eq!(method, "turn/steer");
+    assert_eq!(params["expectedTurnId"], "t3");
+    assert_eq!(params["input"][0]["text"], "third");
+    let out = c.answer("turn/steer", Ok(json!({"turnId": "t3"})));
+    assert_eq!(dropped(&out), 0);
+    assert_eq!(c.client.buffered(), 0);
+}
+
+/// A bundle codex refuses is halved until each refused part is one event: the others are
+/// delivered, in order, before anything newer, and only the refused event's sender is told.
+#[test]
+fn a_refused_bundle_is_split_and_only_the_refused_event_is_reported() {
+    let mut c = Codex::start();
+    c.ready("idle");
+    let events = [
+        from("alice", "m1", "short one"),
+        from("bob", "m2", "HUGE"),
+        from("alice", "m3", "short two"),
+        from("carol", "m4", "short three"),
+        from("bob", "m5", "short four"),
+    ];
+    for event in events {
+        c.client.notify(event, c.now);
+    }
+    c.advance(200);
+    let mut delivered = Vec::new();
+    let mut out = Vec::new();
+    let mut turn = 0;
+    let mut newer = false;
+    while let Some(at) = c.requests.iter().position(|(_, m, _)| m == "turn/start") {
+        let text = c.requests[at].2["input"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        if text.contains("HUGE") {
+            out.extend(c.answer(
+                "turn/start",
+                Err("Input exceeds the maximum length of 1048576 characters."),
+            ));
+        } else {
+            turn += 1;
+            delivered.push(text);
+            out.extend(c.answer(
+                "turn/start",
+                Ok(json!({"turn": {"id": format!("t{turn}")}})),
+            ));
+            turn_completed(
+                &mut c,
+                json!({"id": format!("t{turn}"), "status": "completed"}),
+            );
+        }
+        if turn == 1 && !newer {
+            // Newer events wait behind the parts of the refused bundle.
+            c.client.notify(from("carol", "m6", "newer"), c.now);
+            newer = true;
+        }
+        out.extend(c.advance(200));
+    }
+    assert_eq!(
+        delivered.join("\n"),
+        "short one\nshort two\nshort three\nshort four\nnewer"
+    );
+    assert_eq!(dropped(&out), 1);
+    assert_eq!(
+        notices(&out),
+        vec![Undelivered {
+            to: "bob".into(),
+            msg_ids: vec!["m2".into()],
+            reason: "Input exceeds the maximum length of 1048576 characters.".into(),
+            kind: NoticeKind::Refused,
+        }]
+    );
+    assert_eq!(c.client.buffered(), 0);
+}
+
+/// A turn that codex reports failed: its reason is reported with the messages it carried (those
+/// it started with and those steered into it), each of their senders is told once, the member
+/// itself and system notices never; a turn that completes is not; the next event starts a turn.
+#[test]
+fn a_failed_turn_is_reported_to_each_sender_it_carried() {
+    let mut c = Codex::start();
+    c.ready("idle");
+    c.client.notify(from("alice", "m1", "one"), c.now);
+    c.client.notify(
+        SinkEvent::from_message(&broker_message("m2", Some("builder"), json!({})), "builder"),
+        c.now,
+    );
+    c.advance(200);
+    c.answer(
+        "turn/start",
+        Ok(json!({"turn": {"id": "t1", "status": "inProgress"}})),
+    );
+    turn_started(&mut c, "t1");
+    c.status("active");
+    c.client.notify(from("bob", "m3", "two"), c.now);
+    c.client.notify(from("alice", "m4", "three"), c.now);
+    c.advance(200);
+    c.answer("turn/steer", Ok(json!({"turnId": "t1"})));
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "error", "params": {"threadId": "th-1", "turnId": "t1", "error": {"message": "stream disconnected: retrying"}, "willRetry": true}}));
+    c.codex_says(json!({"jsonrpc": "2.0", "method": "error", "params": {"threadId": "th-1", "turnId": "t1", "error": {"message": "unexpected status 500 Internal Server Error"}, "willRetry": false}}));
+    c.status("systemError");
+    let out = turn_completed(&mut c, json!({"id": "t1", "status": "failed"}));
+    let reason = "unexpected status 500 Internal Server Error";
+    assert_eq!(
+        out,
+        vec![
+            CodexOutput::TurnFailed(TurnFailure {
+                turn_id: "t1".into(),
+                reason: reason.into(),
+                msg_ids: vec!["m1".into(), "m3".into(), "m4".into()],
+            }),
+            CodexOutput::Undelivered(Undelivered {
+                to: "alice".into(),
+                msg_ids: vec!["m1".into(), "m4".into()],
+                reason: reason.into(),
+                kind: NoticeKind::TurnFailed,
+            }),
+            CodexOutput::Undelivered(Undelivered {
+                to: "bob".into(),
+                msg_ids: vec!["m3".into()],
+                reason: reason.into(),
+                kind: NoticeKind::TurnFailed,
+            }),
+        ]
+    );
+    let body = notices(&out)[1].push_body("builder");
+    assert_eq!(body["title"], "turn failed");
+    assert_eq!(body["level"], "warning");
+    assert_eq!(body["data"][UNDELIVERED_KEY], "m3");
+    assert_eq!(
+        body["body"],
+        "your message m3 reached builder, but the codex turn carrying it failed (unexpected status 500 Internal Server Error), so builder may not have acted on it. Send it again later, or reach builder another way."
+    );
+
+    // Not deaf: the next event starts a turn; the turn's own error wins over the notification's;
+    // a failure reported before the answer to turn/start is reported when the answer comes.
+    c.client.notify(from("carol", "m5", "four"), c.now);
+    c.advance(200);
+    assert_eq!(c.requests.last().unwrap().1, "turn/start");
+    let out = turn_completed(
+        &mut c,
+        json!({"id": "t2", "status": "failed", "error": {"message": "timeout waiting for the model"}}),
+    );
+    assert_eq!(notices(&out), vec![]);
+    let out = c.answer("turn/start", Ok(json!({"turn": {"id": "t2"}})));
+    assert_eq!(
+        notices(&out),
+        vec![Undelivered {
+            to: "carol".into(),
+            msg_ids: vec!["m5".into()],
+            reason: "timeout waiting for the model".into(),
+            kind: NoticeKind::TurnFailed,
+        }]
+    );
+
+    // A turn that completes tells nobody.
+    c.status("idle");
+    c.client.notify(from("dave", "m6", "five"), c.now);
+    c.advance(200);
+    c.answer("turn/start", Ok(json!({"turn": {"id": "t3"}})));
+    let out = turn_completed(&mut c, json!({"id": "t3", "status": "completed"}));
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, CodexOutput::TurnFailed(_) | CodexOutput::Undelivered(_))),
+        "{out:?}"
+    );
 }
 
 #[test]

@@ -4,7 +4,7 @@
 //! Uploads come from the member itself, and are redacted here as the runner redacts
 //! what it records (a client may post directly). Reads are for the member and for holders
 //! of `activity.read`. Query parameters of the list: `from`, `to` (inclusive
-//! bounds on the event's `ts`, epoch ms), `kind` (repeatable, any of the four
+//! bounds on the event's `ts`, epoch ms), `kind` (repeatable, any of the five
 //! kinds), `before_id` (row id: only older rows, the paging cursor), `limit`
 //! (a positive integer, default 200, at most 1000 — larger values are clamped).
 //!
@@ -127,6 +127,7 @@ fn redact(event: &mut ActivityEvent) -> Result<(), String> {
     };
     match event {
         ActivityEvent::ObjectiveOpen { .. } | ActivityEvent::ObjectiveClose { .. } => {}
+        ActivityEvent::TurnFailed { reason, .. } => text(reason),
         ActivityEvent::LlmExchange { entry, .. } => {
             let mut value = serde_json::to_value(&*entry).map_err(|e| e.to_string())?;
             redact_json(&mut value);
