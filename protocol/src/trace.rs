@@ -1,5 +1,5 @@
 //! Activity and traces, the protocol core: what the runner's trace host turns decrypted model API
-//! traffic into, and what the broker stores (activity.md).
+//! traffic into, and what the broker stores.
 //!
 //! - [`activity`]: the event types (`objective_open`, `objective_close` with `done`,
 //!   `cancelled`, `reassigned` or `runner_shutdown`, `llm_exchange`, `opaque_http`) in the
@@ -15,7 +15,7 @@
 //! elsewhere (the runner's proxy does, on its own thread); the result is the same. Feed client bytes
 //! before they are forwarded upstream (with `rewrite_accept_encoding` the forwarded bytes come
 //! out of the tracer anyway), so a response is never seen before its request. Every exchange is
-//! classified (activity.md §1.3): `POST` to `/v1/messages` on an `anthropic.com` host is an
+//! classified: `POST` to `/v1/messages` on an `anthropic.com` host is an
 //! Anthropic exchange; `POST` to a path ending in `/responses` on an `openai.com`,
 //! `openai.azure.com` or `chatgpt.com` host is a Responses exchange; everything else is
 //! `opaque_http` with redacted headers and body previews of at most `preview_chars`

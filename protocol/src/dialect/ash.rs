@@ -36,7 +36,7 @@ pub const DEFAULT_EXEC_TIMEOUT_MS: u64 = 30_000;
 pub enum Command {
     /// Send a prompt to the agent and stream its messages back.
     Query(Query),
-    /// Resume a session. Without a prompt (the seed's form) the next `query` for the session
+    /// Resume a session. Without a prompt the next `query` for the session
     /// continues it; with one (`turn`, our extension: a query's fields under `cmd: "resume"`) a
     /// turn runs on the resumed session at once.
     Resume {

@@ -3,15 +3,15 @@
 //! (thread values `general`, `chan:<id>`, `obj:<id>`, `dm`).
 //!
 //! Meta is a flat string → string map (clients drop a push whose meta values are not strings), in
-//! runner.md §9.3's order: `msg_id`, `level`, `ts` (`MM/DD/YY HH:MM:SS UTC`), `ts_ms`, `thread`
-//! (`general`, `chan:<id>`, `obj:<id>` or `dm`, per DECISIONS.md), `from` and `title` when
+//! the order the TypeScript runner sends them in: `msg_id`, `level`, `ts` (`MM/DD/YY HH:MM:SS
+//! UTC`), `ts_ms`, `thread` (`general`, `chan:<id>`, `obj:<id>` or `dm`), `from` and `title` when
 //! non-empty, `target` for DMs, `channel` (the id) for a named channel's thread, then every `data`
 //! key that survives sanitising (characters outside `[A-Za-z0-9_]` become `_`; empty keys, keys
 //! starting with a digit and the reserved keys [`RESERVED_META_KEYS`] are skipped; strings are
 //! copied, numbers and booleans stringified, nulls, objects and arrays dropped), in `data`'s own
-//! order. As in the spec, a surviving key that is already present (`channel`, or two `data` keys
-//! that sanitise alike) overwrites the earlier value in its place. Attachments are listed in the
-//! content.
+//! order. As in the TypeScript runner, a surviving key that is already present (`channel`, or two
+//! `data` keys that sanitise alike) overwrites the earlier value in its place. Attachments are
+//! listed in the content.
 //!
 //! Codex gets one `<channel ATTRS>\nCONTENT\n</channel>` text per message ([`codex_text`]).
 //! Attribute values escape `\`, `"` and line breaks with a backslash; values and content both
@@ -29,7 +29,7 @@ use crate::codec::json::RawJson;
 use crate::domain::message::Message;
 
 /// Meta keys the runner sets itself; a `data` key with one of these names is skipped
-/// (runner.md §9.3). `channel` is not among them: a `data.channel` overwrites it.
+/// (as in the TypeScript runner). `channel` is not among them: a `data.channel` overwrites it.
 pub const RESERVED_META_KEYS: [&str; 8] = [
     "msg_id", "level", "ts", "ts_ms", "thread", "from", "title", "target",
 ];
@@ -73,7 +73,7 @@ pub fn format_ts(ms: i64) -> String {
     )
 }
 
-/// The meta map, in runner.md §9.3's order (see the [module docs](self)).
+/// The meta map, in the TypeScript runner's order (see the [module docs](self)).
 pub fn meta(message: &Message) -> Vec<(String, String)> {
     let thread = thread_of(message);
     let channel = thread.strip_prefix("chan:").map(str::to_owned);

@@ -194,7 +194,7 @@ pub struct ObjectiveEvent {
     pub actor: String,
     /// What happened.
     pub kind: EventKind,
-    /// Kind-specific details (see broker-api §2.8).
+    /// Kind-specific details.
     pub payload: Map<String, Value>,
 }
 

@@ -179,7 +179,7 @@ pub fn default_presets() -> Presets {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PermissionError {
     /// An entry is neither a leaf nor a preset name (or, in a preset definition, not a leaf:
-    /// presets may not nest). The text is the spec's (broker-api §1), byte for byte.
+    /// presets may not nest). The text is the TypeScript broker's, byte for byte.
     #[error(
         "{context}: unknown permission or preset '{entry}'. Valid leaves: {leaves}. Presets: {presets}."
     )]

@@ -50,7 +50,8 @@ pub struct EnrollConfig {
 }
 
 impl Default for EnrollConfig {
-    /// 5 minutes to approve (web.md: TTL 300 s), 5 s poll interval, 3 per address, 1000 in all.
+    /// 5 minutes to approve (as in the TypeScript ac7), 5 s poll interval, 3 per address, 1000 in
+    /// all.
     fn default() -> Self {
         EnrollConfig {
             ttl: 300,

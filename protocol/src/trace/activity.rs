@@ -1,4 +1,4 @@
-//! Activity events: the wire shapes of `POST /members/:name/activity` (activity.md §1.1, §1.2).
+//! Activity events: the wire shapes of `POST /members/:name/activity`.
 //!
 //! The TypeScript runner's uploads deserialize into these types (unknown keys are ignored, as the
 //! public broker's schema drops them). What we emit is a superset of that shape:
@@ -525,7 +525,7 @@ mod tests {
         assert_eq!(serde_json::to_value(&upload).expect("serializes"), body);
     }
 
-    /// What the TypeScript runner uploads (activity.md §1.1, §1.2) deserializes and keeps its
+    /// What the TypeScript runner uploads deserializes and keeps its
     /// shape when written back.
     #[test]
     fn typescript_upload_shape_round_trips() {

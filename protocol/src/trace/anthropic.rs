@@ -1,10 +1,11 @@
 //! The Anthropic Messages API (`POST /v1/messages`): request and response bodies → the
 //! [`LlmRequest`] / [`LlmResponse`] of an `llm_exchange`.
 //!
-//! Requests map as activity.md §1.3 says, except that an array `system` is kept (as blocks).
-//! Responses are a JSON message or a stream of server-sent events (parsed by [`crate::codec::sse`]),
-//! reassembled as §1.4 says with these differences: an `error` event is reported in
-//! `response.error` (with `stopReason: "error"`) also after `message_start`; blocks other than
+//! Requests map as the TypeScript runner maps them, except that an array `system` is kept (as
+//! blocks). Responses are a JSON message or a stream of server-sent events (parsed by
+//! [`crate::codec::sse`]), reassembled as the TypeScript runner reassembles them, with these
+//! differences: an `error` event is reported in `response.error` (with `stopReason: "error"`)
+//! also after `message_start`; blocks other than
 //! text, tool_use and thinking (`redacted_thinking`, `server_tool_use`, …) are kept whole as
 //! `unknown` blocks; a stream cut short still yields what arrived. Every value is redacted
 //! ([`redact_json`]) before it is mapped.
@@ -346,7 +347,7 @@ pub(crate) enum BodyKind {
     Other,
 }
 
-/// Sniffs a response body the way activity.md §1.3 says: JSON if it parses, else an event
+/// Sniffs a response body the way the TypeScript runner does: JSON if it parses, else an event
 /// stream if it starts like one.
 pub(crate) fn body_kind(body: &[u8]) -> BodyKind {
     let text = String::from_utf8_lossy(body);

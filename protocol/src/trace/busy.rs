@@ -1,5 +1,5 @@
 //! The busy signal: which LLM calls are in flight, turned into ordered, debounced
-//! `POST /presence/busy` reports (activity.md §2.6, §2.8, minus bug 8).
+//! `POST /presence/busy` reports (unlike the TypeScript runner's, ordered and debounced).
 //!
 //! - [`BusyReporter::llm_started`] / [`BusyReporter::llm_finished`] count calls per key (the
 //!   trace host's connection id, say): a key started twice needs two finishes; finishing an

@@ -1,4 +1,5 @@
-//! Objective markers (activity.md §2.10, minus bug 16): which objectives the member works on,
+//! Objective markers (unlike the TypeScript runner's, a close says why and only objectives
+//! assigned to the member count): which objectives the member works on,
 //! as `objective_open` / `objective_close` events.
 //!
 //! - [`ObjectiveMarkers::refreshed`] takes the member's open objectives (the briefing's at

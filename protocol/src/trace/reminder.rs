@@ -1,4 +1,5 @@
-//! The objective context reminder (activity.md §3.6, broker-api.md §10.2, minus bug 17): after an
+//! The objective context reminder (unlike the TypeScript broker's, small side requests do not
+//! trigger it): after an
 //! activity upload, the broker checks whether the member's agent still has its open objectives in
 //! its model context, and sends it one DM listing those it lost.
 //!
@@ -38,7 +39,7 @@ pub fn reminder_context(events: &[ActivityEvent]) -> Option<String> {
     (has_tools && request.messages.len() >= MIN_MESSAGES).then(|| request.context_text())
 }
 
-/// The reminder body for `missing` (broker-api.md §10.2, exact).
+/// The reminder body for `missing`, word for word as the TypeScript broker sends it.
 pub fn reminder_body(missing: &[&Objective]) -> String {
     let mut body = format!(
         "You have {} active objective(s) that are no longer in your context. Here they are — call `objectives_view` for full details:",

@@ -1,5 +1,7 @@
 //! The activity uploader: a sans-IO queue that turns recorded [`ActivityEvent`]s into
-//! `POST /members/:name/activity` batches (activity.md §2.9, minus bugs 5, 6 and 7).
+//! `POST /members/:name/activity` batches. Unlike the TypeScript runner's uploader, an oversized
+//! event evicts nothing, a batch the broker refuses is not retried, and closing drains the whole
+//! queue.
 //!
 //! - [`Uploader::enqueue`] serializes the event once and queues it. The queue holds at most
 //!   `max_events` events and `max_bytes` bytes of JSON (UTF-8). When a new event does not fit,

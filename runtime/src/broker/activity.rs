@@ -1,5 +1,5 @@
 //! The activity store: one append-only stream of [`ActivityEvent`]s per member
-//! (activity.md §3.1), kept in the broker's database in `member_activity`.
+//! kept in the broker's database in `member_activity`.
 //!
 //! Unlike the public ac7 the rows live in the main database file (one file to back
 //! up, one lock, one `--retain-days`), and the table is created on open like every
@@ -348,7 +348,7 @@ pub fn last_id(c: &Conn<'_>) -> Result<i64, StoreError> {
 }
 
 /// A stored row; one whose JSON no longer decodes comes back as an
-/// `opaque_http` placeholder with host `malformed-payload` (activity.md §3.1).
+/// `opaque_http` placeholder with host `malformed-payload`, as in the TypeScript broker.
 fn row(id: i64, member_name: String, json: &str, created_at: i64) -> ActivityRow {
     let event = serde_json::from_str(json).unwrap_or_else(|_| ActivityEvent::OpaqueHttp {
         ts: 0,

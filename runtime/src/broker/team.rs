@@ -198,8 +198,8 @@ pub fn member_name_taken(c: &Conn<'_>, name: &str) -> Result<Option<String>, Sto
     )
 }
 
-/// Why `name` cannot be taken when `existing` holds it: the spec's `member '<name>' already
-/// exists` (broker-api §6.2); for a case twin, with the reason, since the names differ.
+/// Why `name` cannot be taken when `existing` holds it: the TypeScript broker's `member '<name>'
+/// already exists`; for a case twin, with the reason, since the names differ.
 pub fn name_taken_text(name: &str, existing: &str) -> String {
     if name == existing {
         format!("member '{existing}' already exists")

@@ -27,7 +27,7 @@
 //! (`error`, with the end of its stderr or the result's text, then `done`), even when it printed
 //! a result first. It runs in its own process group, in `$ASH_WORKSPACE_DIR` when set.
 //!
-//! `resume <id>` (the seed's form, no prompt) makes the next `query` for `<id>` continue that
+//! `resume <id>` without a prompt makes the next `query` for `<id>` continue that
 //! conversation: a session this bridge has started, or a claude session UUID it adopts; anything
 //! else is `error` then `done`. With a `prompt` (our extension) the turn runs at once.
 //!

@@ -1,4 +1,4 @@
-//! `ac7 ash-bridge` (seed 003) with a scripted stand-in for `claude`
+//! `ac7 ash-bridge` (the Ash dialect's bridge) with a scripted stand-in for `claude`
 //! (`runtime/tests/python/fake_claude.py` on `CLAUDE_PATH`), driven by `AshClient` and by raw
 //! sockets for what a well-behaved host never sends.
 #![allow(clippy::unwrap_used)] // helpers outside #[test] functions
@@ -243,7 +243,7 @@ async fn query_resume_exec_and_shutdown() {
     let (assistant, _) = assistant_text(&messages);
     assert_resumes(&assistant, &s1);
 
-    // resume (the seed's form, no prompt): done for a session the bridge has; the next query
+    // resume without a prompt: done for a session the bridge has; the next query
     // continues it.
     let resume = |session: &str| {
         client.submit(Command::Resume {
@@ -459,7 +459,7 @@ async fn interrupt_ends_the_turn_with_done_only_and_spares_other_connections() {
     }
 }
 
-/// Seed 003: every command ends with `done`, so a host pairing each `error` with the next
+/// The Ash dialect: every command ends with `done`, so a host pairing each `error` with the next
 /// `done` (ours does) stays in step even when it sends commands without waiting.
 #[tokio::test]
 async fn commands_sent_without_waiting_each_get_their_own_done() {
@@ -514,7 +514,7 @@ async fn commands_sent_without_waiting_each_get_their_own_done() {
     }
 }
 
-/// Seed 003: "A failure is `error` then `done`" — also when claude printed a result before
+/// The Ash dialect: a failure is `error` then `done` — also when claude printed a result before
 /// exiting non-zero (it does on API errors).
 #[tokio::test]
 async fn a_failed_turn_that_printed_a_result_is_error_then_done() {
@@ -533,7 +533,7 @@ async fn a_failed_turn_that_printed_a_result_is_error_then_done() {
     assert_eq!(events[3], json!({"ev": "done", "sessionId": "f"}));
 }
 
-/// Seed 003: `done` names the session the command named, even when the agent's result names
+/// The Ash dialect: `done` names the session the command named, even when the agent's result names
 /// another.
 #[tokio::test]
 async fn done_carries_the_session_the_command_named() {

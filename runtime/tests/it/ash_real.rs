@@ -1,6 +1,7 @@
-//! `ac7 ash-bridge` (seed 003) running the real Claude Code CLI (`@anthropic-ai/claude-code`
-//! from npm, installed once into `<target dir>/tmp/claude-npm` under a lock; `$AC7_TEST_CLAUDE`
-//! points at another claude binary) against a local stand-in for the Anthropic Messages API
+//! `ac7 ash-bridge` (the Ash dialect's bridge) running the real Claude Code CLI
+//! (`@anthropic-ai/claude-code` from npm, installed once into `<target dir>/tmp/claude-npm` under
+//! a lock; `$AC7_TEST_CLAUDE` points at another claude binary) against a local stand-in for the
+//! Anthropic Messages API
 //! (`ANTHROPIC_BASE_URL=http://127.0.0.1:PORT`, `ANTHROPIC_API_KEY=dummy`). The stand-in answers
 //! `POST /v1/messages` with a streamed SSE message (`message_start`, `content_block_start`,
 //! `content_block_delta`, `content_block_stop`, `message_delta`, `message_stop`) whose text is
@@ -78,7 +79,7 @@ fn parse(messages: &[ac7_protocol::codec::json::RawJson]) -> Vec<Value> {
     messages.iter().map(|m| m.parse().unwrap()).collect()
 }
 
-/// Seed 003 with the real claude: any host session id works (claude wants UUIDs), a session
+/// The Ash dialect with the real claude: any host session id works (claude wants UUIDs), a session
 /// continues across turns and across a bridge restart (no "already in use"), a failed turn that
 /// printed a result is `error` then `done`, `done` names the host's session, and claude runs in
 /// the bridge's permission mode.

@@ -1,4 +1,4 @@
-//! Member activity over HTTP (activity.md §3): uploads in the TypeScript runner's
+//! Member activity over HTTP: uploads in the TypeScript runner's
 //! shape, listing with filters and cursor, visibility, the live stream.
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
@@ -8,7 +8,7 @@ use crate::broker_support;
 use broker_support::start_broker;
 use serde_json::{Value, json};
 
-/// An `llm_exchange` exactly as the TypeScript runner uploads it (activity.md §1.1, §1.2).
+/// An `llm_exchange` exactly as the TypeScript runner uploads it.
 pub(crate) fn exchange(ts: u64) -> Value {
     json!({
         "kind": "llm_exchange",

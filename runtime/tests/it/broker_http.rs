@@ -593,7 +593,7 @@ async fn team_members_and_tokens() {
     );
 }
 
-/// broker-api §2.5 Message's keys, in the spec's order.
+/// Message's keys, in the order the TypeScript broker sends them.
 const MESSAGE: [&str; 9] = [
     "id",
     "ts",
@@ -605,7 +605,7 @@ const MESSAGE: [&str; 9] = [
     "data",
     "attachments",
 ];
-/// broker-api §2.7 Objective's keys, in the spec's order.
+/// Objective's keys, in the order the TypeScript broker sends them.
 const OBJECTIVE: [&str; 14] = [
     "id",
     "title",
@@ -710,9 +710,9 @@ fn keys(v: &serde_json::Value) -> Vec<&str> {
         .collect()
 }
 
-/// Every shape of broker-api §2 the broker sends — on its own and inside event payloads, with the
-/// `data` bags of §3.2 and the audit payloads of §2.8 — has exactly the spec's keys in the spec's
-/// order; a client's `data` comes back in the client's order.
+/// Every shape the broker sends — on its own and inside event payloads, with the `data` bags the
+/// broker writes and the objective audit payloads — has exactly the TypeScript broker's keys in
+/// its order; a client's `data` comes back in the client's order.
 #[tokio::test]
 async fn every_shape_has_the_specs_key_order() {
     let b = start_broker().await;
@@ -925,7 +925,7 @@ async fn message_floods_get_429_with_retry_after() {
     b.push("builder", json!({"body": "later"})).await;
 }
 
-/// Where broker-api.md gives an error text, ours is that text byte for byte.
+/// Where the TypeScript broker answers with a fixed error text, ours is that text byte for byte.
 #[tokio::test]
 async fn error_texts_are_the_specs() {
     const LEAVES: &str = "Valid leaves: team.manage, members.manage, objectives.create, \
@@ -943,8 +943,8 @@ async fn error_texts_are_the_specs() {
         .await
         .json;
     let id = obj["id"].as_str().unwrap();
-    // (where in the spec, method, path, caller, raw body, status, the spec's text). The text is
-    // `None` where the spec gives only a status (and a `code`, checked below).
+    // (what, method, path, caller, raw body, status, the TypeScript broker's text). The text is
+    // `None` where only the status is fixed (and a `code`, checked below).
     type Case<'a> = (
         &'a str,
         &'a str,
@@ -968,7 +968,7 @@ async fn error_texts_are_the_specs() {
     };
     let cases: Vec<Case> = vec![
         (
-            "§1 member create, unknown permission",
+            "member create, unknown permission",
             "POST",
             "/members".into(),
             "director",
@@ -977,7 +977,7 @@ async fn error_texts_are_the_specs() {
             Some(unknown("create member 'x'", "boss")),
         ),
         (
-            "§1 member update, unknown permission",
+            "member update, unknown permission",
             "PATCH",
             "/members/builder".into(),
             "director",
@@ -985,10 +985,10 @@ async fn error_texts_are_the_specs() {
             400,
             Some(unknown("update member 'builder'", "boss")),
         ),
-        preset("§1 a preset with an unknown leaf", "objectives.fly"),
-        preset("§1 presets may not nest", "admin"),
+        preset("a preset with an unknown leaf", "objectives.fly"),
+        preset("presets may not nest", "admin"),
         (
-            "§2.7 a blank objective title",
+            "a blank objective title",
             "POST",
             "/objectives".into(),
             "director",
@@ -997,7 +997,7 @@ async fn error_texts_are_the_specs() {
             Some("title is required".into()),
         ),
         (
-            "§6.2 members.manage off the last admin",
+            "members.manage off the last admin",
             "PATCH",
             "/members/director".into(),
             "director",
@@ -1009,7 +1009,7 @@ async fn error_texts_are_the_specs() {
             ),
         ),
         (
-            "§6.2 deleting the last admin",
+            "deleting the last admin",
             "DELETE",
             "/members/director".into(),
             "director",
@@ -1018,7 +1018,7 @@ async fn error_texts_are_the_specs() {
             None,
         ),
         (
-            "§6.2 a member that exists",
+            "a member that exists",
             "POST",
             "/members".into(),
             "director",
@@ -1027,7 +1027,7 @@ async fn error_texts_are_the_specs() {
             Some("member 'builder' already exists".into()),
         ),
         (
-            "§6.2 rotating someone else's token",
+            "rotating someone else's token",
             "POST",
             "/members/director/rotate-token".into(),
             "builder",
@@ -1036,7 +1036,7 @@ async fn error_texts_are_the_specs() {
             None,
         ),
         (
-            "§6.1 a team patch with no fields",
+            "a team patch with no fields",
             "PATCH",
             "/team".into(),
             "director",
@@ -1045,7 +1045,7 @@ async fn error_texts_are_the_specs() {
             Some("no fields to update (name, directive, context)".into()),
         ),
         (
-            "activity §3.5 a malformed busy report",
+            "a malformed busy report",
             "POST",
             "/presence/busy".into(),
             "builder",
@@ -1054,7 +1054,7 @@ async fn error_texts_are_the_specs() {
             Some("invalid busy report".into()),
         ),
         (
-            "activity §3.5 a busy report that is not JSON",
+            "a busy report that is not JSON",
             "POST",
             "/presence/busy".into(),
             "builder",
@@ -1063,7 +1063,7 @@ async fn error_texts_are_the_specs() {
             Some("invalid busy report".into()),
         ),
         (
-            "§4 a push to nobody",
+            "a push to nobody",
             "POST",
             "/push".into(),
             "director",
@@ -1072,7 +1072,7 @@ async fn error_texts_are_the_specs() {
             Some("no such agent: ghost".into()),
         ),
         (
-            "§4 history with and channel",
+            "history with and channel",
             "GET",
             "/history?with=builder&channel=general".into(),
             "director",
@@ -1081,7 +1081,7 @@ async fn error_texts_are_the_specs() {
             Some("`with` and `channel` are mutually exclusive".into()),
         ),
         (
-            "§4 history of an unknown channel",
+            "history of an unknown channel",
             "GET",
             "/history?channel=nope".into(),
             "director",
@@ -1090,7 +1090,7 @@ async fn error_texts_are_the_specs() {
             Some("no such channel: nope".into()),
         ),
         (
-            "§4 an unknown channel",
+            "an unknown channel",
             "GET",
             "/channels/nope".into(),
             "director",
@@ -1099,7 +1099,7 @@ async fn error_texts_are_the_specs() {
             Some("no such channel: nope".into()),
         ),
         (
-            "§6.5 creating the reserved general channel",
+            "creating the reserved general channel",
             "POST",
             "/channels".into(),
             "builder",
@@ -1108,7 +1108,7 @@ async fn error_texts_are_the_specs() {
             None,
         ),
         (
-            "§5.3 an unknown objective",
+            "an unknown objective",
             "GET",
             "/objectives/nope".into(),
             "director",
@@ -1117,7 +1117,7 @@ async fn error_texts_are_the_specs() {
             Some("no such objective: nope".into()),
         ),
         (
-            "§5.3 an unknown assignee",
+            "an unknown assignee",
             "POST",
             "/objectives".into(),
             "director",
@@ -1126,7 +1126,7 @@ async fn error_texts_are_the_specs() {
             Some("unknown assignee: ghost".into()),
         ),
         (
-            "§5.3 an unknown watcher",
+            "an unknown watcher",
             "POST",
             format!("/objectives/{id}/watchers"),
             "director",
@@ -1135,7 +1135,7 @@ async fn error_texts_are_the_specs() {
             Some("unknown watcher: ghost".into()),
         ),
         (
-            "§5.3 reassigning to nobody",
+            "reassigning to nobody",
             "POST",
             format!("/objectives/{id}/reassign"),
             "director",
@@ -1144,7 +1144,7 @@ async fn error_texts_are_the_specs() {
             Some("unknown assignee: ghost".into()),
         ),
         (
-            "§8.3 fs/stat without a path",
+            "fs/stat without a path",
             "GET",
             "/fs/stat".into(),
             "builder",
@@ -1153,7 +1153,7 @@ async fn error_texts_are_the_specs() {
             Some("`path` query parameter is required".into()),
         ),
         (
-            "§8.3 fs/stat of a missing path",
+            "fs/stat of a missing path",
             "GET",
             "/fs/stat?path=/builder/nope".into(),
             "builder",
@@ -1162,7 +1162,7 @@ async fn error_texts_are_the_specs() {
             Some("no such path: /builder/nope".into()),
         ),
         (
-            "§8.3 fs/stat of /",
+            "fs/stat of /",
             "GET",
             "/fs/stat?path=/".into(),
             "builder",
@@ -1181,12 +1181,12 @@ async fn error_texts_are_the_specs() {
             assert_eq!(r.json["error"], text.as_str(), "{what}");
         }
     }
-    // §6.5: the channel store's errors carry their code.
+    // The channel store's errors carry their code.
     let r = b
         .post("/channels", "builder", json!({"slug": "general"}))
         .await;
     assert_eq!(r.json["code"], "reserved");
-    // activity §3.5: a malformed busy report says what was wrong.
+    // A malformed busy report says what was wrong.
     let r = b
         .post("/presence/busy", "builder", json!({"busy": 1}))
         .await;

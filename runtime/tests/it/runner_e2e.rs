@@ -647,7 +647,7 @@ fn redact_token(text: &str) -> String {
         .collect()
 }
 
-/// Issue 10 item 1: an event queued while the agent starts reaches it only after the agent's
+/// An event queued while the agent starts reaches it only after the agent's
 /// handshake (`initialized` sent, first `tools/list` answered) — and does reach it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_queued_before_the_agent_attaches_waits_for_its_handshake() {
@@ -686,7 +686,7 @@ async fn an_event_queued_before_the_agent_attaches_waits_for_its_handshake() {
     assert_restored(dir.path());
 }
 
-/// Issue 10 item 2: a bridge started by a process outside the agent's tree (here: this test, as
+/// A bridge started by a process outside the agent's tree (here: this test, as
 /// `claude mcp list` would from another terminal) is served, but the agent's bridge stays
 /// attached and keeps receiving pushes, and the outsider never gets an event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -797,8 +797,8 @@ async fn an_outsider_bridge_is_served_and_displaces_nothing() {
     assert_restored(dir.path());
 }
 
-/// Issue 10 item 2: a new bridge from inside the agent's own tree still displaces the old one
-/// (seed 000), and the new one gets the events.
+/// A new bridge from inside the agent's own tree still displaces the old one (one bridge at a
+/// time, the newest), and the new one gets the events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_bridge_from_the_agent_displaces_the_first() {
     let broker = start_broker().await;
@@ -830,7 +830,7 @@ async fn a_second_bridge_from_the_agent_displaces_the_first() {
     assert_restored(dir.path());
 }
 
-/// Issue 10 item 7: a runner removes the sockets and lock files dead runners left in `$TMPDIR`,
+/// A runner removes the sockets and lock files dead runners left in `$TMPDIR`,
 /// and leaves a live runner's alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_removes_what_dead_runners_left_in_tmpdir() {
@@ -867,7 +867,7 @@ async fn a_runner_removes_what_dead_runners_left_in_tmpdir() {
     assert_eq!(left, [format!(".ac7-runner-{live}.sock")], "{left:?}");
 }
 
-/// Issue 10 item 7: `ac7 claude-code --doctor` finds claude, reports its version, and checks
+/// `ac7 claude-code --doctor` finds claude, reports its version, and checks
 /// that our MCP server starts and lists its tools. Uses the real Claude Code when
 /// `AC7_TEST_CLAUDE` names it, else a stand-in on `CLAUDE_PATH` (only `--version` is run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -942,7 +942,7 @@ async fn claude_code_doctor_checks_claude_and_our_server() {
     );
 }
 
-/// Issue 10 item 6: when the agent owns a terminal, the runner's logs go to a 0600 file under
+/// When the agent owns a terminal, the runner's logs go to a 0600 file under
 /// `$XDG_STATE_HOME/ac7/` whose path is printed once before the agent starts — never to the
 /// terminal the agent draws on. Runs the runner under a pty (`script`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1000,7 +1000,7 @@ async fn with_a_terminal_the_runner_logs_to_a_private_file() {
     }
 }
 
-/// Issue 10 item 6: a runner logs at `warn` unless `AC7_LOG` says otherwise (no `bridge attached`
+/// A runner logs at `warn` unless `AC7_LOG` says otherwise (no `bridge attached`
 /// info line); without a terminal its logs stay on stderr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_logs_at_warn_by_default() {

@@ -1,4 +1,4 @@
-//! Issue 14 item 4: the runner's trace host with real parts. The real Claude Code (`claude -p`,
+//! The runner's trace host with real parts. The real Claude Code (`claude -p`,
 //! `@anthropic-ai/claude-code` from npm, installed once into `<target dir>/tmp/claude-npm`;
 //! `$AC7_TEST_CLAUDE` points at another binary) runs under `ac7 claude-code` against a real
 //! broker, with its default `https://api.anthropic.com` base URL: its traffic goes through the

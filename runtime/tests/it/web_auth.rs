@@ -799,7 +799,7 @@ async fn device_enrollment_over_the_api() {
     assert_eq!(e["verificationUri"], "/enroll");
     assert_eq!(e["verificationUriComplete"], format!("/enroll?code={user}"));
     assert_eq!(e["interval"], 5);
-    assert_eq!(e["expiresIn"], 300, "web.md: an enrollment lives 300 s");
+    assert_eq!(e["expiresIn"], 300, "an enrollment lives 300 s");
     // Pending, then too soon.
     let r = poll(&b, &device).await;
     assert_eq!(

@@ -13,7 +13,7 @@
 //!   stopped the turn ends with `done` and no `error`. Queued commands are not touched: they run
 //!   next. While idle it does nothing.
 //! - `resume` resolves the session ([`AshBridgeOutput::ResumeSession`], answered with
-//!   [`AshConnection::respond`] with [`Answer::Resume`]). Without a prompt (the seed's form) it ends with `done`
+//!   [`AshConnection::respond`] with [`Answer::Resume`]). Without a prompt it ends with `done`
 //!   (or `error` then `done` if the session cannot be resumed) and the next `query` for that
 //!   session continues it; with a `prompt` it goes on to run that turn on the resumed session,
 //!   like a `query`.

@@ -78,7 +78,7 @@ fn meta_is_flat_strings_with_data_keys_sanitised() {
     m.title = Some("ch title".into());
     let meta = meta(&m);
     let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
-    // runner.md §9.3's order, then `data`'s keys in their own order.
+    // The TypeScript runner's order, then `data`'s keys in their own order.
     assert_eq!(
         keys,
         [

@@ -3,7 +3,7 @@
 //!
 //! Names, property names, types, enums and `required` lists are exact (as the reference runner serves them);
 //! `title` is accepted on `broadcast`, `send`, `channels_post` and `objectives_discuss`
-//! (DECISIONS.md). Descriptions are ours; they name the agent, its role, team and teammates, and
+//! (our choice). Descriptions are ours; they name the agent, its role, team and teammates, and
 //! `objectives_list`'s carries the live open objectives so the agent sees what it is working on
 //! after its context is compacted.
 

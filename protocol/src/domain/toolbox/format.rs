@@ -1,5 +1,5 @@
-//! The text of tool results (runner.md §13.3). Broker responses are read leniently as JSON values:
-//! a missing field prints as empty rather than failing the tool.
+//! The text of tool results, as the TypeScript runner formats them. Broker responses are read
+//! leniently as JSON values: a missing field prints as empty rather than failing the tool.
 
 use serde_json::Value;
 

@@ -1,5 +1,5 @@
 //! The toolbox the runner serves to its agent: definitions composed from the briefing,
-//! argument validation with the seeds' error texts, and each tool as a small plan.
+//! argument validation with the TypeScript runner's error texts, and each tool as a small plan.
 //!
 //! A plan is pure: [`plan`] validates the arguments and returns either the finished text or the
 //! first broker request together with what to do with its response. The runner performs the

@@ -1,5 +1,5 @@
 //! The steps plans share: reading arguments, resolving attachments, calling the broker and turning
-//! its answer into a tool text (runner.md §13.3; error texts from the seeds and runner.md).
+//! its answer into a tool text (texts and error texts as the TypeScript runner words them).
 
 use serde_json::{Map, Value, json};
 

@@ -1,5 +1,5 @@
 //! `POST /members/:name/activity` and `GET /members/:name/activity`
-//! (activity.md §3.2, §3.3; the store is [`crate::broker::activity`]).
+//! (the store is [`crate::broker::activity`]).
 //!
 //! Uploads come from the member itself, and are redacted here as the runner redacts
 //! what it records (a client may post directly). Reads are for the member and for holders

@@ -195,7 +195,7 @@ pub(super) async fn busy(
     caller: Caller,
     Body(body): Body,
 ) -> Result<Response, ApiError> {
-    // activity.md §3.5: "invalid busy report", not the usual "invalid … payload".
+    // As the TypeScript broker words it: "invalid busy report", not the usual "invalid … payload".
     let b: BusyBody = parse_json(&body, "busy").map_err(|e| e.saying("invalid busy report"))?;
     let until = if b.busy { now_ms() + BUSY_TTL_MS } else { 0 };
     state.hub.set_busy(&caller.name, until);
@@ -370,7 +370,7 @@ pub(super) struct HistoryQuery {
 
 /// `/history`'s `limit`: default 100; a number of at least 1, floored, at most 1000.
 /// Anything else (`0`, `-1`, `abc`, empty) is a 400 in the shape of the activity list's
-/// (the spec maps it to 100 silently; a caller asking for nothing should hear so).
+/// (the TypeScript broker maps it to 100 silently; a caller asking for nothing should hear so).
 fn history_limit(value: Option<&str>) -> Result<usize, ApiError> {
     let Some(v) = value else {
         return Ok(100);

@@ -88,7 +88,8 @@ fn ttl_ms(state: &Shared) -> i64 {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CookieRefresh(pub(crate) std::sync::Arc<std::sync::Mutex<Option<String>>>);
 
-/// Resolves the `ac7_session` cookie of a request without `Authorization` (B§0.2 bodies).
+/// Resolves the `ac7_session` cookie of a request without `Authorization` (its
+/// 401 texts are the TypeScript broker's).
 pub(crate) fn cookie_caller(parts: &Parts, state: &Shared) -> Result<Caller, ApiError> {
     let Some(id) = cookie_value(&parts.headers, COOKIE) else {
         return Err(ApiError::unauthorized("missing credentials"));

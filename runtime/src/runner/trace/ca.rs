@@ -6,7 +6,7 @@
 //!   client an agent uses (Node, rustls, OpenSSL) accepts them.
 //! - The CA (`CN=ac7 trace CA <pid>, O=ac7`, `cA=true pathLen=0`, key usage `keyCertSign,cRLSign`)
 //!   is valid from one hour before the session starts (clock skew) to [`CA_LIFE`] after it: a
-//!   session is not cut off after a day (activity.md §5 bug 10).
+//!   session is not cut off after a day (the TypeScript runner's are valid for 24 h).
 //! - A leaf (`CN=<host>`, SAN = the IP address for an IP literal, else the DNS name, key usage
 //!   `digitalSignature`, extended key usage `serverAuth`) is valid for [`LEAF_LIFE`] and is
 //!   minted again when less than a day of it is left, never beyond the CA's own end. All leaves
@@ -296,7 +296,8 @@ mod tests {
     #[test]
     fn leaves_are_cached_per_host_and_outlive_a_day() {
         let ca = TraceCa::generate().unwrap();
-        // Not 24 h (activity.md §5 bug 10): a month at least, for the CA and each leaf.
+        // A month at least, not a day, for the CA and each leaf: a long session's certificates
+        // must not expire mid-session.
         let month = Duration::from_secs(30 * 24 * 3600 - 60);
         assert!(ca.not_after - now() > month);
         let a = ca.server_config("API.anthropic.com").unwrap();

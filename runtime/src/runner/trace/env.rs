@@ -1,4 +1,5 @@
-//! The environment the agent gets when it is traced (activity.md §2.5, with §5 bug 15 fixed).
+//! The environment the agent gets when it is traced (unlike the TypeScript runner, Codex
+//! does not get `SSL_CERT_FILE`).
 //!
 //! | Variable | claude-code (and `ac7 run --trace`) | codex |
 //! |---|---|---|

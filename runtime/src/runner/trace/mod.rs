@@ -1,4 +1,4 @@
-//! The runner's trace host (activity.md §2): a loopback proxy that decrypts the agent's model
+//! The runner's trace host: a loopback proxy that decrypts the agent's model
 //! API traffic with a per-session CA, turns each exchange into an activity event, and leaves
 //! everything else alone.
 //!

@@ -4,8 +4,8 @@
 //! - Every request must carry the session's secret as `Proxy-Authorization: Basic` (user `ac7`):
 //!   the proxy URL given to the agent is `http://ac7:<secret>@127.0.0.1:<port>`, which Node
 //!   (undici), reqwest, curl and git all turn into that header. Another local process cannot
-//!   relay through the proxy (its traffic would be recorded as this member's, activity.md §5 bug
-//!   13): without the secret it gets `407`.
+//!   relay through the proxy (its traffic would be recorded as this member's): without the
+//!   secret it gets `407`.
 //! - `CONNECT host:port` (`[v6]:port` too) to a model API host ([`is_model_host`]: `anthropic.com`,
 //!   `openai.com`, `openai.azure.com`, `chatgpt.com` and their subdomains, any port): the proxy
 //!   first dials the upstream as a TLS client (SNI = the host, ALPN `http/1.1`, verified against
@@ -18,10 +18,12 @@
 //!   own decode thread, never on the relay path: the bytes of the next request or response do
 //!   not wait for the previous exchange's decoding. Exchanges reach the sink in the order they
 //!   finished; [`TraceProxy::close`] waits for the queue to drain.
-//! - `CONNECT` to any other host: a raw TCP tunnel, never parsed (§5 bug 1).
+//! - `CONNECT` to any other host: a raw TCP tunnel, never parsed (the TypeScript
+//!   runner decodes plaintext tunnels too).
 //! - An absolute-form request (`GET http://host[:port]/path HTTP/1.1`) is forwarded to the host
 //!   in origin form, without the `Proxy-*` headers and with `Connection: close` (one request per
-//!   proxied connection), traced only when the host is a model API host (§5 bug 2).
+//!   proxied connection), traced only when the host is a model API host (the TypeScript runner's
+//!   CONNECT-only proxy answers these with 400).
 //! - Anything else: `400 Bad Request`; the listener stays up.
 //!
 //! Holding up against other local processes ([`ProxyLimits`]; README, "Tracing (runner)"):
