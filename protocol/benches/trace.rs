@@ -4,7 +4,7 @@
 
 use std::hint::black_box;
 
-use ac7_protocol::trace::http::ConnId;
+use ac7_protocol::trace::http::ProxyConnId;
 use ac7_protocol::trace::{TraceConfig, TraceOutput, Tracer};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
@@ -56,7 +56,7 @@ fn bench(c: &mut Criterion) {
     group.bench_function("anthropic_10k_request_50k_stream", |b| {
         b.iter(|| {
             let mut tracer = Tracer::new(TraceConfig::default());
-            let conn = ConnId(1);
+            let conn = ProxyConnId(1);
             tracer.handle_open(conn, "api.anthropic.com:443", 0);
             for part in request.chunks(16 * 1024) {
                 tracer.handle_client_bytes(conn, part, 1);

@@ -22,18 +22,39 @@
 //! - **time** is an argument, never read: a machine that keeps time (it has timers, or reports
 //!   durations) takes `now` as the **last** argument of every input and command, whether it
 //!   needs it today or not, so adding a timer never changes a caller. A machine that keeps no
-//!   time (`call_tool`, `call_tool_bridge`, `ash::bridge`) takes none. Machines whose clock is the
-//!   wall clock (sign-in, traces) take it as epoch units (`now: u64`), also last.
-//! - **outputs** come out of `poll_output()`, drained until `None`. Bytes to write are always a
-//!   `Transmit` variant: `Transmit(bytes)` where the machine has one peer, `Transmit { to, bytes
-//!   }` where it has several (`to` is a `Peer` or a `ConnId`). Every output is queued inside the
-//!   machine, so inputs may interleave in any order.
+//!   time (`call_tool`, `call_tool_bridge`, `ash::bridge`) takes none. Two clocks exist:
+//!   - *monotonic* time is [`std::time::Instant`]: every session, dialect client and bridge, the
+//!     live stream, the objectives tracker, the activity uploader and the busy reporter;
+//!   - *wall-clock* time, for what is stamped on the wire or stored, is epoch units: epoch
+//!     milliseconds for traces and activity events (`u64`; the tracer, the objective markers)
+//!     and for broker messages and objectives (`i64`, as the broker stores them), epoch
+//!     **seconds** (`u64`) for sign-in (TOTP steps, the attempt limiter, enrollments).
+//! - **outputs** are one enum per machine, named `…Output` (`BridgeOutput`, `RunnerOutput`,
+//!   `UploaderOutput`, `MarkerOutput`, `EnrollOutput`, …), queued inside the machine and drained
+//!   with `poll_output()` until `None`, so inputs may interleave in any order; polling never
+//!   changes what the machine decided. Bytes to write are always a `Transmit` variant:
+//!   `Transmit(bytes)` where the machine has one peer, `Transmit { to, bytes }` where it has
+//!   several, `to` naming the peer: a [`BridgePeer`], a [`CallToolPeer`], an [`IpcConnId`] (a
+//!   connection on the runner's socket) or a [`ProxyConnId`] (a connection through the trace
+//!   proxy). Things worth a log line are an `Event` variant (`…Event` enums) or, for the
+//!   uploader, `Log`.
 //! - **timers**: machines with timers offer `poll_timeout()` (when to call `handle_timeout(now)`
-//!   next, `None` for never) and `handle_timeout(now)`.
+//!   next, `None` for never) and `handle_timeout(now)`, in the machine's clock.
 //! - **decoders** (tokio-util style) are fed with `push(bytes)` and drained with `decode()` until
 //!   `None`; at end of input, `decode_eof()` yields what a final unterminated line or frame held
 //!   (or the framing error).
+//! - **growth**: output, event and error enums that will gain variants are `#[non_exhaustive]`:
+//!   a driver matches them with a last arm that logs what it does not know. Peers, wire
+//!   messages and the application's answers stay exhaustive. Errors are typed (`thiserror`),
+//!   never a bare `String`.
 //!
+//! `examples/tcp_bridge.rs` drives the runner and bridge sessions over TCP with `std::net` and
+//! threads: the whole contract, timers included, outside the runtime.
+//!
+//! [`BridgePeer`]: session::mcp_bridge::BridgePeer
+//! [`CallToolPeer`]: dialect::call_tool_bridge::CallToolPeer
+//! [`IpcConnId`]: session::runner::IpcConnId
+//! [`ProxyConnId`]: trace::http::ProxyConnId
 //! [`respond`]: session::runner::RunnerSession::respond
 //! [`notify`]: session::runner::RunnerSession::notify
 //! [`request`]: dialect::call_tool::CallToolClient::request
@@ -45,7 +66,7 @@
 //! ```no_run
 //! use std::io::{Read, Write};
 //! use std::time::Instant;
-//! use ac7_protocol::session::mcp_bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer};
+//! use ac7_protocol::session::mcp_bridge::{BridgeConfig, BridgeOutput, BridgeSession, BridgePeer};
 //!
 //! # fn drive(mut stdin: impl Read, mut stdout: impl Write, mut socket: impl Read + Write) -> std::io::Result<()> {
 //! let mut session = BridgeSession::new(BridgeConfig::default());
@@ -61,13 +82,15 @@
 //!     // 2. Drain every output and act on it, in order.
 //!     while let Some(output) = session.poll_output() {
 //!         match output {
-//!             BridgeOutput::Transmit { to: Peer::Agent, bytes } => stdout.write_all(&bytes)?,
-//!             BridgeOutput::Transmit { to: Peer::Runner, bytes } => socket.write_all(&bytes)?,
+//!             BridgeOutput::Transmit { to: BridgePeer::Agent, bytes } => stdout.write_all(&bytes)?,
+//!             BridgeOutput::Transmit { to: BridgePeer::Runner, bytes } => socket.write_all(&bytes)?,
 //!             BridgeOutput::Event(event) => eprintln!("{event:?}"),
 //!             BridgeOutput::Exit(_) => {
 //!                 stdout.flush()?;
 //!                 return Ok(());
 //!             }
+//!             // Outputs a later version adds (the enum is non-exhaustive).
+//!             other => eprintln!("unhandled {other:?}"),
 //!         }
 //!     }
 //! }
@@ -100,7 +123,9 @@
 //! | | [`dialect::call_tool_bridge`] | the `call_tool` bridge: MCP on stdio, validated `call_tool` calls to the parent |
 //! | | [`dialect::ash`] | the Ash dialect: commands and events, the per-connection bridge and the host |
 //! | | [`dialect::codex`] | the JSON-RPC client for `codex app-server` and the channel sink (turn/start vs turn/steer) |
-//! | | [`dialect::schema`] | the JSON Schema subset tool input schemas use |
+//! | | [`dialect::acp`] | the Agent Client Protocol client: session set-up with the ac7 bridge, prompt turns, permission policy |
+//! | | [`dialect::delivery`] | what turn-driven runners share: events for the sink, the bundling window, "not delivered" notices |
+//! | | [`dialect::schema`] | tool input schemas as JSON Schema (Draft 2020-12), compiled once |
 //! | [`domain`] | [`domain::message`] | broker messages: wire shapes, reserved `data` keys, thread routing, visibility (`matches_viewer`) |
 //! | | [`domain::channel`] | how a broker message reaches an agent: self-echo, channel notification meta, Codex `<channel>` text |
 //! | | [`domain::objective`] | the objective lifecycle (active ⇄ blocked → done / cancelled) and who may do what |

@@ -39,7 +39,7 @@ use activity::{
     ActivityEvent, LlmApi, LlmEntry, LlmEntryKind, LlmRequest, LlmResponse, OpaqueEntryKind,
     OpaqueHttpEntry, Truncated,
 };
-use http::{Body, ConnId, Exchange, HttpAssembler, HttpConfig, HttpOutput};
+use http::{Body, Exchange, HttpAssembler, HttpConfig, HttpOutput, ProxyConnId};
 use redact::{preview, redact_header, redact_json};
 
 /// The trace host's settings.
@@ -62,30 +62,31 @@ impl Default for TraceConfig {
 
 /// Something for the trace host.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum TraceOutput {
     /// Bytes to write to the server (only with `rewrite_accept_encoding`).
     Transmit {
         /// The connection.
-        to: ConnId,
+        to: ProxyConnId,
         /// The bytes.
         bytes: Vec<u8>,
     },
     /// A request was fully sent (the member is busy until its event comes out).
     RequestSent {
         /// The connection.
-        conn: ConnId,
+        conn: ProxyConnId,
     },
     /// A finished exchange as an activity event, redacted.
     Event {
         /// The connection.
-        conn: ConnId,
+        conn: ProxyConnId,
         /// The event.
         event: Box<ActivityEvent>,
     },
     /// The connection is relayed but no longer traced.
     Untraced {
         /// The connection.
-        conn: ConnId,
+        conn: ProxyConnId,
         /// Why, for the log.
         reason: String,
     },
@@ -113,27 +114,27 @@ impl Tracer {
     }
 
     /// A decrypted connection to `host` begins.
-    pub fn handle_open(&mut self, conn: ConnId, host: &str, now: u64) {
+    pub fn handle_open(&mut self, conn: ProxyConnId, host: &str, now: u64) {
         self.http.handle_open(conn, host, now);
     }
 
     /// Bytes from the client (`now`: epoch milliseconds).
-    pub fn handle_client_bytes(&mut self, conn: ConnId, bytes: &[u8], now: u64) {
+    pub fn handle_client_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
         self.http.handle_client_bytes(conn, bytes, now);
     }
 
     /// Bytes from the server.
-    pub fn handle_server_bytes(&mut self, conn: ConnId, bytes: &[u8], now: u64) {
+    pub fn handle_server_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
         self.http.handle_server_bytes(conn, bytes, now);
     }
 
     /// The server will send nothing more.
-    pub fn handle_server_eof(&mut self, conn: ConnId, now: u64) {
+    pub fn handle_server_eof(&mut self, conn: ProxyConnId, now: u64) {
         self.http.handle_server_eof(conn, now);
     }
 
     /// The connection is gone.
-    pub fn handle_closed(&mut self, conn: ConnId, now: u64) {
+    pub fn handle_closed(&mut self, conn: ProxyConnId, now: u64) {
         self.http.handle_closed(conn, now);
     }
 
@@ -191,13 +192,40 @@ pub fn llm_api(method: &str, host: &str, target: &str) -> Option<LlmApi> {
     (openai && path.ends_with("/responses")).then_some(LlmApi::OpenaiResponses)
 }
 
+/// Which model API an exchange with a model endpoint the agent is configured with (a gateway
+/// speaking `api`, under any path prefix) speaks: `POST …/v1/messages` is the Anthropic
+/// Messages API, `POST …/responses` the OpenAI Responses API; other requests, none.
+pub fn endpoint_api(method: &str, target: &str, api: LlmApi) -> Option<LlmApi> {
+    if !method.eq_ignore_ascii_case("POST") {
+        return None;
+    }
+    let path = path_of(target);
+    let speaks = match api {
+        LlmApi::AnthropicMessages => path.ends_with("/v1/messages"),
+        LlmApi::OpenaiResponses => path.ends_with("/responses"),
+    };
+    speaks.then_some(api)
+}
+
 /// One finished exchange → its activity event (redacted, capped).
 pub fn exchange_event(exchange: &Exchange, preview_chars: usize) -> ActivityEvent {
+    exchange_event_at(exchange, preview_chars, None)
+}
+
+/// [`exchange_event`] for an exchange with a model endpoint the agent is configured with, which
+/// speaks `endpoint` ([`endpoint_api`]) whatever its host is called.
+pub fn exchange_event_at(
+    exchange: &Exchange,
+    preview_chars: usize,
+    endpoint: Option<LlmApi>,
+) -> ActivityEvent {
     let ts = exchange.started_at;
     let duration = exchange.ended_at.saturating_sub(exchange.started_at);
     let host = exchange.host();
     let request = &exchange.request;
-    match llm_api(&request.method, &host, &request.target) {
+    let api = llm_api(&request.method, &host, &request.target)
+        .or_else(|| endpoint.and_then(|api| endpoint_api(&request.method, &request.target, api)));
+    match api {
         Some(api) => ActivityEvent::LlmExchange {
             ts,
             duration,

@@ -1,5 +1,4 @@
-//! `ac7 connect --url URL`: device-code enrollment from a terminal, and the stored tokens every
-//! verb falls back to.
+//! `ac7 connect --url URL`: device-code enrollment from a terminal; and `ac7 logout`.
 //!
 //! Flow: `POST /enroll {labelHint}` (the host name, or `--label`); print the verification URL
 //! (the broker's `/enroll?code=…`) and the user code; poll `POST /enroll/poll` every `interval`
@@ -7,30 +6,22 @@
 //! app, the enrollment expires, or Ctrl-C / SIGTERM cancels — then nothing is saved. Network or
 //! unexpected answers while polling are reported and retried.
 //!
-//! Storage (our choice, written down): one file per user, `$XDG_CONFIG_HOME/ac7/auth.json`
-//! (default `~/.config/ac7/auth.json`; `AC7_AUTH_FILE` overrides the path), not ac7's
-//! `.ac7/auth.json` walked up from the working directory — a token is a credential of the user,
-//! not of a checkout, and a file in a work tree ends up committed. The directory is created (or
-//! tightened to) `0700` and the file is written atomically with mode `0600`:
-//! `{"schema":1,"entries":[{"url","token","member","savedAt"}]}`, one entry per broker URL
-//! (compared without a trailing `/`). A missing, unreadable or foreign-schema file reads as empty.
-//!
-//! Resolution, for every verb that talks to a broker (`ac7 push/roster/history/objectives/…`,
-//! `ac7 claude-code`, `ac7 codex`, `ac7 run`): `--token` > `AC7_TOKEN` > the stored entry for the
-//! verb's URL.
+//! The token is saved in the store of [`crate::client::tokens`], which every verb that talks
+//! to a broker reads.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+use crate::client::tokens::{self, resolve_token_any};
+use crate::client::{DEFAULT_URL, broker_url, cannot_reach};
 
 /// `ac7 connect`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConnectArgs {
     /// The broker's URL.
-    #[arg(long, env = "AC7_URL", default_value = crate::runner::DEFAULT_URL, value_parser = crate::cli::broker_url)]
+    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL, value_parser = broker_url)]
     pub url: String,
     /// What the approver sees this device as (default: the host name).
     #[arg(long)]
@@ -40,107 +31,40 @@ pub struct ConnectArgs {
     pub no_write: bool,
 }
 
-/// The schema version of the auth file.
-const SCHEMA: u32 = 1;
-
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct AuthFile {
-    schema: u32,
-    entries: Vec<Entry>,
+/// `ac7 logout`.
+#[derive(Debug, clap::Args)]
+pub struct LogoutArgs {
+    /// The broker whose stored token to forget (repeatable; AC7_URL, comma-separated).
+    #[arg(
+        long,
+        env = "AC7_URL",
+        default_value = DEFAULT_URL,
+        value_parser = broker_url,
+        value_delimiter = ',',
+        action = clap::ArgAction::Append
+    )]
+    pub url: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Entry {
-    url: String,
-    token: String,
-    #[serde(default)]
-    member: String,
-    #[serde(default)]
-    saved_at: i64,
-}
-
-/// Where tokens are stored (see the module docs).
-pub fn auth_file_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("AC7_AUTH_FILE").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
+/// `ac7 logout`: forgets the token `ac7 connect` stored for each URL (the token itself stays
+/// valid until an admin rotates it: `ac7 member rotate-token NAME`).
+#[allow(clippy::print_stdout)]
+pub fn logout(args: LogoutArgs) -> anyhow::Result<i32> {
+    let (path, forgot) = tokens::forget(&args.url)?;
+    if forgot {
+        println!(
+            "forgot the token for {} ({}); it stays valid until rotated",
+            args.url.join(", "),
+            path.display()
+        );
+    } else {
+        println!(
+            "no token is stored for {} in {}",
+            args.url.join(", "),
+            path.display()
+        );
     }
-    let base = std::env::var_os("XDG_CONFIG_HOME")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|p| !p.is_empty())
-                .map(|h| PathBuf::from(h).join(".config"))
-        })?;
-    Some(base.join("ac7").join("auth.json"))
-}
-
-fn url_key(url: &str) -> &str {
-    url.trim_end_matches('/')
-}
-
-fn read_file(path: &Path) -> AuthFile {
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<AuthFile>(&b).ok())
-        .filter(|f| f.schema == SCHEMA)
-        .unwrap_or(AuthFile {
-            schema: SCHEMA,
-            entries: Vec::new(),
-        })
-}
-
-/// The stored token for `url`, if any.
-pub fn stored_token(url: &str) -> Option<String> {
-    let path = auth_file_path()?;
-    read_file(&path)
-        .entries
-        .into_iter()
-        .find(|e| url_key(&e.url) == url_key(url))
-        .map(|e| e.token)
-        .filter(|t| !t.is_empty())
-}
-
-/// [`resolve_token`] for a list of replicas' URLs: the given token, else the first stored
-/// entry for any of them.
-pub fn resolve_token_any(given: Option<&str>, urls: &[String]) -> Option<String> {
-    urls.iter().find_map(|url| resolve_token(given, url))
-}
-
-/// `--token` / `AC7_TOKEN` (clap merges them, the flag first), else the stored entry for `url`.
-pub fn resolve_token(given: Option<&str>, url: &str) -> Option<String> {
-    given
-        .filter(|t| !t.is_empty())
-        .map(str::to_owned)
-        .or_else(|| stored_token(url))
-}
-
-/// Saves `token` for `url` (replacing that URL's entry); returns the file's path.
-fn save(url: &str, token: &str, member: &str) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = auth_file_path().context(
-        "cannot tell where to save the token: set XDG_CONFIG_HOME or HOME (or AC7_AUTH_FILE)",
-    )?;
-    let dir = path
-        .parent()
-        .context("the auth file path has no directory")?;
-    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("cannot make {} private (0700)", dir.display()))?;
-    let mut file = read_file(&path);
-    file.entries.retain(|e| url_key(&e.url) != url_key(url));
-    file.entries.push(Entry {
-        url: url_key(url).to_owned(),
-        token: token.to_owned(),
-        member: member.to_owned(),
-        saved_at: crate::clock::now_ms(),
-    });
-    let mut bytes = serde_json::to_vec_pretty(&file)?;
-    bytes.push(b'\n');
-    crate::fsutil::write_atomic_mode(&path, &bytes, 0o600)
-        .with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(path)
+    Ok(0)
 }
 
 fn host_label() -> String {
@@ -163,8 +87,8 @@ enum Polled {
 pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let base = url_key(&args.url).to_owned();
-        let http = crate::tls_client::builder()?
+        let base = tokens::url_key(&args.url).to_owned();
+        let http = crate::sys::tls_client::builder()?
             .timeout(Duration::from_secs(30))
             .build()?;
         let label = args
@@ -177,7 +101,7 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
             .json(&json!({"labelHint": label}))
             .send()
             .await
-            .map_err(|e| crate::operator::cannot_reach(&base, e))?;
+            .map_err(|e| cannot_reach(&base, e))?;
         let status = resp.status();
         let body: Value = resp.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
@@ -272,7 +196,7 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
                 if args.no_write {
                     println!("token: {token}");
                 } else {
-                    let path = save(&base, &token, &member)?;
+                    let path = tokens::save(&base, &token, &member)?;
                     println!("saved to: {}", path.display());
                 }
                 println!("next: ac7 roster --url {base}   (or ac7 claude-code / ac7 codex with --url {base})");
@@ -282,31 +206,38 @@ pub fn connect(args: ConnectArgs) -> anyhow::Result<i32> {
     })
 }
 
-/// The error of a verb that found no token anywhere.
-pub fn no_token(url: &str) -> anyhow::Error {
-    anyhow::anyhow!(
-        "no token for {url}: pass --token, set AC7_TOKEN, or run `ac7 connect --url {url}` once"
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn url_keys_ignore_a_trailing_slash() {
-        assert_eq!(url_key("http://h:1/"), url_key("http://h:1"));
+/// Before a runner (`ac7 claude-code`, `codex`, `run`) starts: when no token resolves for its
+/// URL and a person is at the terminal, offers to run `ac7 connect` now. Elsewhere it does
+/// nothing, and the runner's own error names the command to run. The error is `ac7 connect`'s
+/// when it failed (the runner starts anyway and says what it lacks).
+#[allow(clippy::print_stderr)]
+pub fn offer_connect(given: Option<&str>, urls: &[String]) -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
+    if resolve_token_any(given, urls).is_some()
+        || !std::io::stdin().is_terminal()
+        || !std::io::stderr().is_terminal()
+    {
+        return Ok(());
     }
-
-    #[test]
-    fn a_foreign_or_broken_file_reads_as_empty() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("auth.json");
-        std::fs::write(&p, b"{not json").unwrap();
-        assert!(read_file(&p).entries.is_empty());
-        std::fs::write(&p, br#"{"schema":2,"entries":[{"url":"u","token":"t"}]}"#).unwrap();
-        assert!(read_file(&p).entries.is_empty());
-        std::fs::write(&p, br#"{"schema":1,"entries":[{"url":"u","token":"t"}]}"#).unwrap();
-        assert_eq!(read_file(&p).entries.len(), 1);
+    let url = urls.first().map_or(DEFAULT_URL, String::as_str).to_owned();
+    eprint!(
+        "ac7: no token for {url}. Connect this device now with `ac7 connect --url {url}` (an admin approves it)? [Y/n] "
+    );
+    let mut answer = String::new();
+    if std::io::stdin().read_line(&mut answer).is_err() {
+        return Ok(());
     }
+    let answer = answer.trim();
+    if !(answer.is_empty()
+        || answer.eq_ignore_ascii_case("y")
+        || answer.eq_ignore_ascii_case("yes"))
+    {
+        return Ok(());
+    }
+    let args = ConnectArgs {
+        url,
+        label: None,
+        no_write: false,
+    };
+    connect(args).map(|_| ())
 }

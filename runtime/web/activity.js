@@ -4,7 +4,8 @@
 // tab of the objective page) from `GET /objectives/:id/activity` with usage totals.
 // Everything is rendered as text: prompts and tool output never become HTML.
 
-import { api, fmtTime, fmtTokens, h, mount, route, toast } from './core.js';
+import { fmtTime, fmtTokens, h, mount, route, toast } from './core.js';
+import { memberActivity, objectiveActivity } from './api.js';
 
 const MAX_ROWS = 500;
 
@@ -158,7 +159,7 @@ function feed({ params, el }) {
     const oldest = Math.min(...rows.keys());
     if (!Number.isFinite(oldest)) return;
     try {
-      const r = await api('GET', '/members/' + encodeURIComponent(name) + '/activity?limit=100&before_id=' + oldest);
+      const r = await memberActivity(name, { limit: 100, before_id: oldest });
       if ((r.activity || []).length < 100) older.hidden = true;
       add(r.activity || []);
     } catch (e) {
@@ -170,7 +171,7 @@ function feed({ params, el }) {
     h(
       'section',
       { class: 'page activity' },
-      h('nav', { class: 'crumbs' }, h('a', { href: '/@' + name }, name), ' / activity'),
+      h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '/@' + name }, name), ' / activity'),
       h('h1', null, 'Activity of ' + name, ' ', dot),
       sum,
       older,
@@ -181,7 +182,7 @@ function feed({ params, el }) {
   let stopped = false;
   (async () => {
     try {
-      const r = await api('GET', '/members/' + encodeURIComponent(name) + '/activity?limit=200');
+      const r = await memberActivity(name, { limit: 200 });
       add(r.activity || []);
     } catch (e) {
       mount(el, h('div', { class: 'error-box', role: 'alert' }, e.message));
@@ -207,7 +208,7 @@ function feed({ params, el }) {
     });
     // An unknown resume id: re-read the newest page.
     es.addEventListener('reset', () => {
-      api('GET', '/members/' + encodeURIComponent(name) + '/activity?limit=200')
+      memberActivity(name, { limit: 200 })
         .then((r) => add(r.activity || []))
         .catch(() => {});
     });
@@ -227,7 +228,7 @@ route('/members/:name/activity', feed);
 export function objectiveTrace(el, o) {
   let alive = true;
   mount(el, h('p', { class: 'muted' }, 'Loading trace…'));
-  api('GET', '/objectives/' + encodeURIComponent(o.id) + '/activity?limit=1000')
+  objectiveActivity(o.id, { limit: 1000 })
     .then((r) => {
       if (!alive) return;
       const rows = (r.activity || []).slice().sort((a, b) => a.id - b.id);

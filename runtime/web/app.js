@@ -3,7 +3,6 @@
 // the router. View modules register their routes when imported (imports run first).
 
 import {
-  api,
   applyTheme,
   can,
   h,
@@ -12,6 +11,7 @@ import {
   navigate,
   onConnection,
   render,
+  viewFailed,
   resetLive,
   setIdentity,
   setOutlet,
@@ -21,9 +21,12 @@ import {
   startRouter,
   theme,
 } from './core.js';
+import { getSession, signOut } from './api.js';
 import { signInScreen } from './signin.js';
-import { badge, loadAll, onChange, presenceDot, startSync, state, stopSync, unread } from './chat.js';
+import { badge, inboxItems, loadAll, onChange, presenceDot, startSync, state, stopSync, unread } from './store.js';
+import './chat.js';
 import './members.js';
+import { disablePush, startWorker } from './push.js';
 
 const root = document.getElementById('app');
 let shell = null; // {view, nav, banner} once built
@@ -37,7 +40,7 @@ async function boot() {
   setOutlet(null, onRouteChange);
   let s = null;
   try {
-    s = await api('GET', '/session');
+    s = await getSession();
   } catch (e) {
     if (e.status !== 401) {
       mount(root, h('main', { class: 'signin' }, h('div', { class: 'card stack' }, h('h1', null, 'ac7'), h('p', { class: 'error' }, 'The broker did not answer: ' + e.message), h('button', { onClick: () => location.reload() }, 'Reload'))));
@@ -91,6 +94,8 @@ function showSignIn() {
   );
 }
 
+let lastPath = null;
+
 // Where a route renders: bare pages (setup) straight into #app, others into the shell.
 function onRouteChange(path, opts) {
   opts = opts || {};
@@ -105,8 +110,15 @@ function onRouteChange(path, opts) {
     mount(root, page);
     return page;
   }
+  const fresh = !shell;
   if (!shell) buildShell();
   drawNav();
+  // After an in-app navigation to another page focus goes to the new view (not left on
+  // <body> or on the nav link clicked), so keyboard and screen-reader users land on it. A
+  // view re-rendered in place (live updates) keeps focus where it is.
+  const moved = path !== lastPath;
+  lastPath = path;
+  if (!fresh && moved) queueMicrotask(() => shell && shell.view.focus({ preventScroll: true }));
   return shell.view;
 }
 
@@ -130,10 +142,11 @@ function buildShell() {
       '☰',
     ),
     h('a', { href: '/', class: 'brand' }, 'ac7'),
-    h('button', { class: 'pill', onClick: openPalette, 'aria-label': 'Jump to (Ctrl+K)' }, 'Jump to member, channel, objective… ', h('kbd', null, 'Ctrl K')),
+    h('button', { class: 'pill', onClick: openPalette, 'aria-keyshortcuts': 'Control+K Meta+K' }, 'Jump to member, channel, objective… ', h('kbd', null, 'Ctrl K')),
     h('button', { class: 'icon', 'aria-label': 'Theme: ' + theme(), title: 'Theme', onClick: cycleTheme }, '◐'),
   );
-  mount(root, h('div', { class: 'shell' }, header, banner, nav, h('div', { class: 'scrim', onClick: closeOverlays }), view));
+  const skip = h('a', { class: 'skip', href: '#view', 'data-external': '', onClick: (ev) => (ev.preventDefault(), view.focus()) }, 'Skip to content');
+  mount(root, h('div', { class: 'shell' }, skip, header, banner, nav, h('div', { class: 'scrim', onClick: closeOverlays }), view));
   shell = { view, nav, banner };
 }
 
@@ -153,7 +166,7 @@ function drawNav() {
   if (!shell) return;
   const me = identity().member;
   const team = state.briefing && state.briefing.team;
-  const inboxN = unreadTotal();
+  const inboxN = inboxItems().length;
   const mineOpen = state.objectives.filter((o) => o.assignee === me && (o.status === 'active' || o.status === 'blocked')).length;
   const joined = state.channels.filter((c) => c.joined);
   joined.sort((a, b) => (a.id === 'general' ? -1 : b.id === 'general' ? 1 : b.createdAt - a.createdAt));
@@ -183,8 +196,10 @@ function drawNav() {
         {
           class: 'link',
           onClick: async () => {
+            // This browser stops notifying the member who leaves it.
+            await disablePush().catch(() => {});
             try {
-              await api('POST', '/session/logout');
+              await signOut();
             } catch {
               /* signed out either way */
             }
@@ -198,21 +213,21 @@ function drawNav() {
   );
 }
 
-function unreadTotal() {
-  let n = 0;
-  for (const c of state.channels) if (c.joined) n += unread(c.id === 'general' ? 'general' : 'chan:' + c.id);
-  for (const t of state.teammates) n += unread('dm:' + t.name);
-  return n;
-}
-
 onChange(() => {
   drawNav();
-  const n = identity() ? unreadTotal() : 0;
+  // The title counts what the Inbox lists (the nav badge is the same number).
+  const n = identity() ? inboxItems().length : 0;
   document.title = (n ? '(' + n + ') ' : '') + 'ac7';
 });
 
 onConnection((up) => {
   if (shell) shell.banner.hidden = up;
+  // Presence is not known while the stream is down: every dot greys out.
+  document.body.classList.toggle('disconnected', !up);
+  // A view that failed while the broker was unreachable renders again.
+  if (up && viewFailed()) render();
+  // The service worker (offline start, notifications), once the app itself has loaded.
+  if (up) startWorker();
 });
 
 // ---------------------------------------------------------------- command palette
@@ -273,9 +288,10 @@ function openPalette() {
       .slice(0, 20)
       .map((x) => x.it);
     cur = Math.min(cur, Math.max(0, shown.length - 1));
+    input.setAttribute('aria-activedescendant', shown.length ? 'palette-opt-' + cur : '');
     list.replaceChildren(
       ...shown.map((it, i) =>
-        h('li', { role: 'option', 'aria-selected': i === cur ? 'true' : 'false', class: i === cur ? 'sel' : null, onMousedown: (ev) => (ev.preventDefault(), go(it)), onMousemove: () => i !== cur && ((cur = i), draw()) }, it.label),
+        h('li', { id: 'palette-opt-' + i, role: 'option', 'aria-selected': i === cur ? 'true' : 'false', class: i === cur ? 'sel' : null, onMousedown: (ev) => (ev.preventDefault(), go(it)), onMousemove: () => i !== cur && ((cur = i), draw()) }, it.label),
       ),
     );
   };
@@ -368,8 +384,7 @@ document.addEventListener('keydown', (ev) => {
 
 boot();
 
-// ---- Q2 views (objectives, files, activity): imports below this line ----
+// The other views register their routes when imported.
 import './objectives.js';
 import './files.js';
 import './activity.js';
-// ---- end of Q2 views ----

@@ -2,6 +2,8 @@
 // identity, toasts and formatting. Every view module imports from here; nothing here
 // knows about a particular screen. No dependencies, no build step (see README "The web app").
 
+import { getSession } from './api.js';
+
 // ---------------------------------------------------------------- DOM builder
 
 const PROPS = new Set(['value', 'checked', 'disabled', 'selected', 'hidden', 'multiple']);
@@ -47,6 +49,45 @@ export function safeUrl(u) {
   if (/^(https?:|mailto:|blob:)/i.test(u)) return u;
   if (/^data:image\/(png|gif|jpeg|webp);/i.test(u)) return u;
   return '#';
+}
+
+// ---------------------------------------------------------------- inline text formatting
+
+// `code`, **bold**, *italic* / _italic_, [label](http(s) URL) and bare http(s) URLs. The text
+// is never parsed as HTML: each piece becomes a text node or an element built here, and a
+// link's address goes through safeUrl.
+const INLINE = new RegExp(
+  [
+    '(`+)([^`]|[^`][\\s\\S]*?[^`])\\1(?!`)', // 1, 2: code (any backtick run, matched in length)
+    '\\*\\*(?=\\S)([\\s\\S]*?\\S)\\*\\*', // 3: bold
+    '(?<![\\w*])\\*(?=[^\\s*])([^*\\n]*?[^\\s*])\\*(?![\\w*])', // 4: italic
+    '(?<![\\w_])_(?=[^\\s_])([^_\\n]*?[^\\s_])_(?![\\w_])', // 5: italic
+    '\\[([^\\]\\n]+)\\]\\((https?:\\/\\/[^\\s()<>]+)\\)', // 6, 7: labelled link
+    '\\bhttps?:\\/\\/[^\\s<>"\']*[^\\s<>"\'.,;:!?)\\]]', // bare link
+  ].join('|'),
+  'g',
+);
+
+function link(href, label) {
+  return h('a', { href, target: '_blank', rel: 'noopener noreferrer', 'data-external': '' }, label);
+}
+
+export function inlineNodes(text, depth = 0) {
+  const out = [];
+  let at = 0;
+  for (const m of String(text).matchAll(INLINE)) {
+    if (m.index > at) out.push(text.slice(at, m.index));
+    at = m.index + m[0].length;
+    const inner = (s) => (depth < 4 ? inlineNodes(s, depth + 1) : s);
+    if (m[1]) out.push(h('code', null, m[2].length > 2 && m[2].startsWith(' ') && m[2].endsWith(' ') ? m[2].slice(1, -1) : m[2]));
+    else if (m[3] !== undefined) out.push(h('strong', null, inner(m[3])));
+    else if (m[4] !== undefined) out.push(h('em', null, inner(m[4])));
+    else if (m[5] !== undefined) out.push(h('em', null, inner(m[5])));
+    else if (m[6] !== undefined) out.push(link(m[7], m[6]));
+    else out.push(link(m[0], m[0]));
+  }
+  if (at < text.length) out.push(text.slice(at));
+  return out;
 }
 
 // Replaces an element's children.
@@ -165,6 +206,12 @@ let outlet = null; // where views render
 let cleanup = null;
 let renderToken = null;
 let onRouteChange = () => {};
+let failed = false; // the current view's render threw (shown as an error box)
+
+// Whether the view on screen failed to render (app.js renders it again on reconnect).
+export function viewFailed() {
+  return failed;
+}
 
 const esc = (s) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
@@ -237,6 +284,7 @@ export async function render() {
   el.replaceChildren();
   const token = {};
   renderToken = token;
+  failed = false;
   try {
     const c = await m.route.render({ params: m.params, query, el, path });
     if (renderToken !== token) {
@@ -250,6 +298,7 @@ export async function render() {
   } catch (e) {
     if (renderToken !== token) return;
     if (e instanceof ApiError && e.status === 401) return;
+    failed = true;
     el.replaceChildren(h('div', { class: 'error-box', role: 'alert' }, String(e.message || e)));
   }
 }
@@ -300,7 +349,8 @@ let everOpened = false;
 
 // live('*', fn) gets every message; live('objective', fn) those whose data.kind is
 // 'objective'; live('reset', fn) the broker's reset notice (refetch what you show);
-// live('open', fn) every (re)connection. Returns the unsubscribe function.
+// live('open', fn) every (re)connection; live('presence', fn) a member's presence changed.
+// Returns the unsubscribe function.
 export function live(kind, fn) {
   const l = { kind, fn };
   listeners.add(l);
@@ -383,6 +433,18 @@ export function startLive() {
     else if (msg && msg.id) lastId = msg.id;
     emitMessage(msg);
   });
+  // A member's presence changed on the broker (a stream opened or closed, a busy report
+  // started or ended): {type: 'presence', name}.
+  es.addEventListener('presence', (ev) => {
+    if (source !== es) return;
+    let p = null;
+    try {
+      p = JSON.parse(ev.data);
+    } catch {
+      return;
+    }
+    emit('presence', p);
+  });
   es.addEventListener('reset', (ev) => {
     if (source !== es) return;
     let r = null;
@@ -404,7 +466,7 @@ export function startLive() {
       clearTimeout(retryTimer);
       retryTimer = setTimeout(async () => {
         try {
-          await api('GET', '/session');
+          await getSession();
         } catch (e) {
           if (e.status === 401) {
             onUnauthorized(e);
@@ -436,18 +498,24 @@ export function resetLive() {
 
 const TOAST_MS = { info: 5000, success: 5000, warn: 7000, error: 7000 };
 
-// toast('Saved', 'success'); levels info | success | warn | error.
-export function toast(text, level = 'info') {
+// toast('Saved', 'success'); levels info | success | warn | error. With
+// action = {label, href} the toast gets a button that opens href (and clicking its text does too).
+export function toast(text, level = 'info', action) {
   let box = document.getElementById('toasts');
   if (!box) {
     box = h('div', { id: 'toasts', class: 'toasts' });
     document.body.appendChild(box);
   }
   const role = level === 'error' || level === 'warn' ? 'alert' : 'status';
+  const open = () => {
+    t.remove();
+    navigate(action.href);
+  };
   const t = h(
     'div',
-    { class: 'toast toast-' + level, role },
-    h('span', null, text),
+    { class: 'toast toast-' + level + (action ? ' actionable' : ''), role },
+    h('span', { onClick: action ? open : null }, text),
+    action ? h('button', { class: 'link', onClick: open }, action.label) : null,
     h('button', { class: 'icon', 'aria-label': 'Dismiss', onClick: () => t.remove() }, '×'),
   );
   box.appendChild(t);

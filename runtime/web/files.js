@@ -8,8 +8,9 @@
 //  * anything else: size, type and a download link.
 // Downloads go to /fs/read/…, which the broker serves as an attachment in a sandbox.
 
-import { api, can, confirmAction, fmtBytes, fmtTime, fsUrl, h, identity, mount, navigate, route, toast } from './core.js';
-import { uploadFile } from './chat.js';
+import { can, confirmAction, fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, mount, navigate, route, toast } from './core.js';
+import { allFiles, listDir, removeFile, sharedFiles, statFile } from './api.js';
+import { uploadFile } from './thread.js';
 
 const TEXT_MAX = 1024 * 1024;
 const IMAGE_MAX = 25 * 1024 * 1024;
@@ -36,7 +37,7 @@ function crumbs(path) {
     out.push(' / ');
     out.push(h('a', { href: '/files/' + segs.slice(0, i + 1).map(encodeURIComponent).join('/') }, s));
   });
-  return h('nav', { class: 'crumbs' }, out);
+  return h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, out);
 }
 
 function entryRow(e, onDelete) {
@@ -66,7 +67,7 @@ export function markdownNodes(text) {
   let para = [];
   let list = null;
   const flush = () => {
-    if (para.length) out.push(h('p', null, para.join(' ')));
+    if (para.length) out.push(h('p', null, inlineNodes(para.join(' '))));
     para = [];
     list = null;
   };
@@ -84,17 +85,17 @@ export function markdownNodes(text) {
     const item = /^\s*(?:[-*+]|\d+\.)\s+(.*)$/.exec(l);
     if (head) {
       flush();
-      out.push(h('h' + Math.min(head[1].length + 1, 6), null, head[2]));
+      out.push(h('h' + Math.min(head[1].length + 1, 6), null, inlineNodes(head[2])));
     } else if (item) {
       if (para.length) flush();
       if (!list) {
         list = h('ul');
         out.push(list);
       }
-      list.appendChild(h('li', null, item[1]));
+      list.appendChild(h('li', null, inlineNodes(item[1])));
     } else if (l.startsWith('>')) {
       flush();
-      out.push(h('blockquote', null, l.replace(/^>\s?/, '')));
+      out.push(h('blockquote', null, inlineNodes(l.replace(/^>\s?/, ''))));
     } else if (!l.trim()) {
       flush();
     } else {
@@ -155,7 +156,7 @@ async function listing(el, path, entries, opts = {}) {
     ? async (e) => {
         if (!confirmAction('Delete ' + e.path + (e.kind === 'directory' ? ' and everything in it' : '') + '?')) return;
         try {
-          await api('DELETE', '/fs/rm?' + new URLSearchParams({ path: e.path, recursive: 'true' }));
+          await removeFile(e.path);
           navigate(location.pathname, { replace: true });
         } catch (err) {
           toast(err.message, 'error');
@@ -183,7 +184,7 @@ async function listing(el, path, entries, opts = {}) {
     h(
       'section',
       { class: 'page files' },
-      opts.title ? h('h1', null, opts.title) : crumbs(path || '/'),
+      opts.title ? h('h1', null, opts.title) : [h('h1', { class: 'sr-only' }, 'Files in ' + (path || '/')), crumbs(path || '/')],
       h(
         'div',
         { class: 'actions' },
@@ -201,27 +202,27 @@ route('/files/*', async ({ params, el, query }) => {
   const rest = params.rest || '';
   const view = query.get('view');
   if (!rest && view === 'shared') {
-    const r = await api('GET', '/fs/shared');
+    const r = await sharedFiles();
     return listing(el, null, r.entries || [], { title: 'Shared with me', flat: true });
   }
   if (!rest && view === 'all') {
-    const r = await api('GET', '/fs/all');
+    const r = await allFiles();
     return listing(el, null, r.entries || [], { title: 'All files', flat: true });
   }
   if (!rest) {
     if (!can('members.manage')) return navigate('/files/' + identity().member, { replace: true });
-    const r = await api('GET', '/fs/ls?path=/');
+    const r = await listDir('/');
     return listing(el, '/', r.entries || []);
   }
   const path = '/' + rest.replace(/\/+$/, '');
   let entry = null;
   try {
-    entry = (await api('GET', '/fs/stat?' + new URLSearchParams({ path }))).entry;
+    entry = (await statFile(path)).entry;
   } catch (e) {
     // Your own empty home does not exist until the first upload.
     if (e.status !== 404) throw e;
   }
   if (entry && entry.kind !== 'directory') return preview(el, entry);
-  const r = await api('GET', '/fs/ls?' + new URLSearchParams({ path }));
+  const r = await listDir(path);
   return listing(el, path, r.entries || []);
 });

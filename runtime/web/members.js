@@ -2,8 +2,11 @@
 // profiles, the viewer's account page, pending device enrollments and the
 // /enroll?code= approval page.
 
-import { api, can, confirmAction, fmtTime, h, identity, mount, navigate, route, setTheme, theme, toast } from './core.js';
-import { isBusy, isOnline, loadRoster, onChange, permSummary, presenceDot, state } from './chat.js';
+import { can, confirmAction, fmtTime, h, identity, mount, navigate, route, setTheme, theme, toast } from './core.js';
+import { approveEnrollment, confirmTotp, createMember, deleteMember, enrollTotp, getMembers, getPresets, getTokens, pendingEnrollments, rejectEnrollment, revokeToken, rotateToken, updateMember } from './api.js';
+import { notificationsSwitch } from './push.js';
+import { isBusy, isOnline, loadRoster, onChange, presenceDot, state } from './store.js';
+import { permSummary } from './chat.js';
 import { confirmCode, totpReveal } from './signin.js';
 
 // The seven leaf permissions, in canonical order.
@@ -19,7 +22,7 @@ export const LEAVES = [
 
 async function presets() {
   try {
-    return (await api('GET', '/team/presets')).presets || {};
+    return (await getPresets()).presets || {};
   } catch {
     return {};
   }
@@ -108,19 +111,23 @@ route('/members', ({ el }) => {
   const form = h('div', { hidden: true });
   let timer = null;
 
+  let members = state.teammates;
   const drawList = async () => {
-    let members = state.teammates;
     try {
-      members = (await api('GET', '/members')).members || [];
+      members = (await getMembers()).members || [];
     } catch (e) {
       toast(e.message, 'error');
     }
+    drawRows();
+  };
+  // Presence comes from the shared roster: redrawn on every change of it.
+  const drawRows = () => {
     mount(
       list,
       h(
         'table',
         { class: 'members' },
-        h('thead', null, h('tr', null, h('th', null, ''), h('th', null, 'Name'), h('th', null, 'Role'), h('th', null, 'Permissions'), h('th', null, 'State'))),
+        h('thead', null, h('tr', null, h('th', null, h('span', { class: 'sr-only' }, 'Presence')), h('th', null, 'Name'), h('th', null, 'Role'), h('th', null, 'Permissions'), h('th', null, 'State'))),
         h(
           'tbody',
           null,
@@ -143,7 +150,7 @@ route('/members', ({ el }) => {
   const drawPending = async () => {
     let rows;
     try {
-      rows = (await api('GET', '/enroll/pending')).enrollments || [];
+      rows = (await pendingEnrollments()).enrollments || [];
     } catch {
       return;
     }
@@ -174,7 +181,7 @@ route('/members', ({ el }) => {
                 onClick: async () => {
                   if (!confirmAction('Reject device ' + r.userCode + '?')) return;
                   try {
-                    await api('POST', '/enroll/reject', { userCode: r.userCode, reason: 'rejected from the members page' });
+                    await rejectEnrollment(r.userCode, 'rejected from the members page');
                     drawPending();
                   } catch (e) {
                     toast(e.message, 'error');
@@ -191,7 +198,7 @@ route('/members', ({ el }) => {
 
   const openForm = async () => {
     form.hidden = false;
-    const name = h('input', { required: true, pattern: '[A-Za-z0-9._-]+', maxlength: 128, 'aria-label': 'Name' });
+    const name = h('input', { required: true, pattern: '[A-Za-z0-9._\\-]+', maxlength: 128, 'aria-label': 'Name' });
     const title = h('input', { required: true, value: 'engineer', maxlength: 64, 'aria-label': 'Role title' });
     const desc = h('input', { maxlength: 512, 'aria-label': 'Role description' });
     const instr = h('textarea', { rows: 3, maxlength: 8192, 'aria-label': 'Instructions' });
@@ -207,7 +214,7 @@ route('/members', ({ el }) => {
             ev.preventDefault();
             err.textContent = '';
             try {
-              const r = await api('POST', '/members', {
+              const r = await createMember({
                 name: name.value.trim(),
                 role: { title: title.value.trim(), description: desc.value },
                 instructions: instr.value,
@@ -249,11 +256,15 @@ route('/members', ({ el }) => {
     ),
   );
   drawList();
+  const off = onChange(drawRows);
   if (admin) {
     drawPending();
     timer = setInterval(drawPending, 5000);
   }
-  return () => clearInterval(timer);
+  return () => {
+    off();
+    clearInterval(timer);
+  };
 });
 
 // ---------------------------------------------------------------- profile
@@ -265,7 +276,7 @@ route('/@:name', async ({ el, params }) => {
   let m = state.teammates.find((t) => t.name === name);
   if (admin) {
     try {
-      m = ((await api('GET', '/members')).members || []).find((x) => x.name === name) || m;
+      m = ((await getMembers()).members || []).find((x) => x.name === name) || m;
     } catch {
       /* the roster copy will do */
     }
@@ -315,15 +326,16 @@ function selfTools(reveal) {
   return h('div', { class: 'stack' }, h('h2', null, 'Credentials'), h('div', { class: 'row' }, rotateButton(me, reveal), totpButton(me, reveal)));
 }
 
-function rotateButton(name, reveal) {
+function rotateButton(name, reveal, after) {
   return h(
     'button',
     {
       onClick: async () => {
         if (!confirmAction('Rotate all tokens of ' + name + '? Every agent and device using them stops working until given the new one.')) return;
         try {
-          const r = await api('POST', '/members/' + encodeURIComponent(name) + '/rotate-token');
+          const r = await rotateToken(name);
           reveal.prepend(secretBanner('New token for ' + name, r.token));
+          if (after) after();
         } catch (e) {
           toast(e.message, 'error');
         }
@@ -340,7 +352,7 @@ function totpButton(name, reveal) {
       onClick: async () => {
         let r;
         try {
-          r = await api('POST', '/members/' + encodeURIComponent(name) + '/enroll-totp');
+          r = await enrollTotp(name);
         } catch (e) {
           toast(e.message, 'error');
           return;
@@ -353,7 +365,7 @@ function totpButton(name, reveal) {
           totpReveal(r),
           confirmCode(
             'Type the code the app shows now to switch to the new secret',
-            (code) => api('POST', '/members/' + encodeURIComponent(name) + '/enroll-totp/confirm', { code }),
+            (code) => confirmTotp(name, code),
             () => {
               box.replaceChildren(h('p', { class: 'notice', role: 'status' }, 'Authenticator enrolled for ' + name + '. Sign in with it from now on.'));
             },
@@ -369,11 +381,10 @@ function totpButton(name, reveal) {
 
 async function manage(m, reveal) {
   const name = m.name;
-  const path = '/members/' + encodeURIComponent(name);
   const saved = h('p', { class: 'muted', role: 'status' });
   const patch = async (body) => {
     try {
-      await api('PATCH', path, body);
+      await updateMember(name, body);
       saved.textContent = 'Saved. Restart any running agents for changes to take effect.';
       loadRoster().catch(() => {});
     } catch (e) {
@@ -389,7 +400,7 @@ async function manage(m, reveal) {
   const drawTokens = async () => {
     let list = [];
     try {
-      list = (await api('GET', path + '/tokens')).tokens || [];
+      list = (await getTokens(name)).tokens || [];
     } catch (e) {
       mount(tokens, h('li', { class: 'error' }, e.message));
       return;
@@ -410,11 +421,12 @@ async function manage(m, reveal) {
               onClick: async () => {
                 if (!confirmAction('Revoke token "' + (t.label || t.id) + '"?')) return;
                 try {
-                  await api('DELETE', path + '/tokens/' + encodeURIComponent(t.id));
-                  drawTokens();
+                  await revokeToken(name, t.id);
                 } catch (e) {
                   toast(e.message, 'error');
                 }
+                // Either way the list shows what the broker holds now.
+                drawTokens();
               },
             },
             'revoke',
@@ -450,7 +462,7 @@ async function manage(m, reveal) {
     h(
       'div',
       { class: 'row' },
-      rotateButton(name, reveal),
+      rotateButton(name, reveal, drawTokens),
       totpButton(name, reveal),
       h(
         'button',
@@ -459,7 +471,7 @@ async function manage(m, reveal) {
           onClick: async () => {
             if (!confirmAction('Delete member ' + name + '? All of their tokens are revoked.')) return;
             try {
-              await api('DELETE', path);
+              await deleteMember(name);
               await loadRoster();
               navigate('/members');
             } catch (e) {
@@ -492,6 +504,7 @@ route('/account', ({ el }) => {
       h('h1', null, 'Account'),
       h('p', null, 'Signed in as ', h('a', { href: '/@' + me }, me), '.'),
       h('label', null, 'Theme ', sel),
+      notificationsSwitch(),
       reveal,
       selfTools(reveal),
       h('h2', null, 'Keyboard'),
@@ -514,10 +527,13 @@ route('/account', ({ el }) => {
 
 // ---------------------------------------------------------------- /enroll?code=
 
-const CODE_ALPHABET = /^[23456789ABCDEFGHJKLMNPQRSTUVWXYZ]{8}$/;
+// Crockford's base32: digits and letters without I, L, O, U.
+const CODE_ALPHABET = /^[0-9A-HJKMNP-TV-Z]{8}$/;
 
+// What a human typed → the stored form: upper-case, no spaces or hyphens, and the letters a
+// code never holds read as the digits they look like (O → 0, I and L → 1).
 export function normCode(s) {
-  return s.toUpperCase().replace(/[\s-]/g, '');
+  return s.toUpperCase().replace(/[\s-]/g, '').replace(/O/g, '0').replace(/[IL]/g, '1');
 }
 
 route('/enroll', async ({ el, query }) => {
@@ -534,12 +550,12 @@ route('/enroll', async ({ el, query }) => {
     if (ev) ev.preventDefault();
     const code = normCode(input.value);
     if (!CODE_ALPHABET.test(code)) {
-      mount(out, h('p', { class: 'error' }, 'A code is 8 characters from 2–9 and A–Z without I and O, like ABCD-EF23.'));
+      mount(out, h('p', { class: 'error' }, 'A code is 8 characters from 0–9 and A–Z without I, L, O and U, like ABCD-EF23.'));
       return;
     }
     let rows;
     try {
-      rows = (await api('GET', '/enroll/pending')).enrollments || [];
+      rows = (await pendingEnrollments()).enrollments || [];
     } catch (e) {
       mount(out, h('p', { class: 'error' }, e.message));
       return;
@@ -569,7 +585,7 @@ async function approveCard(out, r, me) {
   const others = state.teammates.map((t) => t.name).filter((n) => n !== me);
   const bind = h('select', { 'aria-label': 'Existing member' }, [...others, me].map((n) => h('option', { value: n }, n)));
   const label = h('input', { value: r.labelHint || '', maxlength: 64, 'aria-label': 'Token label (optional)' });
-  const newName = h('input', { pattern: '[A-Za-z0-9._-]+', maxlength: 128, 'aria-label': 'New member name' });
+  const newName = h('input', { pattern: '[A-Za-z0-9._\\-]+', maxlength: 128, 'aria-label': 'New member name' });
   const title = h('input', { value: 'engineer', maxlength: 64, 'aria-label': 'Role title' });
   const desc = h('input', { maxlength: 512, 'aria-label': 'Role description' });
   const instr = h('textarea', { rows: 2, maxlength: 8192, 'aria-label': 'Instructions' });
@@ -613,7 +629,7 @@ async function approveCard(out, r, me) {
             : { mode: 'bind', userCode: r.userCode, memberName: bind.value };
           if (label.value.trim()) body.label = label.value.trim();
           try {
-            const res = await api('POST', '/enroll/approve', body);
+            const res = await approveEnrollment(body);
             clearInterval(timer);
             mount(out, h('p', { class: 'notice', role: 'status' }, 'Approved: code ' + r.userCode + ' is bound to ' + res.member.name + '. The device receives its token on its next poll.'));
             loadRoster().catch(() => {});
@@ -641,7 +657,7 @@ async function approveCard(out, r, me) {
             onClick: async () => {
               if (!confirmAction('Reject device ' + r.userCode + '?')) return;
               try {
-                await api('POST', '/enroll/reject', { userCode: r.userCode, reason: 'rejected from the web app' });
+                await rejectEnrollment(r.userCode, 'rejected from the web app');
                 clearInterval(timer);
                 mount(out, h('p', { class: 'notice' }, 'Rejected ' + r.userCode + '.'));
               } catch (e) {

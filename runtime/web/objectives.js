@@ -3,8 +3,10 @@
 // trace). Every action re-reads the objective; live objective events refresh an open
 // detail page and the list.
 
-import { api, can, confirmAction, fmtTime, h, identity, live, mount, navigate, route, toast } from './core.js';
-import { addMessages, loadObjectives, messageRow, state, thread } from './chat.js';
+import { can, confirmAction, fmtTime, h, identity, inlineNodes, live, mount, navigate, route, toast } from './core.js';
+import { createObjective, discussObjective, getObjective, getObjectives, objectiveAction, updateObjective } from './api.js';
+import { addMessages, loadObjectives, showingThread, state, thread } from './store.js';
+import { messageRow } from './thread.js';
 import { objectiveTrace } from './activity.js';
 
 const STATUSES = ['active', 'blocked', 'done', 'cancelled'];
@@ -21,10 +23,10 @@ function field(label, input, hint) {
   return h('label', { class: 'field' }, h('span', null, label), input, hint ? h('small', { class: 'muted' }, hint) : null);
 }
 
-function select(name, options, value) {
+function select(name, options, value, label) {
   return h(
     'select',
-    { name },
+    { name, 'aria-label': label || null },
     options.map(([v, text]) => h('option', { value: v, selected: v === value }, text)),
   );
 }
@@ -38,7 +40,7 @@ route('/objectives', async ({ el, query }) => {
   const q = new URLSearchParams();
   if (status) q.set('status', status);
   if (assignee) q.set('assignee', assignee);
-  const r = await api('GET', '/objectives' + (q.toString() ? '?' + q : ''));
+  const r = await getObjectives(q);
   const list = r.objectives || [];
   const apply = (ev) => {
     const f = new FormData(ev.target.form);
@@ -124,7 +126,7 @@ route('/objectives/new', ({ el }) => {
     const btn = form.querySelector('button[type=submit]');
     btn.disabled = true;
     try {
-      const o = await api('POST', '/objectives', body);
+      const o = await createObjective(body);
       loadObjectives().catch(() => {});
       navigate('/objectives/' + encodeURIComponent(o.id));
     } catch (e) {
@@ -189,7 +191,7 @@ route('/objectives/:id', async ({ params, el, query }) => {
   async function draw() {
     for (const c of cleanups) c();
     cleanups = [];
-    const { objective: o, events } = await api('GET', '/objectives/' + encodeURIComponent(id));
+    const { objective: o, events } = await getObjective(id);
     const terminal = o.status === 'done' || o.status === 'cancelled';
     const mayUpdate = o.assignee === me || can('objectives.cancel');
     const mayComplete = o.assignee === me;
@@ -197,8 +199,8 @@ route('/objectives/:id', async ({ params, el, query }) => {
     const mayReassign = can('objectives.reassign');
     const mayWatch = o.originator === me || can('objectives.watch');
     const inThread = [o.assignee, o.originator, ...o.watchers].includes(me) || can('members.manage');
-    const act = (method, path, body) => async (value) => {
-      await api(method, '/objectives/' + encodeURIComponent(id) + path, body(value));
+    const act = (path, body) => async (value) => {
+      await (path ? objectiveAction(id, path, body(value)) : updateObjective(id, body(value)));
       loadObjectives().catch(() => {});
       await draw();
     };
@@ -207,25 +209,25 @@ route('/objectives/:id', async ({ params, el, query }) => {
     if (!terminal && mayUpdate) {
       if (o.status === 'blocked') {
         actions.push(
-          h('button', { class: 'unblock', onClick: () => act('PATCH', '', () => ({ status: 'active' }))().catch((e) => toast(e.message, 'error')) }, 'Unblock'),
+          h('button', { class: 'unblock', onClick: () => act('', () => ({ status: 'active' }))().catch((e) => toast(e.message, 'error')) }, 'Unblock'),
         );
       } else {
         actions.push(
-          actionForm('block', h('input', { name: 'reason', placeholder: 'Why is it blocked?', required: true, maxlength: 2048 }), 'Block', act('PATCH', '', (v) => ({ status: 'blocked', blockReason: v }))),
+          actionForm('block', h('input', { name: 'reason', placeholder: 'Why is it blocked?', required: true, maxlength: 2048 }), 'Block', act('', (v) => ({ status: 'blocked', blockReason: v }))),
         );
       }
     }
     if (!terminal && mayComplete) {
       actions.push(
-        actionForm('complete', h('textarea', { name: 'result', placeholder: 'Result: show that the outcome holds', required: true, maxlength: 4096, rows: 2 }), 'Mark complete', act('POST', '/complete', (v) => ({ result: v }))),
+        actionForm('complete', h('textarea', { name: 'result', placeholder: 'Result: show that the outcome holds', required: true, maxlength: 4096, rows: 2 }), 'Mark complete', act('complete', (v) => ({ result: v }))),
       );
     }
     if (!terminal && mayReassign) {
-      const to = select('to', names().filter((n) => n !== o.assignee).map((n) => [n, n]), '');
-      actions.push(actionForm('reassign', to, 'Reassign', act('POST', '/reassign', (v) => ({ to: v }))));
+      const to = select('to', names().filter((n) => n !== o.assignee).map((n) => [n, n]), '', 'Reassign to');
+      actions.push(actionForm('reassign', to, 'Reassign', act('reassign', (v) => ({ to: v }))));
     }
     if (!terminal && mayCancel) {
-      const cancel = act('POST', '/cancel', (v) => (v ? { reason: v } : {}));
+      const cancel = act('cancel', (v) => (v ? { reason: v } : {}));
       actions.push(
         actionForm('cancel', h('input', { name: 'reason', placeholder: 'Reason (optional)', maxlength: 2048 }), 'Cancel objective', (v) =>
           confirmAction('Cancel this objective?') ? cancel(v) : Promise.resolve(),
@@ -239,25 +241,25 @@ route('/objectives/:id', async ({ params, el, query }) => {
         { class: 'chip' },
         h('a', { href: '/@' + w }, w),
         mayWatch
-          ? h('button', { class: 'link', 'aria-label': 'remove watcher ' + w, onClick: () => act('POST', '/watchers', () => ({ remove: [w] }))().catch((e) => toast(e.message, 'error')) }, '×')
+          ? h('button', { class: 'link', 'aria-label': 'remove watcher ' + w, onClick: () => act('watchers', () => ({ remove: [w] }))().catch((e) => toast(e.message, 'error')) }, '×')
           : null,
       ),
     );
     const addable = names().filter((n) => n !== o.assignee && n !== o.originator && !o.watchers.includes(n));
     const addWatcher =
       mayWatch && addable.length
-        ? actionForm('add-watcher', select('name', addable.map((n) => [n, n]), ''), 'Add watcher', act('POST', '/watchers', (v) => ({ add: [v] })))
+        ? actionForm('add-watcher', select('name', addable.map((n) => [n, n]), '', 'Watcher to add'), 'Add watcher', act('watchers', (v) => ({ add: [v] })))
         : null;
 
     const tabs = h(
       'nav',
-      { class: 'tabs' },
+      { class: 'tabs', 'aria-label': 'Objective views' },
       h('a', { href: '/objectives/' + encodeURIComponent(id), class: tab === 'overview' ? 'active' : '' }, 'Overview'),
       h('a', { href: '/objectives/' + encodeURIComponent(id) + '?tab=trace', class: tab === 'trace' ? 'active' : '' }, 'Trace'),
     );
 
     const overview = [
-      o.body ? h('div', { class: 'body pre' }, o.body) : null,
+      o.body ? h('div', { class: 'body pre' }, inlineNodes(o.body)) : null,
       h('h2', null, 'Outcome'),
       h('p', { class: 'outcome' }, o.outcome),
       o.status === 'blocked' && o.blockReason ? h('div', { class: 'callout warn' }, 'Blocked: ' + o.blockReason) : null,
@@ -285,7 +287,7 @@ route('/objectives/:id', async ({ params, el, query }) => {
       h(
         'section',
         { class: 'page objective-detail', 'data-status': o.status },
-        h('nav', { class: 'crumbs' }, h('a', { href: '/objectives' }, 'Objectives'), ' / ', o.id),
+        h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '/objectives' }, 'Objectives'), ' / ', o.id),
         h('h1', null, o.title, ' ', statusBadge(o.status)),
         h(
           'p',
@@ -326,7 +328,7 @@ route('/objectives/:id', async ({ params, el, query }) => {
       const body = ta.value.trim();
       if (!body) return;
       try {
-        const m = await api('POST', '/objectives/' + encodeURIComponent(o.id) + '/discuss', { body });
+        const m = await discussObjective(o.id, body);
         ta.value = '';
         addMessages([m]);
       } catch (e) {
@@ -348,11 +350,14 @@ route('/objectives/:id', async ({ params, el, query }) => {
 
   const redrawSoon = () => draw().catch((e) => toast(e.message, 'error'));
   await draw();
+  // The discussion is on screen: it counts as read, and its messages raise no toast.
+  const unshow = showingThread('obj:' + id);
   const off = live('objective', (m) => {
     if (m.data && m.data.objective_id === id) redrawSoon();
   });
   return () => {
     off();
+    unshow();
     for (const c of cleanups) c();
     if (stopTrace) stopTrace();
   };

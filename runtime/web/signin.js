@@ -2,7 +2,19 @@
 // (/setup?code=…) and the one-time TOTP reveal (QR + otpauth URI) used by setup and
 // re-enrollment.
 
-import { api, h, mount, route } from './core.js';
+import { h, mount, route } from './core.js';
+import { setup, setupStatus, signIn } from './api.js';
+
+// 75 → '2 minutes', 30 → '30 seconds', 5400 → '1 hour 30 minutes'.
+export function waitText(secs) {
+  const s = Math.max(1, Math.ceil(Number(secs) || 0));
+  if (s < 60) return s + (s === 1 ? ' second' : ' seconds');
+  const m = Math.ceil(s / 60);
+  if (m < 60) return m + (m === 1 ? ' minute' : ' minutes');
+  const hrs = Math.floor(m / 60);
+  const rest = m % 60;
+  return hrs + (hrs === 1 ? ' hour' : ' hours') + (rest ? ' ' + rest + (rest === 1 ? ' minute' : ' minutes') : '');
+}
 
 // The sign-in form, rendered into `el`. onDone(session) after a successful login.
 export function signInScreen(el, onDone, notice) {
@@ -34,10 +46,16 @@ export function signInScreen(el, onDone, notice) {
     const body = { code: code.value };
     if (member.value.trim()) body.member = member.value.trim();
     try {
-      const s = await api('POST', '/session/totp', body);
+      const s = await signIn(body);
       onDone(s);
     } catch (e) {
-      err.textContent = e.status === 401 ? 'That code is not valid. Wait for the next one and try again.' : e.message;
+      const wait = e.status === 429 && e.body && e.body.retryAfter;
+      err.textContent =
+        e.status === 401
+          ? 'That code is not valid. Wait for the next one and try again.'
+          : wait
+            ? 'Too many attempts. Try again in ' + waitText(wait) + '.'
+            : e.message;
       code.value = '';
       code.focus();
     } finally {
@@ -73,14 +91,14 @@ export function signInScreen(el, onDone, notice) {
 
 // The secret shown once: QR (server-rendered SVG, shown as an <img> from a Blob so it
 // cannot run script), the otpauth URI as text, the base32 secret.
-export function totpReveal(r) {
+export function totpReveal(r, note) {
   const parts = [];
   if (r.qrSvg) {
     const url = URL.createObjectURL(new Blob([r.qrSvg], { type: 'image/svg+xml' }));
     parts.push(h('img', { class: 'qr', src: url, alt: 'QR code for your authenticator app', width: 220, height: 220 }));
   }
   parts.push(
-    h('p', null, 'Scan the QR code with an authenticator app, or enter the secret by hand. It is shown only once.'),
+    h('p', null, note || 'Scan the QR code with an authenticator app, or enter the secret by hand. It is shown only once.'),
     h('label', null, 'Secret', h('code', { class: 'secret' }, r.totpSecret || '')),
     h('label', null, 'otpauth URI', h('code', { class: 'secret uri' }, r.totpUri || '')),
   );
@@ -117,18 +135,38 @@ export function confirmCode(label, send, onOk) {
 route(
   '/setup',
   async ({ el, query }) => {
-    const code = query.get('code') || '';
-    // The code is a secret: keep it out of the address bar and the history.
-    if (code) history.replaceState(null, '', '/setup');
+    // The code is a secret: keep it out of the address bar and the history, but in this
+    // tab's session storage, so a reload before the authenticator is set up shows the same
+    // (still pending) secret again.
+    const KEY = 'ac7:setup-code';
+    const fromUrl = query.get('code') || '';
+    if (fromUrl) {
+      history.replaceState(null, '', '/setup');
+      try {
+        sessionStorage.setItem(KEY, fromUrl);
+      } catch {}
+    }
+    let code = fromUrl;
+    if (!code) {
+      try {
+        code = sessionStorage.getItem(KEY) || '';
+      } catch {}
+    }
+    const forget = () => {
+      try {
+        sessionStorage.removeItem(KEY);
+      } catch {}
+    };
     const page = (...c) => mount(el, h('main', { class: 'signin' }, h('div', { class: 'card stack' }, h('h1', null, 'Set up ac7'), c)));
     let status;
     try {
-      status = await api('GET', '/setup/status');
+      status = await setupStatus();
     } catch (e) {
       page(h('p', { class: 'error' }, e.message));
       return;
     }
     if (!status.needed) {
+      forget();
       page(h('p', null, 'This team is already set up.'), h('a', { href: '/', class: 'button primary', 'data-external': '' }, 'Sign in'));
       return;
     }
@@ -139,19 +177,27 @@ route(
       err.textContent = '';
       let r;
       try {
-        r = await api('POST', '/setup', { code: input.value.trim() });
+        r = await setup(input.value.trim());
       } catch (e) {
         err.textContent = e.message;
+        if (e.status === 401 || e.status === 409) forget();
         return;
       }
+      try {
+        sessionStorage.setItem(KEY, input.value.trim());
+      } catch {}
       const done = h('div', { class: 'stack', hidden: true }, h('p', null, 'Signed in. '), h('a', { href: '/', class: 'button primary', 'data-external': '' }, 'Open the team →'));
       page(
         h('p', null, 'You are the first admin' + (r.member ? ', ' + r.member : '') + '.'),
-        totpReveal(r),
+        totpReveal(
+          r,
+          'Scan the QR code with an authenticator app, or enter the secret by hand. Nothing is final until you sign in with a code from it below: until then this page shows the same secret again.',
+        ),
         confirmCode(
           'Type the code your app shows now',
-          (c) => api('POST', '/session/totp', r.member ? { code: c, member: r.member } : { code: c }),
+          (c) => signIn(r.member ? { code: c, member: r.member } : { code: c }),
           () => {
+            forget();
             done.hidden = false;
           },
         ),

@@ -215,6 +215,27 @@ pub(crate) fn write_int(out: &mut Vec<u8>, n: impl fmt::Display) {
     let _ = write!(out, "{n}");
 }
 
+/// Removes `key` from `map` keeping the other keys in their order, whether or not serde_json's
+/// `preserve_order` feature is on (`Map::remove` may reorder an insertion-ordered map;
+/// `shift_remove` exists only with the feature). Returns the value that was there.
+pub fn remove_keeping_order(
+    map: &mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Option<serde_json::Value> {
+    let mut removed = None;
+    if map.contains_key(key) {
+        map.retain(|k, v| {
+            if k == key {
+                removed = Some(std::mem::take(v));
+                false
+            } else {
+                true
+            }
+        });
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

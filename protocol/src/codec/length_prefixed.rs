@@ -10,6 +10,7 @@ pub const MAX_PAYLOAD_BYTES: usize = 10 * 1024 * 1024;
 
 /// The stream can no longer be trusted; close the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LpError {
     /// A length prefix over the cap.
     #[error("frame length {len} exceeds the {max}-byte limit")]

@@ -68,7 +68,8 @@ pub struct ToolSchema {
 #[error("invalid tool-schema file: {0}")]
 pub struct SchemaFileError(pub String);
 
-/// Parses the tool-schema file: a JSON array of `{name, description, input_schema}`.
+/// Parses the tool-schema file: a JSON array of `{name, description, input_schema}`, each
+/// `input_schema` a JSON Schema object that compiles (see [`crate::dialect::schema`]).
 pub fn parse_schema_file(text: &str) -> Result<Vec<ToolSchema>, SchemaFileError> {
     let file: Vec<Value> = match serde_json::from_str::<Value>(text) {
         Ok(Value::Array(file)) => file,
@@ -112,6 +113,10 @@ pub fn parse_schema_file(text: &str) -> Result<Vec<ToolSchema>, SchemaFileError>
             )));
         }
     }
+    crate::dialect::schema::ArgumentCheck::compile(
+        tools.iter().map(|t| (t.name.as_str(), &t.input_schema)),
+    )
+    .map_err(|e| SchemaFileError(e.to_string()))?;
     Ok(tools)
 }
 
@@ -189,6 +194,7 @@ pub fn encode_reply(reply: &Reply) -> Vec<u8> {
 
 /// The stream can no longer be trusted: close the connection without answering.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Fatal {
     /// Bad framing.
     #[error(transparent)]
@@ -461,6 +467,7 @@ pub fn validate_tool_result(result: &RawJson) -> Result<(), InvalidResult> {
 
 /// Why a call failed without a reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CallError {
     /// The request does not fit in a frame; it was never sent.
     #[error(transparent)]
@@ -508,6 +515,7 @@ pub enum Cancelled {
 
 /// Something for the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClientOutput<T> {
     /// Open the connection; report with `handle_connected` or `handle_connect_failed`.
     Connect,

@@ -3,7 +3,8 @@
 //!
 //! - `initialize` and `ping` are answered locally; `tools/list` comes from the tool-schema file and
 //!   never touches the socket.
-//! - `tools/call` arguments are checked against the tool's `input_schema` first; a violation is an
+//! - `tools/call` arguments are checked against the tool's `input_schema` (full JSON Schema, compiled
+//!   once, see [`crate::dialect::schema`]) first; a violation is an
 //!   `isError` result `Input validation error: …`. Unknown tool names are forwarded (the parent
 //!   answers `ToolNotFoundError`).
 //! - Calls go to the parent one at a time through [`CallToolClient`] (lazy connect, reconnect after
@@ -69,7 +70,7 @@ impl Default for CallToolBridgeConfig {
 
 /// The bridge's two peers: where a [`CallToolBridgeOutput::Transmit`] goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Peer {
+pub enum CallToolPeer {
     /// The agent, on stdout: one JSON-RPC line.
     Agent,
     /// The parent, on the socket: one length-prefixed frame.
@@ -78,11 +79,12 @@ pub enum Peer {
 
 /// Something for the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CallToolBridgeOutput {
     /// Write these bytes to a peer, in order.
     Transmit {
         /// Where the bytes go.
-        to: Peer,
+        to: CallToolPeer,
         /// One line for the agent, or one frame for the parent.
         bytes: Vec<u8>,
     },
@@ -98,6 +100,7 @@ pub enum CallToolBridgeOutput {
 
 /// Things worth logging.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CallToolBridgeEvent {
     /// A malformed agent line, answered with an error.
     AgentLineInvalid {
@@ -166,7 +169,7 @@ struct Token {
 #[derive(Debug)]
 pub struct CallToolBridge {
     face: McpFace,
-    tools: Vec<ToolSchema>,
+    check: schema::ArgumentCheck,
     tools_list: RawJson,
     agent: LineDecoder,
     client: CallToolClient<Token>,
@@ -185,7 +188,9 @@ impl CallToolBridge {
                 max_line_bytes: config.max_agent_line_bytes,
             },
             tools_list: crate::dialect::call_tool::tools_list_result(&tools),
-            tools,
+            check: schema::ArgumentCheck::compile_lenient(
+                tools.iter().map(|t| (t.name.as_str(), &t.input_schema)),
+            ),
             agent: LineDecoder::new(config.max_agent_line_bytes),
             client: CallToolClient::new(config.max_payload_bytes, config.call_timeout),
             closed: false,
@@ -302,15 +307,17 @@ impl CallToolBridge {
                 detail,
             } => {
                 self.out.push_back(CallToolBridgeOutput::Transmit {
-                    to: Peer::Agent,
+                    to: CallToolPeer::Agent,
                     bytes: answer,
                 });
                 self.event(CallToolBridgeEvent::AgentLineInvalid { len, code, detail });
             }
-            AgentLine::Answered(answer) => self.out.push_back(CallToolBridgeOutput::Transmit {
-                to: Peer::Agent,
-                bytes: answer,
-            }),
+            AgentLine::Answered(answer) | AgentLine::Initialize { answer, .. } => {
+                self.out.push_back(CallToolBridgeOutput::Transmit {
+                    to: CallToolPeer::Agent,
+                    bytes: answer,
+                });
+            }
             AgentLine::Cancelled(id) => {
                 // What the client did before the cancel comes out before it.
                 self.pump();
@@ -370,19 +377,7 @@ impl CallToolBridge {
             None | Some(Value::Null) => Value::Object(Default::default()),
             Some(arguments) => arguments,
         };
-        let schema = self
-            .tools
-            .iter()
-            .find(|t| t.name == name)
-            .map(|t| &t.input_schema);
-        let check = match schema {
-            Some(schema) => schema::validate(schema, &arguments, "arguments"),
-            None if arguments.is_object() => Ok(()),
-            None => Err(schema::SchemaError {
-                path: "arguments".into(),
-                message: "expected object".into(),
-            }),
-        };
+        let check = self.check.check(&name, &arguments);
         if let Err(mismatch) = check {
             let text = format!("Input validation error: {mismatch}");
             self.send_agent(result_line(&agent_id, &mcp::tool_error(&text)));
@@ -413,7 +408,7 @@ impl CallToolBridge {
                 ClientOutput::Connect => self.out.push_back(CallToolBridgeOutput::Connect),
                 ClientOutput::Transmit(bytes) => {
                     self.out.push_back(CallToolBridgeOutput::Transmit {
-                        to: Peer::Parent,
+                        to: CallToolPeer::Parent,
                         bytes,
                     })
                 }
@@ -476,7 +471,7 @@ impl CallToolBridge {
 
     fn send_agent(&mut self, line: Vec<u8>) {
         self.out.push_back(CallToolBridgeOutput::Transmit {
-            to: Peer::Agent,
+            to: CallToolPeer::Agent,
             bytes: line,
         });
     }

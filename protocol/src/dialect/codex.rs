@@ -56,11 +56,12 @@ use serde_json::{Value, json};
 use crate::codec::json::RawJson;
 use crate::codec::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcError};
 use crate::codec::line::{Line, LineDecoder};
-use crate::domain::message::Message as BrokerMessage;
 use crate::session::pending::Pending;
 
-/// How long events are gathered into one input (from the first buffered one).
-pub const BUNDLE_WINDOW: Duration = Duration::from_millis(200);
+use super::delivery::turn_failure;
+pub use super::delivery::{
+    BUNDLE_WINDOW, NoticeKind, SinkEvent, TurnFailure, UNDELIVERED_KEY, Undelivered,
+};
 
 /// Server requests answered with a denial.
 pub const DENIED_REQUESTS: [&str; 5] = [
@@ -78,121 +79,6 @@ const TURN_FAILED: &str = "the turn failed";
 
 /// How many ended turns are remembered (for a delivery answered after its turn ended).
 const ENDED_TURNS: usize = 16;
-
-/// The error of an application request codex can no longer answer (see [`CodexClient::shutdown`]).
-const SESSION_ENDED: &str = "the codex session ended before codex answered";
-
-/// The `data` key that marks a "not delivered" notice (its value: the undelivered message ids).
-/// An event carrying it never causes a notice of its own.
-pub const UNDELIVERED_KEY: &str = "undelivered";
-
-/// One event for the sink.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SinkEvent {
-    /// The rendered `<channel>` text.
-    pub text: String,
-    /// Whom to tell if it cannot be delivered: `(sender, message id)`.
-    pub reply_to: Option<(String, String)>,
-}
-
-impl SinkEvent {
-    /// The event for `message` as delivered to member `me`: its [`codex_text`] and, unless the
-    /// message is `me`'s own, a system notice (`from` absent or `ac7`), or itself a "not
-    /// delivered" notice, its sender to tell on failure.
-    ///
-    /// [`codex_text`]: crate::domain::channel::codex_text
-    pub fn from_message(message: &BrokerMessage, me: &str) -> Self {
-        let reply_to = message
-            .from
-            .as_deref()
-            .filter(|from| !from.is_empty() && *from != me && *from != "ac7")
-            .filter(|_| !message.data.contains_key(UNDELIVERED_KEY))
-            .map(|from| (from.to_owned(), message.id.clone()));
-        Self {
-            text: crate::domain::channel::codex_text(message),
-            reply_to,
-        }
-    }
-}
-
-impl From<String> for SinkEvent {
-    /// An event with nobody to tell.
-    fn from(text: String) -> Self {
-        Self {
-            text,
-            reply_to: None,
-        }
-    }
-}
-
-/// What became of the events a notice is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoticeKind {
-    /// Codex refused the request carrying them.
-    Refused,
-    /// Codex took them, but the turn that carried them failed.
-    TurnFailed,
-}
-
-/// Events from one sender that codex did not take, or whose turn failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Undelivered {
-    /// The sender.
-    pub to: String,
-    /// Their message ids, in push order.
-    pub msg_ids: Vec<String>,
-    /// Why (codex's error message, or the failed turn's reason).
-    pub reason: String,
-    /// Refused, or carried by a failed turn.
-    pub kind: NoticeKind,
-}
-
-impl Undelivered {
-    /// The `POST /push` body telling the sender, sent as member `me`: a `warning` DM whose `data`
-    /// carries [`UNDELIVERED_KEY`] with the message ids.
-    pub fn push_body(&self, me: &str) -> Value {
-        let ids = self.msg_ids.join(", ");
-        let (what, verb, them) = if self.msg_ids.len() == 1 {
-            ("your message", "was", "it")
-        } else {
-            ("your messages", "were", "them")
-        };
-        let (title, body) = match self.kind {
-            NoticeKind::Refused => (
-                "not delivered",
-                format!(
-                    "{what} {ids} {verb} not delivered to {me}: codex did not take {them} ({}). Send {them} again later, or reach {me} another way.",
-                    self.reason
-                ),
-            ),
-            NoticeKind::TurnFailed => (
-                "turn failed",
-                format!(
-                    "{what} {ids} reached {me}, but the codex turn carrying {them} failed ({}), so {me} may not have acted on {them}. Send {them} again later, or reach {me} another way.",
-                    self.reason
-                ),
-            ),
-        };
-        json!({
-            "to": self.to,
-            "level": "warning",
-            "title": title,
-            "body": body,
-            "data": { UNDELIVERED_KEY: ids },
-        })
-    }
-}
-
-/// A turn that codex reported failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TurnFailure {
-    /// The turn's id.
-    pub turn_id: String,
-    /// Why it failed.
-    pub reason: String,
-    /// The ids of the messages it carried that have a sender to tell, in push order.
-    pub msg_ids: Vec<String>,
-}
 
 /// What the runner asks of codex.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -225,8 +111,26 @@ pub enum ThreadStatus {
     SystemError,
 }
 
+/// Why an application request ([`CodexClient::request`]) got no result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodexRequestError {
+    /// Codex answered with a JSON-RPC error.
+    #[error("{message}")]
+    Codex {
+        /// The JSON-RPC error code.
+        code: i64,
+        /// Codex's message.
+        message: String,
+    },
+    /// The session ended (shutdown, or codex went away) before codex answered.
+    #[error("the codex session ended before codex answered")]
+    SessionEnded,
+}
+
 /// Something for the driver to do or know.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CodexOutput {
     /// Write this line to codex's stdin.
     Transmit(Vec<u8>),
@@ -244,7 +148,7 @@ pub enum CodexOutput {
         /// The id `request` returned.
         id: u64,
         /// The result, or the error message.
-        outcome: Result<Value, String>,
+        outcome: Result<Value, CodexRequestError>,
     },
     /// Events codex did not take, or whose turn failed: tell their sender (see
     /// [`Undelivered::push_body`]).
@@ -257,6 +161,7 @@ pub enum CodexOutput {
 
 /// Things worth logging.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CodexEvent {
     /// A bundle went out.
     Delivering {
@@ -475,7 +380,7 @@ impl CodexClient {
             if let Some(Call::App) = self.calls.remove(id) {
                 self.out.push_back(CodexOutput::Response {
                     id,
-                    outcome: Err(SESSION_ENDED.into()),
+                    outcome: Err(CodexRequestError::SessionEnded),
                 });
             }
         }
@@ -492,7 +397,7 @@ impl CodexClient {
             self.calls.remove(id);
             self.out.push_back(CodexOutput::Response {
                 id,
-                outcome: Err(SESSION_ENDED.into()),
+                outcome: Err(CodexRequestError::SessionEnded),
             });
             return id;
         }
@@ -615,7 +520,7 @@ impl CodexClient {
     fn response(&mut self, id: u64, call: Call, outcome: Outcome, _now: Instant) {
         let result = match outcome {
             Outcome::Result(result) => Ok(result.parse::<Value>().unwrap_or(Value::Null)),
-            Outcome::Error(error) => Err(error.message),
+            Outcome::Error(error) => Err(error),
         };
         match call {
             Call::Initialize => match result {
@@ -634,7 +539,7 @@ impl CodexClient {
                     }
                     self.request_call("thread/start", &params, Call::ThreadStart);
                 }
-                Err(message) => self.fail(format!("codex initialize failed: {message}")),
+                Err(error) => self.fail(format!("codex initialize failed: {}", error.message)),
             },
             Call::ThreadStart => match result {
                 Ok(result) => {
@@ -653,7 +558,7 @@ impl CodexClient {
                         None => self.flush(),
                     }
                 }
-                Err(message) => self.fail(format!("codex thread/start failed: {message}")),
+                Err(error) => self.fail(format!("codex thread/start failed: {}", error.message)),
             },
             Call::Deliver {
                 events,
@@ -670,10 +575,10 @@ impl CodexClient {
                             self.carry(turn, events);
                         }
                     }
-                    Err(message)
+                    Err(error)
                         if !closed
                             && steer.is_some()
-                            && STEER_RACE.iter().any(|s| message.contains(s)) =>
+                            && STEER_RACE.iter().any(|s| error.message.contains(s)) =>
                     {
                         // That turn is over: wait for its end, then start a new one.
                         self.lost_turn = steer;
@@ -685,7 +590,7 @@ impl CodexClient {
                         self.parts.push_front(second);
                         self.parts.push_front(first);
                     }
-                    Err(message) => self.refuse(events, &message),
+                    Err(error) => self.refuse(events, &error.message),
                 }
                 if self.flush_at.is_none() || !self.parts.is_empty() {
                     self.flush();
@@ -697,7 +602,10 @@ impl CodexClient {
             Call::Interrupt => {}
             Call::App => self.out.push_back(CodexOutput::Response {
                 id,
-                outcome: result,
+                outcome: result.map_err(|error| CodexRequestError::Codex {
+                    code: error.code,
+                    message: error.message,
+                }),
             }),
         }
     }
@@ -831,26 +739,10 @@ impl CodexClient {
     }
 
     fn turn_failed(&mut self, turn_id: String, reason: String, events: Vec<SinkEvent>) {
-        let by_sender = by_sender(events.iter().filter_map(|e| e.reply_to.clone()));
-        let mut msg_ids = Vec::new();
-        for event in &events {
-            if let Some((_, id)) = &event.reply_to {
-                msg_ids.push(id.clone());
-            }
-        }
-        self.out.push_back(CodexOutput::TurnFailed(TurnFailure {
-            turn_id,
-            reason: reason.clone(),
-            msg_ids,
-        }));
-        for (to, msg_ids) in by_sender {
-            self.out.push_back(CodexOutput::Undelivered(Undelivered {
-                to,
-                msg_ids,
-                reason: reason.clone(),
-                kind: NoticeKind::TurnFailed,
-            }));
-        }
+        let (failure, notices) = turn_failure(turn_id, reason, &events);
+        self.out.push_back(CodexOutput::TurnFailed(failure));
+        self.out
+            .extend(notices.into_iter().map(CodexOutput::Undelivered));
     }
 
     fn request_call(&mut self, method: &str, params: &Value, call: Call) -> u64 {
@@ -908,15 +800,6 @@ impl CodexClient {
     fn event(&mut self, event: CodexEvent) {
         self.out.push_back(CodexOutput::Event(event));
     }
-}
-
-/// Message ids grouped by sender, in name order.
-fn by_sender(pairs: impl Iterator<Item = (String, String)>) -> BTreeMap<String, Vec<String>> {
-    let mut by_sender: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (to, msg_id) in pairs {
-        by_sender.entry(to).or_default().push(msg_id);
-    }
-    by_sender
 }
 
 #[cfg(test)]

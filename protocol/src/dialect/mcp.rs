@@ -22,6 +22,9 @@ pub const CLAUDE_CHANNEL: &str = "notifications/claude/channel";
 /// `notifications/tools/list_changed`: re-fetch `tools/list`.
 pub const TOOLS_LIST_CHANGED: &str = "notifications/tools/list_changed";
 
+/// The `clientInfo.name` Claude Code sends in `initialize`.
+pub const CLAUDE_CODE_CLIENT: &str = "claude-code";
+
 /// MCP protocol versions the bridge speaks, newest first.
 pub const SUPPORTED_PROTOCOL_VERSIONS: [&str; 4] =
     ["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
@@ -41,6 +44,22 @@ pub fn negotiate_protocol_version(requested: Option<&str>) -> &'static str {
 struct InitializeParams {
     #[serde(rename = "protocolVersion")]
     protocol_version: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct InitializeClient {
+    #[serde(rename = "clientInfo")]
+    client_info: Option<ClientInfo>,
+}
+
+#[derive(Deserialize)]
+struct ClientInfo {
+    name: Option<String>,
+}
+
+/// The client's `clientInfo.name` in `initialize` params, when it gives one.
+pub fn client_name(params: Option<&RawJson>) -> Option<String> {
+    params?.parse::<InitializeClient>().ok()?.client_info?.name
 }
 
 /// ac7's server capabilities: channel pushes and a tool list that changes.

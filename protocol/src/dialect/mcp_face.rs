@@ -1,9 +1,9 @@
 //! The MCP server face every bridge shows the agent on stdio: what one line from the agent
 //! means, with the answers a bridge gives by itself already written.
 //!
-//! [`McpFace::classify`] answers malformed lines (`-32700` / `-32600`), `initialize` and `ping`,
-//! and hands everything else back to the bridge: requests to serve, the id of a request the agent
-//! cancelled, notifications and responses it may ignore.
+//! [`McpFace::classify`] answers malformed lines (`-32700` / `-32600`), `initialize` (saying who
+//! the client is) and `ping`, and hands everything else back to the bridge: requests to serve, the
+//! id of a request the agent cancelled, notifications and responses it may ignore.
 
 use crate::codec::json::RawJson;
 use crate::codec::jsonrpc::{self, INVALID_REQUEST, Id, Message, Request, RpcError};
@@ -33,8 +33,14 @@ pub(crate) enum AgentLine {
         code: i64,
         detail: String,
     },
-    /// Answered by the face itself (`initialize`, `ping`): send it.
+    /// Answered by the face itself (`ping`): send it.
     Answered(Vec<u8>),
+    /// `initialize`, answered by the face itself: send `answer`. `client` is the client's
+    /// `clientInfo.name`, when it gave one.
+    Initialize {
+        answer: Vec<u8>,
+        client: Option<String>,
+    },
     /// A request for the bridge to serve.
     Request(Request),
     /// `notifications/cancelled` for this request id.
@@ -70,7 +76,10 @@ impl McpFace {
                         &self.server_version,
                         &self.capabilities,
                     );
-                    AgentLine::Answered(result_line(&req.id, &result))
+                    AgentLine::Initialize {
+                        answer: result_line(&req.id, &result),
+                        client: mcp::client_name(req.params.as_ref()),
+                    }
                 }
                 mcp::PING => AgentLine::Answered(result_line(&req.id, &mcp::empty_result())),
                 _ => AgentLine::Request(req),

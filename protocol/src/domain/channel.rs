@@ -144,14 +144,40 @@ pub fn content(message: &Message) -> String {
     content
 }
 
-/// `notifications/claude/channel` params: `{"content": …, "meta": {…}}`.
+/// `notifications/claude/channel` params: `{"content": …, "meta": {…}}`, written straight from
+/// the parts (no intermediate JSON tree: this runs once per message a Claude Code agent gets).
 pub fn claude_channel_params(message: &Message) -> RawJson {
-    let meta: serde_json::Map<String, Value> = meta(message)
-        .into_iter()
-        .map(|(k, v)| (k, Value::String(v)))
-        .collect();
-    let params = serde_json::json!({ "content": content(message), "meta": meta });
-    RawJson::from_value(&params).expect("JSON values serialize")
+    struct Meta<'a>(&'a [(String, String)]);
+    impl serde::Serialize for Meta<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap as _;
+            let mut map = s.serialize_map(Some(self.0.len()))?;
+            for (k, v) in self.0 {
+                map.serialize_entry(k, v)?;
+            }
+            map.end()
+        }
+    }
+    struct Params<'a> {
+        content: &'a str,
+        meta: Meta<'a>,
+    }
+    impl serde::Serialize for Params<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct as _;
+            let mut params = s.serialize_struct("Params", 2)?;
+            params.serialize_field("content", self.content)?;
+            params.serialize_field("meta", &self.meta)?;
+            params.end()
+        }
+    }
+    let meta = meta(message);
+    let content = content(message);
+    RawJson::from_value(&Params {
+        content: &content,
+        meta: Meta(&meta),
+    })
+    .expect("strings serialize")
 }
 
 /// Attributes that come first in the `<channel>` tag, in this order; the rest follow as met.

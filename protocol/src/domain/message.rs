@@ -146,7 +146,7 @@ pub struct PushPayload {
 pub fn strip_reserved(data: &mut Map<String, Value>) -> Vec<&'static str> {
     RESERVED_DATA_KEYS
         .into_iter()
-        .filter(|k| data.shift_remove(*k).is_some())
+        .filter(|k| crate::codec::json::remove_keeping_order(data, k).is_some())
         .collect()
 }
 
@@ -172,6 +172,7 @@ pub enum Thread {
 
 /// Why a `data.thread` value was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum ThreadError {
     /// `data.thread` is not a string.
     #[error("data.thread must be a string")]

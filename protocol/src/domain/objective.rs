@@ -324,6 +324,7 @@ pub fn event_recipients<'a>(
 
 /// Invalid input or a forbidden transition; `status()` says which HTTP status fits.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TransitionError {
     /// The request makes no sense for this objective (400).
     #[error("{0}")]

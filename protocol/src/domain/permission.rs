@@ -177,6 +177,7 @@ pub fn default_presets() -> Presets {
 
 /// Why a permission list could not be resolved. The message is what the API returns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PermissionError {
     /// An entry is neither a leaf nor a preset name (or, in a preset definition, not a leaf:
     /// presets may not nest). The text is the TypeScript broker's, byte for byte.

@@ -19,6 +19,7 @@ pub const MAX_SEGMENT_LEN: usize = 255;
 
 /// Why a path was refused. Each message says what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum PathError {
     /// The path is empty.
     #[error("path is empty")]

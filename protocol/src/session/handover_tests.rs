@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 
-use super::mcp_bridge::{BridgeConfig, BridgeOutput, BridgeSession, Peer};
-use super::runner::{BridgePolicy, ConnId, Origin, RunnerConfig, RunnerOutput, RunnerSession};
+use super::mcp_bridge::{BridgeConfig, BridgeOutput, BridgePeer, BridgeSession};
+use super::runner::{BridgePolicy, IpcConnId, Origin, RunnerConfig, RunnerOutput, RunnerSession};
 use crate::codec::json::RawJson;
 use crate::codec::jsonrpc::Outcome;
 
 /// One bridge process and its two pipes.
 struct Bridge {
-    conn: ConnId,
+    conn: IpcConnId,
     session: BridgeSession,
     /// Runner → bridge bytes not read yet.
     to_bridge: Vec<u8>,
@@ -140,7 +140,7 @@ impl World {
                     moved = true;
                     match o {
                         BridgeOutput::Transmit {
-                            to: Peer::Agent,
+                            to: BridgePeer::Agent,
                             bytes,
                         } => {
                             let v: serde_json::Value =
@@ -150,7 +150,7 @@ impl World {
                             }
                         }
                         BridgeOutput::Transmit {
-                            to: Peer::Runner,
+                            to: BridgePeer::Runner,
                             bytes,
                         } => {
                             if !b.exited {

@@ -241,6 +241,7 @@ impl HistoryQuery {
 
 /// What the machine asks of its driver.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum LiveOutput {
     /// Open the stream, sending this as `Last-Event-ID` (SSE) or `lastEventId` (WebSocket).
     Connect {
@@ -256,6 +257,15 @@ pub enum LiveOutput {
     Deliver(Message),
     /// Run this `GET /history`.
     Fetch(HistoryQuery),
+    /// A backfill from `/history` is over (for the log).
+    Backfilled {
+        /// Where it read from: `after_id=<id>`, `after=<epoch ms>` (exclusive), or
+        /// `newest-after=<epoch ms>` (the newest page, the messages from that millisecond on).
+        from: String,
+        /// How many messages it handed on (duplicates not counted; the live messages held
+        /// meanwhile neither).
+        delivered: usize,
+    },
     /// The next connect waits this long (for the log).
     Backoff {
         /// The delay.
@@ -321,6 +331,10 @@ struct Backfill {
     step: Step,
     /// The outstanding query's id.
     query: u64,
+    /// Where it reads from, for [`LiveOutput::Backfilled`] (empty until the anchor is known).
+    from: String,
+    /// Messages from `/history` handed on so far.
+    delivered: usize,
     /// Live messages that arrived meanwhile, in order.
     held: VecDeque<Message>,
 }
@@ -521,7 +535,7 @@ impl LiveStream {
                         b.held.push_back(message);
                     }
                 } else {
-                    self.deliver(message);
+                    let _ = self.deliver(message);
                 }
             }
             LiveFrame::Reset(_) => {
@@ -556,14 +570,13 @@ impl LiveStream {
                     // Nothing older: everything from the last delivered millisecond on.
                     None => (None, self.last_ts.map(|ts| ts - 1)),
                 };
+                b.from = cursor_text(after_id.as_deref(), after_ts);
                 self.fetch(after_id, after_ts, None);
             }
             Step::Forward => {
                 let full = messages.len() >= self.config.page;
                 let cursor = messages.last().map(|m| m.id.clone());
-                for m in messages {
-                    self.deliver(m);
-                }
+                self.deliver_backfilled(messages);
                 match cursor {
                     Some(id) if full => self.fetch(Some(id), None, None),
                     _ => self.finish_backfill(),
@@ -574,9 +587,7 @@ impl LiveStream {
                 let mut missed: Vec<Message> =
                     messages.into_iter().filter(|m| m.ts >= last_ts).collect();
                 missed.reverse();
-                for m in missed {
-                    self.deliver(m);
-                }
+                self.deliver_backfilled(missed);
                 self.finish_backfill();
             }
         }
@@ -611,11 +622,34 @@ impl LiveStream {
             Step::Anchor => (self.last_ts, 1),
             Step::Forward | Step::Newest => (None, self.config.page),
         };
+        let from = match step {
+            Step::Anchor => String::new(),
+            Step::Forward => cursor_text(None, after_ts),
+            Step::Newest => format!("newest-after={}", self.last_ts.unwrap_or_default()),
+        };
         let query = self.emit_fetch(before_ts, after_ts, None, limit);
         Backfill {
             step,
             query,
+            from,
+            delivered: 0,
             held: VecDeque::new(),
+        }
+    }
+
+    /// Hands on a page from `/history`, counting what was new in the backfill.
+    fn deliver_backfilled(&mut self, messages: Vec<Message>) {
+        let mut new = 0;
+        for m in messages {
+            if self.deliver(m) {
+                new += 1;
+            }
+        }
+        if let Phase::Open {
+            backfill: Some(b), ..
+        } = &mut self.phase
+        {
+            b.delivered += new;
         }
     }
 
@@ -650,21 +684,28 @@ impl LiveStream {
     }
 
     fn finish_backfill(&mut self) {
-        let held = match &mut self.phase {
-            Phase::Open { backfill, .. } => backfill.take().map(|b| b.held).unwrap_or_default(),
-            _ => return,
+        let Phase::Open { backfill, .. } = &mut self.phase else {
+            return;
         };
-        for m in held {
-            self.deliver(m);
+        let Some(b) = backfill.take() else {
+            return;
+        };
+        self.out.push_back(LiveOutput::Backfilled {
+            from: b.from,
+            delivered: b.delivered,
+        });
+        for m in b.held {
+            let _ = self.deliver(m);
         }
     }
 
-    /// Hands `message` on unless it was seen before; either way it becomes the last event id.
-    fn deliver(&mut self, message: Message) {
+    /// Hands `message` on unless it was seen before (`false`); either way it becomes the last
+    /// event id.
+    fn deliver(&mut self, message: Message) -> bool {
         self.last_id = Some(message.id.clone());
         self.last_ts = Some(self.last_ts.map_or(message.ts, |t| t.max(message.ts)));
         if !self.seen.insert(message.id.clone()) {
-            return;
+            return false;
         }
         self.seen_order.push_back(message.id.clone());
         if self.seen_order.len() > self.config.remembered_ids
@@ -676,6 +717,7 @@ impl LiveStream {
             *delivered += 1;
         }
         self.out.push_back(LiveOutput::Deliver(message));
+        true
     }
 
     fn closed(&mut self, now: Instant, reason: String) {
@@ -699,6 +741,15 @@ impl LiveStream {
     /// `delay` ±20 %, from the seeded generator.
     fn jitter(&mut self, delay: Duration) -> Duration {
         jitter(&mut self.rng, delay)
+    }
+}
+
+/// A `/history` cursor as [`LiveOutput::Backfilled`] names it.
+fn cursor_text(after_id: Option<&str>, after_ts: Option<i64>) -> String {
+    match (after_id, after_ts) {
+        (Some(id), _) => format!("after_id={id}"),
+        (None, Some(ts)) => format!("after={ts}"),
+        (None, None) => "the start".to_owned(),
     }
 }
 
@@ -919,9 +970,15 @@ mod tests {
         assert_eq!(delivered(&out), ["c", "d"]);
         let q = fetch(&out);
         m.handle_history(q.id, vec![], t0);
-        assert!(
-            delivered(&drain(&mut m)).is_empty(),
-            "the held d was a duplicate"
+        let out = drain(&mut m);
+        assert!(delivered(&out).is_empty(), "the held d was a duplicate");
+        assert_eq!(
+            out,
+            [LiveOutput::Backfilled {
+                from: "after_id=z".into(),
+                delivered: 3
+            }],
+            "b, c and d came from /history"
         );
         assert!(!m.is_backfilling());
         m.handle_frame(LiveFrame::Message(message("e", 104)), t0);
@@ -952,7 +1009,15 @@ mod tests {
             ],
             t0,
         );
-        assert_eq!(delivered(&drain(&mut m)), ["b", "c"]);
+        let out = drain(&mut m);
+        assert_eq!(delivered(&out), ["b", "c"]);
+        assert!(
+            out.contains(&LiveOutput::Backfilled {
+                from: "newest-after=100".into(),
+                delivered: 2
+            }),
+            "{out:?}"
+        );
     }
 
     #[test]

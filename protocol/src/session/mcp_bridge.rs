@@ -12,8 +12,9 @@
 //! - forwards every other request as an `mcp_request` under its own monotonic id and answers the
 //!   agent under the agent's original id with the runner's result or error, code included;
 //! - relays `mcp_notification` frames as JSON-RPC notifications — from start-up until the agent
-//!   is ready (`notifications/initialized` sent, first `tools/list` answered, then
-//!   [`START_GRACE`]) they are held, in order and bounded (see [`startup`]);
+//!   is ready (`notifications/initialized` sent, first `tools/list` answered, then Claude Code
+//!   asking `tools/list` again after a `notifications/tools/list_changed` probe, or
+//!   [`START_GRACE`] for other clients) they are held, in order and bounded (see [`startup`]);
 //! - acknowledges each numbered notification (`ack{seq}`) once it is written to the agent, and
 //!   says so first thing on the socket (`ack{seq:0}`); a notification it never wrote (held at
 //!   teardown, refused by a full hold, or unread when it closed) stays unacknowledged, and the
@@ -26,8 +27,9 @@
 //!   when the socket is still usable, and [`BridgeOutput::Exit`] is the last output.
 //!
 //! Every request the agent sends gets exactly one answer, except one it cancelled itself.
-//! A request waits for its answer or for teardown. The one timer is the start-up grace
-//! ([`BridgeSession::poll_timeout`] / [`BridgeSession::handle_timeout`]).
+//! A request waits for its answer or for teardown. The one timer is the start-up hold's (its
+//! grace, probes and ceiling: [`BridgeSession::poll_timeout`] /
+//! [`BridgeSession::handle_timeout`]).
 
 pub mod startup;
 
@@ -44,8 +46,11 @@ use crate::codec::line::{Line, LineDecoder};
 use crate::dialect::mcp;
 use crate::dialect::mcp_face::{AgentLine, McpFace, error_line};
 use crate::session::pending::Pending;
-pub use startup::{MAX_HELD_BYTES, MAX_HELD_NOTIFICATIONS, START_GRACE};
-use startup::{Offer, StartupHold};
+use startup::{Due, Offer, StartupHold, Timing};
+pub use startup::{
+    MAX_HELD_BYTES, MAX_HELD_NOTIFICATIONS, PROBE_CEILING, PROBE_INTERVAL, PROBE_MAX_INTERVAL,
+    ReleasedBy, START_GRACE,
+};
 
 /// Limits and identity of a bridge.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,8 +62,16 @@ pub struct BridgeConfig {
     pub max_agent_line_bytes: usize,
     /// `serverInfo.version` in the `initialize` result.
     pub server_version: String,
-    /// How long notifications stay held after the agent's handshake ([`START_GRACE`]).
+    /// How long notifications stay held after the handshake of an agent that is not probed
+    /// ([`START_GRACE`]).
     pub start_grace: Duration,
+    /// The gap after the first start-up probe ([`PROBE_INTERVAL`]); later gaps double.
+    pub probe_interval: Duration,
+    /// The longest gap between two start-up probes ([`PROBE_MAX_INTERVAL`]).
+    pub probe_max_interval: Duration,
+    /// How long a probed agent may take to answer before the hold opens anyway
+    /// ([`PROBE_CEILING`]).
+    pub probe_ceiling: Duration,
     /// Notifications held at most before the agent is ready ([`MAX_HELD_NOTIFICATIONS`]).
     pub max_held_notifications: usize,
     /// Bytes of notifications held at most before the agent is ready ([`MAX_HELD_BYTES`]).
@@ -72,6 +85,9 @@ impl Default for BridgeConfig {
             max_agent_line_bytes: 16 * MAX_FRAME_BYTES,
             server_version: "0.0.0-dev".into(),
             start_grace: START_GRACE,
+            probe_interval: PROBE_INTERVAL,
+            probe_max_interval: PROBE_MAX_INTERVAL,
+            probe_ceiling: PROBE_CEILING,
             max_held_notifications: MAX_HELD_NOTIFICATIONS,
             max_held_bytes: MAX_HELD_BYTES,
         }
@@ -80,7 +96,7 @@ impl Default for BridgeConfig {
 
 /// The bridge's two peers: where a [`BridgeOutput::Transmit`] goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Peer {
+pub enum BridgePeer {
     /// The agent, on the bridge's stdout: one JSON-RPC line (newline included).
     Agent,
     /// The runner, on the IPC socket: one encoded frame.
@@ -89,11 +105,12 @@ pub enum Peer {
 
 /// Something for the driver to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BridgeOutput {
     /// Write these bytes to a peer, in order.
     Transmit {
         /// Where the bytes go.
-        to: Peer,
+        to: BridgePeer,
         /// One line for the agent, or one frame for the runner.
         bytes: Vec<u8>,
     },
@@ -105,6 +122,7 @@ pub enum BridgeOutput {
 
 /// Why the bridge exits.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ExitReason {
     /// The agent closed the bridge's stdin.
     AgentClosed,
@@ -133,6 +151,7 @@ impl ExitReason {
 
 /// Things worth logging; none needs an answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BridgeEvent {
     /// A line from the agent was not JSON-RPC; it was answered with an error.
     AgentLineInvalid {
@@ -201,10 +220,17 @@ pub enum BridgeEvent {
         /// Its id, if any.
         id: Option<u64>,
     },
+    /// A start-up probe (`notifications/tools/list_changed`) was written to the agent.
+    Probed {
+        /// Probes written so far.
+        count: u32,
+    },
     /// The agent is ready: the notifications held since start-up were relayed.
     Released {
         /// How many.
         count: usize,
+        /// What ended the hold.
+        by: ReleasedBy,
     },
     /// A notification arrived while the start-up hold was full: it was not kept (the older ones
     /// are).
@@ -240,7 +266,7 @@ enum State {
 /// Contract: every input is `handle_*(…, now)` — agent bytes / EOF, runner bytes / close,
 /// `handle_terminate`, `handle_timeout` (the start-up grace; [`poll_timeout`](Self::poll_timeout)
 /// says when). Outputs are drained from [`poll_output`](Self::poll_output):
-/// [`BridgeOutput::Transmit`] `{ to: Peer::Agent | Peer::Runner, bytes }`, `Event`s for the log,
+/// [`BridgeOutput::Transmit`] `{ to: BridgePeer::Agent | BridgePeer::Runner, bytes }`, `Event`s for the log,
 /// and `Exit` last.
 #[derive(Debug, Clone)]
 pub struct BridgeSession {
@@ -269,7 +295,12 @@ impl BridgeSession {
                 max_line_bytes: config.max_agent_line_bytes,
             },
             hold: StartupHold::new(
-                config.start_grace,
+                Timing {
+                    grace: config.start_grace,
+                    probe_interval: config.probe_interval,
+                    probe_max_interval: config.probe_max_interval,
+                    probe_ceiling: config.probe_ceiling,
+                },
                 config.max_held_notifications,
                 config.max_held_bytes,
             ),
@@ -346,8 +377,8 @@ impl BridgeSession {
         self.out.pop_front()
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) is due: the end of the start-up grace,
-    /// while it runs.
+    /// When [`handle_timeout`](Self::handle_timeout) is due: the start-up hold's next probe or
+    /// its end, while it runs.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.is_closed() {
             return None;
@@ -355,21 +386,43 @@ impl BridgeSession {
         self.hold.poll_timeout()
     }
 
-    /// Time passed: ends the start-up grace when it is due, relaying what was held.
+    /// Time passed: writes a start-up probe or ends the hold when due, relaying what was held.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.is_closed() {
             return;
         }
-        if let Some(held) = self.hold.handle_timeout(now) {
-            let count = held.len();
-            self.out
-                .extend(held.into_iter().map(|bytes| BridgeOutput::Transmit {
-                    to: Peer::Agent,
-                    bytes,
-                }));
-            let seqs = std::mem::take(&mut self.held_seqs);
-            self.ack(seqs);
-            self.event(BridgeEvent::Released { count });
+        loop {
+            let due = self.hold.handle_timeout(now);
+            if due == Due::Nothing {
+                return;
+            }
+            self.hold_due(due);
+        }
+    }
+
+    fn hold_due(&mut self, due: Due) {
+        match due {
+            Due::Nothing => {}
+            Due::Probe { count } => {
+                let mut line = Vec::new();
+                jsonrpc::encode_notification(&mut line, mcp::TOOLS_LIST_CHANGED, None);
+                self.out.push_back(BridgeOutput::Transmit {
+                    to: BridgePeer::Agent,
+                    bytes: line,
+                });
+                self.event(BridgeEvent::Probed { count });
+            }
+            Due::Release { held, by } => {
+                let count = held.len();
+                self.out
+                    .extend(held.into_iter().map(|bytes| BridgeOutput::Transmit {
+                        to: BridgePeer::Agent,
+                        bytes,
+                    }));
+                let seqs = std::mem::take(&mut self.held_seqs);
+                self.ack(seqs);
+                self.event(BridgeEvent::Released { count, by });
+            }
         }
     }
 
@@ -403,16 +456,29 @@ impl BridgeSession {
                 detail,
             } => {
                 self.out.push_back(BridgeOutput::Transmit {
-                    to: Peer::Agent,
+                    to: BridgePeer::Agent,
                     bytes: answer,
                 });
                 self.event(BridgeEvent::AgentLineInvalid { len, code, detail });
             }
             AgentLine::Answered(answer) => self.out.push_back(BridgeOutput::Transmit {
-                to: Peer::Agent,
+                to: BridgePeer::Agent,
                 bytes: answer,
             }),
-            AgentLine::Request(req) => self.forward(req.id, req.method, req.params, now),
+            AgentLine::Initialize { answer, client } => {
+                self.out.push_back(BridgeOutput::Transmit {
+                    to: BridgePeer::Agent,
+                    bytes: answer,
+                });
+                self.hold.client(client.as_deref());
+            }
+            AgentLine::Request(req) => {
+                if req.method == mcp::TOOLS_LIST {
+                    let due = self.hold.tools_requested();
+                    self.hold_due(due);
+                }
+                self.forward(req.id, req.method, req.params, now);
+            }
             AgentLine::Cancelled(agent_id) => {
                 if let Some(id) = self.pending.find(|f| f.agent_id == agent_id) {
                     self.pending.remove(id);
@@ -421,6 +487,7 @@ impl BridgeSession {
             }
             AgentLine::Notification(method) if method == mcp::INITIALIZED => {
                 self.hold.initialized(now);
+                self.handle_timeout(now);
             }
             AgentLine::Notification(method) => {
                 self.event(BridgeEvent::AgentNotificationIgnored { method })
@@ -446,7 +513,7 @@ impl BridgeSession {
                 });
                 debug_assert_eq!(inserted, id);
                 self.out.push_back(BridgeOutput::Transmit {
-                    to: Peer::Runner,
+                    to: BridgePeer::Runner,
                     bytes,
                 });
                 self.event(BridgeEvent::Forwarded { id, method });
@@ -477,7 +544,7 @@ impl BridgeSession {
                 match self.hold.offer(line) {
                     Offer::Pass(line) => {
                         self.out.push_back(BridgeOutput::Transmit {
-                            to: Peer::Agent,
+                            to: BridgePeer::Agent,
                             bytes: line,
                         });
                         self.ack(n.seq);
@@ -530,27 +597,38 @@ impl BridgeSession {
 
     fn complete(&mut self, id: u64, outcome: Outcome, now: Instant) {
         match self.pending.take(id) {
-            Ok(forwarded) => self.answer(id, forwarded, &outcome, now),
+            Ok(forwarded) => self.answer(id, forwarded, &outcome, now, true),
             Err(_) => self.event(BridgeEvent::Unmatched { id }),
         }
     }
 
-    fn answer(&mut self, id: u64, forwarded: Forwarded, outcome: &Outcome, now: Instant) {
+    /// Answers the agent; `live`: the session goes on (not teardown), so the start-up hold moves.
+    fn answer(
+        &mut self,
+        id: u64,
+        forwarded: Forwarded,
+        outcome: &Outcome,
+        now: Instant,
+        live: bool,
+    ) {
         let mut line = Vec::new();
         jsonrpc::encode_outcome(&mut line, &forwarded.agent_id, outcome);
         self.out.push_back(BridgeOutput::Transmit {
-            to: Peer::Agent,
+            to: BridgePeer::Agent,
             bytes: line,
         });
-        if forwarded.method == mcp::TOOLS_LIST {
-            self.hold.tools_listed(now);
-        }
+        let listed = forwarded.method == mcp::TOOLS_LIST;
         self.event(BridgeEvent::Answered {
             id,
             method: forwarded.method,
             elapsed: now.saturating_duration_since(forwarded.since),
             ok: matches!(outcome, Outcome::Result(_)),
         });
+        if listed && live {
+            self.hold.tools_listed(now);
+            // The first probe is due at once.
+            self.handle_timeout(now);
+        }
     }
 
     fn close(&mut self, reason: ExitReason, now: Instant) {
@@ -569,7 +647,7 @@ impl BridgeSession {
             format!("ac7 bridge closing: {why}"),
         ));
         for (id, forwarded) in self.pending.fail_all() {
-            self.answer(id, forwarded, &error, now);
+            self.answer(id, forwarded, &error, now, false);
         }
         let count = self.hold.discard();
         // Never written, so never acknowledged: the runner hands them to the next bridge.
@@ -584,7 +662,7 @@ impl BridgeSession {
             let mut bytes = Vec::new();
             if encode_frame(&frame, &mut bytes, self.config.max_frame_bytes).is_ok() {
                 self.out.push_back(BridgeOutput::Transmit {
-                    to: Peer::Runner,
+                    to: BridgePeer::Runner,
                     bytes,
                 });
             }
@@ -606,7 +684,7 @@ impl BridgeSession {
             .is_ok()
             {
                 self.out.push_back(BridgeOutput::Transmit {
-                    to: Peer::Runner,
+                    to: BridgePeer::Runner,
                     bytes,
                 });
             }
@@ -615,7 +693,7 @@ impl BridgeSession {
 
     fn answer_agent(&mut self, id: Option<&Id>, error: &RpcError) {
         self.out.push_back(BridgeOutput::Transmit {
-            to: Peer::Agent,
+            to: BridgePeer::Agent,
             bytes: error_line(id, error),
         });
     }

@@ -9,12 +9,19 @@
 //! [`RunnerSession::poll_output`]; outputs for one connection are in order, and a
 //! [`RunnerOutput::Close`] follows that connection's last [`RunnerOutput::Transmit`].
 //!
-//! Who connected: the driver classifies each connection ([`Origin`]) by the peer's process —
-//! the agent's own bridges run inside the agent's process tree; anything else (`claude mcp list`
-//! doing a health check, a stray `ac7 mcp-bridge` in another terminal) is an outsider. An outsider
-//! is served — its requests are answered — but it never displaces the agent's bridge, never
-//! counts as attached, and never receives queued or live notifications. Everything below is
-//! about the agent's bridges.
+//! Who connected: the driver classifies each connection ([`Origin`]) by the peer's process.
+//! The agent's own bridges run inside the agent's process tree; anything else (`claude mcp list`
+//! doing a health check from another terminal, a stray `ac7 mcp-bridge`) is an *outsider*. Inside
+//! the tree, what counts is who started the bridge (its parent process): the agent itself
+//! ([`Origin::Agent`]), or another process ([`Origin::Client`]), such as `claude mcp list` run by
+//! the agent through its shell tool, which starts a bridge to check its health. A bridge of
+//! another process is the agent's bridge only when it is the same client's as the attached one
+//! (that client reconnecting) or when none is attached; else it is *foreign*. Outsiders and
+//! foreign bridges are served — their requests are answered — but never displace the agent's
+//! bridge, never count as attached, and never receive queued or live notifications; one that is
+//! still connected when the agent's bridge goes away is not promoted (the agent's client starts
+//! a new bridge, which gets what was queued meanwhile). Everything below is about the agent's
+//! bridges.
 //!
 //! Policy: one bridge at a time. With [`BridgePolicy::DisplaceOld`] (the default) a
 //! newcomer takes over and the old connection gets `shutdown{reason:"displaced-by-new-bridge"}`
@@ -92,23 +99,27 @@ impl Default for RunnerConfig {
 /// Where a connection comes from, as the driver established it (peer credentials).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Origin {
-    /// A bridge the agent started (a process in the agent's tree): it gets the events and
+    /// A bridge the agent process started itself (or the agent itself): it gets the events and
     /// follows the [`BridgePolicy`].
     #[default]
     Agent,
+    /// A bridge in the agent's process tree started by another process (its parent, this pid):
+    /// like [`Origin::Agent`] when a bridge of the same client is attached or none is; else
+    /// foreign (served, gets no events, displaces nothing).
+    Client(u32),
     /// Any other process: served, but never displaces the agent's bridge and gets no events.
     Outsider,
 }
 
 /// A connection, numbered by the session in accept order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ConnId(pub u64);
+pub struct IpcConnId(pub u64);
 
 /// An MCP request for the application to answer with [`RunnerSession::respond`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IncomingRequest {
     /// The connection that asked.
-    pub conn: ConnId,
+    pub conn: IpcConnId,
     /// The bridge's correlation id.
     pub id: u64,
     /// MCP method.
@@ -119,18 +130,19 @@ pub struct IncomingRequest {
 
 /// Something for the driver or the application to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RunnerOutput {
     /// Write these bytes (one or more frames) to the connection.
     Transmit {
         /// Which connection.
-        to: ConnId,
+        to: IpcConnId,
         /// What.
         bytes: Vec<u8>,
     },
     /// Close the connection (after writing what was transmitted to it).
     Close {
         /// Which.
-        conn: ConnId,
+        conn: IpcConnId,
     },
     /// A request for the application.
     Request(IncomingRequest),
@@ -140,6 +152,7 @@ pub enum RunnerOutput {
 
 /// Why a bridge stopped being attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DetachReason {
     /// Its socket closed.
     Closed,
@@ -156,18 +169,19 @@ pub enum DetachReason {
 
 /// Things worth logging.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RunnerEvent {
     /// A bridge is now attached.
     Attached {
         /// Its connection.
-        conn: ConnId,
+        conn: IpcConnId,
         /// Queued notifications delivered to it.
         delivered: usize,
     },
     /// A bridge is no longer attached.
     Detached {
         /// Its connection.
-        conn: ConnId,
+        conn: IpcConnId,
         /// Why.
         reason: DetachReason,
         /// Requests it had in flight, whose answers will be dropped.
@@ -176,38 +190,55 @@ pub enum RunnerEvent {
     /// A connection from outside the agent's tree: served, gets no events.
     OutsiderConnected {
         /// Its connection.
-        conn: ConnId,
+        conn: IpcConnId,
     },
     /// An outsider's connection ended.
     OutsiderLeft {
         /// Its connection.
-        conn: ConnId,
+        conn: IpcConnId,
+        /// Requests it had in flight, whose answers will be dropped.
+        abandoned: usize,
+    },
+    /// A bridge from the agent's tree started by a process that is not the client of the
+    /// attached bridge: served, gets no events, and the attached bridge stays.
+    ForeignConnected {
+        /// Its connection.
+        conn: IpcConnId,
+        /// The process that started it.
+        client: u32,
+        /// The agent's bridge that stays attached.
+        attached: IpcConnId,
+    },
+    /// A foreign bridge's connection ended.
+    ForeignLeft {
+        /// Its connection.
+        conn: IpcConnId,
         /// Requests it had in flight, whose answers will be dropped.
         abandoned: usize,
     },
     /// A newcomer was refused (reject-new policy, or the runner has shut down).
     Rejected {
         /// Its connection.
-        conn: ConnId,
+        conn: IpcConnId,
     },
     /// A line from the bridge was dropped.
     FrameDropped {
         /// From where.
-        conn: ConnId,
+        conn: IpcConnId,
         /// The line.
         dropped: Dropped,
     },
     /// A frame a bridge should not send (`mcp_response`, `mcp_notification`).
     UnexpectedFrame {
         /// From where.
-        conn: ConnId,
+        conn: IpcConnId,
         /// Its kind.
         kind: FrameKind,
     },
     /// An `error` frame from the bridge.
     BridgeError {
         /// From where.
-        conn: ConnId,
+        conn: IpcConnId,
         /// Its message.
         message: String,
         /// Its id, if any.
@@ -216,14 +247,14 @@ pub enum RunnerEvent {
     /// A request reused an id still in flight on that connection; it was answered with an error.
     DuplicateRequest {
         /// From where.
-        conn: ConnId,
+        conn: IpcConnId,
         /// The id.
         id: u64,
     },
     /// A request was answered.
     Responded {
         /// To where.
-        conn: ConnId,
+        conn: IpcConnId,
         /// The id.
         id: u64,
         /// Its method.
@@ -234,14 +265,14 @@ pub enum RunnerEvent {
     /// A response for a connection that is gone was dropped.
     ResponseDropped {
         /// The connection.
-        conn: ConnId,
+        conn: IpcConnId,
         /// The id.
         id: u64,
     },
     /// A response did not fit in a frame and was replaced by an error.
     ResultTooLarge {
         /// To where.
-        conn: ConnId,
+        conn: IpcConnId,
         /// The id.
         id: u64,
         /// Encoded length of the original response.
@@ -266,9 +297,9 @@ pub enum RunnerEvent {
     /// Notifications a bridge was sent and never wrote to the agent were handed on.
     Redelivered {
         /// The bridge that did not write them.
-        from: ConnId,
+        from: IpcConnId,
         /// The bridge they went to (`None`: queued until one attaches).
-        to: Option<ConnId>,
+        to: Option<IpcConnId>,
         /// How many.
         count: usize,
     },
@@ -276,19 +307,20 @@ pub enum RunnerEvent {
 
 /// A call the session cannot honour because the application made a mistake.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RunnerMisuse {
     /// `respond` for a request that is not in flight on that (live) connection: never asked, or
     /// already answered.
     #[error("request {id} on connection {} is not awaiting a response", conn.0)]
     NotInFlight {
         /// The connection.
-        conn: ConnId,
+        conn: IpcConnId,
         /// The id.
         id: u64,
     },
     /// `respond` for a connection the session never numbered.
     #[error("connection {} does not exist", .0.0)]
-    UnknownConnection(ConnId),
+    UnknownConnection(IpcConnId),
 }
 
 #[derive(Debug, Clone)]
@@ -298,9 +330,21 @@ struct InFlight {
     since: Instant,
 }
 
+/// What a served connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The agent's bridge: gets the events.
+    Bridge,
+    /// From the agent's tree, another client's: served only.
+    Foreign,
+    /// From outside the agent's tree: served only.
+    Outsider,
+}
+
 #[derive(Debug, Clone)]
 struct Attached {
     origin: Origin,
+    role: Role,
     decoder: FrameDecoder,
     in_flight: BTreeMap<u64, InFlight>,
     /// The bridge acknowledges what it writes (it sent `ack{seq:0}`).
@@ -332,7 +376,7 @@ pub struct RunnerSession {
     next_conn: u64,
     /// Served connections: the agent's bridges (at most one unless the policy is `AllowMany`)
     /// and outsiders.
-    attached: BTreeMap<ConnId, Attached>,
+    attached: BTreeMap<IpcConnId, Attached>,
     /// Notifications waiting for a bridge, in `seq` order.
     queued: VecDeque<(u64, Vec<u8>)>,
     next_seq: u64,
@@ -354,8 +398,8 @@ impl RunnerSession {
     }
 
     /// A bridge connected from `origin`; returns the id the session gave it.
-    pub fn handle_connect(&mut self, origin: Origin, _now: Instant) -> ConnId {
-        let conn = ConnId(self.next_conn);
+    pub fn handle_connect(&mut self, origin: Origin, _now: Instant) -> IpcConnId {
+        let conn = IpcConnId(self.next_conn);
         self.next_conn += 1;
         if let Lifecycle::ShutDown { reason } = &self.lifecycle {
             let frame = Frame::Shutdown(Shutdown {
@@ -367,14 +411,29 @@ impl RunnerSession {
             return conn;
         }
         if origin == Origin::Outsider {
-            self.serve(conn, origin);
+            self.serve(conn, origin, Role::Outsider);
             self.event(RunnerEvent::OutsiderConnected { conn });
             return conn;
+        }
+        if let Origin::Client(client) = origin {
+            let attached: Vec<IpcConnId> = self.agent_bridges().collect();
+            let same_client = attached
+                .iter()
+                .any(|c| self.attached.get(c).is_some_and(|a| a.origin == origin));
+            if let (Some(&live), false) = (attached.last(), same_client) {
+                self.serve(conn, origin, Role::Foreign);
+                self.event(RunnerEvent::ForeignConnected {
+                    conn,
+                    client,
+                    attached: live,
+                });
+                return conn;
+            }
         }
         match self.config.policy {
             BridgePolicy::AllowMany => {}
             BridgePolicy::DisplaceOld => {
-                let old: Vec<ConnId> = self.agent_bridges().collect();
+                let old: Vec<IpcConnId> = self.agent_bridges().collect();
                 for old in old {
                     let frame = Frame::Shutdown(Shutdown {
                         reason: Some(DISPLACED_REASON.to_owned()),
@@ -407,7 +466,7 @@ impl RunnerSession {
                 }
             }
         }
-        self.serve(conn, origin);
+        self.serve(conn, origin, Role::Bridge);
         let delivered = self.queued.len();
         let queued: Vec<(u64, Vec<u8>)> = self.queued.drain(..).collect();
         self.send_numbered(conn, queued);
@@ -416,7 +475,7 @@ impl RunnerSession {
     }
 
     /// Bytes read from a connection. Bytes from a connection that is not attached are ignored.
-    pub fn handle_bytes(&mut self, conn: ConnId, bytes: &[u8], now: Instant) {
+    pub fn handle_bytes(&mut self, conn: IpcConnId, bytes: &[u8], now: Instant) {
         let Some(attached) = self.attached.get_mut(&conn) else {
             return;
         };
@@ -431,7 +490,7 @@ impl RunnerSession {
     }
 
     /// A connection reached EOF or failed.
-    pub fn handle_closed(&mut self, conn: ConnId, now: Instant) {
+    pub fn handle_closed(&mut self, conn: IpcConnId, now: Instant) {
         if let Some(decoded) = self
             .attached
             .get_mut(&conn)
@@ -447,7 +506,7 @@ impl RunnerSession {
     /// The application's answer to a request.
     pub fn respond(
         &mut self,
-        conn: ConnId,
+        conn: IpcConnId,
         id: u64,
         outcome: Outcome,
         now: Instant,
@@ -507,7 +566,7 @@ impl RunnerSession {
                 return;
             }
         };
-        let conns: Vec<ConnId> = self.agent_bridges().collect();
+        let conns: Vec<IpcConnId> = self.agent_bridges().collect();
         if !conns.is_empty() {
             for conn in conns {
                 self.send_numbered(conn, vec![(seq, bytes.clone())]);
@@ -519,7 +578,7 @@ impl RunnerSession {
     }
 
     /// Sends numbered notifications to `conn` (one write), remembering them until acknowledged.
-    fn send_numbered(&mut self, conn: ConnId, items: Vec<(u64, Vec<u8>)>) {
+    fn send_numbered(&mut self, conn: IpcConnId, items: Vec<(u64, Vec<u8>)>) {
         if items.is_empty() {
             return;
         }
@@ -553,7 +612,7 @@ impl RunnerSession {
             return;
         }
         let reason = reason.map(str::to_owned);
-        let conns: Vec<ConnId> = self.attached.keys().copied().collect();
+        let conns: Vec<IpcConnId> = self.attached.keys().copied().collect();
         for conn in conns {
             let frame = Frame::Shutdown(Shutdown {
                 reason: reason.clone(),
@@ -576,7 +635,7 @@ impl RunnerSession {
     }
 
     /// The agent's attached bridge (the newest one under `AllowMany`), if any.
-    pub fn attached(&self) -> Option<ConnId> {
+    pub fn attached(&self) -> Option<IpcConnId> {
         self.agent_bridges().next_back()
     }
 
@@ -589,7 +648,15 @@ impl RunnerSession {
     pub fn outsider_count(&self) -> usize {
         self.attached
             .values()
-            .filter(|a| a.origin == Origin::Outsider)
+            .filter(|a| a.role == Role::Outsider)
+            .count()
+    }
+
+    /// How many foreign bridges (the agent's tree, another client) are being served.
+    pub fn foreign_count(&self) -> usize {
+        self.attached
+            .values()
+            .filter(|a| a.role == Role::Foreign)
             .count()
     }
 
@@ -598,10 +665,10 @@ impl RunnerSession {
         self.attached.values().filter(|a| a.draining).count()
     }
 
-    fn agent_bridges(&self) -> impl DoubleEndedIterator<Item = ConnId> + '_ {
+    fn agent_bridges(&self) -> impl DoubleEndedIterator<Item = IpcConnId> + '_ {
         self.attached
             .iter()
-            .filter(|(_, a)| a.origin == Origin::Agent && !a.draining)
+            .filter(|(_, a)| a.role == Role::Bridge && !a.draining)
             .map(|(conn, _)| *conn)
     }
 
@@ -615,7 +682,7 @@ impl RunnerSession {
         matches!(self.lifecycle, Lifecycle::ShutDown { .. })
     }
 
-    fn frame_from_bridge(&mut self, conn: ConnId, decoded: Decoded, now: Instant) {
+    fn frame_from_bridge(&mut self, conn: IpcConnId, decoded: Decoded, now: Instant) {
         // A displaced bridge is read only for its acknowledgements and its end.
         let draining = self.attached.get(&conn).is_some_and(|a| a.draining);
         if draining && !matches!(decoded, Decoded::Frame(Frame::Ack(_) | Frame::Shutdown(_))) {
@@ -692,11 +759,12 @@ impl RunnerSession {
     }
 
     /// Starts listening to `conn`.
-    fn serve(&mut self, conn: ConnId, origin: Origin) {
+    fn serve(&mut self, conn: IpcConnId, origin: Origin, role: Role) {
         self.attached.insert(
             conn,
             Attached {
                 origin,
+                role,
                 decoder: FrameDecoder::new(self.config.max_frame_bytes),
                 in_flight: BTreeMap::new(),
                 acks: false,
@@ -706,20 +774,21 @@ impl RunnerSession {
         );
     }
 
-    fn detach(&mut self, conn: ConnId, reason: DetachReason) {
+    fn detach(&mut self, conn: IpcConnId, reason: DetachReason) {
         if let Some(attached) = self.attached.remove(&conn) {
             let abandoned = attached.in_flight.len();
-            match attached.origin {
+            match attached.role {
                 // A displaced bridge said so when it was displaced.
-                Origin::Agent if attached.draining => {}
-                Origin::Agent => self.event(RunnerEvent::Detached {
+                Role::Bridge if attached.draining => {}
+                Role::Bridge => self.event(RunnerEvent::Detached {
                     conn,
                     reason: reason.clone(),
                     abandoned,
                 }),
-                Origin::Outsider => self.event(RunnerEvent::OutsiderLeft { conn, abandoned }),
+                Role::Foreign => self.event(RunnerEvent::ForeignLeft { conn, abandoned }),
+                Role::Outsider => self.event(RunnerEvent::OutsiderLeft { conn, abandoned }),
             }
-            let hand_on = attached.origin == Origin::Agent
+            let hand_on = attached.role == Role::Bridge
                 && attached.acks
                 && self.config.policy != BridgePolicy::AllowMany
                 && reason != DetachReason::RunnerShutdown;
@@ -730,7 +799,7 @@ impl RunnerSession {
     }
 
     /// Gives what `from` never wrote to the attached bridge, or queues it ahead of later ones.
-    fn hand_on(&mut self, from: ConnId, unacked: BTreeMap<u64, Vec<u8>>) {
+    fn hand_on(&mut self, from: IpcConnId, unacked: BTreeMap<u64, Vec<u8>>) {
         let count = unacked.len();
         let current = self.agent_bridges().next_back();
         match current {
@@ -757,7 +826,7 @@ impl RunnerSession {
         }
     }
 
-    fn error_frame(&mut self, conn: ConnId, message: String, id: u64) {
+    fn error_frame(&mut self, conn: IpcConnId, message: String, id: u64) {
         let frame = Frame::Error(ErrorFrame {
             message,
             id: Some(id),
@@ -767,7 +836,7 @@ impl RunnerSession {
 
     /// Transmits a frame the session built itself. Only a reason or message longer than the cap
     /// can make one too large; then it goes out without that text rather than not at all.
-    fn transmit(&mut self, conn: ConnId, frame: &Frame) {
+    fn transmit(&mut self, conn: IpcConnId, frame: &Frame) {
         let max = self.config.max_frame_bytes;
         let bytes = encode_frame_vec(frame, max).unwrap_or_else(|_| {
             let short = match frame {

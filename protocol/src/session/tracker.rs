@@ -20,6 +20,7 @@ pub const DEBOUNCE: Duration = Duration::from_millis(150);
 
 /// Something for the application to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TrackerOutput {
     /// Fetch the open objectives and report them with `handle_refreshed`.
     Refresh,

@@ -4,10 +4,11 @@
 //! Contract (time is `now`, unix seconds, passed in; randomness is passed in as bytes):
 //! * [`EnrollStore::create`] takes 32 random bytes for the device code (sent only to the device:
 //!   `ac7-dc_` + base64url, 256 bits) and 8 for the user code (8 characters of [`USER_ALPHABET`],
-//!   shown `XXXX-XXXX`; the alphabet has 32 symbols and no `0 O 1 I`, so each byte maps without
-//!   bias). It refuses when the client address already holds
+//!   Crockford's base32 — digits and letters without `I L O U` — shown `XXXX-XXXX`; 32
+//!   symbols, so each byte maps without bias). It refuses when the client address already holds
 //!   [`EnrollConfig::max_pending_per_address`] live enrollments or the store holds
-//!   [`EnrollConfig::max_pending`] ([`CreateError::TooMany`], with `retry_after`), and when the
+//!   [`EnrollConfig::max_pending`] ([`CreateError::TooMany`], with `retry_after`); a denied
+//!   enrollment (kept only to tell its device) counts toward neither. It also refuses when the
 //!   user code (or device code) is already live ([`CreateError::CodeTaken`]: draw new bytes and
 //!   call again) — user codes are unique among live enrollments. The enrollment lives
 //!   [`EnrollConfig::ttl`] seconds (expired when `now >= expires_at`).
@@ -20,15 +21,16 @@
 //!   [`normalize_user_code`]) need an approver holding `members.manage`; they refuse an unknown,
 //!   expired or already decided enrollment. Nothing is approved after expiry.
 //! * A grant that will never be handed over — approved, then expired before the device polled —
-//!   comes out of [`EnrollStore::poll_output`] as [`EnrollEvent::Revoke`], so the caller revokes
+//!   comes out of [`EnrollStore::poll_output`] as [`EnrollOutput::Revoke`], so the caller revokes
 //!   that token instead of leaving it live. [`EnrollStore::handle_timeout`] expires entries at
 //!   [`EnrollStore::poll_timeout`]; `create` and `poll` expire lazily too.
 
 use crate::domain::permission::{Permission, PermissionSet};
 use std::collections::{BTreeMap, VecDeque};
 
-/// The user-code alphabet: digits and upper-case letters without `0`, `O`, `1`, `I`.
-pub const USER_ALPHABET: &[u8; 32] = b"23456789ABCDEFGHJKLMNPQRSTUVWXYZ";
+/// The user-code alphabet: Crockford's base32, digits and upper-case letters without `I`, `L`,
+/// `O`, `U`.
+pub const USER_ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 /// Random bytes for a device code.
 pub const DEVICE_RANDOM_BYTES: usize = 32;
 /// Random bytes (= characters) for a user code.
@@ -134,7 +136,8 @@ pub enum PollOutcome<G> {
 
 /// Work for the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EnrollEvent<G> {
+#[non_exhaustive]
+pub enum EnrollOutput<G> {
     /// An approved grant expired before the device collected it: revoke it.
     Revoke {
         /// The member it was bound to.
@@ -208,15 +211,22 @@ pub struct EnrollStore<G> {
     config: EnrollConfig,
     entries: BTreeMap<String, Entry<G>>,
     by_user_code: BTreeMap<String, String>,
-    output: VecDeque<EnrollEvent<G>>,
+    output: VecDeque<EnrollOutput<G>>,
 }
 
-/// Upper-cases and strips spaces and hyphens: what a human typed → the stored form (`XXXXXXXX`).
+/// Upper-cases and strips spaces and hyphens: what a human typed → the stored form
+/// (`XXXXXXXX`). As Crockford's base32 decodes, the letters a code never holds are read as the
+/// digits they look like: `O` as `0`, `I` and `L` as `1`.
 pub fn normalize_user_code(typed: &str) -> String {
     typed
         .chars()
         .filter(|c| *c != '-' && !c.is_whitespace())
         .flat_map(char::to_uppercase)
+        .map(|c| match c {
+            'O' => '0',
+            'I' | 'L' => '1',
+            c => c,
+        })
         .collect()
 }
 
@@ -268,12 +278,17 @@ impl<G> EnrollStore<G> {
                 .unwrap_or(1)
                 .max(1)
         };
-        if self.entries.len() >= self.config.max_pending {
+        // A denied enrollment stays only until its device hears so: it holds no place.
+        let live = self
+            .entries
+            .values()
+            .filter(|e| !matches!(e.state, State::Denied { .. }));
+        if live.clone().count() >= self.config.max_pending {
             return Err(CreateError::TooMany {
-                retry_after: retry_after(&mut self.entries.values()),
+                retry_after: retry_after(&mut live.clone()),
             });
         }
-        let mut mine = self.entries.values().filter(|e| e.address == address);
+        let mut mine = live.filter(|e| e.address == address);
         if mine.clone().count() >= self.config.max_pending_per_address {
             return Err(CreateError::TooMany {
                 retry_after: retry_after(&mut mine),
@@ -318,7 +333,8 @@ impl<G> EnrollStore<G> {
     /// Drops `entry` for expiry, queueing the revocation of an uncollected grant.
     fn expire(&mut self, entry: Entry<G>) {
         if let State::Approved { member, grant } = entry.state {
-            self.output.push_back(EnrollEvent::Revoke { member, grant });
+            self.output
+                .push_back(EnrollOutput::Revoke { member, grant });
         }
     }
 
@@ -446,7 +462,7 @@ impl<G> EnrollStore<G> {
     }
 
     /// The next piece of work for the caller.
-    pub fn poll_output(&mut self) -> Option<EnrollEvent<G>> {
+    pub fn poll_output(&mut self) -> Option<EnrollOutput<G>> {
         self.output.pop_front()
     }
 
@@ -516,7 +532,7 @@ mod tests {
                 T0,
             )
             .expect("created");
-        assert_eq!(c.user_code, "239A-RSZZ");
+        assert_eq!(c.user_code, "0178-QRZZ");
         assert_eq!(
             c.device_code,
             format!("ac7-dc_{}", "-_v7".repeat(10) + "-_s")
@@ -524,9 +540,13 @@ mod tests {
         assert_eq!(c.device_code.len(), DEVICE_CODE_PREFIX.len() + 43);
         assert_eq!((c.expires_at, c.interval), (T0 + 300, 5));
         for b in USER_ALPHABET {
-            assert!(!b"0O1I".contains(b));
+            assert!(!b"ILOU".contains(b), "{}", char::from(*b));
         }
-        assert_eq!(normalize_user_code(" 239a-rszz "), "239ARSZZ");
+        let distinct: BTreeSet<&u8> = USER_ALPHABET.iter().collect();
+        assert_eq!(distinct.len(), 32);
+        assert_eq!(normalize_user_code(" 0178-qrzz "), "0178QRZZ");
+        // Letters a code never holds read as the digits they look like.
+        assert_eq!(normalize_user_code("o1li-qrzz"), "0111QRZZ");
     }
 
     #[test]
@@ -605,7 +625,7 @@ mod tests {
         s.handle_timeout(T0 + 300);
         assert_eq!(
             s.poll_output(),
-            Some(EnrollEvent::Revoke {
+            Some(EnrollOutput::Revoke {
                 member: "bob".into(),
                 grant: 7
             })
@@ -627,7 +647,7 @@ mod tests {
         assert_eq!(s.poll(&c.device_code, T0 + 300), PollOutcome::Expired);
         assert_eq!(
             s.poll_output(),
-            Some(EnrollEvent::Revoke {
+            Some(EnrollOutput::Revoke {
                 member: "bob".into(),
                 grant: 7
             })
@@ -652,6 +672,44 @@ mod tests {
         );
         // Once the oldest expires the address may enroll again.
         make(&mut s, 11, "10.0.0.1", T0 + 300);
+    }
+
+    #[test]
+    fn denied_enrollments_hold_no_place() {
+        let mut s = store();
+        let codes: Vec<Created> = (0..3)
+            .map(|seed| make(&mut s, seed, "10.0.0.1", T0))
+            .collect();
+        assert!(matches!(
+            s.create(&[9; 32], &[9; 8], "10.0.0.1", "l", T0 + 1),
+            Err(CreateError::TooMany { .. })
+        ));
+        s.deny(&codes[0].user_code, admin(), "no", T0 + 2)
+            .expect("denied");
+        // The denied one is still there for its device to hear, but no longer counts.
+        make(&mut s, 9, "10.0.0.1", T0 + 3);
+        assert_eq!(
+            s.poll(&codes[0].device_code, T0 + 4),
+            PollOutcome::Denied {
+                reason: "no".into()
+            }
+        );
+        // An approved one still counts until its device collects it.
+        s.approve(&codes[1].user_code, admin(), "bob", 1, T0 + 5)
+            .expect("approved");
+        assert!(matches!(
+            s.create(&[10; 32], &[10; 8], "10.0.0.1", "l", T0 + 6),
+            Err(CreateError::TooMany { .. })
+        ));
+        // The overall bound ignores denied ones too.
+        let mut all = EnrollStore::<u32>::new(EnrollConfig {
+            max_pending: 1,
+            ..EnrollConfig::default()
+        });
+        let first = make(&mut all, 1, "a", T0);
+        all.deny(&first.user_code, admin(), "no", T0)
+            .expect("denied");
+        make(&mut all, 2, "b", T0);
     }
 
     #[derive(Debug, Clone)]
@@ -699,7 +757,8 @@ mod tests {
                         if let Ok(c) = s.create(&[next_device; 32], &[seed; 8], &addr, "l", now) {
                             created.push(c);
                         }
-                        prop_assert!(s.len() <= 3 * 3);
+                        let undecided = s.entries.values().filter(|e| !matches!(e.state, State::Denied { .. })).count();
+                        prop_assert!(undecided <= 3 * 3);
                     }
                     Op::Poll { which } => {
                         let Some(c) = created.get(which) else { continue };
@@ -728,7 +787,7 @@ mod tests {
                     Op::Tick { secs } => now += secs,
                     Op::Timeout => s.handle_timeout(now),
                 }
-                while let Some(EnrollEvent::Revoke { grant, .. }) = s.poll_output() {
+                while let Some(EnrollOutput::Revoke { grant, .. }) = s.poll_output() {
                     left.push(grant);
                 }
                 let live: Vec<&String> = s.by_user_code.keys().collect();
@@ -739,7 +798,7 @@ mod tests {
                 prop_assert_eq!(s.by_user_code.len(), s.entries.len());
             }
             s.handle_timeout(now + 10_000);
-            while let Some(EnrollEvent::Revoke { grant, .. }) = s.poll_output() {
+            while let Some(EnrollOutput::Revoke { grant, .. }) = s.poll_output() {
                 left.push(grant);
             }
             let mut sorted = left.clone();

@@ -218,7 +218,7 @@ impl MessageStream {
                         Some("tool_use" | "server_tool_use")
                     ) && block.get("input") == Some(&Value::Object(Map::new()))
                     {
-                        block.shift_remove("input");
+                        crate::codec::json::remove_keeping_order(&mut block, "input");
                     }
                     self.blocks.insert(index, (block, String::new()));
                 }

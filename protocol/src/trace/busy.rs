@@ -43,6 +43,7 @@ impl Default for BusyConfig {
 
 /// Something for the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BusyOutput {
     /// `POST /presence/busy {"busy": …}`.
     SetBusy(bool),
@@ -63,18 +64,30 @@ struct InFlight {
     since: Instant,
 }
 
+/// What the reporter last told the broker, and what it waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The last report was `false` (or is the queued first one).
+    Idle,
+    /// The last report was `true`: it repeats at `heartbeat`; `idle_since` is when the member
+    /// went idle while still reported busy (the idle debounce runs from there).
+    Busy {
+        heartbeat: Instant,
+        idle_since: Option<Instant>,
+    },
+    /// Closed: nothing is counted or reported any more.
+    Closed,
+}
+
 /// The busy reporter. See the module docs.
+///
+/// Contract: inputs `llm_started`, `llm_finished` and `close`, each with `now` last; outputs
+/// drained with `poll_output` until `None`; timers via `poll_timeout` / `handle_timeout(now)`.
 #[derive(Debug, Clone)]
 pub struct BusyReporter {
     config: BusyConfig,
     keys: BTreeMap<u64, InFlight>,
-    /// The last report sent out.
-    reported: bool,
-    /// Idle since this instant while the last report is still `true`.
-    idle_since: Option<Instant>,
-    /// The next heartbeat while reported busy.
-    next_heartbeat: Option<Instant>,
-    closed: bool,
+    state: State,
     out: VecDeque<BusyOutput>,
 }
 
@@ -84,17 +97,14 @@ impl BusyReporter {
         Self {
             config,
             keys: BTreeMap::new(),
-            reported: false,
-            idle_since: None,
-            next_heartbeat: None,
-            closed: false,
+            state: State::Idle,
             out: VecDeque::from([BusyOutput::SetBusy(false)]),
         }
     }
 
     /// An LLM call under `key` started.
     pub fn llm_started(&mut self, key: u64, now: Instant) {
-        if self.closed {
+        if self.state == State::Closed {
             return;
         }
         let entry = self.keys.entry(key).or_insert(InFlight {
@@ -108,7 +118,7 @@ impl BusyReporter {
 
     /// An LLM call under `key` finished (unknown keys are ignored).
     pub fn llm_finished(&mut self, key: u64, now: Instant) {
-        if self.closed {
+        if self.state == State::Closed {
             return;
         }
         if let Some(entry) = self.keys.get_mut(&key) {
@@ -131,26 +141,28 @@ impl BusyReporter {
     }
 
     fn update(&mut self, now: Instant) {
-        if self.is_busy() {
-            self.idle_since = None;
-            if !self.reported {
-                self.report(true, now);
-            }
-        } else if self.reported && self.idle_since.is_none() {
-            self.idle_since = Some(now);
+        let busy = self.is_busy();
+        match &mut self.state {
+            State::Idle if busy => self.report_busy(now, None),
+            State::Busy { idle_since, .. } if busy => *idle_since = None,
+            State::Busy { idle_since, .. } if idle_since.is_none() => *idle_since = Some(now),
+            _ => {}
         }
         self.handle_timeout(now);
     }
 
-    fn report(&mut self, busy: bool, now: Instant) {
-        self.reported = busy;
-        self.next_heartbeat = busy.then(|| now + self.config.heartbeat);
-        self.out.push_back(BusyOutput::SetBusy(busy));
+    /// Reports `true` and schedules its repeat, keeping the idle debounce that runs, if any.
+    fn report_busy(&mut self, now: Instant, idle_since: Option<Instant>) {
+        self.state = State::Busy {
+            heartbeat: now + self.config.heartbeat,
+            idle_since,
+        };
+        self.out.push_back(BusyOutput::SetBusy(true));
     }
 
     /// Stale keys, the idle debounce and the heartbeat.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.closed {
+        if self.state == State::Closed {
             return;
         }
         let stale: Vec<(u64, u32)> = self
@@ -162,53 +174,61 @@ impl BusyReporter {
         for (key, count) in stale {
             self.keys.remove(&key);
             self.out.push_back(BusyOutput::Stale { key, count });
-            if self.keys.is_empty() && self.reported && self.idle_since.is_none() {
-                self.idle_since = Some(now);
+            if self.keys.is_empty()
+                && let State::Busy { idle_since, .. } = &mut self.state
+                && idle_since.is_none()
+            {
+                *idle_since = Some(now);
             }
         }
-        if let Some(since) = self.idle_since
+        if let State::Busy {
+            idle_since: Some(since),
+            ..
+        } = self.state
             && now.saturating_duration_since(since) >= self.config.idle_debounce
         {
-            self.idle_since = None;
-            self.report(false, now);
+            self.state = State::Idle;
+            self.out.push_back(BusyOutput::SetBusy(false));
         }
-        if let Some(at) = self.next_heartbeat
-            && now >= at
+        if let State::Busy {
+            heartbeat,
+            idle_since,
+        } = self.state
+            && now >= heartbeat
         {
-            self.report(true, now);
+            self.report_busy(now, idle_since);
         }
     }
 
     /// When [`BusyReporter::handle_timeout`] has something to do.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        if self.closed {
-            return None;
-        }
+        let (idle, heartbeat) = match self.state {
+            State::Closed => return None,
+            State::Idle => (None, None),
+            State::Busy {
+                heartbeat,
+                idle_since,
+            } => (
+                idle_since.map(|s| s + self.config.idle_debounce),
+                Some(heartbeat),
+            ),
+        };
         let stale = self
             .keys
             .values()
             .map(|e| e.since + self.config.stale_after)
             .min();
-        let idle = self.idle_since.map(|s| s + self.config.idle_debounce);
-        [stale, idle, self.next_heartbeat]
-            .into_iter()
-            .flatten()
-            .min()
+        [stale, idle, heartbeat].into_iter().flatten().min()
     }
 
     /// The runner stops: `SetBusy(false)` once if the last report was `true`; nothing after.
-    pub fn close(&mut self) {
-        if self.closed {
-            return;
-        }
-        if self.reported {
+    /// (`now` is taken like every input's; closing keeps no time.)
+    pub fn close(&mut self, _now: Instant) {
+        if matches!(self.state, State::Busy { .. }) {
             self.out.push_back(BusyOutput::SetBusy(false));
-            self.reported = false;
         }
         self.keys.clear();
-        self.idle_since = None;
-        self.next_heartbeat = None;
-        self.closed = true;
+        self.state = State::Closed;
     }
 
     /// The next output.
@@ -268,9 +288,9 @@ mod tests {
         assert_eq!(out.first(), Some(&BusyOutput::Stale { key: 7, count: 1 }));
         assert!(!b.is_busy());
         // Still reported busy until the debounce passes; close says false once.
-        b.close();
+        b.close(s(302));
         assert_eq!(drain(&mut b).last(), Some(&BusyOutput::SetBusy(false)));
-        b.close();
+        b.close(s(303));
         b.llm_started(1, s(400));
         assert_eq!(drain(&mut b), []);
     }

@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// One proxied connection, named by the driver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ConnId(pub u64);
+pub struct ProxyConnId(pub u64);
 
 /// Caps and options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,7 +138,7 @@ pub fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exchange {
     /// The connection.
-    pub conn: ConnId,
+    pub conn: ProxyConnId,
     /// The host the connection was opened to (the CONNECT host).
     pub connect_host: String,
     /// The request.
@@ -176,25 +176,26 @@ fn strip_port(host: &str) -> &str {
 
 /// Something for the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HttpOutput {
     /// Bytes to write to the server (only with `rewrite_accept_encoding`).
     Transmit {
         /// The connection.
-        to: ConnId,
+        to: ProxyConnId,
         /// The bytes, in order.
         bytes: Vec<u8>,
     },
     /// A request was fully sent; its [`HttpOutput::Exchange`] follows later (busy tracking).
     RequestSent {
         /// The connection.
-        conn: ConnId,
+        conn: ProxyConnId,
     },
     /// A finished exchange (one per `RequestSent`, in order per connection).
     Exchange(Box<Exchange>),
     /// The connection stopped being parsed: from now on it is only relayed.
     Untraced {
         /// The connection.
-        conn: ConnId,
+        conn: ProxyConnId,
         /// Why, for the log.
         reason: String,
     },
@@ -302,7 +303,7 @@ struct Conn {
 #[derive(Debug, Default)]
 pub struct HttpAssembler {
     config: HttpConfig,
-    conns: BTreeMap<ConnId, Conn>,
+    conns: BTreeMap<ProxyConnId, Conn>,
     out: VecDeque<HttpOutput>,
 }
 
@@ -325,7 +326,7 @@ impl HttpAssembler {
 
     /// A decrypted connection to `host` (the CONNECT host) begins. Reopening an id first
     /// closes the old connection (its waiting requests come out without a response).
-    pub fn handle_open(&mut self, conn: ConnId, host: &str, now: u64) {
+    pub fn handle_open(&mut self, conn: ProxyConnId, host: &str, now: u64) {
         if let Some(mut old) = self.conns.remove(&conn) {
             flush_pending(conn, &mut old, now, &mut self.out);
         }
@@ -346,7 +347,7 @@ impl HttpAssembler {
 
     /// Bytes the client sent. Unknown connections are ignored (and, with
     /// `rewrite_accept_encoding`, forwarded unchanged).
-    pub fn handle_client_bytes(&mut self, conn: ConnId, bytes: &[u8], now: u64) {
+    pub fn handle_client_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
         let rewrite = self.config.rewrite_accept_encoding;
         let Some(c) = self.conns.get_mut(&conn) else {
             if rewrite && !bytes.is_empty() {
@@ -376,7 +377,7 @@ impl HttpAssembler {
     }
 
     /// Bytes the server sent.
-    pub fn handle_server_bytes(&mut self, conn: ConnId, bytes: &[u8], now: u64) {
+    pub fn handle_server_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -398,7 +399,7 @@ impl HttpAssembler {
     }
 
     /// The server will send nothing more: a response running until close is complete.
-    pub fn handle_server_eof(&mut self, conn: ConnId, now: u64) {
+    pub fn handle_server_eof(&mut self, conn: ProxyConnId, now: u64) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -419,7 +420,7 @@ impl HttpAssembler {
 
     /// The connection is gone: requests still waiting come out with what arrived of their
     /// response (marked incomplete) or none. Unknown ids are ignored.
-    pub fn handle_closed(&mut self, conn: ConnId, now: u64) {
+    pub fn handle_closed(&mut self, conn: ProxyConnId, now: u64) {
         self.handle_server_eof(conn, now);
         let Some(mut c) = self.conns.remove(&conn) else {
             return;
@@ -435,7 +436,7 @@ impl HttpAssembler {
     /// How many more body bytes connection `conn` may keep, from now until the next call
     /// (`None`, the default: only `max_body_bytes` per message). A body that meets it is cut
     /// like one over `max_body_bytes` ([`Body::truncated`]). Unknown ids are ignored.
-    pub fn set_body_allowance(&mut self, conn: ConnId, allowance: Option<usize>) {
+    pub fn set_body_allowance(&mut self, conn: ProxyConnId, allowance: Option<usize>) {
         if let Some(c) = self.conns.get_mut(&conn) {
             c.allowance = allowance;
         }
@@ -491,7 +492,7 @@ impl HttpAssembler {
 /// Marks the connection untraced: the requests already sent come out, held client bytes are
 /// released unchanged.
 fn untrace(
-    conn: ConnId,
+    conn: ProxyConnId,
     c: &mut Conn,
     reason: String,
     now: u64,
@@ -505,7 +506,7 @@ fn untrace(
     flush_pending(conn, c, now, out);
 }
 
-fn flush_pending(conn: ConnId, c: &mut Conn, now: u64, out: &mut VecDeque<HttpOutput>) {
+fn flush_pending(conn: ProxyConnId, c: &mut Conn, now: u64, out: &mut VecDeque<HttpOutput>) {
     for p in c.pending.drain(..) {
         if !p.request_done {
             continue;
@@ -531,7 +532,7 @@ fn flush_pending(conn: ConnId, c: &mut Conn, now: u64, out: &mut VecDeque<HttpOu
 }
 
 /// Emits the exchanges at the front that are complete.
-fn emit_done(conn: ConnId, c: &mut Conn, out: &mut VecDeque<HttpOutput>) {
+fn emit_done(conn: ProxyConnId, c: &mut Conn, out: &mut VecDeque<HttpOutput>) {
     while c
         .pending
         .front()
@@ -797,7 +798,7 @@ fn read_body(
 }
 
 fn parse_client(
-    conn: ConnId,
+    conn: ProxyConnId,
     c: &mut Conn,
     config: &HttpConfig,
     now: u64,
@@ -911,7 +912,7 @@ fn parse_client(
 }
 
 fn parse_server(
-    conn: ConnId,
+    conn: ProxyConnId,
     c: &mut Conn,
     config: &HttpConfig,
     now: u64,
@@ -1010,7 +1011,7 @@ fn parse_server(
 /// The response in progress is complete: pair it, emit what is done, and let a client waiting
 /// for an upgrade answer go on.
 fn finish_response(
-    conn: ConnId,
+    conn: ProxyConnId,
     c: &mut Conn,
     config: &HttpConfig,
     now: u64,

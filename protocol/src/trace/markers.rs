@@ -2,17 +2,20 @@
 //! assigned to the member count): which objectives the member works on,
 //! as `objective_open` / `objective_close` events.
 //!
-//! - [`ObjectiveMarkers::refreshed`] takes the member's open objectives (the briefing's at
-//!   start, then each tracker refresh). Only objectives assigned to the member with status
+//! - [`ObjectiveMarkers::handle_refreshed`] takes the member's open objectives (the briefing's
+//!   at start, then each tracker refresh). Only objectives assigned to the member with status
 //!   `active` or `blocked` count (the broker also lists ones the member originated or watches).
-//!   Ids new to the set → `objective_open`; ids gone are returned for a look-up.
-//! - [`ObjectiveMarkers::resolve`] turns the look-up into the close reason: assigned to someone
-//!   else (or no longer visible: 403) → `reassigned`; `done` → `done`; `cancelled` (or gone:
-//!   404) → `cancelled`. A look-up that failed, or an objective still open and ours, keeps the
-//!   marker open; the next refresh tries again.
+//!   Ids new to the set → `objective_open`; ids gone → a [`MarkerOutput::LookUp`].
+//! - [`ObjectiveMarkers::handle_lookup`] turns the look-up into the close reason: assigned to
+//!   someone else (or no longer visible: 403) → `reassigned`; `done` → `done`; `cancelled` (or
+//!   gone: 404) → `cancelled`. A look-up that failed, or an objective still open and ours, keeps
+//!   the marker open; the next refresh tries again.
 //! - [`ObjectiveMarkers::shutdown`] closes every open marker with `runner_shutdown`.
+//!
+//! Contract: inputs `handle_refreshed`, `handle_lookup` and `shutdown`, each with `now` (epoch
+//! milliseconds, the events' `ts`) last; outputs drained with `poll_output` until `None`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, VecDeque};
 
 use super::activity::{ActivityEvent, CloseReason};
 use crate::domain::objective::{Objective, Status};
@@ -30,11 +33,23 @@ pub enum Lookup {
     Failed,
 }
 
+/// Something for the driver, in order.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum MarkerOutput {
+    /// Record this `objective_open` / `objective_close` event.
+    Record(Box<ActivityEvent>),
+    /// Look this objective up (`GET /objectives/:id`) and answer with
+    /// [`ObjectiveMarkers::handle_lookup`]: it left the open set while its marker is open.
+    LookUp(String),
+}
+
 /// The open markers of one member. See the module docs.
 #[derive(Debug, Clone, Default)]
 pub struct ObjectiveMarkers {
     me: String,
     open: BTreeSet<String>,
+    out: VecDeque<MarkerOutput>,
 }
 
 impl ObjectiveMarkers {
@@ -43,6 +58,7 @@ impl ObjectiveMarkers {
         Self {
             me: me.into(),
             open: BTreeSet::new(),
+            out: VecDeque::new(),
         }
     }
 
@@ -50,38 +66,41 @@ impl ObjectiveMarkers {
         o.assignee == self.me && matches!(o.status, Status::Active | Status::Blocked)
     }
 
-    /// The open objectives now: opens for the new ones, and the ids to look up (gone from the
-    /// set while their marker is open).
-    pub fn refreshed(
-        &mut self,
-        objectives: &[Objective],
-        ts: u64,
-    ) -> (Vec<ActivityEvent>, Vec<String>) {
-        let now: BTreeSet<&str> = objectives
+    /// The open objectives now, at `now`: an open for each new one, then a look-up for each id
+    /// gone from the set while its marker is open.
+    pub fn handle_refreshed(&mut self, objectives: &[Objective], now: u64) {
+        let current: BTreeSet<&str> = objectives
             .iter()
             .filter(|o| self.mine(o))
             .map(|o| o.id.as_str())
             .collect();
-        let mut opens = Vec::new();
-        for id in &now {
+        for id in &current {
             if self.open.insert((*id).to_owned()) {
-                opens.push(ActivityEvent::ObjectiveOpen {
-                    ts,
-                    objective_id: (*id).to_owned(),
-                });
+                self.out.push_back(MarkerOutput::Record(Box::new(
+                    ActivityEvent::ObjectiveOpen {
+                        ts: now,
+                        objective_id: (*id).to_owned(),
+                    },
+                )));
             }
         }
-        let gone = self
+        let gone: Vec<String> = self
             .open
             .iter()
-            .filter(|id| !now.contains(id.as_str()))
+            .filter(|id| !current.contains(id.as_str()))
             .cloned()
             .collect();
-        (opens, gone)
+        self.out.extend(gone.into_iter().map(MarkerOutput::LookUp));
     }
 
-    /// The look-up of a gone id: the close event, or `None` (the marker stays open).
-    pub fn resolve(&mut self, id: &str, lookup: &Lookup, ts: u64) -> Option<ActivityEvent> {
+    /// The look-up of a gone id, at `now`: its close event, or nothing (the marker stays open).
+    pub fn handle_lookup(&mut self, id: &str, lookup: &Lookup, now: u64) {
+        if let Some(close) = self.close_reason(id, lookup, now) {
+            self.out.push_back(MarkerOutput::Record(Box::new(close)));
+        }
+    }
+
+    fn close_reason(&mut self, id: &str, lookup: &Lookup, ts: u64) -> Option<ActivityEvent> {
         if !self.open.contains(id) {
             return None;
         }
@@ -104,16 +123,23 @@ impl ObjectiveMarkers {
         })
     }
 
-    /// Closes every open marker with `runner_shutdown`.
-    pub fn shutdown(&mut self, ts: u64) -> Vec<ActivityEvent> {
-        std::mem::take(&mut self.open)
+    /// Closes every open marker with `runner_shutdown`, at `now`.
+    pub fn shutdown(&mut self, now: u64) {
+        let closes = std::mem::take(&mut self.open)
             .into_iter()
-            .map(|objective_id| ActivityEvent::ObjectiveClose {
-                ts,
-                objective_id,
-                result: CloseReason::RunnerShutdown,
-            })
-            .collect()
+            .map(|objective_id| {
+                MarkerOutput::Record(Box::new(ActivityEvent::ObjectiveClose {
+                    ts: now,
+                    objective_id,
+                    result: CloseReason::RunnerShutdown,
+                }))
+            });
+        self.out.extend(closes);
+    }
+
+    /// The next output.
+    pub fn poll_output(&mut self) -> Option<MarkerOutput> {
+        self.out.pop_front()
     }
 
     /// The ids with an open marker.
@@ -125,6 +151,44 @@ impl ObjectiveMarkers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The events recorded and the ids looked up since the last drain.
+    fn drain(m: &mut ObjectiveMarkers) -> (Vec<ActivityEvent>, Vec<String>) {
+        let (mut events, mut lookups) = (Vec::new(), Vec::new());
+        while let Some(output) = m.poll_output() {
+            match output {
+                MarkerOutput::Record(event) => events.push(*event),
+                MarkerOutput::LookUp(id) => lookups.push(id),
+            }
+        }
+        (events, lookups)
+    }
+
+    fn refreshed(
+        m: &mut ObjectiveMarkers,
+        objectives: &[Objective],
+        ts: u64,
+    ) -> (Vec<ActivityEvent>, Vec<String>) {
+        m.handle_refreshed(objectives, ts);
+        drain(m)
+    }
+
+    fn resolve(
+        m: &mut ObjectiveMarkers,
+        id: &str,
+        lookup: &Lookup,
+        ts: u64,
+    ) -> Option<ActivityEvent> {
+        m.handle_lookup(id, lookup, ts);
+        let (events, lookups) = drain(m);
+        assert!(lookups.is_empty() && events.len() <= 1);
+        events.into_iter().next()
+    }
+
+    fn shutdown(m: &mut ObjectiveMarkers, ts: u64) -> Vec<ActivityEvent> {
+        m.shutdown(ts);
+        drain(m).0
+    }
 
     fn obj(id: &str, assignee: &str, status: Status) -> Objective {
         serde_json::from_value(serde_json::json!({
@@ -139,7 +203,8 @@ mod tests {
     #[test]
     fn opens_only_mine_and_closes_with_the_real_reason() {
         let mut m = ObjectiveMarkers::new("builder");
-        let (opens, gone) = m.refreshed(
+        let (opens, gone) = refreshed(
+            &mut m,
             &[
                 obj("a", "builder", Status::Active),
                 obj("b", "builder", Status::Blocked),
@@ -151,7 +216,7 @@ mod tests {
         );
         assert_eq!(opens.len(), 4);
         assert!(gone.is_empty());
-        let (opens, gone) = m.refreshed(&[obj("e", "builder", Status::Active)], 20);
+        let (opens, gone) = refreshed(&mut m, &[obj("e", "builder", Status::Active)], 20);
         assert!(opens.is_empty());
         assert_eq!(gone, ["a", "b", "d"]);
         let close = |e: Option<ActivityEvent>| match e {
@@ -160,26 +225,41 @@ mod tests {
         };
         let found = |o| Lookup::Found(Box::new(o));
         assert_eq!(
-            close(m.resolve("a", &found(obj("a", "reviewer", Status::Active)), 21)),
+            close(resolve(
+                &mut m,
+                "a",
+                &found(obj("a", "reviewer", Status::Active)),
+                21
+            )),
             Some(CloseReason::Reassigned)
         );
         assert_eq!(
-            close(m.resolve("b", &found(obj("b", "builder", Status::Cancelled)), 21)),
+            close(resolve(
+                &mut m,
+                "b",
+                &found(obj("b", "builder", Status::Cancelled)),
+                21
+            )),
             Some(CloseReason::Cancelled)
         );
-        assert_eq!(close(m.resolve("d", &Lookup::Failed, 21)), None);
-        let (_, gone) = m.refreshed(&[obj("e", "builder", Status::Active)], 30);
+        assert_eq!(close(resolve(&mut m, "d", &Lookup::Failed, 21)), None);
+        let (_, gone) = refreshed(&mut m, &[obj("e", "builder", Status::Active)], 30);
         assert_eq!(gone, ["d"]);
         assert_eq!(
-            close(m.resolve("d", &found(obj("d", "builder", Status::Done)), 31)),
+            close(resolve(
+                &mut m,
+                "d",
+                &found(obj("d", "builder", Status::Done)),
+                31
+            )),
             Some(CloseReason::Done)
         );
         assert_eq!(
-            close(m.resolve("d", &Lookup::NotFound, 31)),
+            close(resolve(&mut m, "d", &Lookup::NotFound, 31)),
             None,
             "closed once"
         );
-        let last = m.shutdown(40);
+        let last = shutdown(&mut m, 40);
         assert_eq!(
             last,
             [ActivityEvent::ObjectiveClose {
@@ -188,6 +268,6 @@ mod tests {
                 result: CloseReason::RunnerShutdown
             }]
         );
-        assert!(m.shutdown(41).is_empty());
+        assert!(shutdown(&mut m, 41).is_empty());
     }
 }

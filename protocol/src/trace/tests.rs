@@ -6,7 +6,7 @@ use super::http::*;
 use super::*;
 use crate::test_support::{proptest_config, snapshots};
 
-const C: ConnId = ConnId(1);
+const C: ProxyConnId = ProxyConnId(1);
 
 fn run(config: HttpConfig, steps: &[(&str, &[u8])]) -> (Vec<HttpOutput>, HttpAssembler) {
     let mut a = HttpAssembler::new(config);
@@ -909,4 +909,40 @@ fn reopening_a_connection_flushes_the_old_one() {
         ex[0].ended_at, 9,
         "the exchange ended when the connection was reopened"
     );
+}
+
+#[test]
+fn a_configured_endpoint_speaks_its_api_under_any_prefix() {
+    use LlmApi::{AnthropicMessages, OpenaiResponses};
+    assert_eq!(
+        endpoint_api("POST", "/v1/messages", AnthropicMessages),
+        Some(AnthropicMessages)
+    );
+    assert_eq!(
+        endpoint_api(
+            "post",
+            "/anthropic/v1/messages?beta=true",
+            AnthropicMessages
+        ),
+        Some(AnthropicMessages)
+    );
+    assert_eq!(
+        endpoint_api("POST", "http://gw:8080/llm/v1/messages", AnthropicMessages),
+        Some(AnthropicMessages)
+    );
+    assert_eq!(
+        endpoint_api("POST", "/v1/messages/count_tokens", AnthropicMessages),
+        None
+    );
+    assert_eq!(endpoint_api("GET", "/v1/messages", AnthropicMessages), None);
+    assert_eq!(
+        endpoint_api("POST", "/openai/v1/responses", OpenaiResponses),
+        Some(OpenaiResponses)
+    );
+    assert_eq!(
+        endpoint_api("POST", "/v1/chat/completions", OpenaiResponses),
+        None
+    );
+    // Off a configured endpoint the host decides, as before.
+    assert_eq!(llm_api("POST", "gw.example", "/v1/messages"), None);
 }

@@ -10,7 +10,9 @@
 //! - A batch holds at most `batch_events` events and `batch_bytes` bytes (a single event larger
 //!   than `batch_bytes` goes alone). It leaves at most `linger` after the first event that found
 //!   an empty queue, at once when a full batch is waiting, and at once after a successful upload
-//!   when events remain. One request is in flight at a time ([`Uploader::poll_transmit`]).
+//!   when events remain. One request is in flight at a time: a batch comes out of
+//!   [`Uploader::poll_output`] as [`UploaderOutput::Transmit`] when it is due (after an input or
+//!   [`Uploader::handle_timeout`]), and the next one only after its [`Uploader::handle_result`].
 //! - [`Uploader::handle_result`]: a 2xx clears the batch. A network error, a 5xx, 408 or 429
 //!   puts the batch back at the head and waits (200 ms doubling to 30 s, ±20 % seeded jitter).
 //!   Any other status (400, 401, 403, 404, 413, …) drops that batch with one log line: the
@@ -18,6 +20,10 @@
 //! - [`Uploader::close`] stops accepting events and drains everything queued — several batches,
 //!   retries included — until `close_deadline` has passed; then what is left is dropped (logged).
 //!   [`Uploader::is_done`] says when the driver can stop.
+//!
+//! Contract: inputs `enqueue`, `handle_result` and `close`, each with `now` last; outputs (batches
+//! to send and log lines, in order) drained with `poll_output` until `None`; timers via
+//! `poll_timeout` / `handle_timeout(now)`.
 //!
 //! There is no idempotency key: a batch the broker committed whose response was lost is sent
 //! again (the broker then stores it twice).
@@ -86,8 +92,19 @@ pub enum UploadResult {
     Network(String),
 }
 
+/// Something for the driver, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum UploaderOutput {
+    /// Send this batch; answer with [`Uploader::handle_result`].
+    Transmit(Batch),
+    /// Log this line.
+    Log(UploaderLog),
+}
+
 /// Something worth one log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum UploaderLog {
     /// An event larger than the whole queue was not queued.
     Refused {
@@ -142,7 +159,7 @@ pub struct Uploader {
     closing: Option<Instant>,
     /// The deadline passed (or everything drained after close).
     finished: bool,
-    logs: VecDeque<UploaderLog>,
+    out: VecDeque<UploaderOutput>,
 }
 
 impl Uploader {
@@ -162,25 +179,30 @@ impl Uploader {
             rng,
             closing: None,
             finished: false,
-            logs: VecDeque::new(),
+            out: VecDeque::new(),
         }
     }
 
     /// Queues one event (see the module docs for the caps).
     pub fn enqueue(&mut self, event: &ActivityEvent, now: Instant) {
         if self.closing.is_some() {
-            self.logs.push_back(UploaderLog::Closed);
+            self.log(UploaderLog::Closed);
             return;
         }
         // Serializing our own types cannot fail (string keys, finite numbers).
         let json = serde_json::to_string(event).unwrap_or_default();
         self.enqueue_json(json, now);
+        self.handle_timeout(now);
+    }
+
+    fn log(&mut self, line: UploaderLog) {
+        self.out.push_back(UploaderOutput::Log(line));
     }
 
     fn enqueue_json(&mut self, json: String, now: Instant) {
         let size = json.len();
         if size > self.config.max_bytes || self.config.max_events == 0 {
-            self.logs.push_back(UploaderLog::Refused { bytes: size });
+            self.log(UploaderLog::Refused { bytes: size });
             return;
         }
         let mut evicted = 0;
@@ -191,8 +213,7 @@ impl Uploader {
             evicted += 1;
         }
         if evicted > 0 {
-            self.logs
-                .push_back(UploaderLog::Evicted { events: evicted });
+            self.log(UploaderLog::Evicted { events: evicted });
         }
         self.queue.push_back(json);
         self.queued_bytes += size;
@@ -214,19 +235,18 @@ impl Uploader {
         self.queue.len() >= self.config.batch_events || self.queued_bytes >= self.config.batch_bytes
     }
 
-    /// The next batch to send, when one is due and none is in flight.
-    pub fn poll_transmit(&mut self, now: Instant) -> Option<Batch> {
-        self.handle_timeout(now);
+    /// Queues the next batch to send, when one is due and none is in flight.
+    fn send_due(&mut self, now: Instant) {
         if self.finished || self.in_flight.is_some() || self.queue.is_empty() {
-            return None;
+            return;
         }
         if self.backoff_until.is_some_and(|at| now < at) {
-            return None;
+            return;
         }
         self.backoff_until = None;
         let draining = self.closing.is_some();
         if !draining && self.due.is_some_and(|at| now < at) {
-            return None;
+            return;
         }
         let mut events = Vec::new();
         let mut bytes = 0;
@@ -254,11 +274,11 @@ impl Uploader {
         self.next_id += 1;
         let count = events.len();
         self.in_flight = Some((id, events));
-        Some(Batch {
+        self.out.push_back(UploaderOutput::Transmit(Batch {
             id,
             body,
             events: count,
-        })
+        }));
     }
 
     /// How the upload of batch `id` ended (results for other ids are ignored).
@@ -276,7 +296,7 @@ impl Uploader {
             UploadResult::Status(status) if (200..300).contains(&status) => None,
             UploadResult::Status(status @ (408 | 429 | 500..)) => Some(format!("status {status}")),
             UploadResult::Status(status) => {
-                self.logs.push_back(UploaderLog::Rejected {
+                self.log(UploaderLog::Rejected {
                     status,
                     events: events.len(),
                 });
@@ -308,14 +328,13 @@ impl Uploader {
                     evicted += 1;
                 }
                 if evicted > 0 {
-                    self.logs
-                        .push_back(UploaderLog::Evicted { events: evicted });
+                    self.log(UploaderLog::Evicted { events: evicted });
                 }
                 let delay = crate::session::live::jitter(&mut self.rng, self.backoff);
                 self.backoff = (self.backoff * 2).min(self.config.backoff_max);
                 self.backoff_until = Some(now + delay);
                 self.due = Some(now + delay);
-                self.logs.push_back(UploaderLog::Retrying { reason, delay });
+                self.log(UploaderLog::Retrying { reason, delay });
             }
         }
         self.handle_timeout(now);
@@ -330,7 +349,8 @@ impl Uploader {
         self.handle_timeout(now);
     }
 
-    /// When [`Uploader::poll_transmit`] or [`Uploader::handle_timeout`] has something to do.
+    /// When [`Uploader::handle_timeout`] has something to do (a batch due, a retry, the close
+    /// deadline).
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.finished {
             return None;
@@ -338,7 +358,7 @@ impl Uploader {
         let send = if self.in_flight.is_none() && !self.queue.is_empty() {
             match (self.closing, self.backoff_until, self.due) {
                 (_, Some(at), _) => Some(at),
-                (Some(_), None, _) => None, // due now: poll_transmit sends at once
+                (Some(_), None, _) => None, // draining: sent at once by the input that allowed it
                 (None, None, due) => due,
             }
         } else {
@@ -350,8 +370,14 @@ impl Uploader {
         }
     }
 
-    /// Time passed: after close, the deadline or an empty queue finishes the uploader.
+    /// Time passed: a batch that is due is queued for sending; after close, the deadline or an
+    /// empty queue finishes the uploader.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.finish_if_over(now);
+        self.send_due(now);
+    }
+
+    fn finish_if_over(&mut self, now: Instant) {
         let Some(deadline) = self.closing else {
             return;
         };
@@ -367,8 +393,7 @@ impl Uploader {
             self.queued_bytes = 0;
             self.in_flight = None;
             self.finished = true;
-            self.logs
-                .push_back(UploaderLog::DroppedAtClose { events: left });
+            self.log(UploaderLog::DroppedAtClose { events: left });
         }
     }
 
@@ -377,9 +402,9 @@ impl Uploader {
         self.finished
     }
 
-    /// The next log line.
-    pub fn poll_log(&mut self) -> Option<UploaderLog> {
-        self.logs.pop_front()
+    /// The next output: a batch to send or a log line.
+    pub fn poll_output(&mut self) -> Option<UploaderOutput> {
+        self.out.pop_front()
     }
 
     /// Events queued (the in-flight batch not counted).
@@ -409,6 +434,58 @@ mod tests {
         }
     }
 
+    /// An uploader with a driver's view of its outputs: batches and log lines, each in order.
+    struct Driven {
+        up: Uploader,
+        batches: VecDeque<Batch>,
+        logs: VecDeque<UploaderLog>,
+    }
+
+    impl Driven {
+        fn new(config: UploaderConfig) -> Self {
+            Self {
+                up: Uploader::new(config),
+                batches: VecDeque::new(),
+                logs: VecDeque::new(),
+            }
+        }
+
+        fn collect(&mut self) {
+            while let Some(output) = self.up.poll_output() {
+                match output {
+                    UploaderOutput::Transmit(batch) => self.batches.push_back(batch),
+                    UploaderOutput::Log(line) => self.logs.push_back(line),
+                }
+            }
+        }
+
+        /// Time passes to `now`; then the next batch sent, if any.
+        fn transmit(&mut self, now: Instant) -> Option<Batch> {
+            self.up.handle_timeout(now);
+            self.collect();
+            self.batches.pop_front()
+        }
+
+        /// The next log line.
+        fn log(&mut self) -> Option<UploaderLog> {
+            self.collect();
+            self.logs.pop_front()
+        }
+    }
+
+    impl std::ops::Deref for Driven {
+        type Target = Uploader;
+        fn deref(&self) -> &Uploader {
+            &self.up
+        }
+    }
+
+    impl std::ops::DerefMut for Driven {
+        fn deref_mut(&mut self) -> &mut Uploader {
+            &mut self.up
+        }
+    }
+
     fn ts_of(batch: &Batch) -> Vec<u64> {
         let upload = super::super::activity::ActivityUpload::parse(&batch.body).unwrap();
         upload.events.iter().map(ActivityEvent::ts).collect()
@@ -417,21 +494,21 @@ mod tests {
     #[test]
     fn batches_leave_after_linger_or_at_once_when_full() {
         let t0 = Instant::now();
-        let mut up = Uploader::new(UploaderConfig::default());
+        let mut up = Driven::new(UploaderConfig::default());
         up.enqueue(&open(1, 0), t0);
-        assert_eq!(up.poll_transmit(t0), None);
+        assert_eq!(up.transmit(t0), None);
         assert_eq!(up.poll_timeout(), Some(t0 + Duration::from_millis(500)));
-        let batch = up.poll_transmit(t0 + Duration::from_millis(500)).unwrap();
+        let batch = up.transmit(t0 + Duration::from_millis(500)).unwrap();
         assert_eq!(ts_of(&batch), [1]);
         up.handle_result(batch.id, UploadResult::Status(200), t0);
         for ts in 2..=52 {
             up.enqueue(&open(ts, 0), t0);
         }
-        let batch = up.poll_transmit(t0).unwrap();
+        let batch = up.transmit(t0).unwrap();
         assert_eq!(batch.events, 50);
-        assert_eq!(up.poll_transmit(t0), None, "one request in flight");
+        assert_eq!(up.transmit(t0), None, "one request in flight");
         up.handle_result(batch.id, UploadResult::Status(204), t0);
-        assert_eq!(ts_of(&up.poll_transmit(t0).unwrap()), [52], "rest at once");
+        assert_eq!(ts_of(&up.transmit(t0).unwrap()), [52], "rest at once");
     }
 
     #[test]
@@ -441,17 +518,17 @@ mod tests {
             max_bytes: 1000,
             ..UploaderConfig::default()
         };
-        let mut up = Uploader::new(config);
+        let mut up = Driven::new(config);
         for ts in 1..=5 {
             up.enqueue(&open(ts, 10), t0);
         }
         up.enqueue(&open(6, 2000), t0);
-        assert_eq!(up.poll_log(), Some(UploaderLog::Refused { bytes: 2051 }));
+        assert_eq!(up.log(), Some(UploaderLog::Refused { bytes: 2051 }));
         assert_eq!(up.queued_events(), 5);
         // A fitting event that needs room evicts only the oldest it must.
         up.enqueue(&open(7, 700), t0);
-        assert_eq!(up.poll_log(), Some(UploaderLog::Evicted { events: 1 }));
-        let batch = up.poll_transmit(t0 + Duration::from_secs(1)).unwrap();
+        assert_eq!(up.log(), Some(UploaderLog::Evicted { events: 1 }));
+        let batch = up.transmit(t0 + Duration::from_secs(1)).unwrap();
         assert_eq!(ts_of(&batch), [2, 3, 4, 5, 7]);
     }
 
@@ -462,43 +539,43 @@ mod tests {
             batch_events: 2,
             ..UploaderConfig::default()
         };
-        let mut up = Uploader::new(config);
+        let mut up = Driven::new(config);
         for ts in 1..=4 {
             up.enqueue(&open(ts, 0), t0);
         }
-        let first = up.poll_transmit(t0).unwrap();
+        let first = up.transmit(t0).unwrap();
         up.handle_result(first.id, UploadResult::Status(400), t0);
         assert_eq!(
-            up.poll_log(),
+            up.log(),
             Some(UploaderLog::Rejected {
                 status: 400,
                 events: 2
             })
         );
-        assert_eq!(ts_of(&up.poll_transmit(t0).unwrap()), [3, 4]);
+        assert_eq!(ts_of(&up.transmit(t0).unwrap()), [3, 4]);
     }
 
     #[test]
     fn server_errors_back_off_and_retry_the_same_batch() {
         let t0 = Instant::now();
-        let mut up = Uploader::new(UploaderConfig::default());
+        let mut up = Driven::new(UploaderConfig::default());
         up.enqueue(&open(1, 0), t0);
         let mut now = t0 + Duration::from_millis(500);
         let mut delays = Vec::new();
         for status in [503, 429, 408] {
-            let batch = up.poll_transmit(now).unwrap();
+            let batch = up.transmit(now).unwrap();
             assert_eq!(ts_of(&batch), [1]);
             up.handle_result(batch.id, UploadResult::Status(status), now);
-            let Some(UploaderLog::Retrying { delay, .. }) = up.poll_log() else {
+            let Some(UploaderLog::Retrying { delay, .. }) = up.log() else {
                 panic!("no retry log");
             };
             delays.push(delay);
-            assert_eq!(up.poll_transmit(now), None);
+            assert_eq!(up.transmit(now), None);
             now += delay;
         }
         assert!(delays[0] >= Duration::from_millis(160) && delays[0] <= Duration::from_millis(240));
         assert!(delays[2] >= Duration::from_millis(640) && delays[2] <= Duration::from_millis(960));
-        let batch = up.poll_transmit(now).unwrap();
+        let batch = up.transmit(now).unwrap();
         up.handle_result(batch.id, UploadResult::Status(200), now);
         assert_eq!(up.queued_events() + up.in_flight_events(), 0);
     }
@@ -506,19 +583,19 @@ mod tests {
     #[test]
     fn close_drains_every_batch_including_one_in_flight() {
         let t0 = Instant::now();
-        let mut up = Uploader::new(UploaderConfig::default());
+        let mut up = Driven::new(UploaderConfig::default());
         for ts in 1..=120 {
             up.enqueue(&open(ts, 0), t0);
         }
-        let first = up.poll_transmit(t0).unwrap();
+        let first = up.transmit(t0).unwrap();
         up.close(t0);
         up.enqueue(&open(121, 0), t0);
-        assert_eq!(up.poll_log(), Some(UploaderLog::Closed));
+        assert_eq!(up.log(), Some(UploaderLog::Closed));
         up.handle_result(first.id, UploadResult::Network("reset".into()), t0);
         let mut sent = Vec::new();
         let mut now = t0;
         while !up.is_done() {
-            match up.poll_transmit(now) {
+            match up.transmit(now) {
                 Some(batch) => {
                     sent.extend(ts_of(&batch));
                     up.handle_result(batch.id, UploadResult::Status(200), now);
@@ -534,19 +611,19 @@ mod tests {
     #[test]
     fn close_gives_up_at_the_deadline() {
         let t0 = Instant::now();
-        let mut up = Uploader::new(UploaderConfig::default());
+        let mut up = Driven::new(UploaderConfig::default());
         up.enqueue(&open(1, 0), t0);
         up.close(t0);
         let mut now = t0;
         while !up.is_done() {
-            match up.poll_transmit(now) {
+            match up.transmit(now) {
                 Some(batch) => up.handle_result(batch.id, UploadResult::Status(502), now),
                 None if up.is_done() => break,
                 None => now = up.poll_timeout().unwrap(),
             }
         }
         assert_eq!(now, t0 + Duration::from_secs(5));
-        let logs: Vec<_> = std::iter::from_fn(|| up.poll_log()).collect();
+        let logs: Vec<_> = std::iter::from_fn(|| up.log()).collect();
         assert_eq!(
             logs.last(),
             Some(&UploaderLog::DroppedAtClose { events: 1 })

@@ -9,8 +9,7 @@
 //!   the message in the open DM thread (`performance.timeOrigin + performance.now()`), p50/p99
 //!   over 40 pushes.
 
-#[path = "../../tests/it/common/webdriver.rs"]
-mod webdriver;
+use ac7_test_support::webdriver;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -18,6 +18,7 @@
 
 use ac7_protocol::trace::activity::{ActivityEvent, ActivityRow, OpaqueEntryKind, OpaqueHttpEntry};
 
+use super::activity_blocks::{self, Parts, Refs};
 use super::db::StoreError;
 use super::store::{Backend, Conn, Value};
 
@@ -65,23 +66,56 @@ pub fn append(
         }
     };
     let mut rows = Vec::with_capacity(events.len());
-    for event in events {
+    for mut event in events {
+        // An exchange's system prompt, tools and conversation go to shared blocks; the row
+        // keeps the rest.
+        let parts = Parts::take(&mut event);
+        let refs = match &parts {
+            Some(parts) => activity_blocks::store(c, parts)?,
+            None => Refs::default(),
+        };
         let json = serde_json::to_string(&event)?;
+        if let Some(parts) = parts {
+            parts.put(&mut event);
+        }
         let ts = i64::try_from(event.ts()).unwrap_or(i64::MAX);
         let id = match next.as_mut() {
             None => c.query_row(
-                "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING id",
-                crate::params![member, ts, event.kind(), json, now, member_seq],
+                "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq,
+                     system_block, tools_block, messages_block)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id",
+                crate::params![
+                    member,
+                    ts,
+                    event.kind(),
+                    json,
+                    now,
+                    member_seq,
+                    refs.system,
+                    refs.tools,
+                    refs.messages
+                ],
                 |r| r.get::<i64>(0),
             )?,
             Some(next) => {
                 let id = *next;
                 *next += 1;
                 c.execute(
-                    "INSERT INTO member_activity (id, member_name, ts, kind, event_json, created_at, member_seq)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    crate::params![id, member, ts, event.kind(), json, now, member_seq],
+                    "INSERT INTO member_activity (id, member_name, ts, kind, event_json, created_at, member_seq,
+                         system_block, tools_block, messages_block)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    crate::params![
+                        id,
+                        member,
+                        ts,
+                        event.kind(),
+                        json,
+                        now,
+                        member_seq,
+                        refs.system,
+                        refs.tools,
+                        refs.messages
+                    ],
                 )?;
                 Some(id)
             }
@@ -123,7 +157,8 @@ pub fn list(
     ascending: bool,
 ) -> Result<Vec<ActivityRow>, StoreError> {
     let mut sql = String::from(
-        "SELECT id, member_name, event_json, created_at FROM member_activity WHERE member_name = ?",
+        "SELECT id, member_name, event_json, created_at, system_block, tools_block, messages_block
+         FROM member_activity WHERE member_name = ?",
     );
     let mut args: Vec<Value> = vec![Value::Text(member.to_owned())];
     if let Some(seq) = super::team::member_seq(c, member)? {
@@ -164,24 +199,17 @@ pub fn after(
     after_id: i64,
     limit: usize,
 ) -> Result<Vec<(ActivityRow, bool)>, StoreError> {
-    c.query(
+    let raws = c.query(
         "SELECT a.id, a.member_name, a.event_json, a.created_at,
+                a.system_block, a.tools_block, a.messages_block,
                 CASE WHEN m.seq IS NULL OR m.seq = a.member_seq THEN 1 ELSE 0 END
          FROM member_activity a LEFT JOIN members m ON m.name = a.member_name
          WHERE a.id > ?1 ORDER BY a.id LIMIT ?2",
         crate::params![after_id, i64::try_from(limit).unwrap_or(i64::MAX)],
-        |r| {
-            Ok((
-                row(
-                    r.get::<i64>(0)?,
-                    r.get::<String>(1)?,
-                    &r.get::<String>(2)?,
-                    r.get::<i64>(3)?,
-                ),
-                r.get::<i64>(4)? == 1,
-            ))
-        },
-    )
+        |r| Ok((Raw::read(r)?, r.get::<i64>(7)? == 1)),
+    )?;
+    let (raws, current): (Vec<Raw>, Vec<bool>) = raws.into_iter().unzip();
+    Ok(assemble(c, raws)?.into_iter().zip(current).collect())
 }
 
 /// One member's working interval on an objective: from an `objective_open`
@@ -273,7 +301,8 @@ pub fn in_intervals(
         return Ok(Vec::new());
     }
     let mut sql = String::from(
-        "SELECT id, member_name, event_json, created_at FROM member_activity
+        "SELECT id, member_name, event_json, created_at, system_block, tools_block, messages_block
+         FROM member_activity
          WHERE kind IN ('llm_exchange', 'opaque_http') AND id < ? AND (",
     );
     let mut args: Vec<Value> = vec![Value::Int(before_id.unwrap_or(i64::MAX))];
@@ -292,17 +321,66 @@ pub fn in_intervals(
     query_rows(c, &sql, &args)
 }
 
-/// Runs `sql` (selecting id, member_name, event_json, created_at) into rows.
+/// Runs `sql` (selecting the columns [`Raw::read`] reads) into rows.
 fn query_rows(c: &Conn<'_>, sql: &str, args: &[Value]) -> Result<Vec<ActivityRow>, StoreError> {
     let params: Vec<&dyn super::store::ToValue> = args.iter().map(|v| v as _).collect();
-    c.query(sql, &params, |r| {
-        Ok(row(
-            r.get::<i64>(0)?,
-            r.get::<String>(1)?,
-            &r.get::<String>(2)?,
-            r.get::<i64>(3)?,
-        ))
-    })
+    let raws = c.query(sql, &params, Raw::read)?;
+    assemble(c, raws)
+}
+
+/// A stored row as read: `id, member_name, event_json, created_at, system_block,
+/// tools_block, messages_block`.
+struct Raw {
+    id: i64,
+    member_name: String,
+    json: String,
+    created_at: i64,
+    refs: Refs,
+}
+
+impl Raw {
+    fn read(r: &super::store::Row) -> Result<Raw, StoreError> {
+        Ok(Raw {
+            id: r.get(0)?,
+            member_name: r.get(1)?,
+            json: r.get(2)?,
+            created_at: r.get(3)?,
+            refs: Refs {
+                system: r.get(4)?,
+                tools: r.get(5)?,
+                messages: r.get(6)?,
+            },
+        })
+    }
+}
+
+/// The rows of `raws`, each event with its parts put back from the blocks it points at
+/// (read once for all the rows).
+fn assemble(c: &Conn<'_>, raws: Vec<Raw>) -> Result<Vec<ActivityRow>, StoreError> {
+    let refs: Vec<Refs> = raws
+        .iter()
+        .map(|r| r.refs)
+        .filter(|r| !r.is_empty())
+        .collect();
+    let mut blocks = if refs.is_empty() {
+        activity_blocks::Loaded::default()
+    } else {
+        activity_blocks::load(c, &refs)?
+    };
+    Ok(raws
+        .into_iter()
+        .map(|raw| {
+            let event = serde_json::from_str::<ActivityEvent>(&raw.json)
+                .ok()
+                .and_then(|mut event| {
+                    if !raw.refs.is_empty() {
+                        blocks.parts(&raw.refs)?.put(&mut event);
+                    }
+                    Some(event)
+                });
+            row(raw.id, raw.member_name, event, raw.created_at)
+        })
+        .collect())
 }
 
 /// A row as a live-stream frame: SSE `id: <row id>`, `event: activity`, the
@@ -347,10 +425,10 @@ pub fn last_id(c: &Conn<'_>) -> Result<i64, StoreError> {
         .unwrap_or(0))
 }
 
-/// A stored row; one whose JSON no longer decodes comes back as an
+/// A stored row; one whose JSON (or a block it points at) no longer decodes comes back as an
 /// `opaque_http` placeholder with host `malformed-payload`, as in the TypeScript broker.
-fn row(id: i64, member_name: String, json: &str, created_at: i64) -> ActivityRow {
-    let event = serde_json::from_str(json).unwrap_or_else(|_| ActivityEvent::OpaqueHttp {
+fn row(id: i64, member_name: String, event: Option<ActivityEvent>, created_at: i64) -> ActivityRow {
+    let event = event.unwrap_or_else(|| ActivityEvent::OpaqueHttp {
         ts: 0,
         duration: 0,
         entry: OpaqueHttpEntry {

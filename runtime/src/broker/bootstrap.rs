@@ -165,7 +165,7 @@ pub fn add_member(
 /// Removes member `name` in `c`'s transaction; `false` if there is no such member. The
 /// caller checks that it is not the last admin, and afterwards ends its live streams.
 ///
-/// What happens to what the member leaves behind (README, "Removing a member"):
+/// What happens to what the member leaves behind (docs/broker.md, "Removing a member"):
 ///
 /// - its tokens, browser sessions, TOTP secret, channel memberships and the read grants it
 ///   held are deleted ([`team::member_delete`]);

@@ -1,7 +1,7 @@
 //! `ac7 serve` and the offline `ac7 member …` administration.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -16,7 +16,13 @@ use super::{BrokerConfig, now_ms};
 
 /// `ac7 serve`.
 #[derive(Debug, Args)]
+#[command(after_help = SERVE_CONFIG_HELP)]
 pub struct ServeArgs {
+    /// Read flags from this TOML file: the keys are the flags' names (`port = 8717`,
+    /// `trust-proxy = true`, `member = ["a:lead:admin", "b"]`). The command line and the
+    /// flags' environment variables win over the file.
+    #[arg(long, env = "AC7_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// The team's database: a SQLite file (created if missing), or a PostgreSQL URL
     /// (`postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?sslmode=…]`) that any number of `ac7 serve`
     /// replicas share.
@@ -32,10 +38,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECS")]
     pub db_connect_timeout: Option<u64>,
     /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", env = "AC7_HOST")]
     pub host: String,
     /// Port to listen on (0 picks a free one).
-    #[arg(long, default_value_t = 8717)]
+    #[arg(long, default_value_t = 8717, env = "AC7_PORT")]
     pub port: u16,
     /// Team config (JSON) used to create the team when the database has none.
     #[arg(long)]
@@ -100,7 +106,19 @@ pub struct ServeArgs {
     /// Only with a proxy that overwrites those headers: clients can set them.
     #[arg(long)]
     pub trust_proxy: bool,
+    /// Seconds a device waits between enrollment polls (`ac7 connect`); hidden, for tests.
+    #[arg(long, hide = true, default_value_t = 5)]
+    pub enroll_interval: u64,
+    /// The operator's contact that Web Push services are given with each notification
+    /// (`mailto:` or `https:` URL), so they can reach whoever runs the broker.
+    #[arg(long, default_value = crate::broker::webpush::DEFAULT_SUBJECT, value_name = "URL")]
+    pub push_subject: String,
 }
+
+/// The config file's place among the sources of a setting.
+const SERVE_CONFIG_HELP: &str = "Each setting comes from, first match: the flag, its environment \
+variable (AC7_DB, AC7_HOST, AC7_PORT), the --config file (AC7_CONFIG), the default. \
+Relative paths are taken from the working directory, in the file as on the command line.";
 
 fn parse_member_flag(spec: &str) -> anyhow::Result<MemberSection> {
     let mut parts = spec.splitn(3, ':');
@@ -182,6 +200,17 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
     config.queue_bytes = args.subscriber_queue_bytes;
     config.max_subscriptions_per_member = args.max_subscriptions;
     config.trust_proxy = args.trust_proxy;
+    if args.enroll_interval == 0 {
+        bail!("--enroll-interval must be at least 1");
+    }
+    config.enroll.interval = args.enroll_interval;
+    if !(args.push_subject.starts_with("mailto:") || args.push_subject.starts_with("https://")) {
+        bail!(
+            "--push-subject must be a mailto: or https: URL, got {:?}",
+            args.push_subject
+        );
+    }
+    config.push_subject = args.push_subject.clone();
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let files = super::server::TlsFiles {
             cert: cert.clone(),
@@ -200,7 +229,7 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
 /// getting the cap's `503`.
 fn connection_cap(explicit: Option<usize>) -> usize {
     use super::server::{FD_HEADROOM, default_max_connections};
-    let fds = crate::rlimit::raise_fd_limit();
+    let fds = crate::sys::rlimit::raise_fd_limit();
     let Some(cap) = explicit else {
         let cap = default_max_connections(fds);
         tracing::info!(
@@ -356,7 +385,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
             _ = term.recv() => {}
         }
         tracing::info!("shutting down");
-        broker.shutdown().await?;
+        broker.shutdown_and_close().await?;
         Ok::<_, anyhow::Error>(0)
     })
 }
@@ -463,21 +492,10 @@ fn open_team(
     Ok(Some((config.team.name, creds)))
 }
 
-/// `ac7 member …`: offline administration against the database file.
-#[derive(Debug, Args)]
-pub struct MemberArgs {
-    /// SQLite database file.
-    #[arg(long, default_value = "./ac7.db", env = "AC7_DB", global = true)]
-    pub db: PathBuf,
-    /// What to do.
-    #[command(subcommand)]
-    pub action: MemberAction,
-}
-
 /// Member administration actions.
 #[derive(Debug, Subcommand)]
 pub enum MemberAction {
-    /// List members.
+    /// List members (NAME, ROLE, PERMISSIONS; --json for everything).
     List,
     /// Add a member and print its token.
     Add(MemberFields),
@@ -488,15 +506,24 @@ pub enum MemberAction {
         /// Member name.
         name: String,
     },
-    /// Revoke a member's tokens and print a new one. With a token (`--token` / `AC7_TOKEN`:
-    /// an admin's, or the member's own) it asks the running broker at `--url`; without one it
-    /// works offline on `--db` (the broker must be stopped).
+    /// Revoke a member's tokens and print a new one (an admin's token, or the member's own).
     RotateToken {
         /// Member name.
         name: String,
-        /// The running broker and an admin token (optional: see above).
-        #[command(flatten)]
-        api: crate::operator::OperatorConn,
+    },
+    /// List a member's tokens: ID, ORIGIN, LABEL, CREATED, LAST USED (an admin's token, or the
+    /// member's own).
+    Tokens {
+        /// Member name.
+        name: String,
+    },
+    /// Revoke one of a member's tokens (a lost device's) by the ID `ac7 member tokens` shows;
+    /// its live streams close at once.
+    RevokeToken {
+        /// Member name.
+        name: String,
+        /// The token's id.
+        id: String,
     },
 }
 
@@ -519,42 +546,33 @@ pub struct MemberFields {
     pub permissions: Option<Vec<String>>,
 }
 
-/// Runs `ac7 member …`.
-#[allow(clippy::print_stdout)]
-pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
-    if let MemberAction::RotateToken { name, api } = &args.action
-        && api.token.as_deref().is_some_and(|t| !t.is_empty())
-    {
-        return crate::operator::rotate_token(api, name);
-    }
-    if !args.db.exists() {
+/// `ac7 member …` offline, on the database file `db` (the broker stopped): the JSON that
+/// `--json` prints (the broker's answer to the same request through the API).
+pub fn member_offline(db: &Path, action: MemberAction) -> anyhow::Result<serde_json::Value> {
+    if !db.exists() {
         bail!(
             "no database at {} (start `ac7 serve --db {0}` with a team config first)",
-            args.db.display()
+            db.display()
         );
     }
-    let store = Store::open(&args.db, SyncMode::Normal).map_err(|err| match err {
-        StoreError::Busy(_) if matches!(args.action, MemberAction::RotateToken { .. }) => {
-            anyhow::anyhow!(
-                "{err}: to rotate a token while the broker runs, pass an admin's token (--token or AC7_TOKEN, and --url)"
-            )
-        }
+    let store = Store::open(db, SyncMode::Normal).map_err(|err| match err {
+        StoreError::Busy(_) => anyhow::anyhow!(
+            "{err}: while the broker runs, work through it: pass an admin's token (--token or \
+             AC7_TOKEN, and --url)"
+        ),
         other => other.into(),
     })?;
     if store.view(team::team_get)?.is_none() {
         bail!("the database has no team yet");
     }
     let now = now_ms();
-    match args.action {
+    let value = match action {
         MemberAction::List => {
-            for m in store.view(team::members_list)? {
-                println!(
-                    "{}\t{}\t{}",
-                    m.name,
-                    m.role.title,
-                    m.permissions.names().join(",")
-                );
-            }
+            let members = store.view(team::members_list)?;
+            let value = serde_json::json!({
+                "members": members.iter().map(team::MemberRecord::view).collect::<Vec<_>>()
+            });
+            value
         }
         MemberAction::Add(f) => {
             let role = Role {
@@ -564,7 +582,7 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
             let instructions = f.instructions.unwrap_or_default();
             validate_member(&f.name, &role, &instructions).map_err(anyhow::Error::msg)?;
             let permissions = f.permissions.unwrap_or_default();
-            let issued = store.tx(|c| -> Result<_, AdminError> {
+            let (record, issued) = store.tx(|c| -> Result<_, AdminError> {
                 let record = bootstrap::new_member_record(
                     c,
                     &f.name,
@@ -573,9 +591,10 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                     &permissions,
                     &format!("member '{}'", f.name),
                 )?;
-                Ok(add_member(c, &record, None, now)?)
+                let issued = add_member(c, &record, None, now)?;
+                Ok((record, issued))
             })?;
-            println!("{}", issued.token);
+            serde_json::json!({"member": record.teammate(), "token": issued.token})
         }
         MemberAction::Update(f) => {
             let context = format!("member '{}'", f.name);
@@ -598,18 +617,31 @@ pub fn member(args: MemberArgs) -> anyhow::Result<i32> {
                     &context,
                 )
             })?;
-            println!("updated {}", m.name);
+            serde_json::to_value(m.view())?
         }
         MemberAction::Remove { name } => {
             store.tx(|c| bootstrap::remove_member_checked(c, &name, "ac7", now))?;
-            println!("removed {name}");
+            serde_json::json!({"removed": name})
         }
-        MemberAction::RotateToken { name, .. } => {
-            let (token, _) = store.tx(|c| bootstrap::rotate_token(c, &name, None, now))?;
-            println!("{token}");
+        MemberAction::RotateToken { name } => {
+            let (token, info) = store.tx(|c| bootstrap::rotate_token(c, &name, None, now))?;
+            serde_json::json!({"token": token, "tokenInfo": info})
         }
-    }
-    Ok(0)
+        MemberAction::Tokens { name } => {
+            let tokens = store.view(|c| -> Result<_, AdminError> {
+                if !team::member_exists(c, &name)? {
+                    return Err(AdminError::NotFound(format!("no such member: {name}")));
+                }
+                Ok(team::tokens_list(c, &name)?)
+            })?;
+            serde_json::json!({ "tokens": tokens })
+        }
+        MemberAction::RevokeToken { name, id } => {
+            store.tx(|c| bootstrap::revoke_token(c, &name, &id))?;
+            serde_json::json!({"revoked": id, "member": name})
+        }
+    };
+    Ok(value)
 }
 
 /// `ac7 prune`: offline retention against the database file.

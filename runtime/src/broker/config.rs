@@ -16,7 +16,7 @@
 //! `team.permissionPresets` is optional; the presets `admin` (every permission) and
 //! `operator` (`objectives.create`, `objectives.cancel`, `objectives.reassign`) are
 //! always available unless the file redefines them. Member `permissions` may name
-//! leaves or presets.
+//! leaves or presets. Errors name the file, the place and the shape expected.
 
 use std::path::Path;
 
@@ -79,16 +79,44 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// Not the expected JSON.
-    #[error("team config {path} is not valid: {source}")]
+    #[error("team config {path} is not valid: {}", plain(.error))]
     Parse {
         /// The file.
         path: String,
-        /// The JSON error.
-        source: serde_json::Error,
+        /// The JSON error (its text is in the message, in the file's words).
+        error: serde_json::Error,
     },
     /// A value breaks a rule.
     #[error("team config: {0}")]
     Invalid(String),
+}
+
+/// A JSON error in the words of the file's format: the shapes it expected, never the names
+/// of the types that read it.
+fn plain(e: &serde_json::Error) -> String {
+    const SHAPES: [(&str, &str); 6] = [
+        (
+            "struct TeamConfig",
+            "an object {\"team\": {…}, \"members\": […]}",
+        ),
+        (
+            "struct TeamSection",
+            "an object {\"name\", \"directive\", \"context\"}",
+        ),
+        (
+            "struct MemberSection",
+            "an object {\"name\", \"role\", \"instructions\", \"permissions\"}",
+        ),
+        (
+            "struct Role",
+            "an object {\"title\": …, \"description\": …}",
+        ),
+        ("a sequence", "a list […]"),
+        ("a map", "an object {…}"),
+    ];
+    SHAPES
+        .iter()
+        .fold(e.to_string(), |text, (rust, json)| text.replace(rust, json))
 }
 
 impl TeamConfig {
@@ -98,9 +126,9 @@ impl TeamConfig {
             path: path.display().to_string(),
             source,
         })?;
-        serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
+        serde_json::from_str(&text).map_err(|error| ConfigError::Parse {
             path: path.display().to_string(),
-            source,
+            error,
         })
     }
 }

@@ -58,13 +58,16 @@ impl Cursors {
 
 /// Moves `member`'s cursor to message `id` unless it is already at or past it.
 pub fn advance(c: &Conn<'_>, member: &str, id: &str, now: i64) -> Result<(), StoreError> {
+    let (condition, value) = super::messages::id_condition(id, 4);
     c.execute(
-        "INSERT INTO delivery_cursors (member_name, last_seq, last_id, updated_at)
-         SELECT ?1, seq, id, ?3 FROM messages WHERE id = ?2
-         ON CONFLICT (member_name) DO UPDATE SET last_seq = excluded.last_seq,
-           last_id = excluded.last_id, updated_at = excluded.updated_at
-         WHERE excluded.last_seq > delivery_cursors.last_seq",
-        params![member, id, now],
+        &format!(
+            "INSERT INTO delivery_cursors (member_name, last_seq, last_id, updated_at)
+             SELECT ?1, seq, ?2, ?3 FROM messages WHERE {condition}
+             ON CONFLICT (member_name) DO UPDATE SET last_seq = excluded.last_seq,
+               last_id = excluded.last_id, updated_at = excluded.updated_at
+             WHERE excluded.last_seq > delivery_cursors.last_seq"
+        ),
+        params![member, id, now, value],
     )?;
     Ok(())
 }
@@ -76,6 +79,36 @@ pub fn get(c: &Conn<'_>, member: &str) -> Result<Option<String>, StoreError> {
         params![member],
         |r| r.get(0),
     )
+}
+
+/// Where a runner of `member` that starts resumes: after its cursor; for a member that never had
+/// a live stream, after the last message logged before it joined (its incarnation's start), or
+/// from the log's first message when none is left of those. `None` for an unknown member.
+pub fn resume_point(c: &Conn<'_>, member: &str) -> Result<Option<ResumePoint>, StoreError> {
+    if let Some(id) = get(c, member)? {
+        return Ok(Some(ResumePoint::After(id)));
+    }
+    let Some(since) = super::team::member_since(c, member)? else {
+        return Ok(None);
+    };
+    let anchor: Option<(Option<Vec<u8>>, Option<String>)> = c.query_row(
+        "SELECT id, id_text FROM messages WHERE seq <= ?1 ORDER BY seq DESC LIMIT 1",
+        params![since],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(Some(match anchor {
+        Some((id, id_text)) => ResumePoint::After(super::messages::id_of(id.as_deref(), id_text)?),
+        None => ResumePoint::FromStart,
+    }))
+}
+
+/// Where a starting runner picks up (see [`resume_point`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumePoint {
+    /// After this message.
+    After(String),
+    /// From the log's first message.
+    FromStart,
 }
 
 /// Forgets `member`'s cursor (its member is gone; a member created later under the name starts

@@ -29,6 +29,14 @@ pub enum DataDirError {
         /// Its permission bits.
         mode: u32,
     },
+    /// The directory does not exist.
+    #[error(
+        "the data directory {dir} does not exist: create it first (`mkdir -m 700 -p {dir}`), or pass a --db in an existing directory"
+    )]
+    Missing {
+        /// The directory.
+        dir: String,
+    },
     /// The directory cannot be inspected.
     #[error("cannot use the data directory {dir}: {source}")]
     Io {
@@ -66,9 +74,14 @@ fn companions(db: &Path) -> [PathBuf; 3] {
 /// Refuses a group- or world-writable data directory.
 pub fn check_data_dir(db: &Path) -> Result<(), DataDirError> {
     let dir = data_dir(db);
-    let meta = fs::metadata(&dir).map_err(|source| DataDirError::Io {
-        dir: dir.display().to_string(),
-        source,
+    let meta = fs::metadata(&dir).map_err(|source| match source.kind() {
+        io::ErrorKind::NotFound => DataDirError::Missing {
+            dir: dir.display().to_string(),
+        },
+        _ => DataDirError::Io {
+            dir: dir.display().to_string(),
+            source,
+        },
     })?;
     let mode = meta.permissions().mode() & 0o7777;
     if mode & 0o022 != 0 {

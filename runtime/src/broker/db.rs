@@ -23,6 +23,18 @@
 //!    uploaded the row (existing rows: the current member of that name, else 0), with the
 //!    index `member_activity_incarnation (member_name, member_seq, id)` in place of
 //!    `member_activity_member (member_name, id)`.
+//! 2. **Activity blocks** (see [`super::activity_blocks`]): the table `activity_blocks` and
+//!    `member_activity.system_block`, `tools_block`, `messages_block` (existing rows: NULL,
+//!    their events stay whole in `event_json`).
+//! 3. **Compact messages** (see [`super::messages`]): `messages` loses `to_name`, `from_name`,
+//!    `json` and its text `thread` for key ids (`to_key`, `from_key`, `thread`, in the new
+//!    table `message_keys`), the id as 16 bytes (`id`, or `id_text`), `body` and `extra`; the
+//!    table is rebuilt row by row with the same sequence numbers and counter, each row's JSON
+//!    rebuilt exactly (or kept whole in `extra` where it would not be). Its indexes become
+//!    partial (`thread`, `to_key`) and `id` gets a unique index of its own.
+//! 4. **Web Push** (see [`super::webpush`]): the tables `push_vapid` (the team's VAPID key)
+//!    and `push_subscriptions` (the browsers' subscriptions); both are in `SCHEMA`, whose
+//!    `CREATE TABLE IF NOT EXISTS` adds them to an older file.
 //!
 //! Reads do not wait for writes: besides the one write connection (behind the
 //! mutex every mutation takes) the store keeps a few read-only connections
@@ -113,6 +125,8 @@ const READERS: usize = 4;
 #[derive(Debug)]
 pub struct Store {
     backing: Backing,
+    /// `message_keys` rows read so far (filled by read transactions).
+    keys: super::store::keys::KeyCache,
 }
 
 #[derive(Debug)]
@@ -182,7 +196,30 @@ impl Store {
         store._lock = Some(lock);
         Ok(Store {
             backing: Backing::Sqlite(store),
+            keys: Default::default(),
         })
+    }
+
+    /// Closes a SQLite file for good at a clean shutdown: the WAL is checkpointed into the
+    /// database and every connection to the file is closed, so SQLite removes the `-wal` and
+    /// `-shm` files and the database is one self-contained file. The store answers nothing
+    /// after this (its connections are empty in-memory ones). PostgreSQL: nothing to do.
+    pub fn close(&self) -> Result<(), StoreError> {
+        let Backing::Sqlite(file) = &self.backing else {
+            return Ok(());
+        };
+        let mut conn = file.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        for reader in &file.readers {
+            let mut reader = reader.lock().unwrap_or_else(PoisonError::into_inner);
+            drop(std::mem::replace(
+                &mut *reader,
+                Connection::open_in_memory()?,
+            ));
+        }
+        let last = std::mem::replace(&mut *conn, Connection::open_in_memory()?);
+        last.close().map_err(|(_, e)| e)?;
+        Ok(())
     }
 
     /// An in-memory store (for tests of store functions).
@@ -192,6 +229,7 @@ impl Store {
                 Connection::open_in_memory()?,
                 SyncMode::Normal,
             )?),
+            keys: Default::default(),
         })
     }
 
@@ -200,6 +238,7 @@ impl Store {
     pub fn open_postgres(config: super::pg::PgConfig) -> Result<Store, StoreError> {
         Ok(Store {
             backing: Backing::Postgres(Box::new(super::store::postgres::PgStore::open(config)?)),
+            keys: Default::default(),
         })
     }
 
@@ -287,10 +326,15 @@ impl Store {
         then: impl FnOnce(T) -> U,
     ) -> Result<U, E> {
         match &self.backing {
-            Backing::Sqlite(file) => {
-                off_worker(|| file.with_here(|conn| sqlite_tx(conn, f).map(then)))
-            }
-            Backing::Postgres(pg) => off_worker(|| pg.tx(false, f).map(then)),
+            Backing::Sqlite(file) => off_worker(|| {
+                file.with_here(|conn| {
+                    sqlite_tx(conn, |c| f(&c.with_keys(&self.keys, false))).map(then)
+                })
+            }),
+            Backing::Postgres(pg) => off_worker(|| {
+                pg.tx(false, |c| f(&c.with_keys(&self.keys, false)))
+                    .map(then)
+            }),
         }
     }
 
@@ -301,8 +345,12 @@ impl Store {
         f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
         match &self.backing {
-            Backing::Sqlite(file) => off_worker(|| file.read_here(|conn| f(&Conn::sqlite(conn)))),
-            Backing::Postgres(pg) => off_worker(|| pg.tx(true, f)),
+            Backing::Sqlite(file) => off_worker(|| {
+                file.read_here(|conn| f(&Conn::sqlite(conn).with_keys(&self.keys, true)))
+            }),
+            Backing::Postgres(pg) => {
+                off_worker(|| pg.tx(true, |c| f(&c.with_keys(&self.keys, true))))
+            }
         }
     }
 }
@@ -374,6 +422,19 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
                  ON member_activity(member_name, member_seq, id);
              DROP INDEX IF EXISTS member_activity_member;",
         )?;
+        // 2. Activity blocks (the table itself is in `SCHEMA`).
+        for column in ["system_block", "tools_block", "messages_block"] {
+            if !has_column(conn, "member_activity", column)? {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE member_activity ADD COLUMN {column} INTEGER"
+                ))?;
+            }
+        }
+        // 3. Compact messages.
+        if has_column(conn, "messages", "json")? {
+            compact_messages(conn)?;
+        }
+        conn.execute_batch(MESSAGES_INDEXES)?;
         Ok(())
     })();
     match result {
@@ -387,6 +448,109 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
         }
     }
 }
+
+/// Rebuilds a `messages` table of wire JSON rows (before step 3) as compact rows, keeping every
+/// sequence number and the counter of the next.
+fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
+    use super::messages;
+    let counter: i64 = conn
+        .query_row(
+            "SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'messages'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap_or(0);
+    conn.execute_batch(
+        "DROP INDEX IF EXISTS messages_thread;
+         DROP INDEX IF EXISTS messages_to;
+         DROP INDEX IF EXISTS messages_from;
+         ALTER TABLE messages RENAME TO messages_json;",
+    )?;
+    conn.execute_batch(MESSAGES_TABLE)?;
+    let c = Conn::sqlite(conn);
+    {
+        let mut read = conn.prepare(
+            "SELECT seq, id, ts, to_name, from_name, thread, json FROM messages_json ORDER BY seq",
+        )?;
+        let mut rows = read.query([])?;
+        while let Some(r) = rows.next()? {
+            let seq: i64 = r.get(0)?;
+            let id: String = r.get(1)?;
+            let ts: i64 = r.get(2)?;
+            let to: Option<String> = r.get(3)?;
+            let from: Option<String> = r.get(4)?;
+            let thread: Option<String> = r.get(5)?;
+            let json: String = r.get(6)?;
+            let stored = messages::encode_logged(
+                &id,
+                ts,
+                to.as_deref(),
+                from.as_deref(),
+                thread.as_deref(),
+                &json,
+            )?;
+            let to_key = to.as_deref().map(|k| messages::key_id(&c, k)).transpose()?;
+            let from_key = from
+                .as_deref()
+                .map(|k| messages::key_id(&c, k))
+                .transpose()?;
+            let thread_code = match thread.as_deref() {
+                Some(t) => Some(messages::thread_code(t, messages::key_id(&c, t)?)),
+                None => None,
+            };
+            conn.execute(
+                "INSERT INTO messages (seq, id, id_text, ts, to_key, from_key, thread, body, extra)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                rusqlite::params![
+                    seq,
+                    stored.id,
+                    stored.id_text,
+                    ts,
+                    to_key,
+                    from_key,
+                    thread_code,
+                    stored.body,
+                    stored.extra
+                ],
+            )?;
+        }
+    }
+    conn.execute_batch("DROP TABLE messages_json")?;
+    // The counter never goes back: pruned messages keep their numbers.
+    conn.execute(
+        "UPDATE sqlite_sequence SET seq = MAX(seq, ?1) WHERE name = 'messages'",
+        [counter],
+    )?;
+    if conn.changes() == 0 && counter > 0 {
+        conn.execute(
+            "INSERT INTO sqlite_sequence (name, seq) VALUES ('messages', ?1)",
+            [counter],
+        )?;
+    }
+    Ok(())
+}
+
+/// The `messages` table (as in `SCHEMA`), for the step that rebuilds an older one.
+const MESSAGES_TABLE: &str = "CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id BLOB,
+    id_text TEXT,
+    ts INTEGER NOT NULL,
+    to_key INTEGER,
+    from_key INTEGER,
+    thread INTEGER,
+    body TEXT NOT NULL,
+    extra TEXT
+)";
+
+/// The indexes of `messages`, made by [`migrate`] once the table has its current columns.
+const MESSAGES_INDEXES: &str = "
+CREATE UNIQUE INDEX IF NOT EXISTS messages_id ON messages(id);
+CREATE UNIQUE INDEX IF NOT EXISTS messages_id_text ON messages(id_text) WHERE id_text IS NOT NULL;
+CREATE INDEX IF NOT EXISTS messages_thread ON messages(thread, seq) WHERE thread IS NOT NULL;
+CREATE INDEX IF NOT EXISTS messages_to ON messages(to_key, seq) WHERE to_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS messages_from ON messages(from_key, seq);
+";
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS team (
@@ -421,16 +585,19 @@ CREATE TABLE IF NOT EXISTS tokens (
 CREATE INDEX IF NOT EXISTS tokens_member ON tokens(member_name);
 CREATE TABLE IF NOT EXISTS messages (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
+    id BLOB,
+    id_text TEXT,
     ts INTEGER NOT NULL,
-    to_name TEXT,
-    from_name TEXT,
-    thread TEXT,
-    json TEXT NOT NULL
+    to_key INTEGER,
+    from_key INTEGER,
+    thread INTEGER,
+    body TEXT NOT NULL,
+    extra TEXT
 );
-CREATE INDEX IF NOT EXISTS messages_thread ON messages(thread, seq);
-CREATE INDEX IF NOT EXISTS messages_to ON messages(to_name, seq);
-CREATE INDEX IF NOT EXISTS messages_from ON messages(from_name, seq);
+CREATE TABLE IF NOT EXISTS message_keys (
+    id INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE
+);
 CREATE TABLE IF NOT EXISTS channels (
     id TEXT PRIMARY KEY,
     slug TEXT NOT NULL UNIQUE,
@@ -499,7 +666,17 @@ CREATE TABLE IF NOT EXISTS member_activity (
     kind TEXT NOT NULL,
     event_json TEXT NOT NULL,
     created_at INTEGER NOT NULL,
-    member_seq INTEGER NOT NULL DEFAULT 0
+    member_seq INTEGER NOT NULL DEFAULT 0,
+    system_block INTEGER,
+    tools_block INTEGER,
+    messages_block INTEGER
+);
+CREATE TABLE IF NOT EXISTS activity_blocks (
+    id INTEGER PRIMARY KEY,
+    hash BLOB NOT NULL UNIQUE,
+    parent INTEGER,
+    refs INTEGER NOT NULL,
+    data TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS member_activity_ts ON member_activity(ts);
 CREATE INDEX IF NOT EXISTS member_activity_kind ON member_activity(kind, ts);
@@ -544,6 +721,20 @@ CREATE TABLE IF NOT EXISTS reminder_cooldowns (
     key TEXT PRIMARY KEY,
     fired_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS push_vapid (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    private_pkcs8 BLOB NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS push_subscriptions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    member_name TEXT NOT NULL,
+    endpoint TEXT NOT NULL UNIQUE,
+    p256dh TEXT NOT NULL,
+    auth TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS push_subscriptions_member ON push_subscriptions(member_name);
 CREATE TABLE IF NOT EXISTS enrollments (
     device_code_hash TEXT PRIMARY KEY,
     user_code TEXT NOT NULL UNIQUE,
@@ -635,6 +826,215 @@ INSERT INTO member_activity (member_name, ts, kind, event_json, created_at)
             assert!(!index.contains(&"member_activity_member".to_owned()), "{index:?}");
             // Opening again changes nothing.
             migrate(conn).unwrap();
+        });
+    }
+
+    /// `member_activity` as it was before activity blocks: each exchange whole in `event_json`.
+    const BEFORE_BLOCKS: &str = r#"
+CREATE TABLE member_activity (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    member_name TEXT NOT NULL,
+    ts INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    event_json TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    member_seq INTEGER NOT NULL DEFAULT 0
+);
+"#;
+
+    /// An exchange whose conversation is `turns` user messages, with a system prompt and a tool.
+    fn exchange(ts: u64, turns: usize) -> ActivityEvent {
+        let messages: Vec<serde_json::Value> = (0..turns)
+            .map(|i| serde_json::json!({"role": "user", "content": [{"type": "text", "text": format!("turn {i}")}]}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "kind": "llm_exchange", "ts": ts, "duration": 5,
+            "entry": {"kind": "anthropic_messages", "startedAt": ts, "endedAt": ts + 5,
+                "request": {"model": "m", "maxTokens": 10, "temperature": null,
+                    "system": "You are ann.", "messages": messages,
+                    "tools": [{"name": "ls", "description": null, "inputSchema": {"type": "object"}}]},
+                "response": null}
+        }))
+        .unwrap()
+    }
+
+    use ac7_protocol::trace::activity::ActivityEvent;
+
+    #[test]
+    fn exchanges_stored_whole_by_an_older_version_read_back_and_prune() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(BEFORE_BLOCKS).unwrap();
+        let old = exchange(1, 3);
+        conn.execute(
+            "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq)
+             VALUES ('ann', 1, 'llm_exchange', ?1, 1, 0)",
+            [serde_json::to_string(&old).unwrap()],
+        )
+        .unwrap();
+        let store = Store::init(conn, SyncMode::Normal).unwrap();
+        store.with_here(|conn| {
+            let c = Conn::sqlite(conn);
+            let q = crate::broker::activity::Query {
+                limit: 10,
+                ..Default::default()
+            };
+            let events = |c: &Conn<'_>| -> Vec<ActivityEvent> {
+                let mut rows = crate::broker::activity::list(c, "ann", &q, false).unwrap();
+                rows.reverse();
+                rows.into_iter().map(|r| r.event).collect()
+            };
+            assert_eq!(events(&c), vec![old.clone()]);
+            // The next exchange goes to blocks; both read back whole.
+            let new = exchange(2, 5);
+            crate::broker::activity::append(&c, "ann", 0, vec![new.clone()], 2).unwrap();
+            assert_eq!(events(&c), vec![old.clone(), new.clone()]);
+            let blocks: i64 = conn
+                .query_row("SELECT COUNT(*) FROM activity_blocks", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(blocks, 3, "system, tools, conversation");
+            // Pruning the old row frees nothing; pruning the new one frees its blocks.
+            assert_eq!(crate::broker::retention::prune_batch(&c, 2, 10).unwrap(), 1);
+            assert_eq!(events(&c), vec![new]);
+            assert_eq!(crate::broker::retention::prune_batch(&c, 3, 10).unwrap(), 1);
+            let blocks: i64 = conn
+                .query_row("SELECT COUNT(*) FROM activity_blocks", [], |r| r.get(0))
+                .unwrap();
+            assert_eq!(blocks, 0);
+            // Opening again changes nothing.
+            migrate(conn).unwrap();
+        });
+    }
+
+    /// `messages` as it was before compact messages: text columns and each message's JSON.
+    const JSON_MESSAGES: &str = r#"
+CREATE TABLE messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    ts INTEGER NOT NULL,
+    to_name TEXT,
+    from_name TEXT,
+    thread TEXT,
+    json TEXT NOT NULL
+);
+CREATE INDEX messages_thread ON messages(thread, seq);
+CREATE INDEX messages_to ON messages(to_name, seq);
+CREATE INDEX messages_from ON messages(from_name, seq);
+"#;
+
+    #[test]
+    fn messages_logged_as_json_by_an_older_version_read_back_the_same() {
+        use crate::broker::messages::{self, Feed, ViewerScope, Window};
+        use ac7_protocol::domain::message::{Attachment, LogLevel, Message};
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(JSON_MESSAGES).unwrap();
+        let msg = |id: &str, ts: i64, to: Option<&str>, thread: Option<&str>| Message {
+            id: id.to_owned(),
+            ts,
+            to: to.map(str::to_owned),
+            from: Some("ann".to_owned()),
+            title: None,
+            body: format!("body {ts}"),
+            level: LogLevel::Info,
+            data: thread
+                .map(|t| {
+                    let mut d = serde_json::Map::new();
+                    d.insert("thread".into(), serde_json::json!(t));
+                    d
+                })
+                .unwrap_or_default(),
+            attachments: Vec::new(),
+        };
+        let mut odd = msg(
+            "5b0c6a1e-7f55-4a39-9d0e-0c1f2a3b4c5d",
+            4,
+            None,
+            Some("obj:o1"),
+        );
+        odd.title = Some("t".into());
+        odd.level = LogLevel::Warning;
+        odd.data.insert("kind".into(), serde_json::json!("update"));
+        odd.attachments.push(Attachment {
+            path: "/ann/a.txt".into(),
+            name: "a.txt".into(),
+            size: 1,
+            mime_type: "text/plain".into(),
+        });
+        let rows = [
+            (
+                msg("0f8fad5b-d9cb-469f-a165-70867728950e", 1, Some("bob"), None),
+                None,
+            ),
+            (
+                msg("7c9e6679-7425-40de-944b-e07fc1f90ae7", 2, None, None),
+                Some("chan:general"),
+            ),
+            (msg("not-a-uuid", 3, None, Some("chan:c1")), Some("chan:c1")),
+            (odd, Some("obj:o1")),
+        ];
+        let mut logged = Vec::new();
+        for (m, thread) in &rows {
+            let json = serde_json::to_string(m).unwrap();
+            conn.execute(
+                "INSERT INTO messages (id, ts, to_name, from_name, thread, json)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                rusqlite::params![m.id, m.ts, m.to, m.from, thread, json],
+            )
+            .unwrap();
+            logged.push(json);
+        }
+        // A row whose JSON is no message, and a pruned one that keeps its number taken.
+        conn.execute_batch(
+            "INSERT INTO messages (id, ts, from_name, thread, json)
+                 VALUES ('x', 5, 'ann', 'chan:general', '{\"odd\": true}');
+             INSERT INTO messages (id, ts, json) VALUES ('gone', 6, '{}');
+             DELETE FROM messages WHERE id = 'gone';",
+        )
+        .unwrap();
+        logged.push(r#"{"odd": true}"#.to_owned());
+        let store = Store::init(conn, SyncMode::Normal).unwrap();
+        store.with_here(|conn| {
+            let c = Conn::sqlite(conn);
+            let scope = ViewerScope {
+                channels: ["c1".to_owned()].into(),
+                objectives: Default::default(),
+                manager: true,
+                since: 0,
+            };
+            let mut window = Window::newest(10);
+            window.oldest_first = true;
+            let page = messages::page(&c, "ann", &scope, &Feed::All, &window).unwrap();
+            let got: Vec<(i64, String, String)> =
+                page.into_iter().map(|r| (r.seq, r.id, r.json)).collect();
+            let want: Vec<(i64, String, String)> = rows
+                .iter()
+                .map(|(m, _)| m.id.clone())
+                .chain(["x".to_owned()])
+                .zip(logged.iter().cloned())
+                .enumerate()
+                .map(|(i, (id, json))| (i as i64 + 1, id, json))
+                .collect();
+            assert_eq!(got, want);
+            assert_eq!(messages::seq_of(&c, "not-a-uuid").unwrap(), Some(3));
+            assert_eq!(
+                messages::seq_of(&c, "7c9e6679-7425-40de-944b-e07fc1f90ae7").unwrap(),
+                Some(2)
+            );
+            // The next message takes the number after the pruned one.
+            let next = msg("9b2f3c4d-0000-4000-8000-000000000000", 7, Some("bob"), None);
+            let json = serde_json::to_string(&next).unwrap();
+            let seq = messages::insert(
+                &c,
+                &next,
+                &json,
+                &ac7_protocol::domain::message::Audience::Everyone,
+            )
+            .unwrap();
+            assert_eq!(seq, 7);
+            // Opening again changes nothing.
+            migrate(conn).unwrap();
+            let again = messages::page(&c, "ann", &scope, &Feed::All, &window).unwrap();
+            assert_eq!(again.len(), 6);
+            assert_eq!(again[5].json, json);
         });
     }
 }

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use ac7_protocol::signin::enroll::{
-    DEVICE_CODE_PREFIX, EnrollConfig, EnrollEvent, EnrollRecord, EnrollState, EnrollStore,
+    DEVICE_CODE_PREFIX, EnrollConfig, EnrollOutput, EnrollRecord, EnrollState, EnrollStore,
 };
 use ac7_protocol::signin::limiter::{AttemptLimiter, KeyState, LimiterConfig};
 
@@ -148,10 +148,15 @@ impl Desk {
     pub fn expire(&mut self, now: u64) -> Vec<(String, Grant)> {
         self.store.handle_timeout(now);
         let mut revoke = Vec::new();
-        while let Some(EnrollEvent::Revoke { member, grant }) = self.store.poll_output() {
+        while let Some(EnrollOutput::Revoke { member, grant }) = self.store.poll_output() {
             revoke.push((member, grant));
         }
         revoke
+    }
+
+    /// When the next enrollment expires (epoch seconds), `None` with none live.
+    pub fn next_expiry(&self) -> Option<u64> {
+        self.store.poll_timeout()
     }
 
     /// Writes back what changed: enrollments created, decided, polled or gone, and the loaded

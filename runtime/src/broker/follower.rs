@@ -24,6 +24,7 @@ use ac7_protocol::domain::message::Audience;
 use super::AppState;
 use super::db::StoreError;
 use super::hub::Frame;
+use super::messages;
 use super::store::Conn;
 use crate::params;
 
@@ -129,16 +130,23 @@ type Delivery = (i64, String, Arc<Frame>, Audience);
 /// The messages after `after`, with the audiences they were pushed to.
 fn read_after(c: &Conn<'_>, after: i64) -> Result<Vec<Delivery>, StoreError> {
     c.query(
-        "SELECT seq, id, json, audience FROM messages WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        &format!(
+            "SELECT {}, ak.key FROM messages m {}
+             LEFT JOIN message_keys ak ON ak.id = m.audience
+             WHERE m.seq > ?1 ORDER BY m.seq LIMIT ?2",
+            messages::READ_COLUMNS,
+            messages::READ_JOINS
+        ),
         params![after, PAGE],
         |r| {
-            let audience = match r.get::<Option<String>>(3)? {
-                None => Audience::Everyone,
-                Some(names) => Audience::Only(serde_json::from_str(&names)?),
-            };
-            let id = r.get::<String>(1)?;
-            let frame = Arc::new(Frame::new(id.clone(), r.get::<String>(2)?));
-            Ok((r.get::<i64>(0)?, id, frame, audience))
+            let (row, route, from) = messages::read_row(r)?;
+            let audience = messages::stored_audience(
+                r.get::<Option<String>>(9)?.as_deref(),
+                from.as_deref(),
+                &route,
+            )?;
+            let frame = Arc::new(Frame::new(row.id.clone(), row.json));
+            Ok((row.seq, row.id, frame, audience))
         },
     )
 }

@@ -63,6 +63,22 @@ impl Frame {
         Frame { id, json, sse }
     }
 
+    /// A frame that is no message: an SSE event without `id:` (so a client's resume position
+    /// stays the last message), its JSON a WebSocket text frame with a `type` key (a Message
+    /// never has one). Its `id` is empty.
+    pub fn notice(event: &str, json: String) -> Frame {
+        let sse = Bytes::from(format!("event: {event}\ndata: {json}\n\n"));
+        let start = "event: ".len() + event.len() + "\ndata: ".len();
+        let end = start + json.len();
+        let json = axum::extract::ws::Utf8Bytes::try_from(sse.slice(start..end))
+            .unwrap_or_else(|_| unreachable!("a slice of a String at char boundaries is UTF-8"));
+        Frame {
+            id: String::new(),
+            json,
+            sse,
+        }
+    }
+
     /// Bytes this frame costs a queue holding it.
     pub fn cost(&self) -> usize {
         self.sse.len() + self.id.len()
@@ -509,6 +525,20 @@ impl Hub {
         })
     }
 
+    /// `name`'s live streams on this hub signed in with a browser session (the web app's).
+    pub fn browser_count(&self, name: &str) -> usize {
+        self.lock().members.get(name).map_or(0, |e| {
+            e.subs
+                .iter()
+                .filter(|s| {
+                    !s.queue.is_closed()
+                        && s.token
+                            .starts_with(crate::broker::sessions::SESSION_ID_PREFIX)
+                })
+                .count()
+        })
+    }
+
     /// The tokens (by id) live streams authenticated with, per member, each once.
     pub fn live_tokens(&self) -> Vec<(String, String)> {
         let inner = self.lock();
@@ -546,10 +576,40 @@ impl Hub {
         out
     }
 
-    /// Marks `name` busy until `until` (or clears it with 0).
-    pub fn set_busy(&self, name: &str, until: i64) {
-        if let Some(entry) = self.lock().members.get_mut(name) {
-            entry.busy_until = until;
+    /// Marks `name` busy until `until` (or clears it with 0); whether that changed whether
+    /// `name` counts as busy at `now`.
+    pub fn set_busy(&self, name: &str, until: i64, now: i64) -> bool {
+        match self.lock().members.get_mut(name) {
+            Some(entry) => {
+                let was = entry.busy_until > now;
+                entry.busy_until = until;
+                was != (until > now)
+            }
+            None => false,
+        }
+    }
+
+    /// Queues `frame` (a [`Frame::notice`]) for every live subscriber whose token id `wants`.
+    /// A notice is advisory: a queue that is full skips it rather than being closed.
+    pub fn notify(&self, frame: &Arc<Frame>, wants: impl Fn(&str) -> bool) {
+        let limits = self.limits;
+        let cost = frame.cost();
+        let inner = self.lock();
+        for sub in inner.members.values().flat_map(|e| e.subs.iter()) {
+            if !wants(&sub.token) {
+                continue;
+            }
+            let mut q = sub.queue.lock();
+            if q.closed.is_some()
+                || q.frames.len() >= limits.queue_frames
+                || q.bytes + cost > limits.queue_bytes
+            {
+                continue;
+            }
+            q.frames.push_back(Arc::clone(frame));
+            q.bytes += cost;
+            drop(q);
+            sub.queue.notify.notify_one();
         }
     }
 
@@ -638,6 +698,40 @@ mod tests {
         let sse = f.sse.as_ptr() as usize;
         let json = f.json.as_str().as_ptr() as usize;
         assert!(json > sse && json < sse + f.sse.len());
+    }
+
+    #[test]
+    fn notices_carry_no_id_and_reach_only_the_streams_that_want_them() {
+        let f = Arc::new(Frame::notice(
+            "presence",
+            r#"{"type":"presence","name":"é"}"#.into(),
+        ));
+        assert_eq!(
+            &f.sse[..],
+            "event: presence\ndata: {\"type\":\"presence\",\"name\":\"é\"}\n\n".as_bytes()
+        );
+        assert_eq!(f.json.as_str(), r#"{"type":"presence","name":"é"}"#);
+        assert!(f.id.is_empty());
+        let hub = Hub::new(HubLimits {
+            queue_frames: 1,
+            queue_bytes: 1 << 20,
+            per_member: 4,
+        });
+        hub.register_member("ann", role(), 0);
+        let browser = hub.subscribe("ann", "session:abc", 0).unwrap();
+        let runner = hub.subscribe("ann", "tok-1", 0).unwrap();
+        hub.notify(&f, |t| t.starts_with("session:"));
+        assert_eq!(browser.rx.queue.lock().frames.len(), 1);
+        assert_eq!(runner.rx.queue.lock().frames.len(), 0);
+        // A full queue skips a notice instead of closing the stream.
+        hub.notify(&f, |_| true);
+        assert!(!browser.rx.queue.is_closed());
+        assert_eq!(runner.rx.queue.lock().frames.len(), 1);
+        // Busy changes are reported as changes only.
+        assert!(hub.set_busy("ann", 100, 10));
+        assert!(!hub.set_busy("ann", 200, 10));
+        assert!(hub.set_busy("ann", 0, 10));
+        assert!(!hub.set_busy("nobody", 100, 10));
     }
 
     #[test]

@@ -1,7 +1,27 @@
 //! The message log in the store: append, `/history` queries and `Last-Event-ID` replay.
 //!
-//! Every message is stored as its wire JSON plus the columns needed to query it.
 //! `seq` (the row id) gives the total order that live delivery also follows.
+//!
+//! # How a message is stored
+//!
+//! A row holds each part of the message once, and the wire JSON is rebuilt from them on read:
+//!
+//! - `id`: the id's 16 bytes when it is a UUID in canonical form (every id the broker stamps),
+//!   else NULL and the id in `id_text`;
+//! - `ts`, `body`: as they are;
+//! - `to_key`, `from_key`: the recipient and the sender as ids of `message_keys`, which holds
+//!   each name and thread key once;
+//! - `thread`: the thread key's id in `message_keys`, negated for objective threads (so that
+//!   `thread < 0` is every objective thread); NULL for a DM;
+//! - `extra`: NULL when the message has no title, level `info`, no attachments and the `data`
+//!   its thread implies (`{"thread": <key>}` for a channel or objective post, `{}` otherwise);
+//!   else a JSON object with what differs: `t` (title), `l` (level), `d` (data), `a`
+//!   (attachments). A message whose rebuilt JSON would not be the very bytes logged is kept
+//!   whole instead, as `{"j": <wire JSON>}` (with an empty `body`); [`encode`] checks.
+//! - `audience` (PostgreSQL only, see [`super::follower`]): who it was pushed to, as the
+//!   `message_keys` id of its JSON (`null`: everyone, or the list of names); NULL when it is
+//!   what the route implies without thread members (everyone for the general channel, the two
+//!   parties of a DM).
 //!
 //! Queries touch only rows the viewer may see. What a viewer sees
 //! ([`ac7_protocol::domain::message::matches_viewer`]) is a union of *sources*, each an
@@ -18,7 +38,10 @@
 
 use std::collections::HashSet;
 
-use ac7_protocol::domain::message::{Audience, Membership, Message, Route};
+use ac7_protocol::domain::message::{
+    self, Attachment, Audience, LogLevel, Membership, Message, Route, Thread,
+};
+use serde_json::{Map, Value};
 
 use super::db::StoreError;
 use super::store::{Backend, Conn, ToValue};
@@ -45,11 +68,27 @@ pub fn insert(
             Route::Direct { .. } | Route::Unroutable => None,
         },
     };
+    let stored = encode(msg, json, thread.as_deref())?;
+    let to_key = msg.to.as_deref().map(|k| key_id(c, k)).transpose()?;
+    let from_key = msg.from.as_deref().map(|k| key_id(c, k)).transpose()?;
+    let thread_code = thread
+        .as_deref()
+        .map(|t| Ok::<_, StoreError>(thread_code(t, key_id(c, t)?)))
+        .transpose()?;
     let seq = match c.backend() {
         Backend::Sqlite => c.query_row(
-            "INSERT INTO messages (id, ts, to_name, from_name, thread, json)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) RETURNING seq",
-            params![msg.id, msg.ts, msg.to, msg.from, thread, json],
+            "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING seq",
+            params![
+                stored.id,
+                stored.id_text,
+                msg.ts,
+                to_key,
+                from_key,
+                thread_code,
+                stored.body,
+                stored.extra
+            ],
             |r| r.get::<i64>(0),
         )?,
         Backend::Postgres => {
@@ -61,16 +100,29 @@ pub fn insert(
                 )?
                 .ok_or_else(|| StoreError::Corrupt("the log_head row is missing".into()))?;
             // Replicas deliver what they read back from the log: the audience decided at push
-            // time travels with the row (NULL: everyone).
-            let audience = match audience {
-                Audience::Everyone => None,
-                Audience::Only(names) => Some(serde_json::to_string(names)?),
+            // time travels with the row (NULL: what the route implies).
+            let route = route_of(msg.to.as_deref(), thread.as_deref());
+            let audience = if *audience
+                == message::audience(msg.from.as_deref(), &route, &Default::default())
+            {
+                None
+            } else {
+                Some(key_id(c, &audience_json(audience)?)?)
             };
             c.execute(
-                "INSERT INTO messages (seq, id, ts, to_name, from_name, thread, json, audience)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO messages (seq, id, id_text, ts, to_key, from_key, thread, body, extra, audience)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
                 params![
-                    seq, msg.id, msg.ts, msg.to, msg.from, thread, json, audience
+                    seq,
+                    stored.id,
+                    stored.id_text,
+                    msg.ts,
+                    to_key,
+                    from_key,
+                    thread_code,
+                    stored.body,
+                    stored.extra,
+                    audience
                 ],
             )?;
             c.execute("SELECT pg_notify('ac7_log', ?1)", params![seq.to_string()])?;
@@ -78,6 +130,330 @@ pub fn insert(
         }
     };
     seq.ok_or_else(|| StoreError::Corrupt("an insert into the log returned no sequence".into()))
+}
+
+/// The route of a stored message, from its recipient and thread key.
+pub fn route_of(to: Option<&str>, thread: Option<&str>) -> Route {
+    match (to, thread.map(Thread::parse)) {
+        (Some(to), _) => Route::Direct { to: to.to_owned() },
+        (None, Some(Ok(Thread::General))) => Route::General,
+        (None, Some(Ok(Thread::Channel(id)))) => Route::Channel(id),
+        (None, Some(Ok(Thread::Objective(id)))) => Route::Objective(id),
+        (None, Some(Err(_)) | None) => Route::Unroutable,
+    }
+}
+
+/// An audience as stored in `message_keys`: `null` for everyone, else the JSON list of names.
+pub fn audience_json(audience: &Audience) -> Result<String, StoreError> {
+    Ok(match audience {
+        Audience::Everyone => "null".to_owned(),
+        Audience::Only(names) => serde_json::to_string(names)?,
+    })
+}
+
+/// The audience of a stored row: its `message_keys` text, or (NULL) what the route implies.
+pub fn stored_audience(
+    key: Option<&str>,
+    from: Option<&str>,
+    route: &Route,
+) -> Result<Audience, StoreError> {
+    Ok(match key {
+        None => message::audience(from, route, &Default::default()),
+        Some("null") => Audience::Everyone,
+        Some(names) => Audience::Only(serde_json::from_str(names)?),
+    })
+}
+
+/// The `message_keys` id of `key`, added if new.
+pub fn key_id(c: &Conn<'_>, key: &str) -> Result<i64, StoreError> {
+    if let Some(id) = find_key(c, key)? {
+        return Ok(id);
+    }
+    c.execute(
+        "INSERT INTO message_keys (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
+        params![key],
+    )?;
+    c.query_row(
+        "SELECT id FROM message_keys WHERE key = ?1",
+        params![key],
+        |r| r.get::<i64>(0),
+    )?
+    .ok_or_else(|| StoreError::Corrupt(format!("the message key {key:?} is missing")))
+}
+
+/// The `message_keys` id of `key`, if it has one.
+fn find_key(c: &Conn<'_>, key: &str) -> Result<Option<i64>, StoreError> {
+    let cache = c.key_cache();
+    if let Some(id) = cache.and_then(|(k, _)| k.id(key)) {
+        return Ok(Some(id));
+    }
+    let id = c.query_row(
+        "SELECT id FROM message_keys WHERE key = ?1",
+        params![key],
+        |r| r.get::<i64>(0),
+    )?;
+    if let (Some((cache, true)), Some(id)) = (cache, id) {
+        cache.remember(id, key);
+    }
+    Ok(id)
+}
+
+/// The key whose `message_keys` id is `id`.
+fn key_of(c: &Conn<'_>, id: i64) -> Result<std::sync::Arc<str>, StoreError> {
+    let cache = c.key_cache();
+    if let Some(key) = cache.and_then(|(k, _)| k.key(id)) {
+        return Ok(key);
+    }
+    let key = c
+        .query_row(
+            "SELECT key FROM message_keys WHERE id = ?1",
+            params![id],
+            |r| r.get::<String>(0),
+        )?
+        .ok_or_else(|| StoreError::Corrupt(format!("message key {id} is missing")))?;
+    if let Some((cache, true)) = cache {
+        cache.remember(id, &key);
+    }
+    Ok(key.into())
+}
+
+/// The `thread` column of thread key `thread` whose `message_keys` id is `id`.
+pub fn thread_code(thread: &str, id: i64) -> i64 {
+    if thread.starts_with("obj:") { -id } else { id }
+}
+
+/// The columns of a message's row that are not keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The id's 16 bytes, when it is a canonical UUID.
+    pub id: Option<Vec<u8>>,
+    /// The id, when it is not.
+    pub id_text: Option<String>,
+    /// The body (empty when `extra` holds the whole JSON).
+    pub body: String,
+    /// What the rest of the message holds beyond the defaults (see the module docs).
+    pub extra: Option<String>,
+}
+
+/// `extra`, decoded.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct Extra {
+    #[serde(rename = "t", default, skip_serializing_if = "Option::is_none")]
+    title: Option<String>,
+    #[serde(rename = "l", default, skip_serializing_if = "Option::is_none")]
+    level: Option<LogLevel>,
+    #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+    data: Option<Map<String, Value>>,
+    #[serde(rename = "a", default, skip_serializing_if = "Option::is_none")]
+    attachments: Option<Vec<Attachment>>,
+    #[serde(rename = "j", default, skip_serializing_if = "Option::is_none")]
+    json: Option<String>,
+}
+
+/// The id column of a message id: its 16 bytes when it is a UUID in canonical form.
+pub fn uuid_bytes(id: &str) -> Option<Vec<u8>> {
+    let u = uuid::Uuid::try_parse(id).ok()?;
+    (u.hyphenated().to_string() == id).then(|| u.as_bytes().to_vec())
+}
+
+/// The `data` a message with no `extra` has: its thread for a channel or objective post.
+fn implied_data(thread: Option<&str>) -> Map<String, Value> {
+    let mut data = Map::new();
+    if let Some(t) = thread.filter(|t| *t != "chan:general") {
+        data.insert("thread".to_owned(), Value::String(t.to_owned()));
+    }
+    data
+}
+
+/// The stored columns of `msg`, logged as `json`, whose thread key is `thread`. Checks that
+/// [`decode`] gives `json` back; keeps `json` whole when it would not.
+pub fn encode(msg: &Message, json: &str, thread: Option<&str>) -> Result<Stored, StoreError> {
+    let id = uuid_bytes(&msg.id);
+    let id_text = id.is_none().then(|| msg.id.clone());
+    let implied = implied_data(thread);
+    let same_data = serde_json::to_string(&msg.data)? == serde_json::to_string(&implied)?;
+    let extra = Extra {
+        title: msg.title.clone(),
+        level: (msg.level != LogLevel::Info).then_some(msg.level),
+        data: (!same_data).then(|| msg.data.clone()),
+        attachments: (!msg.attachments.is_empty()).then(|| msg.attachments.clone()),
+        json: None,
+    };
+    let extra = if extra.title.is_none()
+        && extra.level.is_none()
+        && extra.data.is_none()
+        && extra.attachments.is_none()
+    {
+        None
+    } else {
+        Some(serde_json::to_string(&extra)?)
+    };
+    let stored = Stored {
+        id,
+        id_text,
+        body: msg.body.clone(),
+        extra,
+    };
+    let rebuilt = decode(
+        &msg.id,
+        msg.ts,
+        msg.to.as_deref(),
+        msg.from.as_deref(),
+        thread,
+        &stored.body,
+        stored.extra.as_deref(),
+    );
+    if rebuilt.ok().as_deref() == Some(json) {
+        return Ok(stored);
+    }
+    whole(stored.id, stored.id_text, json)
+}
+
+/// The stored columns of a message known only as its columns and wire JSON (a row of an
+/// older log): [`encode`] when the JSON is a message with those columns, else kept whole.
+pub fn encode_logged(
+    id: &str,
+    ts: i64,
+    to: Option<&str>,
+    from: Option<&str>,
+    thread: Option<&str>,
+    json: &str,
+) -> Result<Stored, StoreError> {
+    match serde_json::from_str::<Message>(json) {
+        Ok(msg)
+            if msg.id == id
+                && msg.ts == ts
+                && msg.to.as_deref() == to
+                && msg.from.as_deref() == from =>
+        {
+            encode(&msg, json, thread)
+        }
+        _ => {
+            let bytes = uuid_bytes(id);
+            let text = bytes.is_none().then(|| id.to_owned());
+            whole(bytes, text, json)
+        }
+    }
+}
+
+/// The stored columns of a message kept whole as `json`.
+pub fn whole(
+    id: Option<Vec<u8>>,
+    id_text: Option<String>,
+    json: &str,
+) -> Result<Stored, StoreError> {
+    Ok(Stored {
+        id,
+        id_text,
+        body: String::new(),
+        extra: Some(serde_json::to_string(&Extra {
+            json: Some(json.to_owned()),
+            ..Extra::default()
+        })?),
+    })
+}
+
+/// The message id of a row's `id` and `id_text`.
+pub fn id_of(id: Option<&[u8]>, id_text: Option<String>) -> Result<String, StoreError> {
+    match (id, id_text) {
+        (Some(bytes), _) => uuid::Uuid::from_slice(bytes)
+            .map(|u| u.hyphenated().to_string())
+            .map_err(|e| {
+                StoreError::Corrupt(format!("a message id of {} bytes: {e}", bytes.len()))
+            }),
+        (None, Some(text)) => Ok(text),
+        (None, None) => Err(StoreError::Corrupt("a message without an id".into())),
+    }
+}
+
+/// The wire JSON of a stored message.
+pub fn decode(
+    id: &str,
+    ts: i64,
+    to: Option<&str>,
+    from: Option<&str>,
+    thread: Option<&str>,
+    body: &str,
+    extra: Option<&str>,
+) -> Result<String, StoreError> {
+    let extra: Extra = match extra {
+        Some(e) => serde_json::from_str(e)?,
+        None => Extra::default(),
+    };
+    if let Some(json) = extra.json {
+        return Ok(json);
+    }
+    if extra.title.is_none()
+        && extra.level.is_none()
+        && extra.data.is_none()
+        && extra.attachments.is_none()
+    {
+        // The common message, written as serde writes a `Message` (key order, escapes).
+        let mut out: Vec<u8> = Vec::with_capacity(body.len() + 160);
+        let text = |out: &mut Vec<u8>, s: Option<&str>| -> Result<(), StoreError> {
+            match s {
+                Some(s) => serde_json::to_writer(&mut *out, s)?,
+                None => out.extend_from_slice(b"null"),
+            }
+            Ok(())
+        };
+        out.extend_from_slice(b"{\"id\":");
+        text(&mut out, Some(id))?;
+        out.extend_from_slice(format!(",\"ts\":{ts},\"to\":").as_bytes());
+        text(&mut out, to)?;
+        out.extend_from_slice(b",\"from\":");
+        text(&mut out, from)?;
+        out.extend_from_slice(b",\"title\":null,\"body\":");
+        text(&mut out, Some(body))?;
+        out.extend_from_slice(b",\"level\":\"info\",\"data\":{");
+        if let Some(t) = thread.filter(|t| *t != "chan:general") {
+            out.extend_from_slice(b"\"thread\":");
+            text(&mut out, Some(t))?;
+        }
+        out.extend_from_slice(b"},\"attachments\":[]}");
+        return String::from_utf8(out)
+            .map_err(|e| StoreError::Corrupt(format!("a rebuilt message is not UTF-8: {e}")));
+    }
+    Ok(serde_json::to_string(&Message {
+        id: id.to_owned(),
+        ts,
+        to: to.map(str::to_owned),
+        from: from.map(str::to_owned),
+        title: extra.title,
+        body: body.to_owned(),
+        level: extra.level.unwrap_or(LogLevel::Info),
+        data: extra.data.unwrap_or_else(|| implied_data(thread)),
+        attachments: extra.attachments.unwrap_or_default(),
+    })?)
+}
+
+/// The columns a read selects from `messages m` (see [`read_row`]), with the keys joined.
+pub const READ_COLUMNS: &str =
+    "m.seq, m.id, m.id_text, m.ts, tk.key, fk.key, hk.key, m.body, m.extra";
+
+/// The joins [`READ_COLUMNS`] needs.
+pub const READ_JOINS: &str = "LEFT JOIN message_keys tk ON tk.id = m.to_key
+         LEFT JOIN message_keys fk ON fk.id = m.from_key
+         LEFT JOIN message_keys hk ON hk.id = abs(m.thread)";
+
+/// A row of [`READ_COLUMNS`] (from column 0): the message, and its route.
+pub fn read_row(r: &super::store::Row) -> Result<(Row, Route, Option<String>), StoreError> {
+    let seq: i64 = r.get(0)?;
+    let id = id_of(r.get::<Option<Vec<u8>>>(1)?.as_deref(), r.get(2)?)?;
+    let to: Option<String> = r.get(4)?;
+    let from: Option<String> = r.get(5)?;
+    let thread: Option<String> = r.get(6)?;
+    let json = decode(
+        &id,
+        r.get(3)?,
+        to.as_deref(),
+        from.as_deref(),
+        thread.as_deref(),
+        &r.get::<String>(7)?,
+        r.get::<Option<String>>(8)?.as_deref(),
+    )?;
+    let route = route_of(to.as_deref(), thread.as_deref());
+    Ok((Row { seq, id, json }, route, from))
 }
 
 /// What one viewer belongs to, loaded once per query.
@@ -252,31 +628,32 @@ fn sources<'a>(viewer: &'a str, scope: &ViewerScope, feed: &'a Feed) -> Vec<Sour
 fn source_sql(backend: Backend, condition: &str, order: &str) -> String {
     let (table, condition) = match backend {
         // A range of threads ordered by seq would otherwise walk the whole log by seq.
-        Backend::Sqlite if condition == ALL_OBJECTIVES => {
-            ("messages INDEXED BY messages_thread", condition.to_owned())
-        }
-        Backend::Sqlite => ("messages", condition.to_owned()),
-        // `+x` (no index on x) is SQLite's; PostgreSQL has no unary plus on text.
-        Backend::Postgres => ("messages", condition.replace("+to_name", "to_name")),
+        Backend::Sqlite if condition == ALL_OBJECTIVES => (
+            "messages m INDEXED BY messages_thread",
+            condition.to_owned(),
+        ),
+        Backend::Sqlite => ("messages m", condition.to_owned()),
+        // `+x` (no index on x) is SQLite's; PostgreSQL has no unary plus.
+        Backend::Postgres => ("messages m", condition.replace("+m.to_key", "m.to_key")),
     };
     format!(
-        "SELECT seq, id, json FROM {table} WHERE {condition}
-         AND seq > ?1 AND seq < ?2 AND ts > ?3 AND ts < ?4 ORDER BY seq {order} LIMIT ?5"
+        "SELECT m.seq, m.id, m.id_text, m.ts, m.to_key, m.from_key, m.thread, m.body, m.extra
+         FROM {table} WHERE {condition}
+         AND m.seq > ?1 AND m.seq < ?2 AND m.ts > ?3 AND m.ts < ?4 ORDER BY m.seq {order} LIMIT ?5"
     )
 }
 
-/// A thread's posts. (`+to_name`: the check must not steer SQLite to the `to_name` index,
-/// where NULL matches every post in every thread.)
-const THREAD: &str = "thread = ?6 AND +to_name IS NULL";
-/// Every objective thread's posts.
-const ALL_OBJECTIVES: &str = "thread >= 'obj:' AND thread < 'obj;' AND +to_name IS NULL";
+/// A thread's posts. (`+m.to_key`: the check must not steer SQLite to the `to_key` index.)
+const THREAD: &str = "m.thread = ?6 AND +m.to_key IS NULL";
+/// Every objective thread's posts (their `thread` is negative).
+const ALL_OBJECTIVES: &str = "m.thread < 0 AND +m.to_key IS NULL";
 
 /// Every source condition and the index it must search, for the query-plan test.
 #[cfg(test)]
 const CONDITIONS: &[(&str, &str)] = &[
-    ("to_name = ?6", "messages_to"),
-    ("from_name = ?6", "messages_from"),
-    ("to_name = ?6 AND from_name = ?7", "messages_"),
+    ("m.to_key = ?6", "messages_to"),
+    ("m.from_key = ?6", "messages_from"),
+    ("m.to_key = ?6 AND m.from_key = ?7", "messages_"),
     (THREAD, "messages_thread"),
     (ALL_OBJECTIVES, "messages_thread"),
 ];
@@ -298,40 +675,60 @@ pub fn page(
     let limit = window.limit as i64;
     // The viewer's own sources start with its incarnation.
     let own_after_seq = after_seq.max(scope.since);
-    let mut rows: Vec<Row> = Vec::new();
-    for source in sources(viewer, scope, feed) {
+    // Rows as stored: each source reads up to `limit`, and only the page is rebuilt.
+    let mut rows: Vec<StoredRow> = Vec::new();
+    'sources: for source in sources(viewer, scope, feed) {
         let after_seq = match source {
             Source::To(_) | Source::From(_) | Source::Dm { .. } => &own_after_seq,
             Source::Thread(_) | Source::AllObjectives => &after_seq,
         };
-        let mut args: Vec<&dyn ToValue> =
-            vec![after_seq, &before_seq, &after_ts, &before_ts, &limit];
+        // The keys a source names; a key never stored has no rows.
+        let mut keys: Vec<i64> = Vec::new();
         let condition = match &source {
             Source::To(name) | Source::From(name) => {
-                args.push(name);
+                keys.push(match find_key(c, name)? {
+                    Some(k) => k,
+                    None => continue 'sources,
+                });
                 if matches!(source, Source::To(_)) {
-                    "to_name = ?6"
+                    "m.to_key = ?6"
                 } else {
-                    "from_name = ?6"
+                    "m.from_key = ?6"
                 }
             }
             Source::Dm { to, from } => {
-                args.push(to);
-                args.push(from);
-                "to_name = ?6 AND from_name = ?7"
+                for name in [to, from] {
+                    keys.push(match find_key(c, name)? {
+                        Some(k) => k,
+                        None => continue 'sources,
+                    });
+                }
+                "m.to_key = ?6 AND m.from_key = ?7"
             }
             Source::Thread(thread) => {
-                args.push(thread);
+                keys.push(match find_key(c, thread)? {
+                    Some(k) => thread_code(thread, k),
+                    None => continue 'sources,
+                });
                 THREAD
             }
             Source::AllObjectives => ALL_OBJECTIVES,
         };
+        let mut args: Vec<&dyn ToValue> =
+            vec![after_seq, &before_seq, &after_ts, &before_ts, &limit];
+        args.extend(keys.iter().map(|k| k as &dyn ToValue));
         rows.extend(
             c.query(&source_sql(c.backend(), condition, order), &args, |r| {
-                Ok(Row {
+                Ok(StoredRow {
                     seq: r.get(0)?,
                     id: r.get(1)?,
-                    json: r.get(2)?,
+                    id_text: r.get(2)?,
+                    ts: r.get(3)?,
+                    to: r.get(4)?,
+                    from: r.get(5)?,
+                    thread: r.get(6)?,
+                    body: r.get(7)?,
+                    extra: r.get(8)?,
                 })
             })?,
         );
@@ -343,14 +740,73 @@ pub fn page(
     }
     rows.dedup_by_key(|r| r.seq);
     rows.truncate(window.limit);
-    Ok(rows)
+    let mut keys: std::collections::HashMap<i64, std::sync::Arc<str>> = Default::default();
+    let mut key = |id: Option<i64>| -> Result<Option<std::sync::Arc<str>>, StoreError> {
+        let Some(id) = id.map(i64::abs) else {
+            return Ok(None);
+        };
+        if let Some(k) = keys.get(&id) {
+            return Ok(Some(k.clone()));
+        }
+        let k = key_of(c, id)?;
+        keys.insert(id, k.clone());
+        Ok(Some(k))
+    };
+    rows.into_iter()
+        .map(|r| {
+            let id = id_of(r.id.as_deref(), r.id_text)?;
+            let (to, from, thread) = (key(r.to)?, key(r.from)?, key(r.thread)?);
+            let json = decode(
+                &id,
+                r.ts,
+                to.as_deref(),
+                from.as_deref(),
+                thread.as_deref(),
+                &r.body,
+                r.extra.as_deref(),
+            )?;
+            Ok(Row {
+                seq: r.seq,
+                id,
+                json,
+            })
+        })
+        .collect()
+}
+
+/// A row of `messages` as stored (keys not resolved).
+struct StoredRow {
+    seq: i64,
+    id: Option<Vec<u8>>,
+    id_text: Option<String>,
+    ts: i64,
+    to: Option<i64>,
+    from: Option<i64>,
+    thread: Option<i64>,
+    body: String,
+    extra: Option<String>,
+}
+
+/// The condition on `messages` that finds message `id` (`?N` is its place), and the value to
+/// bind there.
+pub fn id_condition(id: &str, n: usize) -> (String, super::store::Value) {
+    match uuid_bytes(id) {
+        Some(bytes) => (format!("id = ?{n}"), super::store::Value::Blob(bytes)),
+        None => (
+            format!("id_text = ?{n}"),
+            super::store::Value::Text(id.to_owned()),
+        ),
+    }
 }
 
 /// The log position of message `id`, if the log has it.
 pub fn seq_of(c: &Conn<'_>, id: &str) -> Result<Option<i64>, StoreError> {
-    c.query_row("SELECT seq FROM messages WHERE id = ?1", params![id], |r| {
-        r.get::<i64>(0)
-    })
+    let (condition, value) = id_condition(id, 1);
+    c.query_row(
+        &format!("SELECT seq FROM messages WHERE {condition}"),
+        params![value],
+        |r| r.get::<i64>(0),
+    )
 }
 
 /// The newest log position (0 for an empty log).
@@ -366,6 +822,41 @@ pub fn head(c: &Conn<'_>) -> Result<i64, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads remember `message_keys` rows; a key a rolled-back write added never reaches the
+    /// cache, so when SQLite hands its id to another key, reads name the right one.
+    #[test]
+    fn the_key_cache_holds_committed_rows_only() {
+        let store = crate::broker::db::Store::open_in_memory().unwrap();
+        let alice = store.tx(|c| key_id(c, "alice")).unwrap();
+        assert_eq!(store.view(|c| key_of(c, alice)).unwrap().as_ref(), "alice");
+        assert_eq!(store.view(|c| find_key(c, "alice")).unwrap(), Some(alice));
+
+        let rolled_back: Result<i64, StoreError> = store.tx(|c| {
+            let id = key_id(c, "mallory")?;
+            assert_eq!(
+                c.key_cache().map(|(k, fill)| (k.key(id), fill)),
+                Some((None, false))
+            );
+            find_key(c, "mallory")?;
+            Err(StoreError::Corrupt(format!("roll back {id}")))
+        });
+        let Err(StoreError::Corrupt(reason)) = rolled_back else {
+            panic!("the write was not rolled back");
+        };
+        let bob = store.tx(|c| key_id(c, "bob")).unwrap();
+        assert_eq!(reason, format!("roll back {bob}"), "SQLite reuses the id");
+        assert_eq!(store.view(|c| key_of(c, bob)).unwrap().as_ref(), "bob");
+        assert_eq!(store.view(|c| find_key(c, "mallory")).unwrap(), None);
+
+        // Answered from the cache: the SQL would find nothing now.
+        store
+            .with(|conn| conn.execute("DELETE FROM message_keys WHERE key = 'alice'", []))
+            .unwrap();
+        assert_eq!(store.view(|c| find_key(c, "alice")).unwrap(), Some(alice));
+        // A write looks keys up in the cache too.
+        assert_eq!(store.tx(|c| key_id(c, "alice")).unwrap(), alice);
+    }
 
     /// Each source reads through an index, so a query touches the viewer's rows only, never a
     /// scan of the log (the rows another member sees cost nothing).
@@ -394,5 +885,39 @@ mod tests {
                 }
             }
         });
+    }
+
+    /// The common messages are stored without `extra` and rebuilt to the very bytes serde
+    /// writes for them, escapes included.
+    #[test]
+    fn common_messages_rebuild_to_their_wire_json() {
+        for (to, thread, body) in [
+            (Some("bob"), None, "hi \"there\"\n\u{1}é 🚀 </script>"),
+            (None, Some("chan:general"), "general"),
+            (None, Some("chan:c1"), "a channel post"),
+            (None, Some("obj:o1"), "an objective post"),
+        ] {
+            let mut data = Map::new();
+            if let Some(t) = thread.filter(|t| *t != "chan:general") {
+                data.insert("thread".into(), Value::String(t.into()));
+            }
+            let msg = Message {
+                id: "0f8fad5b-d9cb-469f-a165-70867728950e".into(),
+                ts: 1_700_000_000_123,
+                to: to.map(str::to_owned),
+                from: Some("ann".into()),
+                title: None,
+                body: body.into(),
+                level: LogLevel::Info,
+                data,
+                attachments: Vec::new(),
+            };
+            let json = serde_json::to_string(&msg).unwrap();
+            let stored = encode(&msg, &json, thread).unwrap();
+            assert_eq!(stored.extra, None, "{json}");
+            assert_eq!(stored.id.as_ref().map(Vec::len), Some(16));
+            let rebuilt = decode(&msg.id, msg.ts, to, Some("ann"), thread, &stored.body, None);
+            assert_eq!(rebuilt.unwrap(), json);
+        }
     }
 }

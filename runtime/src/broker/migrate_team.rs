@@ -31,23 +31,24 @@
 //!   `sqlite_sequence`. Each PostgreSQL counter is set to the larger of that and the highest
 //!   copied number: `log_head.last_seq` for the message log, `activity_head.last_id` for
 //!   activity, and with `setval` the identity sequences of `members.seq` and
-//!   `objective_events.seq`, so the next insert on PostgreSQL continues after them and
-//!   collides with nothing.
+//!   `objective_events.seq`, `activity_blocks.id` and `push_subscriptions.id`, so the next
+//!   insert on PostgreSQL continues after them and collides with nothing.
 //! - **File contents.** Each blob is read from the blob directory beside the file (or from
 //!   the legacy `blobs.data` column) one chunk at a time and written as `blob_chunks` rows by
 //!   the store's own chunk writer (`blobs::store_chunks`), exactly as an upload on
 //!   PostgreSQL is. A blob whose content is missing or of the wrong size stops the migration.
 //! - **`messages.audience`** (who a message was for when it was pushed; read only by the live
 //!   delivery of replicas) is computed with the function the push path uses
-//!   ([`ac7_protocol::domain::message::audience`]) from the message's route and sender. For
-//!   the general channel it is NULL, which means everyone, as a push writes it; for a DM the
-//!   two parties and for an unroutable message its sender, exactly as they were. For a channel
-//!   or objective thread the push path took the thread's members at push time, which the
-//!   SQLite file does not record; the copy takes its members now (channel members; assignee,
-//!   originator, watchers and `members.manage` holders), plus the sender. NULL would wrongly
-//!   mean everyone there. The approximation is never visible: a replica's live delivery starts
-//!   after the log's last message at its start, so no copied message is ever delivered live
-//!   again; replays and `/history` decide visibility from current memberships.
+//!   ([`ac7_protocol::domain::message::audience`]) from the message's route and sender, and
+//!   stored as the push path stores it: NULL where the route implies it (the general channel:
+//!   everyone; a DM: its two parties; an unroutable message: its sender), else the key of its
+//!   JSON list in `message_keys` (added after the copied keys). For a channel or objective
+//!   thread the push path took the thread's members at push time, which the SQLite file does
+//!   not record; the copy takes its members now (channel members; assignee, originator,
+//!   watchers and `members.manage` holders), plus the sender. The approximation is never
+//!   visible: a replica's live delivery starts after the log's last message at its start, so no
+//!   copied message is ever delivered live again; replays and `/history` decide visibility
+//!   from current memberships.
 //! - **Not copied:** what a SQLite broker keeps only in memory (presence, busy, rate limits,
 //!   device enrollments) and its blob trash (contents already unreferenced). The PostgreSQL
 //!   tables for that state start empty, as for a new team.
@@ -55,7 +56,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use ac7_protocol::domain::message::{self, Audience, Route, Thread};
+use ac7_protocol::domain::message::{self, Route};
 use ac7_protocol::domain::objective::thread_members;
 use clap::Args;
 
@@ -63,7 +64,7 @@ use super::blobs::{self, Stored};
 use super::db::{Store, StoreError};
 use super::pg::{PgConfig, migrate::MIGRATION_LOCK};
 use super::store::{Conn, Row, ToValue, Value};
-use super::{channels, datadir, objectives, team};
+use super::{channels, datadir, messages, objectives, team};
 use crate::params;
 
 /// `ac7 migrate`.
@@ -82,7 +83,7 @@ pub struct MigrateArgs {
 pub const HELP_FOOTER: &str = "\
 Copies the whole team (team settings, members and their tokens, browser sessions and TOTP secrets,
 the message log in its order, channels, objectives and their history, files with their contents,
-member activity) from the SQLite file of `ac7 serve --db FILE` into an empty PostgreSQL database,
+member activity, the Web Push key and browsers' subscriptions) from the SQLite file of `ac7 serve --db FILE` into an empty PostgreSQL database,
 in one transaction: on any error nothing is copied. Every token and signed-in browser keeps
 working. The file is only read, and refused while a broker or `ac7 member` has it open.
 
@@ -354,9 +355,14 @@ const OBJECTIVE_EVENTS: Table = Table {
     columns: "seq, objective_id, json",
     order: "seq",
 };
+const MESSAGE_KEYS: Table = Table {
+    name: "message_keys",
+    columns: "id, key",
+    order: "id",
+};
 const MESSAGES: Table = Table {
     name: "messages",
-    columns: "seq, id, ts, to_name, from_name, thread, json",
+    columns: "seq, id, id_text, ts, to_key, from_key, thread, body, extra",
     order: "seq",
 };
 const BLOBS: Table = Table {
@@ -374,15 +380,31 @@ const FS_GRANTS: Table = Table {
     columns: "path, member_name, granted_at",
     order: "path, member_name",
 };
+const ACTIVITY_BLOCKS: Table = Table {
+    name: "activity_blocks",
+    columns: "id, hash, parent, refs, data",
+    order: "id",
+};
 const MEMBER_ACTIVITY: Table = Table {
     name: "member_activity",
-    columns: "id, member_name, ts, kind, event_json, created_at, member_seq",
+    columns: "id, member_name, ts, kind, event_json, created_at, member_seq, system_block, tools_block, messages_block",
+    order: "id",
+};
+
+const PUSH_VAPID: Table = Table {
+    name: "push_vapid",
+    columns: "id, private_pkcs8, created_at",
+    order: "id",
+};
+const PUSH_SUBSCRIPTIONS: Table = Table {
+    name: "push_subscriptions",
+    columns: "id, member_name, endpoint, p256dh, auth, created_at",
     order: "id",
 };
 
 /// Every table copied, in the order copied (a referenced row before the rows that reference
-/// it: channels before their members, objectives before their events, blobs before entries).
-const TABLES: [&Table; 16] = [
+/// it: channels before their members, objectives before their events, blobs before entries, activity blocks before activity).
+const TABLES: [&Table; 20] = [
     &TEAM,
     &MEMBERS,
     &TOKENS,
@@ -394,11 +416,15 @@ const TABLES: [&Table; 16] = [
     &CHANNEL_MEMBERS,
     &OBJECTIVES,
     &OBJECTIVE_EVENTS,
+    &MESSAGE_KEYS,
     &MESSAGES,
     &BLOBS,
     &FS_ENTRIES,
     &FS_GRANTS,
+    &ACTIVITY_BLOCKS,
     &MEMBER_ACTIVITY,
+    &PUSH_VAPID,
+    &PUSH_SUBSCRIPTIONS,
 ];
 
 /// Refuses a file that is not an ac7 database, or lacks a table or column this copy reads.
@@ -485,6 +511,12 @@ fn copy(src: &Conn<'_>, dst: &Conn<'_>, blob_dir: &Path) -> Result<Summary, Stor
     for table in TABLES {
         let rows = match table.name {
             "messages" => copy_messages(src, dst)?,
+            "message_keys" => {
+                let rows = copy_table(src, dst, table, "", |_, _| Ok(()))?;
+                // Audiences copied with the messages get keys after these.
+                set_identity(src, dst, "message_keys", "id")?;
+                rows
+            }
             "blobs" => {
                 let (rows, bytes) = copy_blobs(src, dst, blob_dir)?;
                 summary.content_bytes = bytes;
@@ -504,19 +536,35 @@ fn copy(src: &Conn<'_>, dst: &Conn<'_>, blob_dir: &Path) -> Result<Summary, Stor
         "UPDATE activity_head SET last_id = ?1 WHERE id = 1",
         params![activity],
     )?;
-    for (table, column) in [("members", "seq"), ("objective_events", "seq")] {
-        let last = counter(src, table, column)?;
-        if last > 0 {
-            dst.query_row(
-                &format!(
-                    "SELECT setval(CAST(pg_get_serial_sequence('{table}', '{column}') AS regclass), ?1)"
-                ),
-                params![last],
-                |r| r.get::<i64>(0),
-            )?;
-        }
+    for (table, column) in [
+        ("members", "seq"),
+        ("objective_events", "seq"),
+        ("activity_blocks", "id"),
+        ("push_subscriptions", "id"),
+    ] {
+        set_identity(src, dst, table, column)?;
     }
     Ok(summary)
+}
+
+/// Sets the identity sequence of `table.column` on `dst` to the last number `src` handed out.
+fn set_identity(
+    src: &Conn<'_>,
+    dst: &Conn<'_>,
+    table: &str,
+    column: &str,
+) -> Result<(), StoreError> {
+    let last = counter(src, table, column)?;
+    if last > 0 {
+        dst.query_row(
+            &format!(
+                "SELECT setval(CAST(pg_get_serial_sequence('{table}', '{column}') AS regclass), ?1)"
+            ),
+            params![last],
+            |r| r.get::<i64>(0),
+        )?;
+    }
+    Ok(())
 }
 
 /// The last number SQLite handed out in `table`'s `AUTOINCREMENT` column: its
@@ -669,18 +717,19 @@ impl<'c, 'a> Batch<'c, 'a> {
 /// would give it now (see the module docs).
 fn copy_messages(src: &Conn<'_>, dst: &Conn<'_>) -> Result<u64, StoreError> {
     let managers = team::managers(src)?;
+    let keys: HashMap<i64, String> = src
+        .query("SELECT id, key FROM message_keys", params![], |r| {
+            Ok((r.get::<i64>(0)?, r.get::<String>(1)?))
+        })?
+        .into_iter()
+        .collect();
+    let key = |id: Option<i64>| id.and_then(|id| keys.get(&id.abs()).cloned());
     let mut threads: HashMap<String, BTreeSet<String>> = HashMap::new();
     copy_table(src, dst, &MESSAGES, "audience", |row, values| {
-        let to = row.get::<Option<String>>(3)?;
-        let from = row.get::<Option<String>>(4)?;
-        let thread = row.get::<Option<String>>(5)?;
-        let route = match (to, thread.as_deref().map(Thread::parse)) {
-            (Some(to), _) => Route::Direct { to },
-            (None, Some(Ok(Thread::General))) => Route::General,
-            (None, Some(Ok(Thread::Channel(id)))) => Route::Channel(id),
-            (None, Some(Ok(Thread::Objective(id)))) => Route::Objective(id),
-            (None, Some(Err(_)) | None) => Route::Unroutable,
-        };
+        let to = key(row.get::<Option<i64>>(4)?);
+        let from = key(row.get::<Option<i64>>(5)?);
+        let thread = key(row.get::<Option<i64>>(6)?);
+        let route = messages::route_of(to.as_deref(), thread.as_deref());
         let members = match &route {
             Route::Channel(id) | Route::Objective(id) => {
                 let key = thread.unwrap_or_default();
@@ -697,10 +746,14 @@ fn copy_messages(src: &Conn<'_>, dst: &Conn<'_>) -> Result<u64, StoreError> {
             }
             Route::Direct { .. } | Route::General | Route::Unroutable => BTreeSet::new(),
         };
-        values.push(match message::audience(from.as_deref(), &route, &members) {
-            Audience::Everyone => Value::Null,
-            Audience::Only(names) => Value::Text(serde_json::to_string(&names)?),
-        });
+        let audience = message::audience(from.as_deref(), &route, &members);
+        values.push(
+            if audience == message::audience(from.as_deref(), &route, &BTreeSet::new()) {
+                Value::Null
+            } else {
+                Value::Int(messages::key_id(dst, &messages::audience_json(&audience)?)?)
+            },
+        );
         Ok(())
     })
 }

@@ -71,6 +71,7 @@
 //! - **Not implemented:** the "session online" notice.
 
 pub mod activity;
+pub mod activity_blocks;
 pub mod activity_follower;
 pub mod attempts;
 pub mod blobs;
@@ -95,12 +96,14 @@ pub mod publish;
 pub mod ratelimit;
 pub mod replica;
 pub mod retention;
+pub mod serve_config;
 pub mod server;
 pub mod sessions;
 pub mod store;
 pub mod team;
 pub mod tokens;
 mod web;
+pub mod webpush;
 pub mod writer;
 
 use std::net::SocketAddr;
@@ -153,6 +156,9 @@ pub struct BrokerConfig {
     pub trust_proxy: bool,
     /// Device-code enrollment timings and limits (`ac7 connect`).
     pub enroll: ac7_protocol::signin::enroll::EnrollConfig,
+    /// The contact Web Push services are given in each request's VAPID claims (`mailto:` or
+    /// `https:`; `--push-subject`).
+    pub push_subject: String,
 }
 
 impl BrokerConfig {
@@ -179,6 +185,7 @@ impl BrokerConfig {
             session_ttl: sessions::SESSION_TTL,
             trust_proxy: false,
             enroll: ac7_protocol::signin::enroll::EnrollConfig::default(),
+            push_subject: webpush::DEFAULT_SUBJECT.to_owned(),
         }
     }
 }
@@ -200,6 +207,9 @@ pub enum StartError {
     /// The TLS certificate or key could not be used.
     #[error(transparent)]
     Tls(#[from] server::TlsError),
+    /// The team's stored Web Push key could not be used.
+    #[error("web push: {0}")]
+    Push(#[from] webpush::PushError),
 }
 
 /// Shared state of a running broker.
@@ -224,6 +234,9 @@ pub struct AppState {
     pub(crate) push_limiter: ratelimit::Limiter,
     /// This process's sign-in counters (the limiter's keys live in the store: [`attempts`]).
     pub(crate) signin_stats: std::sync::Mutex<ac7_protocol::signin::limiter::SignInStats>,
+    /// When the next device enrollment expires (epoch seconds), as this process last saw the
+    /// enrollments; the expiry task sleeps until then ([`http::enroll::spawn_expiry`]).
+    pub(crate) enroll_next: tokio::sync::watch::Sender<Option<u64>>,
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
     /// ([`follower`]). `None` on SQLite, where a commit delivers its own messages.
     pub follower: Option<follower::Follower>,
@@ -235,6 +248,8 @@ pub struct AppState {
     pub replica: Option<replica::Replica>,
     /// Delivery positions noted by live streams, not yet written ([`cursors`]).
     pub cursors: cursors::Cursors,
+    /// Web Push: the team's VAPID key and the notification dispatcher ([`webpush`]).
+    pub push: webpush::Dispatcher,
 }
 
 impl Drop for AppState {
@@ -344,7 +359,7 @@ impl AppState {
     }
 }
 
-pub use crate::clock::now_ms;
+pub use crate::sys::clock::now_ms;
 
 /// A broker serving on a socket.
 #[derive(Debug)]
@@ -375,6 +390,17 @@ impl RunningBroker {
         let state = Arc::clone(&self.state);
         if let Err(e) = store::off_worker(|| state.cursors.flush(&state)) {
             tracing::warn!(error = %e, "cannot write the last delivery cursors");
+        }
+        result
+    }
+
+    /// [`shutdown`](Self::shutdown), then closes the database for good (SQLite: the WAL
+    /// checkpointed, no `-wal`/`-shm` files left). For a process that exits next.
+    pub async fn shutdown_and_close(self) -> std::io::Result<()> {
+        let state = Arc::clone(&self.state);
+        let result = self.shutdown().await;
+        if let Err(e) = store::off_worker(|| state.store.close()) {
+            tracing::warn!(error = %e, "cannot checkpoint the database at shutdown");
         }
         result
     }
@@ -476,8 +502,11 @@ pub async fn start(
         }
         None => (None, None),
     };
+    let pkcs8 = store.tx(|c| webpush::vapid_ensure(c, now_ms()))?;
+    let (push, push_queue) = webpush::dispatcher(&pkcs8, &config.push_subject)?;
     let (writer, queue) = writer::channel();
     let state = Arc::new(AppState {
+        push,
         push_limiter: ratelimit::Limiter::new(config.push_rate),
         writer,
         store,
@@ -491,6 +520,7 @@ pub async fn start(
         ),
         auth_cache: Default::default(),
         signin_stats: Default::default(),
+        enroll_next: tokio::sync::watch::Sender::new(None),
         follower,
         activity_follower,
         replica,
@@ -506,6 +536,7 @@ pub async fn start(
     cursors::spawn(&state);
     http::enroll::spawn_expiry(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;
+    webpush::spawn(push_queue, Arc::downgrade(&state));
     if let Some(days) = state.config.retain_days {
         retention::spawn(&state, days);
     }

@@ -11,15 +11,17 @@
 //! `ac7 serve --retain-days N` prunes at start and then hourly; `ac7 prune --db
 //! PATH --older-than-days N` prunes once, offline (the broker must be stopped,
 //! like for `ac7 member`). Deletes run in batches, each its own transaction, so
-//! the broker's store lock is never held for long. The database file does not
+//! the broker's store lock is never held for long. The shared blocks of deleted model
+//! exchanges that no remaining row uses go with them ([`super::activity_blocks::release`]). The database file does not
 //! shrink: SQLite reuses the freed pages.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::AppState;
+use super::activity_blocks::{self, Refs};
 use super::db::{Store, StoreError};
-use super::store::Conn;
+use super::store::{Backend, Conn};
 use crate::params;
 
 /// Milliseconds in a day.
@@ -45,11 +47,29 @@ pub fn prune_batch(c: &Conn<'_>, cutoff: i64, limit: usize) -> Result<usize, Sto
          (SELECT seq FROM messages WHERE ts < ?1 ORDER BY seq LIMIT ?2)",
         params![cutoff, limit],
     )?;
-    let activity = c.execute(
+    if c.backend() == Backend::Postgres {
+        // Block references change under the lock uploads take (see `activity_blocks`).
+        c.query_row(
+            "SELECT last_id FROM activity_head WHERE id = 1 FOR UPDATE",
+            params![],
+            |r| r.get::<i64>(0),
+        )?;
+    }
+    let gone = c.query(
         "DELETE FROM member_activity WHERE id IN
-         (SELECT id FROM member_activity WHERE ts < ?1 ORDER BY ts LIMIT ?2)",
+         (SELECT id FROM member_activity WHERE ts < ?1 ORDER BY ts LIMIT ?2)
+         RETURNING system_block, tools_block, messages_block",
         params![cutoff, limit],
+        |r| {
+            Ok(Refs {
+                system: r.get(0)?,
+                tools: r.get(1)?,
+                messages: r.get(2)?,
+            })
+        },
     )?;
+    let activity = gone.len();
+    activity_blocks::release(c, &gone)?;
     Ok(messages + activity)
 }
 
@@ -106,7 +126,7 @@ mod tests {
         store.with(|conn| {
             for i in 0..12i64 {
                 conn.execute(
-                    "INSERT INTO messages (id, ts, json) VALUES (?1, ?2, '{}')",
+                    "INSERT INTO messages (id_text, ts, body) VALUES (?1, ?2, '')",
                     rusqlite::params![format!("m{i}"), i * 10],
                 )
                 .unwrap();

@@ -127,6 +127,29 @@ pub fn sessions_delete_member(c: &Conn<'_>, member: &str) -> Result<usize, Store
     )
 }
 
+/// Deletes every session of `member` but the one hashed `keep` (the caller's own, if it is
+/// one); returns the hashes deleted (their live streams are for the caller to end).
+pub fn sessions_end_others(
+    c: &Conn<'_>,
+    member: &str,
+    keep: Option<&str>,
+) -> Result<Vec<String>, StoreError> {
+    let hashes: Vec<String> = c.query(
+        "SELECT hash FROM sessions WHERE member_name = ?1",
+        crate::params![member],
+        |r| r.get(0),
+    )?;
+    let mut gone = Vec::new();
+    for hash in hashes {
+        if keep == Some(hash.as_str()) {
+            continue;
+        }
+        c.execute("DELETE FROM sessions WHERE hash = ?1", crate::params![hash])?;
+        gone.push(hash);
+    }
+    Ok(gone)
+}
+
 /// Whether a live (unexpired) session has this id hash.
 pub fn session_exists(c: &Conn<'_>, hash: &str, now: i64) -> Result<bool, StoreError> {
     c.exists(
@@ -259,17 +282,42 @@ pub fn setup_code_get(c: &Conn<'_>) -> Result<Option<String>, StoreError> {
     )
 }
 
-/// Uses up the setup code if `given` is it (compared in constant time): `true` when it was.
-pub fn setup_code_take(c: &Conn<'_>, given: &str) -> Result<bool, StoreError> {
+/// Whether `given` is the stored setup code (compared in constant time). The code is not used
+/// up here: it stays valid until the first admin signs in with the secret it issued
+/// ([`totp_login`] drops it then), so a reload before scanning shows the same secret again.
+pub fn setup_code_matches(c: &Conn<'_>, given: &str) -> Result<bool, StoreError> {
     let Some(code) = setup_code_get(c)? else {
         return Ok(false);
     };
     let (stored, given) = (session_hash(&code), session_hash(given));
-    if !ac7_protocol::signin::totp::constant_time_eq(stored.as_bytes(), given.as_bytes()) {
-        return Ok(false);
+    Ok(ac7_protocol::signin::totp::constant_time_eq(
+        stored.as_bytes(),
+        given.as_bytes(),
+    ))
+}
+
+/// The first admin's pending setup secret: the one issued already, else `fresh` (stored now
+/// as `admin`'s pending secret). Asking again returns the same secret until it is confirmed.
+pub fn setup_secret(c: &Conn<'_>, admin: &str, fresh: &str) -> Result<String, StoreError> {
+    if let Some(pending) = totp_get(c, admin)?.and_then(|r| r.pending) {
+        return Ok(pending);
     }
-    c.execute("DELETE FROM setup_code", crate::params![])?;
-    Ok(true)
+    totp_set_pending(c, admin, fresh)?;
+    Ok(fresh.to_owned())
+}
+
+/// While the first-admin setup is open (a setup code exists and nobody has a confirmed
+/// secret): the first admin and the pending secret setup issued them, if it did.
+fn setup_candidate(c: &Conn<'_>) -> Result<Option<(String, String)>, StoreError> {
+    if totp_any(c)? || setup_code_get(c)?.is_none() {
+        return Ok(None);
+    }
+    let Some(admin) = super::team::managers(c)?.into_iter().next() else {
+        return Ok(None);
+    };
+    Ok(totp_get(c, &admin)?
+        .and_then(|r| r.pending)
+        .map(|p| (admin, p)))
 }
 
 /// Sets `member`'s confirmed secret (replacing any, clearing the replay guard and any pending one).
@@ -346,8 +394,10 @@ pub struct LoginAttempt<'a> {
 }
 
 /// Signs in with `a.code`: against the named member's secret, or without a name against
-/// every member with a confirmed secret whose own sign-in key is not `locked`. On success the
-/// step is used up and a session is created.
+/// every member with a confirmed secret whose own sign-in key is not `locked`. While the
+/// first-admin setup is open, the secret it issued (still pending) is a candidate too: the
+/// first sign-in with it confirms it and uses the setup code up. On success the step is used
+/// up and a session is created.
 pub fn totp_login(
     c: &Conn<'_>,
     a: &LoginAttempt<'_>,
@@ -362,26 +412,33 @@ pub fn totp_login(
         now_ms,
         ttl_ms,
     } = *a;
-    let enrolled = totp_enrolled(c)?;
-    let known = member.is_some_and(|name| enrolled.iter().any(|(n, _, _)| n == name));
-    let candidates = enrolled.into_iter().filter(|(n, _, _)| match member {
+    // (name, secret, last step, whether it is the first admin's pending setup secret)
+    let mut enrolled: Vec<(String, String, Option<u64>, bool)> = totp_enrolled(c)?
+        .into_iter()
+        .map(|(n, s, l)| (n, s, l, false))
+        .collect();
+    if let Some((admin, pending)) = setup_candidate(c)? {
+        enrolled.push((admin, pending, None, true));
+    }
+    let known = member.is_some_and(|name| enrolled.iter().any(|(n, ..)| n == name));
+    let candidates = enrolled.into_iter().filter(|(n, ..)| match member {
         Some(name) => n == name,
         None => !locked(n),
     });
-    let mut matched: Vec<(String, u64)> = Vec::new();
+    let mut matched: Vec<(String, u64, Option<String>)> = Vec::new();
     let mut replayed = false;
-    for (name, secret, last) in candidates {
+    for (name, secret, last, setup) in candidates {
         let Ok(key) = totp::base32_decode(&secret) else {
             tracing::error!(member = %name, "stored TOTP secret is not base32");
             continue;
         };
         match totp::verify(&key, code, now_secs, last) {
-            Ok(step) => matched.push((name, step)),
+            Ok(step) => matched.push((name, step, setup.then_some(secret))),
             Err(TotpError::Replayed) => replayed = true,
             Err(_) => {}
         }
     }
-    let (name, step) = match matched.len() {
+    let (name, step, setup) = match matched.len() {
         1 => matched.remove(0),
         0 if replayed => return Ok((known, Err(TotpRefusal::Replayed))),
         0 => return Ok((known, Err(TotpRefusal::Invalid))),
@@ -390,6 +447,12 @@ pub fn totp_login(
     let Some(m) = super::team::member_get(c, &name)? else {
         return Ok((known, Err(TotpRefusal::Invalid)));
     };
+    if let Some(secret) = setup {
+        // The first sign-in with the setup secret confirms it and closes the setup.
+        totp_set(c, &name, &secret)?;
+        c.execute("DELETE FROM setup_code", crate::params![])?;
+        tracing::info!(member = %name, "first-admin setup confirmed by the first sign-in");
+    }
     totp_accept_step(c, &name, step)?;
     let (id, row) = session_create(c, &name, user_agent, now_ms, ttl_ms)?;
     Ok((known, Ok((m, id, row))))

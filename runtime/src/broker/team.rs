@@ -271,8 +271,8 @@ pub fn removed_name(name: &str) -> String {
 }
 
 /// Deletes a member's row and its credentials and memberships: tokens, channel memberships,
-/// file grants, browser sessions and TOTP secret. [`super::bootstrap::remove_member`] does
-/// the rest of a removal (home folder, objectives).
+/// file grants, browser sessions, TOTP secret and Web Push subscriptions.
+/// [`super::bootstrap::remove_member`] does the rest of a removal (home folder, objectives).
 pub fn member_delete(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
     c.execute(
         "DELETE FROM tokens WHERE member_name = ?1",
@@ -288,6 +288,7 @@ pub fn member_delete(c: &Conn<'_>, name: &str) -> Result<bool, StoreError> {
     )?;
     super::sessions::sessions_delete_member(c, name)?;
     super::sessions::totp_delete(c, name)?;
+    super::webpush::subscriptions_delete_member(c, name)?;
     Ok(c.execute("DELETE FROM members WHERE name = ?1", crate::params![name])? == 1)
 }
 

@@ -11,7 +11,11 @@
 //!   (`./core.js`), so a new binary means new URLs and nothing stale is ever
 //!   used from a cache.
 //! * `GET /_app/<file>` (or an old version): the current file with
-//!   `Cache-Control: no-cache`, so it is revalidated.
+//!   `Cache-Control: no-cache`, so it is revalidated. The shell is also
+//!   `/_app/<version>/shell.html`, for the service worker's offline cache.
+//! * `GET /sw.js` (the service worker; its scope is `/`) and `GET
+//!   /manifest.webmanifest`: `no-cache`; they, like the shell, name the assets
+//!   under the current version.
 //! * Every asset has a strong `ETag` (one per encoding) and answers
 //!   `If-None-Match` with 304; it is sent gzip-compressed when the client
 //!   accepts `gzip` (`Vary: Accept-Encoding`).
@@ -26,7 +30,8 @@
 //! application/json` or `*/*`, the CLI, the runner, `fetch()` from the app)
 //! keep getting JSON. Exceptions, never the shell: `/_app/…` (the assets),
 //! `/fs/read/…` (file downloads: opening one in a tab downloads it, sandboxed),
-//! `/subscribe` and `…/stream` (event streams), `/healthz`. Unknown app paths
+//! `/subscribe` and `…/stream` (event streams), `/healthz`, `/sw.js` (the service worker)
+//! and `/manifest.webmanifest` (the web app manifest). Unknown app paths
 //! get the shell too; the app's router shows its home for them.
 
 use std::collections::BTreeMap;
@@ -57,6 +62,9 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ("core.js", JS, include_bytes!("../../web/core.js")),
     ("app.js", JS, include_bytes!("../../web/app.js")),
     ("signin.js", JS, include_bytes!("../../web/signin.js")),
+    ("api.js", JS, include_bytes!("../../web/api.js")),
+    ("store.js", JS, include_bytes!("../../web/store.js")),
+    ("thread.js", JS, include_bytes!("../../web/thread.js")),
     ("chat.js", JS, include_bytes!("../../web/chat.js")),
     ("members.js", JS, include_bytes!("../../web/members.js")),
     (
@@ -66,7 +74,29 @@ const FILES: &[(&str, &str, &[u8])] = &[
     ),
     ("files.js", JS, include_bytes!("../../web/files.js")),
     ("activity.js", JS, include_bytes!("../../web/activity.js")),
+    ("push.js", JS, include_bytes!("../../web/push.js")),
+    ("sw.js", JS, include_bytes!("../../web/sw.js")),
+    (
+        "manifest.webmanifest",
+        "application/manifest+json",
+        include_bytes!("../../web/manifest.webmanifest"),
+    ),
+    (
+        "icon-192.png",
+        PNG,
+        include_bytes!("../../web/icon-192.png"),
+    ),
+    (
+        "icon-512.png",
+        PNG,
+        include_bytes!("../../web/icon-512.png"),
+    ),
 ];
+
+const PNG: &str = "image/png";
+
+/// Files that name other files of the app, rewritten to name them under the current version.
+const REWRITTEN: [&str; 3] = ["index.html", "sw.js", "manifest.webmanifest"];
 
 const JS: &str = "text/javascript; charset=utf-8";
 
@@ -125,10 +155,12 @@ impl WebApp {
         let version = sha256_hex(&all)[..12].to_owned();
         let mut assets = BTreeMap::new();
         for (name, ct, bytes) in files {
-            let bytes = if *name == "index.html" {
-                // The shell names its assets under the current version.
+            let bytes = if REWRITTEN.contains(name) {
+                // The shell, the service worker and the manifest name assets under the
+                // current version.
                 String::from_utf8_lossy(bytes)
                     .replace("\"/_app/", &format!("\"/_app/{version}/"))
+                    .replace("'/_app/", &format!("'/_app/{version}/"))
                     .into_bytes()
             } else {
                 bytes.to_vec()
@@ -197,11 +229,29 @@ pub(crate) async fn asset(Path(path): Path<String>, headers: HeaderMap) -> Respo
         Some((ver, name)) => (ver == app.version, name),
         None => (false, path.as_str()),
     };
-    if name == "index.html" {
-        return not_found(&path);
-    }
+    // The shell has its own name here (the service worker caches it for an offline start).
+    let name = match name {
+        "index.html" | "sw.js" | "manifest.webmanifest" => return not_found(&path),
+        "shell.html" => "index.html",
+        other => other,
+    };
     app.serve(name, immutable, &headers)
         .unwrap_or_else(|| not_found(&path))
+}
+
+/// `GET /sw.js`: the service worker, at the root so that its scope is the whole app;
+/// revalidated on every check (`no-cache`), so a new binary updates it.
+pub(crate) async fn service_worker(headers: HeaderMap) -> Response {
+    WebApp::get()
+        .serve("sw.js", false, &headers)
+        .unwrap_or_else(|| not_found("sw.js"))
+}
+
+/// `GET /manifest.webmanifest`: what makes the app installable.
+pub(crate) async fn manifest(headers: HeaderMap) -> Response {
+    WebApp::get()
+        .serve("manifest.webmanifest", false, &headers)
+        .unwrap_or_else(|| not_found("manifest.webmanifest"))
 }
 
 fn not_found(path: &str) -> Response {
@@ -246,6 +296,8 @@ fn shell_path(path: &str) -> bool {
         || path.starts_with("/fs/read/")
         || path == "/subscribe"
         || path == "/healthz"
+        || path == "/sw.js"
+        || path == "/manifest.webmanifest"
         || path.ends_with("/stream"))
 }
 
@@ -315,6 +367,26 @@ fn if_none_match(headers: &HeaderMap, etag: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The service worker caches every script and style of the app for an offline start.
+    #[test]
+    fn the_service_worker_caches_the_whole_shell() {
+        let sw = String::from_utf8_lossy(include_bytes!("../../web/sw.js"));
+        let list = &sw[sw.find("const SHELL = [").unwrap()..];
+        let list = &list[..list.find("];").unwrap()];
+        for (name, ct, _) in FILES {
+            // Scripts and styles, and the icon notifications show.
+            let wanted = ((ct.starts_with("text/javascript") || ct.starts_with("text/css"))
+                && *name != "sw.js")
+                || *name == "icon-192.png";
+            assert_eq!(
+                list.contains(&format!("'/_app/{name}'")),
+                wanted,
+                "{name} in the service worker's shell list"
+            );
+        }
+        assert!(list.contains("'/_app/shell.html'"));
+    }
 
     fn hm(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

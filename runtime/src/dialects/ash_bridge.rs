@@ -46,7 +46,7 @@ use std::time::Duration;
 use ac7_protocol::codec::json::RawJson;
 use ac7_protocol::codec::line::{Line, LineDecoder};
 use ac7_protocol::dialect::ash::Query;
-use ac7_protocol::dialect::ash::bridge::{Answer, AshBridgeOutput, AshConnection};
+use ac7_protocol::dialect::ash::bridge::{AgentFailure, Answer, AshBridgeOutput, AshConnection};
 use ac7_protocol::dialect::ash::host::MAX_EVENT_BYTES;
 use serde::Deserialize;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -58,7 +58,7 @@ use tokio::task::JoinSet;
 
 use crate::dialects::ash_sessions::{SessionArgs, SessionMap};
 use crate::dialects::stdio::recv_signal;
-use crate::unix_socket::{BindError, bind_private};
+use crate::sys::unix_socket::{BindError, bind_private};
 
 /// The socket the bridge listens on.
 pub const SOCKET_ENV: &str = "ASH_BRIDGE_SOCKET";
@@ -335,7 +335,7 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                 }
                 AshBridgeOutput::ResumeSession { session_id } => {
                     let resumed = lock(&shared.sessions).resume(&session_id);
-                    conn.respond(Answer::Resume(resumed));
+                    conn.respond(Answer::Resume(resumed.map_err(AgentFailure::from)));
                 }
                 AshBridgeOutput::StartExec {
                     command,
@@ -352,6 +352,9 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                 }
                 AshBridgeOutput::Shutdown => {
                     shared.shutdown.send_replace(true);
+                }
+                other => {
+                    tracing::warn!(?other, "ash bridge: an output this version does not handle")
                 }
             }
         }
@@ -370,7 +373,7 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>) {
                 TurnEvent::Message(data) => conn.notify(data),
                 TurnEvent::AgentFinished(result) => {
                     turn = None;
-                    conn.respond(Answer::Query(result));
+                    conn.respond(Answer::Query(result.map_err(AgentFailure::from)));
                 }
                 TurnEvent::ExecFinished { exit_code, stdout, stderr } => {
                     turn = None;

@@ -231,6 +231,7 @@ async fn drive(
                 HostOutput::InvalidEvent(detail) => {
                     tracing::warn!(detail, "invalid event from the Ash bridge skipped");
                 }
+                other => tracing::warn!(?other, "ash host: an output this version does not handle"),
             }
         }
         if !open && !inbox_open {

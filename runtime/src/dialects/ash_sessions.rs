@@ -167,7 +167,7 @@ impl SessionMap {
             sessions: self.sessions.clone(),
         };
         let bytes = serde_json::to_vec_pretty(&file).expect("the map serializes");
-        if let Err(err) = crate::fsutil::write_atomic(&self.path, &bytes) {
+        if let Err(err) = crate::sys::fsutil::write_atomic(&self.path, &bytes) {
             tracing::warn!(
                 path = %self.path.display(),
                 error = %err,

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use ac7_protocol::dialect::call_tool::{ToolSchema, parse_schema_file};
 use ac7_protocol::dialect::call_tool_bridge::{
-    CallToolBridge, CallToolBridgeConfig, CallToolBridgeEvent, CallToolBridgeOutput, Peer,
+    CallToolBridge, CallToolBridgeConfig, CallToolBridgeEvent, CallToolBridgeOutput, CallToolPeer,
 };
 
 use crate::dialects::relay::{Relay, RelayOutput, RelaySession};
@@ -64,7 +64,7 @@ pub enum CallToolBridgeError {
         mode: u32,
     },
     /// The schema file is not a valid list of tools.
-    #[error("{} is not a valid tool-schema file: {source}", path.display())]
+    #[error("{} is not a valid tool-schema file: {}", path.display(), source.0)]
     InvalidSchema {
         /// The path.
         path: PathBuf,
@@ -176,20 +176,29 @@ impl RelaySession for CallToolBridge {
         CallToolBridge::handle_timeout(self, now);
     }
     fn poll_output(&mut self) -> Option<RelayOutput<CallToolBridgeEvent, ()>> {
-        Some(match CallToolBridge::poll_output(self)? {
-            CallToolBridgeOutput::Transmit {
-                to: Peer::Agent,
-                bytes,
-            } => RelayOutput::ToAgent(bytes),
-            CallToolBridgeOutput::Connect => RelayOutput::Connect,
-            CallToolBridgeOutput::Transmit {
-                to: Peer::Parent,
-                bytes,
-            } => RelayOutput::ToParent(bytes),
-            CallToolBridgeOutput::Disconnect => RelayOutput::Disconnect,
-            CallToolBridgeOutput::Event(event) => RelayOutput::Event(event),
-            CallToolBridgeOutput::Exit => RelayOutput::Exit(()),
-        })
+        loop {
+            return Some(match CallToolBridge::poll_output(self)? {
+                CallToolBridgeOutput::Transmit {
+                    to: CallToolPeer::Agent,
+                    bytes,
+                } => RelayOutput::ToAgent(bytes),
+                CallToolBridgeOutput::Connect => RelayOutput::Connect,
+                CallToolBridgeOutput::Transmit {
+                    to: CallToolPeer::Parent,
+                    bytes,
+                } => RelayOutput::ToParent(bytes),
+                CallToolBridgeOutput::Disconnect => RelayOutput::Disconnect,
+                CallToolBridgeOutput::Event(event) => RelayOutput::Event(event),
+                CallToolBridgeOutput::Exit => RelayOutput::Exit(()),
+                other => {
+                    tracing::warn!(
+                        ?other,
+                        "call_tool bridge: an output this version does not handle"
+                    );
+                    continue;
+                }
+            });
+        }
     }
     fn log_event(event: &CallToolBridgeEvent) {
         log_event(event);
@@ -238,5 +247,6 @@ fn log_event(event: &CallToolBridgeEvent) {
         CallToolBridgeEvent::AgentNotificationIgnored { method } => {
             tracing::debug!(method, "notification from the agent ignored");
         }
+        other => tracing::debug!(?other, "call_tool bridge event"),
     }
 }

@@ -27,7 +27,7 @@
 //!
 //! [`CallToolHost::start`] writes the schema file (0600, atomically: a private temporary file
 //! renamed into place) before anything can start the bridge, and binds the socket (0600,
-//! race-free, see [`crate::unix_socket`]). Each connection is served by its own task, strictly
+//! race-free, see [`crate::sys::unix_socket`]). Each connection is served by its own task, strictly
 //! request/response: the next request is read after the reply is written. Requests are decoded
 //! with [`decode_call`]: bytes that cannot be trusted (bad framing, invalid UTF-8 or JSON, not an
 //! object) close the connection without a reply; a malformed request gets a `ValueError` reply;
@@ -56,7 +56,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::task::JoinSet;
 
-use crate::unix_socket::{BindError, SocketFile, bind_private};
+use crate::sys::unix_socket::{BindError, SocketFile, bind_private};
 
 /// `type` of the error reply for a result too large for a frame.
 pub const MESSAGE_SIZE_ERROR: &str = "IPCMessageSizeError";
@@ -103,6 +103,9 @@ pub enum HostError {
         /// What the OS said.
         source: io::Error,
     },
+    /// A tool's `input_schema` is not a usable JSON Schema (the bridge would refuse the file).
+    #[error("{0}")]
+    Schema(ac7_protocol::dialect::schema::CompileError),
     /// The socket could not be bound.
     #[error(transparent)]
     Bind(#[from] BindError),
@@ -164,11 +167,18 @@ impl CallToolHost {
         self
     }
 
-    /// Writes the schema file, binds the socket and serves on the current tokio runtime.
+    /// Checks that every tool's `input_schema` compiles, writes the schema file, binds the socket
+    /// and serves on the current tokio runtime.
     ///
     /// # Panics
     /// Outside a tokio runtime.
     pub fn start(self, paths: HostPaths) -> Result<RunningHost, HostError> {
+        ac7_protocol::dialect::schema::ArgumentCheck::compile(
+            self.schemas
+                .iter()
+                .map(|t| (t.name.as_str(), &t.input_schema)),
+        )
+        .map_err(HostError::Schema)?;
         let schema = SchemaFile::write(&paths.schema, &self.schemas)?;
         let (listener, socket) = bind_private(&paths.socket, "call_tool parent")?;
         let listener =
@@ -257,7 +267,7 @@ impl SchemaFile {
             source,
         };
         let text = serde_json::to_vec_pretty(tools).map_err(|e| error(io::Error::other(e)))?;
-        crate::fsutil::write_atomic(path, &text).map_err(error)?;
+        crate::sys::fsutil::write_atomic(path, &text).map_err(error)?;
         Ok(Self {
             path: path.to_owned(),
         })

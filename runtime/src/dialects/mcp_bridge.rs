@@ -4,7 +4,7 @@
 //!
 //! All protocol decisions are made by [`BridgeSession`]; `Relay` (`dialects/relay.rs`) (shared with
 //! the call-tool dialect) pumps the bytes: stdin and the runner's socket into the session, its
-//! outputs to stdout and the socket, signals and the start-up grace timer as inputs.
+//! outputs to stdout and the socket, signals and the start-up hold's timer as inputs.
 //!
 //! Design notes, chosen for start-up time and memory (see `ac7-bench bridge`):
 //! - a current-thread tokio runtime (no worker pool), created only after the environment check;
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use ac7_protocol::session::mcp_bridge::{
-    BridgeConfig, BridgeEvent, BridgeOutput, BridgeSession, ExitReason, Peer,
+    BridgeConfig, BridgeEvent, BridgeOutput, BridgePeer, BridgeSession, ExitReason, ReleasedBy,
 };
 use tokio::net::UnixStream;
 
@@ -235,18 +235,24 @@ impl RelaySession for BridgeSession {
         BridgeSession::handle_timeout(self, now);
     }
     fn poll_output(&mut self) -> Option<RelayOutput<BridgeEvent, ExitReason>> {
-        Some(match BridgeSession::poll_output(self)? {
-            BridgeOutput::Transmit {
-                to: Peer::Agent,
-                bytes,
-            } => RelayOutput::ToAgent(bytes),
-            BridgeOutput::Transmit {
-                to: Peer::Runner,
-                bytes,
-            } => RelayOutput::ToParent(bytes),
-            BridgeOutput::Event(event) => RelayOutput::Event(event),
-            BridgeOutput::Exit(reason) => RelayOutput::Exit(reason),
-        })
+        loop {
+            return Some(match BridgeSession::poll_output(self)? {
+                BridgeOutput::Transmit {
+                    to: BridgePeer::Agent,
+                    bytes,
+                } => RelayOutput::ToAgent(bytes),
+                BridgeOutput::Transmit {
+                    to: BridgePeer::Runner,
+                    bytes,
+                } => RelayOutput::ToParent(bytes),
+                BridgeOutput::Event(event) => RelayOutput::Event(event),
+                BridgeOutput::Exit(reason) => RelayOutput::Exit(reason),
+                other => {
+                    tracing::warn!(?other, "mcp-bridge: an output this version does not handle");
+                    continue;
+                }
+            });
+        }
     }
     fn log_event(event: &BridgeEvent) {
         log_event(event);
@@ -303,9 +309,28 @@ fn log_event(event: &BridgeEvent) {
         BridgeEvent::RunnerError { message, id } => {
             tracing::warn!(message, id, "error frame from the runner");
         }
-        BridgeEvent::Released { count } => {
-            tracing::debug!(count, "the agent is ready; held notifications relayed");
+        BridgeEvent::Probed { count } => {
+            tracing::debug!(
+                count,
+                "start-up probe (tools/list_changed) written: is the agent listening yet?"
+            );
         }
+        BridgeEvent::Released { count, by } => match by {
+            ReleasedBy::Probe { probes } => tracing::info!(
+                count,
+                probes,
+                "the agent is ready (it answered a start-up probe); held notifications relayed"
+            ),
+            ReleasedBy::Ceiling { probes } => tracing::warn!(
+                count,
+                probes,
+                "the agent never answered a start-up probe; held notifications relayed anyway"
+            ),
+            ReleasedBy::Grace => tracing::debug!(
+                count,
+                "the agent is ready (start-up grace over); held notifications relayed"
+            ),
+        },
         BridgeEvent::HoldFull { method, held } => {
             tracing::warn!(
                 method,
@@ -319,5 +344,6 @@ fn log_event(event: &BridgeEvent) {
                 "notifications held for start-up not delivered: the bridge closed before the agent was ready"
             );
         }
+        other => tracing::debug!(?other, "bridge event"),
     }
 }

@@ -28,10 +28,9 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
-use crate::dialects::stdio::{
-    AgentRead, AgentStdin, READ_CHUNK, append, recv_signal, write_stdout,
-};
-use crate::unix_socket::SendBuf;
+use crate::dialects::stdio::{AgentRead, AgentStdin, READ_CHUNK, recv_signal, write_stdout};
+use crate::sys::clock::sleep_until;
+use crate::sys::{append, unix_socket::SendBuf};
 
 /// How long connecting to the parent's socket may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -207,7 +206,7 @@ impl<S: RelaySession> Relay<S> {
                     tracing::info!("SIGINT");
                     self.session.handle_terminate(Instant::now());
                 }
-                () = sleep_until(self.session.poll_timeout()) => {
+                () = sleep_until(self.session.poll_timeout().map(Into::into)) => {
                     self.session.handle_timeout(Instant::now());
                 }
             }
@@ -330,14 +329,6 @@ async fn readable(socket: Option<&UnixStream>) -> io::Result<()> {
 async fn writable(socket: Option<&UnixStream>) -> io::Result<()> {
     match socket {
         Some(socket) => socket.writable().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
     }
 }

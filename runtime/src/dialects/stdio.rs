@@ -162,14 +162,6 @@ pub(crate) async fn recv_signal(signal: &mut Option<tokio::signal::unix::Signal>
     }
 }
 
-pub(crate) fn append(buf: &mut Vec<u8>, bytes: Vec<u8>) {
-    if buf.is_empty() {
-        *buf = bytes;
-    } else {
-        buf.extend_from_slice(&bytes);
-    }
-}
-
 /// One blocking write of complete lines, then a flush: stdout carries only protocol lines.
 pub(crate) fn write_stdout(bytes: &[u8]) -> io::Result<()> {
     let mut stdout = io::stdout().lock();

@@ -25,14 +25,16 @@ use ac7_protocol::domain::objective::Objective;
 use ac7_protocol::domain::toolbox::{Body, Method, Request, encode_component};
 use ac7_protocol::trace::activity::ActivityEvent;
 use ac7_protocol::trace::busy::{BusyConfig, BusyOutput, BusyReporter};
-use ac7_protocol::trace::markers::{Lookup, ObjectiveMarkers};
-use ac7_protocol::trace::uploader::{UploadResult, Uploader, UploaderConfig, UploaderLog};
+use ac7_protocol::trace::markers::{Lookup, MarkerOutput, ObjectiveMarkers};
+use ac7_protocol::trace::uploader::{
+    UploadResult, Uploader, UploaderConfig, UploaderLog, UploaderOutput,
+};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::broker::BrokerClient;
-use super::tracker::sleep_until;
+use crate::client::broker::BrokerClient;
+use crate::sys::clock::sleep_until;
 
 /// Longest wait for one busy report.
 const BUSY_POST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -147,22 +149,32 @@ async fn run(
                     count,
                     "activity: an LLM call ran 5 minutes without finishing; no longer counted busy"
                 ),
+                other => tracing::warn!(
+                    ?other,
+                    "activity: a busy output this version does not handle"
+                ),
             }
         }
-        if in_flight.is_none()
-            && let Some(batch) = uploader.poll_transmit(now)
-        {
-            let (client, member) = (client.clone(), member.clone());
-            let upload: Upload = Box::pin(async move {
-                match client.post_activity(&member, batch.body).await {
-                    Ok(status) => UploadResult::Status(status),
-                    Err(e) => UploadResult::Network(e.to_string()),
+        uploader.handle_timeout(now);
+        while let Some(output) = uploader.poll_output() {
+            match output {
+                // One batch at a time: the next comes out only after this one's result.
+                UploaderOutput::Transmit(batch) => {
+                    let (client, member) = (client.clone(), member.clone());
+                    let upload: Upload = Box::pin(async move {
+                        match client.post_activity(&member, batch.body).await {
+                            Ok(status) => UploadResult::Status(status),
+                            Err(e) => UploadResult::Network(e.to_string()),
+                        }
+                    });
+                    in_flight = Some((batch.id, upload));
                 }
-            });
-            in_flight = Some((batch.id, upload));
-        }
-        while let Some(log) = uploader.poll_log() {
-            log_uploader(&log);
+                UploaderOutput::Log(log) => log_uploader(&log),
+                other => tracing::warn!(
+                    ?other,
+                    "activity: an uploader output this version does not handle"
+                ),
+            }
         }
         if closing && uploader.is_done() {
             break;
@@ -181,7 +193,7 @@ async fn run(
                     Some(Command::Finished(key)) => busy.llm_finished(key, now),
                     None => {
                         closing = true;
-                        busy.close();
+                        busy.close(now);
                         uploader.close(now);
                     }
                 }
@@ -198,7 +210,7 @@ async fn run(
                 }
                 rx.close();
                 closing = true;
-                busy.close();
+                busy.close(now);
                 uploader.close(now);
             }
             result = async {
@@ -263,6 +275,7 @@ fn log_uploader(log: &UploaderLog) {
             events,
             "activity: shutdown deadline passed; events never uploaded"
         ),
+        other => tracing::warn!(?other, "activity: uploader log"),
     }
 }
 
@@ -336,9 +349,7 @@ impl Activity {
 
 /// Epoch milliseconds on the runner's clock (activity events' `ts`).
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    u64::try_from(crate::sys::clock::now_ms()).unwrap_or(0)
 }
 
 async fn run_markers(
@@ -357,25 +368,32 @@ async fn run_markers(
             }
             latest = next;
         }
-        match latest {
+        let ack = match latest {
             MarkerCommand::Refreshed(open) => {
-                let (opens, gone) = markers.refreshed(&open, now_ms());
-                opens.into_iter().for_each(|e| activity.record(e));
-                for id in gone {
-                    let lookup = look_up(&client, &id).await;
-                    if let Some(close) = markers.resolve(&id, &lookup, now_ms()) {
-                        activity.record(close);
-                    }
-                }
+                markers.handle_refreshed(&open, now_ms());
+                None
             }
             MarkerCommand::Shutdown(ack) => {
-                markers
-                    .shutdown(now_ms())
-                    .into_iter()
-                    .for_each(|e| activity.record(e));
-                let _ = ack.send(());
-                return;
+                markers.shutdown(now_ms());
+                Some(ack)
             }
+        };
+        while let Some(output) = markers.poll_output() {
+            match output {
+                MarkerOutput::Record(event) => activity.record(*event),
+                MarkerOutput::LookUp(id) => {
+                    let lookup = look_up(&client, &id).await;
+                    markers.handle_lookup(&id, &lookup, now_ms());
+                }
+                other => tracing::warn!(
+                    ?other,
+                    "activity: a marker output this version does not handle"
+                ),
+            }
+        }
+        if let Some(ack) = ack {
+            let _ = ack.send(());
+            return;
         }
     }
 }

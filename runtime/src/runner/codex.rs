@@ -40,19 +40,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ac7_protocol::dialect::codex::{
-    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, SinkEvent, TurnFailure,
-    Undelivered,
+    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, CodexRequestError, SinkEvent,
 };
-use ac7_protocol::domain::toolbox::{Body, Method, Request};
 use ac7_protocol::session::runner::BridgePolicy;
-use ac7_protocol::trace::activity::ActivityEvent;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
+use super::turns::{Closing, End, Signals, finish, read_some, tell_sender, turn_failed};
 use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
 use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::sys::clock::sleep_until;
 
 /// `ac7 codex`.
 #[derive(Debug, Clone, clap::Args)]
@@ -86,8 +84,6 @@ pub struct CodexArgs {
 
 /// How long `--doctor` waits for each step.
 const DOCTOR_STEP: Duration = doctor::STEP;
-/// How long teardown waits for "not delivered" DMs still in flight.
-const NOTICE_GRACE: Duration = Duration::from_secs(5);
 
 fn parse_override(value: &str) -> Result<String, String> {
     match value.split_once('=') {
@@ -329,6 +325,73 @@ fn merge_config(
     Ok(merged)
 }
 
+/// The model endpoint Codex sends its model calls to, when it is not a default model host: the
+/// `base_url` of the model provider in effect (`model_provider`, default `openai`) in the
+/// user's config with the `--profile` layer and the `-c` overrides over it; for the built-in
+/// `openai` provider without one, `openai_base_url`, else `$OPENAI_BASE_URL`. `Err` names a
+/// `base_url` that is not an endpoint.
+fn model_endpoints(
+    user: &UserCodex,
+    overrides: &[String],
+    openai_base_url_env: Option<&str>,
+) -> Result<Vec<super::trace::ModelEndpoint>, String> {
+    use ac7_protocol::trace::activity::LlmApi;
+    let mut doc = user.config.clone().unwrap_or_default();
+    if let Some(profile) = &user.profile {
+        layer(doc.as_item_mut(), profile.as_item(), false);
+    }
+    for value in overrides {
+        let Some((key, raw)) = value.split_once('=') else {
+            continue;
+        };
+        // As codex reads `-c`: a TOML value, else the text as a string.
+        let layer_doc = format!("{} = {}", key.trim(), raw.trim())
+            .parse::<toml_edit::DocumentMut>()
+            .or_else(|_| format!("{} = {}", key.trim(), toml_string(raw.trim())).parse());
+        if let Ok(over) = layer_doc {
+            layer(doc.as_item_mut(), over.as_item(), false);
+        }
+    }
+    let provider = doc
+        .get("model_provider")
+        .and_then(|v| v.as_str())
+        .unwrap_or("openai")
+        .to_owned();
+    let configured = doc
+        .get("model_providers")
+        .and_then(|p| p.get(&provider))
+        .and_then(|p| p.get("base_url"))
+        .and_then(|v| v.as_str())
+        .map(|url| {
+            (
+                format!("model_providers.{provider}.base_url"),
+                url.to_owned(),
+            )
+        });
+    let base_url = configured.or_else(|| {
+        (provider == "openai").then_some(()).and_then(|()| {
+            doc.get("openai_base_url")
+                .and_then(|v| v.as_str())
+                .map(|url| ("openai_base_url".to_owned(), url.to_owned()))
+                .or_else(|| {
+                    openai_base_url_env
+                        .filter(|u| !u.trim().is_empty())
+                        .map(|url| ("OPENAI_BASE_URL".to_owned(), url.to_owned()))
+                })
+        })
+    });
+    let Some((source, url)) = base_url else {
+        return Ok(Vec::new());
+    };
+    let endpoint = super::trace::ModelEndpoint::parse(&source, &url, LlmApi::OpenaiResponses)?;
+    // The default hosts are traced already, over either scheme.
+    Ok(if super::trace::proxy::is_model_host(&endpoint.host) {
+        Vec::new()
+    } else {
+        vec![endpoint]
+    })
+}
+
 /// Where the temporary Codex homes go: `$XDG_CACHE_HOME/ac7/codex`, else `~/.cache/ac7/codex`.
 pub(crate) fn homes_dir() -> Option<PathBuf> {
     let cache = match std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
@@ -363,7 +426,7 @@ fn create_home(exe: &Path, socket: &Path, user: &UserCodex) -> Result<CodexHome,
         .map_err(|e| StartError::System(format!("cannot create {}: {e}", dir.display())))?;
     let home = CodexHome { dir };
     let config = home.dir.join("config.toml");
-    crate::fsutil::write_atomic(&config, merged.as_bytes())
+    crate::sys::fsutil::write_atomic(&config, merged.as_bytes())
         .map_err(|e| StartError::System(format!("cannot write {}: {e}", config.display())))?;
     if let Some(user_home) = &user.home {
         let auth = user_home.join("auth.json");
@@ -381,15 +444,6 @@ fn create_home(exe: &Path, socket: &Path, user: &UserCodex) -> Result<CodexHome,
     Ok(home)
 }
 
-/// Why the session ended.
-enum End {
-    CodexExited,
-    Signal(i32),
-    Failed(String),
-    Doctor(bool),
-    Revoked,
-}
-
 async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     if args.doctor {
         doctor::say("codex", &format!("codex found at {}", codex.display()));
@@ -400,7 +454,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     }
     // Codex runs more than one instance of an MCP server (one per thread, more for status
     // listing): every bridge stays attached.
-    let core = match start_core(&args.opts, BridgePolicy::AllowMany, !args.doctor).await {
+    let core = match start_core(&args.opts, BridgePolicy::AllowMany, !args.doctor, None).await {
         Ok(core) => core,
         Err(e) => return start_failed(&e),
     };
@@ -425,33 +479,31 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     let trace = if args.tracing.no_trace || args.doctor {
         None
     } else {
-        core.start_trace(super::trace::AgentKind::Codex, args.tracing.unsafe_tls)
-            .await
+        let openai_base_url = std::env::var("OPENAI_BASE_URL").ok();
+        let endpoints = super::trace::endpoint::or_warn(model_endpoints(
+            &user,
+            &args.config,
+            openai_base_url.as_deref(),
+        ));
+        core.start_trace(
+            super::trace::AgentKind::Codex,
+            args.tracing.unsafe_tls,
+            endpoints,
+        )
+        .await
     };
     let mut command = tokio::process::Command::new(&codex);
     if let Some(trace) = &trace {
         trace.env().apply(&mut command);
     }
-    crate::rlimit::restore_fd_limit_in_child(&mut command);
-    super::lifecycle::prepare(&mut command, false);
     command.arg("app-server");
     for value in &args.config {
         command.args(["-c", value]);
     }
-    let mut child = match command
-        .env("CODEX_HOME", &home.dir)
-        .current_dir(&cwd)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(if args.doctor {
-            std::process::Stdio::null()
-        } else {
-            std::process::Stdio::inherit()
-        })
-        .kill_on_drop(true)
-        .spawn()
-    {
-        Ok(child) => child,
+    command.env("CODEX_HOME", &home.dir).current_dir(&cwd);
+    // Codex's own bridges (it may start several) are those in its process tree.
+    let (mut child, agent) = match super::turns::spawn_agent(&mut command, args.doctor, &core) {
+        Ok(started) => started,
         Err(e) => {
             core.server.shutdown(Some("codex-spawn-failed")).await;
             return start_failed(&StartError::System(format!(
@@ -460,11 +512,6 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             )));
         }
     };
-    // Codex's own bridges (it may start several) are those in its process tree.
-    if let Some(pid) = child.id() {
-        core.agent.set(pid);
-    }
-    let agent = super::lifecycle::Agent::new(&child, None);
     let b = &core.briefing;
     eprintln!(
         "ac7 codex: {} ({}) on team {} — cwd {}",
@@ -475,15 +522,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     );
 
     // Live events: rendered here, delivered by the client machine.
-    let (events_tx, mut events) = mpsc::unbounded_channel::<SinkEvent>();
-    let notices_tx = events_tx.clone();
-    let (me, tracker) = (b.name.clone(), core.tracker.clone());
-    let stop_stream = core.start_stream(
-        args.opts.stream,
-        super::forwarder::agent_sink(me.clone(), tracker, move |message| {
-            let _ = events_tx.send(SinkEvent::from_message(message, &me));
-        }),
-    );
+    let (notices_tx, mut events, stop_stream) = super::turns::live_events(&core, args.opts.stream);
 
     let mut client = CodexClient::new(
         CodexConfig {
@@ -509,18 +548,14 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         .activity
         .as_ref()
         .map(super::activity::Activity::handle);
-    use tokio::signal::unix::{SignalKind, signal};
-    let (mut int, mut term) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(i), Ok(t)) => (i, t),
-        _ => return start_failed(&StartError::System("cannot install signal handlers".into())),
+    let mut signals = match Signals::install() {
+        Ok(signals) => signals,
+        Err(e) => return start_failed(&e),
     };
     let mut token = core
         .client
         .token_watch()
-        .map(super::revocation::TokenWatch::subscribe);
+        .map(crate::client::token_watch::TokenWatch::subscribe);
     // Once the token is revoked: when the session ends (codex had the notice meanwhile).
     let mut revoked_end: Option<Instant> = None;
     let end = 'session: loop {
@@ -554,10 +589,18 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                     }
                 }
                 CodexOutput::Undelivered(undelivered) => {
-                    notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
+                    notices.spawn(tell_sender(
+                        core.client.clone(),
+                        me.clone(),
+                        "codex".into(),
+                        undelivered,
+                    ));
                 }
-                CodexOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), failure),
+                CodexOutput::TurnFailed(failure) => {
+                    turn_failed(activity.as_ref(), "codex", failure)
+                }
                 CodexOutput::Event(event) => log_event(&event),
+                other => tracing::warn!(?other, "codex: an output this version does not handle"),
             }
         }
         let deadline = client.poll_timeout().map(Instant::from_std);
@@ -565,13 +608,12 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         tokio::select! {
             read = read_some(&mut stdout, &mut buf) => match read {
                 Some(n) => client.handle_bytes(&buf[..n], Instant::now().into_std()),
-                None => break End::CodexExited,
+                None => break End::AgentExited,
             },
             Some(text) = events.recv() => client.notify(text, Instant::now().into_std()),
             () = sleep_until(deadline) => client.handle_timeout(Instant::now().into_std()),
             () = sleep_until(doctor_deadline) => break End::Doctor(doctor.as_mut().is_some_and(|d| d.timed_out())),
-            _ = int.recv() => break End::Signal(2),
-            _ = term.recv() => break End::Signal(15),
+            n = signals.recv() => break End::Signal(n),
             () = super::lifecycle::token_revoked(token.as_mut()), if revoked_end.is_none() => {
                 let url = core.client.url();
                 eprintln!("{}", super::revocation::revoked_line(&me, url));
@@ -593,123 +635,37 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                 }
             }
             CodexOutput::Undelivered(undelivered) => {
-                notices.spawn(tell_sender(core.client.clone(), me.clone(), undelivered));
+                notices.spawn(tell_sender(
+                    core.client.clone(),
+                    me.clone(),
+                    "codex".into(),
+                    undelivered,
+                ));
             }
-            CodexOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), failure),
+            CodexOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), "codex", failure),
             CodexOutput::Event(event) => log_event(&event),
             _ => {}
         }
     }
-    // Codex's stdin closing is its cue to end; a signal or a revocation also goes to its
-    // process group; SIGKILL when the grace is over.
     drop(stdin);
-    let deadline = Instant::now() + args.opts.kill_grace;
-    match &end {
-        End::Signal(n) => {
-            agent.signal(
-                rustix::process::Signal::from_named_raw(*n)
-                    .unwrap_or(rustix::process::Signal::TERM),
-            );
-        }
-        End::Revoked => agent.signal(rustix::process::Signal::TERM),
-        _ => {}
-    }
-    let status = match tokio::time::timeout_at(deadline, child.wait()).await {
-        Ok(status) => status,
-        Err(_) => {
-            tracing::warn!("codex did not end within the grace: SIGKILL to its process group");
-            agent.signal(rustix::process::Signal::KILL);
-            child.wait().await
-        }
-    };
-    agent.reap_group(deadline).await;
-    drop(home);
-    let _ = tokio::time::timeout(NOTICE_GRACE, notices.join_all()).await;
-    let _ = stop_stream.send(true);
-    let (code, reason) = match &end {
-        End::Signal(n) => (128 + n, format!("signal-{n}")),
-        End::Failed(reason) => {
-            eprintln!("ac7 codex: {reason}");
-            (2, "codex-failed".to_owned())
-        }
-        End::Doctor(ok) => (i32::from(!ok), "doctor".to_owned()),
-        End::Revoked => (super::revocation::EXIT_REVOKED, "token-revoked".to_owned()),
-        End::CodexExited => {
-            let code = super::exit_code(status);
-            (code, format!("codex-exited-{code}"))
-        }
-    };
-    // The proxy first: its unfinished exchanges reach the pipeline before it drains.
-    if let Some(trace) = trace {
-        trace.close().await;
-    }
-    if let Some(activity) = core.activity {
-        activity.shutdown().await;
-    }
-    core.server.shutdown(Some(&reason)).await;
-    code
-}
-
-async fn read_some(
-    stdout: &mut Option<tokio::process::ChildStdout>,
-    buf: &mut [u8],
-) -> Option<usize> {
-    match stdout {
-        Some(out) => match out.read(buf).await {
-            Ok(0) | Err(_) => None,
-            Ok(n) => Some(n),
+    let code = finish(
+        end,
+        &mut child,
+        &agent,
+        Closing {
+            command: "codex",
+            agent: "codex",
+            kill_grace: args.opts.kill_grace,
+            notices,
+            stop_stream,
+            trace,
+            activity: core.activity,
+            server: core.server,
         },
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// DMs the sender of events codex did not take, as this member (never to itself: see
-/// [`SinkEvent::from_message`]).
-async fn tell_sender(broker: super::BrokerClient, me: String, undelivered: Undelivered) {
-    let request = Request {
-        method: Method::Post,
-        path: "/push".into(),
-        body: Body::Json(undelivered.push_body(&me)),
-    };
-    match broker.execute(&request).await {
-        Ok(response) if response.status < 300 => {
-            tracing::info!(to = undelivered.to, msg_ids = ?undelivered.msg_ids, "told the sender their message was not delivered");
-        }
-        Ok(response) => tracing::warn!(
-            to = undelivered.to,
-            status = response.status,
-            body = %String::from_utf8_lossy(&response.body),
-            "could not tell the sender their message was not delivered"
-        ),
-        Err(e) => {
-            tracing::warn!(to = undelivered.to, error = %e, "could not tell the sender their message was not delivered")
-        }
-    }
-}
-
-/// Logs a failed turn and records it as a `turn_failed` activity event.
-fn turn_failed(activity: Option<&super::activity::ActivityHandle>, failure: TurnFailure) {
-    tracing::warn!(
-        turn_id = failure.turn_id,
-        reason = failure.reason,
-        msg_ids = ?failure.msg_ids,
-        "a codex turn failed"
-    );
-    if let Some(activity) = activity {
-        activity.record(ActivityEvent::TurnFailed {
-            ts: super::activity::now_ms(),
-            turn_id: failure.turn_id,
-            reason: failure.reason,
-            msg_ids: failure.msg_ids,
-        });
-    }
+    )
+    .await;
+    drop(home);
+    code
 }
 
 fn log_event(event: &CodexEvent) {
@@ -770,7 +726,7 @@ impl Doctor {
         &mut self,
         client: &mut CodexClient,
         id: u64,
-        outcome: Result<Value, String>,
+        outcome: Result<Value, CodexRequestError>,
     ) -> Option<bool> {
         match (self.step, outcome) {
             (Step::Listing(want), Ok(result)) if want == id => {
@@ -807,7 +763,7 @@ impl Doctor {
                 eprintln!("{text}");
                 Some(ok)
             }
-            (_, Err(error)) => Some(doctor::failed("codex", &error)),
+            (_, Err(error)) => Some(doctor::failed("codex", &error.to_string())),
             _ => None,
         }
     }
@@ -996,5 +952,102 @@ command = "theirs"
         assert!(parse_override("model=\"o3\"").is_ok());
         assert!(parse_override("model").is_err());
         assert!(parse_override("=x").is_err());
+    }
+
+    /// (source, host, port, tls) of the endpoints found.
+    fn endpoints(
+        config: Option<&str>,
+        profile: Option<&str>,
+        overrides: &[&str],
+        env: Option<&str>,
+    ) -> Result<Vec<(String, String, u16, bool)>, String> {
+        let user = UserCodex {
+            home: None,
+            config: config.map(doc),
+            profile: profile.map(doc),
+        };
+        let overrides: Vec<String> = overrides.iter().map(|o| (*o).to_owned()).collect();
+        Ok(model_endpoints(&user, &overrides, env)?
+            .into_iter()
+            .map(|e| (e.source, e.host, e.port, e.tls))
+            .collect())
+    }
+
+    #[test]
+    fn the_model_endpoint_is_the_base_url_of_the_provider_in_effect() {
+        let lab = r#"
+model_provider = "lab"
+[model_providers.lab]
+base_url = "https://gw.example:8443/v1"
+[model_providers.other]
+base_url = "http://10.1.2.3:9000/v1"
+"#;
+        let source = |id: &str| format!("model_providers.{id}.base_url");
+        assert_eq!(
+            endpoints(Some(lab), None, &[], None),
+            Ok(vec![(source("lab"), "gw.example".into(), 8443, true)])
+        );
+        // -c picks another provider (a TOML value, or bare text as a string).
+        for pick in ["model_provider=\"other\"", "model_provider=other"] {
+            assert_eq!(
+                endpoints(Some(lab), None, &[pick], None),
+                Ok(vec![(source("other"), "10.1.2.3".into(), 9000, false)]),
+                "{pick}"
+            );
+        }
+        // A profile and -c change the base URL; -c wins.
+        let profile = "model_providers.lab.base_url = \"https://p.example/v1\"";
+        assert_eq!(
+            endpoints(Some(lab), Some(profile), &[], None),
+            Ok(vec![(source("lab"), "p.example".into(), 443, true)])
+        );
+        assert_eq!(
+            endpoints(
+                Some(lab),
+                Some(profile),
+                &["model_providers.lab.base_url=\"https://c.example:9/v1\""],
+                None
+            ),
+            Ok(vec![(source("lab"), "c.example".into(), 9, true)])
+        );
+        // The built-in openai provider: openai_base_url, else $OPENAI_BASE_URL; the default
+        // hosts are traced anyway.
+        let env = Some("https://relay.corp:4443/v1");
+        assert_eq!(
+            endpoints(None, None, &[], env),
+            Ok(vec![(
+                "OPENAI_BASE_URL".into(),
+                "relay.corp".into(),
+                4443,
+                true
+            )])
+        );
+        assert_eq!(
+            endpoints(
+                Some("openai_base_url = \"http://gw.lan/v1\""),
+                None,
+                &[],
+                env
+            ),
+            Ok(vec![("openai_base_url".into(), "gw.lan".into(), 80, false)])
+        );
+        assert_eq!(endpoints(None, None, &[], None), Ok(vec![]));
+        assert_eq!(
+            endpoints(None, None, &[], Some("https://api.openai.com/v1")),
+            Ok(vec![])
+        );
+        // A provider without a base_url (codex's own default) has none here either.
+        assert_eq!(
+            endpoints(Some("model_provider = \"x\""), None, &[], env),
+            Ok(vec![])
+        );
+        let bad = endpoints(
+            Some("model_provider = \"x\"\n[model_providers.x]\nbase_url = \"nope\""),
+            None,
+            &[],
+            None,
+        )
+        .unwrap_err();
+        assert!(bad.starts_with("model_providers.x.base_url=nope"), "{bad}");
     }
 }

@@ -27,9 +27,11 @@ use ac7_protocol::session::live::{
 use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+use crate::sys::clock::sleep_until;
 use tokio_tungstenite::tungstenite;
 
-use super::broker::{BrokerClient, describe};
+use crate::client::broker::{BrokerClient, describe};
 
 /// Which transport to use for the live stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -86,8 +88,9 @@ type Fetching = Pin<Box<dyn Future<Output = (u64, Result<Vec<Message>, String>)>
 /// member (the durable cursor), at most `cap` of what came since handed to the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resume {
-    /// The id of the last message delivered to any of the member's live streams.
-    pub after_id: String,
+    /// The id of the last message delivered to any of the member's live streams; `None`: from
+    /// the log's first message (nothing was ever delivered to the member).
+    pub after_id: Option<String>,
     /// Missed messages handed on at most; one notice counts the rest.
     pub cap: usize,
 }
@@ -137,8 +140,9 @@ impl Forwarder {
     }
 
     /// Hands the agent what the member missed since `resume.after_id` (the oldest `cap` of it,
-    /// then a notice counting the rest); returns the id the live stream resumes after.
-    async fn catch_up(&mut self, resume: Resume) -> String {
+    /// then a notice counting the rest); returns the id the live stream resumes after (`None`
+    /// when it resumed from the start and the log had nothing for it).
+    async fn catch_up(&mut self, resume: Resume) -> Option<String> {
         use ac7_protocol::domain::channel;
         let mut after = resume.after_id.clone();
         let mut missed: Vec<Message> = Vec::new();
@@ -147,15 +151,16 @@ impl Forwarder {
             let query = HistoryQuery {
                 id: 0,
                 before_ts: None,
-                after_ts: None,
-                after_id: Some(after.clone()),
+                // From the start: every message has a positive timestamp.
+                after_ts: after.is_none().then_some(0),
+                after_id: after.clone(),
                 limit: 100,
             };
             match fetch(self.client.clone(), query).await {
                 (_, Ok(page)) => {
                     let short = page.len() < 100;
                     if let Some(last) = page.last() {
-                        after = last.id.clone();
+                        after = Some(last.id.clone());
                     }
                     missed.extend(page);
                     if missed.len() >= MISSED_MAX {
@@ -192,8 +197,8 @@ impl Forwarder {
                 "{more} more messages reached you while no runner was live; call `recent` to read them."
             );
             (self.sink)(Message {
-                id: format!("missed-{after}"),
-                ts: crate::clock::now_ms(),
+                id: format!("missed-{}", after.as_deref().unwrap_or_default()),
+                ts: crate::sys::clock::now_ms(),
                 to: Some(self.me.clone()),
                 from: Some("ac7".to_owned()),
                 title: Some("missed messages".to_owned()),
@@ -205,6 +210,10 @@ impl Forwarder {
         }
         if total > 0 {
             tracing::info!(
+                from = resume
+                    .after_id
+                    .as_deref()
+                    .map_or("the start".to_owned(), |id| format!("after_id={id}")),
                 delivered = total.min(resume.cap),
                 more = rest,
                 "handed the agent what its member missed while no runner was live"
@@ -216,8 +225,7 @@ impl Forwarder {
     /// Runs until `shutdown` turns true.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         if let Some(resume) = self.resume.take() {
-            let after = self.catch_up(resume).await;
-            self.config.resume_from = Some(after);
+            self.config.resume_from = self.catch_up(resume).await;
         }
         let mut machine = LiveStream::new(self.config.clone(), Instant::now().into_std());
         let mut conn: Option<Conn> = None;
@@ -244,6 +252,9 @@ impl Forwarder {
                     LiveOutput::Fetch(query) => {
                         fetching = Some(Box::pin(fetch(self.client.clone(), query)));
                     }
+                    LiveOutput::Backfilled { from, delivered } => {
+                        tracing::info!(from, delivered, "backfilled the live stream from /history");
+                    }
                     LiveOutput::Backoff { delay, reason } => {
                         tracing::warn!(
                             reason,
@@ -253,6 +264,10 @@ impl Forwarder {
                         close(conn.take()).await;
                         fetching = None;
                     }
+                    other => tracing::warn!(
+                        ?other,
+                        "live stream: an output this version does not handle"
+                    ),
                 }
             }
             let deadline = machine.poll_timeout().map(Instant::from_std);
@@ -291,6 +306,14 @@ impl Forwarder {
                     match result {
                         Ok(frames) => {
                             for frame in frames {
+                                if let LiveFrame::Reset(reset) = &frame {
+                                    tracing::info!(
+                                        last_event_id = reset.last_event_id,
+                                        reason = ?reset.reason,
+                                        detail = reset.detail,
+                                        "the broker reset the live stream: it cannot replay after the last event id, so the runner backfills from /history"
+                                    );
+                                }
                                 machine.handle_frame(frame, now);
                             }
                         }
@@ -311,13 +334,6 @@ impl Forwarder {
 /// Resolves once shutdown is requested (without holding the watch guard).
 async fn stopping(shutdown: &mut watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The pending future's output; never resolves when there is none.
@@ -443,7 +459,7 @@ async fn open_ws(
     if let Ok(v) = super::lifecycle::this_runner().to_header().parse() {
         headers.insert(RUNNER_HEADER, v);
     }
-    let (socket, response) = match tokio_tungstenite::connect_async(request).await {
+    let (socket, response) = match crate::sys::tls_client::connect_ws(request).await {
         Ok(opened) => opened,
         Err(e) => {
             // The next attempt goes to the next replica, if there is one: a socket that cannot

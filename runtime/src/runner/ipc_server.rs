@@ -18,9 +18,11 @@
 //! ```
 //!
 //! Each accepted connection is classified by its peer's credentials (`SO_PEERCRED`, see
-//! [`crate::peer`]) when [`IpcServerOptions::agent`] is set: a bridge from the agent's process tree
-//! is the agent's; anything else is an outsider, served but never given events nor allowed to
-//! displace the agent's bridge. Without it every connection counts as the agent's.
+//! [`crate::runner::peer`]) when [`IpcServerOptions::agent`] is set: a bridge the agent process started
+//! is the agent's; one another process of the agent's tree started is the agent's only when that
+//! process is the attached bridge's client or none is attached (else it is foreign); anything
+//! else is an outsider. Foreign bridges and outsiders are served but never given events nor
+//! allowed to displace the agent's bridge. Without it every connection counts as the agent's.
 //!
 //! One task owns the session. Each connection has a reader task (bytes into the session, through
 //! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
@@ -42,7 +44,7 @@ use std::time::{Duration, Instant};
 use ac7_protocol::codec::json::RawJson;
 use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
 use ac7_protocol::session::runner::{
-    ConnId, IncomingRequest, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
+    IncomingRequest, IpcConnId, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -50,9 +52,9 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
-use crate::peer::AgentPid;
-use crate::unix_socket::SocketFile;
-pub use crate::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
+use crate::runner::peer::AgentPid;
+use crate::sys::unix_socket::SocketFile;
+pub use crate::sys::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 
 /// How long [`ServerTask::shutdown`] lets writers deliver the last frames before closing.
 const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -243,14 +245,14 @@ enum Control {
 impl IpcServer {
     /// Binds the socket with mode 0600. Does not need a runtime; serving does.
     ///
-    /// Race-free (see [`crate::unix_socket`]): the socket never exists at its final path with
+    /// Race-free (see [`crate::sys::unix_socket`]): the socket never exists at its final path with
     /// wider permissions; a stale socket is replaced; a live runner's makes binding fail with
     /// [`BindError::InUse`] (the probe connects once, which that runner sees as a bridge that
     /// connected and left); anything that is not a socket is left alone
     /// ([`BindError::NotASocket`]).
     pub fn bind(options: IpcServerOptions) -> Result<Self, BindError> {
         let path = options.path.clone().unwrap_or_else(default_socket_path);
-        let (listener, socket) = crate::unix_socket::bind_private(&path, "runner")?;
+        let (listener, socket) = crate::sys::unix_socket::bind_private(&path, "runner")?;
         let (control_tx, control_rx) = mpsc::unbounded_channel();
         Ok(Self {
             listener,
@@ -365,8 +367,8 @@ impl Drop for ServerTask {
 }
 
 enum ConnInput {
-    Bytes(ConnId, Vec<u8>),
-    Closed(ConnId),
+    Bytes(IpcConnId, Vec<u8>),
+    Closed(IpcConnId),
 }
 
 struct Conn {
@@ -385,11 +387,11 @@ struct Driver<H> {
     inbox_tx: mpsc::Sender<ConnInput>,
     inbox_rx: mpsc::Receiver<ConnInput>,
     control: mpsc::UnboundedReceiver<Control>,
-    conns: BTreeMap<ConnId, Conn>,
+    conns: BTreeMap<IpcConnId, Conn>,
     /// Readers and writers of every connection: dropped (so aborted) with the driver.
     io_tasks: JoinSet<()>,
     requests: JoinSet<Outcome>,
-    request_ids: HashMap<tokio::task::Id, (ConnId, u64)>,
+    request_ids: HashMap<tokio::task::Id, (IpcConnId, u64)>,
     events: Option<mpsc::UnboundedSender<RunnerEvent>>,
     max_backlog_bytes: usize,
     agent: Option<AgentPid>,
@@ -564,6 +566,10 @@ impl<H: Handler> Driver<H> {
                         let _ = events.send(event);
                     }
                 }
+                other => tracing::warn!(
+                    ?other,
+                    "runner session: an output this version does not handle"
+                ),
             }
         }
     }
@@ -576,7 +582,7 @@ async fn accept(listener: Option<&tokio::net::UnixListener>) -> io::Result<UnixS
     }
 }
 
-async fn read_loop(conn: ConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender<ConnInput>) {
+async fn read_loop(conn: IpcConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender<ConnInput>) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let input = match read.read(&mut buf).await {
@@ -625,6 +631,25 @@ fn log_event(event: &RunnerEvent) {
         }
         RunnerEvent::OutsiderLeft { conn, abandoned } => {
             tracing::info!(conn = conn.0, abandoned, "outsider left");
+        }
+        RunnerEvent::ForeignConnected {
+            conn,
+            client,
+            attached,
+        } => {
+            let command = std::fs::read_to_string(format!("/proc/{client}/comm"))
+                .map(|c| c.trim().to_owned())
+                .unwrap_or_default();
+            tracing::info!(
+                conn = conn.0,
+                client,
+                command,
+                attached = attached.0,
+                "a bridge started by another process in the agent's tree (not the agent's MCP client; `claude mcp list` run by the agent starts one) connected: served, gets no events; the agent's bridge stays attached"
+            );
+        }
+        RunnerEvent::ForeignLeft { conn, abandoned } => {
+            tracing::info!(conn = conn.0, abandoned, "foreign bridge left");
         }
         RunnerEvent::FrameDropped { conn, dropped } => tracing::warn!(
             conn = conn.0,
@@ -686,6 +711,7 @@ fn log_event(event: &RunnerEvent) {
                 "notifications the old bridge never wrote queued for the next one"
             ),
         },
+        other => tracing::debug!(?other, "runner session event"),
     }
 }
 

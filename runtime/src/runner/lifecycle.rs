@@ -33,7 +33,9 @@ use rustix::process::{Pid, Signal};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::revocation::TokenState;
+use crate::sys::clock::sleep_until;
+
+use crate::client::token_watch::TokenState;
 
 /// The time the agent's process group gets between the forwarded signal and SIGKILL.
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(10);
@@ -363,13 +365,6 @@ pub(crate) async fn token_revoked(token: Option<&mut watch::Receiver<TokenState>
                 std::future::pending::<()>().await;
             }
         }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
 }

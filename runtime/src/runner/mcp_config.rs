@@ -39,6 +39,18 @@ pub enum ConfigError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The config's folder does not exist.
+    #[error(
+        "cannot write the MCP config {}: its folder {} does not exist",
+        path.display(),
+        folder.display()
+    )]
+    NoFolder {
+        /// The config path.
+        path: PathBuf,
+        /// Its folder.
+        folder: PathBuf,
+    },
     /// Another live runner has this config installed.
     #[error(
         "{} is in use by another ac7 runner (pid {pid}): stop it first, or run this agent from another directory",
@@ -123,6 +135,17 @@ pub fn recover_stale(path: &Path) -> Result<Option<u32>, ConfigError> {
 
 /// Merges `mcpServers.<name> = entry` into the config at `path`, after saving the original.
 pub fn install(path: &Path, name: &str, entry: Value) -> Result<McpConfigGuard, ConfigError> {
+    // The backup record goes next to the config: say so about the config, not the record.
+    let folder = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    if matches!(fs::metadata(folder), Err(e) if e.kind() == io::ErrorKind::NotFound) {
+        return Err(ConfigError::NoFolder {
+            path: path.to_owned(),
+            folder: folder.to_owned(),
+        });
+    }
     recover_stale(path)?;
     let original = match fs::read(path) {
         Ok(bytes) => Some(bytes),
@@ -241,7 +264,7 @@ fn remove_if_exists(path: &Path) -> Result<(), ConfigError> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ConfigError> {
-    crate::fsutil::write_atomic_mode(path, bytes, mode)
+    crate::sys::fsutil::write_atomic_mode(path, bytes, mode)
         .map_err(|source| io_error("write", path, source))
 }
 

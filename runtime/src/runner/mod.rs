@@ -23,14 +23,16 @@
 //! [`revocation::EXIT_REVOKED`] ([`revocation`]).
 //!
 //! Every runner kind (this one, `ac7 codex`) first raises its open-file soft limit to the hard
-//! limit ([`crate::rlimit`]); the agent starts with the limit the runner was given.
+//! limit ([`crate::sys::rlimit`]); the agent starts with the limit the runner was given.
 //!
-//! When the agent exits: the config is restored, the bridge gets `shutdown`, the socket is
-//! removed, and the runner exits with the agent's code (`128 + n` when a signal killed it), or
+//! When the agent exits: `ac7 claude-code` prints how to resume Claude Code's session with ac7
+//! ([`resume`]), the config is restored, the bridge gets `shutdown`, the socket is removed, and
+//! the runner exits with the agent's code (`128 + n` when a signal killed it), or
 //! [`revocation::EXIT_REVOKED`] when it was stopped because the token was revoked.
 
+pub mod acp;
 pub mod activity;
-pub mod broker;
+pub(crate) mod claude_settings;
 pub mod codex;
 pub(crate) mod doctor;
 pub mod forwarder;
@@ -39,36 +41,39 @@ pub mod leftovers;
 pub mod lifecycle;
 pub mod logs;
 pub mod mcp_config;
+pub mod peer;
+pub mod resume;
 pub mod revocation;
 pub mod trace;
 pub mod tracker;
+pub(crate) mod turns;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
 
+use ac7_protocol::codec::json::RawJson;
 use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, Outcome, RpcError};
 use ac7_protocol::dialect::mcp;
+use ac7_protocol::domain::objective::Objective;
 use ac7_protocol::domain::toolbox::{self, Briefing, Context, Plan};
 use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-pub use broker::{BriefingError, BrokerClient, TransportError};
 pub use forwarder::StreamMode;
 
+use crate::client::tokens::resolve_token_any;
+use crate::client::{BriefingError, BrokerClient, DEFAULT_URL, TransportError, broker_url};
 use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 use crate::runner::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
-
-/// The default broker.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:8717";
 
 /// Options every runner takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunnerOpts {
     /// The broker's URL; repeat it (or list them in AC7_URL, comma-separated) for replicas of one team, tried in
     /// order when one does not answer.
-    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL, value_parser = crate::cli::broker_url, value_delimiter = ',', action = clap::ArgAction::Append)]
+    #[arg(long, env = "AC7_URL", default_value = DEFAULT_URL, value_parser = broker_url, value_delimiter = ',', action = clap::ArgAction::Append)]
     pub url: Vec<String>,
     /// This member's bearer token.
     #[arg(long, env = "AC7_TOKEN", hide_env_values = true)]
@@ -169,11 +174,17 @@ pub fn claude_code(args: ClaudeCodeArgs) -> i32 {
         ..
     } = args;
     let trace = (!tracing.no_trace).then_some((trace::AgentKind::Node, tracing.unsafe_tls));
-    run_runner(opts, PathBuf::from(".mcp.json"), trace, move |briefing| {
-        let mut argv = vec![claude.to_string_lossy().into_owned()];
-        argv.extend(claude_flags(&claude_args, &briefing.instructions));
-        argv
-    })
+    run_runner(
+        opts,
+        PathBuf::from(".mcp.json"),
+        trace,
+        true,
+        move |briefing| {
+            let mut argv = vec![claude.to_string_lossy().into_owned()];
+            argv.extend(claude_flags(&claude_args, &briefing.instructions));
+            argv
+        },
+    )
 }
 
 /// Runs `ac7 run -- <cmd…>`; returns the exit code.
@@ -187,7 +198,7 @@ pub fn run_command(args: RunArgs) -> i32 {
     } = args;
     let trace =
         (trace && !tracing.no_trace).then_some((trace::AgentKind::Node, tracing.unsafe_tls));
-    run_runner(opts, mcp_config, trace, move |_| command)
+    run_runner(opts, mcp_config, trace, false, move |_| command)
 }
 
 /// The flags `ac7 claude-code` adds in front of the user's, unless the user passed them.
@@ -250,10 +261,13 @@ pub(crate) fn start_failed(error: &StartError) -> i32 {
     2
 }
 
+/// `claude`: the agent is Claude Code, whose session the runner follows to print how to resume
+/// it ([`resume`]).
 fn run_runner(
     opts: RunnerOpts,
     config: PathBuf,
     trace: Option<(trace::AgentKind, bool)>,
+    claude: bool,
     argv: impl FnOnce(&Briefing) -> Vec<String>,
 ) -> i32 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -264,7 +278,7 @@ fn run_runner(
         Err(e) => return start_failed(&StartError::System(format!("cannot start: {e}"))),
     };
     runtime.block_on(async move {
-        match start(opts, &config, trace, argv).await {
+        match start(opts, &config, trace, claude, argv).await {
             Ok(running) => running.wait().await,
             Err(e) => start_failed(&e),
         }
@@ -283,6 +297,9 @@ struct Running {
     stop_stream: watch::Sender<bool>,
     trace: Option<trace::TraceHost>,
     activity: Option<activity::Activity>,
+    /// Claude Code's session, followed for the resume hint.
+    session: Option<resume::SessionWatch>,
+    urls: Vec<String>,
 }
 
 /// What every runner sets up before its agent starts: the briefing, the IPC socket serving the
@@ -295,23 +312,25 @@ pub(crate) struct Core {
     pub(crate) tracker: tracker::TrackerHandle,
     pub(crate) socket_path: PathBuf,
     /// Set to the agent's pid once it is spawned: only bridges from its process tree get events.
-    pub(crate) agent: crate::peer::AgentPid,
+    pub(crate) agent: peer::AgentPid,
     /// Activity upload, busy reports and objective markers; shut down before `server`.
     pub(crate) activity: Option<activity::Activity>,
     /// Missed messages handed to the agent at start, at most (`--backfill`).
     pub(crate) backfill: usize,
 }
 
-/// `record_activity`: start the activity pipeline and objective markers ([`activity::Activity`]).
+/// `record_activity`: start the activity pipeline and objective markers ([`activity::Activity`]);
+/// `events`: where the IPC server's events go besides the log.
 pub(crate) async fn start_core(
     opts: &RunnerOpts,
     policy: BridgePolicy,
     record_activity: bool,
+    events: Option<tokio::sync::mpsc::UnboundedSender<ac7_protocol::session::runner::RunnerEvent>>,
 ) -> Result<Core, StartError> {
     // The trace proxy's listener takes whatever local process connects: room for it besides the
     // agent's own connections (the agent gets the limit it was started with back).
-    crate::rlimit::raise_fd_limit();
-    let token = crate::connect::resolve_token_any(opts.token.as_deref(), &opts.url).ok_or_else(|| {
+    crate::sys::rlimit::raise_fd_limit();
+    let token = resolve_token_any(opts.token.as_deref(), &opts.url).ok_or_else(|| {
         StartError::Setup(format!(
             "no token for {url}: pass --token, set AC7_TOKEN, or run `ac7 connect --url {url}` once (ac7 serve prints one per member when it creates the team; ac7 member rotate-token makes a new one)",
             url = opts.url.first().map_or(DEFAULT_URL, String::as_str)
@@ -336,7 +355,7 @@ pub(crate) async fn start_core(
     }
     leftovers::remove_dead_runners_files(&std::env::temp_dir(), codex::homes_dir().as_deref());
     warn_if_already_live(&client, &briefing.name).await;
-    let agent = crate::peer::AgentPid::default();
+    let agent = peer::AgentPid::default();
     let server = IpcServer::bind(IpcServerOptions {
         path: opts.socket.clone(),
         session: RunnerConfig {
@@ -344,6 +363,7 @@ pub(crate) async fn start_core(
             ..RunnerConfig::default()
         },
         agent: Some(agent.clone()),
+        events,
         ..IpcServerOptions::default()
     })
     .map_err(|e| StartError::System(format!("runner: failed to bind the IPC socket: {e}")))?;
@@ -473,9 +493,10 @@ impl Core {
         &self,
         kind: trace::AgentKind,
         unsafe_tls: bool,
+        endpoints: Vec<trace::ModelEndpoint>,
     ) -> Option<trace::TraceHost> {
         let activity = self.activity.as_ref()?.handle();
-        trace::TraceHost::start_or_warn(kind, unsafe_tls, activity).await
+        trace::TraceHost::start_or_warn(kind, unsafe_tls, activity, endpoints).await
     }
 
     /// Starts the live stream; every message goes to `sink`. Send `true` to stop it.
@@ -485,12 +506,10 @@ impl Core {
         sink: forwarder::Sink,
     ) -> watch::Sender<bool> {
         let (stop, stopped) = watch::channel(false);
-        let resume = self
-            .briefing
-            .delivered_through
-            .clone()
-            .map(|after_id| forwarder::Resume {
-                after_id,
+        let b = &self.briefing;
+        let resume =
+            (b.delivered_through.is_some() || b.delivered_nothing).then(|| forwarder::Resume {
+                after_id: b.delivered_through.clone(),
                 cap: self.backfill,
             });
         let forwarder = forwarder::Forwarder::new(
@@ -509,9 +528,10 @@ async fn start(
     opts: RunnerOpts,
     config_path: &Path,
     trace: Option<(trace::AgentKind, bool)>,
+    claude: bool,
     argv: impl FnOnce(&Briefing) -> Vec<String>,
 ) -> Result<Running, StartError> {
-    let core = start_core(&opts, BridgePolicy::DisplaceOld, true).await?;
+    let core = start_core(&opts, BridgePolicy::DisplaceOld, true, None).await?;
     let (exe, socket) = core.bridge_command()?;
     let entry = json!({
         "command": exe.to_string_lossy(),
@@ -527,6 +547,7 @@ async fn start(
             core.server.shutdown(Some("mcp-config-failed")).await;
             return Err(match e {
                 mcp_config::ConfigError::NotAnObject { .. }
+                | mcp_config::ConfigError::NoFolder { .. }
                 | mcp_config::ConfigError::InUse { .. } => StartError::Setup(e.to_string()),
                 mcp_config::ConfigError::Io { .. } => StartError::System(e.to_string()),
             });
@@ -549,14 +570,21 @@ async fn start(
         return Err(StartError::Setup("no agent command given".into()));
     };
     let trace = match trace {
-        Some((kind, unsafe_tls)) => core.start_trace(kind, unsafe_tls).await,
+        Some((kind, unsafe_tls)) => {
+            let settings = claude_settings::ClaudeSettings::read(
+                &claude_settings::ClaudeSettings::files(),
+                Path::new(claude_settings::MANAGED_SETTINGS_DIR),
+            );
+            let endpoints = trace::endpoint::node_endpoints(&settings);
+            core.start_trace(kind, unsafe_tls, endpoints).await
+        }
         None => None,
     };
     let mut command = tokio::process::Command::new(program);
     if let Some(trace) = &trace {
         trace.env().apply(&mut command);
     }
-    crate::rlimit::restore_fd_limit_in_child(&mut command);
+    crate::sys::rlimit::restore_fd_limit_in_child(&mut command);
     let terminal = lifecycle::prepare(&mut command, true);
     let child = command
         .args(args)
@@ -567,6 +595,11 @@ async fn start(
     if let Some(pid) = child.id() {
         core.agent.set(pid);
     }
+    let session = child
+        .id()
+        .filter(|_| claude)
+        .zip(resume::claude_config_dir())
+        .map(|(pid, config)| resume::SessionWatch::start(config, pid));
     Ok(Running {
         agent: lifecycle::Agent::new(&child, terminal),
         child,
@@ -579,6 +612,8 @@ async fn start(
         stop_stream,
         trace,
         activity: core.activity,
+        session,
+        urls: opts.url.clone(),
     })
 }
 
@@ -592,7 +627,7 @@ impl Running {
             token: self
                 .client
                 .token_watch()
-                .map(revocation::TokenWatch::subscribe),
+                .map(crate::client::token_watch::TokenWatch::subscribe),
         }
         .run(|| {
             eprintln!("{}", revocation::revoked_line(&me, client.url()));
@@ -614,6 +649,10 @@ impl Running {
                 exit_code(self.child.wait().await)
             }
         };
+        // Right under Claude Code's own resume hint.
+        if let Some(id) = self.session.take().and_then(resume::SessionWatch::finish) {
+            eprintln!("{}", resume::hint(&self.urls, &id));
+        }
         if let Err(e) = self.config.restore() {
             eprintln!("ac7: warning: {e}");
         }
@@ -669,24 +708,23 @@ fn handler(
 + Send
 + Sync
 + 'static {
+    let tools = ToolsCache::default();
     move |request: IncomingRequest| {
         let ctx = Context {
             briefing: briefing.clone(),
-            now_ms: crate::clock::now_ms(),
+            now_ms: crate::sys::clock::now_ms(),
         };
+        if request.method == mcp::TOOLS_LIST {
+            let outcome = match tools.answer(&ctx, &open) {
+                Ok(raw) => Outcome::Result(raw),
+                Err(e) => Outcome::Error(RpcError::new(INTERNAL_ERROR, e.to_string())),
+            };
+            return Box::pin(std::future::ready(outcome));
+        }
         let client = client.clone();
-        let open = open.clone();
         let tracker = tracker.clone();
         Box::pin(async move {
             match request.method.as_str() {
-                mcp::TOOLS_LIST => {
-                    let open = open.lock().map(|o| o.clone()).unwrap_or_default();
-                    let tools = toolbox::tool_list(&ctx, &open);
-                    match ac7_protocol::codec::json::RawJson::from_value(&tools) {
-                        Ok(raw) => Outcome::Result(raw),
-                        Err(e) => Outcome::Error(RpcError::new(INTERNAL_ERROR, e.to_string())),
-                    }
-                }
                 mcp::TOOLS_CALL => {
                     let params: Value = request
                         .params
@@ -711,6 +749,39 @@ fn handler(
                 )),
             }
         })
+    }
+}
+
+/// The `tools/list` answer, encoded once and kept while the open objectives it was made from
+/// (the only part of it that changes while the runner runs) stay the same.
+#[derive(Debug, Default)]
+struct ToolsCache {
+    kept: Mutex<Option<(Vec<Objective>, RawJson)>>,
+}
+
+impl ToolsCache {
+    /// The answer for the open objectives now: the kept one when they are the ones it was made
+    /// from, else a new one (kept in its place).
+    fn answer(
+        &self,
+        ctx: &Context,
+        open: &tracker::OpenObjectives,
+    ) -> Result<RawJson, serde_json::Error> {
+        let open = open
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((made_from, answer)) = kept.as_ref()
+            && *made_from == *open
+        {
+            return Ok(answer.clone());
+        }
+        let answer = RawJson::from_value(&toolbox::tool_list(ctx, &open))?;
+        *kept = Some((open.clone(), answer.clone()));
+        Ok(answer)
     }
 }
 

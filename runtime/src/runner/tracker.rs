@@ -10,8 +10,10 @@ use ac7_protocol::session::tracker::{ObjectivesTracker, TrackerOutput};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::sys::clock::sleep_until;
+
 use super::activity::MarkersHandle;
-use super::broker::BrokerClient;
+use crate::client::broker::BrokerClient;
 use crate::runner::ipc_server::RunnerHandle;
 
 /// What of an objective the agent sees in its tool descriptions.
@@ -88,19 +90,14 @@ pub fn spawn(
                         );
                         runner.notify(mcp::TOOLS_LIST_CHANGED, None);
                     }
+                    other => {
+                        tracing::warn!(?other, "tracker: an output this version does not handle")
+                    }
                 }
             }
         }
     });
     TrackerHandle { tx }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-pub(crate) async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// The agent's active objectives followed by its blocked ones (assigned to it only: for members

@@ -425,3 +425,265 @@ async fn objective_context_reminder_once_per_cooldown_and_not_for_side_requests(
     upload(vec![exchange_with(5, &["hi", &kept, "ok"], true)]).await;
     builder.expect_silence(300).await;
 }
+
+/// A coding agent's model session of `n` exchanges in the upload shape: the same system prompt
+/// and tools every time, a conversation that grows by a turn and a tool result per exchange
+/// and starts again from a summary every 12 exchanges, and a small side call every 5th.
+pub(crate) fn session(n: u64, who: &str) -> Vec<Value> {
+    let system = json!([{"type": "text", "text": format!("You are {who}. Work carefully.")}]);
+    let tools = json!([
+        {"name": "bash", "description": "Runs a command.", "inputSchema": {"type": "object",
+            "properties": {"command": {"type": "string"}}, "required": ["command"]}},
+        {"name": "read", "description": null, "inputSchema": {"type": "object"}}
+    ]);
+    let mut conversation =
+        vec![json!({"role": "user", "content": [{"type": "text", "text": "work on obj-1"}]})];
+    let mut out = Vec::new();
+    for i in 0..n {
+        let ts = 10_000 + i * 100;
+        let (request, reply) = if i % 5 == 4 {
+            (
+                json!({"model": "claude-haiku-4-5", "maxTokens": 512, "temperature": 0,
+                    "system": "Name this session.",
+                    "messages": [{"role": "user", "content": [{"type": "text", "text": format!("session {i}")}]}],
+                    "tools": null}),
+                json!({"role": "assistant", "content": [{"type": "text", "text": "a title"}]}),
+            )
+        } else {
+            let reply = json!({"role": "assistant", "content": [
+                {"type": "thinking", "text": format!("step {i}")},
+                {"type": "text", "text": format!("running step {i}")},
+                {"type": "tool_use", "id": format!("tu_{i}"), "name": "bash",
+                    "input": {"command": format!("make step{i}"), "n": i}}]});
+            let request = json!({"model": "claude-sonnet-4-5", "maxTokens": 32000,
+                "temperature": null, "system": system, "messages": conversation, "tools": tools});
+            conversation.push(reply.clone());
+            conversation.push(json!({"role": "user", "content": [{"type": "tool_result",
+                "toolUseId": format!("tu_{i}"), "content": [{"type": "text", "text": format!("output {i}")}],
+                "isError": i % 7 == 0}]}));
+            if i % 12 == 11 {
+                conversation = vec![json!({"role": "user", "content": [
+                    {"type": "text", "text": format!("summary up to {i}")},
+                    {"type": "image", "mediaType": "image/png"}]})];
+            }
+            (request, reply)
+        };
+        out.push(json!({
+            "kind": "llm_exchange", "ts": ts, "duration": 50,
+            "entry": {"kind": "anthropic_messages", "api": "anthropic_messages",
+                "startedAt": ts, "endedAt": ts + 50, "request": request,
+                "response": {"stopReason": "tool_use", "stopSequence": null, "messages": [reply],
+                    "usage": {"inputTokens": 3, "outputTokens": 40,
+                        "cacheCreationInputTokens": null, "cacheReadInputTokens": 900},
+                    "status": 200}}
+        }));
+    }
+    out
+}
+
+/// Exchanges keep their system prompt, tools and conversation in shared blocks: every way of
+/// reading them back (list pages in both orders, the live stream, its replay) gives each event
+/// exactly as uploaded.
+#[tokio::test]
+async fn exchanges_read_back_exactly_as_uploaded() {
+    let b = start_broker().await;
+    let path = "/members/builder/activity/stream";
+    let mut live = b.sse_path("director", path, None).await;
+    let events = session(40, "builder");
+    // As the runner uploads: a few events at a time, with markers between.
+    let mut uploaded = Vec::new();
+    for (i, chunk) in events.chunks(7).enumerate() {
+        let mut batch = chunk.to_vec();
+        batch.push(marker(20_000 + i as u64));
+        let r = b
+            .post(
+                "/members/builder/activity",
+                "builder",
+                json!({ "events": batch }),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text);
+        uploaded.extend(batch);
+    }
+    // Another member with the same tools: its rows are its own.
+    let theirs = session(6, "reviewer");
+    let r = b
+        .post(
+            "/members/reviewer/activity",
+            "reviewer",
+            json!({ "events": theirs }),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+
+    let events_of = |r: &Value| -> Vec<Value> {
+        r["activity"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row["event"].clone())
+            .collect()
+    };
+    let all = b
+        .get("/members/builder/activity?limit=1000", "director")
+        .await;
+    assert_eq!(all.status, 200, "{}", all.text);
+    let mut newest_first = uploaded.clone();
+    newest_first.reverse();
+    assert_eq!(events_of(&all.json), newest_first);
+    // Pages of 5 through the cursor.
+    let mut paged = Vec::new();
+    let mut before: Option<u64> = None;
+    loop {
+        let url = match before {
+            Some(id) => format!("/members/builder/activity?limit=5&before_id={id}"),
+            None => "/members/builder/activity?limit=5".to_owned(),
+        };
+        let page = b.get(&url, "director").await;
+        assert_eq!(page.status, 200, "{}", page.text);
+        let page_ids = ids(&page.json);
+        if page_ids.is_empty() {
+            break;
+        }
+        before = page_ids.last().copied();
+        paged.extend(events_of(&page.json));
+    }
+    assert_eq!(paged, newest_first);
+    let exchanges = b
+        .get(
+            "/members/builder/activity?limit=1000&kind=llm_exchange",
+            "director",
+        )
+        .await;
+    assert_eq!(
+        events_of(&exchanges.json),
+        events.iter().rev().cloned().collect::<Vec<_>>()
+    );
+    let r = b
+        .get("/members/reviewer/activity?limit=1000", "director")
+        .await;
+    assert_eq!(
+        events_of(&r.json),
+        theirs.iter().rev().cloned().collect::<Vec<_>>()
+    );
+    // The live stream, and its replay from the start.
+    for want in &uploaded {
+        let row: Value = serde_json::from_str(&live.next_event().await.data).unwrap();
+        assert_eq!(&row["event"], want);
+    }
+    let first_id = ids(&all.json).last().copied().unwrap();
+    let mut replay = b
+        .sse_path("director", path, Some(&first_id.to_string()))
+        .await;
+    for want in &uploaded[1..] {
+        let row: Value = serde_json::from_str(&replay.next_event().await.data).unwrap();
+        assert_eq!(&row["event"], want);
+    }
+}
+
+/// The store of the suite's backend: a SQLite file, or a fresh PostgreSQL database.
+async fn backend_store() -> (
+    ac7_runtime::broker::db::Store,
+    tempfile::TempDir,
+    Option<crate::common::postgres::TestDb>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    if broker_support::on_postgres() {
+        let db = crate::common::postgres::TestDb::create().await.unwrap();
+        let store = ac7_runtime::broker::db::Store::open_postgres(db.config()).unwrap();
+        (store, dir, Some(db))
+    } else {
+        let store = broker_support::open_store(&dir.path().join("ac7.db"));
+        (store, dir, None)
+    }
+}
+
+/// Blocks whose reference count is not the rows and chain blocks pointing at them, and the
+/// number of blocks.
+fn blocks_check(store: &ac7_runtime::broker::db::Store) -> (Vec<i64>, i64) {
+    store
+        .view(|c| {
+            let wrong = c.query(
+                "SELECT b.id FROM activity_blocks b WHERE b.refs <>
+                     (SELECT COUNT(*) FROM member_activity a WHERE a.system_block = b.id)
+                   + (SELECT COUNT(*) FROM member_activity a WHERE a.tools_block = b.id)
+                   + (SELECT COUNT(*) FROM member_activity a WHERE a.messages_block = b.id)
+                   + (SELECT COUNT(*) FROM activity_blocks p WHERE p.parent = b.id)",
+                ac7_runtime::params![],
+                |r| r.get::<i64>(0),
+            )?;
+            let n = c
+                .query_row(
+                    "SELECT COUNT(*) FROM activity_blocks",
+                    ac7_runtime::params![],
+                    |r| r.get::<i64>(0),
+                )?
+                .unwrap_or(0);
+            Ok::<_, ac7_runtime::broker::db::StoreError>((wrong, n))
+        })
+        .unwrap()
+}
+
+/// Pruning old exchanges frees the blocks only they used, keeps those later rows still use,
+/// and leaves every remaining row whole; pruning all of them leaves no block.
+#[tokio::test]
+async fn retention_frees_the_blocks_no_row_uses() {
+    use ac7_protocol::trace::activity::ActivityEvent;
+    use ac7_runtime::broker::{activity, retention};
+    let (store, _dir, _pg) = backend_store().await;
+    let parse = |events: Vec<Value>| -> Vec<ActivityEvent> {
+        events
+            .into_iter()
+            .map(|e| serde_json::from_value(e).unwrap())
+            .collect()
+    };
+    // Two members with the same system prompt text for one of them: ts 10,000 + 100 i.
+    let ann = parse(session(50, "ann"));
+    let bob = parse(session(20, "bob"));
+    store
+        .tx(|c| {
+            activity::append(c, "ann", 0, ann[..25].to_vec(), 1)?;
+            activity::append(c, "bob", 0, bob.clone(), 1)?;
+            activity::append(c, "ann", 0, ann[25..].to_vec(), 1)
+        })
+        .unwrap();
+    let list = |who: &str| -> Vec<ActivityEvent> {
+        let q = activity::Query {
+            limit: 1000,
+            ..Default::default()
+        };
+        let mut rows: Vec<ActivityEvent> = store
+            .view(|c| activity::list(c, who, &q, false))
+            .unwrap()
+            .into_iter()
+            .map(|r| r.event)
+            .collect();
+        rows.reverse();
+        rows
+    };
+    assert_eq!(list("ann"), ann);
+    assert_eq!(list("bob"), bob);
+    let (wrong, all_blocks) = blocks_check(&store);
+    assert!(wrong.is_empty(), "reference counts off for {wrong:?}");
+
+    // Everything before ts 12,000: ann's and bob's first 20 exchanges.
+    let pruned = store
+        .tx(|c| retention::prune_batch(c, 12_000, 1_000))
+        .unwrap();
+    assert_eq!(pruned, 40);
+    assert_eq!(list("ann"), ann[20..].to_vec());
+    assert_eq!(list("bob"), Vec::<ActivityEvent>::new());
+    let (wrong, some_blocks) = blocks_check(&store);
+    assert!(wrong.is_empty(), "reference counts off for {wrong:?}");
+    assert!(
+        some_blocks < all_blocks,
+        "{some_blocks} blocks of {all_blocks} left"
+    );
+
+    // The rest: no block is left.
+    store
+        .tx(|c| retention::prune_batch(c, i64::MAX, 1_000))
+        .unwrap();
+    assert_eq!(list("ann"), Vec::<ActivityEvent>::new());
+    assert_eq!(blocks_check(&store), (Vec::new(), 0));
+}

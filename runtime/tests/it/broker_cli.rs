@@ -229,13 +229,49 @@ async fn operator_cli_against_a_running_broker() {
     assert!(ok, "{out}");
     let (ok, _, err) = run(&director, &["push", "--body", "x", "--to", "nobody"]);
     assert!(!ok);
-    assert!(err.contains("no such agent: nobody"), "{err}");
+    assert!(err.contains("no such member: nobody"), "{err}");
+    // No target is a usage error (exit 2, with the usage line).
+    let out = Command::new(AC7)
+        .args(["push", "--body", "x"])
+        .env("AC7_URL", &s.url)
+        .env("AC7_TOKEN", &director)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--to <TO>|--broadcast|--channel <CHANNEL>"),
+        "{err}"
+    );
+    // `--body -` reads the message from standard input.
+    let mut child = Command::new(AC7)
+        .args(["push", "--to", "builder", "--body", "-"])
+        .env("AC7_URL", &s.url)
+        .env("AC7_TOKEN", &director)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"from a pipe\nline two\n")
+        .unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let (ok, out, _) = run(&builder, &["history", "--json", "--limit", "1"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["messages"][0]["body"], "from a pipe\nline two");
+    let (ok, _, err) = run(&director, &["history", "--with", "nobody"]);
+    assert!(!ok);
+    assert!(err.contains("no such member: nobody"), "{err}");
     let (ok, _, err) = run(&director, &["push", "--body", "x", "--channel", "nope"]);
     assert!(!ok);
     assert!(err.contains("no such channel: nope"), "{err}");
     let (ok, _, err) = run("ac7_wrong", &["roster"]);
     assert!(!ok);
     assert!(err.contains("unknown token"), "{err}");
+    assert!(
+        err.contains(&format!("ac7 connect --url {}", s.url)) && err.contains("rotate-token"),
+        "a refused token says what to do: {err}"
+    );
 
     let (ok, out, _) = run(&builder, &["roster"]);
     assert!(ok);
@@ -346,9 +382,16 @@ fn offline_member_admin() {
     let (ok, out, _) = member(&["list"]);
     assert!(ok);
     assert!(
-        out.starts_with("director\tdirector\tteam.manage,members.manage"),
+        out.starts_with(
+            "NAME      ROLE      PERMISSIONS\ndirector  director  team.manage,members.manage"
+        ),
         "{out}"
     );
+    let (ok, out, _) = member(&["list", "--json"]);
+    assert!(ok);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["members"][1]["name"], "builder");
+    assert_eq!(v["members"][1]["role"]["title"], "engineer");
     let (ok, out, _) = member(&[
         "add",
         "scout",
@@ -577,7 +620,7 @@ fn age_messages(db: &Path, marker: &str, days: i64) {
     store.with(|c| {
         let n = c
             .execute(
-                "UPDATE messages SET ts = ts - ?1 WHERE json LIKE ?2",
+                "UPDATE messages SET ts = ts - ?1 WHERE body LIKE ?2",
                 rusqlite::params![days * 86_400_000, format!("%{marker}%")],
             )
             .unwrap();
@@ -828,7 +871,7 @@ fn activity_and_usage_verbs() {
         token(&s, "director").to_owned(),
         token(&s, "builder").to_owned(),
     );
-    let now = u64::try_from(ac7_runtime::clock::now_ms()).unwrap();
+    let now = u64::try_from(ac7_runtime::sys::clock::now_ms()).unwrap();
     let (old, t1, t2) = (now - 3 * 86_400_000, now - 60_000, now - 30_000);
     let (ok, out, err) = ac7(
         &s.url,
@@ -1012,4 +1055,223 @@ fn offline_remove_then_add_starts_a_new_member() {
         let a = get(&s.url, &new, "/members/carol/activity").await;
         assert_eq!(a["activity"].as_array().unwrap().len(), 1, "{a}");
     });
+}
+
+/// SIGTERM is a clean shutdown: the WAL is checkpointed into the database and SQLite's
+/// `-wal`/`-shm` files are gone, so the database is one file that holds everything.
+#[test]
+fn a_clean_shutdown_leaves_one_database_file() {
+    let (dir, db, mut s) = serve_team();
+    let director = token(&s, "director").to_owned();
+    let (ok, _, err) = ac7(
+        &s.url,
+        &director,
+        &["push", "--body", "kept", "--broadcast"],
+    );
+    assert!(ok, "{err}");
+    let wal = dir.path().join("ac7.db-wal");
+    let shm = dir.path().join("ac7.db-shm");
+    assert!(wal.exists() && shm.exists(), "WAL mode while serving");
+    let pid = rustix::process::Pid::from_child(&s.child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = s.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(!wal.exists(), "no -wal file after a clean shutdown");
+    assert!(!shm.exists(), "no -shm file after a clean shutdown");
+    // The one file holds the message: a broker started on it alone serves it.
+    drop(s);
+    let again = serve(&db, &[]);
+    let (ok, out, err) = ac7(&again.url, &director, &["history"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("director: kept"), "{out}");
+}
+
+/// Start-up errors say what to do, once: a data directory that does not exist is named with
+/// the command that creates it; a team config that is not the expected JSON names the shape
+/// expected, never a Rust type, and no text is repeated.
+#[test]
+fn start_up_errors_say_what_to_do_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not/yet");
+    let (ok, _, err) = output(
+        Command::new(AC7)
+            .args(["serve", "--db"])
+            .arg(missing.join("ac7.db"))
+            .args(["--team-name", "t", "--directive", "d", "--member", "a"])
+            .env("AC7_LOG", "warn"),
+    );
+    assert!(!ok);
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "ac7: the data directory {d} does not exist: create it first (`mkdir -m 700 -p {d}`), \
+             or pass a --db in an existing directory",
+            d = missing.display()
+        )
+    );
+    let config = dir.path().join("team.json");
+    for (text, expected) in [
+        (
+            r#"{"team": {"name": "t", "directive": "d"}, "members": [{"name": "a", "role": "x"}]}"#,
+            r#"invalid type: string "x", expected an object {"title": …, "description": …}"#,
+        ),
+        (
+            r#"{"team": {"name": "t", "directive": "d"}, "members": [{"name": "a", "role": {"title": "x"}, "permissions": "admin"}]}"#,
+            r#"invalid type: string "admin", expected a list […]"#,
+        ),
+        (
+            r#"{"team": {"name": "t"}, "members": []}"#,
+            "missing field `directive`",
+        ),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let (ok, _, err) = output(
+            Command::new(AC7)
+                .args(["serve", "--db"])
+                .arg(dir.path().join("ac7.db"))
+                .arg("--team-config")
+                .arg(&config)
+                .env("AC7_LOG", "warn"),
+        );
+        assert!(!ok, "{text}");
+        let line = err.trim_end();
+        assert!(
+            line.starts_with(&format!(
+                "ac7: team config {} is not valid: {expected} at line 1 column ",
+                config.display()
+            )),
+            "{line}"
+        );
+        assert_eq!(line.matches(expected).count(), 1, "said once: {line}");
+        for rust in ["struct", "sequence", "TeamSection", "MemberSection"] {
+            assert!(!line.contains(rust), "no Rust names: {line}");
+        }
+    }
+}
+
+/// `ac7 whoami` names the token's member, role, team and permissions; `ac7 logout` forgets a
+/// stored token (and only that URL's), leaving the folder's mode as it was.
+#[test]
+fn whoami_and_logout() {
+    use std::os::unix::fs::PermissionsExt;
+    let (dir, _db, s) = serve_team();
+    let builder = token(&s, "builder").to_owned();
+    let (ok, out, err) = ac7(&s.url, &builder, &["whoami"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        format!(
+            "builder (engineer) on team cli-team at {}\npermissions: none\n",
+            s.url
+        )
+    );
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let auth = shared.join("auth.json");
+    let entry =
+        |url: &str| json!({"url": url, "token": builder, "member": "builder", "savedAt": 1});
+    std::fs::write(
+        &auth,
+        json!({"schema": 1, "entries": [entry(&s.url), entry("http://other:1")]}).to_string(),
+    )
+    .unwrap();
+    // The stored token serves a verb without AC7_TOKEN.
+    let whoami = |url: &str| {
+        output(
+            Command::new(AC7)
+                .arg("whoami")
+                .env("AC7_URL", url)
+                .env_remove("AC7_TOKEN")
+                .env("AC7_AUTH_FILE", &auth),
+        )
+    };
+    assert!(whoami(&s.url).0);
+    let (ok, out, err) = output(
+        Command::new(AC7)
+            .arg("logout")
+            .env("AC7_URL", &s.url)
+            .env("AC7_AUTH_FILE", &auth),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("forgot the token for {}", s.url)),
+        "{out}"
+    );
+    let (ok, _, err) = whoami(&s.url);
+    assert!(!ok, "the token is forgotten");
+    assert!(err.contains("ac7 connect"), "{err}");
+    let left: Value = serde_json::from_str(&std::fs::read_to_string(&auth).unwrap()).unwrap();
+    assert_eq!(left["entries"].as_array().unwrap().len(), 1);
+    assert_eq!(left["entries"][0]["url"], "http://other:1");
+    assert_eq!(mode(&shared), 0o755, "the folder keeps its mode");
+    assert_eq!(mode(&auth), 0o600);
+}
+
+/// The text roster shows who is connected and who is busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_text_roster_shows_busy() {
+    let (_dir, _db, s) = serve_team();
+    let builder = token(&s, "builder").to_owned();
+    let http = client();
+    let stream = http
+        .get(format!("{}/subscribe?name=builder", s.url))
+        .bearer_auth(&builder)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status().as_u16(), 200);
+    let busy = http
+        .post(format!("{}/presence/busy", s.url))
+        .bearer_auth(&builder)
+        .json(&json!({"busy": true}))
+        .send()
+        .await
+        .unwrap();
+    assert!(busy.status().is_success(), "{busy:?}");
+    let (url, director) = (s.url.clone(), token(&s, "director").to_owned());
+    let (ok, out, err) = tokio::task::spawn_blocking(move || ac7(&url, &director, &["roster"]))
+        .await
+        .unwrap();
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("- builder [engineer] connected=1 busy"),
+        "{out}"
+    );
+    assert!(out.contains("- director [director] offline"), "{out}");
+    drop(stream);
+}
+
+/// Offline, `member tokens` lists a member's tokens and `member revoke-token` revokes one.
+#[test]
+fn offline_member_tokens_and_revoke_token() {
+    let (_dir, db, s) = serve_team();
+    let builder = token(&s, "builder").to_owned();
+    drop(s);
+    let (ok, out, err) = offline(&db, &["member", "tokens", "builder", "--json"]);
+    assert!(ok, "{err}");
+    let tokens = serde_json::from_str::<Value>(&out).unwrap()["tokens"]
+        .as_array()
+        .cloned()
+        .unwrap();
+    assert_eq!(tokens.len(), 1, "{out}");
+    assert_eq!(tokens[0]["origin"], "bootstrap", "{out}");
+    let id = tokens[0]["id"].as_str().unwrap().to_owned();
+    let (ok, out, err) = offline(&db, &["member", "tokens", "builder"]);
+    assert!(
+        ok && out.starts_with("ID") && out.contains(&id),
+        "{out}{err}"
+    );
+    let (ok, _, err) = offline(&db, &["member", "tokens", "nobody"]);
+    assert!(!ok && err.contains("no such member: nobody"), "{err}");
+    let (ok, _, err) = offline(&db, &["member", "revoke-token", "builder", "nope"]);
+    assert!(!ok && err.contains("no such token"), "{err}");
+    let (ok, out, err) = offline(&db, &["member", "revoke-token", "builder", &id]);
+    assert!(
+        ok && out.trim() == format!("revoked builder's token {id}"),
+        "{out}{err}"
+    );
+    let s = serve(&db, &[]);
+    let (ok, _, err) = ac7(&s.url, &builder, &["whoami"]);
+    assert!(!ok && err.contains("401"), "{err}");
 }

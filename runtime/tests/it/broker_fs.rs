@@ -5,7 +5,7 @@
 
 use crate::broker_support;
 
-use broker_support::{start_broker, start_with};
+use broker_support::{req, start_broker, start_with};
 use serde_json::json;
 
 #[tokio::test]
@@ -153,22 +153,17 @@ async fn write_read_stat_ls() {
         .get("/fs/stat?path=/builder/notes/hello.txt", "builder")
         .await;
     assert_eq!(r.json["entry"]["size"], 2);
-    let r = b.get("/fs/stat?path=/builder/nope", "builder").await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (404, json!("no such path: /builder/nope"))
-    );
-    let r = b.get("/fs/stat", "builder").await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (400, json!({"error": "`path` query parameter is required"}))
-    );
-    assert_eq!(
-        b.get("/fs/stat?path=/builder/notes", "reviewer")
-            .await
-            .status,
-        403
-    );
+    b.check(vec![
+        req("GET", "/fs/stat?path=/builder/nope", "builder").answers_at(
+            404,
+            "/error",
+            json!("no such path: /builder/nope"),
+        ),
+        req("GET", "/fs/stat", "builder")
+            .answers_json(400, json!({"error": "`path` query parameter is required"})),
+        req("GET", "/fs/stat?path=/builder/notes", "reviewer").answers(403),
+    ])
+    .await;
 
     let r = b
         .raw(
@@ -184,33 +179,18 @@ async fn write_read_stat_ls() {
         r.headers["content-disposition"],
         "inline; filename=\"hello.txt\""
     );
-    let r = b
-        .raw(
-            "GET",
-            "/fs/read/builder/notes/hello.txt",
-            Some("reviewer"),
-            None,
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (
+    b.check(vec![
+        req("GET", "/fs/read/builder/notes/hello.txt", "reviewer").answers_json(
             403,
-            json!({"error": "cannot stat /builder/notes/hello.txt", "code": "forbidden"})
-        )
-    );
-    let r = b
-        .raw(
-            "GET",
-            "/fs/read/builder/notes/missing.txt",
-            Some("builder"),
-            None,
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["code"].clone()),
-        (404, json!("not_found"))
-    );
+            json!({"error": "cannot stat /builder/notes/hello.txt", "code": "forbidden"}),
+        ),
+        req("GET", "/fs/read/builder/notes/missing.txt", "builder").answers_at(
+            404,
+            "/code",
+            json!("not_found"),
+        ),
+    ])
+    .await;
 
     let r = b.get("/fs/ls?path=/builder/notes", "builder").await;
     let names: Vec<_> = r.json["entries"]
@@ -327,25 +307,27 @@ async fn grants_mv_rm_shared_all() {
     );
     // attachment errors
     let att = |p: &str| json!({"to": "reviewer", "body": "x", "attachments": [{"path": p, "name": "n", "size": 1, "mimeType": "t"}]});
-    let r = b.post("/push", "builder", att("/builder/none.txt")).await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (400, json!("attachment not found: /builder/none.txt"))
-    );
-    let r = b.post("/push", "builder", att("/builder/notes")).await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (400, json!("attachment is a directory: /builder/notes"))
-    );
     b.write_file("director", "/director/secret.txt", "text/plain", b"s", None)
         .await;
-    let r = b
-        .post("/push", "builder", att("/director/secret.txt"))
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (403, json!("no access to attachment: /director/secret.txt"))
-    );
+    let push = |p: &str| req("POST", "/push", "builder").body(att(p));
+    b.check(vec![
+        push("/builder/none.txt").answers_at(
+            400,
+            "/error",
+            json!("attachment not found: /builder/none.txt"),
+        ),
+        push("/builder/notes").answers_at(
+            400,
+            "/error",
+            json!("attachment is a directory: /builder/notes"),
+        ),
+        push("/director/secret.txt").answers_at(
+            403,
+            "/error",
+            json!("no access to attachment: /director/secret.txt"),
+        ),
+    ])
+    .await;
 
     // all (admin only)
     let r = b.get("/fs/all", "director").await;

@@ -5,7 +5,7 @@
 
 use crate::broker_support;
 
-use broker_support::start_broker;
+use broker_support::{req, start_broker};
 use serde_json::json;
 
 #[tokio::test]
@@ -149,26 +149,20 @@ async fn push_stamps_strips_and_validates() {
     assert_eq!(r.json["delivery"]["targets"], 3);
     snap!("push_broadcast", r.json);
 
-    let r = b
-        .post("/push", "builder", json!({"to": "nobody", "body": "x"}))
+    let answers = b
+        .check(vec![
+            req("POST", "/push", "builder")
+                .body(json!({"to": "nobody", "body": "x"}))
+                .answers_json(404, json!({"error": "no such agent: nobody"})),
+            req("POST", "/push", "builder")
+                .body(json!({"to": "reviewer"}))
+                .answers_at(400, "/error", json!("invalid push payload")),
+            req("POST", "/push", "builder")
+                .body(json!({"body": "x", "level": "loud"}))
+                .answers_at(400, "/error", json!("invalid push payload")),
+        ])
         .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (404, json!({"error": "no such agent: nobody"}))
-    );
-
-    let r = b.post("/push", "builder", json!({"to": "reviewer"})).await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.json["error"], "invalid push payload");
-    assert!(r.json["details"].is_array());
-
-    let r = b
-        .post("/push", "builder", json!({"body": "x", "level": "loud"}))
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (400, json!("invalid push payload"))
-    );
+    assert!(answers[1].json["details"].is_array());
 
     let r = b
         .raw("POST", "/push", Some("builder"), Some(b"not json".to_vec()))
@@ -180,70 +174,28 @@ async fn push_stamps_strips_and_validates() {
         "Invalid input: expected object, received null"
     );
 
-    let r = b.post("/push", "builder", json!({"body": ""})).await;
-    assert_eq!(r.status, 400);
-    let r = b
-        .post("/push", "builder", json!({"body": "x".repeat(65_537)}))
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(r.json["details"][0]["code"], "too_big");
-    let r = b
-        .post(
-            "/push",
-            "builder",
-            json!({"body": "x", "title": "t".repeat(201)}),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    let r = b
-        .post("/push", "builder", json!({"to": "bad name", "body": "x"}))
-        .await;
-    assert_eq!(r.status, 400);
-
-    // thread validation
-    let r = b
-        .post(
-            "/push",
-            "builder",
-            json!({"body": "x", "data": {"thread": "dm"}}),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    let r = b
-        .post(
-            "/push",
-            "builder",
-            json!({"body": "x", "data": {"thread": 5}}),
-        )
-        .await;
-    assert_eq!(r.status, 400);
-    let r = b
-        .post(
-            "/push",
-            "builder",
-            json!({"body": "x", "data": {"thread": "chan:nope"}}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (404, json!("no such channel: nope"))
-    );
-    let r = b
-        .post(
-            "/push",
-            "builder",
-            json!({"body": "x", "data": {"thread": "obj:nope"}}),
-        )
-        .await;
-    assert_eq!(r.status, 404);
-    let r = b
-        .post(
-            "/push",
-            "builder",
-            json!({"body": "general", "data": {"thread": "chan:general"}}),
-        )
-        .await;
-    assert_eq!(r.status, 200);
+    let push = |body: serde_json::Value| req("POST", "/push", "builder").body(body);
+    b.check(vec![
+        push(json!({"body": ""})).answers(400),
+        push(json!({"body": "x".repeat(65_537)})).answers_at(
+            400,
+            "/details/0/code",
+            json!("too_big"),
+        ),
+        push(json!({"body": "x", "title": "t".repeat(201)})).answers(400),
+        push(json!({"to": "bad name", "body": "x"})).answers(400),
+        // thread validation
+        push(json!({"body": "x", "data": {"thread": "dm"}})).answers(400),
+        push(json!({"body": "x", "data": {"thread": 5}})).answers(400),
+        push(json!({"body": "x", "data": {"thread": "chan:nope"}})).answers_at(
+            404,
+            "/error",
+            json!("no such channel: nope"),
+        ),
+        push(json!({"body": "x", "data": {"thread": "obj:nope"}})).answers(404),
+        push(json!({"body": "general", "data": {"thread": "chan:general"}})).answers(200),
+    ])
+    .await;
 }
 
 #[tokio::test]
@@ -343,31 +295,18 @@ async fn team_members_and_tokens() {
     let r = b.get("/members", "director").await;
     assert_eq!(r.json["members"][0]["instructions"], "");
 
-    let r = b
-        .post(
-            "/members",
-            "builder",
-            json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (
-            403,
-            json!({"error": "creating members requires the members.manage permission"})
-        )
-    );
-    let r = b
-        .post(
-            "/members",
-            "director",
-            json!({"name": "bad name!", "role": {"title": "x"}}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (400, json!("invalid member payload"))
-    );
+    b.check(vec![
+        req("POST", "/members", "builder")
+            .body(json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}))
+            .answers_json(
+                403,
+                json!({"error": "creating members requires the members.manage permission"}),
+            ),
+        req("POST", "/members", "director")
+            .body(json!({"name": "bad name!", "role": {"title": "x"}}))
+            .answers_at(400, "/error", json!("invalid member payload")),
+    ])
+    .await;
     let r = b
         .post("/members", "director", json!({"name": "scout", "role": {"title": "scout", "description": "Scouts."}, "instructions": "look around", "permissions": ["operator"]}))
         .await;
@@ -425,36 +364,18 @@ async fn team_members_and_tokens() {
     b.push("builder", json!({"to": "scout", "body": "hi"}))
         .await;
 
-    let r = b
-        .call(
-            "PATCH",
-            "/members/scout",
-            "director",
-            Some(json!({"instructions": "new"})),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["instructions"].clone()),
-        (200, json!("new"))
-    );
-    let r = b
-        .call(
-            "PATCH",
-            "/members/director",
-            "director",
-            Some(json!({"permissions": []})),
-        )
-        .await;
-    assert_eq!(r.status, 409);
-    let r = b
-        .call(
-            "PATCH",
-            "/members/ghost",
-            "director",
-            Some(json!({"instructions": "x"})),
-        )
-        .await;
-    assert_eq!(r.status, 404);
+    b.check(vec![
+        req("PATCH", "/members/scout", "director")
+            .body(json!({"instructions": "new"}))
+            .answers_at(200, "/instructions", json!("new")),
+        req("PATCH", "/members/director", "director")
+            .body(json!({"permissions": []}))
+            .answers(409),
+        req("PATCH", "/members/ghost", "director")
+            .body(json!({"instructions": "x"}))
+            .answers(404),
+    ])
+    .await;
 
     // tokens: self may list/rotate, others may not
     let r = b.get("/members/builder/tokens", "builder").await;
@@ -489,108 +410,43 @@ async fn team_members_and_tokens() {
 
     let r = b.get("/members/scout/tokens", "director").await;
     let tid = r.json["tokens"][0]["id"].as_str().unwrap().to_owned();
-    assert_eq!(
-        b.call("DELETE", "/members/scout/tokens/nope", "director", None)
-            .await
-            .status,
-        404
-    );
-    assert_eq!(
-        b.call(
-            "DELETE",
-            &format!("/members/scout/tokens/{tid}"),
-            "director",
-            None
-        )
-        .await
-        .status,
-        204
-    );
-
-    assert_eq!(
-        b.call("DELETE", "/members/director", "director", None)
-            .await
-            .status,
-        409
-    );
-    assert_eq!(
-        b.call("DELETE", "/members/scout", "reviewer", None)
-            .await
-            .status,
-        403
-    );
-    assert_eq!(
-        b.call("DELETE", "/members/scout", "director", None)
-            .await
-            .status,
-        204
-    );
-    assert_eq!(
-        b.post("/push", "reviewer", json!({"to": "scout", "body": "x"}))
-            .await
-            .status,
-        404
-    );
-
-    // team edits and presets
-    assert_eq!(
-        b.call("PATCH", "/team", "reviewer", Some(json!({"name": "x"})))
-            .await
-            .status,
-        403
-    );
-    assert_eq!(
-        b.call("PATCH", "/team", "director", Some(json!({})))
-            .await
-            .status,
-        400
-    );
-    let r = b
-        .call(
-            "PATCH",
-            "/team",
-            "director",
-            Some(json!({"directive": "New directive."})),
-        )
-        .await;
-    assert_eq!(r.json["team"]["directive"], "New directive.");
-    let r = b
-        .call(
-            "PUT",
-            "/team/presets/qa",
-            "director",
-            Some(json!({"permissions": ["objectives.watch"]})),
-        )
-        .await;
-    assert_eq!(
-        r.json,
-        json!({"preset": {"name": "qa", "permissions": ["objectives.watch"]}})
-    );
-    assert_eq!(
-        b.call(
-            "PUT",
-            "/team/presets/qa",
-            "director",
-            Some(json!({"permissions": ["admin"]}))
-        )
-        .await
-        .status,
-        400
-    );
-    let r = b.get("/team/presets", "reviewer").await;
-    assert_eq!(r.json["presets"]["qa"], json!(["objectives.watch"]));
-    assert_eq!(
-        b.call("DELETE", "/team/presets/qa", "director", None)
-            .await
-            .status,
-        200
-    );
-    assert_eq!(
-        b.call("DELETE", "/team/presets/qa", "director", None)
-            .await
-            .status,
-        404
-    );
+    b.check(vec![
+        req("DELETE", "/members/scout/tokens/nope", "director").answers(404),
+        req("DELETE", format!("/members/scout/tokens/{tid}"), "director").answers(204),
+        req("DELETE", "/members/director", "director").answers(409),
+        req("DELETE", "/members/scout", "reviewer").answers(403),
+        req("DELETE", "/members/scout", "director").answers(204),
+        req("POST", "/push", "reviewer")
+            .body(json!({"to": "scout", "body": "x"}))
+            .answers(404),
+        // team edits and presets
+        req("PATCH", "/team", "reviewer")
+            .body(json!({"name": "x"}))
+            .answers(403),
+        req("PATCH", "/team", "director")
+            .body(json!({}))
+            .answers(400),
+        req("PATCH", "/team", "director")
+            .body(json!({"directive": "New directive."}))
+            .answers_at(200, "/team/directive", json!("New directive.")),
+        req("PUT", "/team/presets/qa", "director")
+            .body(json!({"permissions": ["objectives.watch"]}))
+            .answers_json(
+                200,
+                json!({"preset": {"name": "qa", "permissions": ["objectives.watch"]}}),
+            ),
+        req("PUT", "/team/presets/qa", "director")
+            .body(json!({"permissions": ["admin"]}))
+            .answers(400),
+        req("GET", "/team/presets", "reviewer").answers_at(
+            200,
+            "/presets/qa",
+            json!(["objectives.watch"]),
+        ),
+        req("DELETE", "/team/presets/qa", "director").answers(200),
+        req("DELETE", "/team/presets/qa", "director").answers(404),
+    ])
+    .await;
 }
 
 /// Message's keys, in the order the TypeScript broker sends them.

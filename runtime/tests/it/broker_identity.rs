@@ -1,6 +1,6 @@
 //! A member name that is removed and created again is a new member: the new one inherits
 //! none of the old one's DMs, activity, objectives, files or credentials, while the rest of
-//! the team keeps its own side of the history (README, "Removing a member").
+//! the team keeps its own side of the history (docs/broker.md, "Removing a member").
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 

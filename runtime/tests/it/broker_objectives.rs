@@ -5,7 +5,7 @@
 
 use crate::broker_support;
 
-use broker_support::start_broker;
+use broker_support::{req, start_broker};
 use serde_json::{Value, json};
 
 fn kinds(events: &Value) -> Vec<String> {
@@ -24,53 +24,26 @@ async fn full_lifecycle_with_pushes() {
     let mut reviewer = b.sse("reviewer", None).await;
     let mut director = b.sse("director", None).await;
 
-    let r = b
-        .post(
-            "/objectives",
-            "builder",
-            json!({"title": "t", "outcome": "o", "assignee": "reviewer"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (
-            403,
-            json!({"error": "creating objectives requires the objectives.create permission"})
-        )
-    );
-    let r = b
-        .post(
-            "/objectives",
-            "director",
-            json!({"title": "", "outcome": "o", "assignee": "builder"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (400, json!("invalid objective payload"))
-    );
-    let r = b
-        .post(
-            "/objectives",
-            "director",
-            json!({"title": "t", "outcome": "o", "assignee": "ghost"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (400, json!({"error": "unknown assignee: ghost"}))
-    );
-    let r = b
-        .post(
-            "/objectives",
-            "director",
-            json!({"title": "t", "outcome": "o", "assignee": "builder", "watchers": ["ghost"]}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (400, json!({"error": "unknown watcher: ghost"}))
-    );
+    b.check(vec![
+        req("POST", "/objectives", "builder")
+            .body(json!({"title": "t", "outcome": "o", "assignee": "reviewer"}))
+            .answers_json(
+                403,
+                json!({"error": "creating objectives requires the objectives.create permission"}),
+            ),
+        req("POST", "/objectives", "director")
+            .body(json!({"title": "", "outcome": "o", "assignee": "builder"}))
+            .answers_at(400, "/error", json!("invalid objective payload")),
+        req("POST", "/objectives", "director")
+            .body(json!({"title": "t", "outcome": "o", "assignee": "ghost"}))
+            .answers_json(400, json!({"error": "unknown assignee: ghost"})),
+        req("POST", "/objectives", "director")
+            .body(
+                json!({"title": "t", "outcome": "o", "assignee": "builder", "watchers": ["ghost"]}),
+            )
+            .answers_json(400, json!({"error": "unknown watcher: ghost"})),
+    ])
+    .await;
 
     let r = b
         .post(
@@ -99,42 +72,30 @@ async fn full_lifecycle_with_pushes() {
 
     // PATCH: validation and permissions
     let path = format!("/objectives/{id}");
-    let r = b.call("PATCH", &path, "builder", Some(json!({}))).await;
-    assert_eq!(r.status, 400);
-    assert_eq!(
-        r.json["details"][0]["message"],
-        "update must include at least one of: status, blockReason"
-    );
-    let r = b
-        .call(
-            "PATCH",
-            &path,
-            "reviewer",
-            Some(json!({"status": "blocked"})),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (
-            403,
-            json!("only the assignee or a member with objectives.cancel may update this objective")
-        )
-    );
-    let r = b
-        .call(
-            "PATCH",
-            &path,
-            "builder",
-            Some(json!({"status": "blocked"})),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (
+    b.check(vec![
+        req("PATCH", &path, "builder").body(json!({})).answers_at(
             400,
-            json!("blockReason is required when transitioning to blocked")
-        )
-    );
+            "/details/0/message",
+            json!("update must include at least one of: status, blockReason"),
+        ),
+        req("PATCH", &path, "reviewer")
+            .body(json!({"status": "blocked"}))
+            .answers_at(
+                403,
+                "/error",
+                json!(
+                    "only the assignee or a member with objectives.cancel may update this objective"
+                ),
+            ),
+        req("PATCH", &path, "builder")
+            .body(json!({"status": "blocked"}))
+            .answers_at(
+                400,
+                "/error",
+                json!("blockReason is required when transitioning to blocked"),
+            ),
+    ])
+    .await;
     let r = b
         .call(
             "PATCH",
@@ -251,39 +212,27 @@ async fn full_lifecycle_with_pushes() {
     assert_eq!(builder.next_message().await["body"], "via push");
 
     // watchers: POST and PATCH both work; permissions; validation
-    let r = b
-        .post(
-            &format!("{path}/watchers"),
-            "builder",
-            json!({"add": ["scout"]}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (
-            403,
-            json!("watcher changes require originator or objectives.watch permission")
-        )
-    );
-    let r = b
-        .post(&format!("{path}/watchers"), "director", json!({}))
-        .await;
-    assert_eq!(r.status, 400);
-    assert_eq!(
-        r.json["details"][0]["message"],
-        "must include at least one of: add, remove"
-    );
-    let r = b
-        .post(
-            &format!("{path}/watchers"),
-            "director",
-            json!({"add": ["ghost"]}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json["error"].clone()),
-        (400, json!("unknown watcher: ghost"))
-    );
+    let watchers = format!("{path}/watchers");
+    b.check(vec![
+        req("POST", &watchers, "builder")
+            .body(json!({"add": ["scout"]}))
+            .answers_at(
+                403,
+                "/error",
+                json!("watcher changes require originator or objectives.watch permission"),
+            ),
+        req("POST", &watchers, "director")
+            .body(json!({}))
+            .answers_at(
+                400,
+                "/details/0/message",
+                json!("must include at least one of: add, remove"),
+            ),
+        req("POST", &watchers, "director")
+            .body(json!({"add": ["ghost"]}))
+            .answers_at(400, "/error", json!("unknown watcher: ghost")),
+    ])
+    .await;
     let r = b
         .post(
             &format!("{path}/watchers"),
@@ -398,41 +347,24 @@ async fn full_lifecycle_with_pushes() {
         .await;
     assert_eq!((r.status, r.json["status"].clone()), (200, json!("done")));
     assert!(r.json["completedAt"].is_i64());
-    let r = b
-        .post(
-            &format!("{path}/complete"),
-            "reviewer",
-            json!({"result": "again"}),
-        )
-        .await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (
-            409,
-            json!({"error": format!("objective {id} is already done")})
-        )
-    );
-    let r = b
-        .call(
-            "PATCH",
-            &path,
-            "reviewer",
-            Some(json!({"status": "blocked", "blockReason": "x"})),
-        )
-        .await;
-    assert_eq!(r.status, 409);
-    let r = b
-        .post(&format!("{path}/cancel"), "director", json!({}))
-        .await;
-    assert_eq!(r.status, 409);
-    let r = b
-        .post(
-            &format!("{path}/reassign"),
-            "director",
-            json!({"to": "builder"}),
-        )
-        .await;
-    assert_eq!(r.status, 409);
+    b.check(vec![
+        req("POST", format!("{path}/complete"), "reviewer")
+            .body(json!({"result": "again"}))
+            .answers_json(
+                409,
+                json!({"error": format!("objective {id} is already done")}),
+            ),
+        req("PATCH", &path, "reviewer")
+            .body(json!({"status": "blocked", "blockReason": "x"}))
+            .answers(409),
+        req("POST", format!("{path}/cancel"), "director")
+            .body(json!({}))
+            .answers(409),
+        req("POST", format!("{path}/reassign"), "director")
+            .body(json!({"to": "builder"}))
+            .answers(409),
+    ])
+    .await;
 
     // the audit log, oldest first
     let r = b.get(&path, "director").await;

@@ -634,3 +634,45 @@ async fn history_does_not_wait_for_the_write_lock() {
     );
     assert_eq!(history.json["messages"][0], sent);
 }
+
+/// Where a member's first runner resumes: before any live stream of it, the briefing points
+/// at the last message logged before the member joined, or says nothing was delivered when no
+/// such message exists; once its stream got a message, at that message.
+#[tokio::test]
+async fn the_briefing_says_where_a_first_runner_resumes() {
+    let b = start_broker().await;
+    // Members made with the team, on an empty log.
+    let r = b.get("/briefing", "builder").await;
+    assert_eq!(r.json["deliveredNothing"], json!(true), "{}", r.text);
+    assert!(r.json.get("deliveredThrough").is_none(), "{}", r.text);
+    let before = b.push("director", json!({"body": "before scout"})).await;
+    let r = b.get("/briefing", "builder").await;
+    assert_eq!(
+        r.json["deliveredNothing"],
+        json!(true),
+        "still nothing delivered: {}",
+        r.text
+    );
+
+    let r = b
+        .post(
+            "/members",
+            "director",
+            json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let scout = r.json["token"].as_str().unwrap().to_owned();
+    b.push("director", json!({"to": "scout", "body": "after scout"}))
+        .await;
+    let r = b
+        .http
+        .get(format!("{}/briefing", b.url))
+        .bearer_auth(&scout)
+        .send()
+        .await
+        .unwrap();
+    let briefing: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(briefing["deliveredThrough"], before["id"], "{briefing}");
+    assert!(briefing.get("deliveredNothing").is_none(), "{briefing}");
+}

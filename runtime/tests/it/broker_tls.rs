@@ -9,32 +9,11 @@ use crate::broker_support;
 use std::time::Duration;
 
 use ac7_runtime::broker::server::TlsFiles;
-use broker_support::start_with;
+use broker_support::{self_signed, start_with};
 use futures_util::StreamExt;
 use serde_json::json;
 
 const AC7: &str = env!("CARGO_BIN_EXE_ac7");
-
-struct Pki {
-    _dir: tempfile::TempDir,
-    cert_pem: String,
-    files: TlsFiles,
-}
-
-fn self_signed() -> Pki {
-    let dir = tempfile::tempdir().unwrap();
-    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
-    let cert_pem = certified.cert.pem();
-    let cert = dir.path().join("cert.pem");
-    let key = dir.path().join("key.pem");
-    std::fs::write(&cert, &cert_pem).unwrap();
-    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
-    Pki {
-        _dir: dir,
-        cert_pem,
-        files: TlsFiles { cert, key },
-    }
-}
 
 #[tokio::test]
 async fn https_serves_the_api_and_the_live_stream() {
@@ -135,6 +114,13 @@ async fn https_serves_the_api_and_the_live_stream() {
     .await
     .unwrap();
     assert!(!out.status.success());
+    // One line that names the problem and the fix.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("TLS certificate is not trusted") && err.contains("set AC7_CA_CERT"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 #[tokio::test]

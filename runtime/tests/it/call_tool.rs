@@ -449,6 +449,33 @@ async fn bad_schema_files_are_refused_with_exit_1() {
         )),
         "{stderr}"
     );
+    // A schema that is not JSON Schema, or that refers outside itself, is refused by name.
+    for (schema, why) in [
+        (
+            r#"{"properties": {"a": {"type": "text"}}}"#,
+            "/properties/a/type",
+        ),
+        (
+            r#"{"properties": {"a": {"$ref": "https://example.com/a.json"}}}"#,
+            "https://example.com/a.json is outside the schema, and nothing is fetched",
+        ),
+    ] {
+        std::fs::write(
+            &path,
+            format!(r#"[{{"name": "ok", "input_schema": {{}}}}, {{"name": "echo", "input_schema": {schema}}}]"#),
+        )
+        .unwrap();
+        let stderr = refused(args(&path)).await;
+        assert!(
+            stderr.starts_with(&format!(
+                "ac7 mcp-bridge: {} is not a valid tool-schema file: tool \
+                 'echo': input_schema is not a usable JSON Schema: ",
+                path.display()
+            )),
+            "{stderr}"
+        );
+        assert!(stderr.contains(why), "{why}: {stderr}");
+    }
     let missing = dir.path().join("missing.json");
     let stderr = refused(args(&missing)).await;
     assert!(
@@ -799,4 +826,24 @@ async fn a_cancel_frees_the_queue_and_the_late_reply_is_discarded() {
     );
     assert_eq!(conns.len(), 1, "no reconnect");
     parent.abort();
+}
+
+#[tokio::test]
+async fn a_host_refuses_a_tool_whose_schema_is_not_json_schema() {
+    let dir = tempdir();
+    let paths = HostPaths::in_dir(dir.path());
+    let mut host = CallToolHost::new();
+    host.tool(
+        schema("bad", json!({"type": "object", "required": "text"})),
+        |_args: Value| async move { Ok(mcp::tool_text("")) },
+    );
+    let err = host.start(paths.clone()).unwrap_err().to_string();
+    assert!(
+        err.starts_with("tool 'bad': input_schema is not a usable JSON Schema: "),
+        "{err}"
+    );
+    assert!(
+        !paths.schema.exists() && !paths.socket.exists(),
+        "nothing written"
+    );
 }

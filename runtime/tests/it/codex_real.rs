@@ -204,6 +204,8 @@ mod standin {
         pub(crate) requests: Arc<Mutex<Vec<Request>>>,
         /// How long each answer waits before it is sent (none by default).
         pub(crate) delay: Arc<Mutex<std::time::Duration>>,
+        /// When set, each answer waits until it turns true.
+        pub(crate) gate: Option<tokio::sync::watch::Receiver<bool>>,
     }
 
     impl StandIn {
@@ -216,6 +218,14 @@ mod standin {
             let addr = listener.local_addr().unwrap();
             tokio::spawn(async move { axum::serve(listener, app).await });
             format!("http://{addr}/v1")
+        }
+
+        /// Serves over TLS with `config` on 127.0.0.1; returns the port.
+        pub(crate) async fn start_tls(&self, config: Arc<rustls::ServerConfig>) -> u16 {
+            let app = axum::Router::new()
+                .route("/v1/responses", axum::routing::post(responses))
+                .with_state(self.clone());
+            crate::trace_real::serve_tls(app, config).await.port()
         }
 
         pub(crate) fn requests(&self) -> Vec<Request> {
@@ -250,6 +260,9 @@ mod standin {
         };
         let delay = *s.delay.lock().unwrap();
         tokio::time::sleep(delay).await;
+        if let Some(mut gate) = s.gate.clone() {
+            let _ = gate.wait_for(|open| *open).await;
+        }
         let (text, after) = request.newest_user().unwrap_or_default();
         let called = after.iter().any(|i| i["type"] == "function_call");
         let id = format!("resp_{n}");
@@ -970,5 +983,88 @@ async fn a_flood_of_pushes_racing_the_ends_of_turns_all_reach_codex() {
     let notices = notices_to_director(&broker).await;
     assert!(notices.is_empty(), "{notices:#?}\n{}", log());
     assert!(!log().contains("events not delivered"), "{}", log());
+    assert_eq!(sigterm(&mut child).await.code(), Some(143), "{}", log());
+}
+
+/// Traces follow Codex's model provider: with its `base_url` naming a gateway (a host that is
+/// none of the default model hosts, resolved to a local TLS stand-in whose CA the runner is
+/// given), a turn's model call goes through the runner's proxy, the member shows busy while
+/// the gateway holds its answer, and the exchange is an `llm_exchange` row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_model_calls_to_a_gateway_are_traced_and_show_busy() {
+    let broker = start_broker().await;
+    let dir = common::tempdir();
+    let ca = crate::trace_real::test_ca(dir.path(), "gateway.test");
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let model = standin::StandIn {
+        gate: Some(gate),
+        ..Default::default()
+    };
+    let port = model.start_tls(ca.server.clone()).await;
+    let user_home = standin_home(&format!("https://gateway.test:{port}/v1"));
+    let cache = common::tempdir();
+    let work = common::tempdir();
+    let mut child = session(&broker, cache.path(), work.path())
+        .env("CODEX_HOME", user_home.path())
+        .env("STANDIN_API_KEY", "standin-key")
+        .env(
+            "AC7_TRACE_UPSTREAM",
+            format!("gateway.test=127.0.0.1:{port}"),
+        )
+        .env("AC7_CA_CERT", &ca.pem_file)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .env_remove("NO_PROXY")
+        .spawn()
+        .unwrap();
+    let stderr = collect_stderr(&mut child);
+    let log = || stderr.lock().unwrap().clone();
+    wait_until_showing(
+        "the codex session to start",
+        std::time::Duration::from_secs(60),
+        log,
+        async || log().contains("agent connected").then_some(()),
+    )
+    .await;
+    dm_owned(&broker, "hello over the gateway".into()).await;
+    wait_until_showing(
+        "builder busy on the roster",
+        std::time::Duration::from_secs(60),
+        log,
+        async || {
+            let roster = broker.get("/roster", "director").await;
+            roster.json["connected"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["name"] == "builder" && m["busy"] == true)
+                .then_some(())
+        },
+    )
+    .await;
+    open.send(true).unwrap();
+    let entry = wait_until_showing(
+        "an llm_exchange row",
+        std::time::Duration::from_secs(60),
+        log,
+        async || {
+            let rows = broker.get("/members/builder/activity", "builder").await;
+            rows.json["activity"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["event"]["kind"] == "llm_exchange")
+                .map(|r| r["event"]["entry"].clone())
+        },
+    )
+    .await;
+    assert_eq!(entry["request"]["model"], "base-model", "{entry}");
+    assert!(
+        model.requests().iter().any(|r| r
+            .last_user_text()
+            .is_some_and(|t| t.contains("hello over the gateway"))),
+        "the gateway got the turn"
+    );
+    assert!(!entry.to_string().contains("standin-key"), "{entry}");
     assert_eq!(sigterm(&mut child).await.code(), Some(143), "{}", log());
 }

@@ -40,7 +40,7 @@ const TEAM_FLAGS: [&str; 10] = [
 ];
 
 /// Every table `ac7 migrate` copies.
-const TABLES: [&str; 16] = [
+const TABLES: [&str; 20] = [
     "team",
     "members",
     "tokens",
@@ -52,11 +52,15 @@ const TABLES: [&str; 16] = [
     "channel_members",
     "objectives",
     "objective_events",
+    "message_keys",
     "messages",
     "blobs",
     "fs_entries",
     "fs_grants",
+    "activity_blocks",
     "member_activity",
+    "push_vapid",
+    "push_subscriptions",
 ];
 
 /// A running broker's HTTP API, with the members' bearer tokens.
@@ -218,8 +222,14 @@ async fn pg_state(pool: &PgPool) -> (Vec<(String, i64)>, Vec<String>) {
     let mut counts = Vec::new();
     if tables.iter().any(|t| t == "team") {
         for t in TABLES {
+            // The keys copied; audiences (JSON lists) are keys PostgreSQL adds.
+            let only = if t == "message_keys" {
+                " WHERE key NOT LIKE '[%'"
+            } else {
+                ""
+            };
             let n: i64 = client
-                .query_one(&format!("SELECT COUNT(*) FROM {t}"), &[])
+                .query_one(&format!("SELECT COUNT(*) FROM {t}{only}"), &[])
                 .await
                 .unwrap()
                 .get(0);
@@ -317,6 +327,16 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
         .send(api.request("DELETE", "/members/temp", "director"))
         .await;
     assert_eq!(r.status, 204, "{}", r.json);
+    // A browser's Web Push subscription (and the team's key, made at start).
+    api.ok(
+        "POST",
+        "/push/subscriptions",
+        "reviewer",
+        json!({"endpoint": "https://push.example/send/1", "keys": {
+            "p256dh": "BLO_sodevuxtHTHq2-JxC4KlvR3cYNI_EUfpO1J2p3wt1d3dtr216q1CxeEmO9TKilQ3EjW5gw_z_jtLR9SDz7I",
+            "auth": "AAECAwQFBgcICQoLDA0ODw"}}),
+    )
+    .await;
     // A channel with two members and posts.
     let chan = api
         .ok("POST", "/channels", "builder", json!({"slug": "dev"}))
@@ -437,6 +457,13 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
             "responseHeaders": {}, "requestBodyPreview": null, "responseBodyPreview": "ok"}},
         {"kind": "objective_close", "ts": 3000, "objectiveId": widget, "result": "done"}
     ]});
+    // Model exchanges, whose shared parts are blocks.
+    let mut activity = activity;
+    let exchanges = crate::broker_activity::session(4, "builder");
+    activity["events"]
+        .as_array_mut()
+        .unwrap()
+        .extend(exchanges[..3].iter().cloned());
     api.ok("POST", "/members/builder/activity", "builder", activity)
         .await;
     api.ok(
@@ -591,11 +618,17 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         assert_eq!(chunks, [(0, 262_144), (1, 262_144), (2, 175_713)]);
-        // The audience of each message, as the push path gives it: general NULL (everyone),
-        // a DM its two parties, a thread its members (objective threads include the admin).
+        // The audience of each message, as the push path gives it: NULL where the route
+        // implies it (general: everyone; a DM: its two parties), a thread its members
+        // (objective threads include the admin).
         let rows = client
             .query(
-                "SELECT thread, to_name, from_name, audience FROM messages ORDER BY seq",
+                "SELECT hk.key, tk.key, fk.key, ak.key FROM messages m
+                 LEFT JOIN message_keys hk ON hk.id = abs(m.thread)
+                 LEFT JOIN message_keys tk ON tk.id = m.to_key
+                 LEFT JOIN message_keys fk ON fk.id = m.from_key
+                 LEFT JOIN message_keys ak ON ak.id = m.audience
+                 ORDER BY m.seq",
                 &[],
             )
             .await
@@ -611,12 +644,7 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
                 Option<String>,
             ) = (r.get(0), r.get(1), r.get(2), r.get(3));
             let expected = match (thread.as_deref(), to) {
-                (_, Some(to)) => {
-                    let mut two = [from.clone(), to];
-                    two.sort();
-                    Some(json!(two).to_string())
-                }
-                (Some("chan:general"), None) => None,
+                (_, Some(_)) | (Some("chan:general"), None) => None,
                 (Some(t), None) if t == chan_thread => Some(r#"["builder","reviewer"]"#.to_owned()),
                 (Some(t), None) if t == widget_thread => {
                     Some(r#"["builder","director","reviewer"]"#.to_owned())
@@ -654,6 +682,8 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
         same(&sqlite, &pg, &format!("/fs/ls?path=/{who}"), who).await;
         same(&sqlite, &pg, &format!("/members/{who}/activity"), who).await;
     }
+    // The same VAPID key: browsers' subscriptions stay valid.
+    same(&sqlite, &pg, "/push/vapid-public-key", "director").await;
     let all = same(&sqlite, &pg, "/history?limit=1000", "director").await;
     let ids: Vec<&str> = all["messages"]
         .as_array()
@@ -780,6 +810,22 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
         json!({"events": [{"kind": "objective_open", "ts": 5000, "objectiveId": docs}]}),
     )
     .await;
+    // The next exchange of the copied session: new blocks after the copied ones.
+    pg.ok(
+        "POST",
+        "/members/builder/activity",
+        "builder",
+        json!({"events": [crate::broker_activity::session(4, "builder")[3].clone()]}),
+    )
+    .await;
+    let row = &pg
+        .get("/members/builder/activity?limit=1", "builder")
+        .await
+        .json["activity"][0];
+    assert_eq!(
+        row["event"],
+        crate::broker_activity::session(4, "builder")[3]
+    );
     let client = pool.get().await.unwrap();
     let next = |sql: &'static str| {
         let client = &client;
@@ -800,7 +846,8 @@ async fn a_team_moved_to_postgres_answers_as_it_did_on_sqlite() {
     );
     assert_eq!(
         next("SELECT MAX(id) FROM member_activity").await,
-        counters["member_activity"] + 1
+        counters["member_activity"] + 2,
+        "the marker, then the exchange"
     );
     drop(on_pg);
     eprintln!("pg_migrate: the round trip took {:?}", started.elapsed());

@@ -119,7 +119,7 @@ fn team_and_members(c: &Conn<'_>) -> Result<Log, StoreError> {
     );
     // The message log's head (LOG's table, written directly here) starts a new member.
     c.execute(
-        "INSERT INTO messages (seq, id, ts, json) VALUES (7, 'm7', 0, '{}')",
+        "INSERT INTO messages (seq, id_text, ts, body) VALUES (7, 'm7', 0, '')",
         params![],
     )?;
     let carol = member("Carol", "tester", &[]);

@@ -67,6 +67,14 @@ async fn quickstart_agent_answers_a_push_and_ctrl_c_cleans_up() {
     }
     let (url, token, dir) = (url.unwrap(), token.unwrap(), dir.unwrap());
     assert!(url.starts_with("http://127.0.0.1:"), "{printed}");
+    // The web app's one-time sign-in setup URL is printed, and it is the broker's.
+    let setup = printed
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with(&format!("{url}/setup?code=")))
+        .unwrap_or_else(|| panic!("no web sign-in URL:\n{printed}"));
+    let code = setup.rsplit('=').next().unwrap();
+    assert!(code.len() >= 20, "{printed}");
     assert!(dir.starts_with(tmp.path()) && dir.is_dir(), "{printed}");
     // The printed commands carry the real URL and token.
     assert!(

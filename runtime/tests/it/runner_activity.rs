@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ac7_protocol::trace::activity::ActivityEvent;
 use ac7_runtime::broker::start;
-use ac7_runtime::runner::BrokerClient;
+use ac7_runtime::client::BrokerClient;
 use ac7_runtime::runner::activity::{ActivityPipeline, PipelineConfig};
 use broker_support::{TestBroker, start_broker};
 use serde_json::Value;

@@ -44,6 +44,20 @@ fn runner_with(
     extra_env: &[(&str, &str)],
     stream: &str,
 ) -> Child {
+    runner_command(broker, member, dir, scenario, extra_env, stream)
+        .spawn()
+        .unwrap()
+}
+
+/// The command [`runner_with`] spawns.
+fn runner_command(
+    broker: &TestBroker,
+    member: &str,
+    dir: &Path,
+    scenario: &str,
+    extra_env: &[(&str, &str)],
+    stream: &str,
+) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ac7"));
     cmd.args(["run", "--url", &broker.url, "--stream", stream, "--socket"])
         .arg(dir.join("r.sock"))
@@ -60,7 +74,7 @@ fn runner_with(
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
-    cmd.spawn().unwrap()
+    cmd
 }
 
 async fn wait_for_file(path: &Path, what: &str) {
@@ -338,6 +352,31 @@ async fn start_up_errors_exit_2_and_touch_nothing() {
         std::fs::read_to_string(dir.path().join(".mcp.json")).unwrap(),
         "[not an object]"
     );
+
+    // A config in a folder that does not exist: the error names the config and its folder.
+    let missing = dir.path().join("no-such-folder");
+    let config = missing.join("agent.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--url", &broker.url, "--mcp-config"])
+        .arg(&config)
+        .args(["--", "true"])
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "ac7: cannot write the MCP config {}: its folder {} does not exist",
+            config.display(),
+            missing.display()
+        ),
+        "{stderr}"
+    );
+    assert!(!missing.exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,8 +449,19 @@ const FAST_RECONNECT: (&str, &str) = ("AC7_RECONNECT_BASE_MS", "20");
 
 /// `ac7 run` for builder with the agent waiting for `bodies`; returns once it listens.
 async fn messages_runner(broker: &TestBroker, dir: &Path, bodies: &[&str], stream: &str) -> Child {
+    messages_runner_logging(broker, dir, bodies, stream, None).await
+}
+
+/// [`messages_runner`], its logs at `info` in the file `log` when given.
+async fn messages_runner_logging(
+    broker: &TestBroker,
+    dir: &Path,
+    bodies: &[&str],
+    stream: &str,
+    log: Option<&Path>,
+) -> Child {
     let expect = bodies.join(",");
-    let child = runner_with(
+    let mut cmd = runner_command(
         broker,
         "builder",
         dir,
@@ -419,6 +469,11 @@ async fn messages_runner(broker: &TestBroker, dir: &Path, bodies: &[&str], strea
         &[("AC7_TEST_EXPECT", &expect), FAST_RECONNECT],
         stream,
     );
+    if let Some(log) = log {
+        cmd.env("AC7_LOG", "info")
+            .stderr(std::fs::File::create(log).unwrap());
+    }
+    let child = cmd.spawn().unwrap();
     wait_for_file(&dir.join("ready"), "the agent to be listening").await;
     child
 }
@@ -467,8 +522,10 @@ async fn a_broker_restored_from_a_backup_resets_and_the_runner_backfills() {
         let broker = start_broker().await;
         let dir = config_dir();
         let bodies = ["zero", "before", "while-down", "after"];
-        let mut child = messages_runner(&broker, dir.path(), &bodies, stream).await;
-        broker.push("director", json!({"body": "zero"})).await;
+        let log = dir.path().join("runner.log");
+        let mut child =
+            messages_runner_logging(&broker, dir.path(), &bodies, stream, Some(&log)).await;
+        let zero = broker.push("director", json!({"body": "zero"})).await;
         wait_received(dir.path(), "zero").await;
         // A backup taken now has "zero" but not what follows.
         let backup = broker.dir.path().join("backup.db");
@@ -476,7 +533,7 @@ async fn a_broker_restored_from_a_backup_resets_and_the_runner_backfills() {
             conn.execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
                 .unwrap()
         });
-        broker.push("director", json!({"body": "before"})).await;
+        let before = broker.push("director", json!({"body": "before"})).await;
         wait_received(dir.path(), "before").await;
 
         // The broker comes back on the backup: the runner's last id ("before") is unknown there.
@@ -487,6 +544,38 @@ async fn a_broker_restored_from_a_backup_resets_and_the_runner_backfills() {
         broker.push("director", json!({"body": "after"})).await;
 
         assert_received_once_in_order(&mut child, dir.path(), &bodies, stream).await;
+
+        // The runner said so at info: the reset (of the id it sent), then the backfill (from
+        // the message before the last one it had, and how many it brought).
+        let logged: Vec<Value> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let info = |words: &str| {
+            logged
+                .iter()
+                .find(|l| {
+                    l["level"] == "INFO" && l["message"].as_str().is_some_and(|m| m.contains(words))
+                })
+                .unwrap_or_else(|| panic!("{stream}: no INFO line with {words:?} in {logged:?}"))
+                .clone()
+        };
+        let reset = info("reset the live stream");
+        assert_eq!(reset["last_event_id"], before["id"], "{stream}: {reset}");
+        let backfill = info("backfilled the live stream");
+        assert_eq!(
+            backfill["from"],
+            format!("after_id={}", zero["id"].as_str().unwrap()),
+            "{stream}: {backfill}"
+        );
+        // "while-down" came only from /history; "after" may have come either way.
+        assert!(
+            backfill["delivered"]
+                .as_u64()
+                .is_some_and(|n| (1..=2).contains(&n)),
+            "{stream}: {backfill}"
+        );
     }
 }
 
@@ -553,6 +642,77 @@ async fn claude_code_injects_its_flags_and_runs_claude_from_claude_path() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("CLAUDE_PATH="));
+}
+
+/// A stand-in for Claude Code's session files: `$HOME/.claude/sessions/<pid>.json` names the
+/// live session and `$HOME/.claude/projects/-w/<id>.jsonl` is its transcript. It starts session
+/// `$FIRST` and talks in it, then switches to `$SECOND` (as `/clear` does) and talks in it only
+/// when `$TALK` is set; it prints Claude Code's hint and exits 3.
+const FAKE_CLAUDE_SESSIONS: &str = r#"#!/bin/sh
+c="$HOME/.claude"
+mkdir -p "$c/sessions" "$c/projects/-w"
+session() {
+  printf '{"type":"mode","sessionId":"%s"}\n' "$1" > "$c/projects/-w/$1.jsonl"
+  [ -n "$2" ] && printf '{"type":"user","message":{"role":"user","content":"hi"}}\n' >> "$c/projects/-w/$1.jsonl"
+  printf '{"pid":%s,"sessionId":"%s","cwd":"%s"}' "$$" "$1" "$PWD" > "$c/sessions/$$.json"
+}
+session "$FIRST" talk
+session "$SECOND" "$TALK"
+printf 'Resume this session with:\nclaude --resume %s\n' "$SECOND"
+exit 3
+"#;
+
+/// After Claude Code exits, `ac7 claude-code` prints how to resume its session with ac7 — the
+/// session it was in last, once it has a conversation (as Claude's own hint) — and passes the
+/// exit code on; `ac7 run` prints no such line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_prints_how_to_resume_the_last_session_with_ac7() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let fake = dir.path().join("fake-claude");
+    std::fs::write(&fake, FAKE_CLAUDE_SESSIONS).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (first, second) = (
+        "11111111-2222-3333-4444-555555555555",
+        "7d9d5680-fbe0-4810-88bb-f3506407ba97",
+    );
+    let run = |verb: &'static str, talk: &'static str| {
+        let home = dir.path().join(format!("home-{verb}-{}", talk.len()));
+        std::fs::create_dir_all(&home).unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ac7"));
+        command.args([verb, "--url", &broker.url]);
+        if verb == "run" {
+            command.arg("--").arg(&fake);
+        }
+        command
+            .current_dir(dir.path())
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("CLAUDE_PATH", &fake)
+            .env("HOME", home)
+            .env_remove("CLAUDE_CONFIG_DIR")
+            .env("FIRST", first)
+            .env("SECOND", second)
+            .env("TALK", talk)
+            .stdin(Stdio::null())
+            .output()
+    };
+    let out = run("claude-code", "yes").await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    let hint = format!("ac7 claude-code --url {} -- --resume {second}", broker.url);
+    assert_eq!(stderr.lines().filter(|l| *l == hint).count(), 1, "{stderr}");
+    assert!(!stderr.contains(first), "{stderr}");
+
+    // The last session has no conversation: nothing to resume, no line.
+    let out = run("claude-code", "").await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("--resume"), "{stderr}");
+
+    let out = run("run", "yes").await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("--resume"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -682,6 +842,47 @@ async fn an_event_queued_before_the_agent_attaches_waits_for_its_handshake() {
         log[listed]["msg"]["result"]["tools"].is_array(),
         "{:?}",
         log[listed]
+    );
+    assert_restored(dir.path());
+}
+
+/// An agent that starts listening late after its handshake, as Claude Code does (here 700 ms
+/// after the answer to its first `tools/list`, dropping what comes earlier; the real one took up
+/// to ~0.6 s on a loaded machine): the DM queued before it attached reaches it once it listens,
+/// and not before (when it would be dropped), and so does one pushed later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_listens_late_gets_the_queued_event_once_it_listens() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "late",
+        &[("AC7_TEST_EXPECT", "early,later")],
+    );
+    wait_for_file(&dir.path().join("waiting"), "the agent to start").await;
+    let early = broker
+        .push("director", json!({"to": "builder", "body": "early"}))
+        .await;
+    wait_cursor(&broker, "builder", early["id"].as_str().unwrap()).await;
+    std::fs::write(dir.path().join("go"), "go").unwrap();
+    wait_for_file(&dir.path().join("ready"), "the agent to listen").await;
+    broker
+        .push("director", json!({"to": "builder", "body": "later"}))
+        .await;
+
+    assert_eq!(exit_code(&mut child, "the runner to exit").await, 0);
+    let out = result(dir.path());
+    assert_eq!(
+        out["dropped"],
+        json!([]),
+        "written before it listened: {out}"
+    );
+    assert_eq!(out["received"], json!(["early", "later"]), "{out}");
+    assert!(
+        out["relists"].as_u64().unwrap() >= 1,
+        "it answered a probe: {out}"
     );
     assert_restored(dir.path());
 }
@@ -830,6 +1031,67 @@ async fn a_second_bridge_from_the_agent_displaces_the_first() {
     assert_restored(dir.path());
 }
 
+/// A process the agent runs that starts a bridge of its own — `claude mcp list` run through
+/// the agent's shell tool checks its servers' health that way — is served (it lists the tools),
+/// but the agent's bridge stays attached and gets every DM, before and after; the runner's log
+/// says what it did with the other bridge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_a_child_of_the_agent_starts_is_served_and_displaces_nothing() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let bodies = ["before-check", "after-check-1", "after-check-2"];
+    let child = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--url", &broker.url, "--socket"])
+        .arg(dir.path().join("r.sock"))
+        .arg("--")
+        .arg(python())
+        .arg(agent_script())
+        .arg("foreign")
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("AC7_TEST_WORK", dir.path())
+        .env("AC7_TEST_EXPECT", bodies.join(","))
+        .env("AC7_LOG", "info")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for_file(&dir.path().join("ready"), "the agent to listen").await;
+    broker
+        .push("director", json!({"to": "builder", "body": bodies[0]}))
+        .await;
+    wait_for_file(&dir.path().join("checked"), "the health check to end").await;
+    broker
+        .push("director", json!({"to": "builder", "body": bodies[1]}))
+        .await;
+    broker.push("director", json!({"body": bodies[2]})).await;
+
+    let out = within(60, "the runner to exit", child.wait_with_output())
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let result = result(dir.path());
+    assert_eq!(result["received"], json!(bodies), "{result}\n{stderr}");
+    assert_eq!(result["check_exit"], 0, "{result}");
+    assert_eq!(result["roster_ok"], true, "{result}");
+    let check: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("check.json")).unwrap())
+            .unwrap();
+    assert!(check["tools"].as_u64().unwrap() > 10, "{check}");
+    let foreign = stderr
+        .lines()
+        .find(|l| l.contains("a bridge started by another process in the agent's tree"))
+        .unwrap_or_else(|| panic!("the runner logs the other bridge:\n{stderr}"));
+    assert!(foreign.contains("served, gets no events"), "{foreign}");
+    assert!(
+        !stderr.contains("displaced"),
+        "the agent's bridge was displaced:\n{stderr}"
+    );
+    assert_restored(dir.path());
+}
+
 /// A runner removes the sockets and lock files dead runners left in `$TMPDIR`,
 /// and leaves a live runner's alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -888,19 +1150,42 @@ async fn claude_code_doctor_checks_claude_and_our_server() {
             (fake, Some("2.1.197 (Claude Code)"))
         }
     };
-    let doctor = |claude: &Path| {
-        Command::new(env!("CARGO_BIN_EXE_ac7"))
+    let home = common::tempdir();
+    let doctor_with = |claude: &Path, env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_ac7"));
+        command
             .args(["claude-code", "--doctor", "--url", &broker.url])
             .current_dir(dir.path())
             .env("AC7_TOKEN", broker.token("builder"))
             .env("CLAUDE_PATH", claude)
-            .output()
+            .env("HOME", home.path())
+            .env_remove("CLAUDE_CONFIG_DIR");
+        for name in [
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC",
+            "DISABLE_TELEMETRY",
+            "DO_NOT_TRACK",
+            "DISABLE_GROWTHBOOK",
+            "CLAUDE_CODE_USE_BEDROCK",
+            "CLAUDE_CODE_USE_VERTEX",
+        ] {
+            command.env_remove(name);
+        }
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.output()
     };
+    let doctor = |claude: &Path| doctor_with(claude, &[]);
     let out = within(60, "ac7 claude-code --doctor", doctor(&claude))
         .await
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("ac7 claude-code --doctor: nothing turns claude's channels off\n"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("WARN"), "{stderr}");
     assert!(
         stderr.contains(&format!(
             "ac7 claude-code --doctor: claude found at {}",
@@ -939,6 +1224,107 @@ async fn claude_code_doctor_checks_claude_and_our_server() {
         String::from_utf8_lossy(&out.stderr).contains("FAILED: "),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Another program called claude is not Claude Code: one FAILED line, and the checks stop.
+    let fake = |name: &str, version: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\n[ \"$1\" = --version ] && echo '{version}' && exit 0\nexit 9\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        path
+    };
+    let other = fake("other-claude", "claude 0.4.2 (a chat bot)");
+    let out = within(60, "the doctor on another claude", doctor(&other))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines[1],
+        format!(
+            "ac7 claude-code --doctor: FAILED: {} is not Claude Code: `claude --version` printed \"claude 0.4.2 (a chat bot)\", where Claude Code prints \"X.Y.Z (Claude Code)\" (install it: npm i -g @anthropic-ai/claude-code, or point CLAUDE_PATH at it)",
+            other.display()
+        ),
+        "{stderr}"
+    );
+    assert_eq!(lines.len(), 2, "{stderr}");
+
+    // What turns channels off is a WARN line each; the doctor still passes.
+    let claude_code = fake("claude-code", "2.1.197 (Claude Code)");
+    let out = within(
+        60,
+        "the doctor without nonessential traffic",
+        doctor_with(
+            &claude_code,
+            &[("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")],
+        ),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let warns: Vec<&str> = stderr.lines().filter(|l| l.contains(": WARN: ")).collect();
+    assert_eq!(
+        warns,
+        [
+            "ac7 claude-code --doctor: WARN: CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 (in the environment) turns off Claude Code's feature flags, and channels with them: ac7 messages do not reach claude as they arrive (its tools still work); unset it for ac7 claude-code"
+        ],
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("the ac7 MCP server starts and lists 19 tools"),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("ac7 claude-code --doctor: works, with 1 warning (above)"),
+        "{stderr}"
+    );
+
+    // A too-old claude, a third-party provider, and a variable set in claude's settings.
+    let old = fake("old-claude", "2.1.79 (Claude Code)");
+    let settings = home.path().join(".claude/settings.json");
+    std::fs::create_dir_all(settings.parent().unwrap()).unwrap();
+    std::fs::write(&settings, r#"{"env": {"DISABLE_TELEMETRY": "1"}}"#).unwrap();
+    let out = within(
+        60,
+        "the doctor with three warnings",
+        doctor_with(&old, &[("CLAUDE_CODE_USE_BEDROCK", "true")]),
+    )
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let warns: Vec<&str> = stderr.lines().filter(|l| l.contains(": WARN: ")).collect();
+    assert_eq!(warns.len(), 3, "{stderr}");
+    assert!(
+        warns[0]
+            .contains("claude 2.1.79 is older than 2.1.80, the first Claude Code with channels"),
+        "{stderr}"
+    );
+    assert!(
+        warns[1].contains("CLAUDE_CODE_USE_BEDROCK=true (in the environment) makes claude use a third-party provider"),
+        "{stderr}"
+    );
+    assert!(
+        warns[2].contains(&format!(
+            "DISABLE_TELEMETRY=1 (in {}) turns off Claude Code's feature flags",
+            settings.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with("works, with 3 warnings (above)"),
+        "{stderr}"
     );
 }
 
@@ -1182,4 +1568,176 @@ async fn a_runner_that_starts_gets_what_was_missed_while_away() {
     );
     wait_for_file(&dir3.path().join("ready"), "the agent to be listening").await;
     assert_received_once_in_order(&mut child, dir3.path(), &expect, "capped").await;
+}
+
+/// A member whose runner never ran gets, at its first start, what was sent to it since it
+/// joined (the DM that gave it its first task), and nothing from before it joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_that_starts_for_the_first_time_gets_what_came_since_its_member_joined() {
+    let mut broker = start_broker().await;
+    // Members made with the team, on an empty log: everything they may see is theirs.
+    broker
+        .push("director", json!({"to": "builder", "body": "first task"}))
+        .await;
+    broker.push("reviewer", json!({"body": "hello all"})).await;
+    let dir = config_dir();
+    let expect = ["first task", "hello all"];
+    let mut child = runner(
+        &broker,
+        "builder",
+        dir.path(),
+        "messages",
+        &[("AC7_TEST_EXPECT", &expect.join(","))],
+    );
+    assert_received_once_in_order(&mut child, dir.path(), &expect, "team member, empty log").await;
+
+    // A member added later: what was logged before it joined stays out.
+    let r = broker
+        .post(
+            "/members",
+            "director",
+            json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    let token = r.json["token"].as_str().unwrap().to_owned();
+    broker.tokens.insert("scout".into(), token);
+    broker
+        .push("director", json!({"to": "scout", "body": "scout task"}))
+        .await;
+    broker
+        .push("reviewer", json!({"body": "welcome scout"}))
+        .await;
+    let dir = config_dir();
+    let expect = ["scout task", "welcome scout"];
+    let mut child = runner(
+        &broker,
+        "scout",
+        dir.path(),
+        "messages",
+        &[("AC7_TEST_EXPECT", &expect.join(","))],
+    );
+    assert_received_once_in_order(&mut child, dir.path(), &expect, "member added later").await;
+}
+
+/// A runner whose live stream is a WebSocket reaches a broker with a private certificate over
+/// `wss://` when `AC7_CA_CERT` names it, as its HTTPS calls do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_stream_trusts_the_broker_certificate_named_by_ac7_ca_cert() {
+    let pki = broker_support::self_signed();
+    let (cert, files) = (pki.files.cert.clone(), pki.files.clone());
+    let broker = broker_support::start_with(move |c| c.tls = Some(files)).await;
+    let https = format!("https://localhost:{}", broker.broker.addr.port());
+    let dir = config_dir();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--url", &https, "--stream", "ws", "--socket"])
+        .arg(dir.path().join("r.sock"))
+        .arg("--")
+        .arg(python())
+        .arg(agent_script())
+        .arg("messages")
+        .current_dir(dir.path())
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("AC7_CA_CERT", &cert)
+        .env("AC7_TEST_WORK", dir.path())
+        .env("AC7_TEST_EXPECT", "over wss")
+        .env("AC7_LOG", "warn")
+        .env(FAST_RECONNECT.0, FAST_RECONNECT.1)
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    wait_for_file(&dir.path().join("ready"), "the agent to be listening").await;
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(pki.cert_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let roster = async || -> Value {
+        trusting
+            .get(format!("{https}/roster"))
+            .bearer_auth(broker.token("director"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    };
+    common::wait_until(
+        "builder's stream to be live",
+        Duration::from_secs(30),
+        async || {
+            roster().await["connected"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|p| p["name"] == "builder"))
+        },
+    )
+    .await;
+    let pushed = trusting
+        .post(format!("{https}/push"))
+        .bearer_auth(broker.token("director"))
+        .json(&json!({"to": "builder", "body": "over wss"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(pushed.status().as_u16(), 200);
+    assert_received_once_in_order(&mut child, dir.path(), &["over wss"], "wss").await;
+}
+
+/// The example agent shipped in `examples/echo_agent.py` runs under `ac7 run` as written in its
+/// usage line and answers a direct message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_echo_agent_answers_a_direct_message() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/echo_agent.py");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ac7"))
+        .args(["run", "--socket"])
+        .arg(dir.path().join("r.sock"))
+        .arg("--")
+        .arg(python())
+        .arg(&example)
+        .current_dir(dir.path())
+        .env("AC7_URL", &broker.url)
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("AC7_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let up = within(40, "the echo agent to start", async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.starts_with("echo agent up, ") {
+                return line;
+            }
+        }
+        panic!("the echo agent's output ended before it was up")
+    })
+    .await;
+    assert!(up.ends_with(" tools"), "{up}");
+    broker
+        .push("director", json!({"to": "builder", "body": "ping 42"}))
+        .await;
+    let seen = std::cell::RefCell::new(Value::Null);
+    common::wait_until_showing(
+        "the echo agent's reply",
+        Duration::from_secs(40),
+        || format!("history: {}", seen.borrow()),
+        async || {
+            let page = broker.get("/history?with=builder", "director").await.json;
+            let found = page["messages"].as_array().is_some_and(|msgs| {
+                msgs.iter().any(|m| {
+                    m["from"] == "builder" && m["to"] == "director" && m["body"] == "echo: ping 42"
+                })
+            });
+            *seen.borrow_mut() = page;
+            found
+        },
+    )
+    .await;
+    child.start_kill().unwrap();
+    let _ = child.wait().await;
 }

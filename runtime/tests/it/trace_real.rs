@@ -31,12 +31,12 @@ use tokio::net::{TcpListener, TcpStream};
 const API_KEY: &str = "sk-ant-api03-trace-test-dummy-key-0123456789abcdef";
 
 /// A test CA and a TLS server config for `host` signed by it.
-struct TestCa {
-    pem_file: PathBuf,
-    server: Arc<rustls::ServerConfig>,
+pub(crate) struct TestCa {
+    pub(crate) pem_file: PathBuf,
+    pub(crate) server: Arc<rustls::ServerConfig>,
 }
 
-fn test_ca(dir: &Path, host: &str) -> TestCa {
+pub(crate) fn test_ca(dir: &Path, host: &str) -> TestCa {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
@@ -69,7 +69,10 @@ fn test_ca(dir: &Path, host: &str) -> TestCa {
 }
 
 /// Serves `app` over TLS on 127.0.0.1; returns the address.
-async fn serve_tls(app: axum::Router, config: Arc<rustls::ServerConfig>) -> std::net::SocketAddr {
+pub(crate) async fn serve_tls(
+    app: axum::Router,
+    config: Arc<rustls::ServerConfig>,
+) -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
@@ -251,6 +254,8 @@ struct TracedRun {
     tmp: PathBuf,
     /// The agent's `ulimit -n`.
     agent_fd_limit: String,
+    /// The session CA the agent is told to trust (`NODE_EXTRA_CA_CERTS`).
+    ca_file: PathBuf,
 }
 
 /// [`traced_run_limited`] with the open-file limit this process has.
@@ -322,7 +327,7 @@ async fn traced_run_limited(
     .await;
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("http://ac7:"), "{text}");
-    assert!(lines[1].contains("ac7-trace-ca-"), "{text}");
+    assert!(lines[1].contains("ac7-trace-"), "{text}");
     assert!(Path::new(lines[1]).exists());
     assert!(lines[2].ends_with("localhost,127.0.0.1,::1"), "{text}");
     TracedRun {
@@ -330,6 +335,7 @@ async fn traced_run_limited(
         proxy: lines[0].to_owned(),
         tmp,
         agent_fd_limit: lines[3].to_owned(),
+        ca_file: PathBuf::from(lines[1]),
     }
 }
 
@@ -536,7 +542,7 @@ async fn silent_connections_cannot_stall_the_agent() {
     const SILENT: usize = 1100;
     const CAP: usize = 64;
     // This process holds the 1,100 client ends.
-    ac7_runtime::rlimit::raise_fd_limit();
+    ac7_runtime::sys::rlimit::raise_fd_limit();
     let broker = start_broker().await;
     let dir = tempdir();
     let run = traced_run_limited(
@@ -601,5 +607,437 @@ async fn silent_connections_cannot_stall_the_agent() {
         "the agent's limit"
     );
     drop(silent);
+    run.exit().await;
+}
+
+/// Whether the roster shows `member` busy.
+async fn busy(broker: &broker_support::TestBroker, member: &str) -> bool {
+    let roster = broker.get("/roster", "director").await;
+    roster.json["connected"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["name"] == member && m["busy"] == true)
+}
+
+/// The member's `llm_exchange` rows, once there is one.
+async fn exchanges(broker: &broker_support::TestBroker, member: &str) -> Vec<Value> {
+    let path = format!("/members/{member}/activity");
+    common::wait_until("an llm_exchange row", Duration::from_secs(20), async || {
+        let rows = broker.get(&path, member).await;
+        let found: Vec<Value> = rows.json["activity"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["event"]["kind"] == "llm_exchange")
+            .map(|r| r["event"]["entry"].clone())
+            .collect();
+        (!found.is_empty()).then_some(found)
+    })
+    .await
+}
+
+/// A Messages API stand-in whose answers wait until `gate` turns true.
+fn held_messages_api(gate: tokio::sync::watch::Receiver<bool>) -> axum::Router {
+    messages_api::router(Arc::default()).layer(axum::middleware::map_request(
+        move |request: axum::extract::Request| {
+            let mut gate = gate.clone();
+            async move {
+                let _ = gate.wait_for(|open| *open).await;
+                request
+            }
+        },
+    ))
+}
+
+/// A TLS client that trusts only the PEM file `ca`.
+fn client_trusting(ca: &Path) -> tokio_rustls::TlsConnector {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(
+        rustls::pki_types::CertificateDer::pem_file_iter(ca)
+            .unwrap()
+            .map(Result::unwrap),
+    );
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+const MESSAGES_BODY: &str = r#"{"model":"claude-gateway-test","max_tokens":10,"stream":true,"messages":[{"role":"user","content":"hi"}],"tools":[{"name":"t","input_schema":{"type":"object"}}]}"#;
+
+/// Traces follow `ANTHROPIC_BASE_URL` to a gateway (a host that is none of the default model
+/// hosts, resolved to a local TLS stand-in): the exchange through the runner's proxy is
+/// decrypted, shows the member busy while it is in flight, and is recorded as an
+/// `llm_exchange`. A plain `http://` gateway off loopback is traced as the proxy forwards it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_named_by_anthropic_base_url_is_traced_and_shows_busy() {
+    let broker = start_broker().await;
+    let dir = tempdir();
+    let ca = test_ca(dir.path(), "gateway.test");
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let app = axum::Router::new().nest("/anthropic", held_messages_api(gate));
+    let gateway = serve_tls(app, ca.server.clone()).await;
+    let base_url = format!("https://gateway.test:{}/anthropic", gateway.port());
+    let upstream = format!("gateway.test=127.0.0.1:{}", gateway.port());
+    let run = traced_run(
+        &broker.url,
+        broker.token("builder"),
+        dir.path(),
+        &[
+            ("ANTHROPIC_BASE_URL", Path::new(&base_url)),
+            ("AC7_TRACE_UPSTREAM", Path::new(&upstream)),
+            ("AC7_CA_CERT", &ca.pem_file),
+        ],
+    )
+    .await;
+    let (addr, auth) = run.proxy();
+    let mut tcp = TcpStream::connect(&addr).await.unwrap();
+    let authority = format!("gateway.test:{}", gateway.port());
+    tcp.write_all(format!("CONNECT {authority} HTTP/1.1\r\n{auth}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = [0u8; 39];
+    tcp.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200 Connection Established\r\n\r\n");
+    // The agent trusts only the session CA: the proxy decrypts the gateway's traffic.
+    let mut tls = client_trusting(&run.ca_file)
+        .connect(
+            rustls::pki_types::ServerName::try_from("gateway.test").unwrap(),
+            tcp,
+        )
+        .await
+        .expect("the proxy presents a leaf of the session CA for the gateway");
+    tls.write_all(
+        format!(
+            "POST /anthropic/v1/messages HTTP/1.1\r\nHost: {authority}\r\nx-api-key: {API_KEY}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{MESSAGES_BODY}",
+            MESSAGES_BODY.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    // The call is in flight (the gateway holds its answer): the member is busy.
+    common::wait_until(
+        "builder busy on the roster",
+        Duration::from_secs(20),
+        async || busy(&broker, "builder").await,
+    )
+    .await;
+    open.send(true).unwrap();
+    let mut answer = Vec::new();
+    within(20, "the gateway's answer", tls.read_to_end(&mut answer))
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.contains("hello from the stand-in"),
+        "{answer}"
+    );
+    let rows = exchanges(&broker, "builder").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        rows[0]["request"]["model"], "claude-gateway-test",
+        "{rows:?}"
+    );
+    assert_eq!(rows[0]["response"]["stopReason"], "end_turn", "{rows:?}");
+    assert!(
+        !format!("{rows:?}").contains("trace-test-dummy"),
+        "{rows:?}"
+    );
+    common::wait_until("builder idle again", Duration::from_secs(20), async || {
+        !busy(&broker, "builder").await
+    })
+    .await;
+    run.exit().await;
+
+    // A plain http:// gateway that is not on loopback goes through the proxy, which forwards
+    // it and reads the exchange.
+    let broker = start_broker().await;
+    let dir = tempdir();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = messages_api::router(Arc::default());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let base_url = format!("http://gateway.test:{port}");
+    let upstream = format!("gateway.test=127.0.0.1:{port}");
+    let run = traced_run(
+        &broker.url,
+        broker.token("builder"),
+        dir.path(),
+        &[
+            ("ANTHROPIC_BASE_URL", Path::new(&base_url)),
+            ("AC7_TRACE_UPSTREAM", Path::new(&upstream)),
+        ],
+    )
+    .await;
+    let (addr, auth) = run.proxy();
+    let mut tcp = TcpStream::connect(&addr).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST {base_url}/v1/messages HTTP/1.1\r\nHost: gateway.test:{port}\r\n{auth}content-type: application/json\r\ncontent-length: {}\r\n\r\n{MESSAGES_BODY}",
+            MESSAGES_BODY.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let answer = String::from_utf8(read_to_end(&mut tcp).await).unwrap();
+    assert!(answer.contains("hello from the stand-in"), "{answer}");
+    let rows = exchanges(&broker, "builder").await;
+    assert_eq!(
+        rows[0]["request"]["model"], "claude-gateway-test",
+        "{rows:?}"
+    );
+    run.exit().await;
+}
+
+/// A model endpoint on loopback is reached without the proxy (`NO_PROXY` has the loopback
+/// names): the runner says once that its exchanges cannot be traced; one that is no URL is
+/// one warning too. Neither stops the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_the_proxy_cannot_see_is_one_warning() {
+    let broker = start_broker().await;
+    let dir = tempdir();
+    let run = |base_url: &str| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"));
+        command
+            .args(["run", "--trace", "--url", &broker.url, "--mcp-config"])
+            .arg(dir.path().join("mcp.json"))
+            .args(["--", "sh", "-c", "printf '[%s]' \"$ANTHROPIC_BASE_URL\""])
+            .env("AC7_TOKEN", broker.token("builder"))
+            .env("ANTHROPIC_BASE_URL", base_url)
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy");
+        command.output()
+    };
+    let out = within(20, "ac7 run --trace", run("http://127.0.0.1:4000/llm"))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "[http://127.0.0.1:4000/llm]"
+    );
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ac7: warning:"))
+        .collect();
+    assert_eq!(
+        warnings,
+        [
+            "ac7: warning: the model endpoint http://127.0.0.1:4000/llm (ANTHROPIC_BASE_URL) is reached without the trace proxy (NO_PROXY has 127.0.0.1, which the runner always adds for loopback): its exchanges cannot be traced, and the member is not shown busy while it waits for them"
+        ],
+        "{stderr}"
+    );
+
+    let out = within(20, "ac7 run --trace", run("gateway.test/v1"))
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("ac7: warning:"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].starts_with("ac7: warning: ANTHROPIC_BASE_URL=gateway.test/v1 is not a URL")
+            && warnings[0].ends_with("the agent's calls to it cannot be traced"),
+        "{stderr}"
+    );
+}
+
+/// The real claude with `ANTHROPIC_BASE_URL` naming a gateway, in its environment or in the
+/// `env` of its user settings: its model calls go through the runner's proxy to the gateway's
+/// stand-in and are traced — the member shows busy while the gateway holds its answer, and the
+/// exchange is an `llm_exchange` row without the API key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_claude_through_a_gateway_is_traced() {
+    real_claude_through_a_gateway(false).await;
+    real_claude_through_a_gateway(true).await;
+}
+
+async fn real_claude_through_a_gateway(in_settings: bool) {
+    let claude = common::npm::claude();
+    let broker = start_broker().await;
+    let dir = tempdir();
+    let tmp = dir.path().join("tmp");
+    let home = dir.path().join("home");
+    let work = dir.path().join("work");
+    for d in [&tmp, &home, &work] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let ca = test_ca(dir.path(), "gateway.test");
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let gateway = serve_tls(held_messages_api(gate), ca.server.clone()).await;
+    let base_url = format!("https://gateway.test:{}", gateway.port());
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_ac7"));
+    if in_settings {
+        std::fs::create_dir_all(home.join(".claude")).unwrap();
+        std::fs::write(
+            home.join(".claude/settings.json"),
+            serde_json::json!({"env": {"ANTHROPIC_BASE_URL": base_url}}).to_string(),
+        )
+        .unwrap();
+        command.env_remove("ANTHROPIC_BASE_URL");
+    } else {
+        command.env("ANTHROPIC_BASE_URL", &base_url);
+    }
+    command
+        .args(["claude-code", "--url", &broker.url, "--"])
+        .args([
+            "-p",
+            "say hello",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+        ])
+        .current_dir(&work)
+        .env("AC7_TOKEN", broker.token("builder"))
+        .env("CLAUDE_PATH", &claude)
+        .env("HOME", &home)
+        .env("TMPDIR", &tmp)
+        .env("ANTHROPIC_API_KEY", API_KEY)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env_remove("CLAUDE_CONFIG_DIR")
+        .env(
+            "AC7_TRACE_UPSTREAM",
+            format!("gateway.test=127.0.0.1:{}", gateway.port()),
+        )
+        .env("AC7_CA_CERT", &ca.pem_file)
+        .env_remove("HTTPS_PROXY")
+        .env_remove("HTTP_PROXY")
+        .env_remove("NO_PROXY")
+        .env_remove("NODE_EXTRA_CA_CERTS")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let stderr = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = tokio::io::BufReader::new(stderr)
+            .read_to_string(&mut text)
+            .await;
+        text
+    });
+    common::wait_until(
+        "builder busy on the roster",
+        Duration::from_secs(60),
+        async || busy(&broker, "builder").await,
+    )
+    .await;
+    open.send(true).unwrap();
+    let out = within(120, "ac7 claude-code -p", child.wait_with_output())
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = stderr.await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("hello from the stand-in"),
+        "claude got the gateway's answer through the proxy:\n{stdout}\n{stderr}"
+    );
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let rows = exchanges(&broker, "builder").await;
+    assert!(
+        rows.iter()
+            .any(|e| e["response"]["stopReason"] == "end_turn"
+                && e["request"]["model"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty())),
+        "{rows:?}"
+    );
+    assert!(
+        !format!("{rows:?}").contains("trace-test-dummy"),
+        "{rows:?}"
+    );
+}
+
+/// A gateway whose certificate comes from a private CA the agent is told to trust
+/// (`NODE_EXTRA_CA_CERTS`, no `AC7_CA_CERT`): the proxy trusts that CA too, so the gateway's
+/// exchanges are traced; and the agent keeps trusting it, for the hosts the proxy only tunnels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_with_a_private_ca_the_agent_trusts_is_traced() {
+    let broker = start_broker().await;
+    let dir = tempdir();
+    let ca = test_ca(dir.path(), "gateway.test");
+    let gateway = serve_tls(messages_api::router(Arc::default()), ca.server.clone()).await;
+    let base_url = format!("https://gateway.test:{}", gateway.port());
+    let upstream = format!("gateway.test=127.0.0.1:{}", gateway.port());
+    let run = traced_run(
+        &broker.url,
+        broker.token("builder"),
+        dir.path(),
+        &[
+            ("ANTHROPIC_BASE_URL", Path::new(&base_url)),
+            ("AC7_TRACE_UPSTREAM", Path::new(&upstream)),
+            ("NODE_EXTRA_CA_CERTS", &ca.pem_file),
+        ],
+    )
+    .await;
+    let trusted = std::fs::read_to_string(&run.ca_file).unwrap();
+    let private = std::fs::read_to_string(&ca.pem_file).unwrap();
+    assert!(trusted.contains(private.trim()), "{trusted}");
+    let (addr, auth) = run.proxy();
+    let mut tcp = TcpStream::connect(&addr).await.unwrap();
+    let authority = format!("gateway.test:{}", gateway.port());
+    tcp.write_all(format!("CONNECT {authority} HTTP/1.1\r\n{auth}\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = String::new();
+    while !head.ends_with("\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        if tcp.read(&mut byte).await.unwrap() == 0 {
+            break;
+        }
+        head.push(char::from(byte[0]));
+    }
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "the proxy trusts the gateway: {head}"
+    );
+    let mut tls = client_trusting(&run.ca_file)
+        .connect(
+            rustls::pki_types::ServerName::try_from("gateway.test").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    tls.write_all(
+        format!(
+            "POST /v1/messages HTTP/1.1\r\nHost: {authority}\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{MESSAGES_BODY}",
+            MESSAGES_BODY.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    within(20, "the gateway's answer", tls.read_to_end(&mut answer))
+        .await
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).contains("hello from the stand-in"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let rows = exchanges(&broker, "builder").await;
+    assert_eq!(
+        rows[0]["request"]["model"], "claude-gateway-test",
+        "{rows:?}"
+    );
     run.exit().await;
 }

@@ -1,4 +1,4 @@
-//! The web app in a real browser (headless Chromium over WebDriver, tests/it/common/webdriver.rs)
+//! The web app in a real browser (headless Chromium over WebDriver, test-support/src/webdriver.rs)
 //! against a real broker: objectives, files and their safe preview, reload on every route,
 //! CSRF from another origin and session revocation. Screenshots of the main screens go to
 //! `target/web-screenshots/`.
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 /// A broker, a browser signed in as `member` (a session made in the store, its cookie set in
 /// the browser), and the browser showing `path`.
-async fn signed_in(member: &str, path: &str) -> Option<(TestBroker, Browser, String)> {
+pub(crate) async fn signed_in(member: &str, path: &str) -> Option<(TestBroker, Browser, String)> {
     let (chrome, driver) = chromium()?;
     let b = start_broker().await;
     let browser = Browser::start(&chrome, &driver).await;
@@ -24,7 +24,7 @@ async fn signed_in(member: &str, path: &str) -> Option<(TestBroker, Browser, Str
     Some((b, browser, id))
 }
 
-fn session_for(b: &TestBroker, member: &str) -> String {
+pub(crate) fn session_for(b: &TestBroker, member: &str) -> String {
     let now = i64::try_from(
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -41,7 +41,7 @@ fn session_for(b: &TestBroker, member: &str) -> String {
 }
 
 /// Navigates (a full page load) and waits for the app's ready marker.
-async fn open(browser: &Browser, b: &TestBroker, path: &str) {
+pub(crate) async fn open(browser: &Browser, b: &TestBroker, path: &str) {
     browser.goto(&format!("{}{path}", b.url)).await;
     browser
         .wait_until(
@@ -52,7 +52,7 @@ async fn open(browser: &Browser, b: &TestBroker, path: &str) {
         .await;
 }
 
-async fn api(b: &TestBroker, method: &str, path: &str, body: Option<Value>) -> Value {
+pub(crate) async fn api(b: &TestBroker, method: &str, path: &str, body: Option<Value>) -> Value {
     let r = b.call(method, path, "director", body).await;
     assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.json);
     r.json

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::broker_support::{self, SseClient, TestBroker, start_broker, start_with};
+use crate::broker_support::{self, SseClient, TestBroker, anon, req, start_broker, start_with};
 use ac7_protocol::signin::totp;
 use ac7_runtime::broker::sessions;
 use serde_json::{Value, json};
@@ -150,25 +150,22 @@ async fn login_wrong_code_replay_and_shape() {
     assert_eq!(r.json["error"], "code already used; wait for the next code");
 
     // GET /session with the cookie; with a bearer token the expiry is "never".
-    let r = send(&b, "GET", "/session", Some(&cookie), None, None).await;
+    let answers = b
+        .check(vec![
+            anon("GET", "/session")
+                .cookie(&cookie)
+                .answers_at(200, "/member", json!("director")),
+            req("GET", "/session", "builder").answers_at(200, "/member", json!("builder")),
+            // No credentials at all.
+            anon("GET", "/session").answers_json(401, json!({"error": "missing credentials"})),
+            anon("GET", "/session")
+                .cookie("forged")
+                .answers_json(401, json!({"error": "session expired"})),
+        ])
+        .await;
     assert_eq!(
-        (r.status, r.json["member"].clone()),
-        (200, json!("director"))
-    );
-    let r = b.get("/session", "builder").await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.json["member"], "builder");
-    assert_eq!(r.json["expiresAt"], json!(9_007_199_254_740_991_i64));
-    // No credentials at all.
-    let r = send(&b, "GET", "/session", None, None, None).await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (401, json!({"error": "missing credentials"}))
-    );
-    let r = send(&b, "GET", "/session", Some("forged"), None, None).await;
-    assert_eq!(
-        (r.status, r.json.clone()),
-        (401, json!({"error": "session expired"}))
+        answers[1].json["expiresAt"],
+        json!(9_007_199_254_740_991_i64)
     );
 }
 
@@ -360,6 +357,33 @@ async fn cookie_authenticates_the_api_and_the_live_stream() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 200);
     let mut sse = SseClient::from_response(resp);
+    // A browser's stream hears presence changes (its own opening first), as notices without
+    // an id, so its resume position stays the last message.
+    let ev = sse.next_event().await;
+    assert_eq!(
+        (ev.id.as_deref(), ev.event.as_deref()),
+        (None, Some("presence"))
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&ev.data).unwrap(),
+        json!({"type": "presence", "name": "builder"})
+    );
+    // A busy report of another member is one too (the bearer caller's own stream never
+    // hears them).
+    let r = b
+        .post("/presence/busy", "director", json!({"busy": true}))
+        .await;
+    assert_eq!(r.status, 204, "{}", r.json);
+    let ev = sse.next_event().await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&ev.data).unwrap(),
+        json!({"type": "presence", "name": "director"})
+    );
+    // Refreshing a report that changes nothing says nothing.
+    let r = b
+        .post("/presence/busy", "director", json!({"busy": true}))
+        .await;
+    assert_eq!(r.status, 204, "{}", r.json);
     b.push(
         "director",
         json!({"to": "builder", "body": "over the cookie stream"}),
@@ -455,28 +479,15 @@ async fn csrf_origin_check() {
     let cookie = login(&b, "builder").await;
     let push = json!({"to": "director", "body": "x"});
     let refused = json!({"error": "cross-origin request refused"});
-    let r = send(&b, "POST", "/push", Some(&cookie), None, Some(push.clone())).await;
-    assert_eq!((r.status, r.json.clone()), (403, refused.clone()));
-    let r = send(
-        &b,
-        "POST",
-        "/push",
-        Some(&cookie),
-        Some("https://evil.example"),
-        Some(push.clone()),
-    )
+    let cookie_push = || anon("POST", "/push").cookie(&cookie).body(push.clone());
+    b.check(vec![
+        cookie_push().answers_json(403, refused.clone()),
+        cookie_push()
+            .origin("https://evil.example")
+            .answers_json(403, refused.clone()),
+        cookie_push().origin(&b.url).answers(200),
+    ])
     .await;
-    assert_eq!((r.status, r.json.clone()), (403, refused.clone()));
-    let r = send(
-        &b,
-        "POST",
-        "/push",
-        Some(&cookie),
-        Some(&b.url),
-        Some(push.clone()),
-    )
-    .await;
-    assert_eq!(r.status, 200, "{}", r.json);
     // A same-origin Referer serves when there is no Origin.
     let r = b
         .http
@@ -656,7 +667,82 @@ async fn totp_enrollment_is_pending_until_confirmed() {
 }
 
 #[tokio::test]
-async fn first_admin_setup_needs_the_code_once() {
+async fn confirming_a_new_authenticator_ends_the_other_sessions() {
+    let b = start_broker().await;
+    let own = b.url.clone();
+    let session = |ua: &str| {
+        b.broker
+            .state
+            .store
+            .tx(|c| {
+                sessions::session_create(
+                    c,
+                    "builder",
+                    Some(ua),
+                    now_secs() as i64 * 1000,
+                    3_600_000,
+                )
+            })
+            .unwrap()
+            .0
+    };
+    let (mine, laptop, phone) = (session("here"), session("laptop"), session("phone"));
+    let reviewer = b
+        .broker
+        .state
+        .store
+        .tx(|c| sessions::session_create(c, "reviewer", None, now_secs() as i64 * 1000, 3_600_000))
+        .unwrap()
+        .0;
+    let r = send(
+        &b,
+        "POST",
+        "/members/builder/enroll-totp",
+        Some(&mine),
+        Some(&own),
+        Some(json!({})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    let secret = r.json["totpSecret"].as_str().unwrap().to_owned();
+    // Pending: nothing ends yet.
+    assert_eq!(
+        send(&b, "GET", "/session", Some(&laptop), None, None)
+            .await
+            .status,
+        200
+    );
+    let r = send(
+        &b,
+        "POST",
+        "/members/builder/enroll-totp/confirm",
+        Some(&mine),
+        Some(&own),
+        Some(json!({"code": code(&secret, 0)})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json);
+    // The member's other sessions are over; the confirming one and other members' stay.
+    for other in [&laptop, &phone] {
+        let r = send(&b, "GET", "/session", Some(other), None, None).await;
+        assert_eq!(r.status, 401, "{}", r.json);
+    }
+    assert_eq!(
+        send(&b, "GET", "/session", Some(&mine), None, None)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        send(&b, "GET", "/session", Some(&reviewer), None, None)
+            .await
+            .status,
+        200
+    );
+}
+
+#[tokio::test]
+async fn first_admin_setup_stays_open_until_its_secret_signs_in() {
     let b = start_broker().await;
     let setup = b
         .broker
@@ -693,7 +779,40 @@ async fn first_admin_setup_needs_the_code_once() {
     assert_eq!(r.json["member"], "director");
     let secret = r.json["totpSecret"].as_str().unwrap().to_owned();
     assert!(r.json["qrSvg"].as_str().unwrap().contains("<svg"));
-    // Used up.
+    // Not used up yet: asking again (a reload before scanning) shows the same secret, and
+    // the setup is still open.
+    let again = send(
+        &b,
+        "POST",
+        "/setup",
+        None,
+        None,
+        Some(json!({"code": setup})),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.json);
+    assert_eq!(again.json["totpSecret"], json!(secret));
+    assert_eq!(again.json["totpUri"], r.json["totpUri"]);
+    let r = send(&b, "GET", "/setup/status", None, None, None).await;
+    assert_eq!(r.json, json!({"needed": true}));
+    // A wrong code confirms nothing.
+    let wrong = if code(&secret, 0) == "000000" {
+        "111111"
+    } else {
+        "000000"
+    };
+    let r = sign_in(&b, wrong, Some("director")).await;
+    assert_eq!(r.status, 401, "{}", r.json);
+    let r = send(&b, "GET", "/setup/status", None, None, None).await;
+    assert_eq!(r.json, json!({"needed": true}));
+    // The first sign-in with the secret confirms it and closes the setup.
+    let r = sign_in(&b, &code(&secret, 0), None).await;
+    assert_eq!(
+        (r.status, r.json["member"].clone()),
+        (200, json!("director"))
+    );
+    let r = send(&b, "GET", "/setup/status", None, None, None).await;
+    assert_eq!(r.json, json!({"needed": false}));
     let r = send(
         &b,
         "POST",
@@ -704,14 +823,11 @@ async fn first_admin_setup_needs_the_code_once() {
     )
     .await;
     assert_eq!(r.status, 409, "{}", r.json);
-    let r = send(&b, "GET", "/setup/status", None, None, None).await;
-    assert_eq!(r.json, json!({"needed": false}));
-    // The admin signs in with it.
-    let r = sign_in(&b, &code(&secret, 0), None).await;
-    assert_eq!(
-        (r.status, r.json["member"].clone()),
-        (200, json!("director"))
-    );
+    // The confirmed secret keeps working (its confirming step is used up).
+    let r = sign_in(&b, &code(&secret, 0), Some("director")).await;
+    assert_eq!(r.status, 401, "the confirming code signed in twice");
+    let r = sign_in(&b, &code(&secret, 1), Some("director")).await;
+    assert_eq!(r.status, 200, "{}", r.json);
 }
 
 #[tokio::test]
@@ -790,16 +906,22 @@ async fn poll(b: &TestBroker, device: &str) -> Reply {
 
 #[tokio::test]
 async fn device_enrollment_over_the_api() {
-    let b = start_broker().await;
+    // The defaults a device is told.
+    let e = enroll_start(&start_broker().await, "laptop").await;
+    assert_eq!(e["interval"], 5);
+    assert_eq!(e["expiresIn"], 300, "an enrollment lives 300 s");
+    // The flow, with a 2 s poll interval (the shortest that still tells a poll made at once
+    // from one made an interval later: the store counts whole seconds).
+    let b = start_with(|c| c.enroll.interval = 2).await;
     let e = enroll_start(&b, "laptop").await;
     let device = e["deviceCode"].as_str().unwrap().to_owned();
     let user = e["userCode"].as_str().unwrap().to_owned();
     assert!(device.starts_with("ac7-dc_"), "{e}");
     assert_eq!(user.len(), 9);
+    assert_crockford(&user);
     assert_eq!(e["verificationUri"], "/enroll");
     assert_eq!(e["verificationUriComplete"], format!("/enroll?code={user}"));
-    assert_eq!(e["interval"], 5);
-    assert_eq!(e["expiresIn"], 300, "an enrollment lives 300 s");
+    assert_eq!(e["interval"], 2);
     // Pending, then too soon.
     let r = poll(&b, &device).await;
     assert_eq!(
@@ -852,8 +974,8 @@ async fn device_enrollment_over_the_api() {
         )
         .await;
     assert_eq!(r.status, 409, "{}", r.json);
-    // The device collects its token once; it works.
-    tokio::time::sleep(Duration::from_millis(5_100)).await;
+    // The device collects its token once, an interval later; it works.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
     let r = poll(&b, &device).await;
     assert_eq!(r.status, 200, "{}", r.json);
     assert_eq!(r.json["member"]["name"], "laptop-agent");
@@ -892,6 +1014,73 @@ async fn device_enrollment_over_the_api() {
         )
         .await;
     assert_eq!(r.status, 404);
+}
+
+/// A user code is `XXXX-XXXX` in Crockford's base32: digits and letters without I, L, O, U.
+fn assert_crockford(user: &str) {
+    let (a, b) = user.split_once('-').unwrap_or_else(|| panic!("{user}"));
+    assert_eq!((a.len(), b.len()), (4, 4), "{user}");
+    assert!(
+        a.chars()
+            .chain(b.chars())
+            .all(|c| c.is_ascii_digit() || (c.is_ascii_uppercase() && !"ILOU".contains(c))),
+        "{user} is not Crockford base32"
+    );
+}
+
+#[tokio::test]
+async fn a_rejected_enrollment_frees_its_place_at_once() {
+    let b = start_broker().await;
+    let mut started = Vec::new();
+    for n in 0..3 {
+        let e = enroll_start(&b, &format!("box-{n}")).await;
+        assert_crockford(e["userCode"].as_str().unwrap());
+        started.push(e);
+    }
+    let r = send(&b, "POST", "/enroll", None, None, Some(json!({}))).await;
+    assert_eq!(r.status, 429, "{}", r.json);
+    // Rejected but not yet polled by its device: it no longer holds a place.
+    let r = b
+        .post(
+            "/enroll/reject",
+            "director",
+            json!({"userCode": started[0]["userCode"], "reason": "not ours"}),
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.json);
+    let fourth = enroll_start(&b, "box-3").await;
+    assert_crockford(fourth["userCode"].as_str().unwrap());
+    let r = send(&b, "POST", "/enroll", None, None, Some(json!({}))).await;
+    assert_eq!(r.status, 429, "{}", r.json);
+    // The rejected device still hears why; the pending list holds only undecided ones.
+    let r = poll(&b, started[0]["deviceCode"].as_str().unwrap()).await;
+    assert_eq!(
+        r.json,
+        json!({"error": "access_denied", "errorDescription": "not ours"})
+    );
+    let pending = b.get("/enroll/pending", "director").await.json;
+    let codes: Vec<&str> = pending["enrollments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["userCode"].as_str().unwrap())
+        .collect();
+    assert_eq!(codes.len(), 3, "{pending}");
+    assert!(!codes.contains(&started[0]["userCode"].as_str().unwrap()));
+    // Typed with the look-alike letters (O for 0, I or L for 1), a code is still found.
+    let user = fourth["userCode"].as_str().unwrap();
+    let typed: String = user
+        .chars()
+        .map(|c| match c {
+            '0' => 'o',
+            '1' => 'l',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    let r = b
+        .post("/enroll/reject", "director", json!({"userCode": typed}))
+        .await;
+    assert_eq!(r.status, 204, "{typed}: {}", r.json);
 }
 
 #[tokio::test]
@@ -996,6 +1185,7 @@ fn serve_process(dir: &std::path::Path) -> Served {
         .arg(dir.join("ac7.db"))
         .arg("--team-config")
         .arg(&cfg)
+        .args(["--enroll-interval", "1"])
         .env("AC7_LOG", "warn")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
@@ -1046,22 +1236,31 @@ async fn ac7_connect_end_to_end() {
     let dir = tempfile::tempdir().unwrap();
     let served = serve_process(dir.path());
     let http = reqwest::Client::new();
-    // The printed setup code works once (for the first admin).
+    // The printed setup code issues the first admin's secret (the same one until it signs in).
     let code = served.setup_url.clone().unwrap();
+    let mut secrets = Vec::new();
+    for _ in 0..2 {
+        let r = http
+            .post(format!("{}/setup", served.url))
+            .json(&json!({"code": code}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.unwrap();
+        secrets.push(v["totpSecret"].clone());
+    }
+    assert!(
+        secrets[0].is_string() && secrets[0] == secrets[1],
+        "{secrets:?}"
+    );
     let r = http
         .post(format!("{}/setup", served.url))
-        .json(&json!({"code": code}))
+        .json(&json!({"code": "not-the-code"}))
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let r = http
-        .post(format!("{}/setup", served.url))
-        .json(&json!({"code": code}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 409);
+    assert_eq!(r.status().as_u16(), 401);
 
     // ac7 connect as a real process, with a private config home and no token anywhere.
     let home = dir.path().join("home");
@@ -1211,7 +1410,10 @@ async fn ac7_connect_cancelled_saves_nothing() {
 
 #[tokio::test]
 async fn an_uncollected_enrollment_token_is_revoked() {
-    let b = start_with(|c| c.enroll.ttl = 2).await;
+    let b = start_with(|c| {
+        c.enroll.ttl = 2;
+    })
+    .await;
     let e = enroll_start(&b, "gone").await;
     let r = b
         .post(
@@ -1232,7 +1434,7 @@ async fn an_uncollected_enrollment_token_is_revoked() {
     assert!(listed(
         &b.get("/members/builder/tokens", "director").await.json
     ));
-    // Never polled: once it expires, the token goes (the expiry tick runs every 5 s).
+    // Never polled: once it expires, the token goes (the expiry tick runs every 100 ms here).
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let mut gone = false;
     for _ in 0..30 {

@@ -1,5 +1,5 @@
 //! The web app's chat, sign-in and members screens in a real browser (headless Chromium over
-//! WebDriver, tests/it/common/webdriver.rs) against a real broker: TOTP sign-in through the page,
+//! WebDriver, test-support/src/webdriver.rs) against a real broker: TOTP sign-in through the page,
 //! a DM pushed by an agent appearing without a reload, a reply typed in the composer reaching
 //! an agent's runner (`ac7 run` with the Python MCP SDK agent) as a channel notification,
 //! message bodies shown as text, channels, member administration, and a reload on every route.
@@ -187,6 +187,17 @@ async fn the_first_admin_sets_up_the_team_in_the_browser() {
         "{uri}"
     );
     br.screenshot("setup").await;
+
+    // A reload before the authenticator is set up shows the same secret again (nothing is
+    // final until the first sign-in with it).
+    br.refresh().await;
+    let again = br
+        .wait_for(".reveal.totp code.secret", 15, "the secret after a reload")
+        .await
+        .text()
+        .await;
+    assert_eq!(again.trim(), secret.trim());
+    assert!(br.url().await.ends_with("/setup"), "{}", br.url().await);
 
     // Confirming a code signs the admin in.
     let field = br

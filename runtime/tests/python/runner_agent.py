@@ -20,6 +20,19 @@ Scenarios:
   swap      raw JSON lines, no SDK: a bridge at a time, each closed after AC7_TEST_SWAP_MS
             (default 400) of delivering and replaced by a new one, until every body in
             AC7_TEST_EXPECT arrived; every channel event is recorded, duplicates included
+  late      raw JSON lines, no SDK, Claude Code's start-up: write the marker `waiting`, wait for
+            the file `go`, then start the bridge as client `claude-code`; for AC7_TEST_LATE_MS
+            (default 700) after the answer to its first tools/list it has no handlers (channel
+            notifications and tools/list_changed are dropped, as Claude Code drops them), then it
+            takes channel notifications and answers tools/list_changed with tools/list, and
+            writes the marker `ready`; until every body in AC7_TEST_EXPECT arrived (or the wait
+            ran out); records what it took, what it dropped and how often it listed again
+  foreign   an SDK client on its own bridge waits for the first body in AC7_TEST_EXPECT, then runs
+            a child process (this script, `health-check`) that starts a bridge of its own from
+            .mcp.json, lists the tools and exits, as `claude mcp list` run by an agent does; then
+            it writes the marker `checked` and waits for the other bodies on its own bridge
+  health-check  (the child of `foreign`) raw JSON lines: initialize, initialized, tools/list,
+            then close; writes how many tools it got to AC7_TEST_WORK/check.json
   exit:N    exit with code N at once (never starts the bridge)
   hang      sleep until killed
 """
@@ -218,6 +231,78 @@ async def scenario_early() -> dict:
     return await anyio.to_thread.run_sync(scenario_early_sync)
 
 
+def scenario_late_sync() -> dict:
+    import select
+    import subprocess
+
+    (WORK / "waiting").write_text("waiting")
+    deadline = time.monotonic() + WAIT
+    while not (WORK / "go").exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no go")
+        time.sleep(0.02)
+    late = int(os.environ.get("AC7_TEST_LATE_MS", "700")) / 1000
+    expect = set(os.environ["AC7_TEST_EXPECT"].split(","))
+    entry = server()
+    bridge = subprocess.Popen([entry.command, *entry.args], env={**os.environ, **(entry.env or {})},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+
+    def send(msg: dict) -> None:
+        bridge.stdin.write((json.dumps(msg) + "\n").encode())
+        bridge.stdin.flush()
+
+    buf = b""
+
+    def next_line(until: float):
+        nonlocal buf
+        while b"\n" not in buf:
+            ready, _, _ = select.select([bridge.stdout], [], [], max(0.0, until - time.monotonic()))
+            if not ready:
+                return None
+            chunk = os.read(bridge.stdout.fileno(), 65536)
+            if not chunk:
+                raise EOFError("the bridge closed its stdout")
+            buf += chunk
+        line, buf = buf.split(b"\n", 1)
+        return json.loads(line)
+
+    send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+          "params": {"protocolVersion": "2025-11-25", "capabilities": {"roots": {}, "elicitation": {}},
+                     "clientInfo": {"name": "claude-code", "title": "Claude Code", "version": "2.1.197"}}})
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    received: list[str] = []
+    dropped: list[str] = []
+    relists = 0
+    next_id = 2
+    listening_from = None
+    end = time.monotonic() + WAIT * 2
+    while time.monotonic() < end and not expect.issubset(received):
+        until = end if listening_from is None or (WORK / "ready").exists() else min(end, listening_from)
+        msg = next_line(until)
+        now = time.monotonic()
+        if listening_from is not None and now >= listening_from and not (WORK / "ready").exists():
+            (WORK / "ready").write_text("ready")
+        if msg is None:
+            continue
+        listening = listening_from is not None and now >= listening_from
+        if msg.get("id") == 1 and listening_from is None:
+            listening_from = now + late
+        elif msg.get("method") == "notifications/claude/channel":
+            (received if listening else dropped).append(msg["params"]["content"])
+        elif msg.get("method") == "notifications/tools/list_changed" and listening:
+            relists += 1
+            send({"jsonrpc": "2.0", "id": next_id, "method": "tools/list"})
+            next_id += 1
+    bridge.stdin.close()
+    bridge.wait(timeout=WAIT)
+    return {"received": received, "dropped": dropped, "relists": relists}
+
+
+async def scenario_late() -> dict:
+    return await anyio.to_thread.run_sync(scenario_late_sync)
+
+
 async def scenario_displace() -> dict:
     import subprocess
 
@@ -249,6 +334,62 @@ async def scenario_displace() -> dict:
         "first_exit": code,
         "received": sorted(p.content for p in channel.received),
     }
+
+
+async def scenario_foreign() -> dict:
+    import subprocess
+
+    expect = os.environ["AC7_TEST_EXPECT"].split(",")
+    channel = ClaudeChannel()
+
+    async def wait_for(bodies) -> None:
+        with anyio.fail_after(WAIT):
+            while not set(bodies).issubset({p.content for p in channel.received}):
+                channel.changed = anyio.Event()
+                await channel.changed.wait()
+
+    async with Client(server(), mode="legacy", extensions=[channel], read_timeout_seconds=WAIT) as client:
+        await client.list_tools()
+        (WORK / "ready").write_text("ready")
+        await wait_for(expect[:1])
+        check = await anyio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, __file__, "health-check"], timeout=WAIT, capture_output=True, text=True))
+        (WORK / "checked").write_text("checked")
+        await wait_for(expect)
+        # The agent's own bridge still serves its calls.
+        roster = text(await client.call_tool("roster", {}))
+    return {
+        "received": [p.content for p in channel.received],
+        "check_exit": check.returncode,
+        "check_stderr": check.stderr,
+        "roster_ok": "builder" in roster,
+    }
+
+
+def health_check() -> None:
+    import subprocess
+
+    entry = server()
+    bridge = subprocess.Popen([entry.command, *entry.args], env={**os.environ, **(entry.env or {})},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                 "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                            "clientInfo": {"name": "claude-code", "version": "0"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}):
+        bridge.stdin.write((json.dumps(msg) + "\n").encode())
+        bridge.stdin.flush()
+    answers = {}
+    while 1 not in answers:
+        line = bridge.stdout.readline()
+        if not line:
+            raise EOFError("the bridge closed before answering tools/list")
+        msg = json.loads(line)
+        if "id" in msg:
+            answers[msg["id"]] = msg
+    bridge.stdin.close()
+    bridge.wait(timeout=WAIT)
+    (WORK / "check.json").write_text(json.dumps({"tools": len(answers[1]["result"]["tools"])}))
 
 
 def scenario_swap_sync() -> dict:
@@ -316,11 +457,14 @@ def main() -> None:
     scenario = sys.argv[1]
     if scenario.startswith("exit:"):
         sys.exit(int(scenario.split(":", 1)[1]))
+    if scenario == "health-check":
+        health_check()
+        return
     if scenario == "hang":
         (WORK / "ready").write_text("ready")
         time.sleep(3600)
         return
-    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace, "swap": scenario_swap}[scenario])
+    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace, "swap": scenario_swap, "late": scenario_late, "foreign": scenario_foreign}[scenario])
     (WORK / "result.json").write_text(json.dumps(result))
 
 

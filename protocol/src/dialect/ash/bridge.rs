@@ -39,6 +39,7 @@ pub const MAX_QUEUED_BYTES: usize = 64 * 1024 * 1024;
 
 /// Something for the application to do for this connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AshBridgeOutput {
     /// Write this event line to the host.
     Transmit(Vec<u8>),
@@ -63,6 +64,24 @@ pub enum AshBridgeOutput {
     Shutdown,
 }
 
+/// Why the agent's turn or a `resume` failed: the text the host gets in the `error` event (a
+/// non-zero exit, a signal, a session that cannot be resumed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AgentFailure(pub String);
+
+impl From<String> for AgentFailure {
+    fn from(why: String) -> Self {
+        Self(why)
+    }
+}
+
+impl From<&str> for AgentFailure {
+    fn from(why: &str) -> Self {
+        Self(why.to_owned())
+    }
+}
+
 /// The application's answer to a request of [`AshBridgeOutput`], passed to
 /// [`AshConnection::respond`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,10 +89,10 @@ pub enum Answer {
     /// The agent's turn ([`AshBridgeOutput::StartQuery`]) ended: `Ok`, or `Err` with why it
     /// failed (a non-zero exit, even after a result). `done` carries the session the command
     /// named.
-    Query(Result<(), String>),
+    Query(Result<(), AgentFailure>),
     /// The session of the running `resume` ([`AshBridgeOutput::ResumeSession`]) was resolved
     /// (`Err`: why it cannot be resumed).
-    Resume(Result<(), String>),
+    Resume(Result<(), AgentFailure>),
     /// The `exec` ([`AshBridgeOutput::StartExec`]) finished.
     Exec {
         /// Its exit code.
@@ -194,7 +213,7 @@ impl AshConnection {
         }
     }
 
-    fn query_finished(&mut self, result: Result<(), String>) {
+    fn query_finished(&mut self, result: Result<(), AgentFailure>) {
         let Turn::Query {
             session_id,
             interrupted,
@@ -202,7 +221,7 @@ impl AshConnection {
         else {
             return;
         };
-        if let Err(error) = result
+        if let Err(AgentFailure(error)) = result
             && !interrupted
         {
             self.send(&Event::Error { error });
@@ -211,7 +230,7 @@ impl AshConnection {
         self.pump();
     }
 
-    fn resume_finished(&mut self, result: Result<(), String>) {
+    fn resume_finished(&mut self, result: Result<(), AgentFailure>) {
         let Turn::Resume {
             session_id,
             turn,
@@ -226,7 +245,7 @@ impl AshConnection {
                 self.send(&Event::Done { session_id });
                 self.pump();
             }
-            (Err(error), _) => {
+            (Err(AgentFailure(error)), _) => {
                 self.send(&Event::Error { error });
                 self.send(&Event::Done { session_id });
                 self.pump();

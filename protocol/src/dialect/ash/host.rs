@@ -24,6 +24,7 @@ pub const MAX_EVENT_BYTES: usize = 64 * 1024 * 1024;
 
 /// Why commands could not run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum HostError {
     /// No `ready` within the timeout.
     #[error("the bridge did not send ready within {0:?}")]
@@ -57,6 +58,7 @@ pub struct Completion {
 
 /// Something for the caller to do or know.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum HostOutput<T> {
     /// Write this command line to the bridge.
     Transmit(Vec<u8>),

@@ -81,13 +81,13 @@ impl Harness {
         for o in &out {
             self.transcript.push_str(&match o {
                 CallToolBridgeOutput::Transmit {
-                    to: Peer::Agent,
+                    to: CallToolPeer::Agent,
                     bytes: l,
                 } => {
                     format!("  to agent  < {}", String::from_utf8_lossy(l))
                 }
                 CallToolBridgeOutput::Transmit {
-                    to: Peer::Parent,
+                    to: CallToolPeer::Parent,
                     bytes: f,
                 } => {
                     let mut dec = LpDecoder::default();
@@ -106,7 +106,7 @@ fn agent_lines(out: &[CallToolBridgeOutput]) -> Vec<Value> {
     out.iter()
         .filter_map(|o| match o {
             CallToolBridgeOutput::Transmit {
-                to: Peer::Agent,
+                to: CallToolPeer::Agent,
                 bytes: l,
             } => Some(serde_json::from_slice(l).unwrap()),
             _ => None,
@@ -120,7 +120,7 @@ fn sent(out: &[CallToolBridgeOutput]) -> usize {
             matches!(
                 o,
                 CallToolBridgeOutput::Transmit {
-                    to: Peer::Parent,
+                    to: CallToolPeer::Parent,
                     bytes: _
                 }
             )
@@ -150,7 +150,7 @@ fn scripted_session() {
     let out = h.agent(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"add","arguments":{"a":1,"b":"2"}}}"#);
     assert_eq!(
         agent_lines(&out)[0]["result"],
-        json!({"content":[{"type":"text","text":"Input validation error: arguments.b: expected integer, got string"}],"isError":true})
+        json!({"content":[{"type":"text","text":"Input validation error: arguments.b: want integer, but got string"}],"isError":true})
     );
     assert!(!out.contains(&CallToolBridgeOutput::Connect));
 

@@ -748,7 +748,10 @@ fn other_requests_are_answered_through_response() {
         out,
         vec![CodexOutput::Response {
             id,
-            outcome: Err("no such server".into())
+            outcome: Err(CodexRequestError::Codex {
+                code: -32600,
+                message: "no such server".into()
+            })
         }]
     );
 }
@@ -770,7 +773,7 @@ fn after_shutdown_nothing_is_written_and_no_request_waits() {
     c.client.shutdown(c.now);
     let out = c.drain();
     assert!(c.closed);
-    let ended = Err("the codex session ended before codex answered".to_owned());
+    let ended = Err(CodexRequestError::SessionEnded);
     assert!(
         out.contains(&CodexOutput::Response {
             id,

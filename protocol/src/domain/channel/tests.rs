@@ -347,3 +347,54 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+proptest! {
+    #![proptest_config(crate::test_support::proptest_config("claude_channel_params"))]
+
+    /// The Claude Code params read back as the content and the meta map, in meta's order, every
+    /// value a string.
+    #[test]
+    fn claude_params_read_back_as_content_and_ordered_meta(
+        body in tricky_text(),
+        from in tricky_text(),
+        title in proptest::option::of(tricky_text()),
+        to in proptest::option::of(tricky_text()),
+        data in proptest::collection::btree_map("[a-z_<>\"-]{1,8}", tricky_text(), 0..4),
+    ) {
+        let mut m = message(to.as_deref(), &from, json!({}));
+        m.body = body;
+        m.title = title;
+        m.data = data.into_iter().map(|(k, v)| (k, Value::String(v))).collect();
+        let params = claude_channel_params(&m);
+        // The meta object read as ordered pairs: the text's own key order.
+        struct Pairs(Vec<(String, String)>);
+        impl<'de> serde::Deserialize<'de> for Pairs {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> serde::de::Visitor<'de> for V {
+                    type Value = Pairs;
+                    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                        f.write_str("an object of strings")
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut a: A) -> Result<Pairs, A::Error> {
+                        let mut pairs = Vec::new();
+                        while let Some(pair) = a.next_entry::<String, String>()? {
+                            pairs.push(pair);
+                        }
+                        Ok(Pairs(pairs))
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+        let value: Value = params.parse().unwrap();
+        prop_assert_eq!(value.as_object().map(|o| o.len()), Some(2));
+        let want = content(&m);
+        prop_assert_eq!(value["content"].as_str(), Some(want.as_str()));
+        let text = params.get().to_owned();
+        let raw: std::collections::BTreeMap<String, &serde_json::value::RawValue> =
+            serde_json::from_str(&text).unwrap();
+        let pairs: Pairs = serde_json::from_str(raw["meta"].get()).unwrap();
+        prop_assert_eq!(pairs.0, meta(&m));
+    }
+}

@@ -70,6 +70,11 @@ pub struct Briefing {
     /// no such cursor leave it out): a runner that starts resumes after it.
     #[serde(default)]
     pub delivered_through: Option<String>,
+    /// Nothing in the log has been delivered to the member yet (it never had a live stream) and
+    /// nothing it may see was logged before it joined: a runner that starts resumes from the log's
+    /// first message.
+    #[serde(default)]
+    pub delivered_nothing: bool,
 }
 
 /// What a plan needs to know besides its arguments.

@@ -132,7 +132,7 @@ fn tool_lists_match_the_capture_and_gate_by_permission() {
                 .cloned()
                 .unwrap_or_default();
             for p in props.values_mut() {
-                p.as_object_mut().unwrap().shift_remove("description");
+                crate::codec::json::remove_keeping_order(p.as_object_mut().unwrap(), "description");
             }
             props
         };

@@ -73,11 +73,11 @@ impl Harness {
         while let Some(output) = self.session.poll_output() {
             self.transcript.push_str(&match &output {
                 BridgeOutput::Transmit {
-                    to: Peer::Agent,
+                    to: BridgePeer::Agent,
                     bytes: b,
                 } => format!("  to agent  < {}", String::from_utf8_lossy(b)),
                 BridgeOutput::Transmit {
-                    to: Peer::Runner,
+                    to: BridgePeer::Runner,
                     bytes: b,
                 } => {
                     format!("  to runner < {}", String::from_utf8_lossy(b))
@@ -105,7 +105,7 @@ fn to_agent(outputs: &[BridgeOutput]) -> Vec<serde_json::Value> {
         .iter()
         .filter_map(|o| match o {
             BridgeOutput::Transmit {
-                to: Peer::Agent,
+                to: BridgePeer::Agent,
                 bytes: b,
             } => Some(serde_json::from_slice(b).unwrap()),
             _ => None,
@@ -118,7 +118,7 @@ fn to_runner(outputs: &[BridgeOutput]) -> Vec<String> {
         .iter()
         .filter_map(|o| match o {
             BridgeOutput::Transmit {
-                to: Peer::Runner,
+                to: BridgePeer::Runner,
                 bytes: b,
             } => Some(String::from_utf8(b.clone()).unwrap()),
             _ => None,
@@ -217,7 +217,7 @@ fn responses_pass_the_result_through_byte_exact() {
         r#"{{"kind":"mcp_response","id":1,"result":{result}}}"#
     ));
     let BridgeOutput::Transmit {
-        to: Peer::Agent,
+        to: BridgePeer::Agent,
         bytes: line,
     } = &out[0]
     else {
@@ -448,7 +448,10 @@ fn notifications_wait_for_the_handshake_the_first_tools_list_and_the_grace() {
         ["m1", "m2", "m3", "m4"],
         "in arrival order"
     );
-    assert!(out.contains(&BridgeOutput::Event(BridgeEvent::Released { count: 5 })));
+    assert!(out.contains(&BridgeOutput::Event(BridgeEvent::Released {
+        count: 5,
+        by: ReleasedBy::Grace
+    })));
     assert_eq!(h.session.poll_timeout(), None);
     assert!(h.session.is_delivering());
 
@@ -474,6 +477,143 @@ fn the_grace_starts_when_the_later_condition_is_met_and_an_error_answer_counts()
     assert!(to_agent(&out).is_empty());
     assert_eq!(h.session.poll_timeout(), Some(h.now + START_GRACE));
     assert_eq!(delivered(&h.wait(START_GRACE)), ["m1"]);
+}
+
+const CLAUDE_INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{"roots":{},"elicitation":{}},"clientInfo":{"name":"claude-code","title":"Claude Code","version":"2.1.197"}}}"#;
+
+/// How many start-up probes (`notifications/tools/list_changed` from the bridge) are in `outputs`.
+fn probes(outputs: &[BridgeOutput]) -> usize {
+    to_agent(outputs)
+        .iter()
+        .filter(|m| m["method"] == "notifications/tools/list_changed")
+        .count()
+}
+
+/// Claude Code's handshake up to the answer to its first `tools/list`; returns the outputs of
+/// that answer.
+fn claude_handshake(h: &mut Harness) -> Vec<BridgeOutput> {
+    h.agent(CLAUDE_INITIALIZE);
+    h.agent(INITIALIZED);
+    h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    h.runner(r#"{"kind":"mcp_response","id":1,"result":{"tools":[]}}"#)
+}
+
+#[test]
+fn claude_code_is_probed_until_it_lists_tools_again() {
+    let mut h = Harness::new();
+    h.runner(&channel(1));
+    let out = claude_handshake(&mut h);
+    assert_eq!(
+        to_agent(&out).len(),
+        2,
+        "the answer, then the first probe: {out:?}"
+    );
+    assert_eq!(to_agent(&out)[0]["id"], 1);
+    assert_eq!(probes(&out), 1);
+    assert!(out.contains(&BridgeOutput::Event(BridgeEvent::Probed { count: 1 })));
+
+    // Probes follow at 50, 100, 200, 400, 400 ms gaps; nothing is released meanwhile, however
+    // long it takes (short of the ceiling).
+    let mut gaps = Vec::new();
+    let mut last = h.now;
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let due = h.session.poll_timeout().expect("a probe is due");
+        let out = h.wait(due - h.now);
+        assert_eq!(probes(&out), 1, "{out:?}");
+        gaps.push((h.now - last).as_millis());
+        last = h.now;
+        seen.extend(out);
+    }
+    assert_eq!(gaps, [50, 100, 200, 400, 400, 400]);
+    seen.extend(h.runner(&channel(2)));
+    assert!(delivered(&seen).is_empty(), "held: {seen:?}");
+
+    // Claude asks tools/list again: its handlers are in place.
+    let out = h.agent(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    assert_eq!(delivered(&out), ["m1", "m2"]);
+    assert!(out.contains(&BridgeOutput::Event(BridgeEvent::Released {
+        count: 2,
+        by: ReleasedBy::Probe { probes: 7 }
+    })));
+    assert!(
+        to_runner(&out)
+            .iter()
+            .any(|f| f.contains(r#""method":"tools/list""#)),
+        "the request is forwarded as usual: {out:?}"
+    );
+    assert_eq!(h.session.poll_timeout(), None, "no more probes");
+    assert!(h.session.is_delivering());
+    assert_eq!(delivered(&h.runner(&channel(3))), ["m3"]);
+    h.runner(r#"{"kind":"mcp_response","id":2,"result":{"tools":[]}}"#);
+    assert_eq!(probes(&h.wait(PROBE_CEILING)), 0, "nothing more is written");
+}
+
+#[test]
+fn a_tools_list_the_agent_sent_before_any_probe_releases_nothing() {
+    let mut h = Harness::new();
+    h.runner(&channel(1));
+    h.agent(CLAUDE_INITIALIZE);
+    h.agent(INITIALIZED);
+    // Two lists at once: the second was sent before any probe, so it answers none.
+    h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#);
+    h.agent(r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#);
+    let out = h.runner(r#"{"kind":"mcp_response","id":1,"result":{"tools":[]}}"#);
+    assert_eq!(probes(&out), 1);
+    let out = h.runner(r#"{"kind":"mcp_response","id":2,"result":{"tools":[]}}"#);
+    assert!(delivered(&out).is_empty(), "{out:?}");
+    assert!(!h.session.is_delivering());
+    let out = h.agent(r#"{"jsonrpc":"2.0","id":3,"method":"tools/list"}"#);
+    assert_eq!(delivered(&out), ["m1"]);
+}
+
+#[test]
+fn a_probed_agent_that_never_answers_is_released_at_the_ceiling() {
+    let mut h = Harness::with(BridgeConfig {
+        probe_ceiling: Duration::from_secs(2),
+        ..BridgeConfig::default()
+    });
+    h.runner(&channel(1));
+    let mut seen = claude_handshake(&mut h);
+    let start = h.now;
+    while !h.session.is_delivering() {
+        let due = h
+            .session
+            .poll_timeout()
+            .expect("a timer runs until released");
+        seen.extend(h.wait(due - h.now));
+    }
+    assert_eq!(h.now - start, Duration::from_secs(2));
+    assert_eq!(delivered(&seen), ["m1"]);
+    // 0, 50, 150, 350, 750, 1150, 1550, 1950 ms.
+    assert_eq!(probes(&seen), 8);
+    assert!(seen.contains(&BridgeOutput::Event(BridgeEvent::Released {
+        count: 1,
+        by: ReleasedBy::Ceiling { probes: 8 }
+    })));
+    assert_eq!(h.session.poll_timeout(), None);
+}
+
+#[test]
+fn only_claude_code_is_probed() {
+    for client in [
+        r#"{"name":"claude-code-lookalike","version":"1"}"#,
+        r#"{"version":"1"}"#,
+    ] {
+        let mut h = Harness::new();
+        h.runner(&channel(1));
+        let init = format!(
+            r#"{{"jsonrpc":"2.0","id":0,"method":"initialize","params":{{"protocolVersion":"2025-06-18","capabilities":{{}},"clientInfo":{client}}}}}"#
+        );
+        let mut seen = h.agent(&init);
+        seen.extend(h.agent(INITIALIZED));
+        seen.extend(h.agent(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#));
+        seen.extend(h.runner(r#"{"kind":"mcp_response","id":1,"result":{"tools":[]}}"#));
+        assert_eq!(h.session.poll_timeout(), Some(h.now + START_GRACE));
+        seen.extend(h.wait(START_GRACE));
+        assert_eq!(probes(&seen), 0, "{client}");
+        assert_eq!(delivered(&seen), ["m1"], "{client}");
+    }
 }
 
 #[test]
@@ -556,6 +696,7 @@ mod hold_props {
     }
 
     proptest! {
+        #![proptest_config(crate::test_support::proptest_config("mcp_bridge_hold"))]
         /// For any interleaving: nothing reaches the agent before it sent `initialized`, got a
         /// `tools/list` answer and the grace passed; what the cap admitted arrives exactly once,
         /// in order; what it refused is reported; once open, notifications pass at once.
@@ -614,11 +755,13 @@ mod hold_props {
                 }
                 got.extend(now_got);
             }
-            // Finish the handshake and let the grace pass: everything admitted arrives.
-            h.agent(INITIALIZED);
-            h.agent(r#"{"jsonrpc":"2.0","id":"last","method":"tools/list"}"#);
-            h.runner(&format!(r#"{{"kind":"mcp_response","id":{next_list},"result":{{"tools":[]}}}}"#));
-            got.extend(delivered(&h.wait(START_GRACE)));
+            // Finish the handshake and let the grace pass: everything admitted arrives (when the
+            // grace is over, at the next input already).
+            let mut out = h.agent(INITIALIZED);
+            out.extend(h.agent(r#"{"jsonrpc":"2.0","id":"last","method":"tools/list"}"#));
+            out.extend(h.runner(&format!(r#"{{"kind":"mcp_response","id":{next_list},"result":{{"tools":[]}}}}"#)));
+            out.extend(h.wait(START_GRACE));
+            got.extend(delivered(&out));
             prop_assert!(h.session.is_delivering());
             let expected: Vec<String> = (1..=sent).map(|n| format!("m{n}")).collect();
             // In order, without repeats, and only the refused ones missing.
@@ -630,6 +773,111 @@ mod hold_props {
             prop_assert!(got.len() >= cap.min(sent));
             sent += 1;
             prop_assert_eq!(delivered(&h.runner(&channel(sent))), vec![format!("m{sent}")]);
+        }
+    }
+}
+
+mod probed_props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Notify,
+        Initialized,
+        ListTools,
+        AnswerList,
+        Wait(u64),
+        /// Time passes to the next timer.
+        Timer,
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => Just(Op::Notify),
+            1 => Just(Op::Initialized),
+            2 => Just(Op::ListTools),
+            2 => Just(Op::AnswerList),
+            2 => (0u64..300).prop_map(Op::Wait),
+            2 => Just(Op::Timer),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(crate::test_support::proptest_config("mcp_bridge_hold"))]
+        /// Claude Code, for any interleaving: nothing reaches it before a `tools/list` request
+        /// that came after a probe was written, or before the ceiling; the probes stop then;
+        /// everything arrives exactly once, in order.
+        #[test]
+        fn released_only_by_a_list_after_a_probe_or_the_ceiling(ops in proptest::collection::vec(op(), 0..80)) {
+            let ceiling = Duration::from_millis(1500);
+            let mut h = Harness::with(BridgeConfig {
+                probe_ceiling: ceiling,
+                ..BridgeConfig::default()
+            });
+            h.agent(CLAUDE_INITIALIZE);
+            let (mut sent, mut next_list) = (0usize, 1u64);
+            let mut lists: Vec<u64> = Vec::new();
+            let mut probed_since: Option<Instant> = None;
+            let mut relisted_after_probe = false;
+            let mut released = false;
+            let mut got = Vec::new();
+            for op in ops {
+                let mut this_is_a_relist = false;
+                let out = match op {
+                    Op::Notify => {
+                        sent += 1;
+                        h.runner(&channel(sent))
+                    }
+                    Op::Initialized => h.agent(INITIALIZED),
+                    Op::ListTools => {
+                        let id = next_list;
+                        next_list += 1;
+                        lists.push(id);
+                        this_is_a_relist = probed_since.is_some();
+                        h.agent(&format!(r#"{{"jsonrpc":"2.0","id":"l{id}","method":"tools/list"}}"#))
+                    }
+                    Op::AnswerList => {
+                        let Some(id) = lists.pop() else { continue };
+                        h.runner(&format!(r#"{{"kind":"mcp_response","id":{id},"result":{{"tools":[]}}}}"#))
+                    }
+                    Op::Wait(ms) => h.wait(Duration::from_millis(ms)),
+                    Op::Timer => match h.session.poll_timeout() {
+                        Some(due) => h.wait(due.saturating_duration_since(h.now)),
+                        None => continue,
+                    },
+                };
+                let p = probes(&out);
+                if p > 0 {
+                    prop_assert!(!released, "a probe after the release");
+                    probed_since.get_or_insert(h.now);
+                }
+                relisted_after_probe |= this_is_a_relist;
+                let now_got = delivered(&out);
+                let released_now = out.iter().any(|o| matches!(o, BridgeOutput::Event(BridgeEvent::Released { .. })));
+                if released_now {
+                    let since = probed_since.expect("released before any probe");
+                    prop_assert!(
+                        relisted_after_probe || h.now >= since + ceiling,
+                        "released without an answer to a probe, before the ceiling"
+                    );
+                    released = true;
+                }
+                if !now_got.is_empty() {
+                    prop_assert!(released, "delivered while held");
+                }
+                got.extend(now_got);
+            }
+            // Finish the handshake and answer a probe: everything arrives.
+            let mut out = h.agent(INITIALIZED);
+            out.extend(h.agent(r#"{"jsonrpc":"2.0","id":"last","method":"tools/list"}"#));
+            out.extend(h.runner(&format!(r#"{{"kind":"mcp_response","id":{next_list},"result":{{"tools":[]}}}}"#)));
+            out.extend(h.agent(r#"{"jsonrpc":"2.0","id":"again","method":"tools/list"}"#));
+            got.extend(delivered(&out));
+            prop_assert!(h.session.is_delivering());
+            let expected: Vec<String> = (1..=sent).map(|n| format!("m{n}")).collect();
+            prop_assert_eq!(got, expected);
         }
     }
 }

@@ -292,8 +292,8 @@ fn bridge_shutdown_and_close_detach() {
     s.handle_closed(b, now);
     assert_eq!(s.attached(), None);
     assert_eq!(
-        s.respond(ConnId(9), 1, Outcome::Result(raw("{}")), now),
-        Err(RunnerMisuse::UnknownConnection(ConnId(9)))
+        s.respond(IpcConnId(9), 1, Outcome::Result(raw("{}")), now),
+        Err(RunnerMisuse::UnknownConnection(IpcConnId(9)))
     );
 }
 
@@ -406,6 +406,87 @@ fn an_outsider_is_served_but_never_displaces_nor_gets_events() {
     snapshots(|| insta::assert_snapshot!("runner_outsider_transcript", t));
 }
 
+/// Bridges of the agent's tree started by other processes (`claude mcp list` run by the agent):
+/// one whose client is not the attached bridge's is served but displaces nothing and gets no
+/// events; one of the attached bridge's own client (a reconnect) displaces it, as does one the
+/// agent started itself; a foreign one still connected when the agent's bridge goes is not
+/// promoted: the events wait for the agent's next bridge.
+#[test]
+fn only_the_attached_bridges_own_client_or_the_agent_displaces_it() {
+    const AGENT_CLIENT: u32 = 100;
+    const HEALTH_CHECK: u32 = 200;
+    let mut s = RunnerSession::new(RunnerConfig::default());
+    let now = Instant::now();
+    let mut t = String::new();
+    s.notify("queued", None, now);
+    // With nothing attached, a bridge of another process of the tree is the agent's.
+    let first = s.handle_connect(Origin::Client(AGENT_CLIENT), now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(connections(&out), vec![first.0], "the queue: {out:?}");
+    assert_eq!(s.attached(), Some(first));
+
+    let check = s.handle_connect(Origin::Client(HEALTH_CHECK), now);
+    let out = drain(&mut s, &mut t);
+    assert!(connections(&out).is_empty(), "nobody displaced: {out:?}");
+    assert!(
+        out.contains(&RunnerOutput::Event(RunnerEvent::ForeignConnected {
+            conn: check,
+            client: HEALTH_CHECK,
+            attached: first
+        }))
+    );
+    assert_eq!((s.attached(), s.foreign_count()), (Some(first), 1));
+    // Served: its tools/list reaches the application and the answer goes back to it.
+    s.handle_bytes(
+        check,
+        b"{\"kind\":\"mcp_request\",\"id\":1,\"method\":\"tools/list\"}\n",
+        now,
+    );
+    assert!(
+        drain(&mut s, &mut t)
+            .iter()
+            .any(|o| matches!(o, RunnerOutput::Request(r) if r.conn == check))
+    );
+    s.respond(check, 1, Outcome::Result(raw("{\"tools\":[]}")), now)
+        .unwrap();
+    assert_eq!(connections(&drain(&mut s, &mut t)), vec![check.0]);
+    s.notify("live", None, now);
+    assert_eq!(connections(&drain(&mut s, &mut t)), vec![first.0]);
+
+    // The agent's client reconnects: it displaces its old bridge.
+    let second = s.handle_connect(Origin::Client(AGENT_CLIENT), now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(
+        connections(&out),
+        vec![first.0],
+        "shutdown to the old: {out:?}"
+    );
+    assert_eq!(s.attached(), Some(second));
+    // A bridge the agent started itself displaces any.
+    let third = s.handle_connect(Origin::Agent, now);
+    drain(&mut s, &mut t);
+    assert_eq!(s.attached(), Some(third));
+
+    // The agent's bridge goes while the health check's is connected: it is not promoted.
+    s.handle_closed(first, now);
+    s.handle_closed(second, now);
+    s.handle_closed(third, now);
+    drain(&mut s, &mut t);
+    assert_eq!((s.attached(), s.foreign_count()), (None, 1));
+    s.notify("meanwhile", None, now);
+    assert!(connections(&drain(&mut s, &mut t)).is_empty());
+    let fourth = s.handle_connect(Origin::Client(AGENT_CLIENT), now);
+    let out = drain(&mut s, &mut t);
+    assert_eq!(connections(&out), vec![fourth.0], "what waited: {out:?}");
+    s.handle_closed(check, now);
+    let out = drain(&mut s, &mut t);
+    assert!(out.contains(&RunnerOutput::Event(RunnerEvent::ForeignLeft {
+        conn: check,
+        abandoned: 0
+    })));
+    snapshots(|| insta::assert_snapshot!("runner_foreign_bridge_transcript", t));
+}
+
 // ---- model-based test ----
 
 #[derive(Debug, Clone)]
@@ -413,8 +494,12 @@ struct Model {
     policy: BridgePolicy,
     next_conn: u64,
     attached: Option<u64>,
+    /// The client that started the attached bridge (`None`: the agent itself).
+    attached_client: Option<u32>,
     /// Outsiders being served.
     outsiders: BTreeSet<u64>,
+    /// Foreign bridges being served (the agent's tree, another client than the attached one's).
+    foreign: BTreeSet<u64>,
     /// Connections the peer can still write to (the runner has not closed them).
     open: BTreeSet<u64>,
     /// Requests the application holds and has not answered: (conn, id).
@@ -431,13 +516,29 @@ const QUEUE_LIMIT: usize = 4;
 
 #[derive(Debug, Clone)]
 enum Step {
-    Connect,
+    /// A bridge of the agent's tree, started by the agent (`None`) or by process `Some(pid)`.
+    Connect {
+        client: Option<u32>,
+    },
     ConnectOutsider,
-    Request { conn: u64, id: u64 },
-    Respond { conn: u64, id: u64 },
-    PeerClose { conn: u64 },
-    BridgeShutdown { conn: u64 },
-    MalformedRequest { conn: u64, id: u64 },
+    Request {
+        conn: u64,
+        id: u64,
+    },
+    Respond {
+        conn: u64,
+        id: u64,
+    },
+    PeerClose {
+        conn: u64,
+    },
+    BridgeShutdown {
+        conn: u64,
+    },
+    MalformedRequest {
+        conn: u64,
+        id: u64,
+    },
     Notify,
     Shutdown,
 }
@@ -457,7 +558,9 @@ impl ReferenceStateMachine for RunnerModel {
             policy,
             next_conn: 0,
             attached: None,
+            attached_client: None,
             outsiders: BTreeSet::new(),
+            foreign: BTreeSet::new(),
             open: BTreeSet::new(),
             app_pending: BTreeSet::new(),
             in_flight: BTreeMap::new(),
@@ -470,7 +573,10 @@ impl ReferenceStateMachine for RunnerModel {
 
     fn transitions(state: &Model) -> BoxedStrategy<Step> {
         let mut options: Vec<BoxedStrategy<Step>> = vec![
-            Just(Step::Connect).boxed(),
+            Just(Step::Connect { client: None }).boxed(),
+            (1u32..4)
+                .prop_map(|pid| Step::Connect { client: Some(pid) })
+                .boxed(),
             Just(Step::ConnectOutsider).boxed(),
             Just(Step::Notify).boxed(),
             Just(Step::Shutdown).boxed(),
@@ -517,10 +623,16 @@ impl ReferenceStateMachine for RunnerModel {
 
     fn apply(mut m: Model, step: &Step) -> Model {
         match *step {
-            Step::Connect => {
+            Step::Connect { client } => {
                 let conn = m.next_conn;
                 m.next_conn += 1;
                 if m.shut_down {
+                    return m;
+                }
+                if client.is_some() && m.attached.is_some() && m.attached_client != client {
+                    m.foreign.insert(conn);
+                    m.open.insert(conn);
+                    m.in_flight.insert(conn, BTreeSet::new());
                     return m;
                 }
                 match (m.attached, m.policy) {
@@ -532,6 +644,7 @@ impl ReferenceStateMachine for RunnerModel {
                             m.in_flight.remove(&old);
                         }
                         m.attached = Some(conn);
+                        m.attached_client = client;
                         m.open.insert(conn);
                         m.in_flight.insert(conn, BTreeSet::new());
                         m.queued = 0;
@@ -566,6 +679,7 @@ impl ReferenceStateMachine for RunnerModel {
                 m.open.remove(&conn);
                 m.in_flight.remove(&conn);
                 m.outsiders.remove(&conn);
+                m.foreign.remove(&conn);
                 m.draining.remove(&conn);
                 if m.attached == Some(conn) {
                     m.attached = None;
@@ -577,7 +691,10 @@ impl ReferenceStateMachine for RunnerModel {
                 }
             }
             Step::Shutdown => {
-                for conn in std::mem::take(&mut m.outsiders) {
+                let served_only = std::mem::take(&mut m.outsiders)
+                    .into_iter()
+                    .chain(std::mem::take(&mut m.foreign));
+                for conn in served_only {
                     m.open.remove(&conn);
                     m.in_flight.remove(&conn);
                 }
@@ -598,10 +715,12 @@ impl ReferenceStateMachine for RunnerModel {
 }
 
 impl Model {
-    /// Whether requests from `conn` are served (the agent's bridge or an outsider; a displaced
-    /// bridge is only read for its acknowledgements and its end).
+    /// Whether requests from `conn` are served (the agent's bridge, an outsider or a foreign
+    /// bridge; a displaced bridge is only read for its acknowledgements and its end).
     fn served(&self, conn: u64) -> bool {
-        self.attached == Some(conn) || self.outsiders.contains(&conn)
+        self.attached == Some(conn)
+            || self.outsiders.contains(&conn)
+            || self.foreign.contains(&conn)
     }
 }
 
@@ -634,8 +753,9 @@ impl StateMachineTest for RunnerModel {
         let now = sut.now;
         let s = &mut sut.session;
         match step {
-            Step::Connect => {
-                let conn = s.handle_connect(Origin::Agent, now);
+            Step::Connect { client } => {
+                let origin = client.map_or(Origin::Agent, Origin::Client);
+                let conn = s.handle_connect(origin, now);
                 assert_eq!(conn.0, before.next_conn);
             }
             Step::ConnectOutsider => {
@@ -643,21 +763,21 @@ impl StateMachineTest for RunnerModel {
                 assert_eq!(conn.0, before.next_conn);
             }
             Step::Request { conn, id } => s.handle_bytes(
-                ConnId(conn),
+                IpcConnId(conn),
                 format!("{{\"kind\":\"mcp_request\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"t{id}\"}}}}\n").as_bytes(),
                 now,
             ),
             Step::MalformedRequest { conn, id } => s.handle_bytes(
-                ConnId(conn),
+                IpcConnId(conn),
                 format!("{{\"kind\":\"mcp_request\",\"id\":{id}}}\n").as_bytes(),
                 now,
             ),
             Step::Respond { conn, id } => s
-                .respond(ConnId(conn), id, Outcome::Result(mcp::tool_text(&format!("r{id}"))), now)
+                .respond(IpcConnId(conn), id, Outcome::Result(mcp::tool_text(&format!("r{id}"))), now)
                 .expect("the model only answers requests the session handed out"),
-            Step::PeerClose { conn } => s.handle_closed(ConnId(conn), now),
+            Step::PeerClose { conn } => s.handle_closed(IpcConnId(conn), now),
             Step::BridgeShutdown { conn } => {
-                s.handle_bytes(ConnId(conn), b"{\"kind\":\"shutdown\"}\n", now)
+                s.handle_bytes(IpcConnId(conn), b"{\"kind\":\"shutdown\"}\n", now)
             }
             Step::Notify => s.notify("n", None, now),
             Step::Shutdown => s.shutdown(Some("bye"), now),
@@ -673,6 +793,7 @@ impl StateMachineTest for RunnerModel {
     fn check_invariants(sut: &Sut, model: &Model) {
         assert_eq!(sut.session.attached().map(|c| c.0), model.attached);
         assert_eq!(sut.session.outsider_count(), model.outsiders.len());
+        assert_eq!(sut.session.foreign_count(), model.foreign.len());
         assert_eq!(sut.session.draining_count(), model.draining.len());
         assert_eq!(sut.session.queued_notifications(), model.queued);
         assert_eq!(sut.session.is_shut_down(), model.shut_down);
@@ -719,11 +840,18 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
         })
         .collect();
     match *step {
-        Step::Connect => {
+        Step::Connect { client } => {
             let new = before.next_conn;
+            let foreign =
+                client.is_some() && before.attached.is_some() && before.attached_client != client;
             if before.shut_down {
                 assert_eq!(frames_to(outputs, new)[0]["kind"], "shutdown");
                 assert_eq!(closes, vec![new]);
+            } else if foreign {
+                assert!(
+                    targets.is_empty(),
+                    "a foreign bridge displaces nobody and gets no queued events: {outputs:?}"
+                );
             } else if let Some(old) = before.attached {
                 match before.policy {
                     BridgePolicy::DisplaceOld => {
@@ -837,6 +965,7 @@ fn check_outputs(before: &Model, step: &Step, outputs: &[RunnerOutput]) {
         },
         Step::Shutdown => {
             let mut served: BTreeSet<u64> = before.outsiders.clone();
+            served.extend(before.foreign.iter().copied());
             served.extend(before.attached);
             served.extend(before.draining.iter().copied());
             if before.shut_down {

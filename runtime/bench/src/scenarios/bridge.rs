@@ -70,7 +70,7 @@ pub(crate) struct Options {
 }
 
 impl Options {
-    /// The parameters: N=1000, 32 in flight, 20 spawns.
+    /// The parameters: N=1000, 32 in flight, 20 spawns.
     pub(crate) fn standard(ac7: PathBuf) -> Self {
         Self {
             ac7,

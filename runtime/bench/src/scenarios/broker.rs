@@ -95,14 +95,14 @@ fn spawn_child(target: &str) -> anyhow::Result<(Child, String)> {
 }
 
 /// A database of its own on the `AC7_BENCH_POSTGRES` server, dropped on drop.
-struct BenchDb {
+pub(super) struct BenchDb {
     admin: String,
     name: String,
-    url: String,
+    pub(super) url: String,
 }
 
 impl BenchDb {
-    fn create(admin: &str) -> anyhow::Result<BenchDb> {
+    pub(super) fn create(admin: &str) -> anyhow::Result<BenchDb> {
         static N: AtomicU64 = AtomicU64::new(0);
         let name = format!(
             "ac7_bench_{}_{}",
@@ -161,34 +161,7 @@ impl BrokerChild {
             .ok()
             .map(|admin| BenchDb::create(&admin))
             .transpose()?;
-        let mut config = TeamConfig {
-            team: TeamSection {
-                name: "bench".into(),
-                directive: "Measure the broker.".into(),
-                context: String::new(),
-                permission_presets: Default::default(),
-            },
-            members: vec![MemberSection {
-                name: "director".into(),
-                role: Role {
-                    title: "director".into(),
-                    description: String::new(),
-                },
-                instructions: String::new(),
-                permissions: vec!["admin".into()],
-            }],
-        };
-        for i in 0..members {
-            config.members.push(MemberSection {
-                name: format!("m{i}"),
-                role: Role {
-                    title: "agent".into(),
-                    description: String::new(),
-                },
-                instructions: String::new(),
-                permissions: Vec::new(),
-            });
-        }
+        let config = bench_team("Measure the broker.", members);
         let tokens = {
             let store = match &pg {
                 Some(pg) => Store::open_postgres(PgConfig::parse(&pg.url)?)?,
@@ -687,6 +660,30 @@ pub(super) fn seq_of(json: &str) -> Option<u64> {
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(rest.len());
     rest[..end].parse().ok()
+}
+
+/// The benchmarks' team: `director` (an admin) and `m0`…`m{members-1}` (agents).
+pub(crate) fn bench_team(directive: &str, members: usize) -> TeamConfig {
+    let member = |name: String, title: &str, permissions: Vec<String>| MemberSection {
+        name,
+        role: Role {
+            title: title.into(),
+            description: String::new(),
+        },
+        instructions: String::new(),
+        permissions,
+    };
+    let mut all = vec![member("director".into(), "director", vec!["admin".into()])];
+    all.extend((0..members).map(|i| member(format!("m{i}"), "agent", Vec::new())));
+    TeamConfig {
+        team: TeamSection {
+            name: "bench".into(),
+            directive: directive.into(),
+            context: String::new(),
+            permission_presets: Default::default(),
+        },
+        members: all,
+    }
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! assertions: each scenario prints one JSON object on stdout.
 //!
 //! ```text
+//! cargo run --release --bin ac7-bench -- e2e              # an agent through the real runner, bridge and broker, vs floors
+//! cargo run --release --bin ac7-bench -- fanout           # one broadcast to 100 live streams: SSE, WebSocket, a do-nothing server
 //! cargo run --release --bin ac7-bench -- bridge           # all four bridge figures
 //! cargo run --release --bin ac7-bench -- bridge-roundtrip # tools/list and tools/call p50/p99
 //! cargo run --release --bin ac7-bench -- bridge-throughput | bridge-spawn | bridge-rss
@@ -12,28 +14,33 @@
 //! cargo run --release --bin ac7-bench -- broker-history   # /history p50 (1 % of 100 k visible), /roster under it
 //! cargo run --release --bin ac7-bench -- broker-slow-consumer # stalled SSE client vs 600 x 900 KB
 //! cargo run --release --bin ac7-bench -- broker-upload    # broker RSS during 8 concurrent 24 MB uploads
+//! cargo run --release --bin ac7-bench -- broker-disk      # bytes per message at 100 k messages, /history page
+//! cargo run --release --bin ac7-bench -- activity-storage # bytes per llm_exchange of a 1,500-exchange session
 //! cargo run --release --bin ac7-bench -- runner           # roster round trips, push -> notification, RSS
 //! cargo run --release --bin ac7-bench -- call-tool        # call_tool round trip through the bridge
 //! cargo run --release --bin ac7-bench -- ash-spawn        # ash-bridge spawn -> R
 //! cargo run --release --bin ac7-bench -- ash-query        # query -> done with an instant stand-in agent
 //! cargo run --release --bin ac7-bench -- trace            # model call direct vs via the trace proxy, runner RSS
 //! cargo run --release --bin ac7-bench -- proxy-attack     # runner fds, RSS, model call under 1,100 silent conns / 16 x 50 MB
+//! cargo run --release --bin ac7-bench -- acp              # push -> session/prompt at an ACP agent through ac7 acp
 //! ```
 
-#[path = "../../../tests/it/common/catalogue.rs"]
-mod catalogue;
-#[path = "../../../tests/it/common/procfs.rs"]
-mod procfs;
+use ac7_test_support::{catalogue, procfs};
 
 pub(crate) use procfs::{peak_rss_kib, rss_kib};
 
+pub(crate) mod acp;
 pub(crate) mod bridge;
 pub(crate) mod broker;
 pub(crate) mod dialects;
+pub(crate) mod e2e;
+pub(crate) mod fanout;
+pub(crate) mod floor;
 pub(crate) mod history;
 pub(crate) mod proxy_attack;
 pub(crate) mod runner;
 pub(crate) mod slow_consumer;
+pub(crate) mod storage;
 pub(crate) mod trace;
 
 use std::collections::BTreeMap;
@@ -44,6 +51,8 @@ use serde_json::Value;
 
 /// The scenarios `ac7-bench` knows.
 pub(crate) const SCENARIOS: &[&str] = &[
+    "e2e",
+    "fanout",
     "bridge",
     "bridge-roundtrip",
     "bridge-throughput",
@@ -56,12 +65,15 @@ pub(crate) const SCENARIOS: &[&str] = &[
     "broker-slow-consumer",
     "broker-upload",
     "broker-replicas",
+    "broker-disk",
+    "activity-storage",
     "runner",
     "call-tool",
     "ash-spawn",
     "ash-query",
     "trace",
     "proxy-attack",
+    "acp",
 ];
 
 /// Runs the scenario named by `args[0]`; returns the process exit code.
@@ -90,6 +102,8 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<i32> {
         Some("broker-slow-consumer") => emit(&slow_consumer::run()?),
         Some("broker-upload") => emit(&broker::upload()?),
         Some("broker-replicas") => emit(&broker::replicas()?),
+        Some("broker-disk") => emit(&storage::disk()?),
+        Some("activity-storage") => emit(&storage::activity_storage()?),
         Some("runner") => {
             print_json(&runner::run()?)?;
             Ok(0)
@@ -114,7 +128,23 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<i32> {
             print_json(&proxy_attack::run()?)?;
             Ok(0)
         }
+        Some("e2e") => {
+            print_json(&e2e::run()?)?;
+            Ok(0)
+        }
+        Some("acp") => {
+            print_json(&acp::run()?)?;
+            Ok(0)
+        }
+        Some("fanout") => {
+            print_json(&fanout::run()?)?;
+            Ok(0)
+        }
         Some(broker::CHILD_ARG) => broker::child_main(&args[1..]),
+        Some(e2e::AGENT_ARG) => e2e::agent_main(),
+        Some(acp::AGENT_ARG) => acp::agent_main(),
+        Some(floor::ECHO_ARG) => floor::echo_main(&args[1..]),
+        Some(floor::SERVER_ARG) => floor::server_main(),
         other => anyhow::bail!(
             "unknown scenario {:?}; expected one of: {}",
             other.unwrap_or(""),

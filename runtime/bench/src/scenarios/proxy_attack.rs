@@ -188,7 +188,7 @@ async fn closed(stream: &mut TcpStream) -> bool {
 pub(crate) fn run() -> anyhow::Result<Report> {
     let ac7 = sibling_binary("ac7")?;
     // This process holds the 1,100 client ends.
-    ac7_runtime::rlimit::raise_fd_limit();
+    ac7_runtime::sys::rlimit::raise_fd_limit();
     let broker = BrokerChild::spawn(1)?;
     let dir = std::env::temp_dir().join(format!("ac7-bench-proxy-attack-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

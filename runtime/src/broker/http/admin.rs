@@ -310,7 +310,12 @@ pub(super) async fn tokens_list(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    let tokens = state.store.view(|c| team::tokens_list(c, &name))?;
+    let tokens = state.store.view(|c| -> Result<_, ApiError> {
+        if !team::member_exists(c, &name)? {
+            return Err(ApiError::not_found(format!("no such member: {name}")));
+        }
+        Ok(team::tokens_list(c, &name)?)
+    })?;
     Ok(reply(StatusCode::OK, &obj! {"tokens" => &tokens}))
 }
 

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
+use crate::broker::cursors::ResumePoint;
 use crate::broker::messages::{self, Feed};
 use crate::broker::publish::Draft;
 use crate::broker::store::Conn;
@@ -42,7 +43,7 @@ pub(super) async fn briefing(
         });
         let members = team::members_list(c)?;
         let open = objectives::open_for(c, &caller.name)?;
-        let through = crate::broker::cursors::get(c, &caller.name)?;
+        let through = crate::broker::cursors::resume_point(c, &caller.name)?;
         Ok((team, members, open, through))
     })?;
     let me = members
@@ -59,7 +60,11 @@ pub(super) async fn briefing(
             team: &team,
             teammates: members.iter().map(MemberRecord::teammate).collect(),
             open_objectives: open,
-            delivered_through: through,
+            delivered_nothing: through == Some(ResumePoint::FromStart),
+            delivered_through: match through {
+                Some(ResumePoint::After(id)) => Some(id),
+                Some(ResumePoint::FromStart) | None => None,
+            },
         },
     ))
 }
@@ -75,10 +80,13 @@ struct Briefing<'a> {
     team: &'a Team,
     teammates: Vec<team::Teammate<'a>>,
     open_objectives: Vec<ac7_protocol::domain::objective::Objective>,
-    /// The last message written to any of the member's live streams (absent before the first):
-    /// a runner that starts resumes after it.
+    /// The last message written to any of the member's live streams, else (before the first)
+    /// the last message logged before the member joined: a runner that starts resumes after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     delivered_through: Option<String>,
+    /// `true` when there is no such message: a runner resumes from the log's first message.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    delivered_nothing: bool,
 }
 
 /// `/roster`, keys in ac7's order.
@@ -197,8 +205,11 @@ pub(super) async fn busy(
 ) -> Result<Response, ApiError> {
     // As the TypeScript broker words it: "invalid busy report", not the usual "invalid … payload".
     let b: BusyBody = parse_json(&body, "busy").map_err(|e| e.saying("invalid busy report"))?;
-    let until = if b.busy { now_ms() + BUSY_TTL_MS } else { 0 };
-    state.hub.set_busy(&caller.name, until);
+    let now = now_ms();
+    let until = if b.busy { now + BUSY_TTL_MS } else { 0 };
+    if state.hub.set_busy(&caller.name, until, now) {
+        super::subscribe::presence_changed(&state, &caller.name);
+    }
     if state.replica.is_some() {
         state
             .store
@@ -307,7 +318,7 @@ pub(super) async fn push(
     };
     let (msg, live) = state
         .writer
-        .push(draft, audience, now)
+        .push(draft, audience.clone(), now)
         .await
         .map_err(|e| match e {
             PushError::Unavailable => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
@@ -316,10 +327,13 @@ pub(super) async fn push(
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
             }
         })?;
-    Ok(reply(
+    let response = reply(
         StatusCode::OK,
         &obj! {"delivery" => &obj!{"live" => &live, "targets" => &targets}, "message" => &msg},
-    ))
+    );
+    // Committed: the members away from the web app get a notification.
+    state.push.message(msg, route, audience);
+    Ok(response)
 }
 
 /// Validates a thread for posting by `caller` and returns its member list

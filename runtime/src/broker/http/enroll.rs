@@ -55,14 +55,20 @@ fn at_desk<T>(
     f: impl FnOnce(&Conn<'_>, &mut Desk, u64) -> Result<T, ApiError>,
 ) -> Result<T, ApiError> {
     let now = now_secs();
-    let (out, revoked) = state.store.tx(|c| -> Result<_, ApiError> {
+    let (out, revoked, next) = state.store.tx(|c| -> Result<_, ApiError> {
         let mut desk = enrollments::load(c, state.config.enroll, address)?;
         let revoked = desk.expire(now);
         enrollments::revoke(c, &revoked)?;
         let out = f(c, &mut desk, now)?;
         desk.save(c, now)?;
-        Ok((out, revoked))
+        Ok((out, revoked, desk.next_expiry()))
     })?;
+    // The expiry task wakes only when the next expiry moved.
+    state.enroll_next.send_if_modified(|at| {
+        let moved = *at != next;
+        *at = next;
+        moved
+    });
     for (member, g) in &revoked {
         tracing::info!(%member, token_id = %g.token_id, "revoked an enrollment token the device never collected");
     }
@@ -72,17 +78,42 @@ fn at_desk<T>(
     Ok(out)
 }
 
-/// Expires enrollments (and revokes uncollected grants) every few seconds while the broker runs.
+/// Expires enrollments (and revokes uncollected grants) when they are due while the broker
+/// runs: the task sleeps until the earliest expiry the desk reported (`poll_timeout`), or until
+/// a request on this process changes it; with no enrollment it sleeps until one is made. (On
+/// PostgreSQL another replica's enrollments expire by that replica's task, and by any request.)
 pub(crate) fn spawn_expiry(state: &Arc<AppState>) {
+    /// The wait before trying again after the store failed.
+    const RETRY: Duration = Duration::from_secs(5);
     let weak: Weak<AppState> = Arc::downgrade(state);
+    let mut next = state.enroll_next.subscribe();
     tokio::spawn(async move {
         loop {
-            tokio::time::sleep(Duration::from_secs(5)).await;
             let Some(state) = weak.upgrade() else { return };
+            // Expires what is due and publishes the next expiry.
             let expired =
                 crate::broker::store::off_worker(|| at_desk(&state, None, |_, _, _| Ok(())));
-            if let Err(e) = expired {
-                tracing::warn!(error = %e.error, "cannot expire enrollments");
+            drop(state);
+            let wait = match expired {
+                Err(e) => {
+                    tracing::warn!(error = %e.error, "cannot expire enrollments");
+                    Some(RETRY)
+                }
+                Ok(()) => (*next.borrow_and_update())
+                    .map(|at| Duration::from_secs(at.saturating_sub(now_secs()))),
+            };
+            match wait {
+                Some(wait) => {
+                    tokio::select! {
+                        () = tokio::time::sleep(wait) => {}
+                        changed = next.changed() => if changed.is_err() { return },
+                    }
+                }
+                None => {
+                    if next.changed().await.is_err() {
+                        return;
+                    }
+                }
             }
         }
     });

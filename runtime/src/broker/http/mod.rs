@@ -7,6 +7,7 @@ mod chat;
 pub(crate) mod enroll;
 mod fs;
 mod objectives;
+mod push;
 pub(crate) mod security;
 mod session;
 mod subscribe;
@@ -43,6 +44,9 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/briefing", get(chat::briefing))
         .route("/roster", get(chat::roster))
         .route("/push", post(chat::push))
+        .route("/push/vapid-public-key", get(push::vapid_public_key))
+        .route("/push/subscriptions", post(push::subscribe))
+        .route("/push/subscriptions/{id}", delete(push::unsubscribe))
         .route("/history", get(chat::history))
         .route("/subscribe", get(subscribe::subscribe))
         .route("/presence/busy", post(chat::busy))
@@ -126,6 +130,8 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/enroll/reject", post(enroll::reject))
         // The web app: its assets, and the shell for browser navigations (broker/web.rs).
         .route("/_app/{*path}", get(super::web::asset))
+        .route("/sw.js", get(super::web::service_worker))
+        .route("/manifest.webmanifest", get(super::web::manifest))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))

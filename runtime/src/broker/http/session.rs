@@ -517,7 +517,8 @@ struct CodeBody {
 
 /// `POST /members/:name/enroll-totp/confirm {code}`: a code of the pending secret makes it the
 /// member's secret (the code is then used up: it cannot also sign in). 404 `no pending
-/// enrollment` without one; 401 `invalid code`; counted by the sign-in limiter.
+/// enrollment` without one; 401 `invalid code`; counted by the sign-in limiter. On success
+/// every other session of the member ends (the confirming browser keeps its own).
 pub(super) async fn enroll_totp_confirm(
     State(state): State<Shared>,
     caller: Caller,
@@ -544,7 +545,23 @@ pub(super) async fn enroll_totp_confirm(
             Err(ConfirmError::Refused(r)) => Judged::Failed(login_refusal(r), Claim::Member(&name)),
         })
     })?;
-    tracing::info!(member = %name, "TOTP enrollment confirmed");
+    // The old secret no longer signs anyone in: neither do the sessions it opened. The
+    // confirming browser (when it is the member's own session) stays signed in.
+    let keep = caller
+        .token_id
+        .strip_prefix(SESSION_ID_PREFIX)
+        .filter(|_| caller.name == name);
+    let ended = state
+        .store
+        .tx(|c| sessions::sessions_end_others(c, &name, keep))?;
+    for hash in &ended {
+        let token_id = format!("{SESSION_ID_PREFIX}{hash}");
+        state.hub.close_token(&name, &token_id);
+        state
+            .activity_hub
+            .close_owner(&name, Some(&token_id), Closed::Revoked);
+    }
+    tracing::info!(member = %name, ended_sessions = ended.len(), "TOTP enrollment confirmed");
     Ok(reply(
         StatusCode::OK,
         &obj! {"member" => &name, "enrolled" => &true},
@@ -565,10 +582,12 @@ pub(super) async fn setup_status(State(state): State<Shared>) -> Result<Response
 }
 
 /// `POST /setup {code}` (no auth; `code` is the one-time setup code `ac7 serve` printed):
-/// enrolls TOTP for the first admin (the first member holding `members.manage`) and answers
-/// `{member, totpSecret, totpUri, qrSvg}` once. The code is used up on success; wrong codes
-/// count against the client address like failed sign-ins. 409 `setup already done` once any
-/// member has TOTP (or the code was used).
+/// issues the first admin (the first member holding `members.manage`) a TOTP secret and
+/// answers `{member, totpSecret, totpUri, qrSvg}`. The secret stays *pending* and the code
+/// valid until the first sign-in with that secret (`POST /session/totp`) confirms it: asking
+/// again with the code answers the same secret, so a reload before scanning locks nobody out.
+/// Wrong codes count against the client address like failed sign-ins. 409 `setup already
+/// done` once any member has a confirmed secret.
 pub(super) async fn setup(
     State(state): State<Shared>,
     parts: Parts,
@@ -587,9 +606,9 @@ pub(super) async fn setup(
             "setup already done: sign in, or ask an admin to enroll you",
         ));
     }
-    let secret = new_totp_secret()?;
-    let (admin, team_name) = guarded(&state, &address, Claim::NoMember, now, |c, _| {
-        if !sessions::setup_code_take(c, b.code.trim())? {
+    let fresh = new_totp_secret()?;
+    let (admin, secret, team_name) = guarded(&state, &address, Claim::NoMember, now, |c, _| {
+        if !sessions::setup_code_matches(c, b.code.trim())? {
             return Ok(Judged::Failed(
                 ApiError::unauthorized("invalid setup code"),
                 Claim::NoMember,
@@ -598,12 +617,12 @@ pub(super) async fn setup(
         let admin = team::managers(c)?.into_iter().next().ok_or_else(|| {
             ApiError::conflict("the team has no member holding members.manage to enroll")
         })?;
-        sessions::totp_set(c, &admin, &secret)?;
+        let secret = sessions::setup_secret(c, &admin, &fresh)?;
         let team_name = team::team_get(c)?.map(|t| t.name).unwrap_or_default();
-        Ok(Judged::Passed((admin.clone(), team_name), admin))
+        Ok(Judged::Passed((admin.clone(), secret, team_name), admin))
     })?;
     let (uri, svg) = enrollment_shape(&team_name, &admin, &secret)?;
-    tracing::info!(member = %admin, "first-admin setup: TOTP enrolled");
+    tracing::info!(member = %admin, "first-admin setup: secret issued, pending its first sign-in");
     Ok(reply(
         StatusCode::OK,
         &obj! {"member" => &admin, "totpSecret" => &secret, "totpUri" => &uri, "qrSvg" => &svg},

@@ -12,6 +12,11 @@
 //! (`X-AC7-Runner: host=…;pid=…`, shown as `runners` on `/roster`). SSE responses carry `Connection: close`: when the
 //! broker ends a stream, the connection goes with it.
 //!
+//! Presence notices: the streams of session-cookie callers (browsers) also get
+//! `event: presence` with `{"type":"presence","name":…}` (no `id:`) whenever a member's
+//! stream opens or closes on this broker or its busy report starts or ends, so the web app
+//! re-reads `/roster` at once ([`presence_changed`]). Bearer callers never get them.
+//!
 //! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), every message
 //! the caller may see that was logged after that id is sent first, oldest first,
 //! then live traffic, with no gap and no duplicate. The subscription is taken
@@ -61,9 +66,9 @@ struct Guard {
 
 impl Guard {
     /// Notes that message `id` was written to this member's stream (activity streams carry no
-    /// messages).
+    /// messages; notices have no id).
     fn delivered(&self, id: &str) {
-        if !self.activity {
+        if !self.activity && !id.is_empty() {
             self.state.cursors.note(&self.name, id);
         }
     }
@@ -77,10 +82,11 @@ impl Drop for Guard {
             &self.state.hub
         };
         hub.unsubscribe(&self.name, self.id);
-        if !self.activity
-            && let Some(replica) = &self.state.replica
-        {
-            replica.stream_closed(&self.name);
+        if !self.activity {
+            if let Some(replica) = &self.state.replica {
+                replica.stream_closed(&self.name);
+            }
+            presence_changed(&self.state, &self.name);
         }
     }
 }
@@ -206,7 +212,21 @@ pub(super) async fn subscribe(
     {
         state.hub.set_runner(&sub.name, sub.id, runner);
     }
+    presence_changed(&state, &sub.name);
     Ok(respond(&state, upgrade, opening, sub, false))
+}
+
+/// Tells the browsers on this broker (live streams of session-cookie callers) that `name`'s
+/// presence changed here — a stream opened or closed, a busy report started or ended — so
+/// they re-read `/roster` at once instead of at their next poll. SSE `event: presence` with
+/// `{"type":"presence","name":…}` (no `id:`: the resume position stays the last message);
+/// bearer callers (runners, the CLI) never get it.
+pub(crate) fn presence_changed(state: &AppState, name: &str) {
+    let json = serde_json::json!({"type": "presence", "name": name}).to_string();
+    let frame = Arc::new(Frame::notice("presence", json));
+    state.hub.notify(&frame, |token| {
+        token.starts_with(crate::broker::sessions::SESSION_ID_PREFIX)
+    });
 }
 
 /// A refused subscription as an answer.
@@ -246,7 +266,11 @@ pub(super) async fn stream_request(
                 .map_err(|e| ApiError::bad_request(format!("bad WebSocket upgrade: {e}")))?
                 // The broker ignores what clients send: keep their frames small.
                 .max_frame_size(WS_MAX_CLIENT_MESSAGE)
-                .max_message_size(WS_MAX_CLIENT_MESSAGE),
+                .max_message_size(WS_MAX_CLIENT_MESSAGE)
+                // Each read attempt zeroes up to this much of the read buffer first: with the
+                // default (128 KiB) every frame sent cost a 128 KiB memset, since the socket is
+                // polled for client frames between sends.
+                .read_buffer_size(WS_READ_BUFFER),
         )
     } else {
         None
@@ -425,6 +449,10 @@ fn opening_sse(opening: Opening) -> impl Stream<Item = Result<Bytes, ()>> {
     })
     .flat_map(stream::iter)
 }
+
+/// The WebSocket read buffer: what one read takes at most (client frames are small; a larger one
+/// takes several reads).
+const WS_READ_BUFFER: usize = 4 * 1024;
 
 /// Largest frame or message the broker accepts from a WebSocket client (it reads
 /// only close, ping and pong; anything larger closes that socket).

@@ -18,6 +18,7 @@ use std::ops::Range;
 use tokio_postgres::{Client, GenericClient, Row, Transaction};
 
 use super::PgError;
+use crate::broker::messages;
 
 /// The `LISTEN`/`NOTIFY` channel of the log doorbell. Its payload is the sequence of the last
 /// message of the committed append, in decimal, and nothing else.
@@ -76,17 +77,58 @@ pub async fn append_in(tx: &Transaction<'_>, batch: &[LogMessage]) -> Result<Ran
         .try_get(0)?;
     let first = last - n + 1;
     let seqs: Vec<i64> = (first..=last).collect();
-    let ids: Vec<&str> = batch.iter().map(|m| m.id.as_str()).collect();
+    let stored = batch
+        .iter()
+        .map(|m| {
+            messages::encode_logged(
+                &m.id,
+                m.ts,
+                m.to_name.as_deref(),
+                m.from_name.as_deref(),
+                m.thread.as_deref(),
+                &m.json,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| PgError::Corrupt(e.to_string()))?;
+    // Each name and thread key once, and `null` (everyone) for the audience.
+    let mut keys: Vec<&str> = vec!["null"];
+    for m in batch {
+        keys.extend(
+            [&m.to_name, &m.from_name, &m.thread]
+                .into_iter()
+                .filter_map(|k| k.as_deref()),
+        );
+    }
+    tx.execute(
+        "INSERT INTO message_keys (key) SELECT DISTINCT k FROM unnest($1::TEXT[]) AS k ORDER BY k
+         ON CONFLICT (key) DO NOTHING",
+        &[&keys],
+    )
+    .await?;
+    let ids: Vec<Option<&[u8]>> = stored.iter().map(|s| s.id.as_deref()).collect();
+    let id_texts: Vec<Option<&str>> = stored.iter().map(|s| s.id_text.as_deref()).collect();
     let ts: Vec<i64> = batch.iter().map(|m| m.ts).collect();
     let to: Vec<Option<&str>> = batch.iter().map(|m| m.to_name.as_deref()).collect();
     let from: Vec<Option<&str>> = batch.iter().map(|m| m.from_name.as_deref()).collect();
     let thread: Vec<Option<&str>> = batch.iter().map(|m| m.thread.as_deref()).collect();
-    let json: Vec<&str> = batch.iter().map(|m| m.json.as_str()).collect();
+    let body: Vec<&str> = stored.iter().map(|s| s.body.as_str()).collect();
+    let extra: Vec<Option<&str>> = stored.iter().map(|s| s.extra.as_deref()).collect();
     tx.execute(
-        "INSERT INTO messages (seq, id, ts, to_name, from_name, thread, json)
-         SELECT * FROM unnest($1::BIGINT[], $2::TEXT[], $3::BIGINT[], $4::TEXT[], $5::TEXT[],
-                              $6::TEXT[], $7::TEXT[])",
-        &[&seqs, &ids, &ts, &to, &from, &thread, &json],
+        "INSERT INTO messages (seq, id, id_text, ts, to_key, from_key, thread, body, extra, audience)
+         SELECT u.seq, u.id, u.id_text, u.ts,
+                (SELECT k.id FROM message_keys k WHERE k.key = u.to_name),
+                (SELECT k.id FROM message_keys k WHERE k.key = u.from_name),
+                CASE WHEN u.thread LIKE 'obj:%' THEN -1 ELSE 1 END
+                    * (SELECT k.id FROM message_keys k WHERE k.key = u.thread),
+                u.body, u.extra,
+                (SELECT k.id FROM message_keys k WHERE k.key = 'null')
+         FROM unnest($1::BIGINT[], $2::BYTEA[], $3::TEXT[], $4::BIGINT[], $5::TEXT[],
+                     $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[])
+              AS u(seq, id, id_text, ts, to_name, from_name, thread, body, extra)",
+        &[
+            &seqs, &ids, &id_texts, &ts, &to, &from, &thread, &body, &extra,
+        ],
     )
     .await?;
     tx.execute(
@@ -105,8 +147,12 @@ pub async fn read_after(
 ) -> Result<Vec<LogRow>, PgError> {
     let rows = client
         .query(
-            "SELECT seq, id, ts, to_name, from_name, thread, json FROM messages
-             WHERE seq > $1 ORDER BY seq LIMIT $2",
+            "SELECT m.seq, m.id, m.id_text, m.ts, tk.key, fk.key, hk.key, m.body, m.extra
+             FROM messages m
+             LEFT JOIN message_keys tk ON tk.id = m.to_key
+             LEFT JOIN message_keys fk ON fk.id = m.from_key
+             LEFT JOIN message_keys hk ON hk.id = abs(m.thread)
+             WHERE m.seq > $1 ORDER BY m.seq LIMIT $2",
             &[&after, &limit.max(0)],
         )
         .await?;
@@ -122,15 +168,32 @@ pub async fn head(client: &impl GenericClient) -> Result<i64, PgError> {
 }
 
 fn log_row(row: &Row) -> Result<LogRow, PgError> {
+    let corrupt = |e: crate::broker::db::StoreError| PgError::Corrupt(e.to_string());
+    let id =
+        messages::id_of(row.try_get::<_, Option<&[u8]>>(1)?, row.try_get(2)?).map_err(corrupt)?;
+    let ts: i64 = row.try_get(3)?;
+    let to_name: Option<String> = row.try_get(4)?;
+    let from_name: Option<String> = row.try_get(5)?;
+    let thread: Option<String> = row.try_get(6)?;
+    let json = messages::decode(
+        &id,
+        ts,
+        to_name.as_deref(),
+        from_name.as_deref(),
+        thread.as_deref(),
+        row.try_get(7)?,
+        row.try_get(8)?,
+    )
+    .map_err(corrupt)?;
     Ok(LogRow {
         seq: row.try_get(0)?,
         message: LogMessage {
-            id: row.try_get(1)?,
-            ts: row.try_get(2)?,
-            to_name: row.try_get(3)?,
-            from_name: row.try_get(4)?,
-            thread: row.try_get(5)?,
-            json: row.try_get(6)?,
+            id,
+            ts,
+            to_name,
+            from_name,
+            thread,
+            json,
         },
     })
 }

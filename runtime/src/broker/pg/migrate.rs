@@ -26,11 +26,28 @@ pub struct Migration {
 }
 
 /// Every migration this binary knows, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "schema v1",
-    sql: schema::V1,
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "schema v1",
+        sql: schema::V1,
+    },
+    Migration {
+        version: 2,
+        name: "activity blocks",
+        sql: schema::V2,
+    },
+    Migration {
+        version: 3,
+        name: "compact messages",
+        sql: schema::V3,
+    },
+    Migration {
+        version: 4,
+        name: "web push",
+        sql: schema::V4,
+    },
+];
 
 /// The schema version this binary brings a database to.
 pub fn latest_version() -> i32 {

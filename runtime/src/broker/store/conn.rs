@@ -21,8 +21,12 @@ pub enum Backend {
 /// A connection (inside the store's transaction) that store functions run SQL on.
 pub struct Conn<'a> {
     inner: Inner<'a>,
+    /// The store's cache of `message_keys` rows, and whether this transaction may add to it
+    /// (read transactions only: what they read is committed).
+    keys: Option<(&'a super::keys::KeyCache, bool)>,
 }
 
+#[derive(Clone, Copy)]
 enum Inner<'a> {
     Sqlite(&'a rusqlite::Connection),
     Postgres(&'a super::postgres::Session),
@@ -39,6 +43,7 @@ impl<'a> Conn<'a> {
     pub fn sqlite(conn: &'a rusqlite::Connection) -> Conn<'a> {
         Conn {
             inner: Inner::Sqlite(conn),
+            keys: None,
         }
     }
 
@@ -46,7 +51,22 @@ impl<'a> Conn<'a> {
     pub fn postgres(session: &'a super::postgres::Session) -> Conn<'a> {
         Conn {
             inner: Inner::Postgres(session),
+            keys: None,
         }
+    }
+
+    /// The same connection, looking `message_keys` rows up in `keys` first; a read
+    /// transaction (`fill`: what it reads is committed) also adds the rows it reads.
+    pub fn with_keys<'b>(&'b self, keys: &'b super::keys::KeyCache, fill: bool) -> Conn<'b> {
+        Conn {
+            inner: self.inner,
+            keys: Some((keys, fill)),
+        }
+    }
+
+    /// The store's `message_keys` cache, and whether this transaction may add to it.
+    pub fn key_cache(&self) -> Option<(&'a super::keys::KeyCache, bool)> {
+        self.keys
     }
 
     /// The database behind it.

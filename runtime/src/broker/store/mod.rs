@@ -8,6 +8,7 @@
 //!   other tasks to another thread instead of stalling them.
 
 pub mod conn;
+pub mod keys;
 pub mod postgres;
 pub mod value;
 

@@ -88,7 +88,7 @@ impl std::fmt::Debug for TraceCa {
 }
 
 fn now() -> OffsetDateTime {
-    OffsetDateTime::now_utc()
+    OffsetDateTime::UNIX_EPOCH + time::Duration::milliseconds(crate::sys::clock::now_ms())
 }
 
 impl TraceCa {

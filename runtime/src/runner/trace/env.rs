@@ -6,8 +6,8 @@
 //! | `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` | the proxy URL, with its secret | same |
 //! | `NO_PROXY` | `$NO_PROXY` (or `$no_proxy`) + `localhost,127.0.0.1,::1` | same |
 //! | `NODE_USE_ENV_PROXY` | `1` | — |
-//! | `NODE_EXTRA_CA_CERTS` | the CA file (Node *adds* it to its roots) | — |
-//! | `CODEX_CA_CERTIFICATE` | — | a bundle: the system roots + the CA |
+//! | `NODE_EXTRA_CA_CERTS` | the CA file (Node *adds* it to its roots); when the runner was given one, a bundle: that file + the CA | — |
+//! | `CODEX_CA_CERTIFICATE` | — | a bundle: the system roots (+ the runner's `CODEX_CA_CERTIFICATE`) + the CA |
 //! | `NODE_TLS_REJECT_UNAUTHORIZED` | not set (`--unsafe-tls` acts in the proxy) | not set |
 //!
 //! Lowercase `https_proxy`, `http_proxy`, `all_proxy` are removed, so a tool that prefers them
@@ -64,18 +64,23 @@ fn no_proxy(inherited: Option<String>) -> String {
     list.join(",")
 }
 
-/// The delta for `kind`: `proxy_url` with its credentials, `ca` the file the agent trusts
-/// (the CA for Node, the bundle for Codex).
-pub fn agent_env(kind: AgentKind, proxy_url: &str, ca: &Path) -> AgentEnv {
+/// The `NO_PROXY` the agent gets: `$NO_PROXY` (or `$no_proxy`) + the loopback names.
+pub fn agent_no_proxy() -> String {
     let inherited = std::env::var("NO_PROXY")
         .ok()
         .filter(|v| !v.is_empty())
         .or_else(|| std::env::var("no_proxy").ok());
+    no_proxy(inherited)
+}
+
+/// The delta for `kind`: `proxy_url` with its credentials, `ca` the file the agent trusts
+/// (the CA for Node, the bundle for Codex).
+pub fn agent_env(kind: AgentKind, proxy_url: &str, ca: &Path) -> AgentEnv {
     let mut set: Vec<(String, String)> = ["HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY"]
         .iter()
         .map(|name| ((*name).to_owned(), proxy_url.to_owned()))
         .collect();
-    set.push(("NO_PROXY".into(), no_proxy(inherited)));
+    set.push(("NO_PROXY".into(), agent_no_proxy()));
     let ca = ca.to_string_lossy().into_owned();
     let remove: Vec<String> = ["https_proxy", "http_proxy", "all_proxy", "no_proxy"]
         .iter()
@@ -91,6 +96,34 @@ pub fn agent_env(kind: AgentKind, proxy_url: &str, ca: &Path) -> AgentEnv {
         }
     }
     AgentEnv { set, remove }
+}
+
+/// The variable naming the CA file an agent of `kind` trusts besides (Node) or instead of
+/// (Codex) its roots.
+pub fn agent_ca_var(kind: AgentKind) -> &'static str {
+    match kind {
+        AgentKind::Node => "NODE_EXTRA_CA_CERTS",
+        AgentKind::Codex => "CODEX_CA_CERTIFICATE",
+    }
+}
+
+/// The PEM of the CA file the agent was given in [`agent_ca_var`] (the runner's environment,
+/// which the agent inherits), if any. The trace host keeps it in what the agent trusts, and the
+/// proxy trusts it for the agent's upstreams. A file that cannot be read is one warning.
+pub fn agent_ca(kind: AgentKind) -> Option<Vec<u8>> {
+    let var = agent_ca_var(kind);
+    let path = std::env::var_os(var).filter(|p| !p.is_empty())?;
+    match std::fs::read(&path) {
+        Ok(pem) if !pem.is_empty() => Some(pem),
+        Ok(_) => None,
+        Err(e) => {
+            eprintln!(
+                "ac7: warning: {var}={} cannot be read ({e}); the agent is traced without it",
+                Path::new(&path).display()
+            );
+            None
+        }
+    }
 }
 
 /// The system's CA bundle: `$SSL_CERT_FILE`, else the first of the usual places that exists.

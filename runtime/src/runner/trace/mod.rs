@@ -5,6 +5,8 @@
 //! - [`ca`]: the session CA and its per-host leaves; the CA file on disk (0600, removed on exit);
 //! - [`proxy`]: the proxy (MITM for model hosts, raw tunnel for the rest, plain `http://`
 //!   forwarding, a per-session secret);
+//! - [`endpoint`]: the model endpoint the agent is configured with (a gateway named by
+//!   `ANTHROPIC_BASE_URL` or Codex's provider `base_url`), traced like the model hosts;
 //! - [`env`](mod@env): what the agent's command gets in its environment.
 //!
 //! Which runners trace: `ac7 claude-code` and `ac7 codex` by default (`--no-trace` turns it off);
@@ -17,12 +19,14 @@
 //! the runner prints a boxed warning. The agent's own TLS checks are unchanged.
 
 pub mod ca;
+pub mod endpoint;
 pub mod env;
 pub mod proxy;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub use endpoint::ModelEndpoint;
 pub use env::{AgentEnv, AgentKind};
 pub use proxy::{TraceProxy, TraceSink};
 
@@ -66,39 +70,77 @@ pub struct TraceHost {
     env: AgentEnv,
 }
 
+/// What the runner says about a model endpoint the agent reaches without the proxy.
+fn bypass_warning(endpoint: &ModelEndpoint, no_proxy_entry: &str) -> String {
+    format!(
+        "the model endpoint {} ({}) is reached without the trace proxy (NO_PROXY has {no_proxy_entry}{}): its exchanges cannot be traced, and the member is not shown busy while it waits for them",
+        endpoint.url,
+        endpoint.source,
+        if ["localhost", "127.0.0.1", "::1"].contains(&no_proxy_entry) {
+            ", which the runner always adds for loopback"
+        } else {
+            ""
+        }
+    )
+}
+
 fn temp_dir() -> PathBuf {
     std::env::temp_dir()
 }
 
 impl TraceHost {
-    /// Generates the CA, writes its file, starts the proxy; exchanges go to `activity`.
+    /// Generates the CA, writes its file, starts the proxy; exchanges go to `activity`. The
+    /// model `endpoints` the agent is configured with are traced too, except those it reaches
+    /// without the proxy (matched by `NO_PROXY`), each of which is one warning on stderr.
     pub async fn start(
         kind: AgentKind,
         unsafe_tls: bool,
         activity: ActivityHandle,
+        endpoints: Vec<ModelEndpoint>,
     ) -> Result<Self, String> {
         let upstream_override = match std::env::var(proxy::UPSTREAM_ENV) {
             Ok(text) => proxy::parse_upstream_override(&text)?,
             Err(_) => Default::default(),
         };
-        let upstream_tls = proxy::upstream_tls(unsafe_tls)?;
+        let agent_ca = env::agent_ca(kind);
+        let upstream_tls = proxy::upstream_tls(unsafe_tls, agent_ca.as_deref())?;
         let ca = Arc::new(TraceCa::generate().map_err(|e| e.to_string())?);
         let dir = temp_dir();
         let ca_file = ca.write_pem(&dir).map_err(|e| e.to_string())?;
-        let bundle = match kind {
-            AgentKind::Node => None,
-            AgentKind::Codex => {
-                let mut pem = env::system_bundle().unwrap_or_default();
-                if !pem.is_empty() && !pem.ends_with(b"\n") {
-                    pem.push(b'\n');
-                }
-                pem.extend_from_slice(ca.pem().as_bytes());
-                Some(
-                    CaFile::create(&dir, super::leftovers::BUNDLE_PREFIX, &pem)
-                        .map_err(|e| e.to_string())?,
-                )
-            }
+        // What the agent trusts besides its roots: the session CA, after the CA it was given.
+        let mut pem = match kind {
+            AgentKind::Node => Vec::new(),
+            AgentKind::Codex => env::system_bundle().unwrap_or_default(),
         };
+        if let Some(agent_ca) = &agent_ca {
+            if !pem.is_empty() && !pem.ends_with(b"\n") {
+                pem.push(b'\n');
+            }
+            pem.extend_from_slice(agent_ca);
+        }
+        let bundle = if pem.is_empty() {
+            None
+        } else {
+            if !pem.ends_with(b"\n") {
+                pem.push(b'\n');
+            }
+            pem.extend_from_slice(ca.pem().as_bytes());
+            Some(
+                CaFile::create(&dir, super::leftovers::BUNDLE_PREFIX, &pem)
+                    .map_err(|e| e.to_string())?,
+            )
+        };
+        let no_proxy = env::agent_no_proxy();
+        let endpoints = endpoints
+            .into_iter()
+            .filter(|e| match e.bypassed_by(&no_proxy) {
+                None => true,
+                Some(entry) => {
+                    eprintln!("ac7: warning: {}", bypass_warning(e, &entry));
+                    false
+                }
+            })
+            .collect();
         let mut secret = [0u8; 16];
         getrandom::fill(&mut secret).map_err(|e| format!("no randomness: {e}"))?;
         let secret: String = secret.iter().map(|b| format!("{b:02x}")).collect();
@@ -107,6 +149,7 @@ impl TraceHost {
                 ca,
                 upstream_tls,
                 upstream_override,
+                endpoints,
                 secret,
                 limits: proxy::ProxyLimits::default(),
             },
@@ -138,8 +181,9 @@ impl TraceHost {
         kind: AgentKind,
         unsafe_tls: bool,
         activity: ActivityHandle,
+        endpoints: Vec<ModelEndpoint>,
     ) -> Option<Self> {
-        match Self::start(kind, unsafe_tls, activity).await {
+        match Self::start(kind, unsafe_tls, activity, endpoints).await {
             Ok(host) => Some(host),
             Err(e) => {
                 eprintln!(

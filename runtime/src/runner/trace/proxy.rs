@@ -7,7 +7,9 @@
 //!   relay through the proxy (its traffic would be recorded as this member's): without the
 //!   secret it gets `407`.
 //! - `CONNECT host:port` (`[v6]:port` too) to a model API host ([`is_model_host`]: `anthropic.com`,
-//!   `openai.com`, `openai.azure.com`, `chatgpt.com` and their subdomains, any port): the proxy
+//!   `openai.com`, `openai.azure.com`, `chatgpt.com` and their subdomains, any port) or to one of
+//!   the model endpoints the agent is configured with ([`ProxyConfig::endpoints`]: that host and
+//!   port, whose exchanges are decoded as the endpoint's API whatever the host is called): the proxy
 //!   first dials the upstream as a TLS client (SNI = the host, ALPN `http/1.1`, verified against
 //!   the system and web PKI roots plus `AC7_CA_CERT`; `--unsafe-tls` skips verification). A
 //!   failure before the handshake completes — refused, timed out, an untrusted certificate — is
@@ -22,11 +24,11 @@
 //!   runner decodes plaintext tunnels too).
 //! - An absolute-form request (`GET http://host[:port]/path HTTP/1.1`) is forwarded to the host
 //!   in origin form, without the `Proxy-*` headers and with `Connection: close` (one request per
-//!   proxied connection), traced only when the host is a model API host (the TypeScript runner's
-//!   CONNECT-only proxy answers these with 400).
+//!   proxied connection), traced only when the host is a model API host or a configured model
+//!   endpoint (the TypeScript runner's CONNECT-only proxy answers these with 400).
 //! - Anything else: `400 Bad Request`; the listener stays up.
 //!
-//! Holding up against other local processes ([`ProxyLimits`]; README, "Tracing (runner)"):
+//! Holding up against other local processes ([`ProxyLimits`]; docs/broker.md, "Tracing (runner)"):
 //! - A connection is *unauthenticated* until its first request head is complete and carries the
 //!   secret. At most `max_unauthenticated` (64) are open at once: accepting one more closes the
 //!   oldest waiting one at once (oldest-first eviction, not refusal: refusing new connections
@@ -54,8 +56,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ac7_protocol::trace::activity::ActivityEvent;
-use ac7_protocol::trace::http::{ConnId, Exchange, HttpAssembler, HttpConfig, HttpOutput};
-use ac7_protocol::trace::{TraceConfig, exchange_event};
+use ac7_protocol::trace::activity::LlmApi;
+use ac7_protocol::trace::http::{Exchange, HttpAssembler, HttpConfig, HttpOutput, ProxyConnId};
+use ac7_protocol::trace::{TraceConfig, exchange_event_at};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -63,6 +66,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use super::ca::TraceCa;
+use super::endpoint::ModelEndpoint;
 
 /// The test-only upstream override variable.
 pub const UPSTREAM_ENV: &str = "AC7_TRACE_UPSTREAM";
@@ -121,6 +125,9 @@ pub struct ProxyConfig {
     pub upstream_tls: Arc<rustls::ClientConfig>,
     /// Test-only dial overrides (`host` → `addr`).
     pub upstream_override: HashMap<String, String>,
+    /// Model endpoints the agent is configured with besides the default model hosts (their
+    /// host and port are traced too, as the API each speaks).
+    pub endpoints: Vec<ModelEndpoint>,
     /// The secret every request must carry.
     pub secret: String,
     /// Caps against other local processes and against memory growth.
@@ -267,10 +274,35 @@ struct Shared {
     budget: Arc<Budget>,
 }
 
+/// How the proxy handles a connection's destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// Not a model host: relayed untouched.
+    Untraced,
+    /// A default model host ([`is_model_host`]).
+    ModelHost,
+    /// A model endpoint the agent is configured with, speaking this API.
+    Endpoint(LlmApi),
+}
+
+impl Shared {
+    fn route(&self, host: &str, port: u16) -> Route {
+        let host = host.trim_end_matches('.');
+        if is_model_host(host) {
+            return Route::ModelHost;
+        }
+        self.config
+            .endpoints
+            .iter()
+            .find(|e| e.host.eq_ignore_ascii_case(host) && e.port == port)
+            .map_or(Route::Untraced, |e| Route::Endpoint(e.api))
+    }
+}
+
 /// What the relays hand the decode thread.
 enum Decode {
-    /// A finished exchange of connection `.0`.
-    Exchange(u64, Box<Exchange>),
+    /// A finished exchange of connection `.0`, with the API of the endpoint it went to (`.2`).
+    Exchange(u64, Box<Exchange>, Option<LlmApi>),
     /// Every relay is done: drain and stop.
     Stop,
 }
@@ -295,9 +327,9 @@ impl Decoder {
         std::thread::Builder::new()
             .name("ac7-trace-decode".into())
             .spawn(move || {
-                while let Ok(Decode::Exchange(conn, exchange)) = work.recv() {
+                while let Ok(Decode::Exchange(conn, exchange, endpoint)) = work.recv() {
                     let bytes = exchange.body_bytes();
-                    let event = exchange_event(&exchange, preview_chars);
+                    let event = exchange_event_at(&exchange, preview_chars, endpoint);
                     drop(exchange);
                     held.release(bytes);
                     sink.exchange(conn, event);
@@ -307,11 +339,11 @@ impl Decoder {
         Ok((Self { queue, budget }, finished))
     }
 
-    fn decode(&self, conn: u64, exchange: Box<Exchange>) {
+    fn decode(&self, conn: u64, exchange: Box<Exchange>, endpoint: Option<LlmApi>) {
         // The thread outlives every relay (it stops on `Stop` only), so this cannot fail while
         // a relay runs; after `close` gave up waiting there is nobody left to tell.
-        if let Err(std::sync::mpsc::SendError(Decode::Exchange(_, exchange))) =
-            self.queue.send(Decode::Exchange(conn, exchange))
+        if let Err(std::sync::mpsc::SendError(Decode::Exchange(_, exchange, _))) =
+            self.queue.send(Decode::Exchange(conn, exchange, endpoint))
         {
             self.budget.release(exchange.body_bytes());
         }
@@ -627,10 +659,12 @@ async fn serve(
         let Some((host, port)) = split_authority(&head.target) else {
             return reply(&mut client, "400 Bad Request", "").await;
         };
-        if is_model_host(&host) {
-            mitm(&shared, id, client, &host, port, rest, stopped).await;
-        } else {
-            tunnel(&shared, client, &host, port, rest).await;
+        match shared.route(&host, port) {
+            Route::Untraced => tunnel(&shared, client, &host, port, rest).await,
+            Route::ModelHost => mitm(&shared, id, client, &host, port, rest, None, stopped).await,
+            Route::Endpoint(api) => {
+                mitm(&shared, id, client, &host, port, rest, Some(api), stopped).await;
+            }
         }
         return;
     }
@@ -651,10 +685,24 @@ async fn serve(
     forwarded.push_str("Connection: close\r\n\r\n");
     let mut first = forwarded.into_bytes();
     first.extend_from_slice(&rest);
-    if is_model_host(&host) {
-        relay_traced(&shared, id, &host, client, upstream, first, stopped).await;
-    } else {
-        relay_raw(client, upstream, &first).await;
+    match shared.route(&host, port) {
+        Route::Untraced => relay_raw(client, upstream, &first).await,
+        Route::ModelHost => {
+            relay_traced(&shared, id, &host, None, client, upstream, first, stopped).await;
+        }
+        Route::Endpoint(api) => {
+            relay_traced(
+                &shared,
+                id,
+                &host,
+                Some(api),
+                client,
+                upstream,
+                first,
+                stopped,
+            )
+            .await;
+        }
     }
 }
 
@@ -696,6 +744,7 @@ async fn relay_raw(mut client: TcpStream, mut upstream: TcpStream, first: &[u8])
     let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn mitm(
     shared: &Shared,
     id: u64,
@@ -703,6 +752,7 @@ async fn mitm(
     host: &str,
     port: u16,
     rest: Vec<u8>,
+    endpoint: Option<LlmApi>,
     stopped: watch::Receiver<bool>,
 ) {
     let upstream = async {
@@ -749,14 +799,27 @@ async fn mitm(
         }
         Err(_) => return,
     };
-    relay_traced(shared, id, host, client, upstream, Vec::new(), stopped).await;
+    relay_traced(
+        shared,
+        id,
+        host,
+        endpoint,
+        client,
+        upstream,
+        Vec::new(),
+        stopped,
+    )
+    .await;
 }
 
-/// Relays one decrypted connection through an [`HttpAssembler`].
+/// Relays one decrypted connection through an [`HttpAssembler`]; `endpoint` is the API of the
+/// configured model endpoint it goes to, if it is one.
+#[allow(clippy::too_many_arguments)]
 async fn relay_traced<C, S>(
     shared: &Shared,
     id: u64,
     host: &str,
+    endpoint: Option<LlmApi>,
     client: C,
     server: S,
     first: Vec<u8>,
@@ -765,17 +828,18 @@ async fn relay_traced<C, S>(
     C: AsyncRead + AsyncWrite + Unpin,
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    let conn = ConnId(id);
+    let conn = ProxyConnId(id);
     let mut tracer = Traced {
         assembler: HttpAssembler::new(HttpConfig {
             rewrite_accept_encoding: true,
             ..HttpConfig::default()
         }),
         conn,
+        endpoint,
         budget: &shared.budget,
         held: 0,
     };
-    let now = || u64::try_from(crate::clock::now_ms()).unwrap_or(0);
+    let now = || u64::try_from(crate::sys::clock::now_ms()).unwrap_or(0);
     tracer.assembler.handle_open(conn, host, now());
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut sr, mut sw) = tokio::io::split(server);
@@ -835,7 +899,9 @@ async fn relay_traced<C, S>(
 /// One traced connection's assembler, the body bytes it keeps counted in the proxy's [`Budget`].
 struct Traced<'a> {
     assembler: HttpAssembler,
-    conn: ConnId,
+    conn: ProxyConnId,
+    /// The API of the configured model endpoint the connection goes to, if it is one.
+    endpoint: Option<LlmApi>,
     budget: &'a Budget,
     /// Body bytes the assembler holds, all counted in `budget`.
     held: usize,
@@ -843,7 +909,7 @@ struct Traced<'a> {
 
 impl Traced<'_> {
     /// Runs `input` (at most `len` new body bytes) with the room the budget has for them.
-    fn feed(&mut self, len: usize, input: impl FnOnce(&mut HttpAssembler, ConnId)) {
+    fn feed(&mut self, len: usize, input: impl FnOnce(&mut HttpAssembler, ProxyConnId)) {
         let grant = self.budget.reserve(len);
         self.assembler.set_body_allowance(self.conn, Some(grant));
         input(&mut self.assembler, self.conn);
@@ -893,10 +959,18 @@ async fn drain<W: AsyncWrite + Unpin>(
                 }
             }
             HttpOutput::RequestSent { conn } => shared.sink.request_sent(conn.0),
-            HttpOutput::Exchange(exchange) => shared.decoder.decode(exchange.conn.0, exchange),
+            HttpOutput::Exchange(exchange) => {
+                shared
+                    .decoder
+                    .decode(exchange.conn.0, exchange, tracer.endpoint);
+            }
             HttpOutput::Untraced { conn, reason } => {
                 tracing::debug!("trace proxy: connection {} untraced: {reason}", conn.0);
             }
+            other => tracing::warn!(
+                ?other,
+                "trace: an assembler output this version does not handle"
+            ),
         }
     }
     if wrote && let Some(server) = server {
@@ -948,9 +1022,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Prefixed<T> {
 }
 
 /// The TLS client configuration for upstream model hosts: the system roots (the first bundle
-/// found at the usual places, or `$SSL_CERT_FILE`), the web PKI roots and `AC7_CA_CERT`; with
+/// found at the usual places, or `$SSL_CERT_FILE`), the web PKI roots, `agent_ca` (the PEM of
+/// the CA file the agent was told to trust besides its roots, if any) and `AC7_CA_CERT`; with
 /// `unsafe_tls`, no verification at all.
-pub fn upstream_tls(unsafe_tls: bool) -> Result<Arc<rustls::ClientConfig>, String> {
+pub fn upstream_tls(
+    unsafe_tls: bool,
+    agent_ca: Option<&[u8]>,
+) -> Result<Arc<rustls::ClientConfig>, String> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -970,7 +1048,13 @@ pub fn upstream_tls(unsafe_tls: bool) -> Result<Arc<rustls::ClientConfig>, Strin
                 rustls::pki_types::CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok),
             );
         }
-        let extra = crate::tls_client::extra_root_ders().map_err(|e| e.to_string())?;
+        if let Some(pem) = agent_ca {
+            use rustls::pki_types::pem::PemObject;
+            roots.add_parsable_certificates(
+                rustls::pki_types::CertificateDer::pem_slice_iter(pem).filter_map(Result::ok),
+            );
+        }
+        let extra = crate::sys::tls_client::extra_root_ders().map_err(|e| e.to_string())?;
         roots.add_parsable_certificates(extra);
         builder.with_root_certificates(roots).with_no_client_auth()
     };

@@ -471,3 +471,169 @@ macro_rules! snap {
 pub fn file_module(module_path: &str) -> &str {
     module_path.split("::").nth(1).unwrap_or(module_path)
 }
+
+/// Whom a [`Case`]'s request is sent as.
+pub enum As {
+    /// A member's bearer token.
+    Member(&'static str),
+    /// A browser session cookie (`ac7_session`).
+    Cookie(String),
+    /// No credentials.
+    Nobody,
+}
+
+/// One row of a request table: a request and the answer it must get, run by
+/// [`TestBroker::check`]. Built with [`req`] (or [`anon`]) and the `answers*` methods.
+pub struct Case {
+    pub method: &'static str,
+    pub path: String,
+    pub who: As,
+    pub origin: Option<String>,
+    pub body: Option<Value>,
+    pub status: u16,
+    /// A JSON pointer into the answer (`""` for all of it) and what it must hold; `None`
+    /// checks the status alone.
+    pub json: Option<(&'static str, Value)>,
+}
+
+/// A request as member `who`, with no body yet and no expectation (set one with `answers*`).
+pub fn req(method: &'static str, path: impl Into<String>, who: &'static str) -> Case {
+    Case {
+        method,
+        path: path.into(),
+        who: As::Member(who),
+        origin: None,
+        body: None,
+        status: 0,
+        json: None,
+    }
+}
+
+/// A request without credentials.
+pub fn anon(method: &'static str, path: impl Into<String>) -> Case {
+    Case {
+        who: As::Nobody,
+        ..req(method, path, "")
+    }
+}
+
+impl Case {
+    /// Sends `body` as JSON.
+    pub fn body(mut self, body: Value) -> Case {
+        self.body = Some(body);
+        self
+    }
+
+    /// Sends the session cookie `cookie` instead of a bearer token.
+    pub fn cookie(mut self, cookie: &str) -> Case {
+        self.who = As::Cookie(cookie.to_owned());
+        self
+    }
+
+    /// Sends an `Origin` header.
+    pub fn origin(mut self, origin: &str) -> Case {
+        self.origin = Some(origin.to_owned());
+        self
+    }
+
+    /// Must answer `status`.
+    pub fn answers(mut self, status: u16) -> Case {
+        self.status = status;
+        self
+    }
+
+    /// Must answer `status` with exactly `json`.
+    pub fn answers_json(self, status: u16, json: Value) -> Case {
+        self.answers_at(status, "", json)
+    }
+
+    /// Must answer `status` with `json` at `pointer` of the answer (missing reads as null).
+    pub fn answers_at(mut self, status: u16, pointer: &'static str, json: Value) -> Case {
+        self.status = status;
+        self.json = Some((pointer, json));
+        self
+    }
+
+    fn label(&self, row: usize) -> String {
+        let who = match &self.who {
+            As::Member(m) => format!("as {m}"),
+            As::Cookie(_) => "with the cookie".to_owned(),
+            As::Nobody => "without credentials".to_owned(),
+        };
+        let origin = self
+            .origin
+            .as_deref()
+            .map(|o| format!(" from {o}"))
+            .unwrap_or_default();
+        format!("row {row}: {} {} {who}{origin}", self.method, self.path)
+    }
+}
+
+impl TestBroker {
+    /// Sends each case's request in order and asserts its status and, when the case names
+    /// one, its JSON; returns the answers (for what the test does next).
+    pub async fn check(&self, cases: Vec<Case>) -> Vec<Resp> {
+        let mut answers = Vec::with_capacity(cases.len());
+        for (row, case) in cases.into_iter().enumerate() {
+            let label = case.label(row);
+            assert!(case.status != 0, "{label}: the case expects no status");
+            let mut req = self.http.request(
+                case.method.parse().unwrap(),
+                format!("{}{}", self.url, case.path),
+            );
+            match &case.who {
+                As::Member(m) => req = req.bearer_auth(self.token(m)),
+                As::Cookie(c) => req = req.header("cookie", format!("ac7_session={c}")),
+                As::Nobody => {}
+            }
+            if let Some(o) = &case.origin {
+                req = req.header("origin", o);
+            }
+            if let Some(b) = &case.body {
+                req = req.json(b);
+            }
+            let resp = req.send().await.unwrap();
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let text = resp.text().await.unwrap();
+            let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+            assert_eq!(status, case.status, "{label}: {text}");
+            if let Some((pointer, want)) = &case.json {
+                let got = json.pointer(pointer).unwrap_or(&Value::Null);
+                assert_eq!(got, want, "{label}");
+            }
+            answers.push(Resp {
+                status,
+                json,
+                text,
+                headers,
+            });
+        }
+        answers
+    }
+}
+
+/// A self-signed certificate for `localhost`, written as PEM files a broker serves TLS with.
+pub struct Pki {
+    _dir: tempfile::TempDir,
+    /// The certificate, PEM (what a client trusts).
+    pub cert_pem: String,
+    /// The certificate and key files.
+    pub files: ac7_runtime::broker::server::TlsFiles,
+}
+
+/// Makes a [`Pki`].
+pub fn self_signed() -> Pki {
+    let dir = tempfile::tempdir().unwrap();
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert_pem = certified.cert.pem();
+    let cert = dir.path().join("cert.pem");
+    let key = dir.path().join("key.pem");
+    std::fs::write(&cert, &cert_pem).unwrap();
+    std::fs::write(&key, certified.signing_key.serialize_pem()).unwrap();
+    Pki {
+        _dir: dir,
+        cert_pem,
+        files: ac7_runtime::broker::server::TlsFiles { cert, key },
+    }
+}

@@ -20,13 +20,12 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
 pub mod ash;
-pub mod catalogue;
 pub mod messages_api;
 pub mod npm;
 pub mod postgres;
-pub mod procfs;
 pub mod served;
-pub mod webdriver;
+
+pub use ac7_test_support::{catalogue, procfs, webdriver};
 
 /// The `ac7` binary under test.
 pub fn ac7() -> &'static str {

@@ -30,6 +30,30 @@ pub fn npm_bin(env_var: &str, package: &str, version: &str, dir: &str, bin: &str
     path
 }
 
+/// The directory of npm package `package@version` (its files, e.g. a browser script),
+/// installed once into `<target dir>/tmp/<dir>` like [`npm_bin`].
+pub fn npm_package(package: &str, version: &str, dir: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(dir);
+    let path = dir.join("node_modules").join(package);
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = std::fs::File::create(dir.join(".lock")).unwrap();
+    lock.lock().unwrap();
+    if !path.join("package.json").exists() {
+        let out = std::process::Command::new("npm")
+            .args(["install", "--no-audit", "--no-fund", "--prefix"])
+            .arg(&dir)
+            .arg(format!("{package}@{version}"))
+            .output()
+            .unwrap_or_else(|e| panic!("npm is needed to install {package} for this test: {e}"));
+        assert!(
+            out.status.success(),
+            "npm install {package} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    path
+}
+
 /// The Claude Code version the tests run.
 pub const CLAUDE_VERSION: &str = "2.1.197";
 

@@ -106,6 +106,15 @@ async fn proxy_limited(
     upstream: Arc<rustls::ClientConfig>,
     limits: ProxyLimits,
 ) -> (TraceProxy, Arc<TraceCa>, Arc<Recorded>) {
+    proxy_full(overrides, upstream, limits, Vec::new()).await
+}
+
+async fn proxy_full(
+    overrides: &[(&str, SocketAddr)],
+    upstream: Arc<rustls::ClientConfig>,
+    limits: ProxyLimits,
+    endpoints: Vec<ModelEndpoint>,
+) -> (TraceProxy, Arc<TraceCa>, Arc<Recorded>) {
     let ca = Arc::new(TraceCa::generate().unwrap());
     let sink = Arc::new(Recorded::default());
     let proxy = TraceProxy::start(
@@ -116,6 +125,7 @@ async fn proxy_limited(
                 .iter()
                 .map(|(h, a)| ((*h).to_owned(), a.to_string()))
                 .collect(),
+            endpoints,
             secret: "s3cret".into(),
             limits,
         },
@@ -352,7 +362,7 @@ async fn unsafe_tls_accepts_an_untrusted_upstream() {
     let upstream = stand_in("api.anthropic.com", sse()).await;
     let (proxy, _, _) = proxy_with(
         &[("api.anthropic.com", upstream.addr)],
-        upstream_tls(true).unwrap(),
+        upstream_tls(true, None).unwrap(),
     )
     .await;
     let (_, head) = connect(&proxy, "api.anthropic.com:443").await;
@@ -603,4 +613,100 @@ async fn total_buffered_bytes_are_capped_and_responses_relayed_whole() {
         assert_eq!(json["entry"]["status"], 200);
     }
     Arc::into_inner(proxy).unwrap().close().await;
+}
+
+/// A model endpoint the agent is configured with (a gateway host and port): over `https://`
+/// its exchanges are decrypted and decoded as the API it speaks there, under a path prefix;
+/// plain `http://` ones are read as they are forwarded. The same host on another port is not
+/// the endpoint: its tunnel is never decrypted.
+#[tokio::test]
+async fn a_configured_model_endpoint_is_traced_as_its_api() {
+    let gateway = |url: &str| {
+        ModelEndpoint::parse("ANTHROPIC_BASE_URL", url, LlmApi::AnthropicMessages).unwrap()
+    };
+    let upstream = stand_in("gw.example", sse()).await;
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = plain.accept().await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let _ = s.read(&mut buf).await.unwrap();
+        s.write_all(&sse()).await.unwrap();
+    });
+    let (proxy, ca, sink) = proxy_full(
+        &[("gw.example", upstream.addr), ("plain.example", plain_addr)],
+        upstream_config(&[&upstream.ca_pem]),
+        ProxyLimits::default(),
+        vec![
+            gateway("https://gw.example:8443/anthropic"),
+            gateway("http://plain.example:8080"),
+        ],
+    )
+    .await;
+    let body = r#"{"model":"claude-test","messages":[{"role":"user","content":"hi"}]}"#;
+
+    let (tcp, head) = connect(&proxy, "gw.example:8443").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut tls = agent_tls(&ca)
+        .connect(ServerName::try_from("gw.example").unwrap(), tcp)
+        .await
+        .expect("the agent trusts the session CA's leaf for the endpoint");
+    tls.write_all(
+        format!(
+            "POST /anthropic/v1/messages HTTP/1.1\r\nHost: gw.example:8443\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut response = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut response)).await;
+    assert_eq!(response, sse());
+
+    let mut tcp = TcpStream::connect(proxy.addr()).await.unwrap();
+    tcp.write_all(
+        format!(
+            "POST http://plain.example:8080/v1/messages HTTP/1.1\r\nHost: plain.example:8080\r\n{AUTH}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(read_all(&mut tcp).await, sse());
+
+    // Another port of the gateway's host: a tunnel, its bytes untouched.
+    let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let echo_addr = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut s, _) = echo.accept().await.unwrap();
+        let mut buf = vec![0u8; 256];
+        let n = s.read(&mut buf).await.unwrap();
+        s.write_all(&buf[..n]).await.unwrap();
+    });
+    let (tunnelled, _, _) = proxy_full(
+        &[("gw.example", echo_addr)],
+        upstream_config(&[]),
+        ProxyLimits::default(),
+        vec![gateway("https://gw.example:8443")],
+    )
+    .await;
+    let (mut tcp, head) = connect(&tunnelled, "gw.example:443").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    tcp.write_all(b"\x16\x03\x01 not parsed").await.unwrap();
+    let mut echoed = [0u8; 14];
+    tcp.read_exact(&mut echoed).await.unwrap();
+    assert_eq!(&echoed, b"\x16\x03\x01 not parsed");
+    tunnelled.close().await;
+
+    proxy.close().await;
+    let events = sink.events.lock().unwrap().clone();
+    assert_eq!(events.len(), 2, "{events:?}");
+    for (_, event) in &events {
+        let json = serde_json::to_value(event).unwrap();
+        assert_eq!(json["kind"], "llm_exchange", "{json}");
+        assert!(json.to_string().contains("end_turn"), "{json}");
+    }
+    assert_eq!(sink.sent.lock().unwrap().len(), 2);
 }

@@ -1,0 +1,807 @@
+//! `ac7-bench e2e`: an agent's view of ac7, end to end, against floors taken in the same run.
+//!
+//! A broker child process, a do-nothing HTTP server child ([`super::floor`]), and the real
+//! `ac7 run -- ac7-bench __e2e-agent`: the runner starts this binary as its agent, in a private
+//! directory, so the runner writes `./.mcp.json` there as it does for any agent. The agent — a
+//! std-only client with blocking reads and writes — reads the `ac7` server entry from that file,
+//! spawns the bridge from it (command, args, env), does the MCP handshake and measures:
+//!
+//! - `tools/list`: sequential round trips (the runner's real tool list);
+//! - `roster`: `tools/call roster` round trips (runner -> broker `GET /roster` -> back);
+//! - push -> channel notification: an HTTP `POST /push` to the broker (a DM from the director)
+//!   until `notifications/claude/channel` with its body is read from the bridge's stdout;
+//! - `tools/list` with 32 requests in flight: calls per second;
+//! - the runner's and the bridge's CPU per `tools/list` (`/proc/<pid>/stat` utime + stime in
+//!   clock ticks, and the sum of `/proc/<pid>/task/*/schedstat` run time in ns, over the calls);
+//! - the runner's and the bridge's peak RSS.
+//!
+//! The floors, measured by the same client code between the same phases (interleaved blocks):
+//! a pipe echo and a Unix-socket echo ([`super::floor`]) answering the same request bytes with
+//! lines of the same sizes as ac7's answers (the `tools/list` result, the `roster` result, the
+//! channel notification), and an HTTP `POST` of the push's bytes to the do-nothing server. Each
+//! ratio is ours (p50) over the sum of the floors' p50 that make up the same path:
+//!
+//! - `tools/list`: pipe echo + socket echo;
+//! - `roster`: pipe echo + socket echo + HTTP POST;
+//! - push -> notification: HTTP POST + socket echo + pipe echo;
+//! - in flight: the pipe echo's calls per second over ours.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ac7_protocol::dialect::mcp;
+use ac7_protocol::session::mcp_bridge::START_GRACE;
+use anyhow::{Context as _, bail};
+use serde_json::{Value, json};
+
+use super::broker::BrokerChild;
+use super::floor::{ECHO_ARG, SERVER_ARG, content_length, find};
+use super::{Latency, peak_rss_kib, sibling_binary};
+
+/// The hidden argument that makes `ac7-bench` the agent.
+pub(crate) const AGENT_ARG: &str = "__e2e-agent";
+
+/// The broker's `host:port`, for the agent's pushes.
+const ENV_BROKER: &str = "AC7_BENCH_E2E_BROKER";
+/// The director's token, for the agent's pushes.
+const ENV_PUSH_TOKEN: &str = "AC7_BENCH_E2E_PUSH_TOKEN";
+/// The do-nothing server's `host:port`.
+const ENV_FLOOR: &str = "AC7_BENCH_E2E_FLOOR";
+/// The broker's pid, for its CPU use.
+const ENV_BROKER_PID: &str = "AC7_BENCH_E2E_BROKER_PID";
+
+/// `<phase>:<seconds>` (`tools_list`, `roster`, `push`, `in_flight`): before measuring, the agent
+/// runs that phase alone for that long, for a profiler to attach to the runner, the bridge or
+/// the broker.
+const ENV_PROFILE: &str = "AC7_BENCH_E2E_PROFILE";
+
+/// Interleaved blocks: each runs every phase once, so slow moments of a shared machine spread
+/// over ours and the floors alike.
+const BLOCKS: usize = 4;
+const LIST_PER_BLOCK: usize = 500;
+const ROSTER_PER_BLOCK: usize = 250;
+const PUSH_PER_BLOCK: usize = 125;
+const IN_FLIGHT: usize = 32;
+const IN_FLIGHT_CALLS: usize = 20_000;
+
+/// Runs the scenario: the broker, the floor server and the runner with this binary as its agent;
+/// returns the agent's report.
+pub(crate) fn run() -> anyhow::Result<Value> {
+    let ac7 = sibling_binary("ac7")?;
+    let broker = BrokerChild::spawn(1)?;
+    let floor = FloorServer::spawn()?;
+    let dir = super::bridge::TempDir::new()?;
+    let broker_addr = broker
+        .url
+        .strip_prefix("http://")
+        .context("broker URL")?
+        .to_owned();
+    let output = Command::new(&ac7)
+        .current_dir(&dir.path)
+        .args(["run", "--url", &broker.url, "--"])
+        .arg(std::env::current_exe()?)
+        .arg(AGENT_ARG)
+        .env("AC7_TOKEN", broker.token("m0"))
+        .env("AC7_LOG", "error")
+        .env(ENV_BROKER, &broker_addr)
+        .env(ENV_PUSH_TOKEN, broker.token("director"))
+        .env(ENV_FLOOR, &floor.addr)
+        .env(ENV_BROKER_PID, broker.pid().to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running ac7 run")?;
+    if !output.status.success() {
+        bail!("ac7 run (and its agent) exited with {}", output.status);
+    }
+    let text = String::from_utf8(output.stdout)?;
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("the agent printed no report")?;
+    let mut report: Value = serde_json::from_str(line)?;
+    report["broker_peak_rss_kib"] = json!(peak_rss_kib(broker.pid()));
+    Ok(report)
+}
+
+/// The do-nothing HTTP server child; killed on drop.
+pub(crate) struct FloorServer {
+    child: Child,
+    /// `host:port`.
+    pub(crate) addr: String,
+}
+
+impl FloorServer {
+    pub(crate) fn spawn() -> anyhow::Result<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            .arg(SERVER_ARG)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("no stdout")?).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("listening ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("the floor server did not start: {line:?}");
+        };
+        Ok(Self {
+            addr: addr.to_owned(),
+            child,
+        })
+    }
+}
+
+impl Drop for FloorServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A blocking JSON-RPC line client over any byte stream: the bridge's pipes, or an echo's.
+struct Lines<W: Write, R: Read> {
+    w: W,
+    r: BufReader<R>,
+    line: String,
+    out: Vec<u8>,
+    next_id: u64,
+}
+
+/// A line that is a JSON-RPC notification (as the bridge writes them).
+fn is_notification(line: &str) -> bool {
+    line.starts_with(r#"{"jsonrpc":"2.0","method":"#)
+}
+
+impl<W: Write, R: Read> Lines<W, R> {
+    fn new(w: W, r: R) -> Self {
+        Self {
+            w,
+            r: BufReader::with_capacity(64 * 1024, r),
+            line: String::with_capacity(64 * 1024),
+            out: Vec::with_capacity(256),
+            next_id: 1,
+        }
+    }
+
+    /// Writes one request line (one `write`).
+    fn send(&mut self, method: &str, params: Option<&str>) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        self.out.clear();
+        write!(
+            self.out,
+            r#"{{"jsonrpc":"2.0","id":{},"method":"{method}""#,
+            self.next_id
+        )?;
+        if let Some(p) = params {
+            write!(self.out, r#","params":{p}"#)?;
+        }
+        self.out.extend_from_slice(b"}\n");
+        self.next_id += 1;
+        self.w.write_all(&self.out)?;
+        Ok(())
+    }
+
+    /// The bytes of the last request line sent.
+    fn last_request_len(&self) -> usize {
+        self.out.len()
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        self.w.write_all(bytes)?;
+        Ok(())
+    }
+
+    /// Reads the next line.
+    fn read_line(&mut self) -> anyhow::Result<&str> {
+        self.line.clear();
+        if self.r.read_line(&mut self.line)? == 0 {
+            bail!("the peer closed its end");
+        }
+        Ok(&self.line)
+    }
+
+    /// Reads up to the next response (skipping notifications); its length. It must be a result.
+    fn receive(&mut self) -> anyhow::Result<usize> {
+        loop {
+            let line = self.read_line()?;
+            if is_notification(line) {
+                continue;
+            }
+            if !line.contains("\"result\"") {
+                bail!("unexpected answer: {}", line.trim_end());
+            }
+            return Ok(line.len());
+        }
+    }
+
+    fn call(&mut self, method: &str, params: Option<&str>) -> anyhow::Result<usize> {
+        self.send(method, params)?;
+        self.receive()
+    }
+
+    /// `n` sequential calls, timed.
+    fn round_trips(
+        &mut self,
+        n: usize,
+        method: &str,
+        params: Option<&str>,
+        samples: &mut Vec<Duration>,
+    ) -> anyhow::Result<()> {
+        for _ in 0..n {
+            let t = Instant::now();
+            self.call(method, params)?;
+            samples.push(t.elapsed());
+        }
+        Ok(())
+    }
+
+    /// `calls` calls with `in_flight` outstanding; calls per second.
+    fn in_flight(
+        &mut self,
+        calls: usize,
+        in_flight: usize,
+        method: &str,
+        params: Option<&str>,
+    ) -> anyhow::Result<f64> {
+        let start = Instant::now();
+        let mut sent = 0;
+        while sent < in_flight.min(calls) {
+            self.send(method, params)?;
+            sent += 1;
+        }
+        for _ in 0..calls {
+            self.receive()?;
+            if sent < calls {
+                self.send(method, params)?;
+                sent += 1;
+            }
+        }
+        Ok(calls as f64 / start.elapsed().as_secs_f64())
+    }
+}
+
+/// An echo child ([`super::floor`]) and the client end of its pipe or socket.
+struct Echo<W: Write, R: Read> {
+    child: Child,
+    lines: Lines<W, R>,
+}
+
+impl<W: Write, R: Read> Echo<W, R> {
+    /// Answers from now on are lines of `size` bytes.
+    fn reply_size(&mut self, size: usize) -> anyhow::Result<()> {
+        self.lines.write_raw(format!("#{size}\n").as_bytes())
+    }
+}
+
+impl<W: Write, R: Read> Drop for Echo<W, R> {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pipe_echo() -> anyhow::Result<Echo<ChildStdin, ChildStdout>> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg(ECHO_ARG)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdin = child.stdin.take().context("no stdin")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    Ok(Echo {
+        child,
+        lines: Lines::new(stdin, stdout),
+    })
+}
+
+fn socket_echo(path: &std::path::Path) -> anyhow::Result<Echo<UnixStream, UnixStream>> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg(ECHO_ARG)
+        .arg("--socket")
+        .arg(path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().context("no stdout")?).read_line(&mut ready)?;
+    if ready.trim() != "ready" {
+        let _ = child.kill();
+        bail!("the socket echo did not start: {ready:?}");
+    }
+    let stream = UnixStream::connect(path)?;
+    Ok(Echo {
+        child,
+        lines: Lines::new(stream.try_clone()?, stream),
+    })
+}
+
+/// A blocking HTTP/1.1 client on one kept-alive connection.
+pub(super) struct Http {
+    stream: TcpStream,
+    host: String,
+    buf: Vec<u8>,
+    request: Vec<u8>,
+}
+
+impl Http {
+    pub(super) fn connect(addr: &str) -> anyhow::Result<Self> {
+        let stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        Ok(Self {
+            stream,
+            host: addr.to_owned(),
+            buf: Vec::with_capacity(16 * 1024),
+            request: Vec::with_capacity(1024),
+        })
+    }
+
+    /// Writes a `POST` (one `write`).
+    pub(super) fn send_post(&mut self, path: &str, token: &str, body: &[u8]) -> anyhow::Result<()> {
+        use std::io::Write as _;
+        self.request.clear();
+        write!(
+            self.request,
+            "POST {path} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {token}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            self.host,
+            body.len()
+        )?;
+        self.request.extend_from_slice(body);
+        self.stream.write_all(&self.request)?;
+        Ok(())
+    }
+
+    /// Reads one response with a `content-length` body; its status.
+    pub(super) fn read_response(&mut self) -> anyhow::Result<u16> {
+        loop {
+            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end])?;
+                let status: u16 = head
+                    .split(' ')
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .context("no status")?;
+                let total = end + 4 + content_length(head);
+                while self.buf.len() < total {
+                    self.fill()?;
+                }
+                self.buf.drain(..total);
+                return Ok(status);
+            }
+            self.fill()?;
+        }
+    }
+
+    fn fill(&mut self) -> anyhow::Result<()> {
+        let mut chunk = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut chunk)?;
+        if n == 0 {
+            bail!("the server closed the connection");
+        }
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+
+    fn post(&mut self, path: &str, token: &str, body: &[u8]) -> anyhow::Result<u16> {
+        self.send_post(path, token, body)?;
+        self.read_response()
+    }
+}
+
+/// Pushes a DM to the agent's member through the broker and waits for it at the agent.
+struct Pusher {
+    http: Http,
+    token: String,
+    seq: u64,
+}
+
+impl Pusher {
+    /// The body of the last push.
+    fn body(&self) -> String {
+        format!(r#"{{"to":"m0","body":"e2e-push-{}."}}"#, self.seq)
+    }
+
+    /// One push, timed from its first byte to its notification's last; the notification line's
+    /// length.
+    fn once(
+        &mut self,
+        agent: &mut Lines<ChildStdin, ChildStdout>,
+        samples: Option<&mut Vec<Duration>>,
+    ) -> anyhow::Result<usize> {
+        self.seq += 1;
+        let marker = format!("e2e-push-{}.", self.seq);
+        let body = self.body();
+        let t = Instant::now();
+        self.http.send_post("/push", &self.token, body.as_bytes())?;
+        let len = loop {
+            if t.elapsed() > Duration::from_secs(10) {
+                bail!("push {} never reached the agent", self.seq);
+            }
+            let line = agent.read_line()?;
+            if is_notification(line) && line.contains(mcp::CLAUDE_CHANNEL) && line.contains(&marker)
+            {
+                break line.len();
+            }
+        };
+        if let Some(samples) = samples {
+            samples.push(t.elapsed());
+        }
+        let status = self.http.read_response()?;
+        if !(200..300).contains(&status) {
+            bail!("push {} answered {status}", self.seq);
+        }
+        Ok(len)
+    }
+}
+
+/// CPU a process used so far: (`utime + stime` in clock ticks, run time of all its threads in ns).
+fn cpu(pid: u32) -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command: state is field 3, utime field 14, stime field 15.
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let mut ns = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        if let Some(run) = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        {
+            ns += run;
+        }
+    }
+    Some((ticks, ns))
+}
+
+/// CPU used between two [`cpu`] readings, summed over phases.
+#[derive(Debug, Default, Clone, Copy)]
+struct CpuUse {
+    ticks: u64,
+    ns: u64,
+}
+
+impl CpuUse {
+    fn add(&mut self, before: Option<(u64, u64)>, after: Option<(u64, u64)>) {
+        if let (Some(b), Some(a)) = (before, after) {
+            self.ticks += a.0.saturating_sub(b.0);
+            self.ns += a.1.saturating_sub(b.1);
+        }
+    }
+
+    /// Microseconds per call: from the run time, and from the clock ticks.
+    fn per_call(&self, calls: usize) -> Value {
+        // SAFETY: sysconf only reads a constant.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        json!({
+            "us": self.ns as f64 / 1e3 / calls as f64,
+            "us_from_clock_ticks": self.ticks as f64 * 1e6 / hz / calls as f64,
+            "calls": calls,
+        })
+    }
+}
+
+/// The CPU of the runner, the bridge and the broker over the calls of one phase.
+#[derive(Debug, Default, Clone, Copy)]
+struct CpuSet {
+    runner: CpuUse,
+    bridge: CpuUse,
+    broker: CpuUse,
+}
+
+/// The processes whose CPU is counted.
+#[derive(Debug, Clone, Copy)]
+struct Procs {
+    runner: u32,
+    bridge: u32,
+    broker: Option<u32>,
+}
+
+type Snapshot = [Option<(u64, u64)>; 3];
+
+impl Procs {
+    fn snapshot(&self) -> Snapshot {
+        [
+            cpu(self.runner),
+            cpu(self.bridge),
+            self.broker.and_then(cpu),
+        ]
+    }
+}
+
+impl CpuSet {
+    fn add(&mut self, before: Snapshot, after: Snapshot) {
+        self.runner.add(before[0], after[0]);
+        self.bridge.add(before[1], after[1]);
+        self.broker.add(before[2], after[2]);
+    }
+
+    fn per_call(&self, calls: usize) -> Value {
+        json!({
+            "runner": self.runner.per_call(calls),
+            "bridge": self.bridge.per_call(calls),
+            "broker": self.broker.per_call(calls),
+        })
+    }
+}
+
+fn p50(l: &Latency) -> f64 {
+    l.p50_us
+}
+
+fn latency(samples: &mut [Duration]) -> anyhow::Result<Latency> {
+    Latency::of(samples).context("no samples")
+}
+
+/// The agent: everything above, from inside the runner's agent slot. Prints the report on
+/// stdout (the runner's).
+#[allow(clippy::print_stdout)]
+pub(crate) fn agent_main() -> anyhow::Result<i32> {
+    let config: Value = serde_json::from_slice(
+        &std::fs::read(".mcp.json").context("reading the .mcp.json the runner wrote")?,
+    )?;
+    let entry = &config["mcpServers"][mcp::SERVER_NAME];
+    let program = entry["command"].as_str().context("no command")?;
+    let mut bridge = Command::new(program);
+    for arg in entry["args"].as_array().into_iter().flatten() {
+        bridge.arg(arg.as_str().context("an argument")?);
+    }
+    for (k, v) in entry["env"].as_object().into_iter().flatten() {
+        bridge.env(k, v.as_str().context("an env value")?);
+    }
+    let mut child = bridge
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("spawning the bridge")?;
+    let bridge_pid = child.id();
+    let runner_pid = std::os::unix::process::parent_id();
+    let procs = Procs {
+        runner: runner_pid,
+        bridge: bridge_pid,
+        broker: std::env::var(ENV_BROKER_PID)
+            .ok()
+            .and_then(|p| p.parse().ok()),
+    };
+    let mut agent = Lines::new(
+        child.stdin.take().context("no stdin")?,
+        child.stdout.take().context("no stdout")?,
+    );
+    let broker = std::env::var(ENV_BROKER).context(ENV_BROKER)?;
+    let push_token = std::env::var(ENV_PUSH_TOKEN).context(ENV_PUSH_TOKEN)?;
+    let floor_addr = std::env::var(ENV_FLOOR).context(ENV_FLOOR)?;
+
+    agent.call(
+        mcp::INITIALIZE,
+        Some(
+            r#"{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"ac7-bench-e2e","version":"0"}}"#,
+        ),
+    )?;
+    agent.write_raw(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n")?;
+    agent.call(mcp::TOOLS_LIST, None)?;
+    // Channel notifications flow once the bridge's start-up grace has passed.
+    std::thread::sleep(START_GRACE + Duration::from_millis(100));
+
+    let roster = Some(r#"{"name":"roster","arguments":{}}"#);
+    let mut push = Pusher {
+        http: Http::connect(&broker)?,
+        token: push_token.clone(),
+        seq: 0,
+    };
+    let mut floor_http = Http::connect(&floor_addr)?;
+    // Warm-up, and the sizes the floors answer with.
+    let mut list_bytes = 0;
+    for _ in 0..200 {
+        list_bytes = agent.call(mcp::TOOLS_LIST, None)?;
+    }
+    let list_request_bytes = agent.last_request_len();
+    let mut roster_bytes = 0;
+    for _ in 0..100 {
+        roster_bytes = agent.call(mcp::TOOLS_CALL, roster)?;
+    }
+    let roster_request_bytes = agent.last_request_len();
+    let mut notification_bytes = 0;
+    for _ in 0..20 {
+        notification_bytes = push.once(&mut agent, None)?;
+    }
+    let floor_body = push.body();
+
+    // For profilers: one phase alone for a while, before the measurements.
+    if let Ok(spec) = std::env::var(ENV_PROFILE) {
+        let (phase, secs) = spec.split_once(':').context(ENV_PROFILE)?;
+        let until = Instant::now() + Duration::from_secs(secs.parse()?);
+        while Instant::now() < until {
+            match phase {
+                "tools_list" => drop(agent.call(mcp::TOOLS_LIST, None)?),
+                "roster" => drop(agent.call(mcp::TOOLS_CALL, roster)?),
+                "push" => drop(push.once(&mut agent, None)?),
+                "in_flight" => drop(agent.in_flight(1000, IN_FLIGHT, mcp::TOOLS_LIST, None)?),
+                other => bail!("{ENV_PROFILE}: unknown phase {other}"),
+            }
+        }
+    }
+
+    let dir = super::bridge::TempDir::new()?;
+    let mut pipe = pipe_echo()?;
+    let mut sock = socket_echo(&dir.path.join("echo.sock"))?;
+    for _ in 0..200 {
+        for echo in [&mut pipe.lines as &mut dyn Warm, &mut sock.lines] {
+            echo.warm()?;
+        }
+        floor_http.post("/push", &push_token, floor_body.as_bytes())?;
+    }
+
+    let (mut list, mut list_pipe, mut list_sock) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ros, mut ros_pipe, mut ros_sock) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pushes, mut note_pipe, mut note_sock) = (Vec::new(), Vec::new(), Vec::new());
+    let mut http = Vec::new();
+    let (mut list_cpu, mut ros_cpu, mut push_cpu) =
+        (CpuSet::default(), CpuSet::default(), CpuSet::default());
+    for _ in 0..BLOCKS {
+        let before = procs.snapshot();
+        agent.round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list)?;
+        list_cpu.add(before, procs.snapshot());
+        pipe.reply_size(list_bytes)?;
+        sock.reply_size(list_bytes)?;
+        pipe.lines
+            .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_pipe)?;
+        sock.lines
+            .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_sock)?;
+
+        let before = procs.snapshot();
+        agent.round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros)?;
+        ros_cpu.add(before, procs.snapshot());
+        pipe.reply_size(roster_bytes)?;
+        sock.reply_size(roster_bytes)?;
+        pipe.lines
+            .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_pipe)?;
+        sock.lines
+            .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_sock)?;
+        for _ in 0..ROSTER_PER_BLOCK {
+            let t = Instant::now();
+            let status = floor_http.post("/push", &push_token, floor_body.as_bytes())?;
+            http.push(t.elapsed());
+            if status != 200 {
+                bail!("the floor server answered {status}");
+            }
+        }
+
+        let before = procs.snapshot();
+        for _ in 0..PUSH_PER_BLOCK {
+            push.once(&mut agent, Some(&mut pushes))?;
+        }
+        push_cpu.add(before, procs.snapshot());
+        pipe.reply_size(notification_bytes)?;
+        sock.reply_size(notification_bytes)?;
+        pipe.lines
+            .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_pipe)?;
+        sock.lines
+            .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_sock)?;
+    }
+
+    // In flight.
+    let before = procs.snapshot();
+    let ours_per_sec = agent.in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
+    let mut in_flight_cpu = CpuSet::default();
+    in_flight_cpu.add(before, procs.snapshot());
+    pipe.reply_size(list_bytes)?;
+    sock.reply_size(list_bytes)?;
+    let pipe_per_sec = pipe
+        .lines
+        .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
+    let sock_per_sec = sock
+        .lines
+        .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
+
+    let runner_peak_rss_kib = peak_rss_kib(runner_pid);
+    let bridge_peak_rss_kib = peak_rss_kib(bridge_pid);
+    drop(agent);
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("the bridge exited with {status}");
+    }
+
+    let (list, list_pipe, list_sock) = (
+        latency(&mut list)?,
+        latency(&mut list_pipe)?,
+        latency(&mut list_sock)?,
+    );
+    let (ros, ros_pipe, ros_sock, http) = (
+        latency(&mut ros)?,
+        latency(&mut ros_pipe)?,
+        latency(&mut ros_sock)?,
+        latency(&mut http)?,
+    );
+    let (pushes, note_pipe, note_sock) = (
+        latency(&mut pushes)?,
+        latency(&mut note_pipe)?,
+        latency(&mut note_sock)?,
+    );
+    let list_floor = p50(&list_pipe) + p50(&list_sock);
+    let ros_floor = p50(&ros_pipe) + p50(&ros_sock) + p50(&http);
+    let push_floor = p50(&http) + p50(&note_sock) + p50(&note_pipe);
+    let calls = BLOCKS * LIST_PER_BLOCK;
+    let report = json!({
+        "scenario": "e2e",
+        "tools_list": {
+            "latency": list,
+            "request_bytes": list_request_bytes,
+            "response_bytes": list_bytes,
+            "floor": {"pipe_echo": list_pipe, "socket_echo": list_sock, "sum_p50_us": list_floor},
+            "ratio_p50": p50(&list) / list_floor,
+        },
+        "roster": {
+            "latency": ros,
+            "request_bytes": roster_request_bytes,
+            "response_bytes": roster_bytes,
+            "floor": {"pipe_echo": ros_pipe, "socket_echo": ros_sock, "http_post": http, "sum_p50_us": ros_floor},
+            "ratio_p50": p50(&ros) / ros_floor,
+        },
+        "push_to_notification": {
+            "latency": pushes,
+            "notification_bytes": notification_bytes,
+            "floor": {"http_post": http, "socket_echo": note_sock, "pipe_echo": note_pipe, "sum_p50_us": push_floor},
+            "ratio_p50": p50(&pushes) / push_floor,
+        },
+        "tools_list_in_flight": {
+            "in_flight": IN_FLIGHT,
+            "calls": IN_FLIGHT_CALLS,
+            "calls_per_sec": ours_per_sec.round(),
+            "floor_pipe_echo_calls_per_sec": pipe_per_sec.round(),
+            "floor_socket_echo_calls_per_sec": sock_per_sec.round(),
+            "ratio_floor_over_ours": pipe_per_sec / ours_per_sec,
+        },
+        "runner_cpu_per_tools_list": {
+            "sequential": list_cpu.runner.per_call(calls),
+            "in_flight": in_flight_cpu.runner.per_call(IN_FLIGHT_CALLS),
+        },
+        "cpu_per_call": {
+            "tools_list": list_cpu.per_call(calls),
+            "roster": ros_cpu.per_call(BLOCKS * ROSTER_PER_BLOCK),
+            "push_to_notification": push_cpu.per_call(BLOCKS * PUSH_PER_BLOCK),
+            "tools_list_in_flight": in_flight_cpu.per_call(IN_FLIGHT_CALLS),
+        },
+        "runner_peak_rss_kib": runner_peak_rss_kib,
+        "bridge_peak_rss_kib": bridge_peak_rss_kib,
+    });
+    println!("{report}");
+    Ok(0)
+}
+
+/// One warm-up round trip on an echo.
+trait Warm {
+    fn warm(&mut self) -> anyhow::Result<()>;
+}
+
+impl<W: Write, R: Read> Warm for Lines<W, R> {
+    fn warm(&mut self) -> anyhow::Result<()> {
+        self.call(mcp::TOOLS_LIST, None).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notifications_are_told_from_responses() {
+        assert!(is_notification(
+            r#"{"jsonrpc":"2.0","method":"notifications/claude/channel","params":{}}"#
+        ));
+        assert!(!is_notification(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#));
+    }
+
+    #[test]
+    fn own_cpu_is_readable() {
+        let (ticks, ns) = cpu(std::process::id()).unwrap();
+        assert!(ns > 0, "{ticks} {ns}");
+    }
+}

@@ -1,0 +1,348 @@
+//! Unix sockets a process serves on: bound race-free with mode 0600, stale sockets replaced, live
+//! ones refused, the path unlinked when the owner stops.
+//!
+//! The socket never exists at its final path with wider permissions: it is bound inside a fresh
+//! private directory (mode 0700, created next to the final path, so on the same file system),
+//! chmod-ed to 0600 there, and only then hard-linked into the final path. `link(2)` refuses to
+//! overwrite, so a path that exists is examined instead: a socket nobody accepts on (connection
+//! refused) is stale and is removed before linking again; a socket someone accepts on belongs to
+//! a live process and binding fails with [`BindError::InUse`]; anything that is not a socket is
+//! left alone ([`BindError::NotASocket`]).
+//!
+//! Before any of that, the binder takes an exclusive lock on `<path>.lock` (0600) and holds it while
+//! it serves. A second process finding the lock held is refused at once, without connecting to the
+//! socket — a probe connection would look like a new bridge to a live runner and displace its real
+//! one. The connect-probe is left for sockets nobody holds the lock for (stale ones, or a server
+//! that does not lock).
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Longest socket path that fits `sockaddr_un.sun_path` (108 bytes on Linux, NUL included).
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+
+/// Why the socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    /// The path does not fit in a Unix socket address.
+    #[error(
+        "socket path {} is {len} bytes, more than the {max} a Unix socket allows: \
+         choose a shorter path (or a shorter TMPDIR)",
+        path.display()
+    )]
+    PathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A live process (another runner, another bridge) is listening on the path.
+    #[error(
+        "another {owner} is already listening on {}: stop it, or use another socket path",
+        path.display()
+    )]
+    InUse {
+        /// The path.
+        path: PathBuf,
+        /// What kind of process the socket is for ("runner", "ash-bridge").
+        owner: &'static str,
+    },
+    /// Something that is not a socket exists at the path.
+    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// A file-system or socket call failed.
+    #[error("cannot {op} {}: {source}", path.display())]
+    Io {
+        /// What was attempted.
+        op: &'static str,
+        /// On what.
+        path: PathBuf,
+        /// What the OS said.
+        source: io::Error,
+    },
+}
+
+/// Binds `path` as described in the [module docs](self); `owner` names the kind of process in the
+/// "already listening" error. The listener is non-blocking; the returned [`SocketFile`] unlinks
+/// the path when dropped.
+pub(crate) fn bind_private(
+    path: &Path,
+    owner: &'static str,
+) -> Result<(std::os::unix::net::UnixListener, SocketFile), BindError> {
+    let path = path.to_owned();
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH_BYTES {
+        return Err(BindError::PathTooLong {
+            path,
+            len,
+            max: MAX_SOCKET_PATH_BYTES,
+        });
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let lock = PathLock::acquire(&path, owner)?;
+    let private = PrivateDir::create(&parent)?;
+    let staged = private.path.join("s");
+    let listener =
+        std::os::unix::net::UnixListener::bind(&staged).map_err(|source| BindError::Io {
+            op: "bind a socket at",
+            path: staged.clone(),
+            source,
+        })?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o600)).map_err(
+        |source| BindError::Io {
+            op: "chmod 0600",
+            path: staged.clone(),
+            source,
+        },
+    )?;
+    publish(&staged, &path, owner)?;
+    drop(private);
+    let mut socket = SocketFile::new(path)?;
+    socket.lock = Some(lock);
+
+    listener
+        .set_nonblocking(true)
+        .map_err(|source| BindError::Io {
+            op: "configure the socket at",
+            path: socket.path.clone(),
+            source,
+        })?;
+    Ok((listener, socket))
+}
+
+/// The socket path this server owns, identified by device and inode so that stopping never
+/// unlinks a successor's socket.
+#[derive(Debug)]
+pub(crate) struct SocketFile {
+    pub(crate) path: PathBuf,
+    dev: u64,
+    ino: u64,
+    /// Released (and its file removed) after the socket is unlinked.
+    lock: Option<PathLock>,
+}
+
+impl SocketFile {
+    pub(crate) fn new(path: PathBuf) -> Result<Self, BindError> {
+        let meta = std::fs::symlink_metadata(&path).map_err(|source| BindError::Io {
+            op: "stat",
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            path,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            lock: None,
+        })
+    }
+}
+
+/// An exclusive advisory lock on `<socket path>.lock`, held while the socket is served.
+#[derive(Debug)]
+struct PathLock {
+    path: PathBuf,
+    _file: std::fs::File,
+}
+
+impl PathLock {
+    fn acquire(socket: &Path, owner: &'static str) -> Result<Self, BindError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut name = socket.file_name().unwrap_or_default().to_owned();
+        name.push(".lock");
+        let path = socket.with_file_name(name);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| BindError::Io {
+                op: "open the lock file",
+                path: path.clone(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => Ok(Self { path, _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => Err(BindError::InUse {
+                path: socket.to_owned(),
+                owner,
+            }),
+            Err(std::fs::TryLockError::Error(source)) => Err(BindError::Io {
+                op: "lock",
+                path,
+                source,
+            }),
+        }
+    }
+}
+
+impl Drop for PathLock {
+    fn drop(&mut self) {
+        // Removed while still held; the lock goes with the file handle right after.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.dev() == self.dev && m.ino() == self.ino);
+        if ours && let Err(err) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %err, "cannot unlink the socket");
+        }
+    }
+}
+
+/// A mode-0700 directory that is removed (with its contents) when dropped.
+pub(crate) struct PrivateDir {
+    pub(crate) path: PathBuf,
+}
+
+impl PrivateDir {
+    pub(crate) fn create(parent: &Path) -> Result<Self, BindError> {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let pid = std::process::id();
+        loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let path = parent.join(format!(".ac7-{pid}-{n}"));
+            match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+                Ok(()) => return Ok(Self { path }),
+                Err(err) if err.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(source) => {
+                    return Err(BindError::Io {
+                        op: "create a private directory in",
+                        path: parent.to_owned(),
+                        source,
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Hard-links the staged socket into `path`, replacing a stale socket and refusing a live one.
+fn publish(staged: &Path, path: &Path, owner: &'static str) -> Result<(), BindError> {
+    const ATTEMPTS: usize = 4;
+    for _ in 0..ATTEMPTS {
+        let err = match std::fs::hard_link(staged, path) {
+            Ok(()) => return Ok(()),
+            Err(err) => err,
+        };
+        if err.kind() != io::ErrorKind::AlreadyExists {
+            return Err(BindError::Io {
+                op: "link the socket to",
+                path: path.to_owned(),
+                source: err,
+            });
+        }
+        let meta = match std::fs::symlink_metadata(path) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(BindError::Io {
+                    op: "stat",
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        };
+        if !meta.file_type().is_socket() {
+            return Err(BindError::NotASocket {
+                path: path.to_owned(),
+            });
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(BindError::InUse {
+                    path: path.to_owned(),
+                    owner,
+                });
+            }
+            Err(err) if err.kind() == io::ErrorKind::ConnectionRefused => {
+                tracing::info!(path = %path.display(), owner, "replacing a stale socket");
+                match std::fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(BindError::Io {
+                            op: "remove the stale socket",
+                            path: path.to_owned(),
+                            source,
+                        });
+                    }
+                }
+            }
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(BindError::Io {
+                    op: "probe the existing socket",
+                    path: path.to_owned(),
+                    source,
+                });
+            }
+        }
+    }
+    Err(BindError::Io {
+        op: "claim",
+        path: path.to_owned(),
+        source: io::Error::other("the path kept being recreated by someone else"),
+    })
+}
+
+/// Bytes waiting to be written to a non-blocking socket, written as far as the socket takes
+/// them without waiting.
+#[derive(Debug, Default)]
+pub(crate) struct SendBuf {
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+impl SendBuf {
+    /// Queues bytes after what is already waiting.
+    pub(crate) fn push(&mut self, bytes: Vec<u8>) {
+        super::append(&mut self.buf, bytes);
+    }
+
+    /// Bytes still to be written.
+    pub(crate) fn pending(&self) -> usize {
+        self.buf.len() - self.sent
+    }
+
+    /// Forgets everything waiting (the socket is gone).
+    pub(crate) fn clear(&mut self) {
+        self.buf.clear();
+        self.sent = 0;
+    }
+
+    /// Writes what `socket` takes now. `Ok` when everything went out or the socket is full; the
+    /// error when the socket failed (the bytes stay queued; [`clear`](Self::clear) them).
+    pub(crate) fn write_to(&mut self, socket: &tokio::net::UnixStream) -> io::Result<()> {
+        while self.pending() > 0 {
+            match socket.try_write(&self.buf[self.sent..]) {
+                Ok(n) => self.sent += n,
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        self.clear();
+        Ok(())
+    }
+}
