@@ -113,6 +113,14 @@ pub struct ServeArgs {
     /// (`mailto:` or `https:` URL), so they can reach whoever runs the broker.
     #[arg(long, default_value = crate::broker::webpush::DEFAULT_SUBJECT, value_name = "URL")]
     pub push_subject: String,
+    /// Let browsers register Web Push endpoints on plain http and on loopback, private,
+    /// link-local or other non-public addresses: only for a push service inside your own
+    /// network. Without it an endpoint must be https and the broker connects only to public
+    /// addresses (checked on the resolved address at each connection, so a name that resolves
+    /// to a private address is refused too): a member cannot make the broker send requests
+    /// into its own network.
+    #[arg(long)]
+    pub push_private_network: bool,
 }
 
 /// The config file's place among the sources of a setting.
@@ -211,6 +219,7 @@ fn connection_settings(args: &ServeArgs, config: &mut BrokerConfig) -> anyhow::R
         );
     }
     config.push_subject = args.push_subject.clone();
+    config.push_private_network = args.push_private_network;
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         let files = super::server::TlsFiles {
             cert: cert.clone(),

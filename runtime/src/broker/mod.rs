@@ -159,6 +159,9 @@ pub struct BrokerConfig {
     /// The contact Web Push services are given in each request's VAPID claims (`mailto:` or
     /// `https:`; `--push-subject`).
     pub push_subject: String,
+    /// Web Push endpoints may be plain http and on non-public addresses
+    /// (`--push-private-network`); otherwise https to public addresses only.
+    pub push_private_network: bool,
 }
 
 impl BrokerConfig {
@@ -186,6 +189,7 @@ impl BrokerConfig {
             trust_proxy: false,
             enroll: ac7_protocol::signin::enroll::EnrollConfig::default(),
             push_subject: webpush::DEFAULT_SUBJECT.to_owned(),
+            push_private_network: false,
         }
     }
 }
@@ -503,7 +507,12 @@ pub async fn start(
         None => (None, None),
     };
     let pkcs8 = store.tx(|c| webpush::vapid_ensure(c, now_ms()))?;
-    let (push, push_queue) = webpush::dispatcher(&pkcs8, &config.push_subject)?;
+    let push_network = if config.push_private_network {
+        webpush::Network::Private
+    } else {
+        webpush::Network::Public
+    };
+    let (push, push_queue) = webpush::dispatcher(&pkcs8, &config.push_subject, push_network)?;
     let (writer, queue) = writer::channel();
     let state = Arc::new(AppState {
         push,
@@ -536,7 +545,7 @@ pub async fn start(
     cursors::spawn(&state);
     http::enroll::spawn_expiry(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;
-    webpush::spawn(push_queue, Arc::downgrade(&state));
+    webpush::spawn(push_queue, Arc::downgrade(&state), push_network);
     if let Some(days) = state.config.retain_days {
         retention::spawn(&state, days);
     }

@@ -21,8 +21,15 @@
 //!   whose `aud` is the endpoint's origin, `exp` 12 hours ahead, `sub` the operator's contact)
 //!   and `TTL: 3600`. A failure other than 404/410 is logged at WARN once per subscription and
 //!   kind of failure, and not retried.
+//! * **Where it may connect** ([`Network`]). The endpoint is whatever a signed-in member's
+//!   browser posted, so by default it must be `https` and the broker connects only to public
+//!   addresses: an IP-literal host is checked when the subscription is posted and again when
+//!   sending, a host name on every connection through [`PublicResolver`] (a name that resolves
+//!   to a private address later is refused then, and redirects are never followed). A push
+//!   service inside the operator's own network needs `--push-private-network`.
 
 use std::collections::HashSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -70,6 +77,18 @@ pub enum PushError {
     /// The endpoint is not an http(s) URL with a host.
     #[error("endpoint must be an http or https URL: {0}")]
     Endpoint(String),
+    /// The endpoint is plain http while only public push services are allowed.
+    #[error(
+        "endpoint must be an https URL: {0} (a push service on plain http inside your own \
+         network needs `ac7 serve --push-private-network`)"
+    )]
+    NotHttps(String),
+    /// The endpoint's host is a loopback, private, link-local or otherwise non-public address.
+    #[error(
+        "endpoint {0} is not on a public address (a push service inside your own network needs \
+         `ac7 serve --push-private-network`)"
+    )]
+    NotPublic(String),
     /// `keys.p256dh` is not the base64url of an uncompressed P-256 point.
     #[error("keys.p256dh must be base64url of a 65-byte uncompressed P-256 public key{0}")]
     P256dh(String),
@@ -121,14 +140,150 @@ pub fn check_keys(p256dh: &str, auth: &str) -> Result<(Vec<u8>, Vec<u8>), PushEr
     Ok((point, secret))
 }
 
-/// Checks an endpoint URL; returns its origin (`scheme://host[:port]`), the JWT's audience.
-pub fn endpoint_origin(endpoint: &str) -> Result<String, PushError> {
+/// Which push endpoints the broker may send to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// `https` to public addresses only (the default).
+    Public,
+    /// Also plain `http` and loopback, private and link-local addresses
+    /// (`--push-private-network`).
+    Private,
+}
+
+/// Checks an endpoint URL under `network`; returns its origin (`scheme://host[:port]`), the
+/// JWT's audience. A host name is only checked by name here (`localhost`); its addresses are
+/// checked when the broker connects ([`PublicResolver`]).
+pub fn endpoint_origin(endpoint: &str, network: Network) -> Result<String, PushError> {
     let url = reqwest::Url::parse(endpoint)
         .map_err(|e| PushError::Endpoint(format!("{endpoint} ({e})")))?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+    let Some(host) = url.host_str() else {
+        return Err(PushError::Endpoint(endpoint.to_owned()));
+    };
+    if !matches!(url.scheme(), "http" | "https") {
         return Err(PushError::Endpoint(endpoint.to_owned()));
     }
+    if network == Network::Public {
+        if url.scheme() != "https" {
+            return Err(PushError::NotHttps(endpoint.to_owned()));
+        }
+        // An IPv6 host comes in brackets; a URL's host is already lower case.
+        let public = match host.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(ip) => is_public(ip),
+            Err(_) => {
+                let name = host.trim_end_matches('.');
+                name != "localhost" && !name.ends_with(".localhost")
+            }
+        };
+        if !public {
+            return Err(PushError::NotPublic(endpoint.to_owned()));
+        }
+    }
     Ok(url.origin().ascii_serialization())
+}
+
+/// Whether `ip` is a public unicast address: not unspecified, loopback, private (RFC 1918,
+/// unique local), shared (100.64/10), link-local, multicast, broadcast, documentation,
+/// benchmarking or reserved; IPv4 inside IPv6 (mapped, compatible, NAT64, 6to4) is judged by its
+/// IPv4 address.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => is_public_v6(v6),
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    !(a == 0                                    // "this network"
+        || a == 10                              // private
+        || a == 127                             // loopback
+        || (a == 100 && (64..128).contains(&b)) // shared address space (CGNAT)
+        || (a == 169 && b == 254)               // link-local
+        || (a == 172 && (16..32).contains(&b))  // private
+        || (a == 192 && b == 0 && c == 0)       // IETF protocol assignments
+        || (a == 192 && b == 0 && c == 2)       // documentation
+        || (a == 192 && b == 88 && c == 99)     // 6to4 relay anycast
+        || (a == 192 && b == 168)               // private
+        || (a == 198 && (18..20).contains(&b))  // benchmarking
+        || (a == 198 && b == 51 && c == 100)    // documentation
+        || (a == 203 && b == 0 && c == 113)     // documentation
+        || a >= 224) // multicast, reserved, broadcast
+}
+
+fn is_public_v6(ip: Ipv6Addr) -> bool {
+    let seg = ip.segments();
+    if let Some(v4) = ip.to_ipv4_mapped() {
+        return is_public_v4(v4);
+    }
+    // IPv4-compatible (::a.b.c.d, deprecated), NAT64 (64:ff9b::/96) and 6to4 (2002::/16) carry
+    // an IPv4 address a relay would reach.
+    let embedded = |hi: u16, lo: u16| Ipv4Addr::from((u32::from(hi) << 16) | u32::from(lo));
+    if seg[..6] == [0; 6] && !ip.is_loopback() && !ip.is_unspecified() {
+        return is_public_v4(embedded(seg[6], seg[7]));
+    }
+    if seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return is_public_v4(embedded(seg[6], seg[7]));
+    }
+    if seg[0] == 0x2002 {
+        return is_public_v4(embedded(seg[1], seg[2]));
+    }
+    !(ip.is_unspecified()
+        || ip.is_loopback()
+        || ip.is_multicast()
+        || (seg[0] & 0xfe00) == 0xfc00              // unique local
+        || (seg[0] & 0xffc0) == 0xfe80              // link-local
+        || (seg[0] & 0xffc0) == 0xfec0              // site-local (deprecated)
+        || (seg[0] == 0x2001 && seg[1] == 0x0db8)   // documentation
+        || seg[..4] == [0x100, 0, 0, 0]             // discard-only
+        || (seg[0] == 0x2001 && seg[1] < 0x200)) // IETF protocol assignments (Teredo, ORCHID…)
+}
+
+/// A DNS resolver for the push client that keeps only public addresses ([`is_public`]): the
+/// check happens on the address actually connected to, so a name cannot be pointed at the
+/// broker's own network between the subscription and the send.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PublicResolver;
+
+impl reqwest::dns::Resolve for PublicResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        Box::pin(async move {
+            let host = name.as_str().to_owned();
+            let all: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let public: Vec<SocketAddr> =
+                all.iter().copied().filter(|a| is_public(a.ip())).collect();
+            if public.is_empty() {
+                let refused: Box<dyn std::error::Error + Send + Sync> = if all.is_empty() {
+                    format!("{host} has no address").into()
+                } else {
+                    format!(
+                        "{host} resolves only to non-public addresses ({}); a push service \
+                         inside your own network needs `ac7 serve --push-private-network`",
+                        all.iter()
+                            .map(|a| a.ip().to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                    .into()
+                };
+                return Err(refused);
+            }
+            let addrs: reqwest::dns::Addrs = Box::new(public.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
+/// The push client: no redirects, [`SEND_TIMEOUT`], and under [`Network::Public`] only public
+/// addresses.
+pub fn http_client(network: Network) -> reqwest::Result<reqwest::Client> {
+    let builder = reqwest::Client::builder()
+        .timeout(SEND_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none());
+    match network {
+        Network::Public => builder.dns_resolver(Arc::new(PublicResolver)),
+        Network::Private => builder,
+    }
+    .build()
 }
 
 /// The team's VAPID key pair.
@@ -522,6 +677,7 @@ struct Job {
 pub struct Dispatcher {
     tx: mpsc::Sender<Job>,
     vapid: Arc<Vapid>,
+    network: Network,
     /// `(subscription id, failure kind)` already logged at WARN.
     warned: Arc<Mutex<HashSet<(i64, String)>>>,
 }
@@ -530,6 +686,11 @@ impl Dispatcher {
     /// The team's public key (base64url, uncompressed point).
     pub fn public_key(&self) -> &str {
         &self.vapid.public_b64
+    }
+
+    /// Which endpoints this broker may send to.
+    pub fn network(&self) -> Network {
+        self.network
     }
 
     /// Queues a committed message for notifications (never waits: a full queue drops it with a
@@ -546,13 +707,18 @@ impl Dispatcher {
 }
 
 /// Makes the dispatcher with the team's key (`pkcs8`) and its receiving end, for [`spawn`].
-pub fn dispatcher(pkcs8: &[u8], subject: &str) -> Result<(Dispatcher, Queue), PushError> {
+pub fn dispatcher(
+    pkcs8: &[u8],
+    subject: &str,
+    network: Network,
+) -> Result<(Dispatcher, Queue), PushError> {
     let vapid = Arc::new(Vapid::from_pkcs8(pkcs8, subject)?);
     let (tx, rx) = mpsc::channel(QUEUE);
     Ok((
         Dispatcher {
             tx,
             vapid,
+            network,
             warned: Arc::default(),
         },
         Queue(rx),
@@ -564,14 +730,10 @@ pub fn dispatcher(pkcs8: &[u8], subject: &str) -> Result<(Dispatcher, Queue), Pu
 pub struct Queue(mpsc::Receiver<Job>);
 
 /// Starts the dispatcher task; it ends with the broker.
-pub fn spawn(queue: Queue, state: Weak<AppState>) {
+pub fn spawn(queue: Queue, state: Weak<AppState>, network: Network) {
     let Queue(mut rx) = queue;
     tokio::spawn(async move {
-        let http = match reqwest::Client::builder()
-            .timeout(SEND_TIMEOUT)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-        {
+        let http = match http_client(network) {
             Ok(h) => h,
             Err(e) => {
                 tracing::error!(error = %e, "web push disabled: cannot build its HTTP client");
@@ -648,7 +810,7 @@ async fn send(http: &reqwest::Client, state: &Weak<AppState>, sub: &Subscription
         }
     };
     let request = (|| -> Result<(String, Vec<u8>), PushError> {
-        let origin = endpoint_origin(&sub.endpoint)?;
+        let origin = endpoint_origin(&sub.endpoint, push.network)?;
         let (point, secret) = check_keys(&sub.p256dh, &sub.auth)?;
         let now = u64::try_from(super::now_ms() / 1000).unwrap_or(0);
         Ok((
@@ -709,6 +871,122 @@ fn payload_is_high(payload: &[u8]) -> bool {
 mod tests {
     use super::*;
     use serde_json::Map;
+
+    #[test]
+    fn only_public_unicast_addresses_are_public() {
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "172.15.0.1",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2606:4700::1111",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::1",
+        ] {
+            assert!(is_public(ip.parse().unwrap()), "{ip} is public");
+        }
+        for ip in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "127.255.0.9",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "192.0.0.8",
+            "192.0.2.1",
+            "198.18.0.1",
+            "224.0.0.1",
+            "240.0.0.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "::127.0.0.1",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a00:1",
+            "2002:7f00:1::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "fe80::1",
+            "fec0::1",
+            "ff02::1",
+            "2001:db8::1",
+            "2001::1",
+            "100::1",
+        ] {
+            assert!(!is_public(ip.parse().unwrap()), "{ip} is not public");
+        }
+    }
+
+    #[test]
+    fn endpoints_must_be_https_on_public_hosts_unless_the_network_is_private() {
+        for endpoint in ["http://push.example/x", "http://8.8.8.8/x"] {
+            assert!(
+                matches!(
+                    endpoint_origin(endpoint, Network::Public),
+                    Err(PushError::NotHttps(_))
+                ),
+                "{endpoint}"
+            );
+        }
+        // Every spelling the URL parser turns into a loopback or private address.
+        for endpoint in [
+            "https://127.0.0.1/x",
+            "https://[::1]:8443/x",
+            "https://10.0.0.1/x",
+            "https://169.254.169.254/latest/meta-data",
+            "https://0x7f.1/x",
+            "https://2130706433/x",
+            "https://[::ffff:7f00:1]/x",
+            "https://localhost/x",
+            "https://LOCALHOST./x",
+            "https://push.localhost/x",
+        ] {
+            assert!(
+                matches!(
+                    endpoint_origin(endpoint, Network::Public),
+                    Err(PushError::NotPublic(_))
+                ),
+                "{endpoint}"
+            );
+            assert!(
+                endpoint_origin(endpoint, Network::Private).is_ok(),
+                "{endpoint}"
+            );
+        }
+        assert_eq!(
+            endpoint_origin("http://127.0.0.1:9/push/1", Network::Private).unwrap(),
+            "http://127.0.0.1:9"
+        );
+        assert_eq!(
+            endpoint_origin("https://fcm.googleapis.com/fcm/send/abc", Network::Public).unwrap(),
+            "https://fcm.googleapis.com"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_resolver_refuses_names_of_non_public_addresses() {
+        use reqwest::dns::Resolve;
+        let err = PublicResolver
+            .resolve("localhost".parse().unwrap())
+            .await
+            .err()
+            .expect("localhost is refused");
+        assert!(err.to_string().contains("non-public"), "{err}");
+        assert!(err.to_string().contains("127.0.0.1"), "{err}");
+        // An IP literal given as a name goes through the same filter.
+        assert!(
+            PublicResolver
+                .resolve("10.0.0.1".parse().unwrap())
+                .await
+                .is_err()
+        );
+    }
 
     fn msg(from: &str, to: Option<&str>, body: &str, level: LogLevel) -> Message {
         Message {
@@ -786,9 +1064,9 @@ mod tests {
             check_keys(&public, &B64.encode([1u8; 15])),
             Err(PushError::Auth(_))
         ));
-        assert!(endpoint_origin("ftp://x/y").is_err());
+        assert!(endpoint_origin("ftp://x/y", Network::Private).is_err());
         assert_eq!(
-            endpoint_origin("https://push.example:8443/a/b?c").unwrap(),
+            endpoint_origin("https://push.example:8443/a/b?c", Network::Public).unwrap(),
             "https://push.example:8443"
         );
     }

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
-use crate::broker_support::{SseClient, TestBroker, start_broker};
+use crate::broker_support::{SseClient, TestBroker, start_with};
 use crate::common;
 
 /// The stand-in push service.
@@ -105,6 +105,11 @@ fn number(sub: &Value) -> u64 {
         .unwrap()
 }
 
+/// A broker that may send to the stand-in on 127.0.0.1 over plain http.
+async fn broker_for_the_stand_in() -> TestBroker {
+    start_with(|c| c.push_private_network = true).await
+}
+
 async fn subscribe(b: &TestBroker, who: &str, sub: &Value) -> Value {
     let r = b.post("/push/subscriptions", who, sub.clone()).await;
     assert_eq!(r.status, 200, "{}", r.text);
@@ -137,7 +142,7 @@ fn subscriptions_of(b: &TestBroker, member: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn notifications_reach_whom_they_should_encrypted_and_signed() {
-    let b = start_broker().await;
+    let b = broker_for_the_stand_in().await;
     let mut svc = PushService::start().await;
     let key = b.raw("GET", "/push/vapid-public-key", None, None).await;
     assert_eq!(key.status, 200, "{}", key.text);
@@ -270,7 +275,7 @@ async fn notifications_reach_whom_they_should_encrypted_and_signed() {
 
 #[tokio::test]
 async fn subscriptions_upsert_go_away_and_refuse_bad_input() {
-    let b = start_broker().await;
+    let b = broker_for_the_stand_in().await;
     let mut svc = PushService::start().await;
 
     // The push service says the subscription is gone: it is deleted.
@@ -389,6 +394,76 @@ async fn subscriptions_upsert_go_away_and_refuse_bad_input() {
         .await;
     assert!(r.status < 300, "{}", r.text);
     assert!(subscriptions_of(&b, "reviewer").is_empty());
+}
+
+/// By default the broker sends only to push services on public addresses over https: a
+/// member cannot make it send requests into its own network. An endpoint on plain http, on a
+/// loopback, private or link-local address, or named `localhost`, is refused with a 400 that
+/// names the flag; a subscription stored while the flag was on is not sent to once the broker
+/// runs without it.
+#[tokio::test]
+async fn by_default_push_endpoints_must_be_public_https() {
+    let mut svc = PushService::start().await;
+    let sub = svc.subscription(201).await;
+    let b = start_with(|_| {}).await;
+    let with = |endpoint: &str| json!({"endpoint": endpoint, "keys": sub["keys"]});
+    for (endpoint, says) in [
+        (sub["endpoint"].as_str().unwrap(), "must be an https URL"),
+        ("http://push.example/x", "must be an https URL"),
+        ("https://127.0.0.1:9/x", "not on a public address"),
+        ("https://[::1]/x", "not on a public address"),
+        ("https://10.1.2.3/x", "not on a public address"),
+        (
+            "https://169.254.169.254/latest/meta-data",
+            "not on a public address",
+        ),
+        ("https://2130706433/x", "not on a public address"),
+        ("https://localhost:8443/x", "not on a public address"),
+    ] {
+        let r = b
+            .post("/push/subscriptions", "builder", with(endpoint))
+            .await;
+        assert_eq!(r.status, 400, "{endpoint}: {}", r.text);
+        let error = r.json["error"].as_str().unwrap();
+        assert!(error.contains(says), "{endpoint}: {error}");
+        assert!(
+            error.contains("--push-private-network"),
+            "{endpoint}: {error}"
+        );
+    }
+    assert!(subscriptions_of(&b, "builder").is_empty());
+    // A public push service's endpoint is taken.
+    subscribe(
+        &b,
+        "builder",
+        &with("https://fcm.googleapis.com/fcm/send/abc"),
+    )
+    .await;
+
+    // The stand-in's subscription, stored as a broker with the flag would have: the DM that
+    // would notify it sends nothing.
+    let now = ac7_runtime::broker::now_ms();
+    b.broker
+        .state
+        .store
+        .tx(|c| {
+            webpush::subscription_upsert(
+                c,
+                "reviewer",
+                sub["endpoint"].as_str().unwrap(),
+                sub["keys"]["p256dh"].as_str().unwrap(),
+                sub["keys"]["auth"].as_str().unwrap(),
+                now,
+            )
+        })
+        .unwrap();
+    b.push("director", json!({"to": "reviewer", "body": "stay inside"}))
+        .await;
+    let nothing = tokio::time::timeout(Duration::from_secs(2), svc.out.next_line()).await;
+    assert!(
+        nothing.is_err(),
+        "the stand-in on 127.0.0.1 got a push: {nothing:?}"
+    );
 }
 
 /// The installable app in a real browser: the manifest and its icons load, the service worker

@@ -43,7 +43,7 @@ pub(super) async fn subscribe(
         .len("keys.auth", &b.keys.auth, 1, MAX_KEY)
         .finish("push subscription")?;
     let refused = |e: PushError| ApiError::bad_request(e.to_string());
-    webpush::endpoint_origin(&b.endpoint).map_err(refused)?;
+    webpush::endpoint_origin(&b.endpoint, state.push.network()).map_err(refused)?;
     webpush::check_keys(&b.keys.p256dh, &b.keys.auth).map_err(refused)?;
     let now = now_ms();
     let sub = state.store.tx(|c| {
