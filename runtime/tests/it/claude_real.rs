@@ -54,6 +54,8 @@ async fn stand_in(bodies: Bodies) -> String {
 /// A tmux server of the test's own, with one session.
 struct Tmux {
     socket: PathBuf,
+    /// Where the pane's shell writes the program's exit status.
+    status: PathBuf,
 }
 
 impl Tmux {
@@ -79,16 +81,22 @@ impl Tmux {
     /// The pane stays once the program ended, so its last screen can be read.
     fn start(dir: &Path, cwd: &Path, env: &[(&str, String)], argv: &[String]) -> Self {
         let socket = dir.join("tmux.sock");
-        let mut command = ["sh", "-c", r#""$@"; exit $?"#, "sh", "env", "-i"]
-            .map(str::to_owned)
-            .to_vec();
+        // The shell writes the exit status down: tmux can mark the pane dead without ever
+        // reaping its process (seen with 3.3a), and then has no status to give.
+        let status = dir.join("exit-status");
+        let script = format!(
+            r#""$@"; s=$?; echo "$s" > '{}'; exit "$s""#,
+            status.display()
+        );
+        let mut command = vec!["sh".to_owned(), "-c".to_owned(), script];
+        command.extend(["sh", "env", "-i"].map(str::to_owned));
         command.push(format!(
             "PATH={}",
             std::env::var("PATH").unwrap_or_default()
         ));
         command.extend(env.iter().map(|(k, v)| format!("{k}={v}")));
         command.extend(argv.iter().cloned());
-        let status = Command::new("tmux")
+        let spawned = Command::new("tmux")
             .arg("-S")
             .arg(&socket)
             .args([
@@ -107,8 +115,8 @@ impl Tmux {
             .args([";", "set-option", "-t", "t", "remain-on-exit", "on"])
             .status()
             .unwrap();
-        assert!(status.success(), "tmux new-session");
-        Self { socket }
+        assert!(spawned.success(), "tmux new-session");
+        Self { socket, status }
     }
 
     fn tmux(&self, args: &[&str]) -> String {
@@ -140,21 +148,17 @@ impl Tmux {
             .unwrap()
     }
 
-    /// The program's exit status once it ended.
+    /// The program's exit status once it ended and tmux has read all it printed.
     fn exited(&self) -> Option<i32> {
-        let out = self.tmux(&[
-            "display-message",
-            "-p",
-            "-t",
-            "t",
-            "#{pane_dead} #{pane_dead_status}",
-        ]);
-        // tmux may say the pane is dead a moment before it has the status.
-        let mut words = out.split_whitespace();
-        match (words.next(), words.next().and_then(|s| s.parse().ok())) {
-            (Some("1"), Some(status)) => Some(status),
-            _ => None,
+        let dead = self.tmux(&["display-message", "-p", "-t", "t", "#{pane_dead}"]);
+        if dead.trim() != "1" {
+            return None;
         }
+        std::fs::read_to_string(&self.status)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     async fn wait_for_screen(&self, what: &str, secs: u64, text: &str) {
@@ -208,6 +212,12 @@ fn claude_home(home: &Path, work: &Path) {
 /// The runner's log file, once it exists.
 fn runner_log(state: &Path, runner: u32) -> String {
     std::fs::read_to_string(state.join(format!("ac7/runner-{runner}.log"))).unwrap_or_default()
+}
+
+/// The last `n` lines of `text`, for failure messages.
+fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// `ac7 claude-code` in tmux with the real Claude Code; returns the terminal and the runner's
@@ -321,26 +331,27 @@ async fn a_dm_queued_at_start_reaches_claude_stopped_after_its_handshake_and_the
     )
     .await;
 
-    // Once the turn the DM started is over, /exit.
+    // Once the turn the DM started is over, leave with Ctrl-D twice. Not `/exit` + Enter: on a
+    // loaded machine the Enter can land while the slash-command menu still highlights another
+    // command (`/clear` starts a new, empty session, and nothing is left to resume). Not Ctrl-C:
+    // one that arrives after Claude has left interrupts the runner's shell. A Ctrl-D that
+    // arrives late is harmless; every 10 s until the program has ended, twice again.
     tmux.wait_for_screen("the model's answer", 60, "hello from the stand-in")
         .await;
-    tmux.keys(&["/exit"]);
-    tmux.wait_for_screen("/exit typed", 10, "/exit").await;
-    tmux.keys(&["Enter"]);
-    // On a loaded machine an Enter can land while Claude redraws its slash-command menu and be
-    // lost: every 10 s until the program has ended, leave the way Claude also takes, Ctrl-C
-    // twice (it prints the same resume hint).
-    let typed = std::cell::Cell::new(std::time::Instant::now());
+    let typed = std::cell::Cell::new(std::time::Instant::now() - Duration::from_secs(10));
     let status = common::wait_until_showing(
         "the runner to exit",
         Duration::from_secs(60),
-        || tmux.screen(),
+        || {
+            let log = runner_log(&state, runner);
+            format!("{}\nrunner log:\n{}", tmux.screen(), last_lines(&log, 40))
+        },
         async || {
             let exited = tmux.exited();
-            if exited.is_none() && typed.get().elapsed() > Duration::from_secs(10) {
-                tmux.keys(&["C-c"]);
+            if exited.is_none() && typed.get().elapsed() >= Duration::from_secs(10) {
+                tmux.keys(&["C-d"]);
                 tokio::time::sleep(Duration::from_millis(300)).await;
-                tmux.keys(&["C-c"]);
+                tmux.keys(&["C-d"]);
                 typed.set(std::time::Instant::now());
             }
             exited
@@ -348,7 +359,8 @@ async fn a_dm_queued_at_start_reaches_claude_stopped_after_its_handshake_and_the
     )
     .await;
     let screen = tmux.screen();
-    assert_eq!(status, 0, "{screen}");
+    let log = last_lines(&runner_log(&state, runner), 40);
+    assert_eq!(status, 0, "{screen}\nrunner log:\n{log}");
     let lines: Vec<&str> = screen
         .lines()
         .map(str::trim)
@@ -361,7 +373,14 @@ async fn a_dm_queued_at_start_reaches_claude_stopped_after_its_handshake_and_the
     let at = lines
         .iter()
         .position(|l| l.starts_with(&prefix))
-        .unwrap_or_else(|| panic!("the runner's resume hint:\n{screen}"));
+        .unwrap_or_else(|| {
+            let sessions = std::fs::read_dir(dir.path().join("home/.claude/sessions"))
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>());
+            panic!(
+                "the runner's resume hint:\n{screen}\nClaude's session files now: {sessions:?}\n\
+                 runner log:\n{log}"
+            )
+        });
     let id = &lines[at][prefix.len()..];
     assert!(uuid::Uuid::parse_str(id).is_ok(), "{screen}");
     let transcript = dir
