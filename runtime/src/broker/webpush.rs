@@ -273,7 +273,7 @@ impl reqwest::dns::Resolve for PublicResolver {
     }
 }
 
-/// The push client: no redirects, [`SEND_TIMEOUT`], and under [`Network::Public`] only public
+/// The push client: no redirects, a 30 s timeout per request, and under [`Network::Public`] only public
 /// addresses.
 pub fn http_client(network: Network) -> reqwest::Result<reqwest::Client> {
     let builder = reqwest::Client::builder()
