@@ -58,7 +58,9 @@ use crate::codec::jsonrpc::{
 use crate::codec::line::{Line, LineDecoder};
 use crate::session::pending::Pending;
 
-use super::delivery::{NoticeKind, SinkEvent, TurnFailure, Undelivered, notices, turn_failure};
+use super::delivery::{
+    Bundle, NoticeKind, SinkEvent, TurnFailure, Undelivered, notices, turn_failure,
+};
 
 /// The ACP protocol version this client speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -272,8 +274,7 @@ pub struct AcpClient {
     calls: Pending<Call>,
     /// The deadline of the start-up request in flight.
     setup_deadline: Option<Instant>,
-    buffer: VecDeque<SinkEvent>,
-    flush_at: Option<Instant>,
+    bundle: Bundle,
     turn: Option<Turn>,
     /// A turn carrying the briefing succeeded.
     briefed: bool,
@@ -316,8 +317,7 @@ impl AcpClient {
             lines: LineDecoder::new(64 * 1024 * 1024),
             calls: Pending::new(),
             setup_deadline: None,
-            buffer: VecDeque::new(),
-            flush_at: None,
+            bundle: Bundle::default(),
             turn: None,
             briefed: false,
             titles: VecDeque::new(),
@@ -345,10 +345,7 @@ impl AcpClient {
             self.refuse(vec![event], reason);
             return;
         }
-        self.buffer.push_back(event);
-        if self.flush_at.is_none() {
-            self.flush_at = Some(now + self.config.bundle_window);
-        }
+        self.bundle.push(event, now, self.config.bundle_window);
     }
 
     /// Bytes from the agent's stdout.
@@ -386,7 +383,7 @@ impl AcpClient {
     /// When `handle_timeout` is next due.
     pub fn poll_timeout(&self) -> Option<Instant> {
         [
-            self.flush_at,
+            self.bundle.closes_at(),
             self.setup_deadline,
             self.turn.as_ref().map(|t| t.deadline),
         ]
@@ -437,8 +434,7 @@ impl AcpClient {
                 self.event(AcpEvent::Cancelling { turn });
             }
         }
-        if self.flush_at.is_some_and(|at| now >= at) {
-            self.flush_at = None;
+        if self.bundle.window_over(now) {
             self.flush(now);
         }
     }
@@ -448,7 +444,7 @@ impl AcpClient {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
-        self.flush_at = None;
+        self.bundle.close_window();
         self.setup_deadline = None;
         if let Some(turn) = self.turn.take() {
             // The agent has the events; its answer will not be read.
@@ -459,7 +455,7 @@ impl AcpClient {
                 stop_reason: None,
             });
         }
-        let left: Vec<SinkEvent> = self.buffer.drain(..).collect();
+        let left = self.bundle.take();
         if !left.is_empty() {
             self.refuse(left, SESSION_ENDED);
         }
@@ -492,7 +488,7 @@ impl AcpClient {
 
     /// Events waiting for delivery.
     pub fn buffered(&self) -> usize {
-        self.buffer.len()
+        self.bundle.len()
     }
 
     /// Whether [`shutdown`](Self::shutdown) ran.
@@ -662,7 +658,7 @@ impl AcpClient {
                                 session_id: session_id.to_owned(),
                                 agent: self.agent_info.take().unwrap_or_default(),
                             });
-                            if self.flush_at.is_none() {
+                            if !self.bundle.is_gathering() {
                                 self.flush(now);
                             }
                         }
@@ -757,13 +753,13 @@ impl AcpClient {
 
     /// Sends what is buffered as a turn, if none runs.
     fn flush(&mut self, now: Instant) {
-        if self.turn.is_some() || self.buffer.is_empty() {
+        if self.turn.is_some() || self.bundle.is_empty() {
             return;
         }
         let Phase::Running { session_id } = &self.phase else {
             return;
         };
-        let events: Vec<SinkEvent> = self.buffer.drain(..).collect();
+        let events = self.bundle.take();
         let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
         let briefing = !self.briefed && !self.config.briefing.is_empty();
         let mut prompt = Vec::new();
@@ -804,7 +800,7 @@ impl AcpClient {
                 .extend(notices.into_iter().map(AcpOutput::Undelivered));
         }
         // What waited for this turn's end goes now (or when its window is over).
-        if self.flush_at.is_none() {
+        if !self.bundle.is_gathering() {
             self.flush(now);
         }
     }
@@ -832,8 +828,8 @@ impl AcpClient {
         self.phase = Phase::Failed;
         self.setup_deadline = None;
         self.out.push_back(AcpOutput::Failed(reason));
-        let left: Vec<SinkEvent> = self.buffer.drain(..).collect();
-        self.flush_at = None;
+        let left = self.bundle.take();
+        self.bundle.close_window();
         if !left.is_empty() {
             self.refuse(left, "the agent did not start");
         }

@@ -58,10 +58,10 @@ use crate::codec::jsonrpc::{self, Id, METHOD_NOT_FOUND, Message, Outcome, RpcErr
 use crate::codec::line::{Line, LineDecoder};
 use crate::session::pending::Pending;
 
-use super::delivery::turn_failure;
 pub use super::delivery::{
     BUNDLE_WINDOW, NoticeKind, SinkEvent, TurnFailure, UNDELIVERED_KEY, Undelivered,
 };
+use super::delivery::{Bundle, turn_failure};
 
 /// Server requests answered with a denial.
 pub const DENIED_REQUESTS: [&str; 5] = [
@@ -244,7 +244,7 @@ pub struct CodexClient {
     lines: LineDecoder,
     calls: Pending<Call>,
     status: ThreadStatus,
-    buffer: VecDeque<SinkEvent>,
+    bundle: Bundle,
     /// Parts of a refused bundle still to deliver, each on its own, before the buffer.
     parts: VecDeque<Vec<SinkEvent>>,
     /// Events codex refused, with its reason, not reported yet (while parts are pending).
@@ -257,7 +257,6 @@ pub struct CodexClient {
     turn_errors: BTreeMap<String, String>,
     /// Turns that completed lately, with the failure reason of those that failed.
     ended: VecDeque<(String, Option<String>)>,
-    flush_at: Option<Instant>,
     delivering: bool,
     out: VecDeque<CodexOutput>,
 }
@@ -288,14 +287,13 @@ impl CodexClient {
             lines: LineDecoder::new(64 * 1024 * 1024),
             calls: Pending::new(),
             status: ThreadStatus::NotLoaded,
-            buffer: VecDeque::new(),
+            bundle: Bundle::default(),
             parts: VecDeque::new(),
             refused: Vec::new(),
             lost_turn: None,
             carried: BTreeMap::new(),
             turn_errors: BTreeMap::new(),
             ended: VecDeque::new(),
-            flush_at: None,
             delivering: false,
             out: VecDeque::new(),
         };
@@ -312,10 +310,7 @@ impl CodexClient {
             self.report_refused();
             return;
         }
-        self.buffer.push_back(event);
-        if self.flush_at.is_none() {
-            self.flush_at = Some(now + self.config.bundle_window);
-        }
+        self.bundle.push(event, now, self.config.bundle_window);
     }
 
     /// Bytes from codex's stdout.
@@ -337,13 +332,12 @@ impl CodexClient {
 
     /// When `handle_timeout` is next due (the bundle window).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.flush_at
+        self.bundle.closes_at()
     }
 
     /// Time passed: flushes the bundle when its window is over.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.flush_at.is_some_and(|at| now >= at) {
-            self.flush_at = None;
+        if self.bundle.window_over(now) {
             self.flush();
         }
     }
@@ -353,7 +347,7 @@ impl CodexClient {
         if matches!(self.phase, Phase::Closed) {
             return;
         }
-        self.flush_at = None;
+        self.bundle.close_window();
         self.flush();
         if let Phase::Running {
             thread_id,
@@ -364,7 +358,7 @@ impl CodexClient {
             self.request_call("turn/interrupt", &params, Call::Interrupt);
         }
         let mut left: Vec<SinkEvent> = self.parts.drain(..).flatten().collect();
-        left.extend(self.buffer.drain(..));
+        left.extend(self.bundle.take());
         if !left.is_empty() {
             self.refuse(left, "the session ended before codex could take it");
         }
@@ -432,7 +426,7 @@ impl CodexClient {
 
     /// Events waiting for delivery.
     pub fn buffered(&self) -> usize {
-        self.buffer.len() + self.parts.iter().map(Vec::len).sum::<usize>()
+        self.bundle.len() + self.parts.iter().map(Vec::len).sum::<usize>()
     }
 
     fn message(&mut self, message: Message, now: Instant) {
@@ -592,7 +586,7 @@ impl CodexClient {
                     }
                     Err(error) => self.refuse(events, &error.message),
                 }
-                if self.flush_at.is_none() || !self.parts.is_empty() {
+                if !self.bundle.is_gathering() || !self.parts.is_empty() {
                     self.flush();
                 }
                 if !self.delivering && self.parts.is_empty() {
@@ -627,10 +621,10 @@ impl CodexClient {
         if let Some(part) = self.parts.pop_front() {
             return self.route(part, true);
         }
-        if self.buffer.is_empty() {
+        if self.bundle.is_empty() {
             return;
         }
-        let events: Vec<SinkEvent> = self.buffer.drain(..).collect();
+        let events = self.bundle.take();
         self.route(events, false);
     }
 
@@ -693,9 +687,7 @@ impl CodexClient {
             self.parts.push_front(events);
             return;
         }
-        for event in events.into_iter().rev() {
-            self.buffer.push_front(event);
-        }
+        self.bundle.put_back(events);
     }
 
     /// Codex took `events` into `turn`: remember them until it completes (reporting them at

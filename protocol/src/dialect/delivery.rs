@@ -1,10 +1,10 @@
 //! What the turn-driven runners (Codex, ACP agents) share about delivering broker events as
-//! turns: the event as the sink takes it ([`SinkEvent`]), the bundling window, and the "not
-//! delivered" / "turn failed" notices its sender gets when the agent did not take it or the turn
-//! carrying it failed ([`Undelivered`]).
+//! turns: the event as the sink takes it ([`SinkEvent`]), the bundling window ([`Bundle`]), and
+//! the "not delivered" / "turn failed" notices its sender gets when the agent did not take it or
+//! the turn carrying it failed ([`Undelivered`]).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
@@ -53,6 +53,71 @@ impl From<String> for SinkEvent {
             text,
             reply_to: None,
         }
+    }
+}
+
+/// Events waiting to reach the agent as one input, and the bundling window they gather in: the
+/// first event of a bundle opens the window, which closes `window` later (events that come
+/// meanwhile join the bundle). The machine decides when a closed window's events go (a turn
+/// may be running).
+#[derive(Debug, Clone, Default)]
+pub struct Bundle {
+    events: VecDeque<SinkEvent>,
+    closes_at: Option<Instant>,
+}
+
+impl Bundle {
+    /// Queues `event`; opens the window (until `now + window`) unless it is open.
+    pub fn push(&mut self, event: SinkEvent, now: Instant, window: Duration) {
+        self.events.push_back(event);
+        self.closes_at.get_or_insert(now + window);
+    }
+
+    /// Puts `events` back in front, in their order (they could not go); the window stays as it
+    /// is.
+    pub fn put_back(&mut self, events: Vec<SinkEvent>) {
+        for event in events.into_iter().rev() {
+            self.events.push_front(event);
+        }
+    }
+
+    /// When the open window closes.
+    pub fn closes_at(&self) -> Option<Instant> {
+        self.closes_at
+    }
+
+    /// Whether events are gathering in an open window.
+    pub fn is_gathering(&self) -> bool {
+        self.closes_at.is_some()
+    }
+
+    /// At `now`: whether the open window is over; if so, it is closed.
+    pub fn window_over(&mut self, now: Instant) -> bool {
+        let over = self.closes_at.is_some_and(|at| now >= at);
+        if over {
+            self.closes_at = None;
+        }
+        over
+    }
+
+    /// Closes the window now (what is queued may go at once).
+    pub fn close_window(&mut self) {
+        self.closes_at = None;
+    }
+
+    /// Takes every queued event, oldest first (the window is left as it is).
+    pub fn take(&mut self) -> Vec<SinkEvent> {
+        self.events.drain(..).collect()
+    }
+
+    /// Events queued.
+    pub fn len(&self) -> usize {
+        self.events.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
     }
 }
 
