@@ -12,6 +12,7 @@ import {
   loadChannels,
   onChange,
   presenceDot,
+  rememberArchived,
   state,
   thread,
 } from './store.js';
@@ -168,12 +169,36 @@ route('/channels', ({ el }) => {
             ),
           ),
         ),
+        archivedGroup(),
       ),
     );
   draw();
   loadChannels().catch(() => {});
   return onChange(draw);
 });
+
+// The archived channels this browser knows of, collapsed (the open state survives redraws).
+let archivedOpen = false;
+function archivedGroup() {
+  const list = state.archived.filter((a) => !channelById(a.id));
+  if (!list.length) return null;
+  const d = h(
+    'details',
+    { class: 'archived', open: archivedOpen || null },
+    h('summary', null, 'Archived (' + list.length + ')'),
+    h(
+      'ul',
+      { class: 'items' },
+      list.map((a) =>
+        h('li', null, h('a', { href: '/c/' + a.slug }, '#' + a.slug), h('span', { class: 'muted' }, ' archived ' + fmtTime(a.archivedAt))),
+      ),
+    ),
+  );
+  d.addEventListener('toggle', () => {
+    archivedOpen = d.open;
+  });
+  return d;
+}
 
 export function normSlug(s) {
   return s
@@ -230,6 +255,14 @@ route('/c/:slug', async ({ el, params }) => {
     c = state.channels.find((x) => x.slug === slug);
   }
   if (!c) {
+    // The broker lists active channels only: this one may be archived.
+    let v = null;
+    try {
+      v = await getChannel(slug);
+    } catch (e) {
+      if (e.status !== 404) throw e;
+    }
+    if (v && v.channel.archivedAt) return archivedChannel(el, v.channel);
     mount(el, h('section', { class: 'page' }, h('h1', null, '#' + slug), h('p', null, 'No such channel. ', h('a', { href: '/channels' }, 'Browse channels'))));
     return;
   }
@@ -308,6 +341,25 @@ route('/c/:slug', async ({ el, params }) => {
     leave();
   };
 });
+
+// An archived channel: its history, read-only, under a line saying when it was archived.
+function archivedChannel(el, ch) {
+  rememberArchived(ch);
+  const when = new Date(ch.archivedAt);
+  const note = h(
+    'p',
+    { class: 'archived-note' },
+    'This channel was archived on ',
+    h('time', { datetime: when.toISOString() }, when.toLocaleString()),
+    '. Its history is read-only.',
+  );
+  if (!ch.joined) {
+    mount(el, h('section', { class: 'page' }, h('h1', null, '#' + ch.slug), note, h('p', null, "You weren't a member of this channel.")));
+    return;
+  }
+  const header = h('header', { class: 'thread-head' }, h('h1', null, '#' + ch.slug), h('span', { class: 'muted' }, 'archived'));
+  return threadView(el, { key: 'chan:' + ch.id, header, historyQuery: { channel: ch.id }, footer: note });
+}
 
 async function channelSettings(box, c) {
   const me = identity().member;
@@ -395,7 +447,7 @@ async function channelSettings(box, c) {
               onClick: async () => {
                 if (!confirmAction('Archive #' + c.slug + '? Nobody can post in it afterwards.')) return;
                 try {
-                  await archiveChannel(c.slug);
+                  rememberArchived(await archiveChannel(c.slug));
                   await loadChannels();
                   navigate('/channels');
                 } catch (e) {

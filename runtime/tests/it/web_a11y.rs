@@ -57,6 +57,13 @@ async fn every_route_passes_axe_in_both_themes_on_desktop_and_phone() {
     .await;
     let id = o["id"].as_str().unwrap().to_owned();
     api(&b, "POST", "/channels", Some(json!({"slug": "ops"}))).await;
+    let old = api(&b, "POST", "/channels", Some(json!({"slug": "old"}))).await;
+    b.push(
+        "director",
+        json!({"body": "before the archive", "data": {"thread": format!("chan:{}", old["id"].as_str().unwrap())}}),
+    )
+    .await;
+    api(&b, "DELETE", "/channels/old", None).await;
     b.push(
         "builder",
         json!({"to": "director", "body": "a message with a link https://example.com and `code`"}),
@@ -74,6 +81,7 @@ async fn every_route_passes_axe_in_both_themes_on_desktop_and_phone() {
         "/account".to_owned(),
         "/c/general".to_owned(),
         "/c/ops".to_owned(),
+        "/c/old".to_owned(),
         "/dm/builder".to_owned(),
         "/channels".to_owned(),
         "/channels/new".to_owned(),

@@ -411,3 +411,94 @@ async fn serve_once_forever(page: String) -> String {
     });
     url
 }
+
+/// Clicks the first `button` whose text is `label`.
+async fn click_button(br: &Browser, label: &str) {
+    br.wait_until(
+        &format!(
+            "const b = [...document.querySelectorAll('button')].find(b => b.textContent === {}); if (b) b.click(); return !!b",
+            json!(label)
+        ),
+        10,
+        &format!("the {label} button"),
+    )
+    .await;
+}
+
+/// The archived #old-plans on screen: its history, the archived line, no composer.
+async fn shows_archived_read_only(br: &Browser) {
+    br.wait_until(
+        "return [...document.querySelectorAll('.transcript .msg .body')].some(e => e.textContent === 'the plan we dropped')",
+        10,
+        "the archived channel's history",
+    )
+    .await;
+    let note = br.find(".archived-note").await.unwrap().text().await;
+    assert!(note.contains("archived on"), "{note}");
+    assert!(br.find(".composer").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archived_channel_keeps_its_history_read_only() {
+    let Some((b, br, _)) = signed_in("director", "/channels").await else {
+        return;
+    };
+    let ch = api(&b, "POST", "/channels", Some(json!({"slug": "old-plans"}))).await;
+    let id = ch["id"].as_str().unwrap().to_owned();
+    b.push(
+        "director",
+        json!({"body": "the plan we dropped", "data": {"thread": format!("chan:{id}")}}),
+    )
+    .await;
+    click_button(&br, "Refresh").await;
+    br.wait_until(
+        "return [...document.querySelectorAll('.page ul.items a')].some(a => a.textContent === '#old-plans')",
+        10,
+        "the new channel in the list",
+    )
+    .await;
+
+    // Archived elsewhere: the list moves it into a collapsed "Archived" group.
+    api(&b, "DELETE", "/channels/old-plans", None).await;
+    click_button(&br, "Refresh").await;
+    br.wait_until(
+        "const d = document.querySelector('details.archived'); return !!d && !d.open && d.querySelector('summary').textContent === 'Archived (1)'",
+        10,
+        "the collapsed archived group",
+    )
+    .await;
+    assert_eq!(
+        br.script(
+            "return [...document.querySelectorAll('.page > ul.items a')].some(a => a.textContent === '#old-plans')",
+            json!([])
+        )
+        .await,
+        false
+    );
+    br.click_on("details.archived summary", 10, "the archived group")
+        .await;
+    br.click_on(
+        "details.archived a[href='/c/old-plans']",
+        10,
+        "the archived channel",
+    )
+    .await;
+
+    // Its history, read-only, with when it was archived.
+    shows_archived_read_only(&br).await;
+    br.screenshot("channel-archived").await;
+
+    // A link to it in a browser that never saw it listed opens it the same way, and from
+    // then on the channel list shows it.
+    br.script("localStorage.clear()", json!([])).await;
+    open(&br, &b, "/c/old-plans").await;
+    shows_archived_read_only(&br).await;
+    open(&br, &b, "/channels").await;
+    br.wait_for(
+        "details.archived a[href='/c/old-plans']",
+        10,
+        "the remembered archived channel",
+    )
+    .await;
+    br.quit().await;
+}
