@@ -502,3 +502,109 @@ async fn an_archived_channel_keeps_its_history_read_only() {
     .await;
     br.quit().await;
 }
+
+/// Scrolls the element `css` to `top` (and tells the app at once, as the browser does on
+/// its next frame).
+async fn scroll_to(br: &Browser, css: &str, top: u32) {
+    br.script(
+        "const e = document.querySelector(arguments[0]); e.scrollTop = arguments[1]; e.dispatchEvent(new Event('scroll')); return e.scrollTop",
+        json!([css, top]),
+    )
+    .await;
+}
+
+async fn wait_scrolled(br: &Browser, css: &str, top: u32, what: &str) {
+    br.wait_until(
+        &format!(
+            "const e = document.querySelector({}); return !!e && Math.abs(e.scrollTop - {top}) <= 2",
+            json!(css)
+        ),
+        10,
+        what,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_returns_to_where_the_user_was_scrolled() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    for i in 0..80 {
+        b.push(
+            "builder",
+            json!({"to": "director", "body": format!("line {i}")}),
+        )
+        .await;
+    }
+    for i in 0..60 {
+        api(
+            &b,
+            "POST",
+            "/channels",
+            Some(json!({"slug": format!("room-{i}")})),
+        )
+        .await;
+    }
+
+    // A thread read half-way up, left for another page and come back to.
+    open(&br, &b, "/dm/builder").await;
+    br.wait_until(
+        "return document.querySelectorAll('.transcript .msg').length >= 80",
+        10,
+        "the DM's messages",
+    )
+    .await;
+    let bottom = br
+        .script(
+            "const s = document.querySelector('.scroller'); return s.scrollHeight - s.clientHeight",
+            json!([]),
+        )
+        .await
+        .as_u64()
+        .unwrap();
+    assert!(bottom > 600, "the thread does not scroll: {bottom}");
+    scroll_to(&br, ".scroller", 300).await;
+    br.click_on(".rail a[href='/members']", 10, "the members link")
+        .await;
+    br.wait_for(".page h1", 10, "the members page").await;
+    br.script("history.back()", json!([])).await;
+    wait_scrolled(&br, ".scroller", 300, "the thread where it was left").await;
+    assert!(br.url().await.ends_with("/dm/builder"));
+
+    // A list the same way; a fresh visit starts at the top.
+    br.click_on(
+        ".rail .nav-head a[href='/channels']",
+        10,
+        "the channels link",
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('.page ul.items li').length >= 61",
+        10,
+        "the channel list",
+    )
+    .await;
+    scroll_to(&br, ".view", 500).await;
+    wait_scrolled(&br, ".view", 500, "the list scrolled").await;
+    br.click_on("a[href='/c/room-0']", 10, "a channel").await;
+    br.wait_for(".composer", 10, "the channel").await;
+    br.script("history.back()", json!([])).await;
+    wait_scrolled(&br, ".view", 500, "the list where it was left").await;
+    br.script("history.forward()", json!([])).await;
+    br.wait_for(".composer", 10, "the channel again").await;
+    br.click_on(
+        ".rail .nav-head a[href='/channels']",
+        10,
+        "the channels link",
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('.page ul.items li').length >= 61",
+        10,
+        "the channel list again",
+    )
+    .await;
+    wait_scrolled(&br, ".view", 0, "a fresh visit at the top").await;
+    br.quit().await;
+}
