@@ -2,7 +2,7 @@
 // channel and DM threads (drawn by thread.js from the shared state in store.js).
 
 import { can, confirmAction, fmtTime, h, identity, mount, navigate, route, toast } from './core.js';
-import { addChannelMember, archiveChannel, createChannel, getChannel, removeChannelMember } from './api.js';
+import { addChannelMember, archiveChannel, createChannel, getChannel, removeChannelMember, renameChannel } from './api.js';
 import {
   badge,
   channelById,
@@ -298,12 +298,14 @@ route('/c/:slug', async ({ el, params }) => {
   const key = general ? 'general' : 'chan:' + c.id;
   const settings = h('div', { class: 'settings', hidden: true });
   const count = h('span', { class: 'muted member-count' }, general ? 'team channel · everyone' : plural(c.memberCount, 'member'));
-  // The member count follows the shared channel list (re-listed after every change).
+  // The member count follows the shared channel list (re-listed after every change), and
+  // so does the address when the channel is renamed.
   const offCount = general
     ? () => {}
     : onChange(() => {
         const now = channelById(c.id);
-        if (now) count.textContent = plural(now.memberCount, 'member');
+        if (now && now.slug !== slug) navigate('/c/' + now.slug, { replace: true });
+        else if (now) count.textContent = plural(now.memberCount, 'member');
       });
   const header = h(
     'header',
@@ -359,6 +361,35 @@ function archivedChannel(el, ch) {
   }
   const header = h('header', { class: 'thread-head' }, h('h1', null, '#' + ch.slug), h('span', { class: 'muted' }, 'archived'));
   return threadView(el, { key: 'chan:' + ch.id, header, historyQuery: { channel: ch.id }, footer: note });
+}
+
+// Channel admins rename the channel; the address follows.
+function renameForm(c) {
+  const input = h('input', { name: 'rename', value: c.slug, required: true, maxlength: 32, autocomplete: 'off', 'aria-label': 'New channel name' });
+  input.addEventListener('input', () => {
+    const v = normSlug(input.value);
+    if (v !== input.value) input.value = v;
+  });
+  return h(
+    'form',
+    {
+      class: 'rename row',
+      onSubmit: async (ev) => {
+        ev.preventDefault();
+        const to = input.value.replace(/^-+|-+$/g, '');
+        if (!to || to === c.slug) return;
+        try {
+          await renameChannel(c.slug, to);
+          await loadChannels();
+          navigate('/c/' + to, { replace: true });
+        } catch (e) {
+          toast(e.message, 'error');
+        }
+      },
+    },
+    input,
+    h('button', { type: 'submit' }, 'Rename'),
+  );
 }
 
 async function channelSettings(box, c) {
@@ -419,6 +450,7 @@ async function channelSettings(box, c) {
       ),
     ),
     admin && others.length ? addSel : null,
+    admin ? renameForm(c) : null,
     h(
       'p',
       null,

@@ -608,3 +608,49 @@ async fn back_returns_to_where_the_user_was_scrolled() {
     wait_scrolled(&br, ".view", 0, "a fresh visit at the top").await;
     br.quit().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_admin_renames_the_channel_and_the_address_follows() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    api(&b, "POST", "/channels", Some(json!({"slug": "draft-room"}))).await;
+    open(&br, &b, "/c/draft-room").await;
+    br.click_on(
+        "button[aria-label='Channel members and settings']",
+        10,
+        "the channel settings",
+    )
+    .await;
+    let input = br
+        .wait_for("form.rename input", 10, "the rename form")
+        .await;
+    input.clear().await;
+    input.send_keys("Final Room").await;
+    br.click_on("form.rename button", 10, "rename").await;
+    br.wait_until(
+        "return location.pathname === '/c/final-room' && document.querySelector('.thread-head h1').textContent === '#final-room' && !!document.querySelector(\".rail a[href='/c/final-room']\")",
+        10,
+        "the renamed channel",
+    )
+    .await;
+    let ch = api(&b, "GET", "/channels/final-room", None).await;
+    assert_eq!(ch["channel"]["slug"], "final-room");
+
+    // Renamed by someone else: the open channel's address follows when the list is read
+    // again (every few seconds).
+    api(
+        &b,
+        "PATCH",
+        "/channels/final-room",
+        Some(json!({"slug": "last-room"})),
+    )
+    .await;
+    br.wait_until(
+        "return location.pathname === '/c/last-room' && document.querySelector('.thread-head h1').textContent === '#last-room'",
+        20,
+        "the address after a rename elsewhere",
+    )
+    .await;
+    br.quit().await;
+}
