@@ -654,3 +654,53 @@ async fn a_channel_admin_renames_the_channel_and_the_address_follows() {
     .await;
     br.quit().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_objective_takes_attachments() {
+    let Some((b, br, _)) = signed_in("director", "/objectives/new").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("brief notes.txt");
+    std::fs::write(&file, "what to build\n").unwrap();
+    br.wait_for("form.objective-new", 10, "the create form")
+        .await;
+    br.find("input[name=title]")
+        .await
+        .unwrap()
+        .send_keys("With a brief")
+        .await;
+    br.find("textarea[name=outcome]")
+        .await
+        .unwrap()
+        .send_keys("The brief is read")
+        .await;
+    br.find("form.objective-new input[type=file]")
+        .await
+        .unwrap()
+        .send_keys(file.to_str().unwrap())
+        .await;
+    br.wait_until(
+        "return [...document.querySelectorAll('form.objective-new .chip')].some(c => c.textContent.startsWith('✓ brief notes.txt'))",
+        10,
+        "the uploaded file's chip",
+    )
+    .await;
+    br.click_on("form.objective-new button[type=submit]", 10, "create")
+        .await;
+    br.wait_for(".objective-detail", 10, "the new objective's page")
+        .await;
+    let id = br.url().await.rsplit('/').next().unwrap().to_owned();
+    let view = api(&b, "GET", &format!("/objectives/{id}"), None).await;
+    let atts = view["objective"]["attachments"].as_array().unwrap();
+    assert_eq!(atts.len(), 1, "{view}");
+    assert_eq!(atts[0]["name"], "brief notes.txt");
+    assert_eq!(atts[0]["path"], format!("/objectives/{id}/brief notes.txt"));
+    br.wait_until(
+        "return [...document.querySelectorAll('.objective-detail a')].some(a => a.textContent === 'brief notes.txt')",
+        10,
+        "the attachment on the objective's page",
+    )
+    .await;
+    br.quit().await;
+}
