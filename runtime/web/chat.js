@@ -17,6 +17,7 @@ import {
   thread,
 } from './store.js';
 import { threadView } from './thread.js';
+import { activityPanel } from './activity.js';
 
 // ---------------------------------------------------------------- screens
 
@@ -504,19 +505,48 @@ route('/dm/:name', ({ el, params }) => {
   };
   drawStatus();
   const off = onChange(drawStatus);
+  const canSee = can('activity.read') || name === me;
+  // Wide screens: the member's activity beside the conversation, opened with a toggle
+  // (remembered in this browser).
+  const side = h('aside', { class: 'side-panel', 'aria-label': 'Activity of ' + name, hidden: true });
+  let closeFeed = null;
+  const toggle = h('button', { class: 'side-toggle', type: 'button', 'aria-pressed': 'false', 'aria-controls': 'dm-activity' }, 'Activity');
+  side.id = 'dm-activity';
+  const showSide = (open) => {
+    side.hidden = !open;
+    toggle.setAttribute('aria-pressed', String(open));
+    if (open && !closeFeed) closeFeed = activityPanel(side, name);
+    if (!open && closeFeed) {
+      closeFeed();
+      closeFeed = null;
+      side.replaceChildren();
+    }
+  };
+  toggle.addEventListener('click', () => {
+    const open = side.hidden;
+    try {
+      localStorage.setItem('ac7:dm-activity', open ? '1' : '');
+    } catch {
+      /* private mode */
+    }
+    showSide(open);
+  });
   const header = h(
     'header',
     { class: 'thread-head' },
     h('h1', null, name === me ? 'Notes to self' : 'DM with ', name === me ? null : h('a', { href: '/@' + name }, name)),
     status,
-    can('activity.read') || name === me ? h('a', { href: '/@' + name + '/activity', class: 'muted' }, 'activity →') : null,
+    canSee ? h('a', { href: '/@' + name + '/activity', class: 'muted' }, 'activity →') : null,
+    canSee ? toggle : null,
   );
   if (!known) {
     mount(el, h('section', { class: 'page' }, h('h1', null, '@' + name), h('p', null, 'No such member.')));
     off();
     return;
   }
-  const done = threadView(el, {
+  const main = h('div', { class: 'split-main' });
+  mount(el, h('div', { class: 'split' }, main, canSee ? side : null));
+  const done = threadView(main, {
     key: 'dm:' + name,
     header,
     historyQuery: { with: name },
@@ -524,8 +554,20 @@ route('/dm/:name', ({ el, params }) => {
       p.to = name;
     },
   });
+  const wide = matchMedia('(min-width: 60rem)');
+  let wanted = false;
+  try {
+    wanted = localStorage.getItem('ac7:dm-activity') === '1';
+  } catch {
+    /* private mode */
+  }
+  if (canSee && wanted && wide.matches) showSide(true);
+  const narrow = () => !wide.matches && showSide(false);
+  wide.addEventListener('change', narrow);
   return () => {
     off();
     done();
+    wide.removeEventListener('change', narrow);
+    if (closeFeed) closeFeed();
   };
 });

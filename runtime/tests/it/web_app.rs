@@ -704,3 +704,68 @@ async fn a_new_objective_takes_attachments() {
     .await;
     br.quit().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_opens_the_members_activity_beside_it() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    let r = b
+        .post(
+            "/members/builder/activity",
+            "builder",
+            json!({"events": [crate::broker_activity::exchange(1_000)]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    open(&br, &b, "/dm/builder").await;
+    br.wait_for(".composer", 10, "the DM").await;
+    assert!(
+        br.find(".side-panel")
+            .await
+            .unwrap()
+            .attr("hidden")
+            .await
+            .is_some(),
+        "the panel starts closed"
+    );
+    br.click_on("button.side-toggle", 10, "the activity toggle")
+        .await;
+    br.wait_until(
+        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 1 && !!document.querySelector('.split-main .composer')",
+        10,
+        "the activity beside the conversation",
+    )
+    .await;
+    // Live: a new exchange appears in the panel.
+    b.post(
+        "/members/builder/activity",
+        "builder",
+        json!({"events": [crate::broker_activity::exchange(2_000)]}),
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 2",
+        10,
+        "the live activity row",
+    )
+    .await;
+    br.screenshot("dm-activity").await;
+    // Remembered for the next DM; closed again with the toggle.
+    open(&br, &b, "/dm/builder").await;
+    br.wait_until(
+        "const p = document.querySelector('aside.side-panel'); return !!p && !p.hidden",
+        10,
+        "the panel open again",
+    )
+    .await;
+    br.click_on("button.side-toggle", 10, "the activity toggle")
+        .await;
+    br.wait_until(
+        "return document.querySelector('aside.side-panel').hidden && document.querySelector('button.side-toggle').getAttribute('aria-pressed') === 'false'",
+        10,
+        "the panel closed",
+    )
+    .await;
+    br.quit().await;
+}
