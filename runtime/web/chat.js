@@ -300,13 +300,14 @@ route('/c/:slug', async ({ el, params }) => {
   const settings = h('div', { class: 'settings', hidden: true });
   const count = h('span', { class: 'muted member-count' }, general ? 'team channel · everyone' : plural(c.memberCount, 'member'));
   // The member count follows the shared channel list (re-listed after every change), and
-  // so does the address when the channel is renamed.
+  // so does the address when the channel is renamed; archived meanwhile, it turns read-only.
   const offCount = general
     ? () => {}
     : onChange(() => {
         const now = channelById(c.id);
         if (now && now.slug !== slug) navigate('/c/' + now.slug, { replace: true });
         else if (now) count.textContent = plural(now.memberCount, 'member');
+        else if (state.archived.some((a) => a.id === c.id)) navigate('/c/' + slug, { replace: true });
       });
   const header = h(
     'header',

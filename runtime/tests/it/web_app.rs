@@ -503,6 +503,34 @@ async fn an_archived_channel_keeps_its_history_read_only() {
     br.quit().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_archived_while_open_turns_read_only() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    let ch = api(&b, "POST", "/channels", Some(json!({"slug": "old-plans"}))).await;
+    let id = ch["id"].as_str().unwrap().to_owned();
+    b.push(
+        "director",
+        json!({"body": "the plan we dropped", "data": {"thread": format!("chan:{id}")}}),
+    )
+    .await;
+    open(&br, &b, "/c/old-plans").await;
+    br.wait_for(".composer", 10, "the channel's composer").await;
+    // Archived by someone else: when the channel list is read again (every few seconds), the
+    // open channel loses its composer.
+    api(&b, "DELETE", "/channels/old-plans", None).await;
+    br.wait_until(
+        "return !!document.querySelector('.archived-note') && !document.querySelector('.composer')",
+        20,
+        "the channel turning read-only",
+    )
+    .await;
+    shows_archived_read_only(&br).await;
+    assert!(br.url().await.ends_with("/c/old-plans"));
+    br.quit().await;
+}
+
 /// Scrolls the element `css` to `top` (and tells the app at once, as the browser does on
 /// its next frame).
 async fn scroll_to(br: &Browser, css: &str, top: u32) {
