@@ -135,7 +135,15 @@ export function rowNode(r) {
 // ---------------------------------------------------------------- member feed
 
 function feed({ params, el }) {
-  const name = params.name;
+  return activityFeed(el, params.name, false);
+}
+
+// A member's activity in a side panel (beside a DM with them): the same live feed.
+export function activityPanel(el, name) {
+  return activityFeed(el, name, true);
+}
+
+function activityFeed(el, name, panel) {
   const rows = new Map(); // id → row
   const list = h('ol', { class: 'activity-feed' });
   const sum = h('div');
@@ -171,8 +179,8 @@ function feed({ params, el }) {
     h(
       'section',
       { class: 'page activity' },
-      h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '/@' + name }, name), ' / activity'),
-      h('h1', null, 'Activity of ' + name, ' ', dot),
+      panel ? null : h('nav', { class: 'crumbs', 'aria-label': 'Breadcrumb' }, h('a', { href: '/@' + name }, name), ' / activity'),
+      h(panel ? 'h2' : 'h1', null, 'Activity of ' + name, ' ', dot),
       sum,
       older,
       list,

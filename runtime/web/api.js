@@ -52,6 +52,9 @@ export function getChannel(slug) {
 export function createChannel(slug) {
   return api('POST', '/channels', { slug });
 }
+export function renameChannel(slug, to) {
+  return api('PATCH', '/channels/' + seg(slug), { slug: to });
+}
 export function archiveChannel(slug) {
   return api('DELETE', '/channels/' + seg(slug));
 }

@@ -2,7 +2,7 @@
 // channel and DM threads (drawn by thread.js from the shared state in store.js).
 
 import { can, confirmAction, fmtTime, h, identity, mount, navigate, route, toast } from './core.js';
-import { addChannelMember, archiveChannel, createChannel, getChannel, removeChannelMember } from './api.js';
+import { addChannelMember, archiveChannel, createChannel, getChannel, removeChannelMember, renameChannel } from './api.js';
 import {
   badge,
   channelById,
@@ -12,10 +12,12 @@ import {
   loadChannels,
   onChange,
   presenceDot,
+  rememberArchived,
   state,
   thread,
 } from './store.js';
 import { threadView } from './thread.js';
+import { activityPanel } from './activity.js';
 
 // ---------------------------------------------------------------- screens
 
@@ -168,12 +170,36 @@ route('/channels', ({ el }) => {
             ),
           ),
         ),
+        archivedGroup(),
       ),
     );
   draw();
   loadChannels().catch(() => {});
   return onChange(draw);
 });
+
+// The archived channels this browser knows of, collapsed (the open state survives redraws).
+let archivedOpen = false;
+function archivedGroup() {
+  const list = state.archived.filter((a) => !channelById(a.id));
+  if (!list.length) return null;
+  const d = h(
+    'details',
+    { class: 'archived', open: archivedOpen || null },
+    h('summary', null, 'Archived (' + list.length + ')'),
+    h(
+      'ul',
+      { class: 'items' },
+      list.map((a) =>
+        h('li', null, h('a', { href: '/c/' + a.slug }, '#' + a.slug), h('span', { class: 'muted' }, ' archived ' + fmtTime(a.archivedAt))),
+      ),
+    ),
+  );
+  d.addEventListener('toggle', () => {
+    archivedOpen = d.open;
+  });
+  return d;
+}
 
 export function normSlug(s) {
   return s
@@ -230,6 +256,14 @@ route('/c/:slug', async ({ el, params }) => {
     c = state.channels.find((x) => x.slug === slug);
   }
   if (!c) {
+    // The broker lists active channels only: this one may be archived.
+    let v = null;
+    try {
+      v = await getChannel(slug);
+    } catch (e) {
+      if (e.status !== 404) throw e;
+    }
+    if (v && v.channel.archivedAt) return archivedChannel(el, v.channel);
     mount(el, h('section', { class: 'page' }, h('h1', null, '#' + slug), h('p', null, 'No such channel. ', h('a', { href: '/channels' }, 'Browse channels'))));
     return;
   }
@@ -265,12 +299,15 @@ route('/c/:slug', async ({ el, params }) => {
   const key = general ? 'general' : 'chan:' + c.id;
   const settings = h('div', { class: 'settings', hidden: true });
   const count = h('span', { class: 'muted member-count' }, general ? 'team channel · everyone' : plural(c.memberCount, 'member'));
-  // The member count follows the shared channel list (re-listed after every change).
+  // The member count follows the shared channel list (re-listed after every change), and
+  // so does the address when the channel is renamed; archived meanwhile, it turns read-only.
   const offCount = general
     ? () => {}
     : onChange(() => {
         const now = channelById(c.id);
-        if (now) count.textContent = plural(now.memberCount, 'member');
+        if (now && now.slug !== slug) navigate('/c/' + now.slug, { replace: true });
+        else if (now) count.textContent = plural(now.memberCount, 'member');
+        else if (state.archived.some((a) => a.id === c.id)) navigate('/c/' + slug, { replace: true });
       });
   const header = h(
     'header',
@@ -308,6 +345,54 @@ route('/c/:slug', async ({ el, params }) => {
     leave();
   };
 });
+
+// An archived channel: its history, read-only, under a line saying when it was archived.
+function archivedChannel(el, ch) {
+  rememberArchived(ch);
+  const when = new Date(ch.archivedAt);
+  const note = h(
+    'p',
+    { class: 'archived-note' },
+    'This channel was archived on ',
+    h('time', { datetime: when.toISOString() }, when.toLocaleString()),
+    '. Its history is read-only.',
+  );
+  if (!ch.joined) {
+    mount(el, h('section', { class: 'page' }, h('h1', null, '#' + ch.slug), note, h('p', null, "You weren't a member of this channel.")));
+    return;
+  }
+  const header = h('header', { class: 'thread-head' }, h('h1', null, '#' + ch.slug), h('span', { class: 'muted' }, 'archived'));
+  return threadView(el, { key: 'chan:' + ch.id, header, historyQuery: { channel: ch.id }, footer: note });
+}
+
+// Channel admins rename the channel; the address follows.
+function renameForm(c) {
+  const input = h('input', { name: 'rename', value: c.slug, required: true, maxlength: 32, autocomplete: 'off', 'aria-label': 'New channel name' });
+  input.addEventListener('input', () => {
+    const v = normSlug(input.value);
+    if (v !== input.value) input.value = v;
+  });
+  return h(
+    'form',
+    {
+      class: 'rename row',
+      onSubmit: async (ev) => {
+        ev.preventDefault();
+        const to = input.value.replace(/^-+|-+$/g, '');
+        if (!to || to === c.slug) return;
+        try {
+          await renameChannel(c.slug, to);
+          await loadChannels();
+          navigate('/c/' + to, { replace: true });
+        } catch (e) {
+          toast(e.message, 'error');
+        }
+      },
+    },
+    input,
+    h('button', { type: 'submit' }, 'Rename'),
+  );
+}
 
 async function channelSettings(box, c) {
   const me = identity().member;
@@ -367,6 +452,7 @@ async function channelSettings(box, c) {
       ),
     ),
     admin && others.length ? addSel : null,
+    admin ? renameForm(c) : null,
     h(
       'p',
       null,
@@ -395,7 +481,7 @@ async function channelSettings(box, c) {
               onClick: async () => {
                 if (!confirmAction('Archive #' + c.slug + '? Nobody can post in it afterwards.')) return;
                 try {
-                  await archiveChannel(c.slug);
+                  rememberArchived(await archiveChannel(c.slug));
                   await loadChannels();
                   navigate('/channels');
                 } catch (e) {
@@ -420,19 +506,48 @@ route('/dm/:name', ({ el, params }) => {
   };
   drawStatus();
   const off = onChange(drawStatus);
+  const canSee = can('activity.read') || name === me;
+  // Wide screens: the member's activity beside the conversation, opened with a toggle
+  // (remembered in this browser).
+  const side = h('aside', { class: 'side-panel', 'aria-label': 'Activity of ' + name, hidden: true });
+  let closeFeed = null;
+  const toggle = h('button', { class: 'side-toggle', type: 'button', 'aria-pressed': 'false', 'aria-controls': 'dm-activity' }, 'Activity');
+  side.id = 'dm-activity';
+  const showSide = (open) => {
+    side.hidden = !open;
+    toggle.setAttribute('aria-pressed', String(open));
+    if (open && !closeFeed) closeFeed = activityPanel(side, name);
+    if (!open && closeFeed) {
+      closeFeed();
+      closeFeed = null;
+      side.replaceChildren();
+    }
+  };
+  toggle.addEventListener('click', () => {
+    const open = side.hidden;
+    try {
+      localStorage.setItem('ac7:dm-activity', open ? '1' : '');
+    } catch {
+      /* private mode */
+    }
+    showSide(open);
+  });
   const header = h(
     'header',
     { class: 'thread-head' },
     h('h1', null, name === me ? 'Notes to self' : 'DM with ', name === me ? null : h('a', { href: '/@' + name }, name)),
     status,
-    can('activity.read') || name === me ? h('a', { href: '/@' + name + '/activity', class: 'muted' }, 'activity →') : null,
+    canSee ? h('a', { href: '/@' + name + '/activity', class: 'muted' }, 'activity →') : null,
+    canSee ? toggle : null,
   );
   if (!known) {
     mount(el, h('section', { class: 'page' }, h('h1', null, '@' + name), h('p', null, 'No such member.')));
     off();
     return;
   }
-  const done = threadView(el, {
+  const main = h('div', { class: 'split-main' });
+  mount(el, h('div', { class: 'split' }, main, canSee ? side : null));
+  const done = threadView(main, {
     key: 'dm:' + name,
     header,
     historyQuery: { with: name },
@@ -440,8 +555,20 @@ route('/dm/:name', ({ el, params }) => {
       p.to = name;
     },
   });
+  const wide = matchMedia('(min-width: 60rem)');
+  let wanted = false;
+  try {
+    wanted = localStorage.getItem('ac7:dm-activity') === '1';
+  } catch {
+    /* private mode */
+  }
+  if (canSee && wanted && wide.matches) showSide(true);
+  const narrow = () => !wide.matches && showSide(false);
+  wide.addEventListener('change', narrow);
   return () => {
     off();
     done();
+    wide.removeEventListener('change', narrow);
+    if (closeFeed) closeFeed();
   };
 });

@@ -257,9 +257,53 @@ export function setOutlet(el, onChange) {
 }
 
 export function navigate(path, opts = {}) {
-  if (opts.replace) history.replaceState(null, '', path);
-  else history.pushState(null, '', path);
+  if (opts.replace) history.replaceState({ k: newEntryKey() }, '', path);
+  else history.pushState({ k: newEntryKey() }, '', path);
   render();
+}
+
+// ---- scroll positions: one per history entry, given back when the user returns to it
+// (back/forward), never on a fresh navigation.
+
+const scrolls = new Map(); // entry key → {top, end}
+let restoring = false; // the next render is a return to an entry
+let saved = null; // the position the view on screen is to restore, or null
+
+function newEntryKey() {
+  return Date.now().toString(36) + Math.random().toString(36).slice(2, 8);
+}
+
+function entryKey() {
+  if (!history.state || !history.state.k) history.replaceState({ ...(history.state || {}), k: newEntryKey() }, '');
+  return history.state.k;
+}
+
+// What scrolls: a thread's transcript, else the view itself.
+function onScroll(ev) {
+  const t = ev.target;
+  if (!(t instanceof Element) || !(t.classList.contains('view') || t.classList.contains('scroller'))) return;
+  const k = entryKey();
+  scrolls.delete(k);
+  scrolls.set(k, { top: t.scrollTop, end: t.scrollHeight - t.scrollTop - t.clientHeight < 64 });
+  if (scrolls.size > 100) scrolls.delete(scrolls.keys().next().value);
+}
+
+// The scroll position the view being rendered should go back to ({top, end: at the
+// bottom}), or null on a fresh visit. A thread view uses it; other views get theirs back
+// from render() itself.
+export function savedScroll() {
+  return saved;
+}
+
+// Puts `el`'s view back at `pos`, trying again while the view's content is still arriving.
+function restoreScroll(el, pos, token) {
+  const until = performance.now() + 3000;
+  const step = () => {
+    if (renderToken !== token || el.querySelector('.scroller')) return;
+    el.scrollTop = pos.top;
+    if (Math.abs(el.scrollTop - pos.top) > 1 && performance.now() < until) requestAnimationFrame(step);
+  };
+  step();
 }
 
 // Runs the current view's cleanup (closes its streams and timers), once.
@@ -280,6 +324,8 @@ export async function render() {
   const query = new URLSearchParams(location.search);
   const m = match(path) || match('/');
   const el = onRouteChange(path, m && m.route.opts) || outlet;
+  saved = restoring ? scrolls.get(entryKey()) || null : null;
+  restoring = false;
   if (!el || !m) return;
   el.replaceChildren();
   const token = {};
@@ -291,6 +337,7 @@ export async function render() {
       if (typeof c === 'function') c();
     } else {
       cleanup = c;
+      if (saved) restoreScroll(el, saved, token);
       // The ready marker (browser tests, `ac7-bench web`): the first view has rendered.
       if (!document.body.dataset.ready) performance.mark('ac7-ready');
       document.body.dataset.ready = '1';
@@ -317,7 +364,16 @@ function onClick(ev) {
 
 export function startRouter() {
   document.addEventListener('click', onClick);
-  window.addEventListener('popstate', render);
+  document.addEventListener('scroll', onScroll, { capture: true, passive: true });
+  try {
+    for (const [k, v] of JSON.parse(sessionStorage.getItem('ac7:scroll')) || []) scrolls.set(k, v);
+  } catch {
+    /* none kept */
+  }
+  window.addEventListener('popstate', () => {
+    restoring = true;
+    render();
+  });
   // The back/forward cache keeps a page that was left alive but frozen, its connections
   // open: every cached page of ours would hold one of the browser's six sockets for this
   // host (the live stream, a view's activity stream), and after a few page loads the next
@@ -326,12 +382,22 @@ export function startRouter() {
   window.addEventListener('pagehide', () => {
     leaveView();
     stopLive();
+    // Kept for this tab: back from a page outside the app reloads it.
+    try {
+      sessionStorage.setItem('ac7:scroll', JSON.stringify([...scrolls]));
+    } catch {
+      /* private mode */
+    }
   });
   window.addEventListener('pageshow', (ev) => {
     if (!ev.persisted) return;
     if (me) startLive();
+    restoring = true;
     render();
   });
+  // A reload, or back into the app from another page: where this entry was.
+  const nav = performance.getEntriesByType('navigation')[0];
+  restoring = !!nav && (nav.type === 'reload' || nav.type === 'back_forward');
   return render();
 }
 

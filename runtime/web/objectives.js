@@ -3,10 +3,10 @@
 // trace). Every action re-reads the objective; live objective events refresh an open
 // detail page and the list.
 
-import { can, confirmAction, fmtTime, h, identity, inlineNodes, live, mount, navigate, route, toast } from './core.js';
+import { can, confirmAction, fmtBytes, fmtTime, h, identity, inlineNodes, live, mount, navigate, route, toast } from './core.js';
 import { createObjective, discussObjective, getObjective, getObjectives, objectiveAction, updateObjective } from './api.js';
 import { addMessages, loadObjectives, showingThread, state, thread } from './store.js';
-import { messageRow } from './thread.js';
+import { messageRow, uploadFile } from './thread.js';
 import { objectiveTrace } from './activity.js';
 
 const STATUSES = ['active', 'blocked', 'done', 'cancelled'];
@@ -97,6 +97,7 @@ route('/objectives/new', ({ el }) => {
     return;
   }
   const me = identity().member;
+  const uploads = []; // {file, status: 'up'|'ok'|'err', att}
   const watchers = h(
     'fieldset',
     { class: 'checks' },
@@ -111,6 +112,7 @@ route('/objectives/new', ({ el }) => {
     field('Body', h('textarea', { name: 'body', maxlength: 4096, rows: 5 })),
     field('Assignee', select('assignee', names().map((n) => [n, n === me ? n + ' (you)' : n]), names().find((n) => n !== me) || me)),
     watchers,
+    attachField(me, uploads),
     h('div', { class: 'actions' }, h('button', { type: 'submit', class: 'primary' }, 'Create objective'), h('a', { class: 'button', href: '/objectives' }, 'Cancel')),
   );
   form.addEventListener('submit', async (ev) => {
@@ -123,6 +125,12 @@ route('/objectives/new', ({ el }) => {
       watchers: f.getAll('watchers').filter((w) => w !== f.get('assignee')),
     };
     if (f.get('body').trim()) body.body = f.get('body').trim();
+    if (uploads.some((u) => u.status === 'up')) {
+      toast('Wait for the files to finish uploading.', 'warn');
+      return;
+    }
+    const atts = uploads.filter((u) => u.status === 'ok').map((u) => u.att);
+    if (atts.length) body.attachments = atts;
     const btn = form.querySelector('button[type=submit]');
     btn.disabled = true;
     try {
@@ -136,6 +144,55 @@ route('/objectives/new', ({ el }) => {
   });
   mount(el, h('section', { class: 'page' }, h('h1', null, 'New objective'), form));
 });
+
+// Files for a new objective: each uploads at once to the member's uploads folder (as the
+// chat composer's do); the broker copies them into the objective's folder on create.
+function attachField(me, uploads) {
+  const chips = h('div', { class: 'chips' });
+  const input = h('input', { type: 'file', name: 'files', multiple: true });
+  const draw = () =>
+    chips.replaceChildren(
+      ...uploads.map((u) =>
+        h(
+          'span',
+          { class: 'chip up-' + u.status },
+          (u.status === 'up' ? '… ' : u.status === 'ok' ? '✓ ' : '! ') + u.file.name + ' · ' + fmtBytes(u.file.size),
+          h(
+            'button',
+            {
+              class: 'icon',
+              type: 'button',
+              'aria-label': 'Remove ' + u.file.name,
+              onClick: () => {
+                uploads.splice(uploads.indexOf(u), 1);
+                draw();
+              },
+            },
+            '×',
+          ),
+        ),
+      ),
+    );
+  input.addEventListener('change', () => {
+    for (const file of input.files) {
+      const u = { file, status: 'up', att: null };
+      uploads.push(u);
+      uploadFile(file, '/' + me + '/uploads')
+        .then((att) => {
+          u.att = att;
+          u.status = 'ok';
+        })
+        .catch((e) => {
+          u.status = 'err';
+          toast(file.name + ': ' + e.message, 'error');
+        })
+        .finally(draw);
+    }
+    input.value = '';
+    draw();
+  });
+  return h('div', { class: 'attach' }, field('Attachments', input), chips);
+}
 
 // ---------------------------------------------------------------- detail
 

@@ -4,7 +4,7 @@
 // links of threads. Views read it and subscribe with onChange().
 
 import { h, identity, live, toast } from './core.js';
-import { getBriefing, getChannels, getHistory, getObjectives, getRoster } from './api.js';
+import { getBriefing, getChannel, getChannels, getHistory, getObjectives, getRoster } from './api.js';
 
 // ---------------------------------------------------------------- shared state
 
@@ -13,6 +13,7 @@ export const state = {
   teammates: [], // Teammate[]
   presence: new Map(), // name → Presence
   channels: [], // ChannelSummary[]
+  archived: [], // archived channels this browser has seen ({id, slug, archivedAt}), newest first
   objectives: [], // the viewer's objectives (assigned, originated, watched)
 };
 
@@ -144,7 +145,45 @@ export async function loadRoster() {
 
 export async function loadChannels() {
   const r = await getChannels();
+  const before = state.channels;
   state.channels = r.channels || [];
+  changed();
+  // The broker lists active channels only: one that left the list may have been archived.
+  for (const c of before) {
+    if (c.id === 'general' || !c.joined || channelById(c.id)) continue;
+    getChannel(c.slug)
+      .then((v) => v.channel.archivedAt && rememberArchived(v.channel))
+      .catch(() => {});
+  }
+}
+
+// ---- archived channels: the broker's list leaves them out, so this browser remembers
+// those it saw archived (per member), to list them and to name their threads.
+
+function archivedKey() {
+  return 'ac7:archived:' + identity().member;
+}
+
+function loadArchived() {
+  try {
+    const a = JSON.parse(localStorage.getItem(archivedKey()));
+    state.archived = Array.isArray(a) ? a.filter((c) => c && c.id && c.slug) : [];
+  } catch {
+    state.archived = [];
+  }
+}
+
+export function rememberArchived(c) {
+  if (!c || !c.id || !c.archivedAt) return;
+  const entry = { id: c.id, slug: c.slug, archivedAt: c.archivedAt };
+  if (state.archived.some((x) => x.id === c.id && x.slug === c.slug)) return;
+  const rest = state.archived.filter((x) => x.id !== c.id);
+  state.archived = [entry, ...rest].sort((a, b) => b.archivedAt - a.archivedAt).slice(0, 200);
+  try {
+    localStorage.setItem(archivedKey(), JSON.stringify(state.archived));
+  } catch {
+    /* private mode: memory only */
+  }
   changed();
 }
 
@@ -157,6 +196,7 @@ export async function loadObjectives() {
 // Boot: everything the chrome needs. Failures other than 401 leave that panel empty.
 export async function loadAll() {
   loadReads();
+  loadArchived();
   threads.clear();
   const results = await Promise.allSettled([
     getBriefing().then((b) => {
@@ -272,11 +312,16 @@ export function channelById(id) {
   return state.channels.find((c) => c.id === id);
 }
 
+// An active channel, or one known to be archived.
+function anyChannel(id) {
+  return channelById(id) || state.archived.find((c) => c.id === id);
+}
+
 export function threadTitle(key) {
   if (key === 'general') return '#general';
   if (key.startsWith('dm:')) return '@' + key.slice(3);
   if (key.startsWith('chan:')) {
-    const c = channelById(key.slice(5));
+    const c = anyChannel(key.slice(5));
     return c ? '#' + c.slug : 'a channel';
   }
   if (key.startsWith('obj:')) {
@@ -290,7 +335,7 @@ export function threadHref(key) {
   if (key === 'general') return '/c/general';
   if (key.startsWith('dm:')) return '/dm/' + encodeURIComponent(key.slice(3));
   if (key.startsWith('chan:')) {
-    const c = channelById(key.slice(5));
+    const c = anyChannel(key.slice(5));
     return c ? '/c/' + c.slug : '/channels';
   }
   if (key.startsWith('obj:')) return '/objectives/' + encodeURIComponent(key.slice(4));

@@ -3,7 +3,7 @@
 // attachments, levels, one draft per thread). The chat screens and the objective
 // discussion use it.
 
-import { fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, live, mount, toast } from './core.js';
+import { fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, live, mount, savedScroll, toast } from './core.js';
 import { getHistory, pushMessage, writeFile } from './api.js';
 import { addMessages, leftScreen, markRead, setOnScreen, state, thread, threadTitle } from './store.js';
 
@@ -82,8 +82,13 @@ export function threadView(el, opts) {
   const older = h('button', { class: 'link older', onClick: loadOlder }, '↑ Load older messages');
   const jump = h('button', { class: 'jump', hidden: true, onClick: () => scrollEnd() }, 'Jump to latest ↓');
   const scroller = h('div', { class: 'scroller' }, older, list);
-  let stick = true;
+  // Back to this thread: where the user was (unless that was the bottom), kept while the
+  // newest page loads.
+  const back = savedScroll();
+  let restoreTo = back && !back.end ? back.top : null;
+  let stick = restoreTo === null;
   scroller.addEventListener('scroll', () => {
+    if (restoreTo !== null) return;
     stick = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < 64;
     if (stick) jump.hidden = true;
   });
@@ -106,7 +111,10 @@ export function threadView(el, opts) {
     const grew = msgs.length > shown;
     shown = msgs.length;
     if (stick) scrollEnd();
-    else if (grew) jump.hidden = false;
+    else if (restoreTo !== null) {
+      scroller.scrollTop = restoreTo;
+      if (t.loaded || Math.abs(scroller.scrollTop - restoreTo) <= 1) restoreTo = null;
+    } else if (grew) jump.hidden = false;
     if (document.visibilityState === 'visible') markRead(key);
   };
   async function loadOlder() {

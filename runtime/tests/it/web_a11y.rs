@@ -57,6 +57,21 @@ async fn every_route_passes_axe_in_both_themes_on_desktop_and_phone() {
     .await;
     let id = o["id"].as_str().unwrap().to_owned();
     api(&b, "POST", "/channels", Some(json!({"slug": "ops"}))).await;
+    let old = api(&b, "POST", "/channels", Some(json!({"slug": "old"}))).await;
+    b.push(
+        "director",
+        json!({"body": "before the archive", "data": {"thread": format!("chan:{}", old["id"].as_str().unwrap())}}),
+    )
+    .await;
+    api(&b, "DELETE", "/channels/old", None).await;
+    let r = b
+        .post(
+            "/members/builder/activity",
+            "builder",
+            json!({"events": [crate::broker_activity::exchange(1_000)]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
     b.push(
         "builder",
         json!({"to": "director", "body": "a message with a link https://example.com and `code`"}),
@@ -74,6 +89,7 @@ async fn every_route_passes_axe_in_both_themes_on_desktop_and_phone() {
         "/account".to_owned(),
         "/c/general".to_owned(),
         "/c/ops".to_owned(),
+        "/c/old".to_owned(),
         "/dm/builder".to_owned(),
         "/channels".to_owned(),
         "/channels/new".to_owned(),
@@ -94,8 +110,11 @@ async fn every_route_passes_axe_in_both_themes_on_desktop_and_phone() {
             // Signed out: the sign-in page and the setup page.
             br.goto(&format!("{}/healthz", b.url)).await;
             br.delete_cookies().await;
+            // The DM with builder opens with builder's activity beside it (on wide screens).
             br.script(
-                &format!("localStorage.setItem('ac7:theme', '{theme}')"),
+                &format!(
+                    "localStorage.setItem('ac7:theme', '{theme}'); localStorage.setItem('ac7:dm-activity', '1')"
+                ),
                 json!([]),
             )
             .await;

@@ -411,3 +411,389 @@ async fn serve_once_forever(page: String) -> String {
     });
     url
 }
+
+/// Clicks the first `button` whose text is `label`.
+async fn click_button(br: &Browser, label: &str) {
+    br.wait_until(
+        &format!(
+            "const b = [...document.querySelectorAll('button')].find(b => b.textContent === {}); if (b) b.click(); return !!b",
+            json!(label)
+        ),
+        10,
+        &format!("the {label} button"),
+    )
+    .await;
+}
+
+/// The archived #old-plans on screen: its history, the archived line, no composer.
+async fn shows_archived_read_only(br: &Browser) {
+    br.wait_until(
+        "return [...document.querySelectorAll('.transcript .msg .body')].some(e => e.textContent === 'the plan we dropped')",
+        10,
+        "the archived channel's history",
+    )
+    .await;
+    let note = br.find(".archived-note").await.unwrap().text().await;
+    assert!(note.contains("archived on"), "{note}");
+    assert!(br.find(".composer").await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archived_channel_keeps_its_history_read_only() {
+    let Some((b, br, _)) = signed_in("director", "/channels").await else {
+        return;
+    };
+    let ch = api(&b, "POST", "/channels", Some(json!({"slug": "old-plans"}))).await;
+    let id = ch["id"].as_str().unwrap().to_owned();
+    b.push(
+        "director",
+        json!({"body": "the plan we dropped", "data": {"thread": format!("chan:{id}")}}),
+    )
+    .await;
+    click_button(&br, "Refresh").await;
+    br.wait_until(
+        "return [...document.querySelectorAll('.page ul.items a')].some(a => a.textContent === '#old-plans')",
+        10,
+        "the new channel in the list",
+    )
+    .await;
+
+    // Archived elsewhere: the list moves it into a collapsed "Archived" group.
+    api(&b, "DELETE", "/channels/old-plans", None).await;
+    click_button(&br, "Refresh").await;
+    br.wait_until(
+        "const d = document.querySelector('details.archived'); return !!d && !d.open && d.querySelector('summary').textContent === 'Archived (1)'",
+        10,
+        "the collapsed archived group",
+    )
+    .await;
+    assert_eq!(
+        br.script(
+            "return [...document.querySelectorAll('.page > ul.items a')].some(a => a.textContent === '#old-plans')",
+            json!([])
+        )
+        .await,
+        false
+    );
+    br.click_on("details.archived summary", 10, "the archived group")
+        .await;
+    br.click_on(
+        "details.archived a[href='/c/old-plans']",
+        10,
+        "the archived channel",
+    )
+    .await;
+
+    // Its history, read-only, with when it was archived.
+    shows_archived_read_only(&br).await;
+    br.screenshot("channel-archived").await;
+
+    // A link to it in a browser that never saw it listed opens it the same way, and from
+    // then on the channel list shows it.
+    br.script("localStorage.clear()", json!([])).await;
+    open(&br, &b, "/c/old-plans").await;
+    shows_archived_read_only(&br).await;
+    open(&br, &b, "/channels").await;
+    br.wait_for(
+        "details.archived a[href='/c/old-plans']",
+        10,
+        "the remembered archived channel",
+    )
+    .await;
+    br.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_archived_while_open_turns_read_only() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    let ch = api(&b, "POST", "/channels", Some(json!({"slug": "old-plans"}))).await;
+    let id = ch["id"].as_str().unwrap().to_owned();
+    b.push(
+        "director",
+        json!({"body": "the plan we dropped", "data": {"thread": format!("chan:{id}")}}),
+    )
+    .await;
+    open(&br, &b, "/c/old-plans").await;
+    br.wait_for(".composer", 10, "the channel's composer").await;
+    // Archived by someone else: when the channel list is read again (every few seconds), the
+    // open channel loses its composer.
+    api(&b, "DELETE", "/channels/old-plans", None).await;
+    br.wait_until(
+        "return !!document.querySelector('.archived-note') && !document.querySelector('.composer')",
+        20,
+        "the channel turning read-only",
+    )
+    .await;
+    shows_archived_read_only(&br).await;
+    assert!(br.url().await.ends_with("/c/old-plans"));
+    br.quit().await;
+}
+
+/// Scrolls the element `css` to `top` (and tells the app at once, as the browser does on
+/// its next frame).
+async fn scroll_to(br: &Browser, css: &str, top: u32) {
+    br.script(
+        "const e = document.querySelector(arguments[0]); e.scrollTop = arguments[1]; e.dispatchEvent(new Event('scroll')); return e.scrollTop",
+        json!([css, top]),
+    )
+    .await;
+}
+
+async fn wait_scrolled(br: &Browser, css: &str, top: u32, what: &str) {
+    br.wait_until(
+        &format!(
+            "const e = document.querySelector({}); return !!e && Math.abs(e.scrollTop - {top}) <= 2",
+            json!(css)
+        ),
+        10,
+        what,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn back_returns_to_where_the_user_was_scrolled() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    for i in 0..80 {
+        b.push(
+            "builder",
+            json!({"to": "director", "body": format!("line {i}")}),
+        )
+        .await;
+    }
+    for i in 0..60 {
+        api(
+            &b,
+            "POST",
+            "/channels",
+            Some(json!({"slug": format!("room-{i}")})),
+        )
+        .await;
+    }
+
+    // A thread read half-way up, left for another page and come back to.
+    open(&br, &b, "/dm/builder").await;
+    br.wait_until(
+        "return document.querySelectorAll('.transcript .msg').length >= 80",
+        10,
+        "the DM's messages",
+    )
+    .await;
+    let bottom = br
+        .script(
+            "const s = document.querySelector('.scroller'); return s.scrollHeight - s.clientHeight",
+            json!([]),
+        )
+        .await
+        .as_u64()
+        .unwrap();
+    assert!(bottom > 600, "the thread does not scroll: {bottom}");
+    scroll_to(&br, ".scroller", 300).await;
+    br.click_on(".rail a[href='/members']", 10, "the members link")
+        .await;
+    br.wait_for(".page h1", 10, "the members page").await;
+    br.script("history.back()", json!([])).await;
+    wait_scrolled(&br, ".scroller", 300, "the thread where it was left").await;
+    assert!(br.url().await.ends_with("/dm/builder"));
+
+    // A list the same way; a fresh visit starts at the top.
+    br.click_on(
+        ".rail .nav-head a[href='/channels']",
+        10,
+        "the channels link",
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('.page ul.items li').length >= 61",
+        10,
+        "the channel list",
+    )
+    .await;
+    scroll_to(&br, ".view", 500).await;
+    wait_scrolled(&br, ".view", 500, "the list scrolled").await;
+    br.click_on("a[href='/c/room-0']", 10, "a channel").await;
+    br.wait_for(".composer", 10, "the channel").await;
+    br.script("history.back()", json!([])).await;
+    wait_scrolled(&br, ".view", 500, "the list where it was left").await;
+    br.script("history.forward()", json!([])).await;
+    br.wait_for(".composer", 10, "the channel again").await;
+    br.click_on(
+        ".rail .nav-head a[href='/channels']",
+        10,
+        "the channels link",
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('.page ul.items li').length >= 61",
+        10,
+        "the channel list again",
+    )
+    .await;
+    wait_scrolled(&br, ".view", 0, "a fresh visit at the top").await;
+    br.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_admin_renames_the_channel_and_the_address_follows() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    api(&b, "POST", "/channels", Some(json!({"slug": "draft-room"}))).await;
+    open(&br, &b, "/c/draft-room").await;
+    br.click_on(
+        "button[aria-label='Channel members and settings']",
+        10,
+        "the channel settings",
+    )
+    .await;
+    let input = br
+        .wait_for("form.rename input", 10, "the rename form")
+        .await;
+    input.clear().await;
+    input.send_keys("Final Room").await;
+    br.click_on("form.rename button", 10, "rename").await;
+    br.wait_until(
+        "return location.pathname === '/c/final-room' && document.querySelector('.thread-head h1').textContent === '#final-room' && !!document.querySelector(\".rail a[href='/c/final-room']\")",
+        10,
+        "the renamed channel",
+    )
+    .await;
+    let ch = api(&b, "GET", "/channels/final-room", None).await;
+    assert_eq!(ch["channel"]["slug"], "final-room");
+
+    // Renamed by someone else: the open channel's address follows when the list is read
+    // again (every few seconds).
+    api(
+        &b,
+        "PATCH",
+        "/channels/final-room",
+        Some(json!({"slug": "last-room"})),
+    )
+    .await;
+    br.wait_until(
+        "return location.pathname === '/c/last-room' && document.querySelector('.thread-head h1').textContent === '#last-room'",
+        20,
+        "the address after a rename elsewhere",
+    )
+    .await;
+    br.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_objective_takes_attachments() {
+    let Some((b, br, _)) = signed_in("director", "/objectives/new").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("brief notes.txt");
+    std::fs::write(&file, "what to build\n").unwrap();
+    br.wait_for("form.objective-new", 10, "the create form")
+        .await;
+    br.find("input[name=title]")
+        .await
+        .unwrap()
+        .send_keys("With a brief")
+        .await;
+    br.find("textarea[name=outcome]")
+        .await
+        .unwrap()
+        .send_keys("The brief is read")
+        .await;
+    br.find("form.objective-new input[type=file]")
+        .await
+        .unwrap()
+        .send_keys(file.to_str().unwrap())
+        .await;
+    br.wait_until(
+        "return [...document.querySelectorAll('form.objective-new .chip')].some(c => c.textContent.startsWith('✓ brief notes.txt'))",
+        10,
+        "the uploaded file's chip",
+    )
+    .await;
+    br.click_on("form.objective-new button[type=submit]", 10, "create")
+        .await;
+    br.wait_for(".objective-detail", 10, "the new objective's page")
+        .await;
+    let id = br.url().await.rsplit('/').next().unwrap().to_owned();
+    let view = api(&b, "GET", &format!("/objectives/{id}"), None).await;
+    let atts = view["objective"]["attachments"].as_array().unwrap();
+    assert_eq!(atts.len(), 1, "{view}");
+    assert_eq!(atts[0]["name"], "brief notes.txt");
+    assert_eq!(atts[0]["path"], format!("/objectives/{id}/brief notes.txt"));
+    br.wait_until(
+        "return [...document.querySelectorAll('.objective-detail a')].some(a => a.textContent === 'brief notes.txt')",
+        10,
+        "the attachment on the objective's page",
+    )
+    .await;
+    br.quit().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dm_opens_the_members_activity_beside_it() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    let r = b
+        .post(
+            "/members/builder/activity",
+            "builder",
+            json!({"events": [crate::broker_activity::exchange(1_000)]}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    open(&br, &b, "/dm/builder").await;
+    br.wait_for(".composer", 10, "the DM").await;
+    assert!(
+        br.find(".side-panel")
+            .await
+            .unwrap()
+            .attr("hidden")
+            .await
+            .is_some(),
+        "the panel starts closed"
+    );
+    br.click_on("button.side-toggle", 10, "the activity toggle")
+        .await;
+    br.wait_until(
+        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 1 && !!document.querySelector('.split-main .composer')",
+        10,
+        "the activity beside the conversation",
+    )
+    .await;
+    // Live: a new exchange appears in the panel.
+    b.post(
+        "/members/builder/activity",
+        "builder",
+        json!({"events": [crate::broker_activity::exchange(2_000)]}),
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 2",
+        10,
+        "the live activity row",
+    )
+    .await;
+    br.screenshot("dm-activity").await;
+    // Remembered for the next DM; closed again with the toggle.
+    open(&br, &b, "/dm/builder").await;
+    br.wait_until(
+        "const p = document.querySelector('aside.side-panel'); return !!p && !p.hidden",
+        10,
+        "the panel open again",
+    )
+    .await;
+    br.click_on("button.side-toggle", 10, "the activity toggle")
+        .await;
+    br.wait_until(
+        "return document.querySelector('aside.side-panel').hidden && document.querySelector('button.side-toggle').getAttribute('aria-pressed') === 'false'",
+        10,
+        "the panel closed",
+    )
+    .await;
+    br.quit().await;
+}
