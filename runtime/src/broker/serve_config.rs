@@ -175,10 +175,13 @@ fn scalar(value: &toml_edit::Value) -> Option<String> {
 mod tests {
     use super::parse_args;
 
+    /// `ac7 serve`'s flags as clap sees them, from the broker's own argument type.
     fn serve() -> clap::Command {
-        let mut cmd = crate::cli::command();
+        let mut cmd = <crate::broker::cli::ServeArgs as clap::Args>::augment_args(
+            clap::Command::new("serve"),
+        );
         cmd.build();
-        cmd.find_subcommand("serve").expect("serve").clone()
+        cmd
     }
 
     #[test]
