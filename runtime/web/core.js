@@ -672,3 +672,17 @@ export function fsUrl(path) {
 export function confirmAction(text) {
   return window.confirm(text);
 }
+
+// Audio and video formats the app plays inline (in file previews and attachments).
+export const AUDIO_TYPES = new Set(['audio/mpeg', 'audio/ogg', 'audio/wav', 'audio/x-wav', 'audio/wave', 'audio/webm', 'audio/mp4', 'audio/aac', 'audio/flac']);
+export const VIDEO_TYPES = new Set(['video/mp4', 'video/webm', 'video/ogg']);
+
+// A player for an audio or video file, streamed from its URL; the link is for browsers that
+// cannot play its format.
+export function mediaPlayer(kind, path, name) {
+  return h(
+    kind,
+    { class: 'preview-' + kind, src: fsUrl(path), controls: true, preload: 'metadata', 'aria-label': name },
+    h('a', { href: fsUrl(path), download: name, 'data-external': '' }, 'Download ' + name),
+  );
+}

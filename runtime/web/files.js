@@ -5,10 +5,12 @@
 //    uploaded page or script cannot run;
 //  * markdown: headings, lists, code blocks and paragraphs built as DOM text nodes;
 //  * PNG/JPEG/GIF/WebP images: an <img> on a blob: URL of the bytes, typed by us;
-//  * anything else: size, type and a download link.
+//  * audio and video the browser plays (MP3, Ogg, WAV, WebM, MP4, AAC, FLAC): an <audio> or
+//    <video> player on the file's URL (a media element only ever decodes media);
+//  * anything else (PDF included): size, type and a download link.
 // Downloads go to /fs/read/…, which the broker serves as an attachment in a sandbox.
 
-import { can, confirmAction, fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, mount, navigate, route, toast } from './core.js';
+import { AUDIO_TYPES, VIDEO_TYPES, can, confirmAction, fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, mediaPlayer, mount, navigate, route, toast } from './core.js';
 import { allFiles, listDir, removeFile, sharedFiles, statFile } from './api.js';
 import { uploadFile } from './thread.js';
 
@@ -22,6 +24,8 @@ function kindOf(entry) {
   const mime = (entry.mimeType || '').toLowerCase().split(';')[0].trim();
   const name = entry.name || '';
   if (IMAGE_TYPES.has(mime)) return 'image';
+  if (AUDIO_TYPES.has(mime)) return 'audio';
+  if (VIDEO_TYPES.has(mime)) return 'video';
   if (mime === 'text/markdown' || mime === 'text/x-markdown' || /\.(md|markdown)$/i.test(name)) return 'markdown';
   if (mime.startsWith('text/') || mime === 'application/json' || mime === 'application/xml' || mime === 'image/svg+xml' || CODE_EXT.test(name)) {
     return 'text';
@@ -134,6 +138,8 @@ async function preview(el, entry) {
     // Typed by us from the allow-list: the bytes are only ever decoded as an image.
     url = URL.createObjectURL(new Blob([blob], { type: entry.mimeType.toLowerCase().split(';')[0].trim() }));
     mount(box, h('img', { src: url, alt: entry.name, class: 'preview-img' }));
+  } else if (kind === 'audio' || kind === 'video') {
+    mount(box, mediaPlayer(kind, entry.path, entry.name));
   } else if ((kind === 'text' || kind === 'markdown') && entry.size <= TEXT_MAX) {
     const text = await (await fetchBytes(entry.path)).text();
     if (kind === 'markdown') mount(box, h('div', { class: 'markdown' }, markdownNodes(text)));

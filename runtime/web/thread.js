@@ -3,7 +3,7 @@
 // attachments, levels, one draft per thread). The chat screens and the objective
 // discussion use it.
 
-import { fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, live, mount, savedScroll, toast } from './core.js';
+import { AUDIO_TYPES, VIDEO_TYPES, fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, live, mediaPlayer, mount, savedScroll, toast } from './core.js';
 import { getHistory, pushMessage, writeFile } from './api.js';
 import { addMessages, leftScreen, markRead, setOnScreen, state, thread, threadTitle } from './store.js';
 
@@ -41,11 +41,14 @@ function attachmentNode(a) {
       h('img', { src: url, alt: a.name, loading: 'lazy' }),
     );
   }
-  return h(
+  const mime = String(a.mimeType || '').toLowerCase();
+  const media = AUDIO_TYPES.has(mime) ? 'audio' : VIDEO_TYPES.has(mime) ? 'video' : null;
+  const chip = h(
     'a',
     { class: 'chip', href: url, download: a.name, 'data-external': '' },
     a.name + ' · ' + fmtBytes(a.size),
   );
+  return media ? h('div', { class: 'att-media' }, mediaPlayer(media, a.path, a.name), chip) : chip;
 }
 
 export function messageRow(m, prev) {

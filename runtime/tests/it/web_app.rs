@@ -236,7 +236,67 @@ async fn upload_and_preview_files_and_html_never_runs() {
         "the image preview",
     )
     .await;
+
+    // Audio plays in the page (the policy lets media load from the broker), and so does an
+    // audio attachment in a thread; a video gets a player too.
+    upload(&b, "/director/beep.wav", "audio/wav", &wav(0.25)).await;
+    open(&br, &b, "/files/director/beep.wav").await;
+    br.wait_until(
+        "const a = document.querySelector('.preview[data-kind=audio] audio'); return !!a && a.readyState >= 1 && a.duration > 0.2 && a.duration < 0.3",
+        15,
+        "the audio player to read the file's length",
+    )
+    .await;
+    upload(
+        &b,
+        "/director/clip.webm",
+        "video/webm",
+        b"not really a video",
+    )
+    .await;
+    open(&br, &b, "/files/director/clip.webm").await;
+    br.wait_for(
+        ".preview[data-kind=video] video[controls]",
+        10,
+        "the video player",
+    )
+    .await;
+    b.push(
+        "director",
+        json!({"to": "builder", "body": "listen", "attachments": [
+            {"path": "/director/beep.wav", "name": "beep.wav", "size": 2044, "mimeType": "audio/wav"}
+        ]}),
+    )
+    .await;
+    open(&br, &b, "/dm/builder").await;
+    br.wait_until(
+        "const a = document.querySelector('.att-media audio'); return !!a && a.readyState >= 1 && a.duration > 0.2",
+        15,
+        "the audio attachment's player",
+    )
+    .await;
     br.quit().await;
+}
+
+/// A silent WAV file (8 kHz, mono, 16-bit PCM) `secs` long.
+fn wav(secs: f64) -> Vec<u8> {
+    let samples = (8000.0 * secs) as u32;
+    let data = samples * 2;
+    let mut out = Vec::new();
+    out.extend(b"RIFF");
+    out.extend((36 + data).to_le_bytes());
+    out.extend(b"WAVEfmt ");
+    out.extend(16u32.to_le_bytes());
+    out.extend(1u16.to_le_bytes()); // PCM
+    out.extend(1u16.to_le_bytes()); // mono
+    out.extend(8000u32.to_le_bytes());
+    out.extend(16000u32.to_le_bytes()); // bytes per second
+    out.extend(2u16.to_le_bytes()); // block align
+    out.extend(16u16.to_le_bytes()); // bits per sample
+    out.extend(b"data");
+    out.extend(data.to_le_bytes());
+    out.resize(out.len() + data as usize, 0);
+    out
 }
 
 /// A 1×1 PNG.

@@ -579,7 +579,7 @@ async fn security_headers_on_every_response() {
     let csp = r.headers["content-security-policy"].to_str().unwrap();
     assert_eq!(
         csp,
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; media-src 'self'; connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
     );
     let r = b.get("/no/such/route", "builder").await;
     assert_eq!(r.status, 404);

@@ -28,7 +28,7 @@ use super::session::{COOKIE, CookieRefresh, cookie_value, https, set_cookie};
 use super::{ApiError, Shared};
 
 /// The policy of every response that does not set its own.
-pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
+pub(crate) const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; media-src 'self'; connect-src 'self'; font-src 'self'; manifest-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'";
 
 /// The origin this request was addressed to (`scheme://host[:port]`, lower case).
 fn own_origin(headers: &HeaderMap, state: &Shared) -> Option<String> {
