@@ -819,6 +819,92 @@ pub fn head(c: &Conn<'_>) -> Result<i64, StoreError> {
     .unwrap_or(0))
 }
 
+/// Why a history request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// No channel has that slug or id.
+    #[error("no such channel: {0}")]
+    NoSuchChannel(String),
+    /// The viewer is not in the channel.
+    #[error("not a member of this channel")]
+    NotChannelMember,
+    /// A message-id cursor names no message in the log; the field names the cursor.
+    #[error(
+        "`{0}` names no message in this broker's log; page from a message id this broker returned"
+    )]
+    UnknownCursor(&'static str),
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a history request asks for: at most one of `with` and `channel` (a slug, an id or
+/// `general`), message-id cursors and epoch-ms bounds (all exclusive), and a page size.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryRequest {
+    /// DMs with this member.
+    pub with: Option<String>,
+    /// One channel.
+    pub channel: Option<String>,
+    /// Messages before this id.
+    pub before_id: Option<String>,
+    /// Messages after this id (oldest first).
+    pub after_id: Option<String>,
+    /// Messages before this time.
+    pub before_ts: Option<i64>,
+    /// Messages after this time (oldest first).
+    pub after_ts: Option<i64>,
+    /// Page size.
+    pub limit: usize,
+}
+
+fn cursor(c: &Conn<'_>, id: Option<&str>, key: &'static str) -> Result<Option<i64>, HistoryError> {
+    match id {
+        None => Ok(None),
+        Some(id) => seq_of(c, id)?
+            .map(Some)
+            .ok_or(HistoryError::UnknownCursor(key)),
+    }
+}
+
+/// One page of the messages `viewer` may see (everything when `manager`), in a read
+/// transaction: a channel must exist and have the viewer as a member.
+pub fn history(
+    store: &super::db::Store,
+    viewer: &str,
+    manager: bool,
+    req: HistoryRequest,
+) -> Result<Vec<Row>, HistoryError> {
+    store.view(|c| {
+        let feed = match (req.with, req.channel) {
+            (Some(w), _) => Feed::With(w),
+            (None, Some(name)) if name == "general" => Feed::General,
+            (None, Some(name)) => {
+                let ch = match super::channels::by_slug(c, &name)? {
+                    Some(ch) => ch,
+                    None => super::channels::by_id(c, &name)?
+                        .ok_or(HistoryError::NoSuchChannel(name))?,
+                };
+                if super::channels::role_of(c, &ch.id, viewer)?.is_none() {
+                    return Err(HistoryError::NotChannelMember);
+                }
+                Feed::Channel(ch.id)
+            }
+            (None, None) => Feed::All,
+        };
+        let scope = viewer_scope(c, viewer, manager)?;
+        let window = Window {
+            after_seq: cursor(c, req.after_id.as_deref(), "after_id")?,
+            before_seq: cursor(c, req.before_id.as_deref(), "before_id")?,
+            after_ts: req.after_ts,
+            before_ts: req.before_ts,
+            oldest_first: req.after_id.is_some() || req.after_ts.is_some(),
+            limit: req.limit,
+        };
+        Ok(page(c, viewer, &scope, &feed, &window)?)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -349,3 +349,12 @@ pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedRec
         }
     });
 }
+
+/// Records `member`'s busy report (busy until `until`, 0 clears it) for the other replicas;
+/// nothing without replicas.
+pub fn report_busy(state: &AppState, member: &str, until: i64) -> Result<(), StoreError> {
+    if state.replica.is_some() {
+        state.store.tx(|c| set_busy(c, member, until))?;
+    }
+    Ok(())
+}

@@ -347,8 +347,13 @@ pub(super) async fn objective(
 ) -> Result<Response, ApiError> {
     let q = parse_query(raw.as_deref())?;
     let (rows, intervals) = state.store.view(|c| -> Result<_, ApiError> {
-        let obj = super::objectives::load(c, &id)?;
-        super::objectives::authorize(&obj, &caller, ac7_protocol::domain::objective::Action::View)?;
+        objectives::load_for(
+            c,
+            &id,
+            &caller.name,
+            caller.permissions,
+            ac7_protocol::domain::objective::Action::View,
+        )?;
         let mut intervals = activity::objective_intervals(c, &id)?;
         if !caller.has(Permission::ActivityRead) {
             let me = crate::broker::team::member_seq(c, &caller.name)?;

@@ -28,7 +28,6 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::db::StoreError;
-use super::fs::FsError;
 use super::{team, tokens};
 
 /// Shared state handed to every handler.
@@ -316,16 +315,6 @@ impl From<StoreError> for ApiError {
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("internal error: {e}"),
         )
-    }
-}
-
-impl From<FsError> for ApiError {
-    fn from(e: FsError) -> Self {
-        if let FsError::Store(inner) = e {
-            return inner.into();
-        }
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-        ApiError::new(status, e.to_string()).with("code", json!(e.code()))
     }
 }
 
