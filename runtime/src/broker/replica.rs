@@ -358,3 +358,13 @@ pub fn report_busy(state: &AppState, member: &str, until: i64) -> Result<(), Sto
     }
     Ok(())
 }
+
+/// Takes one token from `member`'s bucket shared by every replica ([`take_token`], in its own
+/// transaction), or says how long until one is there.
+pub fn take_shared_token(
+    store: &super::db::Store,
+    member: &str,
+    rate: Rate,
+) -> Result<Result<(), Duration>, StoreError> {
+    store.tx(|c| take_token(c, member, rate))
+}

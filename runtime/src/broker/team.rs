@@ -504,3 +504,13 @@ pub fn roster(
     }
     Ok((members, connected))
 }
+
+/// Authenticates a bearer token by its hash at `now` ([`resolve_token`], in its own
+/// transaction).
+pub fn authenticate(
+    store: &super::db::Store,
+    hash: &str,
+    now: i64,
+) -> Result<TokenAuth, StoreError> {
+    store.tx(|c| resolve_token(c, hash, now))
+}

@@ -197,7 +197,7 @@ pub(super) async fn member_update(
         b.permissions.as_deref(),
         now_ms(),
     )?;
-    Ok(reply(StatusCode::OK, &record.view()))
+    Ok(reply(StatusCode::OK, &MemberRecord::view(&record)))
 }
 
 pub(super) async fn member_delete(
