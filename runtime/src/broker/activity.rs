@@ -16,11 +16,22 @@
 //! cursor of [`Query`] is exact: a page never repeats or skips a row, even when
 //! runner clocks put `ts` out of order. `from`/`to` filter on the event's own `ts`.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use ac7_protocol::domain::message::{self, Audience, LogLevel, Route};
+use ac7_protocol::domain::objective::Action;
+use ac7_protocol::domain::permission::{Permission, PermissionSet};
 use ac7_protocol::trace::activity::{ActivityEvent, ActivityRow, OpaqueEntryKind, OpaqueHttpEntry};
+use ac7_protocol::trace::reminder;
 
 use super::activity_blocks::{self, Parts, Refs};
-use super::db::StoreError;
+use super::db::{Store, StoreError};
+use super::hub::{StreamError, Subscription};
+use super::objectives::ObjectiveError;
+use super::publish::Draft;
 use super::store::{Backend, Conn, Value};
+use super::{AppState, team};
 
 /// Rows a list returns when the client names no `limit`.
 pub const DEFAULT_LIMIT: usize = 200;
@@ -161,7 +172,7 @@ pub fn list(
          FROM member_activity WHERE member_name = ?",
     );
     let mut args: Vec<Value> = vec![Value::Text(member.to_owned())];
-    if let Some(seq) = super::team::member_seq(c, member)? {
+    if let Some(seq) = team::member_seq(c, member)? {
         sql.push_str(" AND member_seq = ?");
         args.push(Value::Int(seq));
     }
@@ -395,7 +406,7 @@ pub fn frame(row: &ActivityRow) -> Result<super::hub::Frame, StoreError> {
 
 /// The last row id of `member` (0 if none), among the rows [`list`] gives.
 pub fn head(c: &Conn<'_>, member: &str) -> Result<i64, StoreError> {
-    let max = match super::team::member_seq(c, member)? {
+    let max = match team::member_seq(c, member)? {
         Some(seq) => c.query_row(
             "SELECT COALESCE(MAX(id), 0) FROM member_activity
              WHERE member_name = ?1 AND member_seq = ?2",
@@ -497,4 +508,204 @@ pub fn remind_check(
         crate::params![now - COOLDOWN_MS],
     )?;
     Ok(body)
+}
+
+/// Stores `events` uploaded by `member` (authenticated with token `token_id`) at `now`;
+/// returns how many. On SQLite the rows are delivered to the member's activity streams inside
+/// the transaction, under the store's write lock, like a push: a stream opening with
+/// `Last-Event-ID` takes that lock too, so it sees each row either in its replay or live,
+/// never both. With the activity follower (PostgreSQL) they are delivered after the commit,
+/// in id order with every replica's.
+pub fn upload(
+    state: &AppState,
+    member: &str,
+    token_id: &str,
+    events: Vec<ActivityEvent>,
+    now: i64,
+) -> Result<usize, StreamError> {
+    let n = state.store.tx(|c| -> Result<usize, StreamError> {
+        // Stamped with the uploader's incarnation; a request authenticated just before its
+        // member was removed (its credential is gone now) must not land in a successor's stream.
+        let member_seq = match team::member_seq(c, member)? {
+            Some(seq) if team::token_id_exists(c, token_id)? => seq,
+            _ => return Err(StreamError::UnknownToken),
+        };
+        let rows = append(c, member, member_seq, events, now)?;
+        if state.activity_follower.is_none() {
+            let only = Audience::Only([member.to_owned()].into());
+            for row in &rows {
+                state
+                    .activity_hub
+                    .deliver(&only, &Arc::new(frame(row)?), now);
+            }
+        }
+        Ok(rows.len())
+    })?;
+    if let Some(follower) = &state.activity_follower
+        && let Err(e) = super::store::off_worker(|| follower.catch_up(state))
+    {
+        tracing::warn!(error = %e, "reading activity back for live delivery failed; the doorbell retries");
+    }
+    Ok(n)
+}
+
+/// Who the objective context reminder is from (a reserved name no member can take).
+const REMINDER_SENDER: &str = "ac7";
+
+/// The objective context reminder: a DM from `ac7` listing `member`'s open objectives
+/// missing from `context`, at most once per objective per 5 minutes (cool-downs kept in the
+/// store, so replicas share them). A failure is logged; the upload it follows has succeeded
+/// either way.
+pub async fn remind(state: &AppState, member: &str, context: &str, now: i64) {
+    let open = match state.store.view(|c| super::objectives::open_for(c, member)) {
+        Ok(open) => open,
+        Err(e) => {
+            tracing::warn!(error = %e, "objective context reminder: cannot list objectives");
+            return;
+        }
+    };
+    let body = match state
+        .store
+        .tx(|c| remind_check(c, member, context, &open, now))
+    {
+        Ok(body) => body,
+        Err(e) => {
+            tracing::warn!(error = %e, "objective context reminder: cannot check cool-downs");
+            return;
+        }
+    };
+    let Some(body) = body else {
+        return;
+    };
+    let route = Route::Direct {
+        to: member.to_owned(),
+    };
+    let draft = Draft {
+        to: Some(member.to_owned()),
+        from: REMINDER_SENDER.to_owned(),
+        title: Some(reminder::TITLE.to_owned()),
+        body,
+        level: LogLevel::Notice,
+        data: Default::default(),
+        attachments: Vec::new(),
+    };
+    let audience = message::audience(Some(REMINDER_SENDER), &route, &BTreeSet::new());
+    if let Err(e) = state.writer.push(draft, audience, now).await {
+        tracing::warn!(error = %e, "objective context reminder: cannot send");
+    }
+}
+
+/// `member`'s rows matching `q`, newest first, in a read transaction.
+pub fn list_rows(store: &Store, member: &str, q: &Query) -> Result<Vec<ActivityRow>, StoreError> {
+    store.view(|c| list(c, member, q, false))
+}
+
+/// One page of a replay of `member`'s rows: those after `cursor` through `head`, oldest
+/// first, at most `limit`.
+pub fn replay_page(
+    store: &Store,
+    member: &str,
+    cursor: i64,
+    head: i64,
+    limit: usize,
+) -> Result<Vec<ActivityRow>, StoreError> {
+    let q = Query {
+        after_id: Some(cursor),
+        before_id: Some(head + 1),
+        limit,
+        ..Default::default()
+    };
+    store.view(|c| list(c, member, &q, true))
+}
+
+/// Where a live stream starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamStart {
+    /// Live rows only: no last event id.
+    Live,
+    /// The rows after `cursor` through `head` first, then live ones.
+    Replay {
+        /// The last id the client has.
+        cursor: i64,
+        /// The last id delivered before the stream was registered.
+        head: i64,
+    },
+    /// The last event id cannot be placed: the client must start over.
+    Unknown,
+}
+
+/// Opens `watcher`'s live stream (authenticated with `token_id`) of `member`'s activity at
+/// `now`, resuming after `last_event_id` when it is a row id of this broker. In a write transaction
+/// although it only reads: on SQLite that takes the lock uploads deliver under, and the
+/// stream is registered before it is released, so the head and the live tail join without a
+/// gap or a duplicate. With the activity follower the stream is registered with it, whose
+/// position ends the replay.
+pub fn open_stream(
+    state: &AppState,
+    member: &str,
+    watcher: &str,
+    token_id: &str,
+    last_event_id: Option<&str>,
+    now: i64,
+) -> Result<(StreamStart, Subscription), StreamError> {
+    state.store.tx_then(
+        |c| -> Result<_, StreamError> {
+            let head = head(c, member)?;
+            let start = match last_event_id {
+                None => StreamStart::Live,
+                Some(id) => match id.trim().parse::<i64>() {
+                    Ok(cursor) if (0..=last_id(c)?).contains(&cursor) => {
+                        StreamStart::Replay { cursor, head }
+                    }
+                    _ => StreamStart::Unknown,
+                },
+            };
+            if !team::token_id_exists(c, token_id)? {
+                return Err(StreamError::UnknownToken);
+            }
+            Ok(start)
+        },
+        |start| -> Result<_, StreamError> {
+            let watch = || state.activity_hub.watch(member, watcher, token_id, now);
+            let Some(follower) = &state.activity_follower else {
+                return Ok((start, watch().map_err(StreamError::Refused)?));
+            };
+            let cursor = match &start {
+                StreamStart::Replay { cursor, .. } => Some(*cursor),
+                StreamStart::Live | StreamStart::Unknown => None,
+            };
+            let (sub, delivered) = follower.watch_at(state, cursor, watch)?;
+            let start = match start {
+                StreamStart::Replay { cursor, .. } => StreamStart::Replay {
+                    cursor,
+                    head: delivered,
+                },
+                other => other,
+            };
+            Ok((start, sub.map_err(StreamError::Refused)?))
+        },
+    )?
+}
+
+/// The exchanges of every member within their open intervals on objective `id`, newest
+/// first, with the intervals, for a `viewer` (holding `perms`) who may view the objective;
+/// without `activity.read` only the viewer's own rows and intervals. `q`'s `before_id` and
+/// `limit` page.
+pub fn objective_activity(
+    store: &Store,
+    viewer: &str,
+    perms: PermissionSet,
+    id: &str,
+    q: &Query,
+) -> Result<(Vec<ActivityRow>, Vec<Interval>), ObjectiveError> {
+    store.view(|c| {
+        super::objectives::load_for(c, id, viewer, perms, Action::View)?;
+        let mut intervals = objective_intervals(c, id)?;
+        if !perms.contains(Permission::ActivityRead) {
+            let me = team::member_seq(c, viewer)?;
+            intervals.retain(|iv| iv.member == viewer && Some(iv.member_seq) == me);
+        }
+        let rows = in_intervals(c, &intervals, q.before_id, q.limit)?;
+        Ok((rows, intervals))
+    })
 }

@@ -201,6 +201,67 @@ pub fn locked(c: &Conn<'_>, now: u64) -> Result<u64, StoreError> {
     .unwrap_or(0))
 }
 
+/// How an attempt at a guessable secret came out.
+pub enum Judged<'a, T, E> {
+    /// The secret was right: the member named signed in (their key and the address are
+    /// cleared).
+    Passed(T, String),
+    /// It was wrong: refuse with the error, counted under the claim.
+    Failed(E, Claim<'a>),
+}
+
+/// Runs one attempt at a guessable secret under the sign-in limiter, in one transaction with
+/// the limiter's keys (so every broker on the store counts the same failures): refused with
+/// the [`Refusal`] while a key `asked` counts under is locked; else `judge` evaluates the
+/// attempt (it may ask whether a member is locked) and the limiter counts what it judged. An
+/// `Err` from `judge` counts as nothing and commits nothing. Each lockout started is logged
+/// (one line per key); the broker's sign-in counters add what the attempt counted.
+pub fn guarded<'a, T, E: From<StoreError> + From<Refusal>>(
+    state: &super::AppState,
+    address: &str,
+    asked: Claim<'_>,
+    now: u64,
+    judge: impl FnOnce(&Conn<'_>, &dyn Fn(&str) -> bool) -> Result<Judged<'a, T, E>, E>,
+) -> Result<T, E> {
+    let (outcome, stats) = state.store.tx(|c| -> Result<_, E> {
+        let mut a = load(c, address, asked)?;
+        if let Err(r) = a.check(address, asked, now) {
+            return Ok((Err(E::from(r)), a.stats()));
+        }
+        let judged = judge(c, &|member| a.member_locked(member, now))?;
+        let outcome = match judged {
+            Judged::Passed(t, member) => {
+                a.pass(address, &member, now);
+                Ok(t)
+            }
+            Judged::Failed(e, claim) => {
+                for l in a.fail(address, claim, now) {
+                    tracing::warn!(
+                        locked = %l.key,
+                        lock_secs = l.lock_secs,
+                        strikes = l.strikes,
+                        "sign-in locked after repeated failures"
+                    );
+                }
+                Err(e)
+            }
+        };
+        a.save(c, now)?;
+        Ok((outcome, a.stats()))
+    })?;
+    state
+        .signin_stats
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .add(stats);
+    outcome
+}
+
+/// How many sign-in keys are locked at `now`, in a read transaction.
+pub fn locked_now(store: &super::db::Store, now: u64) -> Result<u64, StoreError> {
+    store.view(|c| locked(c, now))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,9 +7,10 @@ use ac7_protocol::domain::vfs::FsPath;
 
 use super::config::{ConfigError, TeamConfig};
 use super::db::{Store, StoreError};
+use super::hub::Closed;
 use super::store::Conn;
 use super::team::{self, MemberRecord, Role, Team};
-use super::{fs, now_ms};
+use super::{AppState, fs, now_ms};
 
 /// A member created with its one-time plaintext token.
 #[derive(Debug, Clone)]
@@ -335,5 +336,211 @@ pub fn revoke_token(c: &Conn<'_>, name: &str, id: &str) -> Result<(), AdminError
         ));
     }
     team::token_delete(c, name, id)?;
+    Ok(())
+}
+
+/// The team.
+pub fn team_view(store: &Store) -> Result<Team, AdminError> {
+    store.view(load_team)
+}
+
+/// Sets the given team fields, validates and stores the team; returns it.
+pub fn edit_team(
+    store: &Store,
+    name: Option<String>,
+    directive: Option<String>,
+    context: Option<String>,
+    now: i64,
+) -> Result<Team, AdminError> {
+    store.tx(|c| {
+        let mut team = load_team(c)?;
+        if let Some(n) = name {
+            team.name = n;
+        }
+        if let Some(d) = directive {
+            team.directive = d;
+        }
+        if let Some(c) = context {
+            team.context = c;
+        }
+        validate_team(&team).map_err(AdminError::Invalid)?;
+        team::team_put(c, &team, now)?;
+        Ok(team)
+    })
+}
+
+/// Sets permission preset `name` to `permissions` resolved to leaves (which it returns).
+pub fn put_preset(
+    store: &Store,
+    name: &str,
+    permissions: &[String],
+    now: i64,
+) -> Result<Vec<String>, AdminError> {
+    store.tx(|c| {
+        let mut team = load_team(c)?;
+        let set = ac7_protocol::domain::permission::resolve_preset(
+            name,
+            permissions,
+            &team.permission_presets,
+        )
+        .map_err(|e| AdminError::Invalid(e.to_string()))?;
+        let leaves: Vec<String> = set.names().into_iter().map(str::to_owned).collect();
+        team.permission_presets
+            .insert(name.to_owned(), leaves.clone());
+        team::team_put(c, &team, now)?;
+        Ok(leaves)
+    })
+}
+
+/// Deletes permission preset `name` (members keep the leaves they were given).
+pub fn delete_preset(store: &Store, name: &str, now: i64) -> Result<(), AdminError> {
+    store.tx(|c| {
+        let mut team = load_team(c)?;
+        if team.permission_presets.remove(name).is_none() {
+            return Err(AdminError::NotFound(format!("no such preset: {name}")));
+        }
+        team::team_put(c, &team, now)?;
+        Ok(())
+    })
+}
+
+/// Every member.
+pub fn list_members(store: &Store) -> Result<Vec<MemberRecord>, AdminError> {
+    Ok(store.view(team::members_list)?)
+}
+
+/// A member to create (already validated with [`validate_member`]).
+#[derive(Debug, Clone)]
+pub struct NewMember {
+    /// Name.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// Personal instructions.
+    pub instructions: String,
+    /// Permissions and presets, resolved through the team's presets.
+    pub permissions: Vec<String>,
+}
+
+/// Creates member `new` on `creator`'s behalf and issues its first token; after the commit
+/// the broker forgets cached credentials and the hub knows the member. Returns the member
+/// and the token's plaintext.
+pub fn create_member(
+    state: &AppState,
+    creator: &str,
+    new: &NewMember,
+    now: i64,
+) -> Result<(MemberRecord, String), AdminError> {
+    let (record, token) = state.store.tx(|c| -> Result<_, AdminError> {
+        let record = new_member_record(
+            c,
+            &new.name,
+            &new.role,
+            &new.instructions,
+            &new.permissions,
+            &format!("create member '{}'", new.name),
+        )?;
+        let issued = add_member(c, &record, Some(creator), now)?;
+        Ok((record, issued.token))
+    })?;
+    state.forget_auth();
+    state
+        .hub
+        .register_member(&record.name, record.role.clone(), now);
+    Ok((record, token))
+}
+
+/// Changes member `name`'s role, instructions and permissions (those given; see
+/// [`update_member`]); after the commit the broker forgets cached credentials and the hub
+/// learns the new role.
+pub fn change_member(
+    state: &AppState,
+    name: &str,
+    role: Option<Role>,
+    instructions: Option<String>,
+    permissions: Option<&[String]>,
+    now: i64,
+) -> Result<MemberRecord, AdminError> {
+    let record = state.store.tx(|c| {
+        update_member(
+            c,
+            name,
+            |m| {
+                if let Some(role) = role {
+                    m.role = role;
+                }
+                if let Some(i) = instructions {
+                    m.instructions = i;
+                }
+            },
+            permissions,
+            &format!("update member '{name}'"),
+        )
+    })?;
+    state.forget_auth();
+    state
+        .hub
+        .register_member(&record.name, record.role.clone(), now);
+    Ok(record)
+}
+
+/// Removes member `name` on `actor`'s behalf ([`remove_member_checked`]); after the commit
+/// its live streams and those watching its activity end.
+pub fn delete_member(
+    state: &AppState,
+    name: &str,
+    actor: &str,
+    now: i64,
+) -> Result<(), AdminError> {
+    state
+        .store
+        .tx(|c| remove_member_checked(c, name, actor, now))?;
+    state.forget_auth();
+    state.hub.remove_member(name);
+    state.activity_hub.close_owner(name, None, Closed::Removed);
+    // Streams watching its activity end too: a new member of that name is someone else.
+    state.activity_hub.remove_member(name);
+    Ok(())
+}
+
+/// Replaces member `name`'s tokens with a new one issued by `actor` ([`rotate_token`]);
+/// after the commit the streams opened with the old tokens end. Returns the plaintext and
+/// info of the new token.
+pub fn rotate_member_token(
+    state: &AppState,
+    name: &str,
+    actor: &str,
+    now: i64,
+) -> Result<(String, team::TokenInfo), AdminError> {
+    let issued = state
+        .store
+        .tx(|c| rotate_token(c, name, Some(actor), now))?;
+    // After the commit: a stream registers only after checking its token under the store's
+    // lock, so none registers with an old token after this.
+    state.forget_auth();
+    state.hub.close_member(name, Closed::Revoked);
+    state.activity_hub.close_owner(name, None, Closed::Revoked);
+    Ok(issued)
+}
+
+/// Member `name`'s tokens.
+pub fn member_tokens(store: &Store, name: &str) -> Result<Vec<team::TokenInfo>, AdminError> {
+    store.view(|c| {
+        if !team::member_exists(c, name)? {
+            return Err(no_such_member(name));
+        }
+        Ok(team::tokens_list(c, name)?)
+    })
+}
+
+/// Revokes member `name`'s token `id` ([`revoke_token`]); after the commit the streams
+/// opened with it end.
+pub fn revoke_member_token(state: &AppState, name: &str, id: &str) -> Result<(), AdminError> {
+    state.store.tx(|c| revoke_token(c, name, id))?;
+    state.forget_auth();
+    state.hub.close_token(name, id);
+    state
+        .activity_hub
+        .close_owner(name, Some(id), Closed::Revoked);
     Ok(())
 }

@@ -4,7 +4,8 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use super::db::StoreError;
+use super::AppState;
+use super::db::{Store, StoreError};
 use super::store::{Backend, Conn, Row};
 use crate::params;
 
@@ -213,4 +214,348 @@ pub fn remove_member(c: &Conn<'_>, id: &str, name: &str) -> Result<(), StoreErro
         params![id, name],
     )?;
     Ok(())
+}
+
+/// Why a channel request was refused. Nothing was written: the transaction rolled back.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelError {
+    /// The general channel cannot be changed this way; the text says how.
+    #[error("{0}")]
+    Reserved(&'static str),
+    /// The new slug is not 1–32 characters of `[a-z0-9-]` (see [`valid_slug`]).
+    #[error("invalid slug")]
+    InvalidSlug,
+    /// No channel has that slug.
+    #[error("no such channel: {0}")]
+    NotFound(String),
+    /// The channel is archived.
+    #[error("channel #{0} is archived")]
+    Archived(String),
+    /// The caller is not an admin of the channel.
+    #[error("only channel admins can {doing}")]
+    NotAdmin {
+        /// What the caller tried.
+        doing: &'static str,
+    },
+    /// Another channel has the slug.
+    #[error("a channel called \"{0}\" already exists")]
+    SlugTaken(String),
+    /// The role is neither `admin` nor `member`.
+    #[error("role must be admin or member")]
+    InvalidRole,
+    /// A non-admin tried to add someone else.
+    #[error("only admins can add other members")]
+    AddOthers,
+    /// The member to add does not exist.
+    #[error("no such member: {0}")]
+    NoSuchMember(String),
+    /// The member is already in the channel.
+    #[error("{name} is already a member of #{slug}")]
+    AlreadyMember {
+        /// The member.
+        name: String,
+        /// The channel.
+        slug: String,
+    },
+    /// The member is not in the channel.
+    #[error("{name} is not a member of #{slug}")]
+    NotMember {
+        /// The member.
+        name: String,
+        /// The channel.
+        slug: String,
+    },
+    /// Removing the member would leave the channel without an admin while others remain.
+    #[error("cannot remove the last admin of #{0} while others remain — promote someone first")]
+    LastAdmin(String),
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Whether `slug` is 1–32 characters of `[a-z0-9-]`, alphanumeric at both ends, no `--`.
+pub fn valid_slug(slug: &str) -> bool {
+    let b = slug.as_bytes();
+    !b.is_empty()
+        && b.len() <= 32
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
+        && b[b.len() - 1] != b'-'
+        && !slug.contains("--")
+}
+
+const RESERVED: &str = "the general channel is reserved";
+
+/// The general channel from anyone's side: everyone is in it; its member count is who is
+/// connected.
+fn general_summary(state: &AppState, c: &Conn<'_>) -> ChannelSummary {
+    let created = general_created_at(c)
+        .ok()
+        .flatten()
+        .unwrap_or(state.boot_time);
+    ChannelSummary {
+        channel: general(created),
+        joined: true,
+        my_role: Some("member".into()),
+        member_count: state.hub.member_count(),
+    }
+}
+
+fn summary(c: &Conn<'_>, ch: Channel, viewer: &str) -> Result<ChannelSummary, StoreError> {
+    let role = role_of(c, &ch.id, viewer)?;
+    let count = member_names(c, &ch.id)?.len();
+    Ok(ChannelSummary {
+        channel: ch,
+        joined: role.is_some(),
+        my_role: role,
+        member_count: count,
+    })
+}
+
+fn find(c: &Conn<'_>, slug: &str) -> Result<Channel, ChannelError> {
+    by_slug(c, slug)?.ok_or_else(|| ChannelError::NotFound(slug.to_owned()))
+}
+
+fn not_archived(ch: &Channel) -> Result<(), ChannelError> {
+    match ch.archived_at {
+        Some(_) => Err(ChannelError::Archived(ch.slug.clone())),
+        None => Ok(()),
+    }
+}
+
+fn require_admin(
+    c: &Conn<'_>,
+    ch: &Channel,
+    caller: &str,
+    doing: &'static str,
+) -> Result<(), ChannelError> {
+    if role_of(c, &ch.id, caller)?.as_deref() == Some("admin") {
+        Ok(())
+    } else {
+        Err(ChannelError::NotAdmin { doing })
+    }
+}
+
+/// A channel from `viewer`'s side with its member rows.
+fn with_members(
+    c: &Conn<'_>,
+    ch: Channel,
+    viewer: &str,
+) -> Result<(ChannelSummary, Vec<ChannelMember>), StoreError> {
+    let members = members(c, &ch.id)?;
+    let summary = summary(c, ch, viewer)?;
+    Ok((summary, members))
+}
+
+/// Every active channel and general from `viewer`'s side, newest first.
+pub fn list_for(state: &AppState, viewer: &str) -> Result<Vec<ChannelSummary>, ChannelError> {
+    let mut all = state.store.view(|c| -> Result<_, ChannelError> {
+        let general = general_summary(state, c);
+        let mut all = Vec::new();
+        for ch in list_active(c)? {
+            all.push(summary(c, ch, viewer)?);
+        }
+        all.push(general);
+        Ok(all)
+    })?;
+    all.sort_by_key(|c| std::cmp::Reverse(c.channel.created_at));
+    Ok(all)
+}
+
+/// Channel `slug` from `viewer`'s side with its member rows (none for general).
+pub fn view(
+    state: &AppState,
+    viewer: &str,
+    slug: &str,
+) -> Result<(ChannelSummary, Vec<ChannelMember>), ChannelError> {
+    if slug == "general" {
+        let general = state
+            .store
+            .view(|c| Ok::<_, ChannelError>(general_summary(state, c)))?;
+        return Ok((general, Vec::new()));
+    }
+    state.store.view(|c| {
+        let ch = find(c, slug)?;
+        Ok(with_members(c, ch, viewer)?)
+    })
+}
+
+/// Creates channel `slug` with `creator` as its admin; refuses general, a bad slug and a
+/// taken one.
+pub fn create_channel(
+    store: &Store,
+    creator: &str,
+    slug: &str,
+    now: i64,
+) -> Result<Channel, ChannelError> {
+    if slug == "general" {
+        return Err(ChannelError::Reserved(RESERVED));
+    }
+    if !valid_slug(slug) {
+        return Err(ChannelError::InvalidSlug);
+    }
+    store.tx(|c| {
+        if by_slug(c, slug)?.is_some() {
+            return Err(ChannelError::SlugTaken(slug.to_owned()));
+        }
+        Ok(create(c, slug, creator, now)?)
+    })
+}
+
+/// Renames channel `slug` to `new_slug` for one of its admins; returns the renamed channel.
+/// Refuses general (either side), a bad or taken slug and an archived channel.
+pub fn rename_channel(
+    store: &Store,
+    caller: &str,
+    slug: &str,
+    new_slug: &str,
+) -> Result<Channel, ChannelError> {
+    if slug == "general" || new_slug == "general" {
+        return Err(ChannelError::Reserved(RESERVED));
+    }
+    if !valid_slug(new_slug) {
+        return Err(ChannelError::InvalidSlug);
+    }
+    let ch = store.tx(|c| {
+        let ch = find(c, slug)?;
+        not_archived(&ch)?;
+        require_admin(c, &ch, caller, "rename this channel")?;
+        if new_slug != ch.slug && by_slug(c, new_slug)?.is_some() {
+            return Err(ChannelError::SlugTaken(new_slug.to_owned()));
+        }
+        rename(c, &ch.id, new_slug)?;
+        Ok(ch)
+    })?;
+    Ok(Channel {
+        slug: new_slug.to_owned(),
+        ..ch
+    })
+}
+
+/// Archives channel `slug` at `now` for one of its admins; returns the archived channel.
+pub fn archive_channel(
+    store: &Store,
+    caller: &str,
+    slug: &str,
+    now: i64,
+) -> Result<Channel, ChannelError> {
+    if slug == "general" {
+        return Err(ChannelError::Reserved(RESERVED));
+    }
+    let ch = store.tx(|c| {
+        let ch = find(c, slug)?;
+        not_archived(&ch)?;
+        require_admin(c, &ch, caller, "archive this channel")?;
+        archive(c, &ch.id, now)?;
+        Ok::<_, ChannelError>(ch)
+    })?;
+    Ok(Channel {
+        archived_at: Some(now),
+        ..ch
+    })
+}
+
+/// Adds `member` (the caller when `None`) to channel `slug` with `role` (`member` when
+/// `None`); only admins add others, and a member joining alone is a plain member. Returns
+/// the channel from the caller's side with its member rows.
+pub fn add_to_channel(
+    store: &Store,
+    caller: &str,
+    slug: &str,
+    member: Option<String>,
+    role: Option<String>,
+    now: i64,
+) -> Result<(ChannelSummary, Vec<ChannelMember>), ChannelError> {
+    if slug == "general" {
+        return Err(ChannelError::Reserved(
+            "everyone is already in the general channel",
+        ));
+    }
+    let role = role.unwrap_or_else(|| "member".into());
+    if role != "member" && role != "admin" {
+        return Err(ChannelError::InvalidRole);
+    }
+    store.tx(|c| {
+        let ch = find(c, slug)?;
+        not_archived(&ch)?;
+        let target = member.unwrap_or_else(|| caller.to_owned());
+        if target != caller {
+            if role_of(c, &ch.id, caller)?.as_deref() != Some("admin") {
+                return Err(ChannelError::AddOthers);
+            }
+            if !super::team::member_exists(c, &target)? {
+                return Err(ChannelError::NoSuchMember(target));
+            }
+        }
+        if role_of(c, &ch.id, &target)?.is_some() {
+            return Err(ChannelError::AlreadyMember {
+                name: target,
+                slug: ch.slug,
+            });
+        }
+        // Self-join is always as a plain member.
+        let role = if target == caller {
+            "member"
+        } else {
+            role.as_str()
+        };
+        add_member(c, &ch.id, &target, role, now)?;
+        Ok(with_members(c, ch, caller)?)
+    })
+}
+
+/// Removes `name` from channel `slug` (anyone may leave; only admins remove others; the
+/// last admin stays while others remain). Returns the channel from the caller's side with
+/// its member rows.
+pub fn remove_from_channel(
+    store: &Store,
+    caller: &str,
+    slug: &str,
+    name: &str,
+) -> Result<(ChannelSummary, Vec<ChannelMember>), ChannelError> {
+    if slug == "general" {
+        return Err(ChannelError::Reserved(
+            "nobody can leave the general channel",
+        ));
+    }
+    store.tx(|c| {
+        let ch = find(c, slug)?;
+        if name != caller {
+            require_admin(c, &ch, caller, "remove other members")?;
+        }
+        let Some(role) = role_of(c, &ch.id, name)? else {
+            return Err(ChannelError::NotMember {
+                name: name.to_owned(),
+                slug: ch.slug,
+            });
+        };
+        if role == "admin" {
+            let admins = members(c, &ch.id)?
+                .into_iter()
+                .filter(|m| m.role == "admin")
+                .count();
+            let others = members(c, &ch.id)?.len() > 1;
+            if admins == 1 && others {
+                return Err(ChannelError::LastAdmin(ch.slug));
+            }
+        }
+        remove_member(c, &ch.id, name)?;
+        Ok(with_members(c, ch, caller)?)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_slug;
+
+    #[test]
+    fn slugs() {
+        for ok in ["a", "dev", "dev-2", "a1"] {
+            assert!(valid_slug(ok), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "a--b", "Dev", "a b", &"a".repeat(33)] {
+            assert!(!valid_slug(bad), "{bad}");
+        }
+    }
 }

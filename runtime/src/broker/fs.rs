@@ -11,12 +11,14 @@
 //! Every function runs on a [`Conn`], in the caller's transaction, on SQLite or
 //! PostgreSQL alike.
 
-use ac7_protocol::domain::vfs::FsPath;
+use ac7_protocol::domain::permission::{Permission, PermissionSet};
+use ac7_protocol::domain::vfs::{FsPath, Scope};
 use serde::Serialize;
 
+use super::AppState;
 pub use super::blobs::Content;
 use super::blobs::{self, StagedBlob, Stored};
-use super::db::StoreError;
+use super::db::{Store, StoreError};
 use super::store::{Conn, Row};
 use super::tokens::sha256_hex;
 use crate::params;
@@ -78,6 +80,23 @@ pub enum FsError {
     /// 400 `invalid_input`.
     #[error("{0}")]
     InvalidInput(String),
+    /// 404 without a code: stat of a path that is not there.
+    #[error("no such path: {0}")]
+    NoSuchPath(String),
+    /// 413 `quota_exceeded`: the write would put `member` over the file quota.
+    #[error(
+        "file quota exceeded: {member} has {used} of {quota} bytes in use; this file needs {size} more — remove files first"
+    )]
+    QuotaExceeded {
+        /// Who the bytes are charged to.
+        member: String,
+        /// Bytes in use.
+        used: u64,
+        /// The quota.
+        quota: u64,
+        /// Bytes the write adds.
+        size: u64,
+    },
     /// 413 `too_large`.
     #[error("file is too large ({size} bytes > {limit} bytes)")]
     TooLarge {
@@ -101,7 +120,8 @@ impl FsError {
     /// The API error code.
     pub fn code(&self) -> &'static str {
         match self {
-            FsError::NotFound(_) => "not_found",
+            FsError::NotFound(_) | FsError::NoSuchPath(_) => "not_found",
+            FsError::QuotaExceeded { .. } => "quota_exceeded",
             FsError::Forbidden(_) => "forbidden",
             FsError::Exists(_) => "exists",
             FsError::NotADirectory(_) => "not_a_directory",
@@ -116,7 +136,8 @@ impl FsError {
     /// The HTTP status.
     pub fn status(&self) -> u16 {
         match self {
-            FsError::NotFound(_) => 404,
+            FsError::NotFound(_) | FsError::NoSuchPath(_) => 404,
+            FsError::QuotaExceeded { .. } => 413,
             FsError::Forbidden(_) => 403,
             FsError::Exists(_)
             | FsError::NotADirectory(_)
@@ -323,7 +344,7 @@ pub fn usage(c: &Conn<'_>, member: &str) -> Result<u64, StoreError> {
 /// The member a write to `p` by `actor` is charged to (see [`usage`]).
 pub fn charged_to(p: &FsPath, actor: &str) -> String {
     match p.scope() {
-        ac7_protocol::domain::vfs::Scope::Home { member } => member.to_owned(),
+        Scope::Home { member } => member.to_owned(),
         _ => actor.to_owned(),
     }
 }
@@ -610,6 +631,315 @@ pub fn blob_stats(c: &Conn<'_>) -> Result<(i64, i64), StoreError> {
         |r| Ok((r.get::<i64>(0)?, r.get::<i64>(1)?)),
     )?
     .unwrap_or((0, 0)))
+}
+
+fn is_objective_member(c: &Conn<'_>, id: &str, name: &str) -> Result<bool, StoreError> {
+    Ok(super::objectives::get(c, id)?
+        .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)))
+}
+
+/// Whether `name` (holding `perms`) owns `path` (may write, delete, move, list there):
+/// `members.manage` owns everything, a member its home, an objective's members its folder.
+pub fn can_write(
+    c: &Conn<'_>,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+) -> Result<bool, StoreError> {
+    if perms.contains(Permission::MembersManage) {
+        return Ok(true);
+    }
+    match path.scope() {
+        Scope::Root | Scope::ObjectivesRoot => Ok(false),
+        Scope::Home { member } => Ok(member == name),
+        Scope::Objective { id } => is_objective_member(c, id, name),
+    }
+}
+
+/// Whether `name` (holding `perms`) may read `path`: ownership or a grant.
+pub fn can_read(
+    c: &Conn<'_>,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+) -> Result<bool, StoreError> {
+    Ok(can_write(c, name, perms, path)? || has_grant(c, path, name)?)
+}
+
+/// The entries `name` (holding `perms`) may see in directory `path`: at the root its home
+/// (every home with `members.manage`); elsewhere the directory's children when it owns it
+/// (nothing when the directory does not exist).
+pub fn list_dir(
+    store: &Store,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+) -> Result<Vec<FsEntry>, FsError> {
+    store.view(|c| {
+        if path.is_root() {
+            let all = children(c, path)?;
+            return Ok(if perms.contains(Permission::MembersManage) {
+                all
+            } else {
+                all.into_iter()
+                    .filter(|e| e.path.trim_start_matches('/') == name)
+                    .collect()
+            });
+        }
+        if !can_write(c, name, perms, path)? {
+            return Err(FsError::Forbidden(format!("cannot list {path}")));
+        }
+        match get(c, path)? {
+            Some(e) if !e.is_dir() => Err(FsError::NotADirectory(path.to_string())),
+            Some(_) => Ok(children(c, path)?),
+            None => Ok(Vec::new()),
+        }
+    })
+}
+
+/// The entry at `path`, for a reader allowed to see it (`/` has none).
+pub fn stat_entry(
+    store: &Store,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+) -> Result<FsEntry, FsError> {
+    if path.is_root() {
+        return Err(FsError::InvalidInput("cannot stat /".into()));
+    }
+    store.view(|c| {
+        if !can_read(c, name, perms, path)? {
+            return Err(FsError::Forbidden(format!("cannot stat {path}")));
+        }
+        get(c, path)?.ok_or_else(|| FsError::NoSuchPath(path.to_string()))
+    })
+}
+
+/// The file at `path` and its content, for a reader allowed to see it. In a write
+/// transaction: on SQLite the blob file is opened under the write lock, which emptying the
+/// trash takes too, so a concurrent delete cannot unlink it between the row and the open.
+pub fn open_file(
+    store: &Store,
+    blob_dir: &std::path::Path,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+) -> Result<(FsEntry, Stored), FsError> {
+    store.tx(|c| {
+        if !can_read(c, name, perms, path)? {
+            return Err(FsError::Forbidden(format!("cannot stat {path}")));
+        }
+        let entry =
+            get(c, path)?.ok_or_else(|| FsError::NotFound(format!("no such path: {path}")))?;
+        if entry.is_dir() {
+            return Err(FsError::IsADirectory(path.to_string()));
+        }
+        let content = read(c, blob_dir, &entry)?;
+        Ok((entry, content))
+    })
+}
+
+/// Chunk `idx` of blob `hash` as stored in the database, in a read transaction.
+pub fn read_chunk(store: &Store, hash: &str, idx: i64) -> Result<Option<Vec<u8>>, StoreError> {
+    store.view(|c| blobs::chunk(c, hash, idx))
+}
+
+/// One upload: where, as what type, what to do on a name clash.
+#[derive(Debug, Clone, Copy)]
+pub struct Upload<'a> {
+    /// Destination.
+    pub path: &'a FsPath,
+    /// MIME type.
+    pub mime: &'a str,
+    /// On an existing file.
+    pub collide: Collide,
+}
+
+/// The size of the file an overwriting write replaces.
+fn replaced_size(c: &Conn<'_>, path: &FsPath, collide: Collide) -> Result<Option<u64>, StoreError> {
+    Ok(match collide {
+        Collide::Overwrite => get(c, path)?.and_then(|e| e.size),
+        _ => None,
+    })
+}
+
+/// Refuses adding `size` bytes (replacing `replaced` bytes) when it would put `member`
+/// over `quota`.
+fn check_quota(
+    c: &Conn<'_>,
+    quota: Option<u64>,
+    member: &str,
+    size: u64,
+    replaced: Option<u64>,
+) -> Result<(), FsError> {
+    let Some(quota) = quota else {
+        return Ok(());
+    };
+    let used = usage(c, member)?;
+    let after = (used + size).saturating_sub(replaced.unwrap_or(0));
+    if after > quota {
+        return Err(FsError::QuotaExceeded {
+            member: member.to_owned(),
+            used,
+            quota,
+            size,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses, before the bytes arrive, an upload of `declared` bytes that would be refused
+/// after it anyway: a path `writer` (holding `perms`) does not own, or one over the quota.
+pub fn check_upload(
+    state: &AppState,
+    writer: &str,
+    perms: PermissionSet,
+    upload: Upload<'_>,
+    declared: u64,
+) -> Result<(), FsError> {
+    let charged = charged_to(upload.path, writer);
+    state.store.view(|c| {
+        if !can_write(c, writer, perms, upload.path)? {
+            return Err(FsError::Forbidden(format!(
+                "cannot write to {}",
+                upload.path
+            )));
+        }
+        let replaced = replaced_size(c, upload.path, upload.collide)?;
+        check_quota(
+            c,
+            state.config.file_quota_bytes,
+            &charged,
+            declared,
+            replaced,
+        )
+    })
+}
+
+/// Commits an uploaded blob as the file `upload` describes, for `writer` (holding `perms`),
+/// with the same checks as [`check_upload`] on the real size. Returns the entry and whether
+/// it got another name; the blobs an overwrite replaced are removed after the commit.
+pub fn commit_upload(
+    state: &AppState,
+    writer: &str,
+    perms: PermissionSet,
+    upload: Upload<'_>,
+    staged: &StagedBlob,
+    now: i64,
+) -> Result<(FsEntry, bool), FsError> {
+    let charged = charged_to(upload.path, writer);
+    let (entry, renamed, replaced) = state.store.tx(|c| {
+        if !can_write(c, writer, perms, upload.path)? {
+            return Err(FsError::Forbidden(format!(
+                "cannot write to {}",
+                upload.path
+            )));
+        }
+        let replaced = replaced_size(c, upload.path, upload.collide)?;
+        check_quota(
+            c,
+            state.config.file_quota_bytes,
+            &charged,
+            staged.size,
+            replaced,
+        )?;
+        // A file published for a write that then fails is removed again here, under the write
+        // lock. Should the commit itself fail, the file stays (no row references it): the next
+        // start removes it, and an upload of the same content meanwhile uses it as is.
+        let (entry, renamed) = write_staged(
+            c,
+            upload.path,
+            staged,
+            upload.mime,
+            upload.collide,
+            writer,
+            now,
+        )
+        .inspect_err(|_| staged.unpublish())?;
+        Ok((entry, renamed, replaced.is_some()))
+    })?;
+    if replaced && let Err(e) = blobs::empty_trash_after(&state.store, &state.blob_dir()) {
+        tracing::warn!(error = %e, "cannot remove replaced blobs");
+    }
+    Ok((entry, renamed))
+}
+
+/// Creates directory `path` (and its parents when `recursive`) for its owner.
+pub fn make_dir(
+    store: &Store,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+    recursive: bool,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    store.tx(|c| {
+        if path.is_root() || !can_write(c, name, perms, path)? {
+            return Err(FsError::Forbidden(format!("cannot mkdir {path}")));
+        }
+        mkdir(c, path, recursive, name, now)
+    })
+}
+
+/// Removes `path` (a directory's content too when `recursive`) for its owner; top-level
+/// directories stay. Blobs no longer referenced are removed after the commit.
+pub fn remove_path(
+    state: &AppState,
+    name: &str,
+    perms: PermissionSet,
+    path: &FsPath,
+    recursive: bool,
+) -> Result<(), FsError> {
+    state.store.tx(|c| {
+        if !can_write(c, name, perms, path)? {
+            return Err(FsError::Forbidden(format!("cannot remove {path}")));
+        }
+        if path.segments().count() < 2 {
+            return Err(FsError::InvalidInput(format!(
+                "cannot remove top-level directory {path}"
+            )));
+        }
+        remove(c, path, recursive)
+    })?;
+    if let Err(e) = blobs::empty_trash_after(&state.store, &state.blob_dir()) {
+        tracing::warn!(error = %e, "cannot remove deleted blobs");
+    }
+    Ok(())
+}
+
+/// Moves `from` to `to` for a member owning both.
+pub fn move_path(
+    store: &Store,
+    name: &str,
+    perms: PermissionSet,
+    from: &FsPath,
+    to: &FsPath,
+    now: i64,
+) -> Result<FsEntry, FsError> {
+    store.tx(|c| {
+        if !can_write(c, name, perms, from)? {
+            return Err(FsError::Forbidden(format!("cannot move {from}")));
+        }
+        if !can_write(c, name, perms, to)? {
+            return Err(FsError::Forbidden(format!("cannot write to {to}")));
+        }
+        rename(c, from, to, name, now)
+    })
+}
+
+/// The files shared with `name` (it holds a read grant on them).
+pub fn shared_with_member(store: &Store, name: &str) -> Result<Vec<FsEntry>, FsError> {
+    Ok(store.view(|c| shared_with(c, name))?)
+}
+
+/// Every file, for a holder of `members.manage`.
+pub fn every_file(store: &Store, perms: PermissionSet) -> Result<Vec<FsEntry>, FsError> {
+    if !perms.contains(Permission::MembersManage) {
+        return Err(FsError::Forbidden(
+            "admin permission required to list all files".into(),
+        ));
+    }
+    Ok(store.view(all_files)?)
 }
 
 #[cfg(test)]

@@ -656,6 +656,20 @@ fn close_subs(name: &str, subs: Vec<Sub>, why: Closed) {
     }
 }
 
+/// Why a live stream (`/subscribe`, an activity stream) or an upload was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    /// The request's token was revoked since it authenticated.
+    #[error("unknown token")]
+    UnknownToken,
+    /// The hub refused the subscription.
+    #[error(transparent)]
+    Refused(SubscribeError),
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] super::db::StoreError),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

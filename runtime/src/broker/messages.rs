@@ -819,6 +819,229 @@ pub fn head(c: &Conn<'_>) -> Result<i64, StoreError> {
     .unwrap_or(0))
 }
 
+/// Why a history request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    /// No channel has that slug or id.
+    #[error("no such channel: {0}")]
+    NoSuchChannel(String),
+    /// The viewer is not in the channel.
+    #[error("not a member of this channel")]
+    NotChannelMember,
+    /// A message-id cursor names no message in the log; the field names the cursor.
+    #[error(
+        "`{0}` names no message in this broker's log; page from a message id this broker returned"
+    )]
+    UnknownCursor(&'static str),
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a history request asks for: at most one of `with` and `channel` (a slug, an id or
+/// `general`), message-id cursors and epoch-ms bounds (all exclusive), and a page size.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryRequest {
+    /// DMs with this member.
+    pub with: Option<String>,
+    /// One channel.
+    pub channel: Option<String>,
+    /// Messages before this id.
+    pub before_id: Option<String>,
+    /// Messages after this id (oldest first).
+    pub after_id: Option<String>,
+    /// Messages before this time.
+    pub before_ts: Option<i64>,
+    /// Messages after this time (oldest first).
+    pub after_ts: Option<i64>,
+    /// Page size.
+    pub limit: usize,
+}
+
+fn cursor(c: &Conn<'_>, id: Option<&str>, key: &'static str) -> Result<Option<i64>, HistoryError> {
+    match id {
+        None => Ok(None),
+        Some(id) => seq_of(c, id)?
+            .map(Some)
+            .ok_or(HistoryError::UnknownCursor(key)),
+    }
+}
+
+/// One page of the messages `viewer` may see (everything when `manager`), in a read
+/// transaction: a channel must exist and have the viewer as a member.
+pub fn history(
+    store: &super::db::Store,
+    viewer: &str,
+    manager: bool,
+    req: HistoryRequest,
+) -> Result<Vec<Row>, HistoryError> {
+    store.view(|c| {
+        let feed = match (req.with, req.channel) {
+            (Some(w), _) => Feed::With(w),
+            (None, Some(name)) if name == "general" => Feed::General,
+            (None, Some(name)) => {
+                let ch = match super::channels::by_slug(c, &name)? {
+                    Some(ch) => ch,
+                    None => super::channels::by_id(c, &name)?
+                        .ok_or(HistoryError::NoSuchChannel(name))?,
+                };
+                if super::channels::role_of(c, &ch.id, viewer)?.is_none() {
+                    return Err(HistoryError::NotChannelMember);
+                }
+                Feed::Channel(ch.id)
+            }
+            (None, None) => Feed::All,
+        };
+        let scope = viewer_scope(c, viewer, manager)?;
+        let window = Window {
+            after_seq: cursor(c, req.after_id.as_deref(), "after_id")?,
+            before_seq: cursor(c, req.before_id.as_deref(), "before_id")?,
+            after_ts: req.after_ts,
+            before_ts: req.before_ts,
+            oldest_first: req.after_id.is_some() || req.after_ts.is_some(),
+            limit: req.limit,
+        };
+        Ok(page(c, viewer, &scope, &feed, &window)?)
+    })
+}
+
+/// One page of a replay to `reader` (who sees what `scope` allows): the messages after log
+/// position `cursor` through `head`, oldest first, at most `limit`.
+pub fn replay_page(
+    store: &super::db::Store,
+    reader: &str,
+    scope: &ViewerScope,
+    cursor: i64,
+    head: i64,
+    limit: usize,
+) -> Result<Vec<Row>, StoreError> {
+    let window = Window {
+        after_seq: Some(cursor),
+        before_seq: Some(head + 1),
+        after_ts: None,
+        before_ts: None,
+        oldest_first: true,
+        limit,
+    };
+    store.view(|c| page(c, reader, scope, &Feed::All, &window))
+}
+
+/// Where a `/subscribe` stream starts.
+#[derive(Debug)]
+pub enum LogStart {
+    /// Live messages only: no last event id.
+    Live,
+    /// The log after `cursor` through `head` as `scope` allows, then live messages.
+    Replay {
+        /// The log position of the last message the client has.
+        cursor: i64,
+        /// The log position delivered before the stream was registered.
+        head: i64,
+        /// What the member may see.
+        scope: ViewerScope,
+    },
+    /// The last event id is not in this log: the client must start over.
+    Unknown,
+}
+
+/// Opens `name`'s live stream (authenticated with `token_id`; `manager` when it holds
+/// `members.manage`) at `now`, resuming after message `last_id` when the log has it. The head
+/// is read and the subscription taken in one write transaction: on SQLite no push commits
+/// (and delivers) in between, so every message is either replayed or live. With replicas the
+/// cap counts the member's streams on every replica, and the replay ends where the follower
+/// had delivered when the stream was registered.
+pub fn open_subscription(
+    state: &super::AppState,
+    name: &str,
+    manager: bool,
+    token_id: &str,
+    last_id: Option<&str>,
+    now: i64,
+) -> Result<(LogStart, super::hub::Subscription), super::hub::StreamError> {
+    use super::hub::{StreamError, SubscribeError};
+    state.store.tx_then(
+        |c| -> Result<_, StreamError> {
+            let start = match last_id {
+                None => LogStart::Live,
+                Some(id) => match seq_of(c, id)? {
+                    None => LogStart::Unknown,
+                    // The client says it has everything through `id`: as good as delivered.
+                    Some(cursor) => LogStart::Replay {
+                        cursor,
+                        head: head(c)?,
+                        scope: viewer_scope(c, name, manager)?,
+                    },
+                },
+            };
+            if let (LogStart::Replay { .. }, Some(id)) = (&start, last_id) {
+                state.cursors.note(name, id);
+            }
+            if !state.hub.has_member(name)
+                && let Some(m) = super::team::member_get(c, name)?
+            {
+                // Added offline (`ac7 member add`) while the broker was running.
+                state.hub.register_member(&m.name, m.role, now);
+            }
+            // A token revoked since this request authenticated (the auth cache) gets no stream.
+            if !super::team::token_id_exists(c, token_id)? {
+                return Err(StreamError::UnknownToken);
+            }
+            // With replicas the cap counts the member's streams on every replica.
+            if let Some(replica) = &state.replica
+                && let Err(limit) = replica.stream_opening(
+                    c,
+                    name,
+                    state.hub.live_count(name),
+                    state.config.max_subscriptions_per_member,
+                    now,
+                )?
+            {
+                return Err(StreamError::Refused(SubscribeError::TooMany {
+                    name: name.to_owned(),
+                    limit,
+                }));
+            }
+            Ok(start)
+        },
+        |start| -> Result<_, StreamError> {
+            let subscribe = || state.hub.subscribe(name, token_id, now);
+            let uncount = || {
+                // Counted on the shared presence by the transaction: uncount it.
+                if let Some(replica) = &state.replica {
+                    replica.stream_closed(name);
+                }
+            };
+            let taken = match &state.follower {
+                None => subscribe().map(|sub| (start, sub)),
+                // With replicas: replay up to what this replica had delivered when the stream
+                // was registered; the follower delivers everything after it live.
+                Some(follower) => {
+                    let cursor = match &start {
+                        LogStart::Replay { cursor, .. } => Some(*cursor),
+                        _ => None,
+                    };
+                    let (sub, delivered) = follower
+                        .subscribe_at(state, cursor, subscribe)
+                        .inspect_err(|_| uncount())?;
+                    let start = match start {
+                        LogStart::Replay { cursor, scope, .. } => LogStart::Replay {
+                            cursor,
+                            head: delivered,
+                            scope,
+                        },
+                        other => other,
+                    };
+                    sub.map(|sub| (start, sub))
+                }
+            };
+            taken.map_err(|e| {
+                uncount();
+                StreamError::Refused(e)
+            })
+        },
+    )?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -239,7 +239,7 @@ pub struct AppState {
     /// This process's sign-in counters (the limiter's keys live in the store: [`attempts`]).
     pub(crate) signin_stats: std::sync::Mutex<ac7_protocol::signin::limiter::SignInStats>,
     /// When the next device enrollment expires (epoch seconds), as this process last saw the
-    /// enrollments; the expiry task sleeps until then ([`http::enroll::spawn_expiry`]).
+    /// enrollments; the expiry task sleeps until then ([`enrollments::spawn_expiry`]).
     pub(crate) enroll_next: tokio::sync::watch::Sender<Option<u64>>,
     /// On PostgreSQL: this replica's place in the shared log; live delivery follows it
     /// ([`follower`]). `None` on SQLite, where a commit delivers its own messages.
@@ -543,7 +543,7 @@ pub async fn start(
     }
     sessions::spawn_purge(&state);
     cursors::spawn(&state);
-    http::enroll::spawn_expiry(&state);
+    enrollments::spawn_expiry(&state);
     writer::spawn(queue, Arc::downgrade(&state))?;
     webpush::spawn(push_queue, Arc::downgrade(&state), push_network);
     if let Some(days) = state.config.retain_days {

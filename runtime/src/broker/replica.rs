@@ -349,3 +349,22 @@ pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedRec
         }
     });
 }
+
+/// Records `member`'s busy report (busy until `until`, 0 clears it) for the other replicas;
+/// nothing without replicas.
+pub fn report_busy(state: &AppState, member: &str, until: i64) -> Result<(), StoreError> {
+    if state.replica.is_some() {
+        state.store.tx(|c| set_busy(c, member, until))?;
+    }
+    Ok(())
+}
+
+/// Takes one token from `member`'s bucket shared by every replica ([`take_token`], in its own
+/// transaction), or says how long until one is there.
+pub fn take_shared_token(
+    store: &super::db::Store,
+    member: &str,
+    rate: Rate,
+) -> Result<Result<(), Duration>, StoreError> {
+    store.tx(|c| take_token(c, member, rate))
+}

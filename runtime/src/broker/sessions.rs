@@ -19,8 +19,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 
+use ac7_protocol::signin::limiter::{Claim, Refusal};
+
 use super::AppState;
+use super::attempts::Judged;
 use super::db::StoreError;
+use super::hub::Closed;
 use super::store::Conn;
 use super::tokens;
 
@@ -496,6 +500,246 @@ pub fn totp_confirm(
             Ok(Err(ConfirmError::Refused(TotpRefusal::Invalid)))
         }
     }
+}
+
+/// Why a sign-in, session or enrollment request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// A sign-in key the attempt counts under is locked.
+    #[error("too many attempts")]
+    Locked(Refusal),
+    /// The code was refused.
+    #[error("code refused")]
+    Refused(TotpRefusal),
+    /// The session is gone or expired.
+    #[error("session expired")]
+    Expired,
+    /// The session's member no longer exists.
+    #[error("session member no longer exists")]
+    MemberGone,
+    /// No such member.
+    #[error("no such member: {0}")]
+    NoSuchMember(String),
+    /// The member has no pending enrollment to confirm.
+    #[error("no pending enrollment for {0}: POST /members/{0}/enroll-totp first")]
+    NoPending(String),
+    /// The pending secret does not decode (a store fault).
+    #[error("{0}")]
+    BadSecret(String),
+    /// The setup code is wrong.
+    #[error("invalid setup code")]
+    InvalidSetupCode,
+    /// No member holds `members.manage`, so there is nobody to enroll.
+    #[error("the team has no member holding members.manage to enroll")]
+    NoAdmin,
+    /// The first-admin setup is over.
+    #[error("setup already done: sign in, or ask an admin to enroll you")]
+    SetupDone,
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<Refusal> for SessionError {
+    fn from(r: Refusal) -> Self {
+        SessionError::Locked(r)
+    }
+}
+
+/// The member signed in with the session whose id hashes to `hash`, at `now`, and whether
+/// its expiry slid (it slides to `now + ttl` once it moved by at least [`slide_step`]). A
+/// session whose member is gone is deleted.
+pub fn cookie_session(
+    store: &super::db::Store,
+    hash: &str,
+    now: i64,
+    ttl_ms: i64,
+) -> Result<(super::team::MemberRecord, bool), SessionError> {
+    // Read first: most requests change nothing, and a read does not wait for the writer.
+    let (row, member) = match store.view(|c| session_member(c, hash, now))? {
+        SessionAuth::Member(row, member) => (row, member),
+        SessionAuth::Expired => return Err(SessionError::Expired),
+        SessionAuth::Orphan => {
+            store.tx(|c| session_delete(c, hash))?;
+            return Err(SessionError::MemberGone);
+        }
+    };
+    // Slide when the expiry moved by at least a step (not a write per request).
+    let slide = now.saturating_add(ttl_ms) - row.expires_at >= slide_step(ttl_ms);
+    if slide {
+        store.tx(|c| session_slide(c, hash, now, ttl_ms))?;
+    }
+    Ok((member, slide))
+}
+
+/// Signs in with a TOTP code ([`totp_login`]) under the sign-in limiter, from the client
+/// address key `address`. A name that is no member with TOTP counts as a nameless guess.
+pub fn sign_in(
+    state: &AppState,
+    address: &str,
+    attempt: &LoginAttempt<'_>,
+) -> Result<(super::team::MemberRecord, String, SessionRow), SessionError> {
+    let asked = attempt.member.map_or(Claim::AnyMember, Claim::Member);
+    super::attempts::guarded(
+        state,
+        address,
+        asked,
+        attempt.now_secs,
+        |c, member_locked| {
+            // A member whose own key is locked is no candidate for a nameless code.
+            let (known, outcome) = totp_login(c, attempt, member_locked)?;
+            Ok(match outcome {
+                Ok((m, id, row)) => {
+                    let name = m.name.clone();
+                    Judged::Passed((m, id, row), name)
+                }
+                // A name that is no member with TOTP counts as a nameless guess: made-up names
+                // buy nothing. (Such an attempt is still answered 401 after the nameless budget
+                // locks, so no answer tells which names are members.)
+                Err(r) => Judged::Failed(
+                    SessionError::Refused(r),
+                    match attempt.member {
+                        Some(name) if known => Claim::Member(name),
+                        Some(_) | None => Claim::AnyMember,
+                    },
+                ),
+            })
+        },
+    )
+}
+
+/// Member `name` and, when `session_hash` names its session, when that expires (`None` for
+/// a caller without a session).
+pub fn current(
+    store: &super::db::Store,
+    name: &str,
+    session_hash: Option<&str>,
+    now: i64,
+) -> Result<(super::team::MemberRecord, Option<i64>), SessionError> {
+    store.view(|c| {
+        let m = super::team::member_get(c, name)?.ok_or(SessionError::MemberGone)?;
+        let expires = match session_hash {
+            Some(hash) => Some(
+                session_get(c, hash, now)?
+                    .ok_or(SessionError::Expired)?
+                    .expires_at,
+            ),
+            None => None,
+        };
+        Ok((m, expires))
+    })
+}
+
+/// Ends the session whose id hashes to `hash` (expired or not) and, after the commit, the
+/// live streams opened with it.
+pub fn sign_out(state: &AppState, hash: &str) -> Result<(), StoreError> {
+    let member = state.store.tx(|c| -> Result<_, StoreError> {
+        let row = session_get(c, hash, i64::MIN)?;
+        session_delete(c, hash)?;
+        Ok(row.map(|r| r.member))
+    })?;
+    if let Some(member) = member {
+        let token_id = format!("{SESSION_ID_PREFIX}{hash}");
+        state.hub.close_token(&member, &token_id);
+        state
+            .activity_hub
+            .close_owner(&member, Some(&token_id), Closed::Revoked);
+        tracing::info!(%member, "signed out");
+    }
+    Ok(())
+}
+
+/// Keeps `secret` as member `name`'s pending TOTP secret; returns the team's name.
+pub fn start_enrollment(
+    store: &super::db::Store,
+    name: &str,
+    secret: &str,
+) -> Result<String, SessionError> {
+    store.tx(|c| {
+        if !super::team::member_exists(c, name)? {
+            return Err(SessionError::NoSuchMember(name.to_owned()));
+        }
+        totp_set_pending(c, name, secret)?;
+        Ok(super::team::team_get(c)?
+            .map(|t| t.name)
+            .unwrap_or_default())
+    })
+}
+
+/// Confirms member `name`'s pending secret with `code` ([`totp_confirm`]) under the
+/// sign-in limiter; then every session of the member but `keep` ends, with its live
+/// streams. Returns how many sessions ended.
+pub fn confirm_enrollment(
+    state: &AppState,
+    address: &str,
+    name: &str,
+    code: &str,
+    now_secs: u64,
+    keep: Option<&str>,
+) -> Result<usize, SessionError> {
+    super::attempts::guarded(state, address, Claim::Member(name), now_secs, |c, _| {
+        Ok(match totp_confirm(c, name, code, now_secs)? {
+            Ok(()) => Judged::Passed((), name.to_owned()),
+            Err(ConfirmError::NoPending) => return Err(SessionError::NoPending(name.to_owned())),
+            Err(ConfirmError::BadSecret(e)) => return Err(SessionError::BadSecret(e)),
+            Err(ConfirmError::Refused(r)) => {
+                Judged::Failed(SessionError::Refused(r), Claim::Member(name))
+            }
+        })
+    })?;
+    // The old secret no longer signs anyone in: neither do the sessions it opened.
+    let ended = state.store.tx(|c| sessions_end_others(c, name, keep))?;
+    for hash in &ended {
+        let token_id = format!("{SESSION_ID_PREFIX}{hash}");
+        state.hub.close_token(name, &token_id);
+        state
+            .activity_hub
+            .close_owner(name, Some(&token_id), Closed::Revoked);
+    }
+    Ok(ended.len())
+}
+
+/// Whether the first-admin setup is open: a setup code exists and nobody has TOTP yet.
+pub fn setup_needed(store: &super::db::Store) -> Result<bool, StoreError> {
+    store.view(|c| Ok(setup_code_get(c)?.is_some() && !totp_any(c)?))
+}
+
+/// Refuses once the first-admin setup is over.
+pub fn setup_open(store: &super::db::Store) -> Result<(), SessionError> {
+    if setup_needed(store)? {
+        Ok(())
+    } else {
+        Err(SessionError::SetupDone)
+    }
+}
+
+/// The first-admin setup under the sign-in limiter: with the right setup `code`, the first
+/// member holding `members.manage` gets `fresh` as its pending secret (or keeps the pending
+/// one it has). Returns the admin, its secret and the team's name.
+pub fn first_admin_setup(
+    state: &AppState,
+    address: &str,
+    code: &str,
+    fresh: &str,
+    now_secs: u64,
+) -> Result<(String, String, String), SessionError> {
+    super::attempts::guarded(state, address, Claim::NoMember, now_secs, |c, _| {
+        if !setup_code_matches(c, code)? {
+            return Ok(Judged::Failed(
+                SessionError::InvalidSetupCode,
+                Claim::NoMember,
+            ));
+        }
+        let admin = super::team::managers(c)?
+            .into_iter()
+            .next()
+            .ok_or(SessionError::NoAdmin)?;
+        let secret = setup_secret(c, &admin, fresh)?;
+        let team_name = super::team::team_get(c)?
+            .map(|t| t.name)
+            .unwrap_or_default();
+        Ok(Judged::Passed((admin.clone(), secret, team_name), admin))
+    })
 }
 
 #[cfg(test)]

@@ -446,3 +446,71 @@ pub fn resolve_token(c: &Conn<'_>, hash: &str, now: i64) -> Result<TokenAuth, St
         }
     }
 }
+
+/// What a member's briefing is made of, read in one transaction.
+#[derive(Debug)]
+pub struct BriefingFacts {
+    /// The team (empty before there is one).
+    pub team: Team,
+    /// Every member.
+    pub members: Vec<MemberRecord>,
+    /// The member's open objectives.
+    pub open_objectives: Vec<ac7_protocol::domain::objective::Objective>,
+    /// Where a runner of the member resumes.
+    pub through: Option<super::cursors::ResumePoint>,
+}
+
+/// The team, the members, `name`'s open objectives and resume point, for its briefing.
+pub fn briefing_facts(store: &super::db::Store, name: &str) -> Result<BriefingFacts, StoreError> {
+    store.view(|c| {
+        let team = team_get(c)?.unwrap_or_else(|| Team {
+            name: String::new(),
+            directive: String::new(),
+            context: String::new(),
+            permission_presets: Default::default(),
+        });
+        Ok(BriefingFacts {
+            team,
+            members: members_list(c)?,
+            open_objectives: super::objectives::open_for(c, name)?,
+            through: super::cursors::resume_point(c, name)?,
+        })
+    })
+}
+
+/// Every member and who of them is connected at `now`: this broker's streams and busy
+/// reports, plus, with replicas, those of every other replica.
+pub fn roster(
+    state: &super::AppState,
+    now: i64,
+) -> Result<(Vec<MemberRecord>, Vec<super::hub::Presence>), StoreError> {
+    let (members, shared) = state.store.view(|c| -> Result<_, StoreError> {
+        let shared = match &state.replica {
+            Some(me) => Some(super::replica::presence(c, me, now)?),
+            None => None,
+        };
+        Ok((members_list(c)?, shared))
+    })?;
+    let mut connected = state
+        .hub
+        .presence(members.iter().map(|m| m.name.as_str()), now);
+    if let Some(shared) = shared {
+        for p in &mut connected {
+            let s = shared.get(&p.name).copied().unwrap_or_default();
+            p.connected += s.connected;
+            p.last_seen = p.last_seen.max(s.last_seen);
+            p.busy = (s.busy_until > now).then_some(true);
+        }
+    }
+    Ok((members, connected))
+}
+
+/// Authenticates a bearer token by its hash at `now` ([`resolve_token`], in its own
+/// transaction).
+pub fn authenticate(
+    store: &super::db::Store,
+    hash: &str,
+    now: i64,
+) -> Result<TokenAuth, StoreError> {
+    store.tx(|c| resolve_token(c, hash, now))
+}

@@ -867,6 +867,50 @@ fn payload_is_high(payload: &[u8]) -> bool {
     serde_json::from_slice::<serde_json::Value>(payload).is_ok_and(|v| v["severity"] == "high")
 }
 
+/// Why a browser's push subscription request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubscriptionError {
+    /// The endpoint or the keys are not acceptable.
+    #[error(transparent)]
+    Refused(PushError),
+    /// The member has no subscription with this id.
+    #[error("no such subscription: {0}")]
+    NotFound(i64),
+    /// Store failure.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Stores `member`'s browser subscription (or re-binds one of the same endpoint to them)
+/// once its endpoint (on an address the broker may reach) and keys check out.
+pub fn subscribe_browser(
+    state: &AppState,
+    member: &str,
+    endpoint: &str,
+    p256dh: &str,
+    auth: &str,
+    now: i64,
+) -> Result<Subscription, SubscriptionError> {
+    endpoint_origin(endpoint, state.push.network()).map_err(SubscriptionError::Refused)?;
+    check_keys(p256dh, auth).map_err(SubscriptionError::Refused)?;
+    Ok(state
+        .store
+        .tx(|c| subscription_upsert(c, member, endpoint, p256dh, auth, now))?)
+}
+
+/// Deletes `member`'s subscription `id`.
+pub fn unsubscribe_browser(
+    store: &super::db::Store,
+    member: &str,
+    id: i64,
+) -> Result<(), SubscriptionError> {
+    if store.tx(|c| subscription_delete(c, member, id))? {
+        Ok(())
+    } else {
+        Err(SubscriptionError::NotFound(id))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,10 +20,9 @@
 //! frame-capped queues, paged replay, revocation) but not its hub: activity never
 //! reaches an agent's `/subscribe` stream.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ac7_protocol::domain::message::{self, Audience, LogLevel, Route, is_valid_name};
+use ac7_protocol::domain::message::is_valid_name;
 use ac7_protocol::domain::permission::Permission;
 use ac7_protocol::session::live::Reset;
 use ac7_protocol::trace::activity::{ACTIVITY_KINDS, ActivityEvent, ActivityUpload};
@@ -33,11 +32,10 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::json;
 
-use super::subscribe::{Opening, Replay, Source, respond, stream_request, subscribe_error};
+use super::subscribe::{Opening, Replay, Source, respond, stream_request};
 use super::{ApiError, Body, Caller, Shared, reply};
-use crate::broker::activity::{self, DEFAULT_LIMIT, MAX_LIMIT, Query};
-use crate::broker::publish::Draft;
-use crate::broker::{now_ms, objectives};
+use crate::broker::activity::{self, DEFAULT_LIMIT, MAX_LIMIT, Query, StreamStart};
+use crate::broker::now_ms;
 
 /// 400 unless `name` is a valid member name.
 pub(super) fn check_name(name: &str) -> Result<(), ApiError> {
@@ -81,35 +79,9 @@ pub(super) async fn upload(
     }
     let now = now_ms();
     let context = reminder::reminder_context(&upload.events);
-    // On SQLite: delivered inside the transaction, under the store's write lock, like `/push`:
-    // a stream opening with `Last-Event-ID` takes that lock too, so it sees each row either in
-    // its replay or live, never both. On PostgreSQL the activity follower delivers the rows
-    // after the commit, in id order with every replica's (see `activity_follower`).
-    let n = state.store.tx(|c| -> Result<usize, ApiError> {
-        // Stamped with the uploader's incarnation; a request authenticated just before its
-        // member was removed (its credential is gone now) must not land in a successor's stream.
-        let member_seq = match crate::broker::team::member_seq(c, &name)? {
-            Some(seq) if crate::broker::team::token_id_exists(c, &caller.token_id)? => seq,
-            _ => return Err(ApiError::unauthorized("unknown token")),
-        };
-        let rows = activity::append(c, &name, member_seq, upload.events, now)?;
-        if state.activity_follower.is_none() {
-            let only = Audience::Only([name.clone()].into());
-            for row in &rows {
-                state
-                    .activity_hub
-                    .deliver(&only, &Arc::new(activity::frame(row)?), now);
-            }
-        }
-        Ok(rows.len())
-    })?;
-    if let Some(follower) = &state.activity_follower
-        && let Err(e) = crate::broker::store::off_worker(|| follower.catch_up(&state))
-    {
-        tracing::warn!(error = %e, "reading activity back for live delivery failed; the doorbell retries");
-    }
+    let n = activity::upload(&state, &name, &caller.token_id, upload.events, now)?;
     if let Some(context) = context {
-        remind(&state, &name, &context, now).await;
+        activity::remind(&state, &name, &context, now).await;
     }
     Ok(reply(StatusCode::CREATED, &json!({"accepted": n})))
 }
@@ -156,52 +128,6 @@ fn redact(event: &mut ActivityEvent) -> Result<(), String> {
     }
     Ok(())
 }
-
-/// The objective context reminder: a DM from `ac7` listing the member's open objectives
-/// missing from `context`, at most once per objective per 5 minutes (cool-downs kept in the
-/// store, so replicas share them). A failure
-/// is logged; the upload it follows has succeeded either way.
-async fn remind(state: &Shared, member: &str, context: &str, now: i64) {
-    let open = match state.store.view(|c| objectives::open_for(c, member)) {
-        Ok(open) => open,
-        Err(e) => {
-            tracing::warn!(error = %e, "objective context reminder: cannot list objectives");
-            return;
-        }
-    };
-    let body = match state
-        .store
-        .tx(|c| activity::remind_check(c, member, context, &open, now))
-    {
-        Ok(body) => body,
-        Err(e) => {
-            tracing::warn!(error = %e, "objective context reminder: cannot check cool-downs");
-            return;
-        }
-    };
-    let Some(body) = body else {
-        return;
-    };
-    let route = Route::Direct {
-        to: member.to_owned(),
-    };
-    let draft = Draft {
-        to: Some(member.to_owned()),
-        from: REMINDER_SENDER.to_owned(),
-        title: Some(reminder::TITLE.to_owned()),
-        body,
-        level: LogLevel::Notice,
-        data: Default::default(),
-        attachments: Vec::new(),
-    };
-    let audience = message::audience(Some(REMINDER_SENDER), &route, &BTreeSet::new());
-    if let Err(e) = state.writer.push(draft, audience, now).await {
-        tracing::warn!(error = %e, "objective context reminder: cannot send");
-    }
-}
-
-/// Who the reminder is from (a reserved name no member can take).
-const REMINDER_SENDER: &str = "ac7";
 
 /// The query pairs of `raw`, percent-decoded (`+` is a space; invalid UTF-8 becomes U+FFFD).
 fn pairs(raw: Option<&str>) -> Vec<(String, String)> {
@@ -262,7 +188,7 @@ pub(super) async fn list(
     check_name(&name)?;
     check_reader(&caller, &name, "reading")?;
     let q = parse_query(raw.as_deref())?;
-    let rows = state.store.view(|c| activity::list(c, &name, &q, false))?;
+    let rows = activity::list_rows(&state.store, &name, &q)?;
     Ok(reply(StatusCode::OK, &json!({"activity": rows})))
 }
 
@@ -277,59 +203,24 @@ pub(super) async fn stream(
     check_name(&name)?;
     check_reader(&caller, &name, "streaming")?;
     let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
-    let now = now_ms();
-    // In a write transaction although it only reads: on SQLite that takes the lock uploads
-    // deliver under, and the stream is registered before it is released, so the head and the
-    // live tail join without a gap or a duplicate. On PostgreSQL the stream is registered with
-    // the activity follower, whose position ends the replay (see `activity_follower`).
-    let (opening, sub) = state.store.tx_then(
-        |c| -> Result<_, ApiError> {
-            let head = activity::head(c, &name)?;
-            let opening = match &last_id {
-                None => Opening::Live,
-                Some(id) => match id.trim().parse::<i64>() {
-                    Ok(cursor) if (0..=activity::last_id(c)?).contains(&cursor) => {
-                        Opening::Replay(Replay {
-                            state: Arc::clone(&state),
-                            source: Source::Activity {
-                                member: name.clone(),
-                            },
-                            cursor,
-                            head,
-                        })
-                    }
-                    _ => Opening::Reset(Reset::unknown_id(id)),
-                },
-            };
-            if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
-                return Err(ApiError::unauthorized("unknown token"));
-            }
-            Ok(opening)
-        },
-        |opening| -> Result<_, ApiError> {
-            let watch = || {
-                state
-                    .activity_hub
-                    .watch(&name, &caller.name, &caller.token_id, now)
-            };
-            let Some(follower) = &state.activity_follower else {
-                return Ok((opening, watch().map_err(subscribe_error)?));
-            };
-            let cursor = match &opening {
-                Opening::Replay(replay) => Some(replay.cursor),
-                Opening::Live | Opening::Reset(_) => None,
-            };
-            let (sub, delivered) = follower.watch_at(&state, cursor, watch)?;
-            let opening = match opening {
-                Opening::Replay(mut replay) => {
-                    replay.head = delivered;
-                    Opening::Replay(replay)
-                }
-                other => other,
-            };
-            Ok((opening, sub.map_err(subscribe_error)?))
-        },
-    )??;
+    let (start, sub) = activity::open_stream(
+        &state,
+        &name,
+        &caller.name,
+        &caller.token_id,
+        last_id.as_deref(),
+        now_ms(),
+    )?;
+    let opening = match start {
+        StreamStart::Live => Opening::Live,
+        StreamStart::Replay { cursor, head } => Opening::Replay(Replay {
+            state: Arc::clone(&state),
+            source: Source::Activity { member: name },
+            cursor,
+            head,
+        }),
+        StreamStart::Unknown => Opening::Reset(Reset::unknown_id(last_id.as_deref().unwrap_or(""))),
+    };
     Ok(respond(&state, upgrade, opening, sub, true))
 }
 
@@ -346,17 +237,8 @@ pub(super) async fn objective(
     RawQuery(raw): RawQuery,
 ) -> Result<Response, ApiError> {
     let q = parse_query(raw.as_deref())?;
-    let (rows, intervals) = state.store.view(|c| -> Result<_, ApiError> {
-        let obj = super::objectives::load(c, &id)?;
-        super::objectives::authorize(&obj, &caller, ac7_protocol::domain::objective::Action::View)?;
-        let mut intervals = activity::objective_intervals(c, &id)?;
-        if !caller.has(Permission::ActivityRead) {
-            let me = crate::broker::team::member_seq(c, &caller.name)?;
-            intervals.retain(|iv| iv.member == caller.name && Some(iv.member_seq) == me);
-        }
-        let rows = activity::in_intervals(c, &intervals, q.before_id, q.limit)?;
-        Ok((rows, intervals))
-    })?;
+    let (rows, intervals) =
+        activity::objective_activity(&state.store, &caller.name, caller.permissions, &id, &q)?;
     let intervals: Vec<_> = intervals
         .iter()
         .map(|iv| json!({"memberName": iv.member, "from": iv.from, "to": iv.to}))

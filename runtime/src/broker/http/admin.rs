@@ -1,6 +1,6 @@
 //! Team and member administration: `/team`, `/team/presets`, `/members`, tokens.
 
-use ac7_protocol::domain::permission::{self, Permission};
+use ac7_protocol::domain::permission::Permission;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -8,11 +8,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
-use crate::broker::bootstrap::{self, AdminError, add_member, validate_member};
-use crate::broker::hub::Closed;
+use crate::broker::bootstrap::{self, AdminError, NewMember, validate_member};
 use crate::broker::now_ms;
-use crate::broker::store::Conn;
-use crate::broker::team::{self, MemberRecord, Role, Team};
+use crate::broker::team::{MemberRecord, Role};
 
 impl From<AdminError> for ApiError {
     fn from(e: AdminError) -> ApiError {
@@ -26,15 +24,11 @@ impl From<AdminError> for ApiError {
     }
 }
 
-fn load_team(c: &Conn<'_>) -> Result<Team, ApiError> {
-    Ok(bootstrap::load_team(c)?)
-}
-
 pub(super) async fn team_get(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let team = state.store.view(load_team)?;
+    let team = bootstrap::team_view(&state.store)?;
     Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
 }
 
@@ -56,21 +50,7 @@ pub(super) async fn team_patch(
             "no fields to update (name, directive, context)",
         ));
     }
-    let team = state.store.tx(|c| {
-        let mut team = load_team(c)?;
-        if let Some(n) = name {
-            team.name = n;
-        }
-        if let Some(d) = directive {
-            team.directive = d;
-        }
-        if let Some(c) = context {
-            team.context = c;
-        }
-        bootstrap::validate_team(&team).map_err(ApiError::bad_request)?;
-        team::team_put(c, &team, now_ms())?;
-        Ok::<_, ApiError>(team)
-    })?;
+    let team = bootstrap::edit_team(&state.store, name, directive, context, now_ms())?;
     Ok(reply(StatusCode::OK, &obj! {"team" => &team}))
 }
 
@@ -78,7 +58,7 @@ pub(super) async fn presets_list(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let team = state.store.view(load_team)?;
+    let team = bootstrap::team_view(&state.store)?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"presets" => &team.permission_presets},
@@ -106,15 +86,7 @@ pub(super) async fn preset_put(
         .len("name", &name, 1, 64)
         .count("permissions", b.permissions.len(), 32)
         .finish("preset")?;
-    let leaves = state.store.tx(|c| {
-        let mut team = load_team(c)?;
-        let set = permission::resolve_preset(&name, &b.permissions, &team.permission_presets)
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let leaves: Vec<String> = set.names().into_iter().map(str::to_owned).collect();
-        team.permission_presets.insert(name.clone(), leaves.clone());
-        team::team_put(c, &team, now_ms())?;
-        Ok::<_, ApiError>(leaves)
-    })?;
+    let leaves = bootstrap::put_preset(&state.store, &name, &b.permissions, now_ms())?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"preset" => &obj!{"name" => &name, "permissions" => &leaves}},
@@ -131,14 +103,7 @@ pub(super) async fn preset_delete(
         Permission::TeamManage,
         "deleting presets",
     )?;
-    state.store.tx(|c| {
-        let mut team = load_team(c)?;
-        if team.permission_presets.remove(&name).is_none() {
-            return Err(ApiError::not_found(format!("no such preset: {name}")));
-        }
-        team::team_put(c, &team, now_ms())?;
-        Ok(())
-    })?;
+    bootstrap::delete_preset(&state.store, &name, now_ms())?;
     // Members hold resolved leaves, so nothing changes for them; report none.
     Ok(reply(
         StatusCode::OK,
@@ -150,7 +115,7 @@ pub(super) async fn members_list(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    let members = state.store.view(team::members_list)?;
+    let members = bootstrap::list_members(&state.store)?;
     let body = if caller.has(Permission::MembersManage) {
         obj! {"members" => &members.iter().map(MemberRecord::view).collect::<Vec<_>>()}
     } else {
@@ -180,23 +145,17 @@ pub(super) async fn members_create(
     }
     let b: CreateMember = parse_json(&body, "member")?;
     validate_member(&b.name, &b.role, &b.instructions).map_err(ApiError::bad_request)?;
-    let now = now_ms();
-    let (record, token) = state.store.tx(|c| -> Result<_, AdminError> {
-        let record = bootstrap::new_member_record(
-            c,
-            &b.name,
-            &b.role,
-            &b.instructions,
-            &b.permissions,
-            &format!("create member '{}'", b.name),
-        )?;
-        let issued = add_member(c, &record, Some(&caller.name), now)?;
-        Ok((record, issued.token))
-    })?;
-    state.forget_auth();
-    state
-        .hub
-        .register_member(&record.name, record.role.clone(), now);
+    let (record, token) = bootstrap::create_member(
+        &state,
+        &caller.name,
+        &NewMember {
+            name: b.name,
+            role: b.role,
+            instructions: b.instructions,
+            permissions: b.permissions,
+        },
+        now_ms(),
+    )?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"member" => &record.teammate(), "token" => &token},
@@ -230,27 +189,15 @@ pub(super) async fn member_update(
             "no fields to update (role, instructions, permissions)",
         ));
     }
-    let record = state.store.tx(|c| {
-        bootstrap::update_member(
-            c,
-            &name,
-            |m| {
-                if let Some(role) = b.role {
-                    m.role = role;
-                }
-                if let Some(i) = b.instructions {
-                    m.instructions = i;
-                }
-            },
-            b.permissions.as_deref(),
-            &format!("update member '{name}'"),
-        )
-    })?;
-    state.forget_auth();
-    state
-        .hub
-        .register_member(&record.name, record.role.clone(), now_ms());
-    Ok(reply(StatusCode::OK, &record.view()))
+    let record = bootstrap::change_member(
+        &state,
+        &name,
+        b.role,
+        b.instructions,
+        b.permissions.as_deref(),
+        now_ms(),
+    )?;
+    Ok(reply(StatusCode::OK, &MemberRecord::view(&record)))
 }
 
 pub(super) async fn member_delete(
@@ -263,14 +210,7 @@ pub(super) async fn member_delete(
         Permission::MembersManage,
         "removing members",
     )?;
-    state
-        .store
-        .tx(|c| bootstrap::remove_member_checked(c, &name, &caller.name, now_ms()))?;
-    state.forget_auth();
-    state.hub.remove_member(&name);
-    state.activity_hub.close_owner(&name, None, Closed::Removed);
-    // Streams watching its activity end too: a new member of that name is someone else.
-    state.activity_hub.remove_member(&name);
+    bootstrap::delete_member(&state, &name, &caller.name, now_ms())?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -290,14 +230,7 @@ pub(super) async fn rotate_token(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    let (token, info) = state
-        .store
-        .tx(|c| bootstrap::rotate_token(c, &name, Some(&caller.name), now_ms()))?;
-    // After the commit: a stream registers only after checking its token under the store's
-    // lock, so none registers with an old token after this.
-    state.forget_auth();
-    state.hub.close_member(&name, Closed::Revoked);
-    state.activity_hub.close_owner(&name, None, Closed::Revoked);
+    let (token, info) = bootstrap::rotate_member_token(&state, &name, &caller.name, now_ms())?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"token" => &token, "tokenInfo" => &info},
@@ -310,12 +243,7 @@ pub(super) async fn tokens_list(
     Path(name): Path<String>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    let tokens = state.store.view(|c| -> Result<_, ApiError> {
-        if !team::member_exists(c, &name)? {
-            return Err(ApiError::not_found(format!("no such member: {name}")));
-        }
-        Ok(team::tokens_list(c, &name)?)
-    })?;
+    let tokens = bootstrap::member_tokens(&state.store, &name)?;
     Ok(reply(StatusCode::OK, &obj! {"tokens" => &tokens}))
 }
 
@@ -325,11 +253,6 @@ pub(super) async fn token_delete(
     Path((name, id)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name)?;
-    state.store.tx(|c| bootstrap::revoke_token(c, &name, &id))?;
-    state.forget_auth();
-    state.hub.close_token(&name, &id);
-    state
-        .activity_hub
-        .close_owner(&name, Some(&id), Closed::Revoked);
+    bootstrap::revoke_member_token(&state, &name, &id)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }

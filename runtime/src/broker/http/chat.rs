@@ -1,13 +1,9 @@
 //! Chat endpoints: `/healthz`, `/briefing`, `/roster`, `/push`, `/history`, `/presence/busy`.
 
-use std::collections::BTreeSet;
-
 use ac7_protocol::domain::message::{
-    self, Attachment, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload, Route, Thread,
+    self, MAX_ATTACHMENTS, MAX_BODY_CHARS, MAX_TITLE_CHARS, PushPayload, Route, Thread,
 };
-use ac7_protocol::domain::objective::{self as obj_rules, Action};
 use ac7_protocol::domain::permission::Permission;
-use ac7_protocol::domain::vfs::FsPath;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -16,12 +12,11 @@ use serde_json::json;
 
 use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
 use crate::broker::cursors::ResumePoint;
-use crate::broker::messages::{self, Feed};
-use crate::broker::publish::Draft;
-use crate::broker::store::Conn;
+use crate::broker::messages::{self, HistoryError, HistoryRequest};
+use crate::broker::now_ms;
+use crate::broker::publish::{self, Draft, PostError};
 use crate::broker::team::{self, MemberRecord, Team};
 use crate::broker::writer::PushError;
-use crate::broker::{StoreError, channels, fs, now_ms, objectives};
 
 pub(super) async fn healthz() -> Response {
     reply(
@@ -34,18 +29,12 @@ pub(super) async fn briefing(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    let (team, members, open, through) = state.store.view(|c| -> Result<_, ApiError> {
-        let team = team::team_get(c)?.unwrap_or_else(|| Team {
-            name: String::new(),
-            directive: String::new(),
-            context: String::new(),
-            permission_presets: Default::default(),
-        });
-        let members = team::members_list(c)?;
-        let open = objectives::open_for(c, &caller.name)?;
-        let through = crate::broker::cursors::resume_point(c, &caller.name)?;
-        Ok((team, members, open, through))
-    })?;
+    let team::BriefingFacts {
+        team,
+        members,
+        open_objectives: open,
+        through,
+    } = team::briefing_facts(&state.store, &caller.name)?;
     let me = members
         .iter()
         .find(|m| m.name == caller.name)
@@ -161,26 +150,7 @@ pub(super) async fn roster(
     State(state): State<Shared>,
     _caller: Caller,
 ) -> Result<Response, ApiError> {
-    let now = now_ms();
-    let (members, shared) = state.store.view(|c| -> Result<_, StoreError> {
-        let shared = match &state.replica {
-            Some(me) => Some(crate::broker::replica::presence(c, me, now)?),
-            None => None,
-        };
-        Ok((team::members_list(c)?, shared))
-    })?;
-    let mut connected = state
-        .hub
-        .presence(members.iter().map(|m| m.name.as_str()), now);
-    // With replicas: live streams and busy reports of every replica.
-    if let Some(shared) = shared {
-        for p in &mut connected {
-            let s = shared.get(&p.name).copied().unwrap_or_default();
-            p.connected += s.connected;
-            p.last_seen = p.last_seen.max(s.last_seen);
-            p.busy = (s.busy_until > now).then_some(true);
-        }
-    }
+    let (members, connected) = team::roster(&state, now_ms())?;
     Ok(reply(
         StatusCode::OK,
         &Roster {
@@ -210,48 +180,39 @@ pub(super) async fn busy(
     if state.hub.set_busy(&caller.name, until, now) {
         super::subscribe::presence_changed(&state, &caller.name);
     }
-    if state.replica.is_some() {
-        state
-            .store
-            .tx(|c| crate::broker::replica::set_busy(c, &caller.name, until))?;
-    }
+    crate::broker::replica::report_busy(&state, &caller.name, until)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Resolves attachments against the file space: each must exist, be a file and be
-/// readable by `caller`; name, size and MIME type come from the stored file.
-pub(super) fn canonical_attachments(
-    c: &Conn<'_>,
-    caller: &Caller,
-    given: &[Attachment],
-) -> Result<Vec<Attachment>, ApiError> {
-    let mut out = Vec::with_capacity(given.len());
-    for a in given {
-        let path = FsPath::parse(&a.path)
-            .map_err(|e| ApiError::bad_request(format!("attachment path {}: {e}", a.path)))?;
-        let entry = fs::get(c, &path)?
-            .ok_or_else(|| ApiError::bad_request(format!("attachment not found: {path}")))?;
-        if entry.is_dir() {
-            return Err(ApiError::bad_request(format!(
-                "attachment is a directory: {path}"
-            )));
+impl From<PostError> for ApiError {
+    fn from(e: PostError) -> Self {
+        let msg = e.to_string();
+        match e {
+            PostError::NoSuchAgent(_)
+            | PostError::NoSuchChannel(_)
+            | PostError::NoSuchObjective(_) => ApiError::not_found(msg),
+            PostError::AttachmentPath { .. }
+            | PostError::AttachmentNotFound(_)
+            | PostError::AttachmentIsDirectory(_) => ApiError::bad_request(msg),
+            PostError::AttachmentForbidden(_)
+            | PostError::NotChannelMember
+            | PostError::Forbidden(_) => ApiError::forbidden(msg),
+            PostError::ChannelArchived => ApiError::new(StatusCode::GONE, msg),
+            PostError::Store(e) => e.into(),
         }
-        if !super::fs::can_read(c, caller, &path)? {
-            return Err(ApiError::forbidden(format!(
-                "no access to attachment: {path}"
-            )));
-        }
-        out.push(Attachment {
-            path: entry.path.clone(),
-            name: entry.name.clone(),
-            size: entry.size.unwrap_or(0),
-            mime_type: entry
-                .mime_type
-                .clone()
-                .unwrap_or_else(|| "application/octet-stream".into()),
-        });
     }
-    Ok(out)
+}
+
+impl From<HistoryError> for ApiError {
+    fn from(e: HistoryError) -> Self {
+        let msg = e.to_string();
+        match e {
+            HistoryError::NoSuchChannel(_) => ApiError::not_found(msg),
+            HistoryError::NotChannelMember => ApiError::forbidden(msg),
+            HistoryError::UnknownCursor(_) => ApiError::bad_request(msg),
+            HistoryError::Store(e) => e.into(),
+        }
+    }
 }
 
 pub(super) async fn push(
@@ -280,25 +241,17 @@ pub(super) async fn push(
     let now = now_ms();
     // Presence entries mirror the member table; a member added since (offline, or on another
     // replica) is registered on first sight.
-    if let Some(to) = &payload.to
-        && !state.hub.has_member(to)
-    {
-        match state.store.view(|c| team::member_get(c, to))? {
-            Some(m) => state.hub.register_member(&m.name, m.role, now),
-            None => return Err(ApiError::not_found(format!("no such agent: {to}"))),
-        }
+    if let Some(to) = &payload.to {
+        publish::ensure_recipient(&state, to, now)?;
     }
     let given = payload.attachments.unwrap_or_default();
-    let (thread_members, attachments) = if thread == Thread::General && given.is_empty() {
-        (BTreeSet::new(), Vec::new())
-    } else {
-        state.store.view(|c| -> Result<_, ApiError> {
-            Ok((
-                thread_members(c, &caller, &thread)?,
-                canonical_attachments(c, &caller, &given)?,
-            ))
-        })?
-    };
+    let (thread_members, attachments) = publish::prepare_post(
+        &state.store,
+        &caller.name,
+        caller.permissions,
+        &thread,
+        &given,
+    )?;
     let route = Route::of(payload.to.as_deref(), &data);
     let audience = message::audience(Some(&caller.name), &route, &thread_members);
     let targets = match &route {
@@ -334,41 +287,6 @@ pub(super) async fn push(
     // Committed: the members away from the web app get a notification.
     state.push.message(msg, route, audience);
     Ok(response)
-}
-
-/// Validates a thread for posting by `caller` and returns its member list
-/// (empty for the general channel).
-fn thread_members(
-    c: &Conn<'_>,
-    caller: &Caller,
-    thread: &Thread,
-) -> Result<BTreeSet<String>, ApiError> {
-    match thread {
-        Thread::General => Ok(BTreeSet::new()),
-        Thread::Channel(id) => {
-            let ch = channels::by_id(c, id)?
-                .ok_or_else(|| ApiError::not_found(format!("no such channel: {id}")))?;
-            if ch.archived_at.is_some() {
-                return Err(ApiError::new(StatusCode::GONE, "channel is archived"));
-            }
-            let members = channels::member_names(c, id)?;
-            if !members.contains(&caller.name) {
-                return Err(ApiError::forbidden("not a member of this channel"));
-            }
-            Ok(members)
-        }
-        Thread::Objective(id) => {
-            let o = objectives::get(c, id)?
-                .ok_or_else(|| ApiError::not_found(format!("no such objective: {id}")))?;
-            obj_rules::authorize(&o, &caller.name, caller.permissions, Action::Discuss)
-                .map_err(|e| ApiError::forbidden(e.0))?;
-            let managers = team::managers(c)?;
-            Ok(obj_rules::thread_members(
-                &o,
-                managers.iter().map(String::as_str),
-            ))
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -408,18 +326,6 @@ fn ms_param(value: Option<String>, key: &str) -> Result<Option<i64>, ApiError> {
     }
 }
 
-/// A message-id cursor (`before_id`, `after_id`) as its log position.
-fn id_param(c: &Conn<'_>, value: Option<&str>, key: &str) -> Result<Option<i64>, ApiError> {
-    match value {
-        None => Ok(None),
-        Some(id) => messages::seq_of(c, id)?.map(Some).ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "`{key}` names no message in this broker's log; page from a message id this broker returned"
-            ))
-        }),
-    }
-}
-
 pub(super) async fn history(
     State(state): State<Shared>,
     caller: Caller,
@@ -443,35 +349,20 @@ pub(super) async fn history(
     let after_ts = ms_param(q.after, "after")?;
     let before_id = q.before_id.filter(|s| !s.is_empty());
     let after_id = q.after_id.filter(|s| !s.is_empty());
-    // A read transaction: never the write path's lock.
-    let rows = state.store.view(|c| -> Result<_, ApiError> {
-        let feed = match (with, channel) {
-            (Some(w), _) => Feed::With(w),
-            (None, Some(name)) if name == "general" => Feed::General,
-            (None, Some(name)) => {
-                let ch = match channels::by_slug(c, &name)? {
-                    Some(ch) => ch,
-                    None => channels::by_id(c, &name)?
-                        .ok_or_else(|| ApiError::not_found(format!("no such channel: {name}")))?,
-                };
-                if channels::role_of(c, &ch.id, &caller.name)?.is_none() {
-                    return Err(ApiError::forbidden("not a member of this channel"));
-                }
-                Feed::Channel(ch.id)
-            }
-            (None, None) => Feed::All,
-        };
-        let scope = messages::viewer_scope(c, &caller.name, caller.has(Permission::MembersManage))?;
-        let window = messages::Window {
-            after_seq: id_param(c, after_id.as_deref(), "after_id")?,
-            before_seq: id_param(c, before_id.as_deref(), "before_id")?,
-            after_ts,
+    let rows = messages::history(
+        &state.store,
+        &caller.name,
+        caller.has(Permission::MembersManage),
+        HistoryRequest {
+            with,
+            channel,
+            before_id,
+            after_id,
             before_ts,
-            oldest_first: after_id.is_some() || after_ts.is_some(),
+            after_ts,
             limit,
-        };
-        Ok(messages::page(c, &caller.name, &scope, &feed, &window)?)
-    })?;
+        },
+    )?;
     // The stored JSON is the Message as sent live: no need to decode and encode it again.
     let mut body = String::with_capacity(16 + rows.iter().map(|r| r.json.len() + 1).sum::<usize>());
     body.push_str("{\"messages\":[");

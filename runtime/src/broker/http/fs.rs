@@ -6,8 +6,7 @@
 //! Listing needs ownership (objective members may list their objective's folder).
 //! Paths are normalised and `..`, `//`, NUL and non-UTF-8 are refused with 400.
 
-use ac7_protocol::domain::permission::Permission;
-use ac7_protocol::domain::vfs::{FsPath, Scope};
+use ac7_protocol::domain::vfs::FsPath;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -16,16 +15,11 @@ use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, disposition, obj, parse_json, query_bytes, reply};
 use crate::broker::blobs::{self, StageError, Stored};
-use crate::broker::fs::{self as store, Collide, FsError};
-use crate::broker::store::Conn;
-use crate::broker::{now_ms, objectives};
+use crate::broker::fs::{self as store, Collide, FsError, Upload};
+use crate::broker::now_ms;
 
 fn fs_err(status: StatusCode, msg: impl Into<String>, code: &str) -> ApiError {
     ApiError::new(status, msg).with("code", json!(code))
-}
-
-fn forbidden(msg: String) -> ApiError {
-    fs_err(StatusCode::FORBIDDEN, msg, "forbidden")
 }
 
 fn parse_path(raw: &[u8]) -> Result<FsPath, ApiError> {
@@ -47,26 +41,23 @@ fn required_path(uri: &Uri, key: &str) -> Result<FsPath, ApiError> {
     }
 }
 
-fn is_objective_member(c: &Conn<'_>, id: &str, name: &str) -> Result<bool, ApiError> {
-    Ok(objectives::get(c, id)?
-        .is_some_and(|o| ac7_protocol::domain::objective::is_thread_member(&o, name, false)))
-}
-
-/// Whether `caller` owns `path` (may write, delete, move, list there).
-pub(crate) fn can_write(c: &Conn<'_>, caller: &Caller, path: &FsPath) -> Result<bool, ApiError> {
-    if caller.has(Permission::MembersManage) {
-        return Ok(true);
+impl From<FsError> for ApiError {
+    fn from(e: FsError) -> Self {
+        let msg = e.to_string();
+        match e {
+            FsError::Store(inner) => inner.into(),
+            FsError::NoSuchPath(_) => ApiError::not_found(msg),
+            FsError::QuotaExceeded { used, quota, .. } => {
+                fs_err(StatusCode::PAYLOAD_TOO_LARGE, msg, "quota_exceeded")
+                    .with("used", json!(used))
+                    .with("quota", json!(quota))
+            }
+            e => {
+                let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+                ApiError::new(status, msg).with("code", json!(e.code()))
+            }
+        }
     }
-    match path.scope() {
-        Scope::Root | Scope::ObjectivesRoot => Ok(false),
-        Scope::Home { member } => Ok(member == caller.name),
-        Scope::Objective { id } => is_objective_member(c, id, &caller.name),
-    }
-}
-
-/// Whether `caller` may read `path`: ownership or a grant.
-pub(crate) fn can_read(c: &Conn<'_>, caller: &Caller, path: &FsPath) -> Result<bool, ApiError> {
-    Ok(can_write(c, caller, path)? || store::has_grant(c, path, &caller.name)?)
 }
 
 pub(super) async fn ls(
@@ -78,34 +69,8 @@ pub(super) async fn ls(
         Some(raw) if !raw.is_empty() => parse_path(&raw)?,
         _ => FsPath::root(),
     };
-    state.store.view(|c| {
-        let entries = if path.is_root() {
-            let all = store::children(c, &path)?;
-            if caller.has(Permission::MembersManage) {
-                all
-            } else {
-                all.into_iter()
-                    .filter(|e| e.path.trim_start_matches('/') == caller.name)
-                    .collect()
-            }
-        } else {
-            if !can_write(c, &caller, &path)? {
-                return Err(forbidden(format!("cannot list {path}")));
-            }
-            match store::get(c, &path)? {
-                Some(e) if !e.is_dir() => {
-                    return Err(fs_err(
-                        StatusCode::CONFLICT,
-                        format!("not a directory: {path}"),
-                        "not_a_directory",
-                    ));
-                }
-                Some(_) => store::children(c, &path)?,
-                None => Vec::new(),
-            }
-        };
-        Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
-    })
+    let entries = store::list_dir(&state.store, &caller.name, caller.permissions, &path)?;
+    Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }
 
 pub(super) async fn stat(
@@ -114,21 +79,8 @@ pub(super) async fn stat(
     uri: Uri,
 ) -> Result<Response, ApiError> {
     let path = required_path(&uri, "path")?;
-    if path.is_root() {
-        return Err(fs_err(
-            StatusCode::BAD_REQUEST,
-            "cannot stat /",
-            "invalid_input",
-        ));
-    }
-    state.store.view(|c| {
-        if !can_read(c, &caller, &path)? {
-            return Err(forbidden(format!("cannot stat {path}")));
-        }
-        let entry = store::get(c, &path)?
-            .ok_or_else(|| ApiError::not_found(format!("no such path: {path}")))?;
-        Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
-    })
+    let entry = store::stat_entry(&state.store, &caller.name, caller.permissions, &path)?;
+    Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
 }
 
 pub(super) async fn read(
@@ -138,22 +90,13 @@ pub(super) async fn read(
 ) -> Result<Response, ApiError> {
     let raw = uri.path().strip_prefix("/fs/read").unwrap_or("");
     let path = parse_path(&super::percent_decode_with(raw, false))?;
-    let blob_dir = state.blob_dir();
-    // `tx`, not `view`: on SQLite the blob file is opened under the write lock, which
-    // `empty_trash` takes too, so a concurrent delete cannot unlink it between the row and
-    // the open.
-    let (entry, content) = state.store.tx(|c| -> Result<_, ApiError> {
-        if !can_read(c, &caller, &path)? {
-            return Err(forbidden(format!("cannot stat {path}")));
-        }
-        let entry = store::get(c, &path)?
-            .ok_or_else(|| FsError::NotFound(format!("no such path: {path}")))?;
-        if entry.is_dir() {
-            return Err(FsError::IsADirectory(path.to_string()).into());
-        }
-        let content = store::read(c, &blob_dir, &entry)?;
-        Ok((entry, content))
-    })?;
+    let (entry, content) = store::open_file(
+        &state.store,
+        &state.blob_dir(),
+        &caller.name,
+        caller.permissions,
+        &path,
+    )?;
     let mime = entry
         .mime_type
         .as_deref()
@@ -174,7 +117,7 @@ pub(super) async fn read(
             let state = state.clone();
             streamed(
                 axum::body::Body::from_stream(blobs::chunk_stream(size, move |idx| {
-                    state.store.view(|c| blobs::chunk(c, &hash, idx))
+                    store::read_chunk(&state.store, &hash, idx)
                 })),
                 size,
             )
@@ -291,15 +234,19 @@ pub(super) async fn write(
     if let Some(size) = declared.filter(|&n| n > limit) {
         return Err(FsError::TooLarge { size, limit }.into());
     }
+    let upload = Upload {
+        path: &path,
+        mime: &mime,
+        collide,
+    };
     // Refuse early what would be refused after the upload anyway.
-    let charged = store::charged_to(&path, &caller.name);
-    state.store.view(|c| -> Result<(), ApiError> {
-        if !can_write(c, &caller, &path)? {
-            return Err(forbidden(format!("cannot write to {path}")));
-        }
-        let replaced = replaced_size(c, &path, collide)?;
-        check_quota(&state, c, &charged, declared.unwrap_or(0), replaced)
-    })?;
+    store::check_upload(
+        &state,
+        &caller.name,
+        caller.permissions,
+        upload,
+        declared.unwrap_or(0),
+    )?;
     let staged = blobs::stage(
         &state.blob_dir(),
         body.into_data_stream(),
@@ -321,64 +268,18 @@ pub(super) async fn write(
         StageError::Body(msg) => ApiError::bad_request(msg),
         StageError::Store(e) => e.into(),
     })?;
-    let now = now_ms();
-    let (entry, renamed, replaced) = state.store.tx(|c| -> Result<_, ApiError> {
-        if !can_write(c, &caller, &path)? {
-            return Err(forbidden(format!("cannot write to {path}")));
-        }
-        let replaced = replaced_size(c, &path, collide)?;
-        check_quota(&state, c, &charged, staged.size, replaced)?;
-        // A file published for a write that then fails is removed again here, under the write
-        // lock. Should the commit itself fail, the file stays (no row references it): the next
-        // start removes it, and an upload of the same content meanwhile uses it as is.
-        let (entry, renamed) =
-            store::write_staged(c, &path, &staged, &mime, collide, &caller.name, now)
-                .inspect_err(|_| staged.unpublish())?;
-        Ok((entry, renamed, replaced.is_some()))
-    })?;
-    if replaced && let Err(e) = blobs::empty_trash_after(&state.store, &state.blob_dir()) {
-        tracing::warn!(error = %e, "cannot remove replaced blobs");
-    }
+    let (entry, renamed) = store::commit_upload(
+        &state,
+        &caller.name,
+        caller.permissions,
+        upload,
+        &staged,
+        now_ms(),
+    )?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"entry" => &entry, "renamed" => &renamed},
     ))
-}
-
-/// The size of the file an overwriting write replaces.
-fn replaced_size(c: &Conn<'_>, path: &FsPath, collide: Collide) -> Result<Option<u64>, ApiError> {
-    Ok(match collide {
-        Collide::Overwrite => store::get(c, path)?.and_then(|e| e.size),
-        _ => None,
-    })
-}
-
-/// 413 `quota_exceeded` if adding `size` bytes (replacing `replaced` bytes)
-/// would put `member` over the file quota.
-fn check_quota(
-    state: &Shared,
-    c: &Conn<'_>,
-    member: &str,
-    size: u64,
-    replaced: Option<u64>,
-) -> Result<(), ApiError> {
-    let Some(quota) = state.config.file_quota_bytes else {
-        return Ok(());
-    };
-    let used = store::usage(c, member)?;
-    let after = (used + size).saturating_sub(replaced.unwrap_or(0));
-    if after > quota {
-        return Err(fs_err(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "file quota exceeded: {member} has {used} of {quota} bytes in use; this file needs {size} more — remove files first"
-            ),
-            "quota_exceeded",
-        )
-        .with("used", json!(used))
-        .with("quota", json!(quota)));
-    }
-    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -395,12 +296,14 @@ pub(super) async fn mkdir(
 ) -> Result<Response, ApiError> {
     let b: MkdirBody = parse_json(&body, "mkdir")?;
     let path = parse_path(b.path.as_bytes())?;
-    let entry = state.store.tx(|c| {
-        if path.is_root() || !can_write(c, &caller, &path)? {
-            return Err(forbidden(format!("cannot mkdir {path}")));
-        }
-        Ok::<_, ApiError>(store::mkdir(c, &path, b.recursive, &caller.name, now_ms())?)
-    })?;
+    let entry = store::make_dir(
+        &state.store,
+        &caller.name,
+        caller.permissions,
+        &path,
+        b.recursive,
+        now_ms(),
+    )?;
     Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
 }
 
@@ -414,22 +317,7 @@ pub(super) async fn rm(
         query_bytes(uri.query(), "recursive").as_deref(),
         Some(b"true") | Some(b"1")
     );
-    state.store.tx(|c| {
-        if !can_write(c, &caller, &path)? {
-            return Err(forbidden(format!("cannot remove {path}")));
-        }
-        if path.segments().count() < 2 {
-            return Err(fs_err(
-                StatusCode::BAD_REQUEST,
-                format!("cannot remove top-level directory {path}"),
-                "invalid_input",
-            ));
-        }
-        Ok::<_, ApiError>(store::remove(c, &path, recursive)?)
-    })?;
-    if let Err(e) = blobs::empty_trash_after(&state.store, &state.blob_dir()) {
-        tracing::warn!(error = %e, "cannot remove deleted blobs");
-    }
+    store::remove_path(&state, &caller.name, caller.permissions, &path, recursive)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -447,15 +335,14 @@ pub(super) async fn mv(
     let b: MvBody = parse_json(&body, "mv")?;
     let from = parse_path(b.from.as_bytes())?;
     let to = parse_path(b.to.as_bytes())?;
-    let entry = state.store.tx(|c| {
-        if !can_write(c, &caller, &from)? {
-            return Err(forbidden(format!("cannot move {from}")));
-        }
-        if !can_write(c, &caller, &to)? {
-            return Err(forbidden(format!("cannot write to {to}")));
-        }
-        Ok::<_, ApiError>(store::rename(c, &from, &to, &caller.name, now_ms())?)
-    })?;
+    let entry = store::move_path(
+        &state.store,
+        &caller.name,
+        caller.permissions,
+        &from,
+        &to,
+        now_ms(),
+    )?;
     Ok(reply(StatusCode::OK, &obj! {"entry" => &entry}))
 }
 
@@ -463,16 +350,11 @@ pub(super) async fn shared(
     State(state): State<Shared>,
     caller: Caller,
 ) -> Result<Response, ApiError> {
-    let entries = state.store.view(|c| store::shared_with(c, &caller.name))?;
+    let entries = store::shared_with_member(&state.store, &caller.name)?;
     Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }
 
 pub(super) async fn all(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
-    if !caller.has(Permission::MembersManage) {
-        return Err(forbidden(
-            "admin permission required to list all files".into(),
-        ));
-    }
-    let entries = state.store.view(store::all_files)?;
+    let entries = store::every_file(&state.store, caller.permissions)?;
     Ok(reply(StatusCode::OK, &obj! {"entries" => &entries}))
 }

@@ -28,7 +28,6 @@ use serde_json::{Value, json};
 
 use super::AppState;
 use super::db::StoreError;
-use super::fs::FsError;
 use super::{team, tokens};
 
 /// Shared state handed to every handler.
@@ -319,16 +318,6 @@ impl From<StoreError> for ApiError {
     }
 }
 
-impl From<FsError> for ApiError {
-    fn from(e: FsError) -> Self {
-        if let FsError::Store(inner) = e {
-            return inner.into();
-        }
-        let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
-        ApiError::new(status, e.to_string()).with("code", json!(e.code()))
-    }
-}
-
 /// The authenticated member.
 #[derive(Debug, Clone)]
 pub(crate) struct Caller {
@@ -377,7 +366,7 @@ impl FromRequestParts<Shared> for Caller {
             });
         }
         let now = super::now_ms();
-        let caller = match state.store.tx(|c| team::resolve_token(c, &hash, now))? {
+        let caller = match team::authenticate(&state.store, &hash, now)? {
             team::TokenAuth::Member(token_id, m) => Caller {
                 name: m.name,
                 permissions: m.permissions,
@@ -415,9 +404,9 @@ impl FromRequestParts<Shared> for Sender {
         let limiter = &state.push_limiter;
         // With replicas the bucket is the member's one in the database, shared by all.
         let taken = match (limiter.rate(), &state.replica) {
-            (Some(rate), Some(_)) => state
-                .store
-                .tx(|c| crate::broker::replica::take_token(c, &caller.name, rate))?,
+            (Some(rate), Some(_)) => {
+                crate::broker::replica::take_shared_token(&state.store, &caller.name, rate)?
+            }
             _ => limiter.take(&caller.name, std::time::Instant::now()),
         };
         match taken {
@@ -722,6 +711,61 @@ mod tests {
         // anything else stays a 500
         let api = ApiError::from(StoreError::Corrupt("x".into()));
         assert_eq!(api.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+
+    /// The HTTP layer parses, calls a use case and maps its error: no handler opens a
+    /// transaction, holds a connection or writes SQL. Test modules are not scanned (a test may
+    /// build a store to provoke an error).
+    #[test]
+    fn handlers_hold_no_transactions() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/broker/http");
+        let needles = [
+            concat!(".", "tx("),
+            concat!(".", "tx_then("),
+            concat!(".", "view("),
+            concat!("Conn", "<"),
+            concat!("store::", "Conn"),
+            concat!("SELECT", " "),
+            concat!("INSERT", " "),
+            concat!("UPDATE", " "),
+            concat!("DELETE", " FROM"),
+        ];
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+            .collect();
+        files.sort();
+        assert!(files.len() > 5, "no handler files under {}", dir.display());
+        let mut found = Vec::new();
+        for path in &files {
+            let text = std::fs::read_to_string(path).unwrap();
+            let lines: Vec<&str> = text.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                if line.trim() == "#[cfg(test)]"
+                    && lines
+                        .get(i + 1)
+                        .is_some_and(|next| next.trim_start().starts_with("mod "))
+                {
+                    break;
+                }
+                for needle in needles {
+                    if line.contains(needle) {
+                        found.push(format!(
+                            "{}:{}: `{needle}`: {}",
+                            path.display(),
+                            i + 1,
+                            line.trim()
+                        ));
+                    }
+                }
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "store access in the HTTP layer (move it into a use case):\n{}",
+            found.join("\n")
+        );
     }
 
     #[test]

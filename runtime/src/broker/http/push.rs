@@ -8,7 +8,17 @@ use serde::Deserialize;
 
 use super::{ApiError, Body, Caller, Issues, Shared, obj, parse_json, reply};
 use crate::broker::now_ms;
-use crate::broker::webpush::{self, MAX_ENDPOINT, MAX_KEY, PushError};
+use crate::broker::webpush::{self, MAX_ENDPOINT, MAX_KEY, SubscriptionError};
+
+impl From<SubscriptionError> for ApiError {
+    fn from(e: SubscriptionError) -> Self {
+        match e {
+            SubscriptionError::Refused(e) => ApiError::bad_request(e.to_string()),
+            SubscriptionError::NotFound(_) => ApiError::not_found(e.to_string()),
+            SubscriptionError::Store(e) => e.into(),
+        }
+    }
+}
 
 /// The team's VAPID public key, for `PushManager.subscribe` (no sign-in needed: it is public).
 pub(super) async fn vapid_public_key(State(state): State<Shared>) -> Response {
@@ -42,20 +52,14 @@ pub(super) async fn subscribe(
         .len("keys.p256dh", &b.keys.p256dh, 1, MAX_KEY)
         .len("keys.auth", &b.keys.auth, 1, MAX_KEY)
         .finish("push subscription")?;
-    let refused = |e: PushError| ApiError::bad_request(e.to_string());
-    webpush::endpoint_origin(&b.endpoint, state.push.network()).map_err(refused)?;
-    webpush::check_keys(&b.keys.p256dh, &b.keys.auth).map_err(refused)?;
-    let now = now_ms();
-    let sub = state.store.tx(|c| {
-        webpush::subscription_upsert(
-            c,
-            &caller.name,
-            &b.endpoint,
-            &b.keys.p256dh,
-            &b.keys.auth,
-            now,
-        )
-    })?;
+    let sub = webpush::subscribe_browser(
+        &state,
+        &caller.name,
+        &b.endpoint,
+        &b.keys.p256dh,
+        &b.keys.auth,
+        now_ms(),
+    )?;
     Ok(reply(
         StatusCode::OK,
         &obj! {"id" => &sub.id, "endpoint" => &sub.endpoint, "createdAt" => &sub.created_at},
@@ -73,12 +77,6 @@ pub(super) async fn unsubscribe(
         .ok()
         .filter(|id| *id > 0)
         .ok_or_else(|| ApiError::bad_request("invalid subscription id"))?;
-    if state
-        .store
-        .tx(|c| webpush::subscription_delete(c, &caller.name, id))?
-    {
-        Ok(StatusCode::NO_CONTENT.into_response())
-    } else {
-        Err(ApiError::not_found(format!("no such subscription: {id}")))
-    }
+    webpush::unsubscribe_browser(&state.store, &caller.name, id)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

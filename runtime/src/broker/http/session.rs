@@ -29,7 +29,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use ac7_protocol::signin::limiter::{Claim, Refusal, SignInKey, address_key};
+use ac7_protocol::signin::limiter::{Refusal, SignInKey, address_key};
 use ac7_protocol::signin::totp::{self, TotpError};
 use axum::extract::{ConnectInfo, State};
 use axum::http::request::Parts;
@@ -39,10 +39,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
-use crate::broker::StoreError;
-use crate::broker::hub::Closed;
-use crate::broker::sessions::{self, ConfirmError, SESSION_ID_PREFIX, SessionAuth, TotpRefusal};
-use crate::broker::store::Conn;
+use crate::broker::sessions::{self, SESSION_ID_PREFIX, SessionError, TotpRefusal};
 use crate::broker::{attempts, now_ms, team};
 
 /// The session cookie's name.
@@ -95,31 +92,12 @@ pub(crate) fn cookie_caller(parts: &Parts, state: &Shared) -> Result<Caller, Api
         return Err(ApiError::unauthorized("missing credentials"));
     };
     let hash = sessions::session_hash(id);
-    let now = now_ms();
-    let ttl = ttl_ms(state);
-    // Read first: most requests change nothing, and a read does not wait for the writer.
-    let (row, member) = match state
-        .store
-        .view(|c| sessions::session_member(c, &hash, now))?
-    {
-        SessionAuth::Member(row, member) => (row, member),
-        SessionAuth::Expired => return Err(ApiError::unauthorized("session expired")),
-        SessionAuth::Orphan => {
-            state.store.tx(|c| sessions::session_delete(c, &hash))?;
-            return Err(ApiError::unauthorized("session member no longer exists"));
-        }
-    };
-    // Slide when the expiry moved by at least a step (not a write per request).
-    if now.saturating_add(ttl) - row.expires_at >= sessions::slide_step(ttl) {
-        state
-            .store
-            .tx(|c| sessions::session_slide(c, &hash, now, ttl))?;
-        if let Some(slot) = parts.extensions.get::<CookieRefresh>() {
-            *slot
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_owned());
-        }
+    let (member, slid) = sessions::cookie_session(&state.store, &hash, now_ms(), ttl_ms(state))?;
+    if slid && let Some(slot) = parts.extensions.get::<CookieRefresh>() {
+        *slot
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(id.to_owned());
     }
     Ok(Caller {
         name: member.name,
@@ -174,60 +152,6 @@ pub(crate) fn limiter_address(parts: &Parts, state: &Shared) -> String {
     client_ip(parts, state).map_or_else(|| "unknown".to_owned(), address_key)
 }
 
-/// How an attempt at a guessable secret came out.
-pub(crate) enum Judged<'a, T> {
-    /// The secret was right: `member` signed in (their key and the address are cleared).
-    Passed(T, String),
-    /// It was wrong: answer `error`, counted under `claim`.
-    Failed(ApiError, Claim<'a>),
-}
-
-/// Runs one attempt at a guessable secret under the sign-in limiter, in one transaction with
-/// the limiter's keys (so every broker on the store counts the same failures): 429 while a
-/// key `asked` counts under is locked; else `judge` evaluates the attempt (it may ask whether
-/// a member is locked) and the limiter counts what it judged. An `Err` from `judge` counts as
-/// nothing and commits nothing. Each lockout started is logged (one line per key).
-pub(crate) fn guarded<'a, T>(
-    state: &Shared,
-    address: &str,
-    asked: Claim<'_>,
-    now: u64,
-    judge: impl FnOnce(&Conn<'_>, &dyn Fn(&str) -> bool) -> Result<Judged<'a, T>, ApiError>,
-) -> Result<T, ApiError> {
-    let (outcome, stats) = state.store.tx(|c| -> Result<_, ApiError> {
-        let mut a = attempts::load(c, address, asked)?;
-        if let Err(r) = a.check(address, asked, now) {
-            return Ok((Err(refused(r)), a.stats()));
-        }
-        let judged = judge(c, &|member| a.member_locked(member, now))?;
-        let outcome = match judged {
-            Judged::Passed(t, member) => {
-                a.pass(address, &member, now);
-                Ok(t)
-            }
-            Judged::Failed(e, claim) => {
-                for l in a.fail(address, claim, now) {
-                    tracing::warn!(
-                        locked = %l.key,
-                        lock_secs = l.lock_secs,
-                        strikes = l.strikes,
-                        "sign-in locked after repeated failures"
-                    );
-                }
-                Err(e)
-            }
-        };
-        a.save(c, now)?;
-        Ok((outcome, a.stats()))
-    })?;
-    state
-        .signin_stats
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .add(stats);
-    outcome
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LoginBody {
@@ -271,6 +195,23 @@ fn login_refusal(r: TotpRefusal) -> ApiError {
     }
 }
 
+impl From<SessionError> for ApiError {
+    fn from(e: SessionError) -> Self {
+        let msg = e.to_string();
+        match e {
+            SessionError::Locked(r) => refused(r),
+            SessionError::Refused(r) => login_refusal(r),
+            SessionError::Expired | SessionError::MemberGone | SessionError::InvalidSetupCode => {
+                ApiError::unauthorized(msg)
+            }
+            SessionError::NoSuchMember(_) | SessionError::NoPending(_) => ApiError::not_found(msg),
+            SessionError::BadSecret(_) => ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, msg),
+            SessionError::NoAdmin | SessionError::SetupDone => ApiError::conflict(msg),
+            SessionError::Store(e) => e.into(),
+        }
+    }
+}
+
 /// The login shape `{member, role, permissions, expiresAt}`.
 fn session_shape(m: &team::MemberRecord, expires_at: i64) -> super::Obj {
     obj! {
@@ -291,40 +232,19 @@ pub(super) async fn login(
     check_code(&b.code, "login")?;
     let now = now_secs();
     let address = limiter_address(&parts, &state);
-    let asked = b.member.as_deref().map_or(Claim::AnyMember, Claim::Member);
     let ua = parts
         .headers
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok());
-    let ttl = ttl_ms(&state);
     let attempt = sessions::LoginAttempt {
         member: b.member.as_deref(),
         code: &b.code,
         now_secs: now,
         user_agent: ua,
         now_ms: now_ms(),
-        ttl_ms: ttl,
+        ttl_ms: ttl_ms(&state),
     };
-    let (m, id, row) = guarded(&state, &address, asked, now, |c, member_locked| {
-        // A member whose own key is locked is no candidate for a nameless code.
-        let (known, outcome) = sessions::totp_login(c, &attempt, member_locked)?;
-        Ok(match outcome {
-            Ok((m, id, row)) => {
-                let name = m.name.clone();
-                Judged::Passed((m, id, row), name)
-            }
-            // A name that is no member with TOTP counts as a nameless guess: made-up names
-            // buy nothing. (Such an attempt is still answered 401 after the nameless budget
-            // locks, so no answer tells which names are members.)
-            Err(r) => Judged::Failed(
-                login_refusal(r),
-                match b.member.as_deref() {
-                    Some(name) if known => Claim::Member(name),
-                    Some(_) | None => Claim::AnyMember,
-                },
-            ),
-        })
-    })?;
+    let (m, id, row) = sessions::sign_in(&state, &address, &attempt)?;
     tracing::info!(member = %m.name, "signed in (TOTP)");
     let mut resp = reply(StatusCode::OK, &session_shape(&m, row.expires_at));
     resp.headers_mut().insert(
@@ -346,7 +266,7 @@ pub(super) async fn metrics(
         "reading the broker's metrics",
     )?;
     let now = now_secs();
-    let locked = state.store.view(|c| attempts::locked(c, now))?;
+    let locked = attempts::locked_now(&state.store, now)?;
     let stats = *state
         .signin_stats
         .lock()
@@ -380,20 +300,9 @@ pub(super) async fn metrics(
 
 /// `GET /session`.
 pub(super) async fn get(State(state): State<Shared>, caller: Caller) -> Result<Response, ApiError> {
-    let now = now_ms();
-    let (member, expires) = state.store.view(|c| -> Result<_, ApiError> {
-        let m = team::member_get(c, &caller.name)?
-            .ok_or_else(|| ApiError::unauthorized("session member no longer exists"))?;
-        let expires = match caller.token_id.strip_prefix(SESSION_ID_PREFIX) {
-            Some(hash) => {
-                sessions::session_get(c, hash, now)?
-                    .ok_or_else(|| ApiError::unauthorized("session expired"))?
-                    .expires_at
-            }
-            None => NO_EXPIRY,
-        };
-        Ok((m, expires))
-    })?;
+    let session = caller.token_id.strip_prefix(SESSION_ID_PREFIX);
+    let (member, expires) = sessions::current(&state.store, &caller.name, session, now_ms())?;
+    let expires = expires.unwrap_or(NO_EXPIRY);
     Ok(reply(StatusCode::OK, &session_shape(&member, expires)))
 }
 
@@ -403,20 +312,7 @@ pub(super) async fn logout(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     if let Some(id) = cookie_value(&headers, COOKIE) {
-        let hash = sessions::session_hash(id);
-        let member = state.store.tx(|c| -> Result<_, ApiError> {
-            let row = sessions::session_get(c, &hash, i64::MIN)?;
-            sessions::session_delete(c, &hash)?;
-            Ok(row.map(|r| r.member))
-        })?;
-        if let Some(member) = member {
-            let token_id = format!("{SESSION_ID_PREFIX}{hash}");
-            state.hub.close_token(&member, &token_id);
-            state
-                .activity_hub
-                .close_owner(&member, Some(&token_id), Closed::Revoked);
-            tracing::info!(%member, "signed out");
-        }
+        sessions::sign_out(&state, &sessions::session_hash(id))?;
     }
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut()
@@ -494,13 +390,7 @@ pub(super) async fn enroll_totp(
 ) -> Result<Response, ApiError> {
     self_or_manager(&caller, &name, "enrolling another member's authenticator")?;
     let secret = new_totp_secret()?;
-    let team_name = state.store.tx(|c| -> Result<_, ApiError> {
-        if !team::member_exists(c, &name)? {
-            return Err(ApiError::not_found(format!("no such member: {name}")));
-        }
-        sessions::totp_set_pending(c, &name, &secret)?;
-        Ok(team::team_get(c)?.map(|t| t.name).unwrap_or_default())
-    })?;
+    let team_name = sessions::start_enrollment(&state.store, &name, &secret)?;
     let (uri, svg) = enrollment_shape(&team_name, &name, &secret)?;
     tracing::info!(member = %name, by = %caller.name, "TOTP enrollment started (pending confirmation)");
     Ok(reply(
@@ -531,53 +421,23 @@ pub(super) async fn enroll_totp_confirm(
     check_code(&b.code, "confirmation")?;
     let now = now_secs();
     let address = limiter_address(&parts, &state);
-    guarded(&state, &address, Claim::Member(&name), now, |c, _| {
-        Ok(match sessions::totp_confirm(c, &name, &b.code, now)? {
-            Ok(()) => Judged::Passed((), name.clone()),
-            Err(ConfirmError::NoPending) => {
-                return Err(ApiError::not_found(format!(
-                    "no pending enrollment for {name}: POST /members/{name}/enroll-totp first"
-                )));
-            }
-            Err(ConfirmError::BadSecret(e)) => {
-                return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e));
-            }
-            Err(ConfirmError::Refused(r)) => Judged::Failed(login_refusal(r), Claim::Member(&name)),
-        })
-    })?;
     // The old secret no longer signs anyone in: neither do the sessions it opened. The
     // confirming browser (when it is the member's own session) stays signed in.
     let keep = caller
         .token_id
         .strip_prefix(SESSION_ID_PREFIX)
         .filter(|_| caller.name == name);
-    let ended = state
-        .store
-        .tx(|c| sessions::sessions_end_others(c, &name, keep))?;
-    for hash in &ended {
-        let token_id = format!("{SESSION_ID_PREFIX}{hash}");
-        state.hub.close_token(&name, &token_id);
-        state
-            .activity_hub
-            .close_owner(&name, Some(&token_id), Closed::Revoked);
-    }
-    tracing::info!(member = %name, ended_sessions = ended.len(), "TOTP enrollment confirmed");
+    let ended = sessions::confirm_enrollment(&state, &address, &name, &b.code, now, keep)?;
+    tracing::info!(member = %name, ended_sessions = ended, "TOTP enrollment confirmed");
     Ok(reply(
         StatusCode::OK,
         &obj! {"member" => &name, "enrolled" => &true},
     ))
 }
 
-/// Whether the first-admin setup is open: a setup code exists and nobody has TOTP yet.
-fn setup_needed(state: &Shared) -> Result<bool, ApiError> {
-    Ok(state.store.view(|c| {
-        Ok::<_, StoreError>(sessions::setup_code_get(c)?.is_some() && !sessions::totp_any(c)?)
-    })?)
-}
-
 /// `GET /setup/status` (no auth) → `{needed}`.
 pub(super) async fn setup_status(State(state): State<Shared>) -> Result<Response, ApiError> {
-    let needed = setup_needed(&state)?;
+    let needed = sessions::setup_needed(&state.store)?;
     Ok(reply(StatusCode::OK, &obj! {"needed" => &needed}))
 }
 
@@ -601,26 +461,10 @@ pub(super) async fn setup(
     let b: SetupBody = parse_json(&body, "setup")?;
     let now = now_secs();
     let address = limiter_address(&parts, &state);
-    if !setup_needed(&state)? {
-        return Err(ApiError::conflict(
-            "setup already done: sign in, or ask an admin to enroll you",
-        ));
-    }
+    sessions::setup_open(&state.store)?;
     let fresh = new_totp_secret()?;
-    let (admin, secret, team_name) = guarded(&state, &address, Claim::NoMember, now, |c, _| {
-        if !sessions::setup_code_matches(c, b.code.trim())? {
-            return Ok(Judged::Failed(
-                ApiError::unauthorized("invalid setup code"),
-                Claim::NoMember,
-            ));
-        }
-        let admin = team::managers(c)?.into_iter().next().ok_or_else(|| {
-            ApiError::conflict("the team has no member holding members.manage to enroll")
-        })?;
-        let secret = sessions::setup_secret(c, &admin, &fresh)?;
-        let team_name = team::team_get(c)?.map(|t| t.name).unwrap_or_default();
-        Ok(Judged::Passed((admin.clone(), secret, team_name), admin))
-    })?;
+    let (admin, secret, team_name) =
+        sessions::first_admin_setup(&state, &address, b.code.trim(), &fresh, now)?;
     let (uri, svg) = enrollment_shape(&team_name, &admin, &secret)?;
     tracing::info!(member = %admin, "first-admin setup: secret issued, pending its first sign-in");
     Ok(reply(

@@ -42,7 +42,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use super::{ApiError, Caller, Shared};
-use crate::broker::hub::{Closed, Frame, Receiver, SubscribeError};
+use crate::broker::hub::{Closed, Frame, Receiver, StreamError, SubscribeError};
+use crate::broker::messages::LogStart;
 use crate::broker::{AppState, messages, now_ms};
 use ac7_protocol::domain::permission::Permission;
 use axum::body::{Body, Bytes};
@@ -113,97 +114,31 @@ pub(super) async fn subscribe(
     }
     let (last_id, upgrade) = stream_request(&mut parts, &state).await?;
 
-    let now = now_ms();
-    // The head is read and the subscription taken in one write transaction: on SQLite no push
-    // commits (and delivers) in between, so every message is either replayed or live.
-    let (opening, sub) = state.store.tx_then(
-        |c| -> Result<_, ApiError> {
-            let opening = match &last_id {
-                None => Opening::Live,
-                Some(id) => match messages::seq_of(c, id)? {
-                    None => Opening::Reset(Reset::unknown_id(id)),
-                    // The client says it has everything through `id`: as good as delivered.
-                    Some(cursor) => Opening::Replay(Replay {
-                        state: Arc::clone(&state),
-                        source: Source::Messages {
-                            viewer: caller.name.clone(),
-                            scope: Arc::new(messages::viewer_scope(
-                                c,
-                                &caller.name,
-                                caller.has(Permission::MembersManage),
-                            )?),
-                        },
-                        cursor,
-                        head: messages::head(c)?,
-                    }),
-                },
-            };
-            if let (Opening::Replay(_), Some(id)) = (&opening, &last_id) {
-                state.cursors.note(&caller.name, id);
-            }
-            if !state.hub.has_member(&caller.name)
-                && let Some(m) = crate::broker::team::member_get(c, &caller.name)?
-            {
-                // Added offline (`ac7 member add`) while the broker was running.
-                state.hub.register_member(&m.name, m.role, now);
-            }
-            // A token revoked since this request authenticated (the auth cache) gets no stream.
-            if !crate::broker::team::token_id_exists(c, &caller.token_id)? {
-                return Err(ApiError::unauthorized("unknown token"));
-            }
-            // With replicas the cap counts the member's streams on every replica.
-            if let Some(replica) = &state.replica
-                && let Err(limit) = replica.stream_opening(
-                    c,
-                    &caller.name,
-                    state.hub.live_count(&caller.name),
-                    state.config.max_subscriptions_per_member,
-                    now,
-                )?
-            {
-                return Err(subscribe_error(SubscribeError::TooMany {
-                    name: caller.name.clone(),
-                    limit,
-                }));
-            }
-            Ok(opening)
-        },
-        |opening| -> Result<_, ApiError> {
-            let subscribe = || state.hub.subscribe(&caller.name, &caller.token_id, now);
-            let uncount = || {
-                // Counted on the shared presence by the transaction: uncount it.
-                if let Some(replica) = &state.replica {
-                    replica.stream_closed(&caller.name);
-                }
-            };
-            let taken = match &state.follower {
-                None => subscribe().map(|sub| (opening, sub)),
-                // With replicas: replay up to what this replica had delivered when the stream
-                // was registered; the follower delivers everything after it live.
-                Some(follower) => {
-                    let cursor = match &opening {
-                        Opening::Replay(replay) => Some(replay.cursor),
-                        _ => None,
-                    };
-                    let (sub, delivered) = follower
-                        .subscribe_at(&state, cursor, subscribe)
-                        .inspect_err(|_| uncount())?;
-                    let opening = match opening {
-                        Opening::Replay(mut replay) => {
-                            replay.head = delivered;
-                            Opening::Replay(replay)
-                        }
-                        other => other,
-                    };
-                    sub.map(|sub| (opening, sub))
-                }
-            };
-            taken.map_err(|e| {
-                uncount();
-                subscribe_error(e)
-            })
-        },
-    )??;
+    let (start, sub) = messages::open_subscription(
+        &state,
+        &caller.name,
+        caller.has(Permission::MembersManage),
+        &caller.token_id,
+        last_id.as_deref(),
+        now_ms(),
+    )?;
+    let opening = match start {
+        LogStart::Live => Opening::Live,
+        LogStart::Replay {
+            cursor,
+            head,
+            scope,
+        } => Opening::Replay(Replay {
+            state: Arc::clone(&state),
+            source: Source::Messages {
+                viewer: caller.name.clone(),
+                scope: Arc::new(scope),
+            },
+            cursor,
+            head,
+        }),
+        LogStart::Unknown => Opening::Reset(Reset::unknown_id(last_id.as_deref().unwrap_or(""))),
+    };
     if let Some(runner) = parts
         .headers
         .get(RUNNER_HEADER)
@@ -227,6 +162,16 @@ pub(crate) fn presence_changed(state: &AppState, name: &str) {
     state.hub.notify(&frame, |token| {
         token.starts_with(crate::broker::sessions::SESSION_ID_PREFIX)
     });
+}
+
+impl From<StreamError> for ApiError {
+    fn from(e: StreamError) -> Self {
+        match e {
+            StreamError::UnknownToken => ApiError::unauthorized(e.to_string()),
+            StreamError::Refused(e) => subscribe_error(e),
+            StreamError::Store(e) => e.into(),
+        }
+    }
 }
 
 /// A refused subscription as an answer.
@@ -363,18 +308,8 @@ impl Replay {
             Source::Messages { viewer, scope } => {
                 let (viewer, scope) = (viewer.clone(), Arc::clone(scope));
                 let reader = viewer.clone();
-                let window = messages::Window {
-                    after_seq: Some(cursor),
-                    before_seq: Some(head + 1),
-                    after_ts: None,
-                    before_ts: None,
-                    oldest_first: true,
-                    limit: REPLAY_PAGE,
-                };
                 let page = tokio::task::spawn_blocking(move || {
-                    state
-                        .store
-                        .view(|c| messages::page(c, &reader, &scope, &messages::Feed::All, &window))
+                    messages::replay_page(&state.store, &reader, &scope, cursor, head, REPLAY_PAGE)
                 })
                 .await
                 .map_err(|e| e.to_string())?
@@ -390,16 +325,14 @@ impl Replay {
             }
             Source::Activity { member } => {
                 let member = member.clone();
-                let q = crate::broker::activity::Query {
-                    after_id: Some(cursor),
-                    before_id: Some(head + 1),
-                    limit: REPLAY_PAGE,
-                    ..Default::default()
-                };
                 tokio::task::spawn_blocking(move || {
-                    state
-                        .store
-                        .view(|c| crate::broker::activity::list(c, &member, &q, true))
+                    crate::broker::activity::replay_page(
+                        &state.store,
+                        &member,
+                        cursor,
+                        head,
+                        REPLAY_PAGE,
+                    )
                 })
                 .await
                 .map_err(|e| e.to_string())?
