@@ -46,6 +46,9 @@ export function pushMessage(payload) {
 export function getChannels() {
   return api('GET', '/channels');
 }
+export function getArchivedChannels() {
+  return api('GET', '/channels?archived=true');
+}
 export function getChannel(slug) {
   return api('GET', '/channels/' + seg(slug));
 }

@@ -4,7 +4,7 @@
 // links of threads. Views read it and subscribe with onChange().
 
 import { h, identity, live, toast } from './core.js';
-import { getBriefing, getChannel, getChannels, getHistory, getObjectives, getRoster } from './api.js';
+import { getArchivedChannels, getBriefing, getChannels, getHistory, getObjectives, getRoster } from './api.js';
 
 // ---------------------------------------------------------------- shared state
 
@@ -13,7 +13,7 @@ export const state = {
   teammates: [], // Teammate[]
   presence: new Map(), // name → Presence
   channels: [], // ChannelSummary[]
-  archived: [], // archived channels this browser has seen ({id, slug, archivedAt}), newest first
+  archived: [], // archived channels ({id, slug, archivedAt}), most recently archived first
   objectives: [], // the viewer's objectives (assigned, originated, watched)
 };
 
@@ -144,46 +144,20 @@ export async function loadRoster() {
 }
 
 export async function loadChannels() {
-  const r = await getChannels();
-  const before = state.channels;
+  const [r, a] = await Promise.all([getChannels(), getArchivedChannels().catch(() => null)]);
   state.channels = r.channels || [];
+  if (a) state.archived = (a.channels || []).map((c) => ({ id: c.id, slug: c.slug, archivedAt: c.archivedAt }));
   changed();
-  // The broker lists active channels only: one that left the list may have been archived.
-  for (const c of before) {
-    if (c.id === 'general' || !c.joined || channelById(c.id)) continue;
-    getChannel(c.slug)
-      .then((v) => v.channel.archivedAt && rememberArchived(v.channel))
-      .catch(() => {});
-  }
 }
 
-// ---- archived channels: the broker's list leaves them out, so this browser remembers
-// those it saw archived (per member), to list them and to name their threads.
-
-function archivedKey() {
-  return 'ac7:archived:' + identity().member;
-}
-
-function loadArchived() {
-  try {
-    const a = JSON.parse(localStorage.getItem(archivedKey()));
-    state.archived = Array.isArray(a) ? a.filter((c) => c && c.id && c.slug) : [];
-  } catch {
-    state.archived = [];
-  }
-}
+// ---- archived channels: listed by the broker apart from the active ones; one archived here
+// joins the list at once, before the next read.
 
 export function rememberArchived(c) {
   if (!c || !c.id || !c.archivedAt) return;
-  const entry = { id: c.id, slug: c.slug, archivedAt: c.archivedAt };
   if (state.archived.some((x) => x.id === c.id && x.slug === c.slug)) return;
-  const rest = state.archived.filter((x) => x.id !== c.id);
-  state.archived = [entry, ...rest].sort((a, b) => b.archivedAt - a.archivedAt).slice(0, 200);
-  try {
-    localStorage.setItem(archivedKey(), JSON.stringify(state.archived));
-  } catch {
-    /* private mode: memory only */
-  }
+  const entry = { id: c.id, slug: c.slug, archivedAt: c.archivedAt };
+  state.archived = [entry, ...state.archived.filter((x) => x.id !== c.id)].sort((a, b) => b.archivedAt - a.archivedAt);
   changed();
 }
 
@@ -196,7 +170,6 @@ export async function loadObjectives() {
 // Boot: everything the chrome needs. Failures other than 401 leave that panel empty.
 export async function loadAll() {
   loadReads();
-  loadArchived();
   threads.clear();
   const results = await Promise.allSettled([
     getBriefing().then((b) => {

@@ -119,6 +119,17 @@ pub fn list_active(c: &Conn<'_>) -> Result<Vec<Channel>, StoreError> {
     )
 }
 
+/// Archived channels, most recently archived first.
+pub fn list_archived(c: &Conn<'_>) -> Result<Vec<Channel>, StoreError> {
+    c.query(
+        &format!(
+            "SELECT {COLS} FROM channels WHERE archived_at IS NOT NULL ORDER BY archived_at DESC, id"
+        ),
+        params![],
+        channel_row,
+    )
+}
+
 /// Creates a channel with `creator` as admin.
 pub fn create(c: &Conn<'_>, slug: &str, creator: &str, now: i64) -> Result<Channel, StoreError> {
     let ch = Channel {
@@ -361,6 +372,21 @@ pub fn list_for(state: &AppState, viewer: &str) -> Result<Vec<ChannelSummary>, C
     })?;
     all.sort_by_key(|c| std::cmp::Reverse(c.channel.created_at));
     Ok(all)
+}
+
+/// Every archived channel from `viewer`'s side, most recently archived first (their history
+/// stays readable by their members).
+pub fn list_archived_for(
+    state: &AppState,
+    viewer: &str,
+) -> Result<Vec<ChannelSummary>, ChannelError> {
+    state.store.view(|c| -> Result<_, ChannelError> {
+        let mut all = Vec::new();
+        for ch in list_archived(c)? {
+            all.push(summary(c, ch, viewer)?);
+        }
+        Ok(all)
+    })
 }
 
 /// Channel `slug` from `viewer`'s side with its member rows (none for general).

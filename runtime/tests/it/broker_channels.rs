@@ -182,6 +182,21 @@ async fn channel_lifecycle() {
         slugs(&b.get("/channels", "builder").await.json),
         vec!["general"]
     );
+    // ?archived=true lists the archived ones, with when, for everyone
+    for who in ["builder", "director"] {
+        let r = b.get("/channels?archived=true", who).await;
+        assert_eq!(slugs(&r.json), vec!["dev2"], "{who}: {}", r.text);
+        assert!(r.json["channels"][0]["archivedAt"].is_i64(), "{}", r.text);
+    }
+    assert_eq!(
+        slugs(&b.get("/channels?archived=false", "builder").await.json),
+        vec!["general"]
+    );
+    let r = b.get("/channels?archived=maybe", "builder").await;
+    assert_eq!(
+        (r.status, r.json["error"].clone()),
+        (400, json!("archived must be true or false"))
+    );
     let r = b
         .post(
             "/push",

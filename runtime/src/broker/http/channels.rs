@@ -1,7 +1,7 @@
 //! `/channels…`: list, view, create, rename, archive, join/add, leave/remove.
 //! `general` is implicit: everyone is in it and it has no member rows.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
@@ -56,11 +56,27 @@ fn members_reply((summary, members): (ChannelSummary, Vec<ChannelMember>)) -> Re
     )
 }
 
+/// `GET /channels`: the active channels and general; `?archived=true`: the archived ones.
 pub(super) async fn list(
     State(state): State<Shared>,
     caller: Caller,
+    RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
-    let all = uc::list_for(&state, &caller.name)?;
+    let mut archived = false;
+    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        if key == "archived" {
+            archived = match value.as_ref() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                _ => return Err(ApiError::bad_request("archived must be true or false")),
+            };
+        }
+    }
+    let all = if archived {
+        uc::list_archived_for(&state, &caller.name)?
+    } else {
+        uc::list_for(&state, &caller.name)?
+    };
     Ok(reply(StatusCode::OK, &obj! {"channels" => &all}))
 }
 
