@@ -1,7 +1,7 @@
 //! `/channels…`: list, view, create, rename, archive, join/add, leave/remove.
 //! `general` is implicit: everyone is in it and it has no member rows.
 
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::Response;
 use serde::Deserialize;
@@ -56,22 +56,22 @@ fn members_reply((summary, members): (ChannelSummary, Vec<ChannelMember>)) -> Re
     )
 }
 
+#[derive(Deserialize)]
+pub(super) struct ListQuery {
+    archived: Option<String>,
+}
+
 /// `GET /channels`: the active channels and general; `?archived=true`: the archived ones.
 pub(super) async fn list(
     State(state): State<Shared>,
     caller: Caller,
-    RawQuery(query): RawQuery,
+    Query(q): Query<ListQuery>,
 ) -> Result<Response, ApiError> {
-    let mut archived = false;
-    for (key, value) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
-        if key == "archived" {
-            archived = match value.as_ref() {
-                "true" | "1" => true,
-                "false" | "0" => false,
-                _ => return Err(ApiError::bad_request("archived must be true or false")),
-            };
-        }
-    }
+    let archived = match q.archived.as_deref() {
+        None | Some("false" | "0") => false,
+        Some("true" | "1") => true,
+        Some(_) => return Err(ApiError::bad_request("archived must be true or false")),
+    };
     let all = if archived {
         uc::list_archived_for(&state, &caller.name)?
     } else {
