@@ -81,16 +81,17 @@ function signedOut(notice) {
   render();
 }
 
+// The notice (why the member was signed out) stays on the sign-in screen however often it is
+// drawn again (a navigation, the live stream seeing the same 401) until someone signs in.
 function showSignIn() {
-  const notice = signInNotice;
-  signInNotice = null;
   signInScreen(
     root,
     (s) => {
+      signInNotice = null;
       setIdentity(s);
       enter();
     },
-    notice,
+    signInNotice,
   );
 }
 

@@ -446,6 +446,15 @@ async fn a_form_from_another_origin_is_refused_and_a_revoked_session_signs_out()
         .await;
     let text = br.find("main.signin").await.unwrap().text().await;
     assert!(text.contains("session expired"), "{text}");
+    // The reason stays however often the sign-in screen is drawn again (a navigation, or the
+    // background sync seeing the same 401 first) until someone signs in.
+    br.script(
+        "history.pushState(null, '', '/channels'); dispatchEvent(new PopStateEvent('popstate'))",
+        json!([]),
+    )
+    .await;
+    let text = br.find("main.signin").await.unwrap().text().await;
+    assert!(text.contains("session expired"), "after a second draw: {text}");
     br.screenshot("signed-out").await;
     br.quit().await;
 }
