@@ -31,7 +31,7 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ac7_protocol::domain::message::{Audience, LogLevel, Message, Route};
 use base64::Engine;
@@ -514,6 +514,17 @@ pub fn subscriptions_delete_member(c: &Conn<'_>, member: &str) -> Result<usize, 
     )
 }
 
+/// The members holding at least one subscription.
+pub fn subscribed_members(c: &Conn<'_>) -> Result<HashSet<String>, StoreError> {
+    Ok(c.query(
+        "SELECT DISTINCT member_name FROM push_subscriptions",
+        params![],
+        |r| r.get::<String>(0),
+    )?
+    .into_iter()
+    .collect())
+}
+
 /// Every subscription, oldest first.
 pub fn subscriptions_all(c: &Conn<'_>) -> Result<Vec<Subscription>, StoreError> {
     c.query(
@@ -680,6 +691,22 @@ pub struct Dispatcher {
     network: Network,
     /// `(subscription id, failure kind)` already logged at WARN.
     warned: Arc<Mutex<HashSet<(i64, String)>>>,
+    /// Who held a subscription when last read: most messages notify nobody, and this lets
+    /// them pass without reading the store.
+    subscribers: Mutex<Subscribers>,
+}
+
+/// How long the list of members holding a subscription is trusted before it is read again.
+/// Subscriptions stored through this broker count at once; one stored through another replica
+/// may be missed for this long. A member who lost theirs (unsubscribed, removed) is only a
+/// reason to read the subscriptions themselves, which are always read fresh.
+const SUBSCRIBERS_FOR: Duration = Duration::from_secs(2);
+
+/// The members holding a subscription, as read at `read_at`.
+#[derive(Debug, Default)]
+struct Subscribers {
+    read_at: Option<Instant>,
+    names: Arc<HashSet<String>>,
 }
 
 impl Dispatcher {
@@ -696,6 +723,9 @@ impl Dispatcher {
     /// Queues a committed message for notifications (never waits: a full queue drops it with a
     /// warning, the message itself is stored and delivered as usual).
     pub fn message(&self, msg: Message, route: Route, audience: Audience) {
+        if self.nobody_subscribed_for(&msg, &route, &audience, Instant::now()) {
+            return;
+        }
         if let Err(e) = self.tx.try_send(Job {
             msg,
             route,
@@ -703,6 +733,60 @@ impl Dispatcher {
         }) {
             tracing::warn!(error = %e, "web push queue full: a message goes without notifications");
         }
+    }
+
+    /// The members holding a subscription: as last read by `read` if that was less than
+    /// [`SUBSCRIBERS_FOR`] before `now` and nothing was stored since, else read again.
+    fn subscribers(
+        &self,
+        now: Instant,
+        read: impl FnOnce() -> Result<HashSet<String>, StoreError>,
+    ) -> Result<Arc<HashSet<String>>, StoreError> {
+        // Read under the lock, so a subscription committed during the read (whose
+        // `subscription_stored` waits for the lock) still clears what the read returns.
+        let mut s = self
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(at) = s.read_at
+            && now.saturating_duration_since(at) < SUBSCRIBERS_FOR
+        {
+            return Ok(Arc::clone(&s.names));
+        }
+        s.names = Arc::new(read()?);
+        s.read_at = Some(now);
+        Ok(Arc::clone(&s.names))
+    }
+
+    /// Whether the list of members holding a subscription, still fresh at `now`, has nobody
+    /// `msg` (routed as `route`, for `audience`) would notify: then the dispatcher need not
+    /// even look at it. A stale list answers `false` (the dispatcher reads it again).
+    fn nobody_subscribed_for(
+        &self,
+        msg: &Message,
+        route: &Route,
+        audience: &Audience,
+        now: Instant,
+    ) -> bool {
+        let s = self
+            .subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match s.read_at {
+            Some(at) if now.saturating_duration_since(at) < SUBSCRIBERS_FOR => !s
+                .names
+                .iter()
+                .any(|m| audience.includes(m) && wants(m, msg, route)),
+            _ => false,
+        }
+    }
+
+    /// A subscription was just committed: the next message reads who holds one again.
+    fn subscription_stored(&self) {
+        self.subscribers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .read_at = None;
     }
 }
 
@@ -720,6 +804,7 @@ pub fn dispatcher(
             vapid,
             network,
             warned: Arc::default(),
+            subscribers: Mutex::default(),
         },
         Queue(rx),
     ))
@@ -767,16 +852,25 @@ pub fn spawn(queue: Queue, state: Weak<AppState>, network: Network) {
 
 /// The subscriptions `job` notifies, each with its JSON payload.
 fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, StoreError> {
-    // One read per message: every subscription (a row per browser, few), kept for the
-    // members the message notifies. Subscriptions of removed members are gone with them.
+    // Most messages notify nobody (no subscriber among those it is for, or they have the app
+    // open): that is decided without a read.
+    let subscribers = state.push.subscribers(Instant::now(), || {
+        state.store.view(|c| subscribed_members(c))
+    })?;
+    let candidate = |member: &str| {
+        job.audience.includes(member)
+            && wants(member, &job.msg, &job.route)
+            && state.hub.browser_count(member) == 0
+    };
+    if !subscribers.iter().any(|m| candidate(m)) {
+        return Ok(Vec::new());
+    }
+    // Then one read: every subscription (a row per browser, few), kept for the members the
+    // message notifies. Subscriptions of removed members are gone with them.
     let (subs, slug) = state.store.view(|c| -> Result<_, StoreError> {
         let subs: Vec<Subscription> = subscriptions_all(c)?
             .into_iter()
-            .filter(|s| match &job.audience {
-                Audience::Everyone => true,
-                Audience::Only(names) => names.contains(&s.member),
-            })
-            .filter(|s| wants(&s.member, &job.msg, &job.route))
+            .filter(|s| job.audience.includes(&s.member) && wants(&s.member, &job.msg, &job.route))
             .collect();
         let slug = match &job.route {
             Route::Channel(id) if !subs.is_empty() => {
@@ -893,9 +987,11 @@ pub fn subscribe_browser(
 ) -> Result<Subscription, SubscriptionError> {
     endpoint_origin(endpoint, state.push.network()).map_err(SubscriptionError::Refused)?;
     check_keys(p256dh, auth).map_err(SubscriptionError::Refused)?;
-    Ok(state
+    let sub = state
         .store
-        .tx(|c| subscription_upsert(c, member, endpoint, p256dh, auth, now))?)
+        .tx(|c| subscription_upsert(c, member, endpoint, p256dh, auth, now))?;
+    state.push.subscription_stored();
+    Ok(sub)
 }
 
 /// Deletes `member`'s subscription `id`.
@@ -1113,5 +1209,56 @@ mod tests {
             endpoint_origin("https://push.example:8443/a/b?c", Network::Public).unwrap(),
             "https://push.example:8443"
         );
+    }
+    #[test]
+    fn who_holds_a_subscription_is_read_again_when_stale_or_after_a_subscription() {
+        let rng = SystemRandom::new();
+        let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+        let (d, _queue) = dispatcher(pkcs8.as_ref(), DEFAULT_SUBJECT, Network::Public).unwrap();
+        let reads = std::cell::Cell::new(0);
+        let read = |names: &[&str]| {
+            reads.set(reads.get() + 1);
+            Ok(names.iter().map(|n| (*n).to_owned()).collect())
+        };
+        let t0 = Instant::now();
+        let to_bob = msg("ann", Some("bob"), "hi", LogLevel::Info);
+        let direct = |to: &str| Route::Direct { to: to.to_owned() };
+        let only = |n: &str| Audience::Only([n.to_owned()].into());
+        // Nothing read yet: the dispatcher has to look.
+        assert!(!d.nobody_subscribed_for(&to_bob, &direct("bob"), &only("bob"), t0));
+        let first = d.subscribers(t0, || read(&["ann"])).unwrap();
+        assert!(first.contains("ann"));
+        // Only ann holds one, and ann sent it: nobody to notify, no job queued.
+        assert!(d.nobody_subscribed_for(&to_bob, &direct("bob"), &only("bob"), t0));
+        let to_ann = msg("bob", Some("ann"), "hi", LogLevel::Info);
+        assert!(!d.nobody_subscribed_for(&to_ann, &direct("ann"), &only("ann"), t0));
+        let stale = t0 + SUBSCRIBERS_FOR;
+        assert!(!d.nobody_subscribed_for(&to_bob, &direct("bob"), &only("bob"), stale));
+        // Within the window the last read answers.
+        let again = d
+            .subscribers(t0 + SUBSCRIBERS_FOR / 2, || read(&["bob"]))
+            .unwrap();
+        assert_eq!((reads.get(), again.contains("ann")), (1, true));
+        // A subscription stored here counts at once.
+        d.subscription_stored();
+        let after = d
+            .subscribers(t0 + SUBSCRIBERS_FOR / 2, || read(&["ann", "bob"]))
+            .unwrap();
+        assert_eq!((reads.get(), after.len()), (2, 2));
+        // Past the window (one stored through another replica) it is read again.
+        let later = d
+            .subscribers(t0 + SUBSCRIBERS_FOR * 2, || read(&["cy"]))
+            .unwrap();
+        assert_eq!((reads.get(), later.contains("cy")), (3, true));
+        // A failed read is an error, and the next message tries again.
+        d.subscription_stored();
+        let failed = d.subscribers(t0 + SUBSCRIBERS_FOR * 2, || {
+            Err(StoreError::Corrupt("x".into()))
+        });
+        assert!(failed.is_err());
+        let retried = d
+            .subscribers(t0 + SUBSCRIBERS_FOR * 2, || read(&["dee"]))
+            .unwrap();
+        assert!(retried.contains("dee"));
     }
 }

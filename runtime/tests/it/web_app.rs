@@ -454,7 +454,10 @@ async fn a_form_from_another_origin_is_refused_and_a_revoked_session_signs_out()
     )
     .await;
     let text = br.find("main.signin").await.unwrap().text().await;
-    assert!(text.contains("session expired"), "after a second draw: {text}");
+    assert!(
+        text.contains("session expired"),
+        "after a second draw: {text}"
+    );
     br.screenshot("signed-out").await;
     br.quit().await;
 }
