@@ -338,6 +338,26 @@ impl Store {
         }
     }
 
+    /// [`Store::view`] for a read of a few rows by key (a member, a session, the roster): on
+    /// SQLite, when a read connection is free it runs right here, on the async worker, because
+    /// a WAL read never waits for the writer (nor for an fsync) and handing the worker's
+    /// tasks to another thread for it costs more than the read. With every read connection
+    /// busy, or on PostgreSQL (a network round trip), it is [`Store::view`]. Anything that
+    /// may read many rows or a file's contents uses [`Store::view`].
+    pub fn view_small<T, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+    ) -> Result<T, E> {
+        if let Backing::Sqlite(file) = &self.backing {
+            for reader in &file.readers {
+                if let Ok(conn) = reader.try_lock() {
+                    return f(&Conn::sqlite(&conn).with_keys(&self.keys, true));
+                }
+            }
+        }
+        self.view(f)
+    }
+
     /// Runs the read-only `f` in a read transaction (on SQLite a read connection: it sees the
     /// last committed state and never waits for the writer). Off the async workers.
     pub fn view<T, E: From<StoreError>>(

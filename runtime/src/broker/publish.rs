@@ -184,7 +184,7 @@ pub fn ensure_recipient(state: &AppState, to: &str, now: i64) -> Result<(), Post
     if state.hub.has_member(to) {
         return Ok(());
     }
-    match state.store.view(|c| super::team::member_get(c, to))? {
+    match state.store.view_small(|c| super::team::member_get(c, to))? {
         Some(m) => {
             state.hub.register_member(&m.name, m.role, now);
             Ok(())
@@ -206,7 +206,7 @@ pub fn prepare_post(
     if *thread == Thread::General && given.is_empty() {
         return Ok((BTreeSet::new(), Vec::new()));
     }
-    store.view(|c| {
+    store.view_small(|c| {
         Ok((
             thread_members(c, sender, perms, thread)?,
             canonical_attachments(c, sender, perms, given)?,

@@ -556,7 +556,7 @@ pub fn cookie_session(
     ttl_ms: i64,
 ) -> Result<(super::team::MemberRecord, bool), SessionError> {
     // Read first: most requests change nothing, and a read does not wait for the writer.
-    let (row, member) = match store.view(|c| session_member(c, hash, now))? {
+    let (row, member) = match store.view_small(|c| session_member(c, hash, now))? {
         SessionAuth::Member(row, member) => (row, member),
         SessionAuth::Expired => return Err(SessionError::Expired),
         SessionAuth::Orphan => {

@@ -484,7 +484,7 @@ pub fn roster(
     state: &super::AppState,
     now: i64,
 ) -> Result<(Vec<MemberRecord>, Vec<super::hub::Presence>), StoreError> {
-    let (members, shared) = state.store.view(|c| -> Result<_, StoreError> {
+    let (members, shared) = state.store.view_small(|c| -> Result<_, StoreError> {
         let shared = match &state.replica {
             Some(me) => Some(super::replica::presence(c, me, now)?),
             None => None,

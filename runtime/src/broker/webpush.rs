@@ -855,7 +855,7 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
     // Most messages notify nobody (no subscriber among those it is for, or they have the app
     // open): that is decided without a read.
     let subscribers = state.push.subscribers(Instant::now(), || {
-        state.store.view(|c| subscribed_members(c))
+        state.store.view_small(subscribed_members)
     })?;
     let candidate = |member: &str| {
         job.audience.includes(member)
