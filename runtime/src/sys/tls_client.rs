@@ -3,9 +3,13 @@
 //! `AC7_CA_CERT`, for a broker with a private CA or a self-signed certificate.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use rustls::pki_types::CertificateDer;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 
 /// The environment variable naming extra trusted certificates (PEM, one or more).
 pub const CA_ENV: &str = "AC7_CA_CERT";
@@ -51,19 +55,90 @@ fn extra_roots() -> Result<Vec<reqwest::Certificate>, CaError> {
 /// What a WebSocket to the broker trusts (`wss://`): the same as the HTTPS client, the web PKI
 /// roots and `AC7_CA_CERT`.
 pub fn ws_connector() -> Result<tokio_tungstenite::Connector, CaError> {
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
+    let mut roots = web_pki_roots();
     roots.add_parsable_certificates(extra_root_ders()?);
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let (_, builder) = client_config();
+    let config = builder.with_root_certificates(roots).with_no_client_auth();
+    Ok(tokio_tungstenite::Connector::Rustls(Arc::new(config)))
+}
+
+/// Every TLS client here (the broker's WebSocket, PostgreSQL, the trace proxy's upstream):
+/// rustls on ring with its safe default protocol versions, and the provider, for verifiers.
+pub fn client_config() -> (
+    Arc<CryptoProvider>,
+    rustls::ConfigBuilder<rustls::ClientConfig, rustls::WantsVerifier>,
+) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(tokio_tungstenite::Connector::Rustls(std::sync::Arc::new(
-        config,
-    )))
+        .expect("ring supports the default protocol versions");
+    (provider, builder)
+}
+
+/// The public web PKI roots built into the binary.
+pub fn web_pki_roots() -> rustls::RootCertStore {
+    rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    }
+}
+
+/// Adds the certificates of `pem` (PEM, one or more; other blocks skipped) to `roots`; how
+/// many it took.
+pub fn add_pem(roots: &mut rustls::RootCertStore, pem: &[u8]) -> usize {
+    roots
+        .add_parsable_certificates(CertificateDer::pem_slice_iter(pem).filter_map(Result::ok))
+        .0
+}
+
+/// Accepts any server certificate, still checking the handshake's signatures with the
+/// provider's algorithms: encryption without authentication (`--unsafe-tls`, PostgreSQL's
+/// `sslmode=prefer|require`).
+#[derive(Debug)]
+pub struct AnyCertificate(pub Arc<CryptoProvider>);
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
 }
 
 /// Opens a WebSocket to the broker, trusting what [`ws_connector`] trusts.

@@ -19,6 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
 
 use super::config::{PgConfig, SslMode};
+use crate::sys::tls_client::{self, AnyCertificate};
 
 /// Makes a TLS connector per connection (the `MakeTlsConnect` of `tokio_postgres`).
 #[derive(Clone)]
@@ -36,10 +37,7 @@ impl MakeRustls {
     /// The TLS policy of `config`; fails when `sslrootcert` cannot be read or holds no
     /// certificate.
     pub fn new(config: &PgConfig) -> Result<MakeRustls, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
+        let (provider, builder) = tls_client::client_config();
         let verify = match config.sslmode {
             SslMode::Disable | SslMode::Prefer => None,
             SslMode::Require if config.sslrootcert.is_none() => None,
@@ -47,26 +45,22 @@ impl MakeRustls {
             SslMode::VerifyFull => Some(true),
         };
         let verifier: Arc<dyn ServerCertVerifier> = match verify {
-            None => Arc::new(NoVerification(provider)),
+            None => Arc::new(AnyCertificate(provider)),
             Some(check_name) => {
                 let mut roots = rustls::RootCertStore::empty();
                 match &config.sslrootcert {
                     Some(path) => {
-                        use rustls::pki_types::pem::PemObject;
                         let pem = std::fs::read(path).map_err(|e| {
                             format!("cannot read sslrootcert {}: {e}", path.display())
                         })?;
-                        let (added, _) = roots.add_parsable_certificates(
-                            CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok),
-                        );
-                        if added == 0 {
+                        if tls_client::add_pem(&mut roots, &pem) == 0 {
                             return Err(format!(
                                 "sslrootcert {} holds no usable certificate",
                                 path.display()
                             ));
                         }
                     }
-                    None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+                    None => roots = tls_client::web_pki_roots(),
                 }
                 let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                     .build()
@@ -211,54 +205,5 @@ impl ServerCertVerifier for WebPki {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
-    }
-}
-
-/// Encryption without verification (`prefer`, `require`): handshake signatures are still checked.
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }

@@ -1029,86 +1029,27 @@ pub fn upstream_tls(
     unsafe_tls: bool,
     agent_ca: Option<&[u8]>,
 ) -> Result<Arc<rustls::ClientConfig>, String> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
+    use crate::sys::tls_client::{self, AnyCertificate};
+    let (provider, builder) = tls_client::client_config();
     let mut config = if unsafe_tls {
         builder
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
             .with_no_client_auth()
     } else {
-        let mut roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-        };
+        let mut roots = tls_client::web_pki_roots();
         if let Some(pem) = super::env::system_bundle() {
-            use rustls::pki_types::pem::PemObject;
-            roots.add_parsable_certificates(
-                rustls::pki_types::CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok),
-            );
+            tls_client::add_pem(&mut roots, &pem);
         }
         if let Some(pem) = agent_ca {
-            use rustls::pki_types::pem::PemObject;
-            roots.add_parsable_certificates(
-                rustls::pki_types::CertificateDer::pem_slice_iter(pem).filter_map(Result::ok),
-            );
+            tls_client::add_pem(&mut roots, pem);
         }
-        let extra = crate::sys::tls_client::extra_root_ders().map_err(|e| e.to_string())?;
+        let extra = tls_client::extra_root_ders().map_err(|e| e.to_string())?;
         roots.add_parsable_certificates(extra);
         builder.with_root_certificates(roots).with_no_client_auth()
     };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-/// `--unsafe-tls`: accepts any upstream certificate (signatures are still checked).
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &rustls::pki_types::CertificateDer<'_>,
-        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls::pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
