@@ -7,15 +7,19 @@
 //!   `ac7-ready`, set when the first view has rendered), cold and warm (p50 of 10 reloads);
 //! * `push_to_visible_ms`: `POST /push` returned (wall clock, µs) → a `MutationObserver` saw
 //!   the message in the open DM thread (`performance.timeOrigin + performance.now()`), p50/p99
-//!   over 40 pushes.
+//!   over 40 pushes;
+//! * `long_thread_interactive_ms`: navigation start → the ready marker on a DM thread holding
+//!   1,000 messages (the thread renders a window of its newest rows), p50 of 5 loads, with the
+//!   newest message on screen when the marker is set.
 
 use ac7_test_support::webdriver;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ac7_protocol::domain::message::Audience;
 use ac7_runtime::broker::config::TeamConfig;
 use ac7_runtime::broker::db::{Store, SyncMode};
-use ac7_runtime::broker::{BrokerConfig, bootstrap, sessions, start};
+use ac7_runtime::broker::{BrokerConfig, bootstrap, publish, sessions, start};
 use anyhow::Context;
 use serde_json::{Value, json};
 
@@ -23,12 +27,16 @@ const TEAM: &str = r#"{
   "team": {"name": "bench-team", "directive": "Measure the web app.", "context": "Bench."},
   "members": [
     {"name": "director", "role": {"title": "director", "description": "Leads."}, "permissions": ["admin"]},
-    {"name": "builder", "role": {"title": "engineer", "description": "Builds."}}
+    {"name": "builder", "role": {"title": "engineer", "description": "Builds."}},
+    {"name": "reviewer", "role": {"title": "reviewer", "description": "Reviews."}}
   ]
 }"#;
 
 const PUSHES: usize = 40;
 const RELOADS: usize = 10;
+/// Messages in the long thread, and loads of it measured.
+const LONG_THREAD: usize = 1000;
+const LONG_LOADS: usize = 5;
 
 fn now_ms_f64() -> f64 {
     SystemTime::now()
@@ -58,6 +66,30 @@ pub(crate) fn run() -> anyhow::Result<Value> {
             let now = i64::try_from(now_ms_f64() as u64)?;
             let (id, _) =
                 store.tx(|c| sessions::session_create(c, "director", None, now, 3_600_000))?;
+            // The long thread: director and reviewer, alternating, a minute of history each.
+            store.tx(|c| {
+                for i in 0..LONG_THREAD {
+                    let (from, to) = if i % 2 == 0 {
+                        ("director", "reviewer")
+                    } else {
+                        ("reviewer", "director")
+                    };
+                    let draft = publish::Draft {
+                        to: Some(to.to_owned()),
+                        from: from.to_owned(),
+                        title: None,
+                        body: format!("long-{i:04}: a line of the long thread, **bold** and `code`."),
+                        level: Default::default(),
+                        data: Default::default(),
+                        attachments: Vec::new(),
+                    };
+                    let audience =
+                        Audience::Only([from.to_owned(), to.to_owned()].into_iter().collect());
+                    let at = now - 60_000 * (LONG_THREAD - i) as i64;
+                    publish::log(c, draft, &audience, at)?;
+                }
+                Ok::<_, ac7_runtime::broker::db::StoreError>(())
+            })?;
             (issued, id)
         };
         let builder = issued
@@ -97,6 +129,23 @@ pub(crate) fn run() -> anyhow::Result<Value> {
             warm.push(br.wait_until(ready, 30, "the ready marker").await.as_f64().unwrap_or(f64::NAN));
         }
         warm.sort_by(f64::total_cmp);
+
+        // The long thread, warm: navigation → ready, with its newest message on screen.
+        let newest = format!("long-{:04}", LONG_THREAD - 1);
+        let mut long = Vec::new();
+        for _ in 0..LONG_LOADS {
+            br.goto(&format!("{url}/dm/reviewer")).await;
+            let at = br.wait_until(ready, 30, "the long thread").await.as_f64().unwrap_or(f64::NAN);
+            let shown = br
+                .script(
+                    "return document.body.innerText.includes(arguments[0])",
+                    json!([newest]),
+                )
+                .await;
+            anyhow::ensure!(shown == json!(true), "the long thread's newest message was not on screen when the app was ready");
+            long.push(at);
+        }
+        long.sort_by(f64::total_cmp);
 
         // Push → visible, in the DM thread with builder.
         br.goto(&format!("{url}/dm/builder")).await;
@@ -152,6 +201,10 @@ pub(crate) fn run() -> anyhow::Result<Value> {
             "push_to_visible_ms_max": lat.last(),
             "pushes": PUSHES,
             "goal_push_to_visible_ms_p50": 50,
+            "long_thread_messages": LONG_THREAD,
+            "long_thread_interactive_ms_p50": pct(&long, 0.5),
+            "long_thread_interactive_ms_max": long.last(),
+            "goal_long_thread_interactive_ms": 300,
         }))
     })
 }
