@@ -110,6 +110,12 @@ export function thread(key) {
 }
 
 // Adds messages (any order) to their threads; returns those that were new.
+// A page of /history (newest first, as it answers without `after`), added in log order: messages
+// of the same millisecond keep the order they were logged in.
+export function addHistory(page) {
+  return addMessages([...(page || [])].reverse());
+}
+
 export function addMessages(list) {
   const fresh = [];
   for (const m of list) {
@@ -178,7 +184,7 @@ export async function loadAll() {
     loadRoster(),
     loadChannels(),
     loadObjectives(),
-    getHistory({ limit: 200 }).then((r) => addMessages(r.messages || [])),
+    getHistory({ limit: 200 }).then((r) => addHistory(r.messages)),
   ]);
   if (results.some((r) => r.status === 'rejected' && r.reason.status !== 401)) {
     toast('Some panels failed to load; reload to retry.', 'warn');
@@ -224,7 +230,7 @@ export function startSync() {
     }),
     live('reset', async () => {
       const r = await getHistory({ limit: 200 });
-      addMessages(r.messages || []);
+      addHistory(r.messages);
     }),
   );
   const poll = () => {

@@ -5,7 +5,7 @@
 
 import { AUDIO_TYPES, VIDEO_TYPES, fmtBytes, fmtTime, fsUrl, h, identity, inlineNodes, live, mediaPlayer, mount, savedScroll, toast } from './core.js';
 import { getHistory, pushMessage, writeFile } from './api.js';
-import { addMessages, leftScreen, markRead, setOnScreen, state, thread, threadTitle } from './store.js';
+import { addHistory, addMessages, leftScreen, markRead, setOnScreen, state, thread, threadTitle } from './store.js';
 
 // ---------------------------------------------------------------- message rendering
 
@@ -140,7 +140,7 @@ export function threadView(el, opts) {
       const keepBottom = scroller.scrollHeight - scroller.scrollTop;
       stick = false;
       windowSize = Math.max(windowSize, t.msgs.length) + got.length;
-      addMessages(got);
+      addHistory(got);
       draw();
       scroller.scrollTop = scroller.scrollHeight - keepBottom;
     } catch (e) {
@@ -173,7 +173,7 @@ export function threadView(el, opts) {
         t.loaded = true;
         const got = r.messages || [];
         if (got.length < 50) t.complete = true;
-        addMessages(got);
+        addHistory(got);
         draw();
       })
       .catch((e) => e.status !== 401 && toast(e.message, 'error'));
