@@ -723,6 +723,7 @@ mod tests {
             concat!(".", "tx("),
             concat!(".", "tx_then("),
             concat!(".", "view("),
+            concat!(".", "view_small("),
             concat!("Conn", "<"),
             concat!("store::", "Conn"),
             concat!("SELECT", " "),

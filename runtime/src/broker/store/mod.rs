@@ -5,7 +5,9 @@
 //! * [`conn`]: [`Conn`], a connection inside a transaction, whichever database it is.
 //! * [`off_worker`]: where store calls run. They are synchronous; on a multi-threaded runtime
 //!   they run under `tokio::task::block_in_place`, so a slow commit (an fsync) hands the worker's
-//!   other tasks to another thread instead of stalling them.
+//!   other tasks to another thread instead of stalling them. The one exception is
+//!   [`Store::view_small`](super::db::Store::view_small): a read of a few rows by key on SQLite
+//!   runs in place when a read connection is free, since a WAL read never waits for a commit.
 
 pub mod conn;
 pub mod keys;
