@@ -62,4 +62,5 @@ mod web_auth;
 mod web_chat;
 mod web_live;
 mod web_push;
+mod web_screens;
 mod web_serve;
