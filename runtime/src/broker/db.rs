@@ -43,7 +43,7 @@
 //! up `/push` or `/roster`.
 
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::Connection;
 
@@ -348,12 +348,10 @@ impl Store {
         &self,
         f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
     ) -> Result<T, E> {
-        if let Backing::Sqlite(file) = &self.backing {
-            for reader in &file.readers {
-                if let Ok(conn) = reader.try_lock() {
-                    return f(&Conn::sqlite(&conn).with_keys(&self.keys, true));
-                }
-            }
+        if let Backing::Sqlite(file) = &self.backing
+            && let Some(conn) = file.free_reader()
+        {
+            return f(&Conn::sqlite(&conn).with_keys(&self.keys, true));
         }
         self.view(f)
     }
@@ -391,10 +389,8 @@ impl SqliteFile {
         if self.readers.is_empty() {
             return self.with_here(|conn| f(conn));
         }
-        for reader in &self.readers {
-            if let Ok(guard) = reader.try_lock() {
-                return f(&guard);
-            }
+        if let Some(guard) = self.free_reader() {
+            return f(&guard);
         }
         let i = self
             .next_reader
@@ -404,6 +400,11 @@ impl SqliteFile {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         f(&guard)
+    }
+
+    /// A read connection nobody holds right now, if any.
+    fn free_reader(&self) -> Option<MutexGuard<'_, Connection>> {
+        self.readers.iter().find_map(|r| r.try_lock().ok())
     }
 
     fn with_here<T>(&self, f: impl FnOnce(&mut Connection) -> T) -> T {
