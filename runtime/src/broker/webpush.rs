@@ -683,6 +683,14 @@ struct Job {
     audience: Audience,
 }
 
+impl Job {
+    /// Whether the message is for `member` and would notify them (the live-stream check
+    /// aside): in its audience, and wanted by the rules of [`wants`].
+    fn notifies(&self, member: &str) -> bool {
+        self.audience.includes(member) && wants(member, &self.msg, &self.route)
+    }
+}
+
 /// The sending side of the dispatcher, kept in the broker's state.
 #[derive(Debug)]
 pub struct Dispatcher {
@@ -723,14 +731,15 @@ impl Dispatcher {
     /// Queues a committed message for notifications (never waits: a full queue drops it with a
     /// warning, the message itself is stored and delivered as usual).
     pub fn message(&self, msg: Message, route: Route, audience: Audience) {
-        if self.nobody_subscribed_for(&msg, &route, &audience, Instant::now()) {
-            return;
-        }
-        if let Err(e) = self.tx.try_send(Job {
+        let job = Job {
             msg,
             route,
             audience,
-        }) {
+        };
+        if self.nobody_subscribed_for(&job, Instant::now()) {
+            return;
+        }
+        if let Err(e) = self.tx.try_send(job) {
             tracing::warn!(error = %e, "web push queue full: a message goes without notifications");
         }
     }
@@ -759,24 +768,17 @@ impl Dispatcher {
     }
 
     /// Whether the list of members holding a subscription, still fresh at `now`, has nobody
-    /// `msg` (routed as `route`, for `audience`) would notify: then the dispatcher need not
-    /// even look at it. A stale list answers `false` (the dispatcher reads it again).
-    fn nobody_subscribed_for(
-        &self,
-        msg: &Message,
-        route: &Route,
-        audience: &Audience,
-        now: Instant,
-    ) -> bool {
+    /// `job` would notify: then the dispatcher need not even look at it. A stale list answers
+    /// `false` (the dispatcher reads it again).
+    fn nobody_subscribed_for(&self, job: &Job, now: Instant) -> bool {
         let s = self
             .subscribers
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match s.read_at {
-            Some(at) if now.saturating_duration_since(at) < SUBSCRIBERS_FOR => !s
-                .names
-                .iter()
-                .any(|m| audience.includes(m) && wants(m, msg, route)),
+            Some(at) if now.saturating_duration_since(at) < SUBSCRIBERS_FOR => {
+                !s.names.iter().any(|m| job.notifies(m))
+            }
             _ => false,
         }
     }
@@ -857,11 +859,7 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
     let subscribers = state.push.subscribers(Instant::now(), || {
         state.store.view_small(subscribed_members)
     })?;
-    let candidate = |member: &str| {
-        job.audience.includes(member)
-            && wants(member, &job.msg, &job.route)
-            && state.hub.browser_count(member) == 0
-    };
+    let candidate = |member: &str| job.notifies(member) && state.hub.browser_count(member) == 0;
     if !subscribers.iter().any(|m| candidate(m)) {
         return Ok(Vec::new());
     }
@@ -870,7 +868,7 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
     let (subs, slug) = state.store.view(|c| -> Result<_, StoreError> {
         let subs: Vec<Subscription> = subscriptions_all(c)?
             .into_iter()
-            .filter(|s| job.audience.includes(&s.member) && wants(&s.member, &job.msg, &job.route))
+            .filter(|s| job.notifies(&s.member))
             .collect();
         let slug = match &job.route {
             Route::Channel(id) if !subs.is_empty() => {
@@ -1221,19 +1219,21 @@ mod tests {
             Ok(names.iter().map(|n| (*n).to_owned()).collect())
         };
         let t0 = Instant::now();
-        let to_bob = msg("ann", Some("bob"), "hi", LogLevel::Info);
-        let direct = |to: &str| Route::Direct { to: to.to_owned() };
-        let only = |n: &str| Audience::Only([n.to_owned()].into());
+        let dm = |from: &str, to: &str| Job {
+            msg: msg(from, Some(to), "hi", LogLevel::Info),
+            route: Route::Direct { to: to.to_owned() },
+            audience: Audience::Only([to.to_owned()].into()),
+        };
+        let to_bob = dm("ann", "bob");
         // Nothing read yet: the dispatcher has to look.
-        assert!(!d.nobody_subscribed_for(&to_bob, &direct("bob"), &only("bob"), t0));
+        assert!(!d.nobody_subscribed_for(&to_bob, t0));
         let first = d.subscribers(t0, || read(&["ann"])).unwrap();
         assert!(first.contains("ann"));
         // Only ann holds one, and ann sent it: nobody to notify, no job queued.
-        assert!(d.nobody_subscribed_for(&to_bob, &direct("bob"), &only("bob"), t0));
-        let to_ann = msg("bob", Some("ann"), "hi", LogLevel::Info);
-        assert!(!d.nobody_subscribed_for(&to_ann, &direct("ann"), &only("ann"), t0));
+        assert!(d.nobody_subscribed_for(&to_bob, t0));
+        assert!(!d.nobody_subscribed_for(&dm("bob", "ann"), t0));
         let stale = t0 + SUBSCRIBERS_FOR;
-        assert!(!d.nobody_subscribed_for(&to_bob, &direct("bob"), &only("bob"), stale));
+        assert!(!d.nobody_subscribed_for(&to_bob, stale));
         // Within the window the last read answers.
         let again = d
             .subscribers(t0 + SUBSCRIBERS_FOR / 2, || read(&["bob"]))
