@@ -47,21 +47,22 @@ impl MakeRustls {
         let verifier: Arc<dyn ServerCertVerifier> = match verify {
             None => Arc::new(AnyCertificate(provider)),
             Some(check_name) => {
-                let mut roots = rustls::RootCertStore::empty();
-                match &config.sslrootcert {
+                let roots = match &config.sslrootcert {
                     Some(path) => {
                         let pem = std::fs::read(path).map_err(|e| {
                             format!("cannot read sslrootcert {}: {e}", path.display())
                         })?;
+                        let mut roots = rustls::RootCertStore::empty();
                         if tls_client::add_pem(&mut roots, &pem) == 0 {
                             return Err(format!(
                                 "sslrootcert {} holds no usable certificate",
                                 path.display()
                             ));
                         }
+                        roots
                     }
-                    None => roots = tls_client::web_pki_roots(),
-                }
+                    None => tls_client::web_pki_roots(),
+                };
                 let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
                     .build()
                     .map_err(|e| e.to_string())?;
