@@ -415,7 +415,8 @@ let everOpened = false;
 
 // live('*', fn) gets every message; live('objective', fn) those whose data.kind is
 // 'objective'; live('reset', fn) the broker's reset notice (refetch what you show);
-// live('open', fn) every (re)connection; live('presence', fn) a member's presence changed.
+// live('open', fn) every (re)connection; live('presence', fn) a member's presence changed;
+// live('channels', fn) the channel list changed.
 // Returns the unsubscribe function.
 export function live(kind, fn) {
   const l = { kind, fn };
@@ -510,6 +511,12 @@ export function startLive() {
       return;
     }
     emit('presence', p);
+  });
+  // The channel list changed (a channel created, renamed or archived, a member joined or
+  // left): {type: 'channels'}.
+  es.addEventListener('channels', () => {
+    if (source !== es) return;
+    emit('channels', null);
   });
   es.addEventListener('reset', (ev) => {
     if (source !== es) return;

@@ -195,8 +195,10 @@ let liveOff = [];
 let pollTimer = null;
 let firstOpen = true;
 let presenceTimer = null;
+let channelsTimer = null;
 
-// Live wiring: messages into threads, objective events refresh the list, presence polled.
+// Live wiring: messages into threads, objective events refresh the list, presence and the
+// channel list re-read when the broker says they changed (and every 10 s).
 export function startSync() {
   stopSync();
   firstOpen = true;
@@ -215,6 +217,14 @@ export function startSync() {
       presenceTimer = setTimeout(() => {
         presenceTimer = null;
         loadRoster().catch(() => {});
+      }, 50);
+    }),
+    // The channel list changed on the broker: re-read it (a burst reads it once).
+    live('channels', () => {
+      if (channelsTimer) return;
+      channelsTimer = setTimeout(() => {
+        channelsTimer = null;
+        loadChannels().catch(() => {});
       }, 50);
     }),
     // Every (re)connection: presence at once; after a drop, whatever may have changed or

@@ -4,9 +4,9 @@ use std::collections::BTreeSet;
 
 use serde::Serialize;
 
-use super::AppState;
-use super::db::{Store, StoreError};
+use super::db::StoreError;
 use super::store::{Backend, Conn, Row};
+use super::{AppState, notices};
 use crate::params;
 
 /// A channel (`Channel`).
@@ -410,7 +410,7 @@ pub fn view(
 /// Creates channel `slug` with `creator` as its admin; refuses general, a bad slug and a
 /// taken one.
 pub fn create_channel(
-    store: &Store,
+    state: &AppState,
     creator: &str,
     slug: &str,
     now: i64,
@@ -421,18 +421,23 @@ pub fn create_channel(
     if !valid_slug(slug) {
         return Err(ChannelError::InvalidSlug);
     }
-    store.tx(|c| {
-        if by_slug(c, slug)?.is_some() {
-            return Err(ChannelError::SlugTaken(slug.to_owned()));
-        }
-        Ok(create(c, slug, creator, now)?)
-    })
+    state
+        .store
+        .tx(|c| {
+            if by_slug(c, slug)?.is_some() {
+                return Err(ChannelError::SlugTaken(slug.to_owned()));
+            }
+            let ch = create(c, slug, creator, now)?;
+            notices::ring_channels_changed(c)?;
+            Ok(ch)
+        })
+        .inspect(|_| notices::channels_changed_here(state))
 }
 
 /// Renames channel `slug` to `new_slug` for one of its admins; returns the renamed channel.
 /// Refuses general (either side), a bad or taken slug and an archived channel.
 pub fn rename_channel(
-    store: &Store,
+    state: &AppState,
     caller: &str,
     slug: &str,
     new_slug: &str,
@@ -443,7 +448,7 @@ pub fn rename_channel(
     if !valid_slug(new_slug) {
         return Err(ChannelError::InvalidSlug);
     }
-    let ch = store.tx(|c| {
+    let ch = state.store.tx(|c| {
         let ch = find(c, slug)?;
         not_archived(&ch)?;
         require_admin(c, &ch, caller, "rename this channel")?;
@@ -451,8 +456,10 @@ pub fn rename_channel(
             return Err(ChannelError::SlugTaken(new_slug.to_owned()));
         }
         rename(c, &ch.id, new_slug)?;
+        notices::ring_channels_changed(c)?;
         Ok(ch)
     })?;
+    notices::channels_changed_here(state);
     Ok(Channel {
         slug: new_slug.to_owned(),
         ..ch
@@ -461,7 +468,7 @@ pub fn rename_channel(
 
 /// Archives channel `slug` at `now` for one of its admins; returns the archived channel.
 pub fn archive_channel(
-    store: &Store,
+    state: &AppState,
     caller: &str,
     slug: &str,
     now: i64,
@@ -469,13 +476,15 @@ pub fn archive_channel(
     if slug == "general" {
         return Err(ChannelError::Reserved(RESERVED));
     }
-    let ch = store.tx(|c| {
+    let ch = state.store.tx(|c| {
         let ch = find(c, slug)?;
         not_archived(&ch)?;
         require_admin(c, &ch, caller, "archive this channel")?;
         archive(c, &ch.id, now)?;
+        notices::ring_channels_changed(c)?;
         Ok::<_, ChannelError>(ch)
     })?;
+    notices::channels_changed_here(state);
     Ok(Channel {
         archived_at: Some(now),
         ..ch
@@ -486,7 +495,7 @@ pub fn archive_channel(
 /// `None`); only admins add others, and a member joining alone is a plain member. Returns
 /// the channel from the caller's side with its member rows.
 pub fn add_to_channel(
-    store: &Store,
+    state: &AppState,
     caller: &str,
     slug: &str,
     member: Option<String>,
@@ -502,40 +511,44 @@ pub fn add_to_channel(
     if role != "member" && role != "admin" {
         return Err(ChannelError::InvalidRole);
     }
-    store.tx(|c| {
-        let ch = find(c, slug)?;
-        not_archived(&ch)?;
-        let target = member.unwrap_or_else(|| caller.to_owned());
-        if target != caller {
-            if role_of(c, &ch.id, caller)?.as_deref() != Some("admin") {
-                return Err(ChannelError::AddOthers);
+    state
+        .store
+        .tx(|c| {
+            let ch = find(c, slug)?;
+            not_archived(&ch)?;
+            let target = member.unwrap_or_else(|| caller.to_owned());
+            if target != caller {
+                if role_of(c, &ch.id, caller)?.as_deref() != Some("admin") {
+                    return Err(ChannelError::AddOthers);
+                }
+                if !super::team::member_exists(c, &target)? {
+                    return Err(ChannelError::NoSuchMember(target));
+                }
             }
-            if !super::team::member_exists(c, &target)? {
-                return Err(ChannelError::NoSuchMember(target));
+            if role_of(c, &ch.id, &target)?.is_some() {
+                return Err(ChannelError::AlreadyMember {
+                    name: target,
+                    slug: ch.slug,
+                });
             }
-        }
-        if role_of(c, &ch.id, &target)?.is_some() {
-            return Err(ChannelError::AlreadyMember {
-                name: target,
-                slug: ch.slug,
-            });
-        }
-        // Self-join is always as a plain member.
-        let role = if target == caller {
-            "member"
-        } else {
-            role.as_str()
-        };
-        add_member(c, &ch.id, &target, role, now)?;
-        Ok(with_members(c, ch, caller)?)
-    })
+            // Self-join is always as a plain member.
+            let role = if target == caller {
+                "member"
+            } else {
+                role.as_str()
+            };
+            add_member(c, &ch.id, &target, role, now)?;
+            notices::ring_channels_changed(c)?;
+            Ok(with_members(c, ch, caller)?)
+        })
+        .inspect(|_| notices::channels_changed_here(state))
 }
 
 /// Removes `name` from channel `slug` (anyone may leave; only admins remove others; the
 /// last admin stays while others remain). Returns the channel from the caller's side with
 /// its member rows.
 pub fn remove_from_channel(
-    store: &Store,
+    state: &AppState,
     caller: &str,
     slug: &str,
     name: &str,
@@ -545,30 +558,34 @@ pub fn remove_from_channel(
             "nobody can leave the general channel",
         ));
     }
-    store.tx(|c| {
-        let ch = find(c, slug)?;
-        if name != caller {
-            require_admin(c, &ch, caller, "remove other members")?;
-        }
-        let Some(role) = role_of(c, &ch.id, name)? else {
-            return Err(ChannelError::NotMember {
-                name: name.to_owned(),
-                slug: ch.slug,
-            });
-        };
-        if role == "admin" {
-            let admins = members(c, &ch.id)?
-                .into_iter()
-                .filter(|m| m.role == "admin")
-                .count();
-            let others = members(c, &ch.id)?.len() > 1;
-            if admins == 1 && others {
-                return Err(ChannelError::LastAdmin(ch.slug));
+    state
+        .store
+        .tx(|c| {
+            let ch = find(c, slug)?;
+            if name != caller {
+                require_admin(c, &ch, caller, "remove other members")?;
             }
-        }
-        remove_member(c, &ch.id, name)?;
-        Ok(with_members(c, ch, caller)?)
-    })
+            let Some(role) = role_of(c, &ch.id, name)? else {
+                return Err(ChannelError::NotMember {
+                    name: name.to_owned(),
+                    slug: ch.slug,
+                });
+            };
+            if role == "admin" {
+                let admins = members(c, &ch.id)?
+                    .into_iter()
+                    .filter(|m| m.role == "admin")
+                    .count();
+                let others = members(c, &ch.id)?.len() > 1;
+                if admins == 1 && others {
+                    return Err(ChannelError::LastAdmin(ch.slug));
+                }
+            }
+            remove_member(c, &ch.id, name)?;
+            notices::ring_channels_changed(c)?;
+            Ok(with_members(c, ch, caller)?)
+        })
+        .inspect(|_| notices::channels_changed_here(state))
 }
 
 #[cfg(test)]

@@ -151,6 +151,26 @@ fn read_after(c: &Conn<'_>, after: i64) -> Result<Vec<Delivery>, StoreError> {
     )
 }
 
+/// Passes each browser notice rung by any replica to this replica's browsers
+/// ([`super::notices::heard`]); one that fell behind tells them the channels changed (the
+/// one notice rung so far), which covers whatever it skipped.
+fn spawn_notices(state: &Arc<AppState>, mut rings: tokio::sync::broadcast::Receiver<String>) {
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        loop {
+            let ring = rings.recv().await;
+            let Some(state) = weak.upgrade() else { return };
+            match ring {
+                Ok(payload) => super::notices::heard(&state, &payload),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    super::notices::channels_changed(&state);
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
 /// Rings this replica's follower whenever any replica's append commits (the doorbell), and
 /// after the doorbell's connection came back (a ring may have been missed); starts the
 /// activity follower's consumer of the same doorbell ([`super::activity_follower`]). Each
@@ -172,11 +192,13 @@ pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
             }
         };
         match weak.upgrade() {
-            Some(state) if state.activity_follower.is_some() => {
-                let bell = doorbell.bell(super::pg::Channel::Activity);
-                super::activity_follower::spawn_bell(&state, bell);
+            Some(state) => {
+                if state.activity_follower.is_some() {
+                    let bell = doorbell.bell(super::pg::Channel::Activity);
+                    super::activity_follower::spawn_bell(&state, bell);
+                }
+                spawn_notices(&state, doorbell.notices());
             }
-            Some(_) => {}
             None => return,
         }
         loop {

@@ -90,6 +90,7 @@ mod http;
 pub mod hub;
 pub mod messages;
 pub mod migrate_team;
+pub mod notices;
 pub mod objectives;
 pub mod pg;
 pub mod publish;

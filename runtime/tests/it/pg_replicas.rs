@@ -182,6 +182,65 @@ async fn a_stream_that_moves_replica_resumes_without_gap_or_duplicate() {
     assert_eq!(on_b.next_message().await["id"], live["id"]);
 }
 
+/// A channel renamed through one replica reaches the browsers on another at once: the
+/// change rings every replica through the database, and each tells its own browser streams.
+#[tokio::test]
+async fn a_channel_change_on_one_replica_is_a_notice_to_browsers_on_every_replica() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas(&db, 2).await;
+    let cookie = crate::web_auth::login(&rs[1], "builder").await;
+    let resp = rs[1]
+        .http
+        .get(format!("{}/subscribe?name=builder", rs[1].url))
+        .header("cookie", format!("ac7_session={cookie}"))
+        .header("accept", "text/event-stream")
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut browser = broker_support::SseClient::from_response(resp);
+    // Its own stream opening is the first notice.
+    assert_eq!(
+        browser.next_event().await.event.as_deref(),
+        Some("presence")
+    );
+    for (method, path, body) in [
+        ("POST", "/channels", Some(json!({"slug": "plans"}))),
+        ("PATCH", "/channels/plans", Some(json!({"slug": "roadmap"}))),
+        ("DELETE", "/channels/roadmap", None),
+    ] {
+        let r = rs[0].call(method, path, "director", body).await;
+        assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.json);
+        let ev = browser.next_event().await;
+        assert_eq!(
+            (ev.event.as_deref(), ev.data.as_str()),
+            (Some("channels"), r#"{"type":"channels"}"#),
+            "after {method} {path} on the other replica"
+        );
+    }
+    // And a change on its own replica is heard once (through the database, as on the others).
+    let r = rs[1]
+        .call(
+            "POST",
+            "/channels",
+            "director",
+            Some(json!({"slug": "ops"})),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{}", r.json);
+    assert_eq!(
+        browser.next_event().await.event.as_deref(),
+        Some("channels")
+    );
+    let m = rs[0]
+        .push("director", json!({"to": "builder", "body": "after"}))
+        .await;
+    assert_eq!(browser.next_message().await["id"], m["id"]);
+}
+
 /// Follows `builder`'s stream on `urls[0]`; when it breaks, resumes on the next URL with
 /// `Last-Event-ID`. Records every message id it receives, in order.
 async fn follow(

@@ -592,8 +592,8 @@ async fn a_channel_archived_while_open_turns_read_only() {
     .await;
     open(&br, &b, "/c/old-plans").await;
     br.wait_for(".composer", 10, "the channel's composer").await;
-    // Archived by someone else: when the channel list is read again (every few seconds), the
-    // open channel loses its composer.
+    // Archived by someone else: the broker's `channels` notice makes the app read the list
+    // again, and the open channel loses its composer.
     api(&b, "DELETE", "/channels/old-plans", None).await;
     br.wait_until(
         "return !!document.querySelector('.archived-note') && !document.querySelector('.composer')",

@@ -104,7 +104,7 @@ fn session_cookie(r: &Reply) -> String {
 }
 
 /// Signs `member` in with a fresh secret; returns the cookie value.
-async fn login(b: &TestBroker, member: &str) -> String {
+pub(crate) async fn login(b: &TestBroker, member: &str) -> String {
     let secret = enroll_direct(b, member);
     let r = sign_in(b, &code(&secret, 0), Some(member)).await;
     assert_eq!(r.status, 200, "{}", r.json);
@@ -391,6 +391,47 @@ async fn cookie_authenticates_the_api_and_the_live_stream() {
     .await;
     let m = sse.next_message().await;
     assert_eq!(m["body"], "over the cookie stream");
+
+    // Every change to the channel list, made by anyone, is a `channels` notice: the app
+    // re-reads its list (so a rename or an archive shows at once in every open browser).
+    let changes: [(&str, &str, Option<Value>); 5] = [
+        ("POST", "/channels", Some(json!({"slug": "plans"}))),
+        ("PATCH", "/channels/plans", Some(json!({"slug": "roadmap"}))),
+        (
+            "POST",
+            "/channels/roadmap/members",
+            Some(json!({"member": "builder"})),
+        ),
+        ("DELETE", "/channels/roadmap/members/builder", None),
+        ("DELETE", "/channels/roadmap", None),
+    ];
+    for (method, path, body) in changes {
+        let r = b.call(method, path, "director", body).await;
+        assert!(r.status < 300, "{method} {path}: {} {}", r.status, r.json);
+        let ev = sse.next_event().await;
+        assert_eq!(
+            (ev.id.as_deref(), ev.event.as_deref()),
+            (None, Some("channels")),
+            "after {method} {path}: {}",
+            ev.data
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&ev.data).unwrap(),
+            json!({"type": "channels"})
+        );
+    }
+    // A refused change says nothing: the next event is the message after it.
+    let r = b
+        .call("DELETE", "/channels/roadmap", "director", None)
+        .await;
+    assert_eq!(r.status, 410, "{}", r.json);
+    b.push(
+        "director",
+        json!({"to": "builder", "body": "after the channels"}),
+    )
+    .await;
+    let m = sse.next_message().await;
+    assert_eq!(m["body"], "after the channels");
 
     // A push from the browser (cookie + own Origin) reaches the API.
     let r = send(

@@ -99,7 +99,7 @@ pub(super) async fn create(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let b: SlugBody = parse_json(&body, "channel")?;
-    let ch = uc::create_channel(&state.store, &caller.name, &b.slug, now_ms())?;
+    let ch = uc::create_channel(&state, &caller.name, &b.slug, now_ms())?;
     Ok(reply(StatusCode::CREATED, &ch))
 }
 
@@ -110,7 +110,7 @@ pub(super) async fn rename(
     Body(body): Body,
 ) -> Result<Response, ApiError> {
     let b: SlugBody = parse_json(&body, "channel")?;
-    let ch = uc::rename_channel(&state.store, &caller.name, &slug, &b.slug)?;
+    let ch = uc::rename_channel(&state, &caller.name, &slug, &b.slug)?;
     Ok(reply(StatusCode::OK, &ch))
 }
 
@@ -119,7 +119,7 @@ pub(super) async fn archive(
     caller: Caller,
     Path(slug): Path<String>,
 ) -> Result<Response, ApiError> {
-    let ch = uc::archive_channel(&state.store, &caller.name, &slug, now_ms())?;
+    let ch = uc::archive_channel(&state, &caller.name, &slug, now_ms())?;
     Ok(reply(StatusCode::OK, &ch))
 }
 
@@ -142,14 +142,7 @@ pub(super) async fn add_member(
     } else {
         parse_json(&body, "channel member")?
     };
-    let found = uc::add_to_channel(
-        &state.store,
-        &caller.name,
-        &slug,
-        b.member,
-        b.role,
-        now_ms(),
-    )?;
+    let found = uc::add_to_channel(&state, &caller.name, &slug, b.member, b.role, now_ms())?;
     Ok(members_reply(found))
 }
 
@@ -158,6 +151,6 @@ pub(super) async fn remove_member(
     caller: Caller,
     Path((slug, name)): Path<(String, String)>,
 ) -> Result<Response, ApiError> {
-    let found = uc::remove_from_channel(&state.store, &caller.name, &slug, &name)?;
+    let found = uc::remove_from_channel(&state, &caller.name, &slug, &name)?;
     Ok(members_reply(found))
 }

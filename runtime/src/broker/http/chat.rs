@@ -178,7 +178,7 @@ pub(super) async fn busy(
     let now = now_ms();
     let until = if b.busy { now + BUSY_TTL_MS } else { 0 };
     if state.hub.set_busy(&caller.name, until, now) {
-        super::subscribe::presence_changed(&state, &caller.name);
+        crate::broker::notices::presence_changed(&state, &caller.name);
     }
     crate::broker::replica::report_busy(&state, &caller.name, until)?;
     Ok(StatusCode::NO_CONTENT.into_response())

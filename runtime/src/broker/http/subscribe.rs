@@ -12,10 +12,10 @@
 //! (`X-AC7-Runner: host=…;pid=…`, shown as `runners` on `/roster`). SSE responses carry `Connection: close`: when the
 //! broker ends a stream, the connection goes with it.
 //!
-//! Presence notices: the streams of session-cookie callers (browsers) also get
-//! `event: presence` with `{"type":"presence","name":…}` (no `id:`) whenever a member's
-//! stream opens or closes on this broker or its busy report starts or ends, so the web app
-//! re-reads `/roster` at once ([`presence_changed`]). Bearer callers never get them.
+//! Browser notices: the streams of session-cookie callers (browsers) also get `event:
+//! presence` whenever a member's stream opens or closes on this broker or its busy report
+//! starts or ends, and `event: channels` when the channel list changes
+//! ([`crate::broker::notices`]). Bearer callers never get them.
 //!
 //! Replay: with `Last-Event-ID` (header) or `lastEventId` (query), every message
 //! the caller may see that was logged after that id is sent first, oldest first,
@@ -44,7 +44,7 @@ use std::sync::Arc;
 use super::{ApiError, Caller, Shared};
 use crate::broker::hub::{Closed, Frame, Receiver, StreamError, SubscribeError};
 use crate::broker::messages::LogStart;
-use crate::broker::{AppState, messages, now_ms};
+use crate::broker::{AppState, messages, notices, now_ms};
 use ac7_protocol::domain::permission::Permission;
 use axum::body::{Body, Bytes};
 use axum::extract::ws::{CloseFrame, Message as WsMessage, WebSocket, WebSocketUpgrade};
@@ -87,7 +87,7 @@ impl Drop for Guard {
             if let Some(replica) = &self.state.replica {
                 replica.stream_closed(&self.name);
             }
-            presence_changed(&self.state, &self.name);
+            notices::presence_changed(&self.state, &self.name);
         }
     }
 }
@@ -147,21 +147,8 @@ pub(super) async fn subscribe(
     {
         state.hub.set_runner(&sub.name, sub.id, runner);
     }
-    presence_changed(&state, &sub.name);
+    notices::presence_changed(&state, &sub.name);
     Ok(respond(&state, upgrade, opening, sub, false))
-}
-
-/// Tells the browsers on this broker (live streams of session-cookie callers) that `name`'s
-/// presence changed here — a stream opened or closed, a busy report started or ended — so
-/// they re-read `/roster` at once instead of at their next poll. SSE `event: presence` with
-/// `{"type":"presence","name":…}` (no `id:`: the resume position stays the last message);
-/// bearer callers (runners, the CLI) never get it.
-pub(crate) fn presence_changed(state: &AppState, name: &str) {
-    let json = serde_json::json!({"type": "presence", "name": name}).to_string();
-    let frame = Arc::new(Frame::notice("presence", json));
-    state.hub.notify(&frame, |token| {
-        token.starts_with(crate::broker::sessions::SESSION_ID_PREFIX)
-    });
 }
 
 impl From<StreamError> for ApiError {

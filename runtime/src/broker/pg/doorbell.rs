@@ -1,6 +1,7 @@
-//! The doorbell: a task that `LISTEN`s on [`LOG_CHANNEL`] and [`ACTIVITY_CHANNEL`] on one
-//! connection of its own and publishes the newest message sequence and activity row id it
-//! heard.
+//! The doorbell: a task that `LISTEN`s on [`LOG_CHANNEL`], [`ACTIVITY_CHANNEL`] and
+//! [`NOTICE_CHANNEL`] on one connection of its own and publishes the newest message sequence
+//! and activity row id it heard, and passes on each browser notice ring
+//! ([`Doorbell::notices`]).
 //!
 //! A ring only says "the log (or the activity table) has grown to at least this number"; the
 //! consumer then reads the table after its own last number. When the listening connection dies
@@ -10,11 +11,13 @@
 //! last number. A missed doorbell delays a delivery; it never loses one.
 //!
 //! [`Doorbell::ring`] waits for the log; further consumers take a [`Bell`] of their own
-//! ([`Doorbell::bell`]), each with its own idea of what it has seen.
+//! ([`Doorbell::bell`]), each with its own idea of what it has seen. Notice rings are not
+//! numbers to catch up to but events: they go out on a broadcast queue as heard, and one
+//! sent while the connection was away is lost (their consumers re-read on a timer anyway).
 
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::{AsyncMessage, Client};
 
@@ -24,6 +27,7 @@ use super::error::describe;
 use super::log::LOG_CHANNEL;
 use super::pool::connect_raw;
 use super::tls::MakeRustls;
+use crate::broker::notices::NOTICE_CHANNEL;
 
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -31,6 +35,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// noticed within this plus [`PING_TIMEOUT`]).
 const PING_EVERY: Duration = Duration::from_secs(10);
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Notice rings held for a consumer that has not read them yet; a consumer further behind
+/// skips the oldest (and should act as if it had heard one of each).
+const NOTICES_HELD: usize = 64;
 
 /// The `LISTEN`/`NOTIFY` channel of activity uploads. Its payload is the id of the last
 /// `member_activity` row of the committed upload, in decimal, and nothing else.
@@ -108,6 +115,7 @@ impl Bell {
 #[derive(Debug)]
 pub struct Doorbell {
     log: Bell,
+    notices: broadcast::Sender<String>,
     task: JoinHandle<()>,
 }
 
@@ -127,14 +135,16 @@ impl Doorbell {
             reason,
         })?;
         let (tx, rx) = watch::channel(DoorbellState::default());
-        let first = listen(config, &tls, &tx).await?;
-        let task = tokio::spawn(run(config.clone(), tls, tx, first));
+        let (notices, _) = broadcast::channel(NOTICES_HELD);
+        let first = listen(config, &tls, &tx, &notices).await?;
+        let task = tokio::spawn(run(config.clone(), tls, tx, notices.clone(), first));
         Ok(Doorbell {
             log: Bell {
                 rx,
                 seen: DoorbellState::default(),
                 channel: Channel::Log,
             },
+            notices,
             task,
         })
     }
@@ -156,6 +166,12 @@ impl Doorbell {
         }
     }
 
+    /// The browser notice rings ([`NOTICE_CHANNEL`] payloads) heard from now on, while
+    /// `self` lives.
+    pub fn notices(&self) -> broadcast::Receiver<String> {
+        self.notices.subscribe()
+    }
+
     /// What the task has heard so far.
     pub fn state(&self) -> DoorbellState {
         *self.log.rx.borrow()
@@ -173,9 +189,11 @@ async fn listen(
     config: &PgConfig,
     tls: &MakeRustls,
     tx: &watch::Sender<DoorbellState>,
+    notices: &broadcast::Sender<String>,
 ) -> Result<(Client, JoinHandle<()>), PgError> {
     let (client, mut connection) = connect_raw(config, tls).await?;
     let tx = tx.clone();
+    let notices = notices.clone();
     let driver = tokio::spawn(async move {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
@@ -201,6 +219,10 @@ async fn listen(
                         ),
                     }
                 }
+                Some(Ok(AsyncMessage::Notification(n))) if n.channel() == NOTICE_CHANNEL => {
+                    // Nobody listening is fine: the ring had no one to tell.
+                    let _ = notices.send(n.payload().to_owned());
+                }
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     tracing::warn!(error = %describe(&e), "the doorbell's PostgreSQL connection failed");
@@ -210,7 +232,8 @@ async fn listen(
             }
         }
     });
-    let listen = format!("LISTEN {LOG_CHANNEL}; LISTEN {ACTIVITY_CHANNEL}");
+    let listen =
+        format!("LISTEN {LOG_CHANNEL}; LISTEN {ACTIVITY_CHANNEL}; LISTEN {NOTICE_CHANNEL}");
     if let Err(e) = client.batch_execute(&listen).await {
         driver.abort();
         return Err(e.into());
@@ -222,6 +245,7 @@ async fn run(
     config: PgConfig,
     tls: MakeRustls,
     tx: watch::Sender<DoorbellState>,
+    notices: broadcast::Sender<String>,
     first: (Client, JoinHandle<()>),
 ) {
     let mut current = Some(first);
@@ -229,7 +253,7 @@ async fn run(
     loop {
         let (client, mut driver) = match current.take() {
             Some(c) => c,
-            None => match listen(&config, &tls, &tx).await {
+            None => match listen(&config, &tls, &tx, &notices).await {
                 Ok(c) => {
                     backoff = BACKOFF_MIN;
                     tx.send_modify(|s| s.reconnects += 1);
