@@ -109,14 +109,30 @@ export function thread(key) {
   return t;
 }
 
-// Adds messages (any order) to their threads; returns those that were new.
-// A page of /history (newest first, as it answers without `after`), added in log order: messages
-// of the same millisecond keep the order they were logged in.
-export function addHistory(page) {
-  return addMessages([...(page || [])].reverse());
+// Where a message of time `ts` goes in a thread's list (oldest first): after the messages of
+// the same millisecond, or before them (`tiesFirst`).
+function place(msgs, ts, tiesFirst) {
+  let lo = 0;
+  let hi = msgs.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (msgs[mid].ts < ts || (!tiesFirst && msgs[mid].ts === ts)) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
-export function addMessages(list) {
+// Adds a page of /history (newest first, as it answers without `after`). A thread holds its
+// newest messages, so whatever in the page is new here was logged before all of them: each
+// goes before the messages of its millisecond already held, and the page keeps its own order.
+// (Messages of one millisecond thus keep their log order across pages and "Load older".)
+export function addHistory(page) {
+  return addMessages(page || [], true);
+}
+
+// Adds messages logged after what their threads hold (live ones, a send's answer), oldest
+// first; returns those that were new.
+export function addMessages(list, older = false) {
   const fresh = [];
   for (const m of list) {
     if (!m || !m.id) continue;
@@ -125,12 +141,8 @@ export function addMessages(list) {
     t.ids.add(m.id);
     fresh.push(m);
     const msgs = t.msgs;
-    if (!msgs.length || msgs[msgs.length - 1].ts <= m.ts) msgs.push(m);
-    else {
-      let i = msgs.length;
-      while (i > 0 && msgs[i - 1].ts > m.ts) i--;
-      msgs.splice(i, 0, m);
-    }
+    if (!older && (!msgs.length || msgs[msgs.length - 1].ts <= m.ts)) msgs.push(m);
+    else msgs.splice(place(msgs, m.ts, older), 0, m);
   }
   if (fresh.length) {
     const keys = new Set(fresh.map(threadKey));

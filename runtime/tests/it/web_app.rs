@@ -628,6 +628,40 @@ async fn wait_scrolled(br: &Browser, css: &str, top: u32, what: &str) {
     .await;
 }
 
+/// Messages of one millisecond read in the order they were logged, however they arrived: the
+/// newest page, then an older page ("Load older") that ends inside that millisecond, then live
+/// ones. Drives the app's own thread store in the page, with times chosen to tie.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_one_millisecond_keep_log_order_across_pages() {
+    let Some((b, br, _)) = signed_in("director", "/").await else {
+        return;
+    };
+    let order = br
+        .script_async(
+            r#"const done = arguments[arguments.length - 1];
+            const app = document.querySelector('script[type=module]').src;
+            import(app.replace(/app\.js$/, 'store.js')).then((s) => {
+              const m = (n, ts) => ({ id: 'tie-' + n, ts, body: 'm' + n, from: 'director', data: { thread: 'chan:ties' } });
+              // The newest page (newest first): m3..m5, m3 and m4 in one millisecond.
+              s.addHistory([m(5, 3000), m(4, 2000), m(3, 2000)]);
+              // The page before it ends in that millisecond.
+              s.addHistory([m(2, 2000), m(1, 2000), m(0, 1000)]);
+              // Live, after both: one in the newest millisecond, one later.
+              s.addMessages([m(6, 3000)]);
+              s.addMessages([m(7, 4000)]);
+              done(s.thread('chan:ties').msgs.map((x) => x.body));
+            }, (e) => done(String(e)));"#,
+            json!([]),
+        )
+        .await;
+    assert_eq!(
+        order,
+        json!(["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7"])
+    );
+    br.quit().await;
+    drop(b);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn back_returns_to_where_the_user_was_scrolled() {
     let Some((b, br, _)) = signed_in("director", "/").await else {
