@@ -175,9 +175,15 @@ fn spawn_notices(state: &Arc<AppState>, mut rings: tokio::sync::broadcast::Recei
 /// after the doorbell's connection came back (a ring may have been missed); starts the
 /// activity follower's consumer of the same doorbell ([`super::activity_follower`]). Each
 /// reads once as soon as the doorbell listens: an append committed between reading where the
-/// log was at start and listening rang nobody. Runs until the broker's state is gone.
-pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
+/// log was at start and listening rang nobody. Runs until the broker's state is gone. The
+/// answer comes once the doorbell listens and every consumer has taken its bell (so a broker
+/// that waits for it before serving hears every browser notice rung after it serves).
+pub fn spawn_doorbell(
+    state: &Arc<AppState>,
+    config: super::pg::PgConfig,
+) -> tokio::sync::oneshot::Receiver<()> {
     let weak = Arc::downgrade(state);
+    let (listening, answer) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         let mut doorbell = loop {
             match super::pg::Doorbell::start(&config).await {
@@ -201,6 +207,7 @@ pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
             }
             None => return,
         }
+        let _ = listening.send(());
         loop {
             let Some(state) = weak.upgrade() else { return };
             let run = tokio::task::spawn_blocking(move || {
@@ -219,4 +226,5 @@ pub fn spawn_doorbell(state: &Arc<AppState>, config: super::pg::PgConfig) {
             let _ring = doorbell.ring().await;
         }
     });
+    answer
 }

@@ -271,6 +271,19 @@ pub struct Hub {
     limits: HubLimits,
 }
 
+/// One member's live streams on a hub ([`Hub::live_counts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveCount {
+    /// Member name.
+    pub name: String,
+    /// Live streams.
+    pub streams: usize,
+    /// Of them, those of browser sessions.
+    pub browsers: usize,
+    /// When the member was last seen (epoch ms).
+    pub last_seen: i64,
+}
+
 /// A registered subscriber: where frames arrive, and how to deregister.
 #[derive(Debug)]
 pub struct Subscription {
@@ -278,6 +291,8 @@ pub struct Subscription {
     pub name: String,
     /// Subscriber id within the hub.
     pub id: u64,
+    /// Whether it authenticated with a browser session (the web app's stream).
+    pub browser: bool,
     /// The queue.
     pub rx: Receiver,
 }
@@ -423,6 +438,7 @@ impl Hub {
         Ok(Subscription {
             name: name.to_owned(),
             id,
+            browser: crate::broker::sessions::is_browser(token_id),
             rx: Receiver { queue },
         })
     }
@@ -507,13 +523,20 @@ impl Hub {
     }
 
     /// Every member's live stream count and last-seen time, for sharing with other replicas.
-    pub fn live_counts(&self) -> Vec<(String, usize, i64)> {
+    pub fn live_counts(&self) -> Vec<LiveCount> {
         self.lock()
             .members
             .iter()
             .map(|(name, e)| {
-                let live = e.subs.iter().filter(|s| !s.queue.is_closed()).count();
-                (name.clone(), live, e.last_seen)
+                let live = || e.subs.iter().filter(|s| !s.queue.is_closed());
+                LiveCount {
+                    name: name.clone(),
+                    streams: live().count(),
+                    browsers: live()
+                        .filter(|s| crate::broker::sessions::is_browser(&s.token))
+                        .count(),
+                    last_seen: e.last_seen,
+                }
             })
             .collect()
     }
@@ -530,11 +553,7 @@ impl Hub {
         self.lock().members.get(name).map_or(0, |e| {
             e.subs
                 .iter()
-                .filter(|s| {
-                    !s.queue.is_closed()
-                        && s.token
-                            .starts_with(crate::broker::sessions::SESSION_ID_PREFIX)
-                })
+                .filter(|s| !s.queue.is_closed() && crate::broker::sessions::is_browser(&s.token))
                 .count()
         })
     }

@@ -991,6 +991,7 @@ pub fn open_subscription(
                 && let Err(limit) = replica.stream_opening(
                     c,
                     name,
+                    super::sessions::is_browser(token_id),
                     state.hub.live_count(name),
                     state.config.max_subscriptions_per_member,
                     now,
@@ -1008,7 +1009,7 @@ pub fn open_subscription(
             let uncount = || {
                 // Counted on the shared presence by the transaction: uncount it.
                 if let Some(replica) = &state.replica {
-                    replica.stream_closed(name);
+                    replica.stream_closed(name, super::sessions::is_browser(token_id));
                 }
             };
             let taken = match &state.follower {

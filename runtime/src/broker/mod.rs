@@ -280,6 +280,9 @@ pub(crate) struct CachedAuth {
 /// (which needs the broker stopped) cannot race it.
 const AUTH_CACHE_TTL: Duration = Duration::from_secs(5);
 
+/// How long a broker on PostgreSQL waits at start for its doorbell to listen before it serves.
+const DOORBELL_WAIT: Duration = Duration::from_secs(5);
+
 impl AppState {
     /// How `/push` commits were grouped so far (see [`writer`]).
     pub fn commit_stats(&self) -> writer::CommitStats {
@@ -537,7 +540,19 @@ pub async fn start(
         cursors: Default::default(),
     });
     if let Some(pg) = &state.config.postgres {
-        follower::spawn_doorbell(&state, pg.clone());
+        // Serve once the doorbell listens, so that every browser notice rung from then on is
+        // heard here; if it cannot listen yet, serve anyway after a while (it keeps trying,
+        // and the log is read again whenever it comes back).
+        let listening = follower::spawn_doorbell(&state, pg.clone());
+        if tokio::time::timeout(DOORBELL_WAIT, listening)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                after_ms = DOORBELL_WAIT.as_millis(),
+                "serving before the doorbell listens; live delivery from other replicas waits for it"
+            );
+        }
     }
     if let Some(rx) = stream_ends {
         replica::spawn(&state, addr.to_string(), rx);

@@ -32,9 +32,7 @@ pub const CHANNELS: &str = "channels";
 /// Sends `event` with `json` to every browser stream on this broker.
 fn to_browsers(state: &AppState, event: &str, json: String) {
     let frame = Arc::new(Frame::notice(event, json));
-    state.hub.notify(&frame, |token| {
-        token.starts_with(sessions::SESSION_ID_PREFIX)
-    });
+    state.hub.notify(&frame, sessions::is_browser);
 }
 
 /// Tells the browsers on this broker that `name`'s presence changed here (a stream opened or

@@ -2,6 +2,9 @@
 //! PostgreSQL: its live streams (presence), busy reports, and its heartbeat; and the team-wide
 //! token bucket of each member.
 //!
+//! * **Browsers.** Each `presence` row also counts the member's browser streams (the web
+//!   app's), so Web Push leaves alone a member whose app is open on any replica
+//!   ([`browsers_elsewhere`]).
 //! * **Heartbeat.** Each replica has a row in `replicas` and refreshes it every
 //!   [`HEARTBEAT`]. A member's `connected` on the roster is its live streams on this replica
 //!   (from the hub) plus the `presence` rows of every other replica whose heartbeat is younger
@@ -22,13 +25,13 @@
 //! `replicas`, `presence` and `rate_buckets` are unlogged tables: nothing in them outlives a
 //! crash of the database server that a heartbeat does not put back within one beat.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::hub::Closed;
+use super::hub::{Closed, LiveCount};
 use super::ratelimit::Rate;
 use super::store::Conn;
 use super::{AppState, StoreError, now_ms};
@@ -47,12 +50,15 @@ fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+/// A stream that ended on this replica: its member, and whether it was a browser's.
+pub type StreamEnd = (String, bool);
+
 /// This replica: its id and the queue of stream ends for the presence writer.
 #[derive(Debug)]
 pub struct Replica {
     /// Random id of this process in `replicas`.
     pub id: String,
-    closed: mpsc::UnboundedSender<String>,
+    closed: mpsc::UnboundedSender<StreamEnd>,
 }
 
 /// What the roster shows of a member from the other replicas.
@@ -71,7 +77,7 @@ pub struct Shared {
 pub fn register(
     c: &Conn<'_>,
     addr: &str,
-) -> Result<(Replica, mpsc::UnboundedReceiver<String>), StoreError> {
+) -> Result<(Replica, mpsc::UnboundedReceiver<StreamEnd>), StoreError> {
     let id = super::sessions::new_session_id()
         .map_err(|e| StoreError::File {
             what: "cannot draw a replica id".to_owned(),
@@ -90,13 +96,14 @@ pub fn register(
 }
 
 impl Replica {
-    /// Counts a new stream of `member` on this replica, unless the member already holds
-    /// `cap` live streams across replicas (`local` of them here): then `Err(cap)` and nothing
-    /// is counted.
+    /// Counts a new stream of `member` on this replica (a `browser`'s or not), unless the
+    /// member already holds `cap` live streams across replicas (`local` of them here): then
+    /// `Err(cap)` and nothing is counted.
     pub fn stream_opening(
         &self,
         c: &Conn<'_>,
         member: &str,
+        browser: bool,
         local: usize,
         cap: usize,
         now: i64,
@@ -122,17 +129,19 @@ impl Replica {
             return Ok(Err(cap));
         }
         c.execute(
-            "INSERT INTO presence (replica_id, member_name, connected, heartbeat_at) VALUES (?1, ?2, 1, ?3)
+            "INSERT INTO presence (replica_id, member_name, connected, browsers, heartbeat_at)
+             VALUES (?1, ?2, 1, ?3, ?4)
              ON CONFLICT (replica_id, member_name) DO UPDATE SET connected = presence.connected + 1,
-               heartbeat_at = excluded.heartbeat_at",
-            params![self.id, member, now],
+               browsers = presence.browsers + excluded.browsers, heartbeat_at = excluded.heartbeat_at",
+            params![self.id, member, i64::from(browser), now],
         )?;
         Ok(Ok(()))
     }
 
-    /// Notes that a stream of `member` on this replica ended (written in the background).
-    pub fn stream_closed(&self, member: &str) {
-        let _ = self.closed.send(member.to_owned());
+    /// Notes that a stream of `member` on this replica (a `browser`'s or not) ended (written
+    /// in the background).
+    pub fn stream_closed(&self, member: &str, browser: bool) {
+        let _ = self.closed.send((member.to_owned(), browser));
     }
 }
 
@@ -172,6 +181,21 @@ pub fn presence(
         out.entry(name).or_default().connected = usize::try_from(live).unwrap_or(0);
     }
     Ok(out)
+}
+
+/// The members with the web app open (a browser stream) on another replica fresh at `now`.
+pub fn browsers_elsewhere(
+    c: &Conn<'_>,
+    me: &Replica,
+    now: i64,
+) -> Result<HashSet<String>, StoreError> {
+    c.query(
+        "SELECT DISTINCT p.member_name FROM presence p JOIN replicas r ON r.id = p.replica_id
+         WHERE p.browsers > 0 AND r.heartbeat_at > ?1 AND r.id <> ?2",
+        params![now - ms(EXPIRY), me.id],
+        |r| r.get::<String>(0),
+    )
+    .map(|names| names.into_iter().collect())
 }
 
 /// Takes one token from `member`'s bucket at `rate`, or says how long until one is there.
@@ -219,7 +243,7 @@ fn beat(
     c: &Conn<'_>,
     id: &str,
     addr: &str,
-    counts: &[(String, usize, i64)],
+    counts: &[LiveCount],
     tokens: &[(String, String)],
 ) -> Result<Stale, StoreError> {
     let now = now_ms();
@@ -229,17 +253,18 @@ fn beat(
         params![id, addr, env!("CARGO_PKG_VERSION"), now],
     )?;
     c.execute("DELETE FROM presence WHERE replica_id = ?1", params![id])?;
-    for (member, live, last_seen) in counts {
-        if *live > 0 {
+    for live in counts {
+        if live.streams > 0 {
             c.execute(
-                "INSERT INTO presence (replica_id, member_name, connected, heartbeat_at) VALUES (?1, ?2, ?3, ?4)",
-                params![id, member, *live, now],
+                "INSERT INTO presence (replica_id, member_name, connected, browsers, heartbeat_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id, live.name, live.streams, live.browsers, now],
             )?;
         }
         c.execute(
             "INSERT INTO member_status (member_name, last_seen, busy_until) VALUES (?1, ?2, 0)
              ON CONFLICT (member_name) DO UPDATE SET last_seen = GREATEST(member_status.last_seen, excluded.last_seen)",
-            params![member, *last_seen],
+            params![live.name, live.last_seen],
         )?;
     }
     c.execute(
@@ -257,9 +282,9 @@ fn beat(
         }
     }
     let mut removed = Vec::new();
-    for (member, _, _) in counts {
-        if super::team::member_get(c, member)?.is_none() {
-            removed.push(member.clone());
+    for live in counts {
+        if super::team::member_get(c, &live.name)?.is_none() {
+            removed.push(live.name.clone());
         }
     }
     Ok((revoked, removed))
@@ -284,7 +309,7 @@ fn stale_watchers(c: &Conn<'_>, watchers: &[(String, String)]) -> Result<Stale, 
 }
 
 /// Starts the heartbeat and the presence writer of this replica.
-pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedReceiver<String>) {
+pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedReceiver<StreamEnd>) {
     let weak: Weak<AppState> = Arc::downgrade(state);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(HEARTBEAT);
@@ -323,19 +348,27 @@ pub fn spawn(state: &Arc<AppState>, addr: String, mut closed: mpsc::UnboundedRec
                 }
                 ended = closed.recv() => {
                     let Some(first) = ended else { return };
-                    let mut ended: HashMap<String, i64> = HashMap::from([(first, 1)]);
+                    // Per member: streams ended, and of them browsers'.
+                    let mut ended: HashMap<String, (i64, i64)> = HashMap::new();
+                    let mut count = |(member, browser): StreamEnd| {
+                        let e = ended.entry(member).or_default();
+                        e.0 += 1;
+                        e.1 += i64::from(browser);
+                    };
+                    count(first);
                     while let Ok(more) = closed.try_recv() {
-                        *ended.entry(more).or_default() += 1;
+                        count(more);
                     }
                     let Some(state) = weak.upgrade() else { return };
                     let Some(replica) = &state.replica else { return };
                     let written = super::store::off_worker(|| {
                         state.store.tx(|c| {
-                            for (member, n) in &ended {
+                            for (member, (n, browsers)) in &ended {
                                 c.execute(
-                                    "UPDATE presence SET connected = GREATEST(connected - ?3, 0)
+                                    "UPDATE presence SET connected = GREATEST(connected - ?3, 0),
+                                       browsers = GREATEST(browsers - ?4, 0)
                                      WHERE replica_id = ?1 AND member_name = ?2",
-                                    params![replica.id, member, *n],
+                                    params![replica.id, member, *n, *browsers],
                                 )?;
                             }
                             Ok::<_, StoreError>(())

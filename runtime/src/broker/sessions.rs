@@ -35,6 +35,12 @@ pub const SESSION_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// token id; see `http::Caller::token_id`).
 pub const SESSION_ID_PREFIX: &str = "session:";
 
+/// Whether a caller's credential id is a browser session's (the web app's) rather than a
+/// bearer token's.
+pub fn is_browser(token_id: &str) -> bool {
+    token_id.starts_with(SESSION_ID_PREFIX)
+}
+
 /// How often a running broker deletes expired sessions.
 const PURGE_EVERY: Duration = Duration::from_secs(3600);
 

@@ -10,8 +10,9 @@
 //! * **Delivery** ([`Dispatcher`]): after a `POST /push` commits, the message is queued for the
 //!   dispatcher task, which decides who gets a notification, one message after the other in
 //!   commit order, and sends at most [`MAX_IN_FLIGHT`] requests at once. Per member of the
-//!   message's audience: never the sender; nobody with a web-app stream open on this broker
-//!   (a live stream signed in with a browser session: they see it in the app); a direct
+//!   message's audience: never the sender; nobody with a web-app stream open (a live stream
+//!   signed in with a browser session, on this broker or, with replicas, on any: they see it
+//!   in the app); a direct
 //!   message always; a message to the team, a channel (its members only) or an objective thread
 //!   only at level warning or above, or when its body mentions `@<member>`.
 //! * **On the wire.** The payload (JSON, see [`Notification`]) is encrypted for the browser
@@ -864,11 +865,16 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
         return Ok(Vec::new());
     }
     // Then one read: every subscription (a row per browser, few), kept for the members the
-    // message notifies. Subscriptions of removed members are gone with them.
+    // message notifies; with replicas, who has the app open on another one. Subscriptions of
+    // removed members are gone with them.
     let (subs, slug) = state.store.view(|c| -> Result<_, StoreError> {
+        let open_elsewhere = match &state.replica {
+            Some(me) => super::replica::browsers_elsewhere(c, me, super::now_ms())?,
+            None => HashSet::new(),
+        };
         let subs: Vec<Subscription> = subscriptions_all(c)?
             .into_iter()
-            .filter(|s| job.notifies(&s.member))
+            .filter(|s| job.notifies(&s.member) && !open_elsewhere.contains(&s.member))
             .collect();
         let slug = match &job.route {
             Route::Channel(id) if !subs.is_empty() => {

@@ -1,6 +1,6 @@
 //! What replicas on one PostgreSQL database must agree on besides the log: presence (and the
 //! streams of a replica that died), busy, the per-member rate limit, the subscription cap, the
-//! sign-in limiter, sessions, and revoked tokens.
+//! sign-in limiter, sessions, revoked tokens, and whose web app is open (Web Push).
 
 #![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 
@@ -55,6 +55,63 @@ async fn presence_and_busy_are_the_same_on_every_replica() {
         async || (presence_of(&rs[1], "builder").await["connected"] == 1).then_some(()),
     )
     .await;
+}
+
+/// Web Push leaves alone a member whose web app is open on another replica than the one that
+/// handled the message, and notifies them again once it is closed.
+#[tokio::test]
+async fn web_push_skips_a_member_whose_app_is_open_on_another_replica() {
+    use crate::web_push::{PushService, session, subscribe};
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas_with(&db, 2, |c| c.push_private_network = true).await;
+    let mut push = PushService::start().await;
+    let sub = push.subscription(201).await;
+    subscribe(&rs[0], "builder", &sub).await;
+    // Builder's web app is open on the second replica (a browser session's stream), which the
+    // first one's roster counts.
+    let cookie = session(&rs[1], "builder");
+    let resp = rs[1]
+        .http
+        .get(format!("{}/subscribe?name=builder", rs[1].url))
+        .header("cookie", format!("ac7_session={cookie}"))
+        .header("accept", "text/event-stream")
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let browser = crate::broker_support::SseClient::from_response(resp);
+    assert_eq!(presence_of(&rs[0], "builder").await["connected"], 1);
+    let seen = rs[0]
+        .push(
+            "director",
+            json!({"to": "builder", "body": "seen in the app"}),
+        )
+        .await;
+    // The app closes; its end reaches the first replica's roster, and the next direct
+    // message is a notification. Notifications go out in commit order, so the first one
+    // the push service gets shows whether the earlier message was sent too.
+    drop(browser);
+    crate::common::wait_until(
+        "the closed app to leave the first replica's roster",
+        Duration::from_secs(5),
+        async || (presence_of(&rs[0], "builder").await["connected"] == 0).then_some(()),
+    )
+    .await;
+    let unseen = rs[0]
+        .push(
+            "director",
+            json!({"to": "builder", "body": "nobody is looking"}),
+        )
+        .await;
+    let got = push.next().await;
+    assert_eq!(
+        got["payload"]["messageId"], unseen["id"],
+        "the message {} reached the app and was pushed too: {got}",
+        seen["id"]
+    );
 }
 
 #[tokio::test]

@@ -192,7 +192,8 @@ async fn two_replicas_migrating_at_once_apply_each_migration_once() {
             (1, "schema v1".to_owned()),
             (2, "activity blocks".to_owned()),
             (3, "compact messages".to_owned()),
-            (4, "web push".to_owned())
+            (4, "web push".to_owned()),
+            (5, "browser streams".to_owned())
         ]
     );
     // A later start finds nothing to do.

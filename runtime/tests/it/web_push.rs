@@ -19,7 +19,7 @@ use crate::broker_support::{SseClient, TestBroker, start_with};
 use crate::common;
 
 /// The stand-in push service.
-struct PushService {
+pub(crate) struct PushService {
     url: String,
     out: Lines<BufReader<ChildStdout>>,
     http: reqwest::Client,
@@ -27,7 +27,7 @@ struct PushService {
 }
 
 impl PushService {
-    async fn start() -> PushService {
+    pub(crate) async fn start() -> PushService {
         let script =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/push_service.py");
         let mut child = tokio::process::Command::new(common::python())
@@ -54,7 +54,7 @@ impl PushService {
     }
 
     /// A browser's subscription (`{endpoint, keys}`); its pushes are answered with `status`.
-    async fn subscription(&self, status: u16) -> Value {
+    pub(crate) async fn subscription(&self, status: u16) -> Value {
         self.http
             .post(format!("{}/new", self.url))
             .json(&json!({"status": status}))
@@ -68,7 +68,7 @@ impl PushService {
 
     /// The next push received: `{sub, ttl, urgency, encoding, vapid, payload}`; fails on a push
     /// that did not verify or decrypt.
-    async fn next(&mut self) -> Value {
+    pub(crate) async fn next(&mut self) -> Value {
         let line = common::within(30, "a push notification", self.out.next_line())
             .await
             .unwrap()
@@ -110,7 +110,7 @@ async fn broker_for_the_stand_in() -> TestBroker {
     start_with(|c| c.push_private_network = true).await
 }
 
-async fn subscribe(b: &TestBroker, who: &str, sub: &Value) -> Value {
+pub(crate) async fn subscribe(b: &TestBroker, who: &str, sub: &Value) -> Value {
     let r = b.post("/push/subscriptions", who, sub.clone()).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.json["endpoint"], sub["endpoint"]);
@@ -119,7 +119,7 @@ async fn subscribe(b: &TestBroker, who: &str, sub: &Value) -> Value {
     r.json
 }
 
-fn session(b: &TestBroker, member: &str) -> String {
+pub(crate) fn session(b: &TestBroker, member: &str) -> String {
     let now = ac7_runtime::broker::now_ms();
     b.broker
         .state

@@ -63,6 +63,8 @@ struct Guard {
     id: u64,
     /// Registered on [`AppState::activity_hub`] rather than [`AppState::hub`].
     activity: bool,
+    /// A browser session's stream (the web app's).
+    browser: bool,
 }
 
 impl Guard {
@@ -85,7 +87,7 @@ impl Drop for Guard {
         hub.unsubscribe(&self.name, self.id);
         if !self.activity {
             if let Some(replica) = &self.state.replica {
-                replica.stream_closed(&self.name);
+                replica.stream_closed(&self.name, self.browser);
             }
             notices::presence_changed(&self.state, &self.name);
         }
@@ -224,6 +226,7 @@ pub(super) fn respond(
         name: sub.name,
         id: sub.id,
         activity,
+        browser: sub.browser,
     };
     let (rx, keepalive) = (sub.rx, state.config.keepalive);
     match upgrade {

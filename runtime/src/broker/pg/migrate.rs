@@ -47,6 +47,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "web push",
         sql: schema::V4,
     },
+    Migration {
+        version: 5,
+        name: "browser streams",
+        sql: schema::V5,
+    },
 ];
 
 /// The schema version this binary brings a database to.

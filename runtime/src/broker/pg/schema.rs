@@ -49,6 +49,9 @@
 //! (one row, the private key as PKCS#8), and `push_subscriptions`, the browsers'
 //! subscriptions, one row per endpoint.
 //!
+//! Version 5 counts browser streams in `presence.browsers` (of `connected`, those signed in
+//! with a browser session), so Web Push skips a member whose web app is open on any replica.
+//!
 //! One team per database: `team` has a single row (`id = 1`), as in SQLite.
 //!
 //! Text columns use the `"C"` collation, so text sorts and compares byte by byte as SQLite's
@@ -363,4 +366,9 @@ CREATE TABLE push_subscriptions (
     created_at BIGINT NOT NULL
 );
 CREATE INDEX push_subscriptions_member ON push_subscriptions(member_name);
+"#;
+
+/// Schema version 5: browser streams in `presence`.
+pub const V5: &str = r#"
+ALTER TABLE presence ADD COLUMN browsers INTEGER NOT NULL DEFAULT 0 CHECK (browsers >= 0);
 "#;
