@@ -40,14 +40,14 @@ use ac7_protocol::dialect::acp::{
     AcpClient, AcpConfig, AcpEvent, AcpOutput, CANCEL_GRACE, McpServer, PermissionPolicy,
     SETUP_TIMEOUT,
 };
-use ac7_protocol::dialect::delivery::{BUNDLE_WINDOW, SinkEvent};
+use ac7_protocol::dialect::delivery::BUNDLE_WINDOW;
 use ac7_protocol::dialect::mcp;
 use ac7_protocol::session::runner::{BridgePolicy, RunnerEvent};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::turns::{Closing, End, Signals, finish, read_some, tell_sender, turn_failed};
+use super::turns::{Closing, End, TurnLoop, finish, read_some, turn_failed};
 use super::{RunnerOpts, StartError, doctor, start_core, start_failed};
 use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 use crate::sys::clock::sleep_until;
@@ -162,10 +162,7 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
     };
     let (exe, socket) = match core.bridge_command() {
         Ok(c) => c,
-        Err(e) => {
-            core.server.shutdown(Some("acp-failed")).await;
-            return start_failed(&e);
-        }
+        Err(e) => return core.abandon("acp-failed", &e).await,
     };
     let cwd = match args.cwd.clone().map_or_else(std::env::current_dir, Ok) {
         Ok(cwd) => cwd,
@@ -195,21 +192,12 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
     let (mut child, agent) = match super::turns::spawn_agent(&mut command, args.doctor, &core) {
         Ok(started) => started,
         Err(e) => {
-            core.server.shutdown(Some("acp-spawn-failed")).await;
-            return start_failed(&StartError::Setup(format!(
-                "cannot start {}: {e}",
-                program.display()
-            )));
+            let e = StartError::Setup(format!("cannot start {}: {e}", program.display()));
+            return core.abandon("acp-spawn-failed", &e).await;
         }
     };
+    super::turns::banner(&core, "acp", &format!("{label} in {}", cwd.display()));
     let b = &core.briefing;
-    eprintln!(
-        "ac7 acp: {} ({}) on team {} — {label} in {}",
-        b.name,
-        b.role.title,
-        b.team.name,
-        cwd.display()
-    );
 
     // Live events: rendered here, delivered by the client machine.
     let (notices_tx, mut events, stop_stream) = super::turns::live_events(&core, args.opts.stream);
@@ -249,23 +237,10 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
         ready: false,
         attached: false,
     });
-    let mut buf = vec![0u8; 64 * 1024];
-    // "Not delivered" DMs in flight; awaited (bounded) before the runner leaves the broker.
-    let mut notices = tokio::task::JoinSet::new();
-    let me = core.briefing.name.clone();
-    let activity = core
-        .activity
-        .as_ref()
-        .map(super::activity::Activity::handle);
-    let mut signals = match Signals::install() {
-        Ok(signals) => signals,
+    let mut lp = match TurnLoop::start(&core) {
+        Ok(lp) => lp,
         Err(e) => return start_failed(&e),
     };
-    let mut token = core
-        .client
-        .token_watch()
-        .map(crate::client::token_watch::TokenWatch::subscribe);
-    let mut revoked_end: Option<Instant> = None;
     let end = 'session: loop {
         while let Some(output) = client.poll_output() {
             match output {
@@ -302,7 +277,8 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
                             }
                         }
                         None => eprintln!(
-                            "ac7 acp: {who} connected — Ctrl-C to stop. Direct it with `ac7 push --to {me} --body …`"
+                            "ac7 acp: {who} connected — Ctrl-C to stop. Direct it with `ac7 push --to {} --body …`",
+                            lp.me
                         ),
                     }
                 }
@@ -315,25 +291,20 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
                 AcpOutput::CloseStdin => stdin = None,
                 AcpOutput::TurnStarted { turn, events } => {
                     tracing::debug!(turn, events, "turn started");
-                    if let Some(activity) = &activity {
+                    if let Some(activity) = &lp.activity {
                         activity.llm_started(busy_key(turn));
                     }
                 }
                 AcpOutput::TurnEnded { turn, stop_reason } => {
                     tracing::debug!(turn, stop_reason, "turn ended");
-                    if let Some(activity) = &activity {
+                    if let Some(activity) = &lp.activity {
                         activity.llm_finished(busy_key(turn));
                     }
                 }
-                AcpOutput::Undelivered(undelivered) => {
-                    notices.spawn(tell_sender(
-                        core.client.clone(),
-                        me.clone(),
-                        label.clone(),
-                        undelivered,
-                    ));
+                AcpOutput::Undelivered(undelivered) => lp.undelivered(&core, &label, undelivered),
+                AcpOutput::TurnFailed(failure) => {
+                    turn_failed(lp.activity.as_ref(), &label, failure)
                 }
-                AcpOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), &label, failure),
                 AcpOutput::Event(event) => log_event(&event),
                 other => tracing::warn!(?other, "acp: an output this version does not handle"),
             }
@@ -341,8 +312,8 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
         let deadline = client.poll_timeout().map(Instant::from_std);
         let doctor_deadline = doctor.as_ref().map(|d| d.deadline);
         tokio::select! {
-            read = read_some(&mut stdout, &mut buf) => match read {
-                Some(n) => client.handle_bytes(&buf[..n], Instant::now().into_std()),
+            read = read_some(&mut stdout, &mut lp.buf) => match read {
+                Some(n) => client.handle_bytes(&lp.buf[..n], Instant::now().into_std()),
                 None => break End::AgentExited,
             },
             Some(event) = events.recv() => client.notify(event, Instant::now().into_std()),
@@ -363,15 +334,11 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
                 };
                 break End::Doctor(doctor::failed("acp", &step));
             }
-            n = signals.recv() => break End::Signal(n),
-            () = super::lifecycle::token_revoked(token.as_mut()), if revoked_end.is_none() => {
-                let url = core.client.url();
-                eprintln!("{}", super::revocation::revoked_line(&me, url));
-                let notice = super::revocation::revoked_notice(&me, url);
-                let _ = notices_tx.send(SinkEvent::from_message(&notice, &me));
-                revoked_end = Some(Instant::now() + super::revocation::NOTICE_TIME);
+            n = lp.signals.recv() => break End::Signal(n),
+            () = super::lifecycle::token_revoked(lp.token.as_mut()), if lp.revoked_end.is_none() => {
+                lp.revoked(&core, &notices_tx);
             }
-            () = sleep_until(revoked_end) => break End::Revoked,
+            () = sleep_until(lp.revoked_end) => break End::Revoked,
         }
     };
 
@@ -384,16 +351,9 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
                     let _ = pipe.write_all(&line).await;
                 }
             }
-            AcpOutput::Undelivered(undelivered) => {
-                notices.spawn(tell_sender(
-                    core.client.clone(),
-                    me.clone(),
-                    label.clone(),
-                    undelivered,
-                ));
-            }
+            AcpOutput::Undelivered(undelivered) => lp.undelivered(&core, &label, undelivered),
             AcpOutput::TurnEnded { turn, .. } => {
-                if let Some(activity) = &activity {
+                if let Some(activity) = &lp.activity {
                     activity.llm_finished(busy_key(turn));
                 }
             }
@@ -410,7 +370,7 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
             command: "acp",
             agent: "acp-agent",
             kill_grace: args.opts.kill_grace,
-            notices,
+            notices: lp.notices,
             stop_stream,
             trace,
             activity: core.activity,

@@ -40,14 +40,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use ac7_protocol::dialect::codex::{
-    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, CodexRequestError, SinkEvent,
+    BUNDLE_WINDOW, CodexClient, CodexConfig, CodexEvent, CodexOutput, CodexRequestError,
 };
 use ac7_protocol::session::runner::BridgePolicy;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
-use super::turns::{Closing, End, Signals, finish, read_some, tell_sender, turn_failed};
+use super::turns::{Closing, End, TurnLoop, finish, read_some, turn_failed};
 use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
 use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
 use crate::sys::clock::sleep_until;
@@ -460,17 +460,11 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     };
     let (exe, socket) = match core.bridge_command() {
         Ok(c) => c,
-        Err(e) => {
-            core.server.shutdown(Some("codex-home-failed")).await;
-            return start_failed(&e);
-        }
+        Err(e) => return core.abandon("codex-home-failed", &e).await,
     };
     let home = match create_home(&exe, &socket, &user) {
         Ok(home) => home,
-        Err(e) => {
-            core.server.shutdown(Some("codex-home-failed")).await;
-            return start_failed(&e);
-        }
+        Err(e) => return core.abandon("codex-home-failed", &e).await,
     };
     let cwd = match args.cwd.clone().map_or_else(std::env::current_dir, Ok) {
         Ok(cwd) => cwd,
@@ -505,21 +499,12 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     let (mut child, agent) = match super::turns::spawn_agent(&mut command, args.doctor, &core) {
         Ok(started) => started,
         Err(e) => {
-            core.server.shutdown(Some("codex-spawn-failed")).await;
-            return start_failed(&StartError::System(format!(
-                "cannot start {} app-server: {e}",
-                codex.display()
-            )));
+            let e = StartError::System(format!("cannot start {} app-server: {e}", codex.display()));
+            return core.abandon("codex-spawn-failed", &e).await;
         }
     };
+    super::turns::banner(&core, "codex", &format!("cwd {}", cwd.display()));
     let b = &core.briefing;
-    eprintln!(
-        "ac7 codex: {} ({}) on team {} — cwd {}",
-        b.name,
-        b.role.title,
-        b.team.name,
-        cwd.display()
-    );
 
     // Live events: rendered here, delivered by the client machine.
     let (notices_tx, mut events, stop_stream) = super::turns::live_events(&core, args.opts.stream);
@@ -540,24 +525,10 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
     let mut stdin = child.stdin.take();
     let mut stdout = child.stdout.take();
     let mut doctor = args.doctor.then(Doctor::default);
-    let mut buf = vec![0u8; 64 * 1024];
-    // "Not delivered" DMs in flight; awaited (bounded) before the runner leaves the broker.
-    let mut notices = tokio::task::JoinSet::new();
-    let me = core.briefing.name.clone();
-    let activity = core
-        .activity
-        .as_ref()
-        .map(super::activity::Activity::handle);
-    let mut signals = match Signals::install() {
-        Ok(signals) => signals,
+    let mut lp = match TurnLoop::start(&core) {
+        Ok(lp) => lp,
         Err(e) => return start_failed(&e),
     };
-    let mut token = core
-        .client
-        .token_watch()
-        .map(crate::client::token_watch::TokenWatch::subscribe);
-    // Once the token is revoked: when the session ends (codex had the notice meanwhile).
-    let mut revoked_end: Option<Instant> = None;
     let end = 'session: loop {
         // Act on everything the machine wants, then wait for the next input.
         while let Some(output) = client.poll_output() {
@@ -589,15 +560,10 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                     }
                 }
                 CodexOutput::Undelivered(undelivered) => {
-                    notices.spawn(tell_sender(
-                        core.client.clone(),
-                        me.clone(),
-                        "codex".into(),
-                        undelivered,
-                    ));
+                    lp.undelivered(&core, "codex", undelivered)
                 }
                 CodexOutput::TurnFailed(failure) => {
-                    turn_failed(activity.as_ref(), "codex", failure)
+                    turn_failed(lp.activity.as_ref(), "codex", failure)
                 }
                 CodexOutput::Event(event) => log_event(&event),
                 other => tracing::warn!(?other, "codex: an output this version does not handle"),
@@ -606,22 +572,18 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
         let deadline = client.poll_timeout().map(Instant::from_std);
         let doctor_deadline = doctor.as_ref().map(|d| d.deadline);
         tokio::select! {
-            read = read_some(&mut stdout, &mut buf) => match read {
-                Some(n) => client.handle_bytes(&buf[..n], Instant::now().into_std()),
+            read = read_some(&mut stdout, &mut lp.buf) => match read {
+                Some(n) => client.handle_bytes(&lp.buf[..n], Instant::now().into_std()),
                 None => break End::AgentExited,
             },
             Some(text) = events.recv() => client.notify(text, Instant::now().into_std()),
             () = sleep_until(deadline) => client.handle_timeout(Instant::now().into_std()),
             () = sleep_until(doctor_deadline) => break End::Doctor(doctor.as_mut().is_some_and(|d| d.timed_out())),
-            n = signals.recv() => break End::Signal(n),
-            () = super::lifecycle::token_revoked(token.as_mut()), if revoked_end.is_none() => {
-                let url = core.client.url();
-                eprintln!("{}", super::revocation::revoked_line(&me, url));
-                let notice = super::revocation::revoked_notice(&me, url);
-                let _ = notices_tx.send(SinkEvent::from_message(&notice, &me));
-                revoked_end = Some(Instant::now() + super::revocation::NOTICE_TIME);
+            n = lp.signals.recv() => break End::Signal(n),
+            () = super::lifecycle::token_revoked(lp.token.as_mut()), if lp.revoked_end.is_none() => {
+                lp.revoked(&core, &notices_tx);
             }
-            () = sleep_until(revoked_end) => break End::Revoked,
+            () = sleep_until(lp.revoked_end) => break End::Revoked,
         }
     };
 
@@ -634,15 +596,8 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
                     let _ = pipe.write_all(&line).await;
                 }
             }
-            CodexOutput::Undelivered(undelivered) => {
-                notices.spawn(tell_sender(
-                    core.client.clone(),
-                    me.clone(),
-                    "codex".into(),
-                    undelivered,
-                ));
-            }
-            CodexOutput::TurnFailed(failure) => turn_failed(activity.as_ref(), "codex", failure),
+            CodexOutput::Undelivered(undelivered) => lp.undelivered(&core, "codex", undelivered),
+            CodexOutput::TurnFailed(failure) => turn_failed(lp.activity.as_ref(), "codex", failure),
             CodexOutput::Event(event) => log_event(&event),
             _ => {}
         }
@@ -656,7 +611,7 @@ async fn run(args: CodexArgs, codex: PathBuf, user: UserCodex) -> i32 {
             command: "codex",
             agent: "codex",
             kill_grace: args.opts.kill_grace,
-            notices,
+            notices: lp.notices,
             stop_stream,
             trace,
             activity: core.activity,

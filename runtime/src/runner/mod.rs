@@ -480,6 +480,13 @@ fn already_live_warning(
 }
 
 impl Core {
+    /// Gives up starting: ends the session server with `reason` and prints `error`; answers
+    /// the exit code ([`start_failed`]).
+    pub(crate) async fn abandon(self, reason: &str, error: &StartError) -> i32 {
+        self.server.shutdown(Some(reason)).await;
+        start_failed(error)
+    }
+
     /// How the agent starts the bridge: this executable, `mcp-bridge`, `AC7_RUNNER_SOCKET`.
     pub(crate) fn bridge_command(&self) -> Result<(PathBuf, PathBuf), StartError> {
         let exe = std::env::current_exe()

@@ -1,6 +1,7 @@
 //! What the runners that drive their agent in turns over its stdio (`ac7 codex`, `ac7 acp`)
-//! share: telling a sender their message was not delivered, recording failed turns, the
-//! signals that end a session, and the end of a session — the agent's process group stopped
+//! share: starting the agent and its banner, what the session loop keeps besides its client
+//! machine ([`TurnLoop`]: telling a sender their message was not delivered, the signals that
+//! end a session, a revoked token), recording failed turns, and the end of a session — the agent's process group stopped
 //! (its signal passed on, SIGKILL after `--kill-grace`), notices in flight awaited, the live
 //! stream, the trace host, the activity pipeline and the IPC server closed, and the exit code.
 
@@ -30,6 +31,67 @@ pub(crate) enum End {
     Doctor(bool),
     /// The token was revoked.
     Revoked,
+}
+
+/// What a session loop keeps besides its client machine and the agent's pipes.
+pub(crate) struct TurnLoop {
+    /// The agent's stdout is read into this.
+    pub(crate) buf: Vec<u8>,
+    /// "Not delivered" DMs in flight; awaited (bounded) before the runner leaves the broker.
+    pub(crate) notices: tokio::task::JoinSet<()>,
+    /// The member the runner runs as.
+    pub(crate) me: String,
+    /// Where turns are reported (busy, failed turns), when activity is on.
+    pub(crate) activity: Option<activity::ActivityHandle>,
+    /// SIGINT and SIGTERM.
+    pub(crate) signals: Signals,
+    /// The token's state, when the broker client watches it.
+    pub(crate) token: Option<watch::Receiver<crate::client::token_watch::TokenState>>,
+    /// Once the token is revoked: when the session ends (the agent had the notice meanwhile).
+    pub(crate) revoked_end: Option<Instant>,
+}
+
+impl TurnLoop {
+    /// Everything the loop keeps, from the runner's `core`; fails only when the signal
+    /// handlers cannot be installed.
+    pub(crate) fn start(core: &super::Core) -> Result<TurnLoop, StartError> {
+        Ok(TurnLoop {
+            buf: vec![0u8; 64 * 1024],
+            notices: tokio::task::JoinSet::new(),
+            me: core.briefing.name.clone(),
+            activity: core.activity.as_ref().map(activity::Activity::handle),
+            signals: Signals::install()?,
+            token: core
+                .client
+                .token_watch()
+                .map(crate::client::token_watch::TokenWatch::subscribe),
+            revoked_end: None,
+        })
+    }
+
+    /// Tells, in the background, the senders of the DMs `agent` did not take.
+    pub(crate) fn undelivered(&mut self, core: &super::Core, agent: &str, what: Undelivered) {
+        self.notices.spawn(tell_sender(
+            core.client.clone(),
+            self.me.clone(),
+            agent.to_owned(),
+            what,
+        ));
+    }
+
+    /// The token was revoked: says so on stderr and to the agent (through `agent_events`), and
+    /// ends the session [`super::revocation::NOTICE_TIME`] later.
+    pub(crate) fn revoked(
+        &mut self,
+        core: &super::Core,
+        agent_events: &tokio::sync::mpsc::UnboundedSender<SinkEvent>,
+    ) {
+        let url = core.client.url();
+        eprintln!("{}", super::revocation::revoked_line(&self.me, url));
+        let notice = super::revocation::revoked_notice(&self.me, url);
+        let _ = agent_events.send(SinkEvent::from_message(&notice, &self.me));
+        self.revoked_end = Some(Instant::now() + super::revocation::NOTICE_TIME);
+    }
 }
 
 /// SIGINT and SIGTERM, for the session loop.
@@ -220,6 +282,16 @@ pub(crate) fn spawn_agent(
     }
     let agent = super::lifecycle::Agent::new(&child, None);
     Ok((child, agent))
+}
+
+/// Prints the runner's banner once its agent started: `ac7 <dialect>: <name> (<role>) on
+/// team <team> — <place>`.
+pub(crate) fn banner(core: &super::Core, dialect: &str, place: &str) {
+    let b = &core.briefing;
+    eprintln!(
+        "ac7 {dialect}: {} ({}) on team {} — {place}",
+        b.name, b.role.title, b.team.name
+    );
 }
 
 /// The member's live events as the client machine takes them: the stream started in `mode`,

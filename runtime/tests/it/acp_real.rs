@@ -11,6 +11,7 @@
 
 use crate::broker_support;
 use crate::common;
+use crate::common::turns::{history, sigterm};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -361,21 +362,6 @@ fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
         }
     });
     stderr
-}
-
-async fn history(broker: &TestBroker) -> Vec<Value> {
-    broker.get("/history?with=builder", "director").await.json["messages"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-async fn sigterm(child: &mut Child) -> std::process::ExitStatus {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    common::within(30, "ac7 acp to exit", child.wait())
-        .await
-        .unwrap()
 }
 
 /// With claude-code-acp: a push becomes a turn whose model call of ac7's `send` reaches the

@@ -9,6 +9,7 @@
 
 use crate::broker_support;
 use crate::common;
+use crate::common::turns::{history, sigterm};
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -79,21 +80,6 @@ fn prompts(log: &Path) -> Vec<Vec<String>> {
                 .collect()
         })
         .collect()
-}
-
-async fn history(broker: &TestBroker) -> Vec<Value> {
-    broker.get("/history?with=builder", "director").await.json["messages"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-}
-
-async fn sigterm(child: &mut Child) -> std::process::ExitStatus {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    common::within(30, "ac7 acp to exit", child.wait())
-        .await
-        .unwrap()
 }
 
 /// A push becomes a turn (the briefing in front of the first), the agent's call of ac7's `send`

@@ -10,6 +10,7 @@
 
 use crate::broker_support;
 use crate::common;
+use common::turns::sigterm;
 use common::wait_until_showing;
 
 use std::path::{Path, PathBuf};
@@ -51,15 +52,6 @@ fn session(broker: &broker_support::TestBroker, cache: &Path, work: &Path) -> Co
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     command
-}
-
-/// Sends SIGTERM to `child` and waits (bounded) for it to exit.
-async fn sigterm(child: &mut tokio::process::Child) -> std::process::ExitStatus {
-    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap()).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-    common::within(30, "ac7 codex to exit", child.wait())
-        .await
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,6 +24,7 @@ pub mod messages_api;
 pub mod npm;
 pub mod postgres;
 pub mod served;
+pub mod turns;
 
 pub use ac7_test_support::{catalogue, procfs, webdriver};
 
