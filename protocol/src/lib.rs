@@ -22,13 +22,14 @@
 //! - **time** is an argument, never read: a machine that keeps time (it has timers, or reports
 //!   durations) takes `now` as the **last** argument of every input and command, whether it
 //!   needs it today or not, so adding a timer never changes a caller. A machine that keeps no
-//!   time (`call_tool`, `call_tool_bridge`, `ash::bridge`) takes none. Two clocks exist:
+//!   time (`call_tool`, `call_tool_bridge`, `ash::bridge`) takes none. Each kind of time has
+//!   one type:
 //!   - *monotonic* time is [`std::time::Instant`]: every session, dialect client and bridge, the
 //!     live stream, the objectives tracker, the activity uploader and the busy reporter;
-//!   - *wall-clock* time, for what is stamped on the wire or stored, is epoch units: epoch
-//!     milliseconds for traces and activity events (`u64`; the tracer, the objective markers)
-//!     and for broker messages and objectives (`i64`, as the broker stores them), epoch
-//!     **seconds** (`u64`) for sign-in (TOTP steps, the attempt limiter, enrollments).
+//!   - *wall-clock* time, for what is stamped on the wire or stored, is [`EpochMs`]: messages,
+//!     objectives, activity events and traces (the tracer, the objective markers);
+//!   - *sign-in* time is [`UnixSecs`], whole seconds, the unit TOTP steps are defined in and
+//!     the attempt limiter and enrollments count in.
 //! - **outputs** are one enum per machine, named `…Output` (`BridgeOutput`, `RunnerOutput`,
 //!   `UploaderOutput`, `MarkerOutput`, `EnrollOutput`, …), queued inside the machine and drained
 //!   with `poll_output()` until `None`, so inputs may interleave in any order; polling never
@@ -153,6 +154,15 @@
 
 pub mod civil;
 pub mod codec;
+
+/// A wall-clock time: milliseconds since 1970-01-01T00:00:00Z (negative before it). Every
+/// time stamped on the wire or stored — a message's `ts`, an objective's times, an activity
+/// event's `ts`, a traced exchange's start and end — is one.
+pub type EpochMs = i64;
+
+/// A sign-in time: whole seconds since 1970-01-01T00:00:00Z, the clock of the sign-in
+/// machines (TOTP steps, the attempt limiter, enrollments), whose rules count in seconds.
+pub type UnixSecs = u64;
 pub mod dialect;
 pub mod domain;
 #[cfg(any(test, feature = "fuzzing"))]

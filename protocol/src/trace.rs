@@ -31,6 +31,7 @@ pub mod redact;
 pub mod reminder;
 pub mod uploader;
 
+use crate::EpochMs;
 use std::collections::BTreeMap;
 
 use serde_json::Value;
@@ -114,27 +115,27 @@ impl Tracer {
     }
 
     /// A decrypted connection to `host` begins.
-    pub fn handle_open(&mut self, conn: ProxyConnId, host: &str, now: u64) {
+    pub fn handle_open(&mut self, conn: ProxyConnId, host: &str, now: EpochMs) {
         self.http.handle_open(conn, host, now);
     }
 
     /// Bytes from the client (`now`: epoch milliseconds).
-    pub fn handle_client_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
+    pub fn handle_client_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: EpochMs) {
         self.http.handle_client_bytes(conn, bytes, now);
     }
 
     /// Bytes from the server.
-    pub fn handle_server_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
+    pub fn handle_server_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: EpochMs) {
         self.http.handle_server_bytes(conn, bytes, now);
     }
 
     /// The server will send nothing more.
-    pub fn handle_server_eof(&mut self, conn: ProxyConnId, now: u64) {
+    pub fn handle_server_eof(&mut self, conn: ProxyConnId, now: EpochMs) {
         self.http.handle_server_eof(conn, now);
     }
 
     /// The connection is gone.
-    pub fn handle_closed(&mut self, conn: ProxyConnId, now: u64) {
+    pub fn handle_closed(&mut self, conn: ProxyConnId, now: EpochMs) {
         self.http.handle_closed(conn, now);
     }
 
@@ -220,7 +221,9 @@ pub fn exchange_event_at(
     endpoint: Option<LlmApi>,
 ) -> ActivityEvent {
     let ts = exchange.started_at;
-    let duration = exchange.ended_at.saturating_sub(exchange.started_at);
+    // A wall clock set back mid-exchange reads as no time at all.
+    let duration =
+        u64::try_from(exchange.ended_at.saturating_sub(exchange.started_at)).unwrap_or(0);
     let host = exchange.host();
     let request = &exchange.request;
     let api = llm_api(&request.method, &host, &request.target)

@@ -20,6 +20,7 @@
 //! as exactly one event with that body and those attributes — nothing can close the element
 //! early or open a forged second one.
 
+use crate::EpochMs;
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -60,7 +61,7 @@ pub fn suppress_self_echo(message: &Message, me: &str) -> bool {
 }
 
 /// `MM/DD/YY HH:MM:SS UTC` for epoch milliseconds.
-pub fn format_ts(ms: i64) -> String {
+pub fn format_ts(ms: EpochMs) -> String {
     let t = UtcDateTime::from_epoch_ms(ms);
     format!(
         "{:02}/{:02}/{:02} {:02}:{:02}:{:02} UTC",

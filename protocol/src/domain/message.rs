@@ -17,6 +17,7 @@
 //! filters history and replay for one viewer (starting from the viewer's memberships).
 //! A property test keeps the two in agreement.
 
+use crate::EpochMs;
 use std::collections::BTreeSet;
 
 use serde::{Deserialize, Serialize};
@@ -103,7 +104,7 @@ pub struct Message {
     /// Opaque id stamped by the broker.
     pub id: String,
     /// Epoch milliseconds, stamped by the broker.
-    pub ts: i64,
+    pub ts: EpochMs,
     /// Recipient of a DM, or `None` for broadcasts, channel and objective threads.
     pub to: Option<String>,
     /// Sender, stamped by the broker from the authenticated caller (`ac7` for system notices).

@@ -16,6 +16,7 @@
 //! Everything here is pure: the caller passes the time (`now`, epoch ms), checks
 //! that names exist, persists the result and fans out the pushes.
 
+use crate::EpochMs;
 use std::collections::BTreeSet;
 use std::fmt;
 
@@ -115,11 +116,11 @@ pub struct Objective {
     /// Extra thread members, in the order they were added.
     pub watchers: Vec<String>,
     /// Creation time (epoch ms).
-    pub created_at: i64,
+    pub created_at: EpochMs,
     /// Last mutation time (epoch ms).
-    pub updated_at: i64,
+    pub updated_at: EpochMs,
     /// Completion time, only when done.
-    pub completed_at: Option<i64>,
+    pub completed_at: Option<EpochMs>,
     /// Completion result, only when done.
     pub result: Option<String>,
     /// Why it is blocked (kept on cancel).
@@ -189,7 +190,7 @@ pub struct ObjectiveEvent {
     /// The objective.
     pub objective_id: String,
     /// When (epoch ms).
-    pub ts: i64,
+    pub ts: EpochMs,
     /// Who caused it.
     pub actor: String,
     /// What happened.
@@ -369,7 +370,7 @@ pub struct NewObjective {
 /// `watcher_added` event per initial watcher.
 pub fn create(
     new: NewObjective,
-    now: i64,
+    now: EpochMs,
 ) -> Result<(Objective, Vec<ObjectiveEvent>), TransitionError> {
     let title = new.title.trim().to_owned();
     let outcome = new.outcome.trim().to_owned();
@@ -468,7 +469,7 @@ pub fn apply(
     obj: &mut Objective,
     actor: &str,
     change: Change,
-    now: i64,
+    now: EpochMs,
 ) -> Result<Vec<ObjectiveEvent>, TransitionError> {
     let id = obj.id.clone();
     let terminal = obj.status.is_terminal();
@@ -767,7 +768,7 @@ fn event(
     actor: &str,
     kind: EventKind,
     payload: Map<String, Value>,
-    now: i64,
+    now: EpochMs,
 ) -> ObjectiveEvent {
     ObjectiveEvent {
         objective_id: obj.id.clone(),

@@ -13,12 +13,12 @@ pub struct UploadSim {
     up: Uploader,
     config: UploaderConfig,
     now: Instant,
-    next_ts: u64,
+    next_ts: crate::EpochMs,
     /// Timestamps of accepted events, in order.
-    accepted: Vec<u64>,
-    delivered: Vec<u64>,
+    accepted: Vec<crate::EpochMs>,
+    delivered: Vec<crate::EpochMs>,
     /// The batch on the wire: id and its event timestamps.
-    flying: Option<(u64, Vec<u64>)>,
+    flying: Option<(u64, Vec<crate::EpochMs>)>,
     evicted: usize,
     rejected: usize,
     dropped: usize,
@@ -161,7 +161,7 @@ impl UploadSim {
             batch.events == 1 || json_bytes <= self.config.batch_bytes,
             "batch of {json_bytes} bytes"
         );
-        let ts: Vec<u64> = upload.events.iter().map(ActivityEvent::ts).collect();
+        let ts: Vec<crate::EpochMs> = upload.events.iter().map(ActivityEvent::ts).collect();
         assert!(ts.windows(2).all(|w| w[0] < w[1]), "reordered batch {ts:?}");
         if let (Some(first), Some(last)) = (ts.first(), self.delivered.last()) {
             assert!(first > last, "batch {ts:?} after delivered {last}");

@@ -32,6 +32,7 @@
 //! Wire shapes of a reset: SSE `event: reset` with one `data:` line, WebSocket a text frame; both
 //! carry the [`Reset`] JSON (`{"type":"reset",…}`, never an `id` key, so no Message looks like it).
 
+use crate::EpochMs;
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -212,9 +213,9 @@ pub struct HistoryQuery {
     /// Pass back to [`LiveStream::handle_history`].
     pub id: u64,
     /// `before=<ms>` (newest first).
-    pub before_ts: Option<i64>,
+    pub before_ts: Option<EpochMs>,
     /// `after=<ms>` (oldest first).
-    pub after_ts: Option<i64>,
+    pub after_ts: Option<EpochMs>,
     /// `after_id=<id>` (oldest first).
     pub after_id: Option<String>,
     /// `limit=<n>`.
@@ -371,12 +372,12 @@ pub struct LiveStream {
     backoff: Duration,
     rng: u64,
     last_id: Option<String>,
-    last_ts: Option<i64>,
+    last_ts: Option<EpochMs>,
     seen: BTreeSet<String>,
     seen_order: VecDeque<String>,
     connected_before: bool,
     /// The broker's clock (whole seconds, epoch ms) at the first connection.
-    origin_ms: Option<i64>,
+    origin_ms: Option<EpochMs>,
     next_query: u64,
     out: VecDeque<LiveOutput>,
 }
@@ -472,7 +473,7 @@ impl LiveStream {
     /// The connection asked for is open. `replays`: the broker replays after the last event id
     /// (our broker says so with [`REPLAY_HEADER`]); when it does not, a reconnect backfills.
     /// `broker_ms`: the broker's clock when it answered (its `Date` header, epoch ms), if known.
-    pub fn handle_connected(&mut self, replays: bool, broker_ms: Option<i64>, now: Instant) {
+    pub fn handle_connected(&mut self, replays: bool, broker_ms: Option<EpochMs>, now: Instant) {
         if !matches!(self.phase, Phase::Connecting { .. }) {
             return;
         }
@@ -617,7 +618,7 @@ impl LiveStream {
         self.phase = Phase::Stopped;
     }
 
-    fn start_backfill(&mut self, step: Step, after_ts: Option<i64>) -> Backfill {
+    fn start_backfill(&mut self, step: Step, after_ts: Option<EpochMs>) -> Backfill {
         let (before_ts, limit) = match step {
             Step::Anchor => (self.last_ts, 1),
             Step::Forward | Step::Newest => (None, self.config.page),
@@ -653,7 +654,12 @@ impl LiveStream {
         }
     }
 
-    fn fetch(&mut self, after_id: Option<String>, after_ts: Option<i64>, before_ts: Option<i64>) {
+    fn fetch(
+        &mut self,
+        after_id: Option<String>,
+        after_ts: Option<EpochMs>,
+        before_ts: Option<EpochMs>,
+    ) {
         let limit = self.config.page;
         let query = self.emit_fetch(before_ts, after_ts, after_id, limit);
         if let Phase::Open {
@@ -666,8 +672,8 @@ impl LiveStream {
 
     fn emit_fetch(
         &mut self,
-        before_ts: Option<i64>,
-        after_ts: Option<i64>,
+        before_ts: Option<EpochMs>,
+        after_ts: Option<EpochMs>,
         after_id: Option<String>,
         limit: usize,
     ) -> u64 {
@@ -745,7 +751,7 @@ impl LiveStream {
 }
 
 /// A `/history` cursor as [`LiveOutput::Backfilled`] names it.
-fn cursor_text(after_id: Option<&str>, after_ts: Option<i64>) -> String {
+fn cursor_text(after_id: Option<&str>, after_ts: Option<EpochMs>) -> String {
     match (after_id, after_ts) {
         (Some(id), _) => format!("after_id={id}"),
         (None, Some(ts)) => format!("after={ts}"),
@@ -806,7 +812,7 @@ mod tests {
     use crate::fuzzing::{LiveSim, LiveStep};
     use crate::test_support::proptest_config;
 
-    fn message(id: &str, ts: i64) -> Message {
+    fn message(id: &str, ts: EpochMs) -> Message {
         Message {
             id: id.into(),
             ts,

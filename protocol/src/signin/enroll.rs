@@ -25,6 +25,7 @@
 //!   that token instead of leaving it live. [`EnrollStore::handle_timeout`] expires entries at
 //!   [`EnrollStore::poll_timeout`]; `create` and `poll` expire lazily too.
 
+use crate::UnixSecs;
 use crate::domain::permission::{Permission, PermissionSet};
 use std::collections::{BTreeMap, VecDeque};
 
@@ -72,7 +73,7 @@ pub struct Created {
     /// The code a human types into the web app (`XXXX-XXXX`).
     pub user_code: String,
     /// Unix seconds at which it expires.
-    pub expires_at: u64,
+    pub expires_at: UnixSecs,
     /// Seconds between polls.
     pub interval: u64,
 }
@@ -157,9 +158,9 @@ pub struct PendingView {
     /// The device's label hint.
     pub label: String,
     /// Unix seconds of creation.
-    pub created_at: u64,
+    pub created_at: UnixSecs,
     /// Unix seconds of expiry.
-    pub expires_at: u64,
+    pub expires_at: UnixSecs,
 }
 
 /// Where an enrollment stands.
@@ -168,7 +169,7 @@ pub enum EnrollState<G> {
     /// Waiting for an approver; the device last polled at `last_poll`.
     Pending {
         /// Unix seconds of the device's last poll.
-        last_poll: Option<u64>,
+        last_poll: Option<UnixSecs>,
     },
     /// Approved for `member`; `grant` waits for the device's next poll.
     Approved {
@@ -195,9 +196,9 @@ pub struct EnrollRecord<G> {
     /// The device's label hint.
     pub label: String,
     /// Unix seconds of creation.
-    pub created_at: u64,
+    pub created_at: UnixSecs,
     /// Unix seconds of expiry.
-    pub expires_at: u64,
+    pub expires_at: UnixSecs,
     /// Where it stands.
     pub state: EnrollState<G>,
 }
@@ -268,7 +269,7 @@ impl<G> EnrollStore<G> {
         user_random: &[u8; USER_RANDOM_BYTES],
         address: &str,
         label: &str,
-        now: u64,
+        now: UnixSecs,
     ) -> Result<Created, CreateError> {
         self.handle_timeout(now);
         let retry_after = |entries: &mut dyn Iterator<Item = &Entry<G>>| {
@@ -339,7 +340,7 @@ impl<G> EnrollStore<G> {
     }
 
     /// The device polls with its device code.
-    pub fn poll(&mut self, device_code: &str, now: u64) -> PollOutcome<G> {
+    pub fn poll(&mut self, device_code: &str, now: UnixSecs) -> PollOutcome<G> {
         let Some(entry) = self.entries.get_mut(device_code) else {
             return PollOutcome::Expired;
         };
@@ -369,7 +370,7 @@ impl<G> EnrollStore<G> {
         &mut self,
         user_code: &str,
         approver: PermissionSet,
-        now: u64,
+        now: UnixSecs,
         state: State<G>,
     ) -> Result<(), DecideError> {
         if !approver.contains(Permission::MembersManage) {
@@ -405,7 +406,7 @@ impl<G> EnrollStore<G> {
         approver: PermissionSet,
         member: &str,
         grant: G,
-        now: u64,
+        now: UnixSecs,
     ) -> Result<(), DecideError> {
         let member = member.to_owned();
         self.decide(user_code, approver, now, State::Approved { member, grant })
@@ -417,14 +418,14 @@ impl<G> EnrollStore<G> {
         user_code: &str,
         approver: PermissionSet,
         reason: &str,
-        now: u64,
+        now: UnixSecs,
     ) -> Result<(), DecideError> {
         let reason = reason.chars().take(256).collect();
         self.decide(user_code, approver, now, State::Denied { reason })
     }
 
     /// The live, undecided enrollments, oldest first (ties by user code).
-    pub fn pending(&self, now: u64) -> Vec<PendingView> {
+    pub fn pending(&self, now: UnixSecs) -> Vec<PendingView> {
         let mut list: Vec<PendingView> = self
             .entries
             .values()
@@ -442,12 +443,12 @@ impl<G> EnrollStore<G> {
     }
 
     /// The earliest expiry among live enrollments.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<UnixSecs> {
         self.entries.values().map(|e| e.expires_at).min()
     }
 
     /// Drops every enrollment expired at `now` (queueing revocations of uncollected grants).
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: UnixSecs) {
         let expired: Vec<String> = self
             .entries
             .iter()
@@ -515,7 +516,7 @@ mod tests {
         EnrollStore::new(EnrollConfig::default())
     }
 
-    fn make(s: &mut EnrollStore<u32>, seed: u8, addr: &str, now: u64) -> Created {
+    fn make(s: &mut EnrollStore<u32>, seed: u8, addr: &str, now: UnixSecs) -> Created {
         s.create(&[seed; 32], &[seed; 8], addr, "laptop", now)
             .expect("created")
     }

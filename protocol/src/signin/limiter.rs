@@ -33,6 +33,7 @@
 //! * [`SignInGuard::handle_failure`] returns the lockouts the failure started, for the caller
 //!   to log; [`SignInGuard::stats`] counts failures and lockouts for a metrics endpoint.
 
+use crate::UnixSecs;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -80,11 +81,11 @@ pub struct Locked {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KeyState {
     /// First failure of the open window (`None`: no window open).
-    pub opened: Option<u64>,
+    pub opened: Option<UnixSecs>,
     /// Failures in the open window.
     pub failures: u32,
     /// When the current (or last) lock ends.
-    pub locked_until: u64,
+    pub locked_until: UnixSecs,
     /// Locks so far (reset after `max_lock` of quiet).
     pub strikes: u32,
 }
@@ -113,7 +114,7 @@ impl<K: Ord> AttemptLimiter<K> {
     }
 
     /// Whether `key` may attempt now.
-    pub fn check(&self, key: &K, now: u64) -> Result<(), Locked> {
+    pub fn check(&self, key: &K, now: UnixSecs) -> Result<(), Locked> {
         match self.buckets.get(key) {
             Some(b) if now < b.locked_until => Err(Locked {
                 retry_after: b.locked_until - now,
@@ -124,7 +125,7 @@ impl<K: Ord> AttemptLimiter<K> {
 
     /// Records a failed attempt of `key`. `Err` when the key is locked after it; the lock is
     /// new (this failure started it) when `strikes_before < strikes` — see [`Lockout`].
-    pub fn record_failure(&mut self, key: K, now: u64) -> Result<(), Lockout> {
+    pub fn record_failure(&mut self, key: K, now: UnixSecs) -> Result<(), Lockout> {
         let config = self.config;
         let b = self.buckets.entry(key).or_default();
         if now < b.locked_until {
@@ -164,19 +165,19 @@ impl<K: Ord> AttemptLimiter<K> {
     }
 
     /// Clears `key` after a successful attempt.
-    pub fn record_success(&mut self, key: &K, _now: u64) {
+    pub fn record_success(&mut self, key: &K, _now: UnixSecs) {
         self.buckets.remove(key);
     }
 
     /// Drops the keys that hold nothing any more: no open window, no lock, no strikes
     /// remembered.
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: UnixSecs) {
         let config = self.config;
         self.buckets.retain(|_, b| now < Self::expiry(config, b));
     }
 
     /// When the next key can be dropped (then [`AttemptLimiter::handle_timeout`] frees it).
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<UnixSecs> {
         self.buckets
             .values()
             .map(|b| Self::expiry(self.config, b))
@@ -184,7 +185,7 @@ impl<K: Ord> AttemptLimiter<K> {
     }
 
     /// When a bucket holds nothing any more: its window closed and its strikes forgotten.
-    fn expiry(config: LimiterConfig, b: &Bucket) -> u64 {
+    fn expiry(config: LimiterConfig, b: &Bucket) -> UnixSecs {
         let window = b.opened.map_or(0, |o| o.saturating_add(config.window));
         let strikes = if b.strikes > 0 {
             b.locked_until.saturating_add(config.max_lock)
@@ -213,17 +214,17 @@ impl<K: Ord> AttemptLimiter<K> {
 
     /// When `state` holds nothing any more under this limiter's limits (its window closed and
     /// its strikes forgotten): the time a store may drop it.
-    pub fn expires(&self, state: &KeyState) -> u64 {
+    pub fn expires(&self, state: &KeyState) -> UnixSecs {
         Self::expiry(self.config, state)
     }
 
     /// Whether `key` is locked at `now`.
-    pub fn is_locked(&self, key: &K, now: u64) -> bool {
+    pub fn is_locked(&self, key: &K, now: UnixSecs) -> bool {
         self.check(key, now).is_err()
     }
 
     /// Keys locked at `now`.
-    pub fn locked(&self, now: u64) -> usize {
+    pub fn locked(&self, now: UnixSecs) -> usize {
         self.buckets
             .values()
             .filter(|b| now < b.locked_until)
@@ -414,13 +415,13 @@ impl SignInGuard {
     }
 
     /// When a store may drop `key` holding `state` (see [`AttemptLimiter::expires`]).
-    pub fn expires(&self, key: &SignInKey, state: &KeyState) -> u64 {
+    pub fn expires(&self, key: &SignInKey, state: &KeyState) -> UnixSecs {
         self.limiter(key).expires(state)
     }
 
     /// Whether an attempt from `address` (an [`address_key`]) for `claim` may be evaluated
     /// now; a refusal is counted in [`SignInGuard::stats`].
-    pub fn check(&mut self, address: &str, claim: Claim<'_>, now: u64) -> Result<(), Refusal> {
+    pub fn check(&mut self, address: &str, claim: Claim<'_>, now: UnixSecs) -> Result<(), Refusal> {
         for key in Self::keys(address, claim) {
             if let Err(l) = self.limiter(&key).check(&key, now) {
                 self.stats.refused += 1;
@@ -435,7 +436,7 @@ impl SignInGuard {
 
     /// Whether `member`'s own key is locked (such a member is no candidate for a nameless
     /// code).
-    pub fn member_locked(&self, member: &str, now: u64) -> bool {
+    pub fn member_locked(&self, member: &str, now: UnixSecs) -> bool {
         self.per_key
             .is_locked(&SignInKey::Member(member.to_owned()), now)
     }
@@ -445,7 +446,7 @@ impl SignInGuard {
         &mut self,
         address: &str,
         claim: Claim<'_>,
-        now: u64,
+        now: UnixSecs,
     ) -> Vec<LockoutEvent> {
         match claim {
             Claim::Member(_) | Claim::NoMember => self.stats.named_failures += 1,
@@ -468,7 +469,7 @@ impl SignInGuard {
     }
 
     /// Counts a success of `member` from `address`: clears both (never the nameless key).
-    pub fn handle_success(&mut self, address: &str, member: &str, now: u64) {
+    pub fn handle_success(&mut self, address: &str, member: &str, now: UnixSecs) {
         self.per_key
             .record_success(&SignInKey::Address(address.to_owned()), now);
         self.per_key
@@ -476,13 +477,13 @@ impl SignInGuard {
     }
 
     /// Drops keys that hold nothing any more.
-    pub fn handle_timeout(&mut self, now: u64) {
+    pub fn handle_timeout(&mut self, now: UnixSecs) {
         self.per_key.handle_timeout(now);
         self.nameless.handle_timeout(now);
     }
 
     /// When [`SignInGuard::handle_timeout`] next frees a key.
-    pub fn poll_timeout(&self) -> Option<u64> {
+    pub fn poll_timeout(&self) -> Option<UnixSecs> {
         self.per_key
             .poll_timeout()
             .into_iter()
@@ -506,7 +507,7 @@ impl SignInGuard {
     }
 
     /// Keys locked at `now`.
-    pub fn locked(&self, now: u64) -> usize {
+    pub fn locked(&self, now: UnixSecs) -> usize {
         self.per_key.locked(now) + self.nameless.locked(now)
     }
 }

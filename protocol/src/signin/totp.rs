@@ -17,6 +17,7 @@
 //!   and encodes them in base32 without padding; [`base32_decode`] accepts lower case, spaces and
 //!   hyphens (as authenticator apps show and users retype them) and trailing `=`.
 
+use crate::UnixSecs;
 use sha1::{Digest, Sha1};
 use std::fmt::Write as _;
 
@@ -133,12 +134,12 @@ pub fn hotp(key: &[u8], counter: u64, digits: u32) -> u32 {
 }
 
 /// The time step of `now` (unix seconds).
-pub fn step_of(now: u64) -> u64 {
+pub fn step_of(now: UnixSecs) -> u64 {
     now / PERIOD
 }
 
 /// The `digits`-digit TOTP code at `now` (unix seconds), zero-padded.
-pub fn code_at(key: &[u8], now: u64, digits: u32) -> String {
+pub fn code_at(key: &[u8], now: UnixSecs, digits: u32) -> String {
     format!(
         "{:0width$}",
         hotp(key, step_of(now), digits),
@@ -156,7 +157,12 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Verifies a production code (6 digits); see the module docs for the contract.
-pub fn verify(key: &[u8], code: &str, now: u64, last_step: Option<u64>) -> Result<u64, TotpError> {
+pub fn verify(
+    key: &[u8],
+    code: &str,
+    now: UnixSecs,
+    last_step: Option<u64>,
+) -> Result<u64, TotpError> {
     verify_digits(key, code, now, last_step, DIGITS)
 }
 
@@ -164,7 +170,7 @@ pub fn verify(key: &[u8], code: &str, now: u64, last_step: Option<u64>) -> Resul
 pub fn verify_digits(
     key: &[u8],
     code: &str,
-    now: u64,
+    now: UnixSecs,
     last_step: Option<u64>,
     digits: u32,
 ) -> Result<u64, TotpError> {

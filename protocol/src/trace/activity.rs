@@ -10,6 +10,7 @@
 //! - `response.error` keeps the error text of a failed call;
 //! - `entry.truncated` lists the parts cut by a size cap (absent when nothing was cut).
 
+use crate::EpochMs;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -29,14 +30,14 @@ pub enum ActivityEvent {
     /// The member started working on an objective.
     ObjectiveOpen {
         /// Epoch milliseconds (runner clock).
-        ts: u64,
+        ts: EpochMs,
         /// The objective.
         objective_id: String,
     },
     /// The member stopped working on an objective.
     ObjectiveClose {
         /// Epoch milliseconds (runner clock).
-        ts: u64,
+        ts: EpochMs,
         /// The objective.
         objective_id: String,
         /// Why it closed.
@@ -45,7 +46,7 @@ pub enum ActivityEvent {
     /// One call to a model API, in the Anthropic Messages shape.
     LlmExchange {
         /// Epoch milliseconds when the request was fully sent.
-        ts: u64,
+        ts: EpochMs,
         /// Milliseconds from request sent to response complete.
         duration: u64,
         /// The exchange.
@@ -54,7 +55,7 @@ pub enum ActivityEvent {
     /// Any other HTTP exchange on a traced connection.
     OpaqueHttp {
         /// Epoch milliseconds when the request was fully sent.
-        ts: u64,
+        ts: EpochMs,
         /// Milliseconds from request sent to response complete.
         duration: u64,
         /// The exchange.
@@ -63,7 +64,7 @@ pub enum ActivityEvent {
     /// An agent's turn failed (a Codex turn that `turn/completed` reported `failed`).
     TurnFailed {
         /// Epoch milliseconds (runner clock) when the failure was reported.
-        ts: u64,
+        ts: EpochMs,
         /// The agent's id of the turn.
         turn_id: String,
         /// Why it failed, as the agent said.
@@ -96,7 +97,7 @@ impl ActivityEvent {
     }
 
     /// The event's time (epoch milliseconds).
-    pub fn ts(&self) -> u64 {
+    pub fn ts(&self) -> EpochMs {
         match self {
             Self::ObjectiveOpen { ts, .. }
             | Self::ObjectiveClose { ts, .. }
@@ -180,7 +181,7 @@ pub struct ActivityRow {
     /// The event.
     pub event: ActivityEvent,
     /// Broker clock at append (epoch milliseconds).
-    pub created_at: u64,
+    pub created_at: EpochMs,
 }
 
 /// `entry.kind` of an LLM exchange (always `anthropic_messages`: the shape, not the API).
@@ -212,9 +213,9 @@ pub struct LlmEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api: Option<LlmApi>,
     /// When the request was fully sent (epoch milliseconds).
-    pub started_at: u64,
+    pub started_at: EpochMs,
     /// When the response was complete (epoch milliseconds).
-    pub ended_at: u64,
+    pub ended_at: EpochMs,
     /// The request.
     pub request: LlmRequest,
     /// The response; `null` when there was none or its body was empty.
@@ -477,9 +478,9 @@ pub struct OpaqueHttpEntry {
     /// Always `opaque_http`.
     pub kind: OpaqueEntryKind,
     /// When the request was fully sent.
-    pub started_at: u64,
+    pub started_at: EpochMs,
     /// When the response was complete.
-    pub ended_at: u64,
+    pub ended_at: EpochMs,
     /// The host (from `Host`, else the CONNECT host).
     pub host: String,
     /// The request method.

@@ -31,6 +31,7 @@
 //! else passes at once, and an untraced connection passes unchanged). Bodies that are
 //! content-encoded anyway are recorded as such ([`Body::encoding`]), not decoded.
 
+use crate::EpochMs;
 use std::collections::{BTreeMap, VecDeque};
 
 /// One proxied connection, named by the driver.
@@ -146,9 +147,9 @@ pub struct Exchange {
     /// The response; `None` when the connection ended first.
     pub response: Option<HttpResponse>,
     /// When the request was fully received (epoch ms).
-    pub started_at: u64,
+    pub started_at: EpochMs,
     /// When the response was complete, or the connection ended (epoch ms).
-    pub ended_at: u64,
+    pub ended_at: EpochMs,
 }
 
 impl Exchange {
@@ -242,10 +243,10 @@ enum Mode {
 struct Pending {
     request: HttpRequest,
     request_done: bool,
-    started_at: u64,
+    started_at: EpochMs,
     response: Option<HttpResponse>,
     response_done: bool,
-    ended_at: u64,
+    ended_at: EpochMs,
     upgrade: bool,
 }
 
@@ -326,7 +327,7 @@ impl HttpAssembler {
 
     /// A decrypted connection to `host` (the CONNECT host) begins. Reopening an id first
     /// closes the old connection (its waiting requests come out without a response).
-    pub fn handle_open(&mut self, conn: ProxyConnId, host: &str, now: u64) {
+    pub fn handle_open(&mut self, conn: ProxyConnId, host: &str, now: EpochMs) {
         if let Some(mut old) = self.conns.remove(&conn) {
             flush_pending(conn, &mut old, now, &mut self.out);
         }
@@ -347,7 +348,7 @@ impl HttpAssembler {
 
     /// Bytes the client sent. Unknown connections are ignored (and, with
     /// `rewrite_accept_encoding`, forwarded unchanged).
-    pub fn handle_client_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
+    pub fn handle_client_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: EpochMs) {
         let rewrite = self.config.rewrite_accept_encoding;
         let Some(c) = self.conns.get_mut(&conn) else {
             if rewrite && !bytes.is_empty() {
@@ -377,7 +378,7 @@ impl HttpAssembler {
     }
 
     /// Bytes the server sent.
-    pub fn handle_server_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: u64) {
+    pub fn handle_server_bytes(&mut self, conn: ProxyConnId, bytes: &[u8], now: EpochMs) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -399,7 +400,7 @@ impl HttpAssembler {
     }
 
     /// The server will send nothing more: a response running until close is complete.
-    pub fn handle_server_eof(&mut self, conn: ProxyConnId, now: u64) {
+    pub fn handle_server_eof(&mut self, conn: ProxyConnId, now: EpochMs) {
         let Some(c) = self.conns.get_mut(&conn) else {
             return;
         };
@@ -420,7 +421,7 @@ impl HttpAssembler {
 
     /// The connection is gone: requests still waiting come out with what arrived of their
     /// response (marked incomplete) or none. Unknown ids are ignored.
-    pub fn handle_closed(&mut self, conn: ProxyConnId, now: u64) {
+    pub fn handle_closed(&mut self, conn: ProxyConnId, now: EpochMs) {
         self.handle_server_eof(conn, now);
         let Some(mut c) = self.conns.remove(&conn) else {
             return;
@@ -495,7 +496,7 @@ fn untrace(
     conn: ProxyConnId,
     c: &mut Conn,
     reason: String,
-    now: u64,
+    now: EpochMs,
     fwd: &mut Vec<u8>,
     out: &mut VecDeque<HttpOutput>,
 ) {
@@ -506,7 +507,7 @@ fn untrace(
     flush_pending(conn, c, now, out);
 }
 
-fn flush_pending(conn: ProxyConnId, c: &mut Conn, now: u64, out: &mut VecDeque<HttpOutput>) {
+fn flush_pending(conn: ProxyConnId, c: &mut Conn, now: EpochMs, out: &mut VecDeque<HttpOutput>) {
     for p in c.pending.drain(..) {
         if !p.request_done {
             continue;
@@ -801,7 +802,7 @@ fn parse_client(
     conn: ProxyConnId,
     c: &mut Conn,
     config: &HttpConfig,
-    now: u64,
+    now: EpochMs,
     fwd: &mut Vec<u8>,
     out: &mut VecDeque<HttpOutput>,
 ) -> Result<(), Fail> {
@@ -915,7 +916,7 @@ fn parse_server(
     conn: ProxyConnId,
     c: &mut Conn,
     config: &HttpConfig,
-    now: u64,
+    now: EpochMs,
     fwd: &mut Vec<u8>,
     out: &mut VecDeque<HttpOutput>,
 ) -> Result<(), Fail> {
@@ -1014,7 +1015,7 @@ fn finish_response(
     conn: ProxyConnId,
     c: &mut Conn,
     config: &HttpConfig,
-    now: u64,
+    now: EpochMs,
     fwd: &mut Vec<u8>,
     out: &mut VecDeque<HttpOutput>,
 ) {

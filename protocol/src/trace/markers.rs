@@ -15,6 +15,7 @@
 //! Contract: inputs `handle_refreshed`, `handle_lookup` and `shutdown`, each with `now` (epoch
 //! milliseconds, the events' `ts`) last; outputs drained with `poll_output` until `None`.
 
+use crate::EpochMs;
 use std::collections::{BTreeSet, VecDeque};
 
 use super::activity::{ActivityEvent, CloseReason};
@@ -68,7 +69,7 @@ impl ObjectiveMarkers {
 
     /// The open objectives now, at `now`: an open for each new one, then a look-up for each id
     /// gone from the set while its marker is open.
-    pub fn handle_refreshed(&mut self, objectives: &[Objective], now: u64) {
+    pub fn handle_refreshed(&mut self, objectives: &[Objective], now: EpochMs) {
         let current: BTreeSet<&str> = objectives
             .iter()
             .filter(|o| self.mine(o))
@@ -94,13 +95,13 @@ impl ObjectiveMarkers {
     }
 
     /// The look-up of a gone id, at `now`: its close event, or nothing (the marker stays open).
-    pub fn handle_lookup(&mut self, id: &str, lookup: &Lookup, now: u64) {
+    pub fn handle_lookup(&mut self, id: &str, lookup: &Lookup, now: EpochMs) {
         if let Some(close) = self.close_reason(id, lookup, now) {
             self.out.push_back(MarkerOutput::Record(Box::new(close)));
         }
     }
 
-    fn close_reason(&mut self, id: &str, lookup: &Lookup, ts: u64) -> Option<ActivityEvent> {
+    fn close_reason(&mut self, id: &str, lookup: &Lookup, ts: EpochMs) -> Option<ActivityEvent> {
         if !self.open.contains(id) {
             return None;
         }
@@ -124,7 +125,7 @@ impl ObjectiveMarkers {
     }
 
     /// Closes every open marker with `runner_shutdown`, at `now`.
-    pub fn shutdown(&mut self, now: u64) {
+    pub fn shutdown(&mut self, now: EpochMs) {
         let closes = std::mem::take(&mut self.open)
             .into_iter()
             .map(|objective_id| {
@@ -167,7 +168,7 @@ mod tests {
     fn refreshed(
         m: &mut ObjectiveMarkers,
         objectives: &[Objective],
-        ts: u64,
+        ts: EpochMs,
     ) -> (Vec<ActivityEvent>, Vec<String>) {
         m.handle_refreshed(objectives, ts);
         drain(m)
@@ -177,7 +178,7 @@ mod tests {
         m: &mut ObjectiveMarkers,
         id: &str,
         lookup: &Lookup,
-        ts: u64,
+        ts: EpochMs,
     ) -> Option<ActivityEvent> {
         m.handle_lookup(id, lookup, ts);
         let (events, lookups) = drain(m);
@@ -185,7 +186,7 @@ mod tests {
         events.into_iter().next()
     }
 
-    fn shutdown(m: &mut ObjectiveMarkers, ts: u64) -> Vec<ActivityEvent> {
+    fn shutdown(m: &mut ObjectiveMarkers, ts: EpochMs) -> Vec<ActivityEvent> {
         m.shutdown(ts);
         drain(m).0
     }

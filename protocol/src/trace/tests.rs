@@ -13,7 +13,7 @@ fn run(config: HttpConfig, steps: &[(&str, &[u8])]) -> (Vec<HttpOutput>, HttpAss
     a.handle_open(C, "api.example.com:443", 0);
     let mut out = Vec::new();
     for (i, (side, bytes)) in steps.iter().enumerate() {
-        let now = 1000 + i as u64;
+        let now = 1000 + i as i64;
         match *side {
             "c" => a.handle_client_bytes(C, bytes, now),
             "s" => a.handle_server_bytes(C, bytes, now),

@@ -427,7 +427,7 @@ impl Uploader {
 mod tests {
     use super::*;
 
-    fn open(ts: u64, pad: usize) -> ActivityEvent {
+    fn open(ts: crate::EpochMs, pad: usize) -> ActivityEvent {
         ActivityEvent::ObjectiveOpen {
             ts,
             objective_id: format!("o{ts}{}", "x".repeat(pad)),
@@ -486,7 +486,7 @@ mod tests {
         }
     }
 
-    fn ts_of(batch: &Batch) -> Vec<u64> {
+    fn ts_of(batch: &Batch) -> Vec<crate::EpochMs> {
         let upload = super::super::activity::ActivityUpload::parse(&batch.body).unwrap();
         upload.events.iter().map(ActivityEvent::ts).collect()
     }

@@ -89,7 +89,7 @@ pub fn append(
         if let Some(parts) = parts {
             parts.put(&mut event);
         }
-        let ts = i64::try_from(event.ts()).unwrap_or(i64::MAX);
+        let ts = event.ts();
         let id = match next.as_mut() {
             None => c.query_row(
                 "INSERT INTO member_activity (member_name, ts, kind, event_json, created_at, member_seq,
@@ -136,7 +136,7 @@ pub fn append(
             id: u64::try_from(id).unwrap_or(0),
             member_name: member.to_owned(),
             event,
-            created_at: u64::try_from(now).unwrap_or(0),
+            created_at: now,
         });
     }
     Ok(rows)
@@ -461,7 +461,7 @@ fn row(id: i64, member_name: String, event: Option<ActivityEvent>, created_at: i
         id: u64::try_from(id).unwrap_or(0),
         member_name,
         event,
-        created_at: u64::try_from(created_at).unwrap_or(0),
+        created_at,
     }
 }
 

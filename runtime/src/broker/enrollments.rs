@@ -29,7 +29,7 @@ use super::sessions::session_hash;
 use super::store::conn::{Backend, Conn};
 use super::store::value::Row;
 use super::team::{self, MemberRecord, Role, TokenInfo};
-use super::{AppState, StoreError};
+use super::{AppState, StoreError, now_secs};
 use crate::params;
 
 /// Enrollments one client address may start per hour.
@@ -322,10 +322,6 @@ pub enum EnrollError {
     /// Store failure.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-fn now_secs() -> u64 {
-    u64::try_from(super::now_ms() / 1000).unwrap_or(0)
 }
 
 fn random<const N: usize>() -> Result<[u8; N], EnrollError> {

@@ -367,7 +367,7 @@ impl AppState {
     }
 }
 
-pub use crate::sys::clock::now_ms;
+pub use crate::sys::clock::{now_ms, now_secs};
 
 /// A broker serving on a socket.
 #[derive(Debug)]

@@ -910,7 +910,7 @@ async fn send(http: &reqwest::Client, state: &Weak<AppState>, sub: &Subscription
     let request = (|| -> Result<(String, Vec<u8>), PushError> {
         let origin = endpoint_origin(&sub.endpoint, push.network)?;
         let (point, secret) = check_keys(&sub.p256dh, &sub.auth)?;
-        let now = u64::try_from(super::now_ms() / 1000).unwrap_or(0);
+        let now = crate::sys::clock::now_secs();
         Ok((
             push.vapid.authorization(&origin, now)?,
             encrypt(payload, &point, &secret)?,

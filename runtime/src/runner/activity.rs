@@ -347,11 +347,6 @@ impl Activity {
     }
 }
 
-/// Epoch milliseconds on the runner's clock (activity events' `ts`).
-pub(crate) fn now_ms() -> u64 {
-    u64::try_from(crate::sys::clock::now_ms()).unwrap_or(0)
-}
-
 async fn run_markers(
     client: BrokerClient,
     me: String,
@@ -370,11 +365,11 @@ async fn run_markers(
         }
         let ack = match latest {
             MarkerCommand::Refreshed(open) => {
-                markers.handle_refreshed(&open, now_ms());
+                markers.handle_refreshed(&open, crate::sys::clock::now_ms());
                 None
             }
             MarkerCommand::Shutdown(ack) => {
-                markers.shutdown(now_ms());
+                markers.shutdown(crate::sys::clock::now_ms());
                 Some(ack)
             }
         };
@@ -383,7 +378,7 @@ async fn run_markers(
                 MarkerOutput::Record(event) => activity.record(*event),
                 MarkerOutput::LookUp(id) => {
                     let lookup = look_up(&client, &id).await;
-                    markers.handle_lookup(&id, &lookup, now_ms());
+                    markers.handle_lookup(&id, &lookup, crate::sys::clock::now_ms());
                 }
                 other => tracing::warn!(
                     ?other,

@@ -176,7 +176,7 @@ pub(crate) fn turn_failed(
     );
     if let Some(activity) = activity {
         activity.record(ActivityEvent::TurnFailed {
-            ts: activity::now_ms(),
+            ts: crate::sys::clock::now_ms(),
             turn_id: failure.turn_id,
             reason: failure.reason,
             msg_ids: failure.msg_ids,

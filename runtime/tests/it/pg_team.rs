@@ -75,7 +75,7 @@ fn marker(kind: &str, ts: i64, objective: &str) -> ActivityEvent {
 }
 
 /// Activity rows as `(id, member, kind, ts)`.
-fn rows(rows: &[ac7_protocol::trace::activity::ActivityRow]) -> Vec<(u64, String, String, u64)> {
+fn rows(rows: &[ac7_protocol::trace::activity::ActivityRow]) -> Vec<(u64, String, String, i64)> {
     rows.iter()
         .map(|r| {
             (

@@ -14,7 +14,7 @@ use ac7_runtime::runner::activity::{ActivityPipeline, PipelineConfig};
 use broker_support::{TestBroker, start_broker};
 use serde_json::Value;
 
-fn open(ts: u64) -> ActivityEvent {
+fn open(ts: i64) -> ActivityEvent {
     ActivityEvent::ObjectiveOpen {
         ts,
         objective_id: format!("obj-{ts}"),
@@ -22,16 +22,16 @@ fn open(ts: u64) -> ActivityEvent {
 }
 
 /// The builder's stored event timestamps, oldest first.
-async fn stored_ts(b: &TestBroker) -> Vec<u64> {
+async fn stored_ts(b: &TestBroker) -> Vec<i64> {
     let r = b
         .get("/members/builder/activity?limit=1000", "builder")
         .await;
     assert_eq!(r.status, 200, "{}", r.text);
-    let mut ts: Vec<u64> = r.json["activity"]
+    let mut ts: Vec<i64> = r.json["activity"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|row| row["event"]["ts"].as_u64().unwrap())
+        .map(|row| row["event"]["ts"].as_i64().unwrap())
         .collect();
     ts.reverse();
     ts

@@ -1,6 +1,7 @@
 //! The text of tool results, as the TypeScript runner formats them. Broker responses are read
 //! leniently as JSON values: a missing field prints as empty rather than failing the tool.
 
+use crate::EpochMs;
 use serde_json::Value;
 
 use crate::domain::channel::format_ts;
@@ -10,7 +11,7 @@ pub(super) fn s(v: &Value) -> &str {
 }
 
 /// `just now`, `<m>m ago`, `<h>h ago`, `<d>d ago`, or `future`.
-pub(super) fn age(ts_ms: i64, now_ms: i64) -> String {
+pub(super) fn age(ts_ms: EpochMs, now_ms: EpochMs) -> String {
     let secs = (now_ms - ts_ms).div_euclid(1000);
     match secs {
         s if s < 0 => "future".to_owned(),
@@ -21,7 +22,7 @@ pub(super) fn age(ts_ms: i64, now_ms: i64) -> String {
     }
 }
 
-pub(super) fn when(v: &Value, now_ms: i64) -> String {
+pub(super) fn when(v: &Value, now_ms: EpochMs) -> String {
     let ts = v.as_i64().unwrap_or_default();
     format!("{} ({})", format_ts(ts), age(ts, now_ms))
 }
@@ -162,7 +163,7 @@ pub(super) fn message_line(m: &Value) -> String {
     )
 }
 
-pub(super) fn objectives(me: &str, status: Option<&str>, body: &Value, now_ms: i64) -> String {
+pub(super) fn objectives(me: &str, status: Option<&str>, body: &Value, now_ms: EpochMs) -> String {
     let list = body["objectives"]
         .as_array()
         .map(Vec::as_slice)
@@ -187,7 +188,7 @@ pub(super) fn objectives(me: &str, status: Option<&str>, body: &Value, now_ms: i
     text
 }
 
-pub(super) fn objective_view(body: &Value, now_ms: i64) -> String {
+pub(super) fn objective_view(body: &Value, now_ms: EpochMs) -> String {
     let o = &body["objective"];
     let mut lines = vec![
         format!("{} [{}] {}", s(&o["id"]), s(&o["status"]), s(&o["title"])),

@@ -22,6 +22,7 @@ mod objectives;
 mod registry;
 mod tools;
 
+use crate::EpochMs;
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -83,7 +84,7 @@ pub struct Context {
     /// The briefing.
     pub briefing: Arc<Briefing>,
     /// Now, in epoch milliseconds (for ages such as "5m ago").
-    pub now_ms: i64,
+    pub now_ms: EpochMs,
 }
 
 impl Context {

@@ -359,10 +359,10 @@ pub(crate) fn session(n: usize, seed: u64) -> Vec<ActivityEvent> {
     };
     let mut conversation = vec![first];
     let mut conversation_bytes = 0usize;
-    let mut ts = 1_700_000_000_000u64;
+    let mut ts = 1_700_000_000_000i64;
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        ts += rng.range(2_000, 30_000) as u64;
+        ts += rng.range(2_000, 30_000) as i64;
         let duration = rng.range(1_000, 20_000) as u64;
         if i % 20 == 19 {
             // A small side call (a title, a check) with a conversation of its own.
@@ -461,7 +461,7 @@ pub(crate) fn session(n: usize, seed: u64) -> Vec<ActivityEvent> {
 }
 
 fn exchange(
-    ts: u64,
+    ts: i64,
     duration: u64,
     request: LlmRequest,
     reply: LlmMessage,
@@ -475,7 +475,7 @@ fn exchange(
             kind: LlmEntryKind::AnthropicMessages,
             api: Some(LlmApi::AnthropicMessages),
             started_at: ts,
-            ended_at: ts + duration,
+            ended_at: ts + i64::try_from(duration).unwrap_or(0),
             request,
             response: Some(LlmResponse {
                 stop_reason: Some(stop.into()),

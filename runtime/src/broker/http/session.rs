@@ -40,7 +40,7 @@ use serde_json::json;
 
 use super::{ApiError, Body, Caller, Shared, obj, parse_json, reply};
 use crate::broker::sessions::{self, SESSION_ID_PREFIX, SessionError, TotpRefusal};
-use crate::broker::{attempts, now_ms, team};
+use crate::broker::{attempts, now_ms, now_secs, team};
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "ac7_session";
@@ -141,10 +141,6 @@ fn refused(r: Refusal) -> ApiError {
         ApiError::new(StatusCode::TOO_MANY_REQUESTS, text).with("retryAfter", json!(r.retry_after));
     e.retry_after = Some(r.retry_after);
     e
-}
-
-fn now_secs() -> u64 {
-    u64::try_from(now_ms() / 1000).unwrap_or(0)
 }
 
 /// The key the sign-in limiter counts this request's client address under.

@@ -839,7 +839,7 @@ async fn relay_traced<C, S>(
         budget: &shared.budget,
         held: 0,
     };
-    let now = || u64::try_from(crate::sys::clock::now_ms()).unwrap_or(0);
+    let now = crate::sys::clock::now_ms;
     tracer.assembler.handle_open(conn, host, now());
     let (mut cr, mut cw) = tokio::io::split(client);
     let (mut sr, mut sw) = tokio::io::split(server);
