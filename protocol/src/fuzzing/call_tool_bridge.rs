@@ -71,6 +71,12 @@ struct CtbOracle {
     cancelling: Option<u64>,
     /// Call tags answered with the timeout.
     timed_out: BTreeSet<u64>,
+    /// Garbage from the parent left part of a frame in the bridge's buffer: until the link
+    /// drops, the oracle cannot tell where the parent's frames start, so it does not say which
+    /// call a reply answers.
+    garbled: bool,
+    /// Reply tags sent while garbled (their frames may be cut anywhere).
+    garbled_replies: BTreeSet<u64>,
     exited: bool,
 }
 
@@ -152,6 +158,7 @@ impl CtbOracle {
                     self.link = CtbLink::Idle;
                     self.in_flight = None;
                     self.late.clear();
+                    self.garbled = false;
                 }
                 Out::Event(CallToolBridgeEvent::Completed { error, .. }) => match error {
                     Some(CallError::TooLarge(_)) => {}
@@ -281,7 +288,9 @@ impl CtbOracle {
                     .or_else(|| text.strip_prefix('m'))
                     .and_then(|t| t.split(' ').next())
                     .and_then(|t| t.parse::<u64>().ok());
-                if let Some(reply) = reply {
+                if let Some(reply) = reply
+                    && !self.garbled_replies.contains(&reply)
+                {
                     let (owed_to, sent) = &self.replies[&reply];
                     assert_eq!(
                         *owed_to,
@@ -294,6 +303,21 @@ impl CtbOracle {
                 }
             }
         }
+    }
+}
+
+/// Whether length-prefixed `bytes`, read from a frame boundary, stop inside a frame (its
+/// prefix or its payload).
+fn ends_inside_a_frame(mut bytes: &[u8]) -> bool {
+    loop {
+        let Some((prefix, rest)) = bytes.split_first_chunk::<4>() else {
+            return !bytes.is_empty();
+        };
+        let len = u32::from_be_bytes(*prefix) as usize;
+        if rest.len() < len {
+            return true;
+        }
+        bytes = &rest[len..];
     }
 }
 
@@ -313,7 +337,9 @@ impl CtbOracle {
 /// asked for is always the deadline of the call awaited; a parent reply answers only the call
 /// owed the next reply when its last byte reached the bridge (the calls cancelled on the wire
 /// first, then the call awaited; two replies in one read beyond that drop the link; a second one
-/// arriving after the next call went out is indistinguishable from that call's answer), a reply
+/// arriving after the next call went out is indistinguishable from that call's answer; after
+/// garbage from the parent left part of a frame buffered, which call a reply reaches is not
+/// checked until the link drops, since frames can no longer be told apart), a reply
 /// owed to a cancelled call is discarded whatever it holds and reaches nobody, and a valid
 /// result reaches the agent unchanged; lines to the agent are single-line JSON; frames to the
 /// parent are whole length-prefixed `call_tool` requests under the cap, sent only while
@@ -355,6 +381,8 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
         replies: BTreeMap::new(),
         cancelling: None,
         timed_out: BTreeSet::new(),
+        garbled: false,
+        garbled_replies: BTreeSet::new(),
         exited: false,
     };
     o.drain(&mut bridge);
@@ -539,6 +567,20 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                 if o.link != CtbLink::Open {
                     continue;
                 }
+                if o.garbled {
+                    // Whatever these bytes complete, every reply is still answered at most once
+                    // and every request once (checked as ever); which call a reply reaches is
+                    // not the oracle's to say.
+                    o.garbled_replies
+                        .extend(frames_sent.iter().map(|(rt, _, _)| *rt));
+                    bridge.handle_parent_bytes(&bytes[..split], o.now);
+                    o.drain(&mut bridge);
+                    if o.link == CtbLink::Open {
+                        bridge.handle_parent_bytes(&bytes[split..], o.now);
+                        o.drain(&mut bridge);
+                    }
+                    continue;
+                }
                 let mut owed = o.owed();
                 let late_before = o.late.len();
                 let discarded_before = o.discarded;
@@ -571,6 +613,12 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                 let garbage = input.bytes(24);
                 if o.link == CtbLink::Open {
                     bridge.handle_parent_bytes(garbage, o.now);
+                    o.drain(&mut bridge);
+                    // Part of a frame left in the bridge's buffer (the link still up) puts the
+                    // parent's next frames out of the oracle's reckoning.
+                    if o.link == CtbLink::Open && ends_inside_a_frame(garbage) {
+                        o.garbled = true;
+                    }
                 }
             }
             10 if o.link == CtbLink::Open => {
@@ -578,6 +626,7 @@ pub fn call_tool_bridge_ops(data: &[u8]) {
                 o.link = CtbLink::Idle;
                 o.in_flight = None;
                 o.late.clear();
+                o.garbled = false;
             }
             11 => {
                 if input.byte().is_multiple_of(2) {

@@ -11,7 +11,7 @@
 //! A channel change reaches every replica: on PostgreSQL the use case rings [`NOTICE_CHANNEL`]
 //! inside its transaction (delivered at commit), and each replica's doorbell
 //! ([`super::pg::Doorbell::notices`]) turns the ring into the notice for its own browsers, the
-//! writer's replica included; on SQLite (one process) the use case sends it after the commit.
+//! changing replica's included; on SQLite (one process) the use case sends it after the commit.
 //! A ring lost while a doorbell reconnects is covered by the web app's 10 s re-read.
 
 use std::sync::Arc;
