@@ -191,17 +191,7 @@ async fn a_channel_change_on_one_replica_is_a_notice_to_browsers_on_every_replic
     };
     let rs = replicas(&db, 2).await;
     let cookie = crate::web_auth::login(&rs[1], "builder").await;
-    let resp = rs[1]
-        .http
-        .get(format!("{}/subscribe?name=builder", rs[1].url))
-        .header("cookie", format!("ac7_session={cookie}"))
-        .header("accept", "text/event-stream")
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let mut browser = broker_support::SseClient::from_response(resp);
+    let mut browser = rs[1].browser_sse("builder", &cookie).await;
     // Its own stream opening is the first notice.
     assert_eq!(
         browser.next_event().await.event.as_deref(),

@@ -72,17 +72,7 @@ async fn web_push_skips_a_member_whose_app_is_open_on_another_replica() {
     // Builder's web app is open on the second replica (a browser session's stream), which the
     // first one's roster counts.
     let cookie = session(&rs[1], "builder");
-    let resp = rs[1]
-        .http
-        .get(format!("{}/subscribe?name=builder", rs[1].url))
-        .header("cookie", format!("ac7_session={cookie}"))
-        .header("accept", "text/event-stream")
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let browser = crate::broker_support::SseClient::from_response(resp);
+    let browser = rs[1].browser_sse("builder", &cookie).await;
     assert_eq!(presence_of(&rs[0], "builder").await["connected"], 1);
     let seen = rs[0]
         .push(

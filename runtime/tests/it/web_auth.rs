@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::broker_support::{self, SseClient, TestBroker, anon, req, start_broker, start_with};
+use crate::broker_support::{self, TestBroker, anon, req, start_broker, start_with};
 use ac7_protocol::signin::totp;
 use ac7_runtime::broker::sessions;
 use serde_json::{Value, json};
@@ -346,17 +346,7 @@ async fn cookie_authenticates_the_api_and_the_live_stream() {
     assert_eq!(r.status, 200, "{}", r.json);
 
     // The SSE stream with only the cookie.
-    let resp = b
-        .http
-        .get(format!("{}/subscribe?name=builder", b.url))
-        .header("cookie", format!("ac7_session={cookie}"))
-        .header("accept", "text/event-stream")
-        .timeout(Duration::from_secs(60))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let mut sse = SseClient::from_response(resp);
+    let mut sse = b.browser_sse("builder", &cookie).await;
     // A browser's stream hears presence changes (its own opening first), as notices without
     // an id, so its resume position stays the last message.
     let ev = sse.next_event().await;

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 
-use crate::broker_support::{SseClient, TestBroker, start_with};
+use crate::broker_support::{TestBroker, start_with};
 use crate::common;
 
 /// The stand-in push service.
@@ -244,18 +244,7 @@ async fn notifications_reach_whom_they_should_encrypted_and_signed() {
     // Reviewer has the web app open (a browser session's live stream): no push; builder's
     // agent stream (a bearer token) does not count as the web app.
     let cookie = session(&b, "reviewer");
-    let resp = b
-        .http
-        .get(format!("{}/subscribe?name=reviewer", b.url))
-        .header("cookie", format!("ac7_session={cookie}"))
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    if resp.status() != 200 {
-        panic!("{}: {}", resp.status(), resp.text().await.unwrap());
-    }
-    let _browser = SseClient::from_response(resp);
+    let _browser = b.browser_sse("reviewer", &cookie).await;
     let _agent = b.sse("builder", None).await;
     b.push(
         "director",

@@ -234,6 +234,24 @@ impl TestBroker {
             .await
     }
 
+    /// `who`'s live stream as the web app opens it: signed in with the browser session
+    /// `cookie` (an `ac7_session` id), no bearer token.
+    pub async fn browser_sse(&self, who: &str, cookie: &str) -> SseClient {
+        let resp = self
+            .http
+            .get(format!("{}/subscribe?name={who}", self.url))
+            .header("cookie", format!("ac7_session={cookie}"))
+            .header("accept", "text/event-stream")
+            .timeout(Duration::from_secs(3600))
+            .send()
+            .await
+            .unwrap();
+        if resp.status() != 200 {
+            panic!("{}: {}", resp.status(), resp.text().await.unwrap());
+        }
+        SseClient::from_response(resp)
+    }
+
     /// An SSE stream of any path (e.g. `/members/x/activity/stream`) as `who`.
     pub async fn sse_path(&self, who: &str, path: &str, last_event_id: Option<&str>) -> SseClient {
         let mut req = self
