@@ -280,8 +280,8 @@ pub struct LiveCount {
     pub streams: usize,
     /// Of them, those of browser sessions.
     pub browsers: usize,
-    /// When the member was last seen (epoch ms).
-    pub last_seen: i64,
+    /// When the member was last seen.
+    pub last_seen: ac7_protocol::EpochMs,
 }
 
 /// A registered subscriber: where frames arrive, and how to deregister.
