@@ -421,17 +421,12 @@ pub fn create_channel(
     if !valid_slug(slug) {
         return Err(ChannelError::InvalidSlug);
     }
-    state
-        .store
-        .tx(|c| {
-            if by_slug(c, slug)?.is_some() {
-                return Err(ChannelError::SlugTaken(slug.to_owned()));
-            }
-            let ch = create(c, slug, creator, now)?;
-            notices::ring_channels_changed(c)?;
-            Ok(ch)
-        })
-        .inspect(|_| notices::channels_changed_here(state))
+    notices::channels_tx(state, |c| {
+        if by_slug(c, slug)?.is_some() {
+            return Err(ChannelError::SlugTaken(slug.to_owned()));
+        }
+        Ok(create(c, slug, creator, now)?)
+    })
 }
 
 /// Renames channel `slug` to `new_slug` for one of its admins; returns the renamed channel.
@@ -448,7 +443,7 @@ pub fn rename_channel(
     if !valid_slug(new_slug) {
         return Err(ChannelError::InvalidSlug);
     }
-    let ch = state.store.tx(|c| {
+    let ch = notices::channels_tx(state, |c| {
         let ch = find(c, slug)?;
         not_archived(&ch)?;
         require_admin(c, &ch, caller, "rename this channel")?;
@@ -456,10 +451,8 @@ pub fn rename_channel(
             return Err(ChannelError::SlugTaken(new_slug.to_owned()));
         }
         rename(c, &ch.id, new_slug)?;
-        notices::ring_channels_changed(c)?;
         Ok(ch)
     })?;
-    notices::channels_changed_here(state);
     Ok(Channel {
         slug: new_slug.to_owned(),
         ..ch
@@ -476,15 +469,13 @@ pub fn archive_channel(
     if slug == "general" {
         return Err(ChannelError::Reserved(RESERVED));
     }
-    let ch = state.store.tx(|c| {
+    let ch = notices::channels_tx(state, |c| {
         let ch = find(c, slug)?;
         not_archived(&ch)?;
         require_admin(c, &ch, caller, "archive this channel")?;
         archive(c, &ch.id, now)?;
-        notices::ring_channels_changed(c)?;
         Ok::<_, ChannelError>(ch)
     })?;
-    notices::channels_changed_here(state);
     Ok(Channel {
         archived_at: Some(now),
         ..ch
@@ -511,37 +502,33 @@ pub fn add_to_channel(
     if role != "member" && role != "admin" {
         return Err(ChannelError::InvalidRole);
     }
-    state
-        .store
-        .tx(|c| {
-            let ch = find(c, slug)?;
-            not_archived(&ch)?;
-            let target = member.unwrap_or_else(|| caller.to_owned());
-            if target != caller {
-                if role_of(c, &ch.id, caller)?.as_deref() != Some("admin") {
-                    return Err(ChannelError::AddOthers);
-                }
-                if !super::team::member_exists(c, &target)? {
-                    return Err(ChannelError::NoSuchMember(target));
-                }
+    notices::channels_tx(state, |c| {
+        let ch = find(c, slug)?;
+        not_archived(&ch)?;
+        let target = member.unwrap_or_else(|| caller.to_owned());
+        if target != caller {
+            if role_of(c, &ch.id, caller)?.as_deref() != Some("admin") {
+                return Err(ChannelError::AddOthers);
             }
-            if role_of(c, &ch.id, &target)?.is_some() {
-                return Err(ChannelError::AlreadyMember {
-                    name: target,
-                    slug: ch.slug,
-                });
+            if !super::team::member_exists(c, &target)? {
+                return Err(ChannelError::NoSuchMember(target));
             }
-            // Self-join is always as a plain member.
-            let role = if target == caller {
-                "member"
-            } else {
-                role.as_str()
-            };
-            add_member(c, &ch.id, &target, role, now)?;
-            notices::ring_channels_changed(c)?;
-            Ok(with_members(c, ch, caller)?)
-        })
-        .inspect(|_| notices::channels_changed_here(state))
+        }
+        if role_of(c, &ch.id, &target)?.is_some() {
+            return Err(ChannelError::AlreadyMember {
+                name: target,
+                slug: ch.slug,
+            });
+        }
+        // Self-join is always as a plain member.
+        let role = if target == caller {
+            "member"
+        } else {
+            role.as_str()
+        };
+        add_member(c, &ch.id, &target, role, now)?;
+        Ok(with_members(c, ch, caller)?)
+    })
 }
 
 /// Removes `name` from channel `slug` (anyone may leave; only admins remove others; the
@@ -558,34 +545,30 @@ pub fn remove_from_channel(
             "nobody can leave the general channel",
         ));
     }
-    state
-        .store
-        .tx(|c| {
-            let ch = find(c, slug)?;
-            if name != caller {
-                require_admin(c, &ch, caller, "remove other members")?;
+    notices::channels_tx(state, |c| {
+        let ch = find(c, slug)?;
+        if name != caller {
+            require_admin(c, &ch, caller, "remove other members")?;
+        }
+        let Some(role) = role_of(c, &ch.id, name)? else {
+            return Err(ChannelError::NotMember {
+                name: name.to_owned(),
+                slug: ch.slug,
+            });
+        };
+        if role == "admin" {
+            let admins = members(c, &ch.id)?
+                .into_iter()
+                .filter(|m| m.role == "admin")
+                .count();
+            let others = members(c, &ch.id)?.len() > 1;
+            if admins == 1 && others {
+                return Err(ChannelError::LastAdmin(ch.slug));
             }
-            let Some(role) = role_of(c, &ch.id, name)? else {
-                return Err(ChannelError::NotMember {
-                    name: name.to_owned(),
-                    slug: ch.slug,
-                });
-            };
-            if role == "admin" {
-                let admins = members(c, &ch.id)?
-                    .into_iter()
-                    .filter(|m| m.role == "admin")
-                    .count();
-                let others = members(c, &ch.id)?.len() > 1;
-                if admins == 1 && others {
-                    return Err(ChannelError::LastAdmin(ch.slug));
-                }
-            }
-            remove_member(c, &ch.id, name)?;
-            notices::ring_channels_changed(c)?;
-            Ok(with_members(c, ch, caller)?)
-        })
-        .inspect(|_| notices::channels_changed_here(state))
+        }
+        remove_member(c, &ch.id, name)?;
+        Ok(with_members(c, ch, caller)?)
+    })
 }
 
 #[cfg(test)]

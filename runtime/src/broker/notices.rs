@@ -8,10 +8,10 @@
 //! * `event: channels`, `{"type":"channels"}`: a channel was created, renamed or archived, or
 //!   someone joined or left one; the web app re-reads `/channels` (and the archived list).
 //!
-//! A channel change reaches every replica: on PostgreSQL the use case rings [`NOTICE_CHANNEL`]
-//! inside its transaction (delivered at commit), and each replica's doorbell
+//! A channel change ([`channels_tx`]) reaches every replica: on PostgreSQL its transaction
+//! rings [`NOTICE_CHANNEL`] (delivered at commit), and each replica's doorbell
 //! ([`super::pg::Doorbell::notices`]) turns the ring into the notice for its own browsers, the
-//! changing replica's included; on SQLite (one process) the use case sends it after the commit.
+//! changing replica's included; on SQLite (one process) it is sent after the commit.
 //! A ring lost while a doorbell reconnects is covered by the web app's 10 s re-read.
 
 use std::sync::Arc;
@@ -43,24 +43,27 @@ pub fn presence_changed(state: &AppState, name: &str) {
     to_browsers(state, "presence", json);
 }
 
-/// Inside a transaction that changes channels or their members: on PostgreSQL, rings every
-/// replica's doorbell at commit. Pair it with [`channels_changed_here`] after the commit.
-pub fn ring_channels_changed(c: &Conn<'_>) -> Result<(), StoreError> {
-    if c.backend() == Backend::Postgres {
-        c.execute(
-            "SELECT pg_notify(?1, ?2)",
-            params![NOTICE_CHANNEL, CHANNELS],
-        )?;
-    }
-    Ok(())
-}
-
-/// After a committed channel change: on SQLite, tells this broker's browsers at once (on
-/// PostgreSQL the doorbell does, on every replica).
-pub fn channels_changed_here(state: &AppState) {
+/// Runs `change` (to channels or their members) in one transaction; once it commits, every
+/// browser of the team hears `channels`. On PostgreSQL the transaction rings every replica's
+/// doorbell (delivered at commit); on SQLite this broker tells its browsers after the commit.
+pub fn channels_tx<T, E: From<StoreError>>(
+    state: &AppState,
+    change: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+) -> Result<T, E> {
+    let done = state.store.tx(|c| -> Result<T, E> {
+        let done = change(c)?;
+        if c.backend() == Backend::Postgres {
+            c.execute(
+                "SELECT pg_notify(?1, ?2)",
+                params![NOTICE_CHANNEL, CHANNELS],
+            )?;
+        }
+        Ok(done)
+    })?;
     if state.store.backend() == Backend::Sqlite {
         channels_changed(state);
     }
+    Ok(done)
 }
 
 /// Tells the browsers on this broker that the channel list changed.
