@@ -860,6 +860,8 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
     let subscribers = state.push.subscribers(Instant::now(), || {
         state.store.view_small(subscribed_members)
     })?;
+    // Someone with the web app open (here, or on another replica: read below) sees the
+    // message there.
     let candidate = |member: &str| job.notifies(member) && state.hub.browser_count(member) == 0;
     if !subscribers.iter().any(|m| candidate(m)) {
         return Ok(Vec::new());
@@ -874,7 +876,7 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
         };
         let subs: Vec<Subscription> = subscriptions_all(c)?
             .into_iter()
-            .filter(|s| job.notifies(&s.member) && !open_elsewhere.contains(&s.member))
+            .filter(|s| candidate(&s.member) && !open_elsewhere.contains(&s.member))
             .collect();
         let slug = match &job.route {
             Route::Channel(id) if !subs.is_empty() => {
@@ -885,12 +887,7 @@ fn targets(state: &AppState, job: &Job) -> Result<Vec<(Subscription, Vec<u8>)>, 
         Ok((subs, slug))
     })?;
     let payload = serde_json::to_vec(&notification(&job.msg, &job.route, slug.as_deref()))?;
-    Ok(subs
-        .into_iter()
-        // Someone with the web app open sees the message there.
-        .filter(|s| state.hub.browser_count(&s.member) == 0)
-        .map(|s| (s, payload.clone()))
-        .collect())
+    Ok(subs.into_iter().map(|s| (s, payload.clone())).collect())
 }
 
 /// Sends one notification; a subscription the push service says is gone is deleted.
