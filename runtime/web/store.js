@@ -206,8 +206,19 @@ export async function loadAll() {
 let liveOff = [];
 let pollTimer = null;
 let firstOpen = true;
-let presenceTimer = null;
-let channelsTimer = null;
+
+// A function that runs `load` 50 ms after its first call, once however many calls a burst
+// makes (a burst of notices reads once).
+function coalesced(load) {
+  let timer = null;
+  return () => {
+    if (timer) return;
+    timer = setTimeout(() => {
+      timer = null;
+      load().catch(() => {});
+    }, 50);
+  };
+}
 
 // Live wiring: messages into threads, objective events refresh the list, presence and the
 // channel list re-read when the broker says they changed (and every 10 s).
@@ -223,22 +234,9 @@ export function startSync() {
       if (fresh.length) notify(m);
     }),
     live('objective', () => loadObjectives().catch(() => {})),
-    // Presence changed on the broker: re-read the roster at once (a burst reads it once).
-    live('presence', () => {
-      if (presenceTimer) return;
-      presenceTimer = setTimeout(() => {
-        presenceTimer = null;
-        loadRoster().catch(() => {});
-      }, 50);
-    }),
-    // The channel list changed on the broker: re-read it (a burst reads it once).
-    live('channels', () => {
-      if (channelsTimer) return;
-      channelsTimer = setTimeout(() => {
-        channelsTimer = null;
-        loadChannels().catch(() => {});
-      }, 50);
-    }),
+    // Presence or the channel list changed on the broker: re-read it at once.
+    live('presence', coalesced(loadRoster)),
+    live('channels', coalesced(loadChannels)),
     // Every (re)connection: presence at once; after a drop, whatever may have changed or
     // failed to load while the broker was unreachable.
     live('open', () => {
