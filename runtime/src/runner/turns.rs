@@ -1,9 +1,10 @@
 //! What the runners that drive their agent in turns over its stdio (`ac7 codex`, `ac7 acp`)
 //! share: starting the agent and its banner, what the session loop keeps besides its client
 //! machine ([`TurnLoop`]: telling a sender their message was not delivered, the signals that
-//! end a session, a revoked token), recording failed turns, and the end of a session — the agent's process group stopped
-//! (its signal passed on, SIGKILL after `--kill-grace`), notices in flight awaited, the live
-//! stream, the trace host, the activity pipeline and the IPC server closed, and the exit code.
+//! end a session, a revoked token), recording failed turns, and the end of a session — the
+//! agent's process group stopped (its signal passed on, SIGKILL after `--kill-grace`), notices
+//! in flight awaited, the live stream, the trace host, the activity pipeline and the IPC server
+//! closed, and the exit code.
 
 use ac7_protocol::dialect::delivery::{SinkEvent, TurnFailure, Undelivered};
 use ac7_protocol::domain::toolbox::{Body, Method, Request};
@@ -135,7 +136,7 @@ pub(crate) async fn read_some(
 }
 
 /// DMs the sender of events the agent (called `agent` in the text) did not take, as member `me`.
-pub(crate) async fn tell_sender(
+async fn tell_sender(
     broker: crate::client::BrokerClient,
     me: String,
     agent: String,
