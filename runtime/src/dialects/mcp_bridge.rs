@@ -24,6 +24,7 @@ use tokio::net::UnixStream;
 
 use crate::dialects::relay::{Relay, RelayOutput, RelaySession};
 use crate::dialects::stdio::AgentStdin;
+use crate::sys::unix_socket::PeerStream;
 
 pub use crate::dialects::relay::CONNECT_TIMEOUT;
 
@@ -190,8 +191,9 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
     })
 }
 
-async fn connect(path: &Path) -> Result<UnixStream, BridgeError> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await {
+async fn connect(path: &Path) -> Result<PeerStream, BridgeError> {
+    let connected = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await;
+    match connected.map(|result| result.and_then(PeerStream::new)) {
         Ok(Ok(stream)) => Ok(stream),
         Ok(Err(source)) => Err(BridgeError::Connect {
             path: path.to_owned(),

@@ -29,8 +29,9 @@ use tokio::net::UnixStream;
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::dialects::stdio::{AgentRead, AgentStdin, READ_CHUNK, recv_signal, write_stdout};
+use crate::sys::append;
 use crate::sys::clock::sleep_until;
-use crate::sys::{append, unix_socket::SendBuf};
+use crate::sys::unix_socket::{PeerStream, SendBuf};
 
 /// How long connecting to the parent's socket may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -89,12 +90,12 @@ pub(crate) enum RelayOutput<E, X> {
     Exit(X),
 }
 
-type Connecting = Pin<Box<dyn Future<Output = io::Result<UnixStream>>>>;
+type Connecting = Pin<Box<dyn Future<Output = io::Result<PeerStream>>>>;
 
 /// Connects to `path`, failing after [`CONNECT_TIMEOUT`].
-pub(crate) async fn connect(path: PathBuf) -> io::Result<UnixStream> {
+pub(crate) async fn connect(path: PathBuf) -> io::Result<PeerStream> {
     match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&path)).await {
-        Ok(result) => result,
+        Ok(result) => result.and_then(PeerStream::new),
         Err(_) => Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("timeout after {}ms", CONNECT_TIMEOUT.as_millis()),
@@ -109,7 +110,7 @@ pub(crate) struct Relay<S: RelaySession> {
     path: PathBuf,
     connecting: Option<Connecting>,
     /// `None` before a connection, and once it reached EOF, failed or was dropped.
-    socket: Option<UnixStream>,
+    socket: Option<PeerStream>,
     /// Frames for the parent, still to be written.
     to_parent: SendBuf,
     to_agent: Vec<u8>,
@@ -120,7 +121,7 @@ pub(crate) struct Relay<S: RelaySession> {
 impl<S: RelaySession> Relay<S> {
     /// A relay for `session`, already connected to `socket` or connecting to `path` when the
     /// session asks.
-    pub(crate) fn new(session: S, path: PathBuf, socket: Option<UnixStream>) -> Self {
+    pub(crate) fn new(session: S, path: PathBuf, socket: Option<PeerStream>) -> Self {
         Self {
             session,
             path,
@@ -180,15 +181,10 @@ impl<S: RelaySession> Relay<S> {
                         }
                     }
                 }
-                ready = readable(self.socket.as_ref()) => {
-                    let read = ready.and_then(|()| match &self.socket {
-                        Some(socket) => socket.try_read(&mut buf),
-                        None => Err(io::ErrorKind::WouldBlock.into()),
-                    });
+                read = read_socket(self.socket.as_ref(), &mut buf) => {
                     match read {
                         Ok(0) => self.parent_gone(None),
                         Ok(n) => self.session.handle_parent_bytes(&buf[..n], Instant::now()),
-                        Err(err) if err.kind() == io::ErrorKind::WouldBlock => {}
                         Err(err) => self.parent_gone(Some(err)),
                     }
                 }
@@ -312,21 +308,21 @@ impl<S: RelaySession> Relay<S> {
     }
 }
 
-async fn connect_result(connecting: &mut Option<Connecting>) -> io::Result<UnixStream> {
+async fn connect_result(connecting: &mut Option<Connecting>) -> io::Result<PeerStream> {
     match connecting {
         Some(fut) => fut.await,
         None => std::future::pending().await,
     }
 }
 
-async fn readable(socket: Option<&UnixStream>) -> io::Result<()> {
+async fn read_socket(socket: Option<&PeerStream>, buf: &mut [u8]) -> io::Result<usize> {
     match socket {
-        Some(socket) => socket.readable().await,
+        Some(socket) => socket.read(buf).await,
         None => std::future::pending().await,
     }
 }
 
-async fn writable(socket: Option<&UnixStream>) -> io::Result<()> {
+async fn writable(socket: Option<&PeerStream>) -> io::Result<()> {
     match socket {
         Some(socket) => socket.writable().await,
         None => std::future::pending().await,

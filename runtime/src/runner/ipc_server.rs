@@ -46,15 +46,13 @@ use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
 use ac7_protocol::session::runner::{
     IncomingRequest, IpcConnId, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::runner::peer::AgentPid;
-use crate::sys::unix_socket::SocketFile;
 pub use crate::sys::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
+use crate::sys::unix_socket::{PeerStream, SocketFile};
 
 /// How long [`ServerTask::shutdown`] lets writers deliver the last frames before closing.
 const SHUTDOWN_FLUSH_TIMEOUT: Duration = Duration::from_secs(1);
@@ -480,16 +478,22 @@ impl<H: Handler> Driver<H> {
                 origin
             }
         };
+        let stream = match PeerStream::new(stream) {
+            Ok(stream) => Arc::new(stream),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot watch a bridge connection; closing it");
+                return;
+            }
+        };
         let conn = self.session.handle_connect(origin, Instant::now());
-        let (read_half, write_half) = stream.into_split();
         let (writer, queue) = mpsc::unbounded_channel();
         let backlog = Arc::new(AtomicUsize::new(0));
-        let write_task = self
-            .io_tasks
-            .spawn(write_loop(write_half, queue, Arc::clone(&backlog)));
+        let write_task =
+            self.io_tasks
+                .spawn(write_loop(Arc::clone(&stream), queue, Arc::clone(&backlog)));
         let reader = self
             .io_tasks
-            .spawn(read_loop(conn, read_half, self.inbox_tx.clone()));
+            .spawn(read_loop(conn, stream, self.inbox_tx.clone()));
         self.conns.insert(
             conn,
             Conn {
@@ -582,7 +586,7 @@ async fn accept(listener: Option<&tokio::net::UnixListener>) -> io::Result<UnixS
     }
 }
 
-async fn read_loop(conn: IpcConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender<ConnInput>) {
+async fn read_loop(conn: IpcConnId, read: Arc<PeerStream>, inbox: mpsc::Sender<ConnInput>) {
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let input = match read.read(&mut buf).await {
@@ -601,7 +605,7 @@ async fn read_loop(conn: IpcConnId, mut read: OwnedReadHalf, inbox: mpsc::Sender
 }
 
 async fn write_loop(
-    mut write: OwnedWriteHalf,
+    write: Arc<PeerStream>,
     mut queue: mpsc::UnboundedReceiver<Vec<u8>>,
     backlog: Arc<AtomicUsize>,
 ) {
@@ -612,7 +616,7 @@ async fn write_loop(
         }
         backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
     }
-    let _ = write.shutdown().await;
+    let _ = write.shutdown_write();
 }
 
 fn log_event(event: &RunnerEvent) {

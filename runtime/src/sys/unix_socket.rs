@@ -306,6 +306,90 @@ fn publish(staged: &Path, path: &Path, owner: &'static str) -> Result<(), BindEr
     })
 }
 
+/// A connected Unix stream socket watched by the event loop for reading only.
+///
+/// When a process reads from a Unix stream socket, the kernel tells the peer's socket that its
+/// send buffer has room again, and wakes every epoll waiter registered there for writability —
+/// once per read, even when the writer never filled its buffer. A socket registered for both
+/// directions (as `tokio::net::UnixStream` is) therefore wakes its process for nothing each time
+/// the other side takes a message: on a request–reply link that is one extra sleep and wake per
+/// message on each side. This socket is registered for reading only; writes go straight to the
+/// non-blocking socket, and only a write that found the buffer full waits, on a duplicate of the
+/// descriptor registered for writability while it waits.
+#[derive(Debug)]
+pub(crate) struct PeerStream {
+    fd: tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>,
+}
+
+impl PeerStream {
+    /// Takes over a connected socket (it is deregistered from its own registration first).
+    pub(crate) fn new(stream: tokio::net::UnixStream) -> io::Result<Self> {
+        let stream = stream.into_std()?;
+        stream.set_nonblocking(true)?;
+        Ok(Self {
+            fd: watch(stream, tokio::io::Interest::READABLE)?,
+        })
+    }
+
+    /// Reads what has arrived into `buf`, waiting until something has; `Ok(0)` at EOF.
+    /// Cancel-safe.
+    pub(crate) async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            let mut ready = self.fd.readable().await?;
+            match ready.try_io(|socket| io::Read::read(&mut socket.get_ref(), buf)) {
+                Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                Ok(read) => return read,
+                Err(_would_block) => {}
+            }
+        }
+    }
+
+    /// Writes what the socket takes now, without waiting (`WouldBlock` when it takes nothing).
+    pub(crate) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
+        io::Write::write(&mut self.fd.get_ref(), bytes)
+    }
+
+    /// Waits until the socket takes bytes again. Cancel-safe.
+    pub(crate) async fn writable(&self) -> io::Result<()> {
+        let duplicate = watch(
+            self.fd.get_ref().try_clone()?,
+            tokio::io::Interest::WRITABLE,
+        )?;
+        let _ready = duplicate.writable().await?;
+        Ok(())
+    }
+
+    /// Writes all of `bytes`, waiting whenever the socket is full. Not cancel-safe.
+    pub(crate) async fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
+        while !bytes.is_empty() {
+            match self.try_write(bytes) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => bytes = &bytes[n..],
+                Err(err) if err.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => {}
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the write direction: the peer reads EOF once it has taken what was sent.
+    pub(crate) fn shutdown_write(&self) -> io::Result<()> {
+        self.fd.get_ref().shutdown(std::net::Shutdown::Write)
+    }
+}
+
+/// Registers `stream` with the event loop for `interest`.
+fn watch(
+    stream: std::os::unix::net::UnixStream,
+    interest: tokio::io::Interest,
+) -> io::Result<tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>> {
+    // SAFETY: the stream owns its descriptor, and the `AsyncFd` owns the stream until it is
+    // dropped, so the descriptor stays open and names the same socket while it is registered.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(stream, interest) }
+        .map_err(|err| err.into_parts().1)
+}
+
 /// Bytes waiting to be written to a non-blocking socket, written as far as the socket takes
 /// them without waiting.
 #[derive(Debug, Default)]
@@ -333,7 +417,7 @@ impl SendBuf {
 
     /// Writes what `socket` takes now. `Ok` when everything went out or the socket is full; the
     /// error when the socket failed (the bytes stay queued; [`clear`](Self::clear) them).
-    pub(crate) fn write_to(&mut self, socket: &tokio::net::UnixStream) -> io::Result<()> {
+    pub(crate) fn write_to(&mut self, socket: &PeerStream) -> io::Result<()> {
         while self.pending() > 0 {
             match socket.try_write(&self.buf[self.sent..]) {
                 Ok(n) => self.sent += n,

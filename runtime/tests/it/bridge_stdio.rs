@@ -505,6 +505,57 @@ async fn one_socket_as_both_stdin_and_stdout_stays_blocking() {
 }
 
 #[tokio::test]
+async fn a_runner_that_reads_late_gets_every_request_in_order() {
+    let dir = tempdir();
+    let path = dir.path().join("late.sock");
+    let listener = raw_runner(&path).await;
+    let mut bridge = Bridge::spawn(&path);
+    let (late, _) = within(5, "the bridge to connect", listener.accept())
+        .await
+        .unwrap();
+    bridge.initialize().await;
+
+    // 3.5 MiB of requests: more than the socket buffers hold (so the bridge's writes find the
+    // socket full and wait), less than the bridge's own bound (so it takes every one).
+    let mut stdin = bridge.take_stdin();
+    let filler = "f".repeat(896 * 1024);
+    for id in 0..4 {
+        let line = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"x","arguments":{{"f":"{filler}"}}}}}}"#
+        );
+        within(
+            10,
+            "the bridge to take a request",
+            stdin.write_all(format!("{line}\n").as_bytes()),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    let mut frames = BufReader::new(late).lines();
+    let mut next = async || -> Value {
+        let line = within(10, "a frame from the bridge", frames.next_line())
+            .await
+            .unwrap()
+            .unwrap();
+        serde_json::from_str(&line).unwrap()
+    };
+    assert_eq!(next().await, json!({"kind": "ack", "seq": 0}));
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let frame = next().await;
+        assert_eq!(frame["kind"], "mcp_request");
+        assert_eq!(frame["params"]["arguments"]["f"], filler.as_str());
+        ids.push(frame["id"].as_u64().unwrap());
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
+    drop(stdin);
+    let (code, _, stderr) = bridge.exit().await;
+    assert_eq!(code, 0, "{stderr}");
+}
+
+#[tokio::test]
 async fn a_runner_that_stops_reading_does_not_stall_the_bridge() {
     let dir = tempdir();
     let path = dir.path().join("deaf.sock");

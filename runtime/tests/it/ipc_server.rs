@@ -289,6 +289,39 @@ async fn notifications_wait_for_a_bridge_then_go_to_it() {
 }
 
 #[tokio::test]
+async fn a_bridge_that_reads_late_gets_every_notification_in_order() {
+    let dir = tempdir();
+    let path = dir.path().join("r.sock");
+    let server = IpcServer::bind(options(&path, BridgePolicy::DisplaceOld)).unwrap();
+    let handle = server.handle();
+    let task = serve(server);
+    let mut late = Peer::connect(&path).await;
+    // 2 MiB of notifications: far more than the socket buffers hold, so the runner's writes
+    // find the socket full and have to wait until the bridge reads again.
+    let content = "n".repeat(16 * 1024);
+    for _ in 0..128 {
+        let params = ac7_protocol::codec::json::RawJson::from_value(
+            &json!({"content": content, "meta": {}}),
+        )
+        .unwrap();
+        handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    for seq in 1..=128u64 {
+        let frame = late.recv().await.unwrap();
+        assert_eq!(frame["seq"], seq);
+        assert_eq!(frame["params"]["content"], content.as_str());
+    }
+    // Still served both ways afterwards.
+    late.send(json!({"kind": "mcp_request", "id": 7, "method": "tools/call", "params": {"name": "roster"}}))
+        .await;
+    let answer = late.recv().await.unwrap();
+    assert_eq!(answer["kind"], "mcp_response", "{answer}");
+    assert_eq!(answer["id"], 7, "{answer}");
+    task.abort().await;
+}
+
+#[tokio::test]
 async fn a_bridge_that_stops_reading_is_dropped_once_its_backlog_is_full() {
     let dir = tempdir();
     let path = dir.path().join("r.sock");
