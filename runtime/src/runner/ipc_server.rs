@@ -370,6 +370,7 @@ enum ConnInput {
 }
 
 struct Conn {
+    stream: Arc<PeerStream>,
     writer: mpsc::UnboundedSender<Vec<u8>>,
     /// Bytes queued for the writer and not yet written.
     backlog: Arc<AtomicUsize>,
@@ -491,12 +492,13 @@ impl<H: Handler> Driver<H> {
         let write_task =
             self.io_tasks
                 .spawn(write_loop(Arc::clone(&stream), queue, Arc::clone(&backlog)));
-        let reader = self
-            .io_tasks
-            .spawn(read_loop(conn, stream, self.inbox_tx.clone()));
+        let reader =
+            self.io_tasks
+                .spawn(read_loop(conn, Arc::clone(&stream), self.inbox_tx.clone()));
         self.conns.insert(
             conn,
             Conn {
+                stream,
                 writer,
                 backlog,
                 reader,
@@ -508,33 +510,64 @@ impl<H: Handler> Driver<H> {
     fn answer(&mut self, done: Result<(tokio::task::Id, Outcome), tokio::task::JoinError>) {
         let (task, outcome) = match done {
             Ok((task, outcome)) => (task, outcome),
-            Err(err) if err.is_panic() => (
-                err.id(),
-                Outcome::Error(RpcError::new(
-                    INTERNAL_ERROR,
-                    "internal error: the request handler panicked",
-                )),
-            ),
+            Err(err) if err.is_panic() => (err.id(), handler_panicked()),
             Err(err) => {
                 self.request_ids.remove(&err.id());
                 return;
             }
         };
-        let Some((conn, id)) = self.request_ids.remove(&task) else {
+        let Some(key) = self.request_ids.remove(&task) else {
             return;
         };
+        self.respond(key, outcome);
+    }
+
+    fn respond(&mut self, (conn, id): (IpcConnId, u64), outcome: Outcome) {
         if let Err(misuse) = self.session.respond(conn, id, outcome, Instant::now()) {
             tracing::error!(error = %misuse, "bug: response rejected by the runner session");
+        }
+    }
+
+    /// Starts answering `request`. An answer that is ready at once (`tools/list`, from its
+    /// cache) is given here, without a task and the two hand-overs one costs; the rest run as
+    /// tasks of their own. A handler that panics is answered with an internal error either way.
+    fn start(&mut self, request: IncomingRequest) {
+        let key = (request.conn, request.id);
+        let mut handling = Box::pin(self.handler.handle(request));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            handling.as_mut().poll(&mut cx)
+        }));
+        match first {
+            Ok(std::task::Poll::Ready(outcome)) => self.respond(key, outcome),
+            Ok(std::task::Poll::Pending) => {
+                let task = self.requests.spawn(handling);
+                self.request_ids.insert(task.id(), key);
+            }
+            Err(_panic) => self.respond(key, handler_panicked()),
         }
     }
 
     fn pump(&mut self) {
         while let Some(output) = self.session.poll_output() {
             match output {
-                RunnerOutput::Transmit { to: conn, bytes } => {
+                RunnerOutput::Transmit {
+                    to: conn,
+                    mut bytes,
+                } => {
                     let Some(c) = self.conns.get(&conn) else {
                         continue;
                     };
+                    // Nothing queued before these bytes: write what the socket takes now, and
+                    // leave only the rest to the connection's writer.
+                    if c.backlog.load(Ordering::Acquire) == 0 {
+                        match c.stream.try_write(&bytes) {
+                            Ok(n) if n == bytes.len() => continue,
+                            Ok(n) => drop(bytes.drain(..n)),
+                            // The writer meets a real failure again and ends the connection.
+                            Err(_) => {}
+                        }
+                    }
                     let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
                     if queued <= self.max_backlog_bytes {
                         let _ = c.writer.send(bytes);
@@ -556,14 +589,7 @@ impl<H: Handler> Driver<H> {
                         c.reader.abort();
                     }
                 }
-                RunnerOutput::Request(request) => {
-                    let key = (request.conn, request.id);
-                    let handler = Arc::clone(&self.handler);
-                    let task = self
-                        .requests
-                        .spawn(async move { handler.handle(request).await });
-                    self.request_ids.insert(task.id(), key);
-                }
+                RunnerOutput::Request(request) => self.start(request),
                 RunnerOutput::Event(event) => {
                     log_event(&event);
                     if let Some(events) = &self.events {
@@ -577,6 +603,13 @@ impl<H: Handler> Driver<H> {
             }
         }
     }
+}
+
+fn handler_panicked() -> Outcome {
+    Outcome::Error(RpcError::new(
+        INTERNAL_ERROR,
+        "internal error: the request handler panicked",
+    ))
 }
 
 async fn accept(listener: Option<&tokio::net::UnixListener>) -> io::Result<UnixStream> {
@@ -614,7 +647,7 @@ async fn write_loop(
             tracing::debug!(error = %err, "writing to a bridge connection failed");
             return;
         }
-        backlog.fetch_sub(bytes.len(), Ordering::Relaxed);
+        backlog.fetch_sub(bytes.len(), Ordering::Release);
     }
     let _ = write.shutdown_write();
 }

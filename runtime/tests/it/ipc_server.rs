@@ -29,13 +29,17 @@ fn options(path: &Path, policy: BridgePolicy) -> IpcServerOptions {
     }
 }
 
-/// Answers `tools/call` with the tool name; panics for the tool `panic`; -32601 otherwise.
+/// Answers `tools/call` with the tool name; panics for the tool `panic` at once and for
+/// `panic-later` after waiting once; -32601 otherwise.
 fn serve(server: IpcServer) -> ServerTask {
     server.serve(|req: IncomingRequest| async move {
         match req.method.as_str() {
             mcp::TOOLS_CALL => {
                 let name = mcp::tool_call_name(req.params.as_ref());
-                assert_ne!(name, "panic", "the handler panics on request");
+                if name == "panic-later" {
+                    tokio::task::yield_now().await;
+                }
+                assert!(!name.starts_with("panic"), "the handler panics on request");
                 Outcome::Result(mcp::tool_text(&name))
             }
             other => Outcome::Error(RpcError::new(-32601, format!("Method not found: {other}"))),
@@ -250,11 +254,14 @@ async fn a_panicking_handler_answers_internal_error() {
     let path = dir.path().join("r.sock");
     let task = serve(IpcServer::bind(options(&path, BridgePolicy::DisplaceOld)).unwrap());
     let mut peer = Peer::connect(&path).await;
-    peer.send(json!({"kind": "mcp_request", "id": 5, "method": "tools/call", "params": {"name": "panic"}}))
-        .await;
-    let answer = peer.recv().await.unwrap();
-    assert_eq!(answer["id"], 5);
-    assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    // A handler that panics before its first wait, and one that panics after it.
+    for (id, tool) in [(4, "panic"), (5, "panic-later")] {
+        peer.send(json!({"kind": "mcp_request", "id": id, "method": "tools/call", "params": {"name": tool}}))
+            .await;
+        let answer = peer.recv().await.unwrap();
+        assert_eq!(answer["id"], id);
+        assert_eq!(answer["error"]["code"], -32603, "{answer}");
+    }
     // And keeps serving.
     peer.send(
         json!({"kind": "mcp_request", "id": 6, "method": "tools/call", "params": {"name": "ok"}}),
