@@ -549,58 +549,79 @@ impl<H: Handler> Driver<H> {
     }
 
     fn pump(&mut self) {
-        while let Some(output) = self.session.poll_output() {
-            match output {
-                RunnerOutput::Transmit {
-                    to: conn,
-                    mut bytes,
-                } => {
-                    let Some(c) = self.conns.get(&conn) else {
-                        continue;
-                    };
-                    // Nothing queued before these bytes: write what the socket takes now, and
-                    // leave only the rest to the connection's writer.
-                    if c.backlog.load(Ordering::Acquire) == 0 {
-                        match c.stream.try_write(&bytes) {
-                            Ok(n) if n == bytes.len() => continue,
-                            Ok(n) => drop(bytes.drain(..n)),
-                            // The writer meets a real failure again and ends the connection.
-                            Err(_) => {}
-                        }
-                    }
-                    let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
-                    if queued <= self.max_backlog_bytes {
-                        let _ = c.writer.send(bytes);
-                    } else if let Some(c) = self.conns.remove(&conn) {
-                        tracing::warn!(
-                            conn = conn.0,
-                            queued,
-                            max = self.max_backlog_bytes,
-                            "the bridge stopped reading; closing its connection"
-                        );
-                        c.reader.abort();
-                        c.write_task.abort();
-                        self.session.handle_closed(conn, Instant::now());
-                    }
-                }
-                RunnerOutput::Close { conn } => {
-                    // The writer delivers what is queued, then shuts the socket down.
-                    if let Some(c) = self.conns.remove(&conn) {
-                        c.reader.abort();
-                    }
-                }
-                RunnerOutput::Request(request) => self.start(request),
-                RunnerOutput::Event(event) => {
-                    log_event(&event);
-                    if let Some(events) = &self.events {
-                        let _ = events.send(event);
-                    }
-                }
-                other => tracing::warn!(
-                    ?other,
-                    "runner session: an output this version does not handle"
-                ),
+        loop {
+            // What one round has for a connection goes out in one write.
+            let mut outgoing: Vec<(IpcConnId, Vec<u8>)> = Vec::new();
+            while let Some(output) = self.session.poll_output() {
+                self.perform(output, &mut outgoing);
             }
+            if outgoing.is_empty() {
+                return;
+            }
+            // Writing may close a connection, which gives the session more to say.
+            self.transmit(outgoing);
+        }
+    }
+
+    /// Writes each connection's bytes: what the socket takes now when nothing is queued before
+    /// them, the rest through the connection's writer. A bridge whose backlog passes the limit
+    /// has stopped reading: its connection is closed.
+    fn transmit(&mut self, outgoing: Vec<(IpcConnId, Vec<u8>)>) {
+        for (conn, mut bytes) in outgoing {
+            let Some(c) = self.conns.get(&conn) else {
+                continue;
+            };
+            if c.backlog.load(Ordering::Acquire) == 0 {
+                match c.stream.try_write(&bytes) {
+                    Ok(n) if n == bytes.len() => continue,
+                    Ok(n) => drop(bytes.drain(..n)),
+                    // The writer meets a real failure again and ends the connection.
+                    Err(_) => {}
+                }
+            }
+            let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
+            if queued <= self.max_backlog_bytes {
+                let _ = c.writer.send(bytes);
+            } else if let Some(c) = self.conns.remove(&conn) {
+                tracing::warn!(
+                    conn = conn.0,
+                    queued,
+                    max = self.max_backlog_bytes,
+                    "the bridge stopped reading; closing its connection"
+                );
+                c.reader.abort();
+                c.write_task.abort();
+                self.session.handle_closed(conn, Instant::now());
+            }
+        }
+    }
+
+    /// Does one thing the session asks; frames for the bridges are collected in `outgoing`.
+    fn perform(&mut self, output: RunnerOutput, outgoing: &mut Vec<(IpcConnId, Vec<u8>)>) {
+        match output {
+            RunnerOutput::Transmit { to, bytes } => match outgoing.last_mut() {
+                Some((conn, queued)) if *conn == to => queued.extend_from_slice(&bytes),
+                _ => outgoing.push((to, bytes)),
+            },
+            RunnerOutput::Close { conn } => {
+                // What was said before the close goes first; the writer delivers what is
+                // queued, then shuts the socket down.
+                self.transmit(std::mem::take(outgoing));
+                if let Some(c) = self.conns.remove(&conn) {
+                    c.reader.abort();
+                }
+            }
+            RunnerOutput::Request(request) => self.start(request),
+            RunnerOutput::Event(event) => {
+                log_event(&event);
+                if let Some(events) = &self.events {
+                    let _ = events.send(event);
+                }
+            }
+            other => tracing::warn!(
+                ?other,
+                "runner session: an output this version does not handle"
+            ),
         }
     }
 }
