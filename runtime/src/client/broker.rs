@@ -30,6 +30,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct BrokerClient {
     http: reqwest::Client,
     urls: Arc<[String]>,
+    /// The same, parsed once (`None` for one that does not parse: requests to it fail as
+    /// they would have).
+    bases: Arc<[Option<reqwest::Url>]>,
     current: Arc<AtomicUsize>,
     token: String,
     /// A runner's: every 401 makes it check whether the token was revoked.
@@ -92,12 +95,14 @@ impl BrokerClient {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| TransportError::Setup(e.to_string()))?;
+        let urls: Arc<[String]> = urls
+            .iter()
+            .map(|u| u.trim_end_matches('/').to_owned())
+            .collect();
         Ok(Self {
             http,
-            urls: urls
-                .iter()
-                .map(|u| u.trim_end_matches('/').to_owned())
-                .collect(),
+            bases: urls.iter().map(|u| reqwest::Url::parse(u).ok()).collect(),
+            urls,
             current: Arc::new(AtomicUsize::new(0)),
             token: token.to_owned(),
             token_watch: None,
@@ -205,8 +210,11 @@ impl BrokerClient {
     }
 
     fn request_to(&self, i: usize, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, format!("{}{path}", self.urls[i]))
+        let builder = match &self.bases[i] {
+            Some(base) => self.http.request(method, join(base, path)),
+            None => self.http.request(method, format!("{}{path}", self.urls[i])),
+        };
+        builder
             .bearer_auth(&self.token)
             .header("X-AC7-Protocol", "1")
     }
@@ -295,6 +303,25 @@ impl BrokerClient {
 
 /// A request that could not be sent: [`TransportError::Certificate`] when the broker's
 /// certificate was refused, else [`TransportError::Unreachable`].
+/// `base` with `path` (and its query, if any) after its own path: what parsing the two
+/// written one after the other gives, without parsing the scheme and host again on every
+/// request.
+fn join(base: &reqwest::Url, path: &str) -> reqwest::Url {
+    let (path, query) = match path.split_once('?') {
+        Some((path, query)) => (path, Some(query)),
+        None => (path, None),
+    };
+    let mut url = base.clone();
+    let prefix = base.path().trim_end_matches('/');
+    if prefix.is_empty() {
+        url.set_path(path);
+    } else {
+        url.set_path(&format!("{prefix}{path}"));
+    }
+    url.set_query(query);
+    url
+}
+
 fn unreachable(error: &reqwest::Error) -> TransportError {
     match crate::sys::tls_client::certificate_problem(error) {
         Some(problem) => TransportError::Certificate(problem),
@@ -319,7 +346,35 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
-    use super::{BriefingError, BrokerClient, TransportError};
+    use super::{BriefingError, BrokerClient, TransportError, join};
+
+    #[test]
+    fn a_joined_url_is_the_one_parsing_base_and_path_gives() {
+        let bases = [
+            "http://127.0.0.1:8717",
+            "https://broker.example:443",
+            "https://example.org/ac7",
+            "http://[::1]:9000/team/a",
+        ];
+        let paths = [
+            "/roster",
+            "/history?with=bob&limit=50",
+            "/fs/read/home/ann/a%20b.txt",
+            "/fs/ls?path=%2Fhome%2Fann",
+            "/objectives?assignee=ann%2Bco&status=active",
+            "/objectives/obj-1/discuss",
+            "/members/ann",
+            "/fs/read/d\u{e9}j\u{e0}/caf\u{e9} 1.txt",
+            "/history?q=a b&x=\u{e9}",
+        ];
+        for base in bases {
+            for path in paths {
+                let parsed = reqwest::Url::parse(&format!("{base}{path}")).unwrap();
+                let joined = join(&reqwest::Url::parse(base).unwrap(), path);
+                assert_eq!(joined.as_str(), parsed.as_str(), "{base} + {path}");
+            }
+        }
+    }
 
     /// A one-shot HTTP server on 127.0.0.1 that answers `reply` to the first request.
     async fn serve_once(reply: &'static str) -> String {
