@@ -26,9 +26,13 @@
 //!
 //! One task owns the session. Each connection has a reader task (bytes into the session, through
 //! a bounded channel, so a fast bridge is slowed down rather than buffered without limit) and a
-//! writer task (frames out, in order; a bridge that lets more than
-//! [`IpcServerOptions::max_backlog_bytes`] pile up is treated as gone and its connection closed). Requests run concurrently, each in its own task; a
-//! handler that panics is answered with `-32603`. Dropping the [`ServerTask`] (or
+//! writer task. The frames one round of the session has for a bridge go out in one write, made
+//! in place when nothing is queued before them; what the socket does not take goes to the
+//! writer (in order; a bridge that lets more than [`IpcServerOptions::max_backlog_bytes`] pile
+//! up is treated as gone and its connection closed). The socket is watched for reading only,
+//! so the bridge reading a frame does not wake the runner for nothing. An answer that
+//! is ready at once (`tools/list`) is given without a task; other requests run concurrently,
+//! each in its own task. A handler that panics is answered with `-32603`. Dropping the [`ServerTask`] (or
 //! [`ServerTask::abort`]) stops everything at once and closes every socket without a `shutdown`
 //! frame, as if the runner died. The socket file is unlinked when the server stops, in every
 //! case, unless another process has replaced it meanwhile.
