@@ -301,8 +301,6 @@ impl BrokerClient {
     }
 }
 
-/// A request that could not be sent: [`TransportError::Certificate`] when the broker's
-/// certificate was refused, else [`TransportError::Unreachable`].
 /// `base` with `path` (and its query, if any) after its own path: what parsing the two
 /// written one after the other gives, without parsing the scheme and host again on every
 /// request.
@@ -312,16 +310,13 @@ fn join(base: &reqwest::Url, path: &str) -> reqwest::Url {
         None => (path, None),
     };
     let mut url = base.clone();
-    let prefix = base.path().trim_end_matches('/');
-    if prefix.is_empty() {
-        url.set_path(path);
-    } else {
-        url.set_path(&format!("{prefix}{path}"));
-    }
+    url.set_path(&format!("{}{path}", base.path().trim_end_matches('/')));
     url.set_query(query);
     url
 }
 
+/// A request that could not be sent: [`TransportError::Certificate`] when the broker's
+/// certificate was refused, else [`TransportError::Unreachable`].
 fn unreachable(error: &reqwest::Error) -> TransportError {
     match crate::sys::tls_client::certificate_problem(error) {
         Some(problem) => TransportError::Certificate(problem),
