@@ -17,14 +17,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::dialects::relay::{Relay, RelayOutput, RelaySession, connect_within_timeout};
+use crate::dialects::stdio::AgentStdin;
+use crate::sys::unix_socket::PeerStream;
 use ac7_protocol::session::mcp_bridge::{
     BridgeConfig, BridgeEvent, BridgeOutput, BridgePeer, BridgeSession, ExitReason, ReleasedBy,
 };
-use tokio::net::UnixStream;
-
-use crate::dialects::relay::{Relay, RelayOutput, RelaySession};
-use crate::dialects::stdio::AgentStdin;
-use crate::sys::unix_socket::PeerStream;
 
 pub use crate::dialects::relay::CONNECT_TIMEOUT;
 
@@ -192,14 +190,13 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
 }
 
 async fn connect(path: &Path) -> Result<PeerStream, BridgeError> {
-    let connected = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await;
-    match connected.map(|result| result.and_then(PeerStream::new)) {
-        Ok(Ok(stream)) => Ok(stream),
-        Ok(Err(source)) => Err(BridgeError::Connect {
+    match connect_within_timeout(path).await {
+        Some(Ok(stream)) => Ok(stream),
+        Some(Err(source)) => Err(BridgeError::Connect {
             path: path.to_owned(),
             source,
         }),
-        Err(_) => Err(BridgeError::ConnectTimeout {
+        None => Err(BridgeError::ConnectTimeout {
             path: path.to_owned(),
             timeout: CONNECT_TIMEOUT,
         }),

@@ -21,7 +21,7 @@
 //!   `FINAL_WRITE_TIMEOUT`.
 
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
@@ -92,15 +92,22 @@ pub(crate) enum RelayOutput<E, X> {
 
 type Connecting = Pin<Box<dyn Future<Output = io::Result<PeerStream>>>>;
 
+/// Connects to `path`; `None` when that took longer than [`CONNECT_TIMEOUT`].
+pub(crate) async fn connect_within_timeout(path: &Path) -> Option<io::Result<PeerStream>> {
+    let connected = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(path)).await;
+    connected
+        .ok()
+        .map(|result| result.and_then(PeerStream::new))
+}
+
 /// Connects to `path`, failing after [`CONNECT_TIMEOUT`].
-pub(crate) async fn connect(path: PathBuf) -> io::Result<PeerStream> {
-    match tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(&path)).await {
-        Ok(result) => result.and_then(PeerStream::new),
-        Err(_) => Err(io::Error::new(
+async fn connect(path: PathBuf) -> io::Result<PeerStream> {
+    connect_within_timeout(&path).await.unwrap_or_else(|| {
+        Err(io::Error::new(
             io::ErrorKind::TimedOut,
             format!("timeout after {}ms", CONNECT_TIMEOUT.as_millis()),
-        )),
-    }
+        ))
+    })
 }
 
 /// The event loop around one session; see the [module docs](self).
