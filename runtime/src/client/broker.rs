@@ -10,16 +10,22 @@
 //! all move together. A timeout or a 500 is not retried elsewhere: the request may have been
 //! carried out.
 //!
+//! **Toolbox requests** ([`BrokerClient::execute`]) to an `http://` broker go over the
+//! client's own kept-alive connections ([`super::plain`]); everything else, and every request
+//! to an `https://` broker, through reqwest.
+//!
 //! **A revoked token.** A runner's client carries a [`TokenWatch`]
 //! ([`BrokerClient::with_token_watch`]): every 401 it gets makes the watch check the token (see
 //! [`super::token_watch`]).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ac7_protocol::domain::toolbox::{Body, Briefing, Method, Request, Response};
 
+use super::plain::{self, Plain};
 use super::token_watch::TokenWatch;
 
 /// How long one broker request may take.
@@ -33,6 +39,8 @@ pub struct BrokerClient {
     /// The same, parsed once (`None` for one that does not parse: requests to it fail as
     /// they would have).
     bases: Arc<[Option<reqwest::Url>]>,
+    /// The kept-alive connections of each `http://` URL, for toolbox requests.
+    plain: Arc<[Option<Plain>]>,
     current: Arc<AtomicUsize>,
     token: String,
     /// A runner's: every 401 makes it check whether the token was revoked.
@@ -99,9 +107,15 @@ impl BrokerClient {
             .iter()
             .map(|u| u.trim_end_matches('/').to_owned())
             .collect();
+        let bases: Arc<[Option<reqwest::Url>]> =
+            urls.iter().map(|u| reqwest::Url::parse(u).ok()).collect();
         Ok(Self {
             http,
-            bases: urls.iter().map(|u| reqwest::Url::parse(u).ok()).collect(),
+            plain: bases
+                .iter()
+                .map(|base| base.as_ref().and_then(Plain::for_base))
+                .collect(),
+            bases,
             urls,
             current: Arc::new(AtomicUsize::new(0)),
             token: token.to_owned(),
@@ -173,20 +187,34 @@ impl BrokerClient {
         path: &str,
         build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, reqwest::Error> {
+        self.failing_over(
+            |i| build(self.request_to(i, method.clone(), path)).send(),
+            |response| response.status().as_u16(),
+            reqwest::Error::is_connect,
+        )
+        .await
+    }
+
+    /// Runs `attempt` on the current URL's number, and again on the next URL's while the
+    /// answer (`status`) or the error (`refused`: nothing reached the broker) says that broker
+    /// did nothing, each URL at most once; a 401 makes the token watch check the token.
+    async fn failing_over<T, E, F: Future<Output = Result<T, E>>>(
+        &self,
+        attempt: impl Fn(usize) -> F,
+        status: impl Fn(&T) -> u16,
+        refused: impl Fn(&E) -> bool,
+    ) -> Result<T, E> {
         let n = self.urls.len();
-        let mut attempt = 0;
+        let mut tries = 0;
         loop {
-            attempt += 1;
+            tries += 1;
             let i = self.current.load(Ordering::Relaxed) % n;
-            let request = build(self.request_to(i, method.clone(), path));
-            let last = attempt >= n;
-            match request.send().await {
-                Ok(response) if !last && matches!(response.status().as_u16(), 502..=504) => {
-                    self.fail_over(i);
-                }
-                Err(e) if !last && e.is_connect() => self.fail_over(i),
+            let last = tries >= n;
+            match attempt(i).await {
+                Ok(answer) if !last && matches!(status(&answer), 502..=504) => self.fail_over(i),
+                Err(e) if !last && refused(&e) => self.fail_over(i),
                 other => {
-                    if matches!(&other, Ok(r) if r.status() == reqwest::StatusCode::UNAUTHORIZED) {
+                    if matches!(&other, Ok(answer) if status(answer) == 401) {
                         self.check_token();
                     }
                     return other;
@@ -221,6 +249,81 @@ impl BrokerClient {
 
     /// Performs a toolbox request.
     pub async fn execute(&self, request: &Request) -> Result<Response, TransportError> {
+        self.failing_over(
+            |i| self.execute_on(i, request),
+            |response| response.status,
+            |failed| failed.refused,
+        )
+        .await
+        .map_err(|failed| failed.error)
+    }
+
+    /// One try of a toolbox request, on URL number `i`.
+    async fn execute_on(&self, i: usize, request: &Request) -> Result<Response, Failed> {
+        let Some(plain) = self.plain[i]
+            .as_ref()
+            .filter(|_| plain::header_safe(&self.token))
+        else {
+            return self.execute_general(i, request).await;
+        };
+        if let Body::Bytes { content_type, .. } = &request.body
+            && !plain::header_safe(content_type)
+        {
+            // reqwest refuses it with its own error.
+            return self.execute_general(i, request).await;
+        }
+        let target = plain.target(&request.path, || {
+            join(
+                self.bases[i].as_ref().expect("a plain URL was parsed"),
+                &request.path,
+            )
+        });
+        let json;
+        let body = match &request.body {
+            Body::Empty => None,
+            Body::Json(value) => {
+                json = serde_json::to_vec(value).expect("a JSON value serializes");
+                Some((json.as_slice(), "application/json"))
+            }
+            Body::Bytes {
+                bytes,
+                content_type,
+            } => Some((bytes.as_slice(), content_type.as_str())),
+        };
+        let outgoing = plain::Outgoing {
+            method: request.method.as_str(),
+            target: &target,
+            token: &self.token,
+            body,
+        };
+        let url = &self.urls[i];
+        match tokio::time::timeout(REQUEST_TIMEOUT, plain.send(&outgoing)).await {
+            Ok(Ok((status, body))) => Ok(Response { status, body }),
+            Ok(Err(failure)) => {
+                let refused = matches!(failure, plain::Failure::Connect(_));
+                let text = format!("{} {url}{}: {failure}", outgoing.method, request.path);
+                Err(Failed {
+                    refused,
+                    error: match failure {
+                        plain::Failure::Answer(_) => TransportError::Interrupted(text),
+                        _ => TransportError::Unreachable(text),
+                    },
+                })
+            }
+            Err(_) => Err(Failed {
+                refused: false,
+                error: TransportError::Unreachable(format!(
+                    "{} {url}{}: no answer within {} s",
+                    outgoing.method,
+                    request.path,
+                    REQUEST_TIMEOUT.as_secs()
+                )),
+            }),
+        }
+    }
+
+    /// One try of a toolbox request through reqwest (an `https://` broker, or a proxy).
+    async fn execute_general(&self, i: usize, request: &Request) -> Result<Response, Failed> {
         let method = match request.method {
             Method::Get => reqwest::Method::GET,
             Method::Post => reqwest::Method::POST,
@@ -228,24 +331,26 @@ impl BrokerClient {
             Method::Put => reqwest::Method::PUT,
             Method::Delete => reqwest::Method::DELETE,
         };
-        let response = self
-            .send(method, &request.path, |builder| match &request.body {
-                Body::Empty => builder,
-                Body::Json(value) => builder.json(value),
-                Body::Bytes {
-                    bytes,
-                    content_type,
-                } => builder
-                    .header(reqwest::header::CONTENT_TYPE, content_type)
-                    .body(bytes.clone()),
-            })
-            .await
-            .map_err(|e| unreachable(&e))?;
+        let builder = self.request_to(i, method, &request.path);
+        let builder = match &request.body {
+            Body::Empty => builder,
+            Body::Json(value) => builder.json(value),
+            Body::Bytes {
+                bytes,
+                content_type,
+            } => builder
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(bytes.clone()),
+        };
+        let response = builder.send().await.map_err(|e| Failed {
+            refused: e.is_connect(),
+            error: unreachable(&e),
+        })?;
         let status = response.status().as_u16();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| TransportError::Interrupted(describe(&e)))?;
+        let body = response.bytes().await.map_err(|e| Failed {
+            refused: false,
+            error: TransportError::Interrupted(describe(&e)),
+        })?;
         Ok(Response {
             status,
             body: body.to_vec(),
@@ -301,10 +406,17 @@ impl BrokerClient {
     }
 }
 
+/// A toolbox request that got no answer from one URL.
+struct Failed {
+    /// Nothing reached that broker: the next URL may be tried.
+    refused: bool,
+    error: TransportError,
+}
+
 /// `base` with `path` (and its query, if any) after its own path: what parsing the two
 /// written one after the other gives, without parsing the scheme and host again on every
 /// request.
-fn join(base: &reqwest::Url, path: &str) -> reqwest::Url {
+pub(super) fn join(base: &reqwest::Url, path: &str) -> reqwest::Url {
     let (path, query) = match path.split_once('?') {
         Some((path, query)) => (path, Some(query)),
         None => (path, None),

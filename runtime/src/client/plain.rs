@@ -1,0 +1,815 @@
+//! Toolbox requests to an `http://` broker without the general HTTP client: HTTP/1.1 on
+//! kept-alive TCP connections, one request at a time on each, the request written with one
+//! `write` and the answer read with as few reads as it needs.
+//!
+//! A tool call is one small request and one small answer on loopback or a LAN; the general
+//! client (connection pool task, retry layers, header maps, URL objects) cost the runner more
+//! CPU per call than the rest of the call together. `https://` brokers and everything that
+//! is not a toolbox request (the live stream, activity uploads) still go through it, as does
+//! every request when a proxy is configured in the environment (which the general client
+//! honours).
+//!
+//! The answer is framed as HTTP/1.1 says: `Content-Length`, `Transfer-Encoding: chunked`, or
+//! up to the close of the connection. A connection goes back to the idle list only after a
+//! whole answer that did not ask to close it. An idle connection the broker has closed in the
+//! meantime is noticed before reuse; a request on a reused connection that fails before any
+//! byte of an answer arrives (the broker closed it just then) is sent once more on a new one.
+
+use std::io;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Idle connections kept per broker.
+const MAX_IDLE: usize = 4;
+
+/// The most bytes a status line and headers may take.
+const MAX_HEAD: usize = 64 * 1024;
+
+/// Headers read from one answer (the broker sends fewer than ten).
+const MAX_HEADERS: usize = 64;
+
+/// The environment variables through which the general client would send `http://` requests
+/// to a proxy.
+const PROXY_VARS: [&str; 4] = ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"];
+
+/// Kept-alive connections to one `http://` broker.
+#[derive(Debug)]
+pub(crate) struct Plain {
+    /// Where to connect.
+    host: String,
+    port: u16,
+    /// The `Host` header.
+    authority: String,
+    /// The base URL's path, without its trailing `/`.
+    prefix: String,
+    idle: Mutex<Vec<TcpStream>>,
+}
+
+/// Why a request got no answer.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// No connection could be made: nothing reached the broker.
+    Connect(io::Error),
+    /// The request could not be sent, or no answer came back.
+    Send(io::Error),
+    /// The answer broke off, or is not HTTP/1.1.
+    Answer(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Connect(err) => write!(f, "cannot connect: {err}"),
+            Self::Send(err) => write!(f, "the request was not answered: {err}"),
+            Self::Answer(why) => write!(f, "the answer broke off: {why}"),
+        }
+    }
+}
+
+/// One request: what goes on the request line and in the few headers a toolbox call needs.
+pub(crate) struct Outgoing<'a> {
+    pub(crate) method: &'static str,
+    /// Path and query, percent-encoded (see [`Plain::target`]).
+    pub(crate) target: &'a str,
+    pub(crate) token: &'a str,
+    /// The body and its `Content-Type` (`None`: no body).
+    pub(crate) body: Option<(&'a [u8], &'a str)>,
+}
+
+impl Plain {
+    /// For a broker at `base`: `None` unless it is `http://` with a host, and no proxy is
+    /// configured in the environment.
+    pub(crate) fn for_base(base: &reqwest::Url) -> Option<Self> {
+        if base.scheme() != "http"
+            || PROXY_VARS
+                .iter()
+                .any(|var| std::env::var_os(var).is_some_and(|v| !v.is_empty()))
+        {
+            return None;
+        }
+        let named = base.host_str().filter(|h| !h.is_empty())?;
+        // An IPv6 address is written in brackets in a URL, not when connecting.
+        let host = named
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(named)
+            .to_owned();
+        let port = base.port_or_known_default()?;
+        let authority = match base.port() {
+            Some(port) => format!("{named}:{port}"),
+            None => named.to_owned(),
+        };
+        Some(Self {
+            host,
+            port,
+            authority,
+            prefix: base.path().trim_end_matches('/').to_owned(),
+            idle: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The request target for `path` (path and query, percent-encoded) under this base: `path`
+    /// as it is when it holds nothing a URL parser would change, else what `full` (the parsed
+    /// URL) says.
+    pub(crate) fn target(&self, path: &str, full: impl FnOnce() -> reqwest::Url) -> String {
+        if path.starts_with('/') && path.bytes().all(plain_byte) && !has_dot_segment(path) {
+            let mut target = String::with_capacity(self.prefix.len() + path.len());
+            target.push_str(&self.prefix);
+            target.push_str(path);
+            return target;
+        }
+        let url = full();
+        match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        }
+    }
+
+    /// Sends `request` and reads the whole answer: its status and body.
+    pub(crate) async fn send(&self, request: &Outgoing<'_>) -> Result<(u16, Vec<u8>), Failure> {
+        let bytes = encode(request, &self.authority);
+        if let Some(stream) = self.reusable() {
+            match exchange(stream, &bytes).await {
+                Ok((answer, stream)) => return Ok(self.keep(answer, stream)),
+                // The broker closed the connection as the request went out: nothing was
+                // answered, so nothing was carried out; once more on a new connection.
+                Err(Failure::Send(_)) => {}
+                Err(other) => return Err(other),
+            }
+        }
+        let stream = self.connect().await?;
+        let (answer, stream) = exchange(stream, &bytes).await?;
+        Ok(self.keep(answer, stream))
+    }
+
+    /// An idle connection the broker has not closed, if there is one.
+    fn reusable(&self) -> Option<TcpStream> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(stream) = idle.pop() {
+            // Nothing is due on an idle connection: anything readable (the close, or bytes
+            // the broker should not have sent) retires it.
+            if let Err(err) = stream.try_read(&mut [0u8; 1])
+                && err.kind() == io::ErrorKind::WouldBlock
+            {
+                return Some(stream);
+            }
+        }
+        None
+    }
+
+    async fn connect(&self) -> Result<TcpStream, Failure> {
+        let connecting = TcpStream::connect((self.host.as_str(), self.port));
+        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return Err(Failure::Connect(err)),
+            Err(_) => {
+                return Err(Failure::Connect(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {} s", CONNECT_TIMEOUT.as_secs()),
+                )));
+            }
+        };
+        stream.set_nodelay(true).map_err(Failure::Connect)?;
+        Ok(stream)
+    }
+
+    /// The answer's status and body; the connection back on the idle list if it may be reused.
+    fn keep(&self, answer: Answer, stream: TcpStream) -> (u16, Vec<u8>) {
+        if answer.reusable {
+            let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            if idle.len() < MAX_IDLE {
+                idle.push(stream);
+            }
+        }
+        (answer.status, answer.body)
+    }
+}
+
+/// Whether `value` may go into a header as it is (no line breaks or other control bytes).
+pub(crate) fn header_safe(value: &str) -> bool {
+    value
+        .bytes()
+        .all(|b| b == b'\t' || (0x20..0x7f).contains(&b))
+}
+
+/// A byte a request target may hold as it is: what a URL parser leaves alone in a path and a
+/// query (unreserved, sub-delimiters, `:@/?` and escapes).
+fn plain_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b)
+}
+
+/// Whether the path part holds a `.` or `..` segment (which a URL parser would resolve).
+fn has_dot_segment(target: &str) -> bool {
+    let path = target.split_once('?').map_or(target, |(path, _)| path);
+    path.split('/')
+        .any(|segment| segment == "." || segment == "..")
+}
+
+/// The request's bytes: the request line, `Host`, the bearer token, `X-AC7-Protocol: 1`, the
+/// body's type and length, and the body.
+fn encode(request: &Outgoing<'_>, authority: &str) -> Vec<u8> {
+    let body = request.body.map_or(&[][..], |(bytes, _)| bytes);
+    let mut out = Vec::with_capacity(160 + request.target.len() + request.token.len() + body.len());
+    for part in [
+        request.method,
+        " ",
+        request.target,
+        " HTTP/1.1\r\nhost: ",
+        authority,
+        "\r\nauthorization: Bearer ",
+        request.token,
+        "\r\nx-ac7-protocol: 1\r\n",
+    ] {
+        out.extend_from_slice(part.as_bytes());
+    }
+    if let Some((_, content_type)) = request.body {
+        out.extend_from_slice(b"content-type: ");
+        out.extend_from_slice(content_type.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if request.body.is_some() || !matches!(request.method, "GET" | "DELETE") {
+        out.extend_from_slice(format!("content-length: {}\r\n", body.len()).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(body);
+    out
+}
+
+/// A whole answer.
+#[derive(Debug, PartialEq, Eq)]
+struct Answer {
+    status: u16,
+    body: Vec<u8>,
+    /// The connection may carry the next request.
+    reusable: bool,
+}
+
+/// Writes `request` on `stream` and reads the answer.
+async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Answer, TcpStream), Failure> {
+    stream.write_all(request).await.map_err(Failure::Send)?;
+    let mut decoder = Decoder::default();
+    let mut buf = Vec::with_capacity(8 * 1024);
+    loop {
+        if buf.capacity() - buf.len() < 4 * 1024 {
+            buf.reserve(buf.capacity().max(8 * 1024));
+        }
+        let n = match stream.read_buf(&mut buf).await {
+            Ok(n) => n,
+            Err(err) if decoder.started() => return Err(Failure::Answer(err.to_string())),
+            Err(err) => return Err(Failure::Send(err)),
+        };
+        let eof = n == 0;
+        match decoder.feed(&mut buf, eof) {
+            Ok(Some(answer)) => return Ok((answer, stream)),
+            Ok(None) if eof && !decoder.started() => {
+                return Err(Failure::Send(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the connection closed before an answer",
+                )));
+            }
+            Ok(None) if eof => {
+                return Err(Failure::Answer(
+                    "the connection closed before the end of the answer".into(),
+                ));
+            }
+            Ok(None) => {}
+            Err(why) => return Err(Failure::Answer(why)),
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 answer from the bytes of a connection, as they arrive.
+#[derive(Debug, Default)]
+struct Decoder {
+    /// Any byte has come.
+    seen: bool,
+    head: Option<Head>,
+    body: Vec<u8>,
+    chunks: Chunks,
+}
+
+#[derive(Debug)]
+struct Head {
+    status: u16,
+    framing: Framing,
+    close: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    UntilClose,
+}
+
+impl Decoder {
+    fn started(&self) -> bool {
+        self.seen
+    }
+
+    /// Takes what it can from `buf` (the bytes read so far and not yet taken, which it
+    /// drains); the answer once it is whole. `eof`: the connection has closed.
+    fn feed(&mut self, buf: &mut Vec<u8>, eof: bool) -> Result<Option<Answer>, String> {
+        self.seen |= !buf.is_empty();
+        while self.head.is_none() {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut response = httparse::Response::new(&mut headers);
+            let len = match response.parse(buf) {
+                Ok(httparse::Status::Complete(len)) => len,
+                Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                    return Err(format!("the header is over {MAX_HEAD} bytes"));
+                }
+                Ok(httparse::Status::Partial) => return Ok(None),
+                Err(err) => return Err(format!("not an HTTP/1.1 answer ({err})")),
+            };
+            let status = response.code.unwrap_or_default();
+            let head = read_head(status, response.version == Some(1), response.headers)?;
+            buf.drain(..len);
+            // An interim answer (`100 Continue`) is followed by the real one.
+            if (100..200).contains(&status) {
+                continue;
+            }
+            self.head = Some(head);
+        }
+        let head = self.head.as_ref().expect("the head was read above");
+        let done = match head.framing {
+            Framing::Length(len) => {
+                let take = (len - self.body.len()).min(buf.len());
+                self.body.extend(buf.drain(..take));
+                self.body.len() == len
+            }
+            Framing::Chunked => {
+                let used = self.chunks.feed(buf, &mut self.body)?;
+                buf.drain(..used);
+                self.chunks.done()
+            }
+            Framing::UntilClose => {
+                self.body.append(buf);
+                eof
+            }
+        };
+        if !done {
+            return Ok(None);
+        }
+        Ok(Some(Answer {
+            status: head.status,
+            body: std::mem::take(&mut self.body),
+            // Bytes after the answer would be an answer to nothing: do not reuse.
+            reusable: !head.close && head.framing != Framing::UntilClose && buf.is_empty(),
+        }))
+    }
+}
+
+fn read_head(status: u16, http11: bool, headers: &[httparse::Header<'_>]) -> Result<Head, String> {
+    let mut length = None;
+    let mut chunked = false;
+    let mut close = !http11;
+    for header in headers {
+        let value = std::str::from_utf8(header.value).unwrap_or("").trim();
+        if header.name.eq_ignore_ascii_case("content-length") {
+            let len: usize = value
+                .parse()
+                .map_err(|_| format!("a Content-Length that is not a length: {value:?}"))?;
+            if length.is_some_and(|other| other != len) {
+                return Err("two different Content-Length headers".into());
+            }
+            length = Some(len);
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value
+                .rsplit(',')
+                .next()
+                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
+            if !chunked {
+                return Err(format!(
+                    "a transfer coding this client cannot read: {value}"
+                ));
+            }
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            for option in value.split(',').map(str::trim) {
+                if option.eq_ignore_ascii_case("close") {
+                    close = true;
+                } else if option.eq_ignore_ascii_case("keep-alive") && !http11 {
+                    close = false;
+                }
+            }
+        }
+    }
+    let framing = if matches!(status, 204 | 304) || (100..200).contains(&status) {
+        Framing::Length(0)
+    } else if chunked {
+        Framing::Chunked
+    } else if let Some(len) = length {
+        Framing::Length(len)
+    } else {
+        Framing::UntilClose
+    };
+    Ok(Head {
+        status,
+        framing,
+        close,
+    })
+}
+
+/// A chunked body being read: where in the chunk format the next byte falls.
+#[derive(Debug, Default)]
+enum Chunks {
+    /// Before a chunk-size line.
+    #[default]
+    Size,
+    /// This many bytes of the current chunk's data are still to come.
+    Data(usize),
+    /// The CRLF after a chunk's data.
+    DataEnd,
+    /// Trailer lines after the last (empty) chunk, up to an empty line.
+    Trailer,
+    Done,
+}
+
+impl Chunks {
+    fn done(&self) -> bool {
+        matches!(self, Self::Done)
+    }
+
+    /// Reads what it can of `input` into `body`; how many bytes of `input` it used (a line is
+    /// used only when it is whole).
+    fn feed(&mut self, input: &[u8], body: &mut Vec<u8>) -> Result<usize, String> {
+        let mut at = 0;
+        loop {
+            let rest = &input[at..];
+            match *self {
+                Self::Done => return Ok(at),
+                Self::Data(left) => {
+                    let take = left.min(rest.len());
+                    body.extend_from_slice(&rest[..take]);
+                    at += take;
+                    if take < left {
+                        *self = Self::Data(left - take);
+                        return Ok(at);
+                    }
+                    *self = Self::DataEnd;
+                }
+                Self::Size | Self::DataEnd | Self::Trailer => {
+                    let Some(end) = memchr::memchr(b'\n', rest) else {
+                        if rest.len() > MAX_HEAD {
+                            return Err("a chunk line without an end".into());
+                        }
+                        return Ok(at);
+                    };
+                    let line = rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]);
+                    at += end + 1;
+                    *self = match *self {
+                        Self::Size => match chunk_size(line)? {
+                            0 => Self::Trailer,
+                            len => Self::Data(len),
+                        },
+                        Self::DataEnd if line.is_empty() => Self::Size,
+                        Self::DataEnd => return Err("a chunk longer than its size".into()),
+                        _ if line.is_empty() => Self::Done,
+                        _ => Self::Trailer,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// The size on a chunk-size line (hex digits, then maybe `;extensions`).
+fn chunk_size(line: &[u8]) -> Result<usize, String> {
+    let digits = line.split(|&b| b == b';').next().unwrap_or_default();
+    let digits = std::str::from_utf8(digits).unwrap_or("").trim();
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(format!(
+            "not a chunk size: {:?}",
+            String::from_utf8_lossy(line)
+        ));
+    }
+    usize::from_str_radix(digits, 16)
+        .map_err(|_| format!("not a chunk size: {:?}", String::from_utf8_lossy(line)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Answer, Decoder, Outgoing, Plain, encode};
+
+    /// Feeds `wire` to a fresh decoder in pieces of `step` bytes; the answer and what was left.
+    fn decode_in_steps(
+        wire: &[u8],
+        step: usize,
+        eof: bool,
+    ) -> Result<Option<(Answer, Vec<u8>)>, String> {
+        let mut decoder = Decoder::default();
+        let mut buf = Vec::new();
+        let mut pieces = wire.chunks(step).peekable();
+        while let Some(piece) = pieces.next() {
+            buf.extend_from_slice(piece);
+            let last = pieces.peek().is_none();
+            if let Some(answer) = decoder.feed(&mut buf, eof && last)? {
+                return Ok(Some((answer, buf)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn answer(status: u16, body: &[u8], reusable: bool) -> Answer {
+        Answer {
+            status,
+            body: body.to_vec(),
+            reusable,
+        }
+    }
+
+    #[test]
+    fn every_framing_reads_the_same_answer_however_the_bytes_arrive() {
+        let cases: [(&[u8], bool, Answer); 7] = [
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"a\":\"b c\"}",
+                false,
+                answer(200, b"{\"a\":\"b c\"}", true),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\nWiki\r\n5\r\npedia\r\nE\r\n in\r\n\r\nchunks.\r\n0\r\nExpires: never\r\n\r\n",
+                false,
+                answer(200, b"Wikipedia in\r\n\r\nchunks.", true),
+            ),
+            (
+                b"HTTP/1.1 404 Not Found\r\nconnection: close\r\ncontent-length: 3\r\n\r\nno\n",
+                false,
+                answer(404, b"no\n", false),
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
+                true,
+                answer(200, b"until the end", false),
+            ),
+            (
+                b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\n{}",
+                false,
+                answer(201, b"{}", true),
+            ),
+            (
+                b"HTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                answer(204, b"", true),
+            ),
+            (
+                b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok",
+                false,
+                answer(200, b"ok", false),
+            ),
+        ];
+        for (wire, eof, expected) in cases {
+            for step in 1..=wire.len() {
+                let (got, rest) = decode_in_steps(wire, step, eof)
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("no answer at step {step}: {wire:?}"));
+                assert_eq!(got, expected, "step {step}");
+                assert!(rest.is_empty());
+            }
+        }
+    }
+
+    #[test]
+    fn an_answer_cut_short_is_not_an_answer() {
+        for wire in [
+            &b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort"[..],
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nabc",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-le",
+        ] {
+            assert_eq!(decode_in_steps(wire, 3, false).unwrap(), None, "{wire:?}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_http_is_refused_with_a_reason() {
+        for (wire, why) in [
+            (
+                &b"SSH-2.0-OpenSSH_9.6\r\n\r\n"[..],
+                "not an HTTP/1.1 answer",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n",
+                "not a length",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
+                "two different",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+                "transfer coding",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+                "not a chunk size",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nab\r\n",
+                "longer than its size",
+            ),
+        ] {
+            let err = decode_in_steps(wire, wire.len(), false).unwrap_err();
+            assert!(err.contains(why), "{err} for {wire:?}");
+        }
+    }
+
+    #[test]
+    fn bytes_after_an_answer_retire_the_connection() {
+        let wire = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n";
+        let (got, rest) = decode_in_steps(wire, wire.len(), false).unwrap().unwrap();
+        assert_eq!(got, answer(200, b"ok", false));
+        assert_eq!(rest, b"HTTP/1.1 200 OK\r\n");
+    }
+
+    #[test]
+    fn a_request_carries_its_token_protocol_and_body() {
+        let request = Outgoing {
+            method: "POST",
+            target: "/ac7/push",
+            token: "ac7_t",
+            body: Some((b"{\"body\":\"hi\"}", "application/json")),
+        };
+        assert_eq!(
+            String::from_utf8(encode(&request, "127.0.0.1:8717")).unwrap(),
+            "POST /ac7/push HTTP/1.1\r\nhost: 127.0.0.1:8717\r\nauthorization: Bearer ac7_t\r\n\
+             x-ac7-protocol: 1\r\ncontent-type: application/json\r\ncontent-length: 13\r\n\r\n\
+             {\"body\":\"hi\"}"
+        );
+        let get = Outgoing {
+            method: "GET",
+            target: "/roster",
+            token: "t",
+            body: None,
+        };
+        assert_eq!(
+            String::from_utf8(encode(&get, "localhost")).unwrap(),
+            "GET /roster HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer t\r\nx-ac7-protocol: 1\r\n\r\n"
+        );
+        let post = Outgoing {
+            method: "POST",
+            body: None,
+            ..get
+        };
+        assert!(
+            String::from_utf8(encode(&post, "localhost"))
+                .unwrap()
+                .ends_with("x-ac7-protocol: 1\r\ncontent-length: 0\r\n\r\n")
+        );
+    }
+
+    #[test]
+    fn line_breaks_and_control_bytes_are_not_header_safe() {
+        assert!(super::header_safe(
+            "ac7_0123-abc.DEF text/plain; charset=utf-8\t"
+        ));
+        for bad in ["a\r\nx-evil: 1", "a\nb", "nul\0", "caf\u{e9}", "del\u{7f}"] {
+            assert!(!super::header_safe(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_target_is_what_parsing_the_whole_url_gives() {
+        for base in [
+            "http://127.0.0.1:8717",
+            "http://localhost",
+            "http://example.org/ac7/",
+            "http://[::1]:9000/team/a",
+        ] {
+            let parsed_base = reqwest::Url::parse(base).unwrap();
+            let plain = Plain::for_base(&parsed_base).unwrap();
+            for path in [
+                "/roster",
+                "/history?with=bob&limit=50",
+                "/fs/read/home/ann/a%20b.txt",
+                "/objectives?assignee=ann%2Bco&status=active",
+                "/fs/read/d\u{e9}j\u{e0}/caf\u{e9} 1.txt",
+                "/history?q=a b&x=\u{e9}",
+                "/fs/read/a/../b",
+                "/fs/read/a/./b?x=../y",
+                "/fs/read/{x}\"<>`",
+            ] {
+                let joined = format!("{}{path}", base.trim_end_matches('/'));
+                let url = reqwest::Url::parse(&joined).unwrap();
+                let expected = match url.query() {
+                    Some(q) => format!("{}?{q}", url.path()),
+                    None => url.path().to_owned(),
+                };
+                let got = plain.target(path, || super::super::broker::join(&parsed_base, path));
+                assert_eq!(got, expected, "{base} + {path}");
+            }
+        }
+        assert!(Plain::for_base(&reqwest::Url::parse("https://example.org").unwrap()).is_none());
+    }
+
+    /// A server on 127.0.0.1 that answers every request with its connection's number and the
+    /// request's number on it, and closes each connection after `per_connection` answers
+    /// (without saying so); the requests it answered, as `(connection, request line)`.
+    async fn numbering_server(
+        per_connection: usize,
+    ) -> (
+        reqwest::Url,
+        std::sync::Arc<std::sync::Mutex<Vec<(usize, String)>>>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url =
+            reqwest::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
+        tokio::spawn(async move {
+            for conn in 0.. {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let log = std::sync::Arc::clone(&log);
+                tokio::spawn(async move {
+                    let mut buf = Vec::new();
+                    for n in 0..per_connection {
+                        let end = loop {
+                            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                break end + 4;
+                            }
+                            let mut chunk = [0u8; 1024];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                            }
+                        };
+                        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                        buf.drain(..end);
+                        let line = head.lines().next().unwrap_or_default().to_owned();
+                        log.lock().unwrap().push((conn, line));
+                        let body = format!("{conn}/{n}");
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        stream.write_all(answer.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    fn get(target: &str) -> Outgoing<'_> {
+        Outgoing {
+            method: "GET",
+            target,
+            token: "t",
+            body: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn one_kept_connection_carries_request_after_request() {
+        let (url, seen) = numbering_server(usize::MAX).await;
+        let plain = Plain::for_base(&url).unwrap();
+        for n in 0..5 {
+            let (status, body) = plain.send(&get("/roster")).await.unwrap();
+            assert_eq!((status, body), (200, format!("0/{n}").into_bytes()));
+        }
+        assert_eq!(seen.lock().unwrap().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_connection_the_broker_closed_is_replaced_and_no_request_is_lost_or_doubled() {
+        let (url, seen) = numbering_server(1).await;
+        let plain = Plain::for_base(&url).unwrap();
+        for n in 0..4 {
+            // Once without giving the runtime a turn in between (the close may not have been
+            // noticed when the next request goes out), once after it.
+            if n % 2 == 1 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            let target = format!("/history?n={n}");
+            let (status, body) = plain.send(&get(&target)).await.unwrap();
+            assert_eq!((status, body), (200, format!("{n}/0").into_bytes()));
+        }
+        let seen = seen.lock().unwrap().clone();
+        let lines: Vec<_> = seen.iter().map(|(_, line)| line.as_str()).collect();
+        assert_eq!(
+            lines,
+            (0..4)
+                .map(|n| format!("GET /history?n={n} HTTP/1.1"))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_a_refused_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url =
+            reqwest::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        drop(listener);
+        let plain = Plain::for_base(&url).unwrap();
+        assert!(matches!(
+            plain.send(&get("/roster")).await,
+            Err(super::Failure::Connect(_))
+        ));
+    }
+}
