@@ -11,7 +11,7 @@
 //! carried out.
 //!
 //! **Toolbox requests** ([`BrokerClient::execute`]) to an `http://` broker go over the
-//! client's own kept-alive connections ([`super::plain`]); everything else, and every request
+//! client's own kept-alive HTTP/1.1 connections; everything else, and every request
 //! to an `https://` broker, through reqwest.
 //!
 //! **A revoked token.** A runner's client carries a [`TokenWatch`]
