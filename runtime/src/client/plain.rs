@@ -12,8 +12,10 @@
 //! The answer is framed as HTTP/1.1 says: `Content-Length`, `Transfer-Encoding: chunked`, or
 //! up to the close of the connection. A connection goes back to the idle list only after a
 //! whole answer that did not ask to close it. An idle connection the broker has closed in the
-//! meantime is noticed before reuse; a request on a reused connection that fails before any
-//! byte of an answer arrives (the broker closed it just then) is sent once more on a new one.
+//! meantime is noticed before reuse; a request on a reused connection that could not be written
+//! (the broker had closed it), or a GET, PUT or DELETE that got no byte of an answer back, is
+//! sent once more on a new one. A POST or PATCH that got nothing back is not: the broker may
+//! have carried it out.
 
 use std::io;
 use std::sync::Mutex;
@@ -56,8 +58,11 @@ pub(crate) struct Plain {
 pub(crate) enum Failure {
     /// No connection could be made: nothing reached the broker.
     Connect(io::Error),
-    /// The request could not be sent, or no answer came back.
-    Send(io::Error),
+    /// The request could not be written: the connection was already closed.
+    Write(io::Error),
+    /// The request went out and the connection closed (or failed) before any byte of an
+    /// answer: the broker may or may not have read it.
+    Unanswered(io::Error),
     /// The answer broke off, or is not HTTP/1.1.
     Answer(String),
 }
@@ -66,7 +71,8 @@ impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Connect(err) => write!(f, "cannot connect: {err}"),
-            Self::Send(err) => write!(f, "the request was not answered: {err}"),
+            Self::Write(err) => write!(f, "the request could not be sent: {err}"),
+            Self::Unanswered(err) => write!(f, "the request was not answered: {err}"),
             Self::Answer(why) => write!(f, "the answer broke off: {why}"),
         }
     }
@@ -137,9 +143,13 @@ impl Plain {
         if let Some(stream) = self.reusable() {
             match exchange(stream, &bytes).await {
                 Ok((answer, stream)) => return Ok(self.keep(answer, stream)),
-                // The broker closed the connection as the request went out: nothing was
-                // answered, so nothing was carried out; once more on a new connection.
-                Err(Failure::Send(_)) => {}
+                // The broker had closed the connection: the request never reached it; once
+                // more on a new connection.
+                Err(Failure::Write(_)) => {}
+                // It closed the connection just as the request arrived (its idle timeout), or
+                // it read the request and died: once more only if doing it twice is harmless.
+                Err(Failure::Unanswered(_))
+                    if matches!(request.method, "GET" | "PUT" | "DELETE") => {}
                 Err(other) => return Err(other),
             }
         }
@@ -252,7 +262,7 @@ struct Answer {
 
 /// Writes `request` on `stream` and reads the answer.
 async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Answer, TcpStream), Failure> {
-    stream.write_all(request).await.map_err(Failure::Send)?;
+    stream.write_all(request).await.map_err(Failure::Write)?;
     let mut decoder = Decoder::default();
     let mut buf = Vec::with_capacity(8 * 1024);
     loop {
@@ -262,13 +272,13 @@ async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Answer, TcpS
         let n = match stream.read_buf(&mut buf).await {
             Ok(n) => n,
             Err(err) if decoder.started() => return Err(Failure::Answer(err.to_string())),
-            Err(err) => return Err(Failure::Send(err)),
+            Err(err) => return Err(Failure::Unanswered(err)),
         };
         let eof = n == 0;
         match decoder.feed(&mut buf, eof) {
             Ok(Some(answer)) => return Ok((answer, stream)),
             Ok(None) if eof && !decoder.started() => {
-                return Err(Failure::Send(io::Error::new(
+                return Err(Failure::Unanswered(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "the connection closed before an answer",
                 )));
@@ -709,9 +719,11 @@ mod tests {
 
     /// A server on 127.0.0.1 that answers every request with its connection's number and the
     /// request's number on it, and closes each connection after `per_connection` answers
-    /// (without saying so); the requests it answered, as `(connection, request line)`.
+    /// (without saying so; with `read_one_more`, after reading one more request and not
+    /// answering it); the requests it read, as `(connection, request line)`.
     async fn numbering_server(
         per_connection: usize,
+        read_one_more: bool,
     ) -> (
         reqwest::Url,
         std::sync::Arc<std::sync::Mutex<Vec<(usize, String)>>>,
@@ -728,7 +740,8 @@ mod tests {
                 let log = std::sync::Arc::clone(&log);
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
-                    for n in 0..per_connection {
+                    let reads = per_connection.saturating_add(usize::from(read_one_more));
+                    for n in 0..reads {
                         let end = loop {
                             if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                                 break end + 4;
@@ -743,6 +756,9 @@ mod tests {
                         buf.drain(..end);
                         let line = head.lines().next().unwrap_or_default().to_owned();
                         log.lock().unwrap().push((conn, line));
+                        if n == per_connection {
+                            return;
+                        }
                         let body = format!("{conn}/{n}");
                         let answer = format!(
                             "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
@@ -767,7 +783,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_kept_connection_carries_request_after_request() {
-        let (url, seen) = numbering_server(usize::MAX).await;
+        let (url, seen) = numbering_server(usize::MAX, false).await;
         let plain = Plain::for_base(&url).unwrap();
         for n in 0..5 {
             let (status, body) = plain.send(&get("/roster")).await.unwrap();
@@ -778,7 +794,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_broker_closed_is_replaced_and_no_request_is_lost_or_doubled() {
-        let (url, seen) = numbering_server(1).await;
+        let (url, seen) = numbering_server(1, false).await;
         let plain = Plain::for_base(&url).unwrap();
         for n in 0..4 {
             // Once without giving the runtime a turn in between (the close may not have been
@@ -798,6 +814,34 @@ mod tests {
                 .map(|n| format!("GET /history?n={n} HTTP/1.1"))
                 .collect::<Vec<_>>()
         );
+    }
+
+    #[tokio::test]
+    async fn a_post_that_got_no_answer_is_not_sent_twice_but_a_get_is() {
+        for method in ["POST", "GET"] {
+            let (url, seen) = numbering_server(1, true).await;
+            let plain = Plain::for_base(&url).unwrap();
+            let request = Outgoing {
+                method,
+                target: "/push",
+                token: "t",
+                body: None,
+            };
+            assert_eq!(plain.send(&request).await.unwrap(), (200, b"0/0".to_vec()));
+            // On the kept connection, the server reads the request and closes without answering.
+            let second = plain.send(&request).await;
+            let connections: Vec<usize> = seen.lock().unwrap().iter().map(|(c, _)| *c).collect();
+            if method == "POST" {
+                assert!(
+                    matches!(second, Err(super::Failure::Unanswered(_))),
+                    "{second:?}"
+                );
+                assert_eq!(connections, [0, 0]);
+            } else {
+                assert_eq!(second.unwrap(), (200, b"1/0".to_vec()));
+                assert_eq!(connections, [0, 0, 1]);
+            }
+        }
     }
 
     #[tokio::test]
