@@ -39,7 +39,8 @@ pub struct BrokerClient {
     /// The same, parsed once (`None` for one that does not parse: requests to it fail as
     /// they would have).
     bases: Arc<[Option<reqwest::Url>]>,
-    /// The kept-alive connections of each `http://` URL, for toolbox requests.
+    /// The kept-alive connections of each `http://` URL, for toolbox requests (none when the
+    /// token cannot go into a header as it is: reqwest refuses it with its own error).
     plain: Arc<[Option<Plain>]>,
     current: Arc<AtomicUsize>,
     token: String,
@@ -113,7 +114,11 @@ impl BrokerClient {
             http,
             plain: bases
                 .iter()
-                .map(|base| base.as_ref().and_then(Plain::for_base))
+                .map(|base| {
+                    base.as_ref()
+                        .filter(|_| plain::header_safe(token))
+                        .and_then(Plain::for_base)
+                })
                 .collect(),
             bases,
             urls,
@@ -260,10 +265,7 @@ impl BrokerClient {
 
     /// One try of a toolbox request, on URL number `i`.
     async fn execute_on(&self, i: usize, request: &Request) -> Result<Response, Failed> {
-        let Some(plain) = self.plain[i]
-            .as_ref()
-            .filter(|_| plain::header_safe(&self.token))
-        else {
+        let Some(plain) = &self.plain[i] else {
             return self.execute_general(i, request).await;
         };
         if let Body::Bytes { content_type, .. } = &request.body
