@@ -5,6 +5,7 @@
 
 pub mod base64;
 pub mod frame;
+pub mod http1;
 pub mod json;
 pub mod jsonrpc;
 pub mod length_prefixed;

@@ -109,6 +109,7 @@
 //! |---|---|---|
 //! | [`codec`] | [`codec::line`](mod@codec::line) | capped NDJSON line splitting with discard-until-newline (shared by every line dialect) |
 //! | | [`codec::frame`] | the five IPC frame kinds, their lenient decoder and capped encoder |
+//! | | [`codec::http1`] | HTTP/1.x message framing (RFC 9112), shared by the trace assembler and a client's response decoder |
 //! | | [`codec::length_prefixed`] | 4-byte big-endian length framing with a 10 MiB cap checked before allocating |
 //! | | [`codec::sse`] | incremental `text/event-stream` parser with a size cap |
 //! | | [`codec::jsonrpc`] | JSON-RPC 2.0 messages with byte-exact ids, params and results |

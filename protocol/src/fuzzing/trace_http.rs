@@ -1,6 +1,7 @@
 //! The oracle of the `trace_http` fuzz target: client and server streams through the [`Tracer`](crate::trace::Tracer).
 
 use super::{Input, trace_feed};
+use crate::codec::http1::{Response, ResponseDecoder};
 use crate::trace::activity::ActivityEvent;
 use crate::trace::http::HttpConfig;
 use crate::trace::{TraceConfig, TraceOutput};
@@ -50,6 +51,14 @@ pub fn trace_http(data: &[u8]) {
             serde_json::to_string(&response).expect("responses serialize");
         }
     }
+    // A client's response decoder on the server bytes: the same answers however they arrive.
+    let max_head = config.http.max_head_bytes;
+    let step = usize::try_from(seed % 61).unwrap_or(1).max(1);
+    assert_eq!(
+        decode_responses(server, server.len().max(1), max_head),
+        decode_responses(server, step, max_head),
+        "chunking changed the decoded responses"
+    );
     let mut buffered = 0;
     let (whole, whole_fwd) = trace_feed(&config, host, client, server, 0, &mut buffered);
     let mut buffered_split = 0;
@@ -87,4 +96,34 @@ pub fn trace_http(data: &[u8]) {
         event_bytes <= 16 * data.len() + 4096 * (events + 1),
         "events are out of proportion to the input"
     );
+}
+
+/// Every response [`ResponseDecoder`] reads from `server` pushed `step` bytes at a time and then
+/// closed, up to the first error.
+fn decode_responses(server: &[u8], step: usize, max_head: usize) -> Vec<Result<Response, String>> {
+    let mut decoder = ResponseDecoder::new(max_head);
+    let mut out = Vec::new();
+    for piece in server.chunks(step) {
+        decoder.push(piece);
+        loop {
+            match decoder.decode() {
+                Ok(Some(response)) => out.push(Ok(response)),
+                Ok(None) => break,
+                Err(why) => {
+                    out.push(Err(why));
+                    return out;
+                }
+            }
+        }
+        assert!(
+            decoder.surplus().len() <= max_head + 2 * step,
+            "the decoder holds more than a head"
+        );
+    }
+    match decoder.decode_eof() {
+        Ok(Some(response)) => out.push(Ok(response)),
+        Ok(None) => {}
+        Err(why) => out.push(Err(why)),
+    }
+    out
 }

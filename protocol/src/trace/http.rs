@@ -32,6 +32,10 @@
 //! content-encoded anyway are recorded as such ([`Body::encoding`]), not decoded.
 
 use crate::EpochMs;
+use crate::codec::http1::{
+    Buf, Fail, Framing, capped_head_len, framing, is_token, parse_head, read_body, status_line,
+};
+pub use crate::codec::http1::{Headers, header};
 use std::collections::{BTreeMap, VecDeque};
 
 /// One proxied connection, named by the driver.
@@ -62,9 +66,6 @@ impl Default for HttpConfig {
         }
     }
 }
-
-/// Headers in arrival order, names as sent.
-pub type Headers = Vec<(String, String)>;
 
 /// A message body as far as it was kept.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -125,14 +126,6 @@ pub struct HttpResponse {
     pub body: Body,
     /// `false` when the connection ended before the response did.
     pub complete: bool,
-}
-
-/// The first value of header `name` (case-insensitive).
-pub fn header<'a>(headers: &'a Headers, name: &str) -> Option<&'a str> {
-    headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_str())
 }
 
 /// One request with its response.
@@ -203,21 +196,6 @@ pub enum HttpOutput {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Length(u64),
-    Chunked(Chunk),
-    UntilClose,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Chunk {
-    Size,
-    Data(u64),
-    DataEnd,
-    Trailers,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ClientState {
     Head,
     Body(Framing),
@@ -250,40 +228,6 @@ struct Pending {
     upgrade: bool,
 }
 
-#[derive(Debug, Default)]
-struct Buf {
-    data: Vec<u8>,
-    pos: usize,
-    /// Where the search for the end of a head resumes.
-    scan: usize,
-}
-
-impl Buf {
-    fn rest(&self) -> &[u8] {
-        &self.data[self.pos..]
-    }
-
-    fn consume(&mut self, n: usize) {
-        self.pos += n;
-        self.scan = 0;
-    }
-
-    fn compact(&mut self) {
-        if self.pos > 0 {
-            self.data.drain(..self.pos);
-            self.pos = 0;
-        }
-    }
-
-    fn take_all(&mut self) -> Vec<u8> {
-        let out = self.data.split_off(self.pos);
-        self.data.clear();
-        self.pos = 0;
-        self.scan = 0;
-        out
-    }
-}
-
 #[derive(Debug)]
 struct Conn {
     host: String,
@@ -307,8 +251,6 @@ pub struct HttpAssembler {
     conns: BTreeMap<ProxyConnId, Conn>,
     out: VecDeque<HttpOutput>,
 }
-
-type Fail = String;
 
 impl HttpAssembler {
     /// An assembler with these caps.
@@ -363,7 +305,7 @@ impl HttpAssembler {
         if c.mode != Mode::Http {
             fwd.extend_from_slice(bytes);
         } else {
-            c.client.data.extend_from_slice(bytes);
+            c.client.push(bytes);
             if let Err(reason) = parse_client(conn, c, &self.config, now, &mut fwd, &mut self.out) {
                 untrace(conn, c, reason, now, &mut fwd, &mut self.out);
             }
@@ -385,7 +327,7 @@ impl HttpAssembler {
         if c.mode != Mode::Http || c.server_state == ServerState::Eof {
             return;
         }
-        c.server.data.extend_from_slice(bytes);
+        c.server.push(bytes);
         let mut fwd = Vec::new();
         if let Err(reason) = parse_server(conn, c, &self.config, now, &mut fwd, &mut self.out) {
             untrace(conn, c, reason, now, &mut fwd, &mut self.out);
@@ -476,8 +418,8 @@ impl HttpAssembler {
         self.conns
             .values()
             .map(|c| {
-                c.client.data.len()
-                    + c.server.data.len()
+                c.client.held()
+                    + c.server.held()
                     + c.pending
                         .iter()
                         .map(|p| {
@@ -551,111 +493,6 @@ fn emit_done(conn: ProxyConnId, c: &mut Conn, out: &mut VecDeque<HttpOutput>) {
     }
 }
 
-struct Head {
-    start: Vec<String>,
-    headers: Headers,
-}
-
-/// The length of the head at the start of `buf` (through the blank line), if complete.
-fn head_len(buf: &mut Buf) -> Option<usize> {
-    let rest = &buf.data[buf.pos..];
-    // Resume a little before where the last search stopped (a line end may straddle).
-    let mut i = buf.scan.saturating_sub(3);
-    while let Some(nl) = memchr::memchr(b'\n', &rest[i..]) {
-        let at = i + nl;
-        let next = &rest[at + 1..];
-        if next.starts_with(b"\n") {
-            return Some(at + 2);
-        }
-        if next.starts_with(b"\r\n") {
-            return Some(at + 3);
-        }
-        if next.is_empty() || next == b"\r" {
-            break;
-        }
-        i = at + 1;
-    }
-    buf.scan = rest.len();
-    None
-}
-
-/// [`head_len`], failing when the head is (or will be) longer than `max`.
-fn capped_head_len(buf: &mut Buf, max: usize, what: &str) -> Result<Option<usize>, Fail> {
-    match head_len(buf) {
-        Some(len) if len <= max => Ok(Some(len)),
-        None if buf.rest().len() <= max => Ok(None),
-        _ => Err(format!("{what} head exceeds {max} bytes")),
-    }
-}
-
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-fn parse_head(bytes: &[u8]) -> Result<Head, Fail> {
-    let mut lines = bytes
-        .split(|b| *b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let start = lines.next().unwrap_or_default();
-    let start = std::str::from_utf8(start).map_err(|_| "start line is not UTF-8".to_owned())?;
-    let start: Vec<String> = start.splitn(3, ' ').map(str::to_owned).collect();
-    let mut headers = Vec::new();
-    for line in lines {
-        if line.is_empty() {
-            break;
-        }
-        if line[0] == b' ' || line[0] == b'\t' {
-            return Err("folded header line".into());
-        }
-        let colon = memchr::memchr(b':', line).ok_or("header line without a colon")?;
-        let name = std::str::from_utf8(&line[..colon]).unwrap_or("");
-        if !is_token(name) {
-            return Err("invalid header name".into());
-        }
-        let value = String::from_utf8_lossy(&line[colon + 1..]);
-        headers.push((name.to_owned(), value.trim_matches([' ', '\t']).to_owned()));
-    }
-    Ok(Head { start, headers })
-}
-
-fn framing(headers: &Headers, request: bool) -> Result<Option<Framing>, Fail> {
-    let te: Vec<&str> = headers
-        .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case("transfer-encoding"))
-        .flat_map(|(_, v)| v.split(','))
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .collect();
-    if let Some(last) = te.last() {
-        return if last.eq_ignore_ascii_case("chunked") {
-            Ok(Some(Framing::Chunked(Chunk::Size)))
-        } else if request {
-            Err("request Transfer-Encoding does not end with chunked".into())
-        } else {
-            Ok(Some(Framing::UntilClose))
-        };
-    }
-    let mut length = None;
-    for (_, v) in headers
-        .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case("content-length"))
-    {
-        for part in v.split(',').map(str::trim) {
-            if part.is_empty() || part.len() > 18 || !part.bytes().all(|b| b.is_ascii_digit()) {
-                return Err("invalid Content-Length".into());
-            }
-            let n: u64 = part.parse().map_err(|_| "invalid Content-Length")?;
-            if length.is_some_and(|l| l != n) {
-                return Err("conflicting Content-Length values".into());
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length.map(Framing::Length))
-}
-
 fn encoding(headers: &Headers) -> Option<String> {
     let v = header(headers, "content-encoding")?.trim();
     (!v.is_empty() && !v.eq_ignore_ascii_case("identity")).then(|| v.to_ascii_lowercase())
@@ -690,112 +527,6 @@ fn rewrite_head(head: &[u8]) -> Vec<u8> {
         out.extend_from_slice(line);
     }
     out
-}
-
-/// Reads body bytes per `framing`: `Ok(true)` when the body is complete.
-fn read_body(
-    buf: &mut Buf,
-    framing: &mut Framing,
-    body: &mut Body,
-    cap: usize,
-    allowance: &mut Option<usize>,
-    max_line: usize,
-    mut fwd: Option<&mut Vec<u8>>,
-) -> Result<bool, Fail> {
-    let forward = |fwd: &mut Option<&mut Vec<u8>>, bytes: &[u8]| {
-        if let Some(f) = fwd {
-            f.extend_from_slice(bytes);
-        }
-    };
-    loop {
-        let rest = buf.rest();
-        match framing {
-            Framing::Length(0) => return Ok(true),
-            Framing::UntilClose => {
-                body.push(rest, cap, allowance);
-                forward(&mut fwd, rest);
-                let n = rest.len();
-                buf.consume(n);
-                return Ok(false);
-            }
-            Framing::Length(remaining) | Framing::Chunked(Chunk::Data(remaining)) => {
-                if rest.is_empty() {
-                    return Ok(false);
-                }
-                let n = (*remaining).min(rest.len() as u64) as usize;
-                body.push(&rest[..n], cap, allowance);
-                forward(&mut fwd, &rest[..n]);
-                *remaining -= n as u64;
-                buf.consume(n);
-                if *framing == Framing::Chunked(Chunk::Data(0)) {
-                    *framing = Framing::Chunked(Chunk::DataEnd);
-                }
-            }
-            Framing::Chunked(Chunk::DataEnd) => {
-                let n = if rest.starts_with(b"\r\n") {
-                    2
-                } else if rest.starts_with(b"\n") {
-                    1
-                } else if rest.is_empty() || rest == b"\r" {
-                    return Ok(false);
-                } else {
-                    return Err("chunk data not followed by CRLF".into());
-                };
-                forward(&mut fwd, &rest[..n]);
-                buf.consume(n);
-                *framing = Framing::Chunked(Chunk::Size);
-            }
-            Framing::Chunked(state @ (Chunk::Size | Chunk::Trailers)) => {
-                let Some(nl) = memchr::memchr(b'\n', rest) else {
-                    if rest.len() > max_line {
-                        return Err("chunk size or trailer line too long".into());
-                    }
-                    return Ok(false);
-                };
-                if nl > max_line {
-                    return Err("chunk size or trailer line too long".into());
-                }
-                let line = &rest[..nl];
-                let line = line.strip_suffix(b"\r").unwrap_or(line);
-                let trailers = *state == Chunk::Trailers;
-                let next = if trailers {
-                    if line.is_empty() {
-                        None
-                    } else {
-                        Some(Chunk::Trailers)
-                    }
-                } else {
-                    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-                    let after = &line[digits..];
-                    if digits == 0
-                        || digits > 15
-                        || !(after.is_empty()
-                            || after[0] == b';'
-                            || after[0] == b' '
-                            || after[0] == b'\t')
-                    {
-                        return Err("invalid chunk size".into());
-                    }
-                    let size = u64::from_str_radix(
-                        std::str::from_utf8(&line[..digits]).unwrap_or("0"),
-                        16,
-                    )
-                    .map_err(|_| "invalid chunk size")?;
-                    Some(if size == 0 {
-                        Chunk::Trailers
-                    } else {
-                        Chunk::Data(size)
-                    })
-                };
-                forward(&mut fwd, &rest[..nl + 1]);
-                buf.consume(nl + 1);
-                match next {
-                    None => return Ok(true),
-                    Some(chunk) => *framing = Framing::Chunked(chunk),
-                }
-            }
-        }
-    }
 }
 
 fn parse_client(
@@ -884,13 +615,12 @@ fn parse_client(
                     .pending
                     .back_mut()
                     .ok_or("request body without a request")?;
+                let (body, allowance) = (&mut p.request.body, &mut c.allowance);
                 let done = read_body(
                     &mut c.client,
                     &mut framing,
-                    &mut p.request.body,
-                    config.max_body_bytes,
-                    &mut c.allowance,
                     config.max_head_bytes,
+                    |bytes| body.push(bytes, config.max_body_bytes, allowance),
                     Some(fwd),
                 )?;
                 c.client_state = ClientState::Body(framing);
@@ -936,16 +666,7 @@ fn parse_server(
                 };
                 let head = parse_head(&c.server.rest()[..len])?;
                 c.server.consume(len);
-                let status = match head.start.as_slice() {
-                    [version, code, ..]
-                        if version.starts_with("HTTP/1.")
-                            && code.len() == 3
-                            && code.bytes().all(|b| b.is_ascii_digit()) =>
-                    {
-                        code.parse::<u16>().map_err(|_| "bad status")?
-                    }
-                    _ => return Err("malformed status line".into()),
-                };
+                let (status, _) = status_line(&head.start)?;
                 let Some(p) = c.pending.iter_mut().find(|p| !p.response_done) else {
                     return Err("response without a request".into());
                 };
@@ -990,13 +711,12 @@ fn parse_server(
                     .find(|p| !p.response_done)
                     .ok_or("response body without a request")?;
                 let body = &mut p.response.as_mut().ok_or("body without a head")?.body;
+                let allowance = &mut c.allowance;
                 let done = read_body(
                     &mut c.server,
                     &mut framing,
-                    body,
-                    config.max_body_bytes,
-                    &mut c.allowance,
                     config.max_head_bytes,
+                    |bytes| body.push(bytes, config.max_body_bytes, allowance),
                     None,
                 )?;
                 c.server_state = ServerState::Body(framing);

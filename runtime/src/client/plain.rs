@@ -24,6 +24,8 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use ac7_protocol::codec::http1::ResponseDecoder;
+
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -33,8 +35,8 @@ const MAX_IDLE: usize = 4;
 /// The most bytes a status line and headers may take.
 const MAX_HEAD: usize = 64 * 1024;
 
-/// Headers read from one answer (the broker sends fewer than ten).
-const MAX_HEADERS: usize = 64;
+/// Bytes asked of one read (a tool's answer is rarely bigger).
+const READ_SIZE: usize = 16 * 1024;
 
 /// The environment variables through which the general client would send `http://` requests
 /// to a proxy.
@@ -263,264 +265,61 @@ struct Answer {
 /// Writes `request` on `stream` and reads the answer.
 async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Answer, TcpStream), Failure> {
     stream.write_all(request).await.map_err(Failure::Write)?;
-    let mut decoder = Decoder::default();
-    let mut buf = Vec::with_capacity(8 * 1024);
+    let mut decoder = ResponseDecoder::new(MAX_HEAD);
+    let mut buf = Vec::with_capacity(READ_SIZE);
     loop {
-        if buf.capacity() - buf.len() < 4 * 1024 {
-            buf.reserve(buf.capacity().max(8 * 1024));
-        }
+        buf.clear();
         let n = match stream.read_buf(&mut buf).await {
             Ok(n) => n,
             Err(err) if decoder.started() => return Err(Failure::Answer(err.to_string())),
             Err(err) => return Err(Failure::Unanswered(err)),
         };
-        let eof = n == 0;
-        match decoder.feed(&mut buf, eof) {
-            Ok(Some(answer)) => return Ok((answer, stream)),
-            Ok(None) if eof && !decoder.started() => {
-                return Err(Failure::Unanswered(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    "the connection closed before an answer",
-                )));
-            }
-            Ok(None) if eof => {
-                return Err(Failure::Answer(
-                    "the connection closed before the end of the answer".into(),
-                ));
-            }
-            Ok(None) => {}
-            Err(why) => return Err(Failure::Answer(why)),
+        if let Some(answer) = feed(&mut decoder, &buf[..n]).map_err(Failure::Answer)? {
+            return Ok((answer, stream));
+        }
+        if n == 0 {
+            return Err(Failure::Unanswered(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection closed before an answer",
+            )));
         }
     }
 }
 
-/// Reads one HTTP/1.1 answer from the bytes of a connection, as they arrive.
-#[derive(Debug, Default)]
-struct Decoder {
-    /// Any byte has come.
-    seen: bool,
-    head: Option<Head>,
-    body: Vec<u8>,
-    chunks: Chunks,
-}
-
-#[derive(Debug)]
-struct Head {
-    status: u16,
-    framing: Framing,
-    close: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    Length(usize),
-    Chunked,
-    UntilClose,
-}
-
-impl Decoder {
-    fn started(&self) -> bool {
-        self.seen
-    }
-
-    /// Takes what it can from `buf` (the bytes read so far and not yet taken, which it
-    /// drains); the answer once it is whole. `eof`: the connection has closed.
-    fn feed(&mut self, buf: &mut Vec<u8>, eof: bool) -> Result<Option<Answer>, String> {
-        self.seen |= !buf.is_empty();
-        while self.head.is_none() {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut response = httparse::Response::new(&mut headers);
-            let len = match response.parse(buf) {
-                Ok(httparse::Status::Complete(len)) => len,
-                Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
-                    return Err(format!("the header is over {MAX_HEAD} bytes"));
-                }
-                Ok(httparse::Status::Partial) => return Ok(None),
-                Err(err) => return Err(format!("not an HTTP/1.1 answer ({err})")),
-            };
-            let status = response.code.unwrap_or_default();
-            let head = read_head(status, response.version == Some(1), response.headers)?;
-            buf.drain(..len);
-            // An interim answer (`100 Continue`) is followed by the real one.
-            if (100..200).contains(&status) {
-                continue;
-            }
-            self.head = Some(head);
-        }
-        let head = self.head.as_ref().expect("the head was read above");
-        let done = match head.framing {
-            Framing::Length(len) => {
-                let take = (len - self.body.len()).min(buf.len());
-                self.body.extend(buf.drain(..take));
-                self.body.len() == len
-            }
-            Framing::Chunked => {
-                let used = self.chunks.feed(buf, &mut self.body)?;
-                buf.drain(..used);
-                self.chunks.done()
-            }
-            Framing::UntilClose => {
-                self.body.append(buf);
-                eof
-            }
-        };
-        if !done {
-            return Ok(None);
-        }
-        Ok(Some(Answer {
-            status: head.status,
-            body: std::mem::take(&mut self.body),
-            // Bytes after the answer would be an answer to nothing: do not reuse.
-            reusable: !head.close && head.framing != Framing::UntilClose && buf.is_empty(),
-        }))
-    }
-}
-
-fn read_head(status: u16, http11: bool, headers: &[httparse::Header<'_>]) -> Result<Head, String> {
-    let mut length = None;
-    let mut chunked = false;
-    let mut close = !http11;
-    for header in headers {
-        let value = std::str::from_utf8(header.value).unwrap_or("").trim();
-        if header.name.eq_ignore_ascii_case("content-length") {
-            let len: usize = value
-                .parse()
-                .map_err(|_| format!("a Content-Length that is not a length: {value:?}"))?;
-            if length.is_some_and(|other| other != len) {
-                return Err("two different Content-Length headers".into());
-            }
-            length = Some(len);
-        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value
-                .rsplit(',')
-                .next()
-                .is_some_and(|last| last.trim().eq_ignore_ascii_case("chunked"));
-            if !chunked {
-                return Err(format!(
-                    "a transfer coding this client cannot read: {value}"
-                ));
-            }
-        } else if header.name.eq_ignore_ascii_case("connection") {
-            for option in value.split(',').map(str::trim) {
-                if option.eq_ignore_ascii_case("close") {
-                    close = true;
-                } else if option.eq_ignore_ascii_case("keep-alive") && !http11 {
-                    close = false;
-                }
-            }
-        }
-    }
-    let framing = if matches!(status, 204 | 304) || (100..200).contains(&status) {
-        Framing::Length(0)
-    } else if chunked {
-        Framing::Chunked
-    } else if let Some(len) = length {
-        Framing::Length(len)
+/// Hands `bytes` (empty: the connection closed) to `decoder`; the answer once it is whole.
+fn feed(decoder: &mut ResponseDecoder, bytes: &[u8]) -> Result<Option<Answer>, String> {
+    let response = if bytes.is_empty() {
+        decoder.decode_eof()?
     } else {
-        Framing::UntilClose
+        decoder.push(bytes);
+        decoder.decode()?
     };
-    Ok(Head {
-        status,
-        framing,
-        close,
-    })
-}
-
-/// A chunked body being read: where in the chunk format the next byte falls.
-#[derive(Debug, Default)]
-enum Chunks {
-    /// Before a chunk-size line.
-    #[default]
-    Size,
-    /// This many bytes of the current chunk's data are still to come.
-    Data(usize),
-    /// The CRLF after a chunk's data.
-    DataEnd,
-    /// Trailer lines after the last (empty) chunk, up to an empty line.
-    Trailer,
-    Done,
-}
-
-impl Chunks {
-    fn done(&self) -> bool {
-        matches!(self, Self::Done)
-    }
-
-    /// Reads what it can of `input` into `body`; how many bytes of `input` it used (a line is
-    /// used only when it is whole).
-    fn feed(&mut self, input: &[u8], body: &mut Vec<u8>) -> Result<usize, String> {
-        let mut at = 0;
-        loop {
-            let rest = &input[at..];
-            match *self {
-                Self::Done => return Ok(at),
-                Self::Data(left) => {
-                    let take = left.min(rest.len());
-                    body.extend_from_slice(&rest[..take]);
-                    at += take;
-                    if take < left {
-                        *self = Self::Data(left - take);
-                        return Ok(at);
-                    }
-                    *self = Self::DataEnd;
-                }
-                Self::Size | Self::DataEnd | Self::Trailer => {
-                    let Some(end) = memchr::memchr(b'\n', rest) else {
-                        if rest.len() > MAX_HEAD {
-                            return Err("a chunk line without an end".into());
-                        }
-                        return Ok(at);
-                    };
-                    let line = rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]);
-                    at += end + 1;
-                    *self = match *self {
-                        Self::Size => match chunk_size(line)? {
-                            0 => Self::Trailer,
-                            len => Self::Data(len),
-                        },
-                        Self::DataEnd if line.is_empty() => Self::Size,
-                        Self::DataEnd => return Err("a chunk longer than its size".into()),
-                        _ if line.is_empty() => Self::Done,
-                        _ => Self::Trailer,
-                    };
-                }
-            }
-        }
-    }
-}
-
-/// The size on a chunk-size line (hex digits, then maybe `;extensions`).
-fn chunk_size(line: &[u8]) -> Result<usize, String> {
-    let digits = line.split(|&b| b == b';').next().unwrap_or_default();
-    let digits = std::str::from_utf8(digits).unwrap_or("").trim();
-    if digits.is_empty() || digits.len() > 15 {
-        return Err(format!(
-            "not a chunk size: {:?}",
-            String::from_utf8_lossy(line)
-        ));
-    }
-    usize::from_str_radix(digits, 16)
-        .map_err(|_| format!("not a chunk size: {:?}", String::from_utf8_lossy(line)))
+    Ok(response.map(|response| Answer {
+        status: response.status,
+        body: response.body,
+        // Bytes after the answer would be an answer to nothing: do not reuse.
+        reusable: response.keep_alive && decoder.surplus().is_empty(),
+    }))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Answer, Decoder, Outgoing, Plain, encode};
+    use super::{Answer, MAX_HEAD, Outgoing, Plain, encode, feed};
+    use ac7_protocol::codec::http1::ResponseDecoder;
 
-    /// Feeds `wire` to a fresh decoder in pieces of `step` bytes; the answer and what was left.
+    /// Feeds `wire` to a fresh decoder in pieces of `step` bytes, then the close if `eof`; the
+    /// answer and what was left after it.
     fn decode_in_steps(
         wire: &[u8],
         step: usize,
         eof: bool,
     ) -> Result<Option<(Answer, Vec<u8>)>, String> {
-        let mut decoder = Decoder::default();
-        let mut buf = Vec::new();
-        let mut pieces = wire.chunks(step).peekable();
-        while let Some(piece) = pieces.next() {
-            buf.extend_from_slice(piece);
-            let last = pieces.peek().is_none();
-            if let Some(answer) = decoder.feed(&mut buf, eof && last)? {
-                return Ok(Some((answer, buf)));
+        let mut decoder = ResponseDecoder::new(MAX_HEAD);
+        let closed: &[u8] = &[];
+        let pieces = wire.chunks(step).chain(eof.then_some(closed));
+        for piece in pieces {
+            if let Some(answer) = feed(&mut decoder, piece)? {
+                return Ok(Some((answer, decoder.surplus().to_vec())));
             }
         }
         Ok(None)
@@ -593,6 +392,8 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-le",
         ] {
             assert_eq!(decode_in_steps(wire, 3, false).unwrap(), None, "{wire:?}");
+            let err = decode_in_steps(wire, 3, true).unwrap_err();
+            assert!(err.contains("closed before the end"), "{err} for {wire:?}");
         }
     }
 
@@ -601,27 +402,34 @@ mod tests {
         for (wire, why) in [
             (
                 &b"SSH-2.0-OpenSSH_9.6\r\n\r\n"[..],
-                "not an HTTP/1.1 answer",
+                "not an HTTP/1.x answer",
             ),
+            // Refused at once, not after waiting for the end of a head.
+            (b"SSH-2.0-OpenSSH_9.6\r\n", "not an HTTP/1.x answer"),
+            (b"HTTP/1.1 2000 OK\r\n\r\n", "malformed status line"),
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: ten\r\n\r\n",
-                "not a length",
+                "invalid Content-Length",
             ),
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n",
-                "two different",
+                "conflicting Content-Length",
             ),
             (
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
-                "transfer coding",
+                "transfer coding this client cannot undo: gzip",
+            ),
+            (
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n\r\n",
+                "switched protocols",
             ),
             (
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
-                "not a chunk size",
+                "invalid chunk size",
             ),
             (
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nab\r\n",
-                "longer than its size",
+                "chunk data not followed by CRLF",
             ),
         ] {
             let err = decode_in_steps(wire, wire.len(), false).unwrap_err();
