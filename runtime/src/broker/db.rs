@@ -42,12 +42,13 @@
 //! never blocks the writer, so a slow `/history` or a long replay does not hold
 //! up `/push` or `/roster`.
 
+use std::cell::RefCell;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::Connection;
 
-use super::store::{Backend, Conn, off_worker};
+use super::store::{Backend, Conn, KeyFill, off_worker};
 
 /// A store failure. Nothing here is the client's fault: it maps to 500.
 #[derive(Debug, thiserror::Error)]
@@ -325,15 +326,22 @@ impl Store {
         f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
         then: impl FnOnce(T) -> U,
     ) -> Result<U, E> {
+        // The `message_keys` rows the transaction read reach the cache once it has committed.
+        let read = RefCell::default();
+        let fill = KeyFill::AfterCommit(&read);
+        let committed = |out| {
+            self.keys.remember_all(read.take());
+            then(out)
+        };
         match &self.backing {
             Backing::Sqlite(file) => off_worker(|| {
                 file.with_here(|conn| {
-                    sqlite_tx(conn, |c| f(&c.with_keys(&self.keys, false))).map(then)
+                    sqlite_tx(conn, |c| f(&c.with_keys(&self.keys, fill))).map(committed)
                 })
             }),
             Backing::Postgres(pg) => off_worker(|| {
-                pg.tx(false, |c| f(&c.with_keys(&self.keys, false)))
-                    .map(then)
+                pg.tx(false, |c| f(&c.with_keys(&self.keys, fill)))
+                    .map(committed)
             }),
         }
     }
@@ -351,7 +359,7 @@ impl Store {
         if let Backing::Sqlite(file) = &self.backing
             && let Some(conn) = file.free_reader()
         {
-            return f(&Conn::sqlite(&conn).with_keys(&self.keys, true));
+            return f(&Conn::sqlite(&conn).with_keys(&self.keys, KeyFill::Now));
         }
         self.view(f)
     }
@@ -364,10 +372,10 @@ impl Store {
     ) -> Result<T, E> {
         match &self.backing {
             Backing::Sqlite(file) => off_worker(|| {
-                file.read_here(|conn| f(&Conn::sqlite(conn).with_keys(&self.keys, true)))
+                file.read_here(|conn| f(&Conn::sqlite(conn).with_keys(&self.keys, KeyFill::Now)))
             }),
             Backing::Postgres(pg) => {
-                off_worker(|| pg.tx(true, |c| f(&c.with_keys(&self.keys, true))))
+                off_worker(|| pg.tx(true, |c| f(&c.with_keys(&self.keys, KeyFill::Now))))
             }
         }
     }

@@ -173,18 +173,20 @@ pub fn key_id(c: &Conn<'_>, key: &str) -> Result<i64, StoreError> {
         "INSERT INTO message_keys (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
         params![key],
     )?;
-    c.query_row(
-        "SELECT id FROM message_keys WHERE key = ?1",
-        params![key],
-        |r| r.get::<i64>(0),
-    )?
-    .ok_or_else(|| StoreError::Corrupt(format!("the message key {key:?} is missing")))
+    let id = c
+        .query_row(
+            "SELECT id FROM message_keys WHERE key = ?1",
+            params![key],
+            |r| r.get::<i64>(0),
+        )?
+        .ok_or_else(|| StoreError::Corrupt(format!("the message key {key:?} is missing")))?;
+    c.remember_key(id, key);
+    Ok(id)
 }
 
 /// The `message_keys` id of `key`, if it has one.
 fn find_key(c: &Conn<'_>, key: &str) -> Result<Option<i64>, StoreError> {
-    let cache = c.key_cache();
-    if let Some(id) = cache.and_then(|(k, _)| k.id(key)) {
+    if let Some(id) = c.key_cache().and_then(|k| k.id(key)) {
         return Ok(Some(id));
     }
     let id = c.query_row(
@@ -192,16 +194,15 @@ fn find_key(c: &Conn<'_>, key: &str) -> Result<Option<i64>, StoreError> {
         params![key],
         |r| r.get::<i64>(0),
     )?;
-    if let (Some((cache, true)), Some(id)) = (cache, id) {
-        cache.remember(id, key);
+    if let Some(id) = id {
+        c.remember_key(id, key);
     }
     Ok(id)
 }
 
 /// The key whose `message_keys` id is `id`.
 fn key_of(c: &Conn<'_>, id: i64) -> Result<std::sync::Arc<str>, StoreError> {
-    let cache = c.key_cache();
-    if let Some(key) = cache.and_then(|(k, _)| k.key(id)) {
+    if let Some(key) = c.key_cache().and_then(|k| k.key(id)) {
         return Ok(key);
     }
     let key = c
@@ -211,9 +212,7 @@ fn key_of(c: &Conn<'_>, id: i64) -> Result<std::sync::Arc<str>, StoreError> {
             |r| r.get::<String>(0),
         )?
         .ok_or_else(|| StoreError::Corrupt(format!("message key {id} is missing")))?;
-    if let Some((cache, true)) = cache {
-        cache.remember(id, &key);
-    }
+    c.remember_key(id, &key);
     Ok(key.into())
 }
 
@@ -1047,8 +1046,9 @@ pub fn open_subscription(
 mod tests {
     use super::*;
 
-    /// Reads remember `message_keys` rows; a key a rolled-back write added never reaches the
-    /// cache, so when SQLite hands its id to another key, reads name the right one.
+    /// Reads and committed writes remember `message_keys` rows; a key a rolled-back write added
+    /// never reaches the cache, so when SQLite hands its id to another key, reads name the
+    /// right one.
     #[test]
     fn the_key_cache_holds_committed_rows_only() {
         let store = crate::broker::db::Store::open_in_memory().unwrap();
@@ -1058,10 +1058,7 @@ mod tests {
 
         let rolled_back: Result<i64, StoreError> = store.tx(|c| {
             let id = key_id(c, "mallory")?;
-            assert_eq!(
-                c.key_cache().map(|(k, fill)| (k.key(id), fill)),
-                Some((None, false))
-            );
+            assert_eq!(c.key_cache().map(|k| k.key(id)), Some(None));
             find_key(c, "mallory")?;
             Err(StoreError::Corrupt(format!("roll back {id}")))
         });
@@ -1080,6 +1077,25 @@ mod tests {
         assert_eq!(store.view(|c| find_key(c, "alice")).unwrap(), Some(alice));
         // A write looks keys up in the cache too.
         assert_eq!(store.tx(|c| key_id(c, "alice")).unwrap(), alice);
+
+        // The keys a committed write added or read are in the cache without a read.
+        let carol = store.tx(|c| key_id(c, "carol")).unwrap();
+        let dave = store.with(|conn| {
+            conn.execute("INSERT INTO message_keys (key) VALUES ('dave')", [])
+                .unwrap();
+            conn.last_insert_rowid()
+        });
+        assert_eq!(store.tx(|c| key_id(c, "dave")).unwrap(), dave);
+        store
+            .with(|conn| {
+                conn.execute(
+                    "DELETE FROM message_keys WHERE key IN ('carol', 'dave')",
+                    [],
+                )
+            })
+            .unwrap();
+        assert_eq!(store.view(|c| find_key(c, "carol")).unwrap(), Some(carol));
+        assert_eq!(store.view(|c| find_key(c, "dave")).unwrap(), Some(dave));
     }
 
     /// Each source reads through an index, so a query touches the viewer's rows only, never a

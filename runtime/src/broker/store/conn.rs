@@ -21,9 +21,20 @@ pub enum Backend {
 /// A connection (inside the store's transaction) that store functions run SQL on.
 pub struct Conn<'a> {
     inner: Inner<'a>,
-    /// The store's cache of `message_keys` rows, and whether this transaction may add to it
-    /// (read transactions only: what they read is committed).
-    keys: Option<(&'a super::keys::KeyCache, bool)>,
+    /// The store's cache of `message_keys` rows, and how the rows this transaction reads reach
+    /// it.
+    keys: Option<(&'a super::keys::KeyCache, KeyFill<'a>)>,
+}
+
+/// How the `message_keys` rows a transaction reads reach the store's cache.
+#[derive(Debug, Clone, Copy)]
+pub enum KeyFill<'a> {
+    /// A read transaction: what it reads is committed, so at once.
+    Now,
+    /// A write transaction: a row it reads may be one it added itself, which a rollback would
+    /// take back (and SQLite could then hand its id to another key). The rows wait here; the
+    /// store hands them to the cache once the transaction has committed.
+    AfterCommit(&'a std::cell::RefCell<Vec<(i64, String)>>),
 }
 
 #[derive(Clone, Copy)]
@@ -55,18 +66,28 @@ impl<'a> Conn<'a> {
         }
     }
 
-    /// The same connection, looking `message_keys` rows up in `keys` first; a read
-    /// transaction (`fill`: what it reads is committed) also adds the rows it reads.
-    pub fn with_keys<'b>(&'b self, keys: &'b super::keys::KeyCache, fill: bool) -> Conn<'b> {
+    /// The same connection, looking `message_keys` rows up in `keys` first and adding the
+    /// rows it reads as `fill` says.
+    pub fn with_keys<'b>(&'b self, keys: &'b super::keys::KeyCache, fill: KeyFill<'b>) -> Conn<'b> {
         Conn {
             inner: self.inner,
             keys: Some((keys, fill)),
         }
     }
 
-    /// The store's `message_keys` cache, and whether this transaction may add to it.
-    pub fn key_cache(&self) -> Option<(&'a super::keys::KeyCache, bool)> {
-        self.keys
+    /// The store's `message_keys` cache, to look rows up in.
+    pub fn key_cache(&self) -> Option<&'a super::keys::KeyCache> {
+        self.keys.map(|(cache, _)| cache)
+    }
+
+    /// A `message_keys` row this transaction read: into the cache now (a read), once the
+    /// transaction commits (a write), or nowhere (no cache).
+    pub fn remember_key(&self, id: i64, key: &str) {
+        match self.keys {
+            Some((cache, KeyFill::Now)) => cache.remember(id, key),
+            Some((_, KeyFill::AfterCommit(rows))) => rows.borrow_mut().push((id, key.to_owned())),
+            None => {}
+        }
     }
 
     /// The database behind it.

@@ -2,10 +2,11 @@
 //! looked up, so that a page of history resolves them without a query each.
 //!
 //! A `message_keys` row never changes and is never deleted, so an id and its key, once read
-//! from a committed state, stay true for the life of the database. Only read transactions
-//! fill the cache ([`super::super::db::Store::view`] sees committed rows alone): a key a
-//! writer adds in a transaction that is then rolled back could hand its id to another key on
-//! SQLite, and it never reaches the cache. A key not found is not remembered (it may be added
+//! from a committed state, stay true for the life of the database. A read transaction
+//! ([`super::super::db::Store::view`] sees committed rows alone) adds the rows it reads at
+//! once; a write transaction's rows wait until it has committed: a key a writer adds in a
+//! transaction that is then rolled back could hand its id to another key on SQLite, and it
+//! never reaches the cache. A key not found is not remembered (it may be added
 //! later). The cache is bounded: past [`MAX_KEYS`] entries it starts again empty.
 
 use std::collections::HashMap;
@@ -51,6 +52,13 @@ impl KeyCache {
         let key: Arc<str> = Arc::from(key);
         maps.by_key.insert(key.clone(), id);
         maps.by_id.insert(id, key);
+    }
+
+    /// Remembers rows a write transaction read or added, once it has committed.
+    pub fn remember_all(&self, rows: Vec<(i64, String)>) {
+        for (id, key) in rows {
+            self.remember(id, &key);
+        }
     }
 
     /// How many keys it holds.

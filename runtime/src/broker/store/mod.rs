@@ -14,7 +14,7 @@ pub mod keys;
 pub mod postgres;
 pub mod value;
 
-pub use conn::{Backend, Conn};
+pub use conn::{Backend, Conn, KeyFill};
 pub use value::{FromValue, Row, ToValue, Value};
 
 /// Runs the blocking `f` without stalling an async worker: under `block_in_place` on a
