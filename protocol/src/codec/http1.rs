@@ -198,7 +198,7 @@ pub(crate) fn read_body(
     buf: &mut Buf,
     framing: &mut Framing,
     max_line: usize,
-    mut data: impl FnMut(&[u8]),
+    data: &mut dyn FnMut(&[u8]),
     mut fwd: Option<&mut Vec<u8>>,
 ) -> Result<bool, Fail> {
     let forward = |fwd: &mut Option<&mut Vec<u8>>, bytes: &[u8]| {
@@ -419,7 +419,7 @@ impl ResponseDecoder {
                         &mut self.buf,
                         framing,
                         self.max_head,
-                        |bytes| body.extend_from_slice(bytes),
+                        &mut |bytes| body.extend_from_slice(bytes),
                         None,
                     )?;
                     if !done {

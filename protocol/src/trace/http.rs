@@ -620,7 +620,7 @@ fn parse_client(
                     &mut c.client,
                     &mut framing,
                     config.max_head_bytes,
-                    |bytes| body.push(bytes, config.max_body_bytes, allowance),
+                    &mut |bytes| body.push(bytes, config.max_body_bytes, allowance),
                     Some(fwd),
                 )?;
                 c.client_state = ClientState::Body(framing);
@@ -716,7 +716,7 @@ fn parse_server(
                     &mut c.server,
                     &mut framing,
                     config.max_head_bytes,
-                    |bytes| body.push(bytes, config.max_body_bytes, allowance),
+                    &mut |bytes| body.push(bytes, config.max_body_bytes, allowance),
                     None,
                 )?;
                 c.server_state = ServerState::Body(framing);
