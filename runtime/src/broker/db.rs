@@ -330,7 +330,7 @@ impl Store {
         let read = RefCell::default();
         let fill = KeyFill::AfterCommit(&read);
         let committed = |out| {
-            self.keys.remember_all(read.take());
+            self.keys.remember_committed(&read);
             then(out)
         };
         match &self.backing {

@@ -9,6 +9,7 @@
 //! never reaches the cache. A key not found is not remembered (it may be added
 //! later). The cache is bounded: past [`MAX_KEYS`] entries it starts again empty.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -54,9 +55,11 @@ impl KeyCache {
         maps.by_id.insert(id, key);
     }
 
-    /// Remembers rows a write transaction read or added, once it has committed.
-    pub fn remember_all(&self, rows: Vec<(i64, String)>) {
-        for (id, key) in rows {
+    /// Remembers the rows a write transaction read or added (waiting in `rows`), once it has
+    /// committed. Not inlined: every kind of store transaction calls it.
+    #[inline(never)]
+    pub fn remember_committed(&self, rows: &RefCell<Vec<(i64, String)>>) {
+        for (id, key) in rows.take() {
             self.remember(id, &key);
         }
     }
