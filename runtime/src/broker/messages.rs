@@ -173,22 +173,20 @@ pub fn key_id(c: &Conn<'_>, key: &str) -> Result<i64, StoreError> {
         "INSERT INTO message_keys (key) VALUES (?1) ON CONFLICT (key) DO NOTHING",
         params![key],
     )?;
-    let id = c
-        .query_row(
-            "SELECT id FROM message_keys WHERE key = ?1",
-            params![key],
-            |r| r.get::<i64>(0),
-        )?
-        .ok_or_else(|| StoreError::Corrupt(format!("the message key {key:?} is missing")))?;
-    c.remember_key(id, key);
-    Ok(id)
+    select_key(c, key)?
+        .ok_or_else(|| StoreError::Corrupt(format!("the message key {key:?} is missing")))
 }
 
 /// The `message_keys` id of `key`, if it has one.
 fn find_key(c: &Conn<'_>, key: &str) -> Result<Option<i64>, StoreError> {
-    if let Some(id) = c.key_cache().and_then(|k| k.id(key)) {
-        return Ok(Some(id));
+    match c.key_cache().and_then(|k| k.id(key)) {
+        Some(id) => Ok(Some(id)),
+        None => select_key(c, key),
     }
+}
+
+/// [`find_key`] in the database (the row found goes to the cache as the transaction allows).
+fn select_key(c: &Conn<'_>, key: &str) -> Result<Option<i64>, StoreError> {
     let id = c.query_row(
         "SELECT id FROM message_keys WHERE key = ?1",
         params![key],
