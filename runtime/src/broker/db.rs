@@ -126,7 +126,7 @@ const READERS: usize = 4;
 #[derive(Debug)]
 pub struct Store {
     backing: Backing,
-    /// `message_keys` rows read so far (filled by read transactions).
+    /// `message_keys` rows read so far (filled by reads, and by writes once they commit).
     keys: super::store::keys::KeyCache,
 }
 

@@ -1,5 +1,6 @@
-//! [`KeyCache`]: the names, thread keys and audiences of `message_keys` a reader has already
-//! looked up, so that a page of history resolves them without a query each.
+//! [`KeyCache`]: the names, thread keys and audiences of `message_keys` already looked up or
+//! added, so that a page of history resolves them, and a push finds its sender and recipient,
+//! without a query each.
 //!
 //! A `message_keys` row never changes and is never deleted, so an id and its key, once read
 //! from a committed state, stay true for the life of the database. A read transaction
