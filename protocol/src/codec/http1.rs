@@ -391,6 +391,7 @@ impl ResponseDecoder {
                         Framing::Length(0)
                     } else {
                         match framing(&head.headers, false)? {
+                            // What a `Transfer-Encoding` not ending in `chunked` frames.
                             Some(Framing::UntilClose) => {
                                 return Err(format!(
                                     "a transfer coding this client cannot undo: {}",
@@ -401,11 +402,10 @@ impl ResponseDecoder {
                             None => Framing::UntilClose,
                         }
                     };
-                    let keep_alive =
-                        keep_alive(&head.headers, http11) && framing != Framing::UntilClose;
+                    // A body delimited by the close ends only in `decode_eof`, never kept alive.
                     self.state = Reading::Body {
                         status,
-                        keep_alive,
+                        keep_alive: keep_alive(&head.headers, http11),
                         framing,
                     };
                 }
