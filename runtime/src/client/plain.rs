@@ -24,7 +24,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use ac7_protocol::codec::http1::ResponseDecoder;
+use ac7_protocol::codec::http1::{Response, ResponseDecoder};
 
 /// How long connecting may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -192,8 +192,8 @@ impl Plain {
     }
 
     /// The answer's status and body; the connection back on the idle list if it may be reused.
-    fn keep(&self, answer: Answer, stream: TcpStream) -> (u16, Vec<u8>) {
-        if answer.reusable {
+    fn keep(&self, answer: Response, stream: TcpStream) -> (u16, Vec<u8>) {
+        if answer.keep_alive {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
             if idle.len() < MAX_IDLE {
                 idle.push(stream);
@@ -253,17 +253,8 @@ fn encode(request: &Outgoing<'_>, authority: &str) -> Vec<u8> {
     out
 }
 
-/// A whole answer.
-#[derive(Debug, PartialEq, Eq)]
-struct Answer {
-    status: u16,
-    body: Vec<u8>,
-    /// The connection may carry the next request.
-    reusable: bool,
-}
-
 /// Writes `request` on `stream` and reads the answer.
-async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Answer, TcpStream), Failure> {
+async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Response, TcpStream), Failure> {
     stream.write_all(request).await.map_err(Failure::Write)?;
     let mut decoder = ResponseDecoder::new(MAX_HEAD);
     let mut buf = Vec::with_capacity(READ_SIZE);
@@ -286,26 +277,25 @@ async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Answer, TcpS
     }
 }
 
-/// Hands `bytes` (empty: the connection closed) to `decoder`; the answer once it is whole.
-fn feed(decoder: &mut ResponseDecoder, bytes: &[u8]) -> Result<Option<Answer>, String> {
+/// Hands `bytes` (empty: the connection closed) to `decoder`; the answer once it is whole,
+/// kept alive only if nothing came after it (bytes after an answer would answer nothing).
+fn feed(decoder: &mut ResponseDecoder, bytes: &[u8]) -> Result<Option<Response>, String> {
     let response = if bytes.is_empty() {
         decoder.decode_eof()?
     } else {
         decoder.push(bytes);
         decoder.decode()?
     };
-    Ok(response.map(|response| Answer {
-        status: response.status,
-        body: response.body,
-        // Bytes after the answer would be an answer to nothing: do not reuse.
-        reusable: response.keep_alive && decoder.surplus().is_empty(),
+    Ok(response.map(|response| Response {
+        keep_alive: response.keep_alive && decoder.surplus().is_empty(),
+        ..response
     }))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{Answer, MAX_HEAD, Outgoing, Plain, encode, feed};
-    use ac7_protocol::codec::http1::ResponseDecoder;
+    use super::{MAX_HEAD, Outgoing, Plain, encode, feed};
+    use ac7_protocol::codec::http1::{Response, ResponseDecoder};
 
     /// Feeds `wire` to a fresh decoder in pieces of `step` bytes, then the close if `eof`; the
     /// answer and what was left after it.
@@ -313,7 +303,7 @@ mod tests {
         wire: &[u8],
         step: usize,
         eof: bool,
-    ) -> Result<Option<(Answer, Vec<u8>)>, String> {
+    ) -> Result<Option<(Response, Vec<u8>)>, String> {
         let mut decoder = ResponseDecoder::new(MAX_HEAD);
         let closed: &[u8] = &[];
         let pieces = wire.chunks(step).chain(eof.then_some(closed));
@@ -325,17 +315,17 @@ mod tests {
         Ok(None)
     }
 
-    fn answer(status: u16, body: &[u8], reusable: bool) -> Answer {
-        Answer {
+    fn answer(status: u16, body: &[u8], reusable: bool) -> Response {
+        Response {
             status,
             body: body.to_vec(),
-            reusable,
+            keep_alive: reusable,
         }
     }
 
     #[test]
     fn every_framing_reads_the_same_answer_however_the_bytes_arrive() {
-        let cases: [(&[u8], bool, Answer); 7] = [
+        let cases: [(&[u8], bool, Response); 7] = [
             (
                 b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"a\":\"b c\"}",
                 false,
