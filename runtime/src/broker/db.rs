@@ -6,6 +6,9 @@
 //! WAL frames are in the OS page cache as soon as `COMMIT` returns. `--sync full`
 //! additionally fsyncs the WAL on every commit, which also survives power loss.
 //!
+//! The WAL is checkpointed (copied back into the database file) by a thread of its own, not
+//! inside the commit that fills it ([`super::checkpoint`]).
+//!
 //! One process owns the file: [`Store::open`] takes an exclusive advisory lock
 //! (`flock`) on it, so a second `ac7 serve`, or `ac7 member …` while the broker
 //! runs, is refused with [`StoreError::Busy`].
@@ -44,10 +47,11 @@
 
 use std::cell::RefCell;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::Connection;
 
+use super::checkpoint::{CheckpointStats, Checkpointer};
 use super::store::{Backend, Conn, KeyFill, off_worker};
 
 /// A store failure. Nothing here is the client's fault: it maps to 500.
@@ -140,12 +144,14 @@ enum Backing {
 /// sections are short and never span an `.await`.
 #[derive(Debug)]
 struct SqliteFile {
-    conn: Mutex<Connection>,
+    conn: Arc<Mutex<Connection>>,
     /// Read-only connections (empty for an in-memory store: reads use `conn`).
     readers: Vec<Mutex<Connection>>,
     next_reader: std::sync::atomic::AtomicUsize,
     /// Holds the advisory lock on the database file while the store lives.
     _lock: Option<std::fs::File>,
+    /// Checkpoints the WAL off the commit path (a file-backed store's; taken by `close`).
+    checkpointer: Mutex<Option<Checkpointer>>,
 }
 
 impl Store {
@@ -194,6 +200,15 @@ impl Store {
             reader.busy_timeout(std::time::Duration::from_secs(2))?;
             store.readers.push(Mutex::new(reader));
         }
+        let own = Connection::open(path)?;
+        own.busy_timeout(std::time::Duration::from_secs(2))?;
+        let checkpointer = Checkpointer::start(Arc::clone(&store.conn), own).map_err(|source| {
+            StoreError::File {
+                what: "cannot start the checkpoint thread".into(),
+                source,
+            }
+        })?;
+        store.checkpointer = Mutex::new(Some(checkpointer));
         store._lock = Some(lock);
         Ok(Store {
             backing: Backing::Sqlite(store),
@@ -209,6 +224,13 @@ impl Store {
         let Backing::Sqlite(file) = &self.backing else {
             return Ok(());
         };
+        // Its thread may be waiting for the write connection: stopped before that is taken.
+        let checkpointer = file
+            .checkpointer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(checkpointer);
         let mut conn = file.conn.lock().unwrap_or_else(PoisonError::into_inner);
         conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         for reader in &file.readers {
@@ -241,6 +263,19 @@ impl Store {
             backing: Backing::Postgres(Box::new(super::store::postgres::PgStore::open(config)?)),
             keys: Default::default(),
         })
+    }
+
+    /// What the WAL checkpoints did since the file was opened; `None` for an in-memory or
+    /// PostgreSQL store, or after [`Store::close`].
+    pub fn checkpoints(&self) -> Option<CheckpointStats> {
+        let Backing::Sqlite(file) = &self.backing else {
+            return None;
+        };
+        let checkpointer = file
+            .checkpointer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        checkpointer.as_ref().map(Checkpointer::stats)
     }
 
     /// Which database holds the team.
@@ -276,10 +311,11 @@ impl Store {
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
         Ok(SqliteFile {
-            conn: Mutex::new(conn),
+            conn: Arc::new(Mutex::new(conn)),
             readers: Vec::new(),
             next_reader: std::sync::atomic::AtomicUsize::new(0),
             _lock: None,
+            checkpointer: Mutex::new(None),
         })
     }
 

@@ -77,6 +77,7 @@ pub mod attempts;
 pub mod blobs;
 pub mod bootstrap;
 pub mod channels;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod cursors;

@@ -1,5 +1,5 @@
 //! Group commit for `/push`. Every push goes to the writer thread (a thread of its own, so a
-//! commit, and a checkpoint's fsync, never stalls an async worker); it logs every push waiting
+//! commit, and the fsync of a checkpoint's last pass, never stalls an async worker); it logs every push waiting
 //! in a single transaction, commits once, fans the batch out in log order and answers each
 //! request. So alone a push costs one commit, and under load many pushes share one (one WAL
 //! write; on PostgreSQL, one transaction on the log's counter row). A push is acknowledged only
