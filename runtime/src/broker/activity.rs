@@ -590,7 +590,7 @@ pub async fn remind(state: &AppState, member: &str, context: &str, now: i64) {
         attachments: Vec::new(),
     };
     let audience = message::audience(Some(REMINDER_SENDER), &route, &BTreeSet::new());
-    if let Err(e) = state.writer.push(draft, audience, now).await {
+    if let Err(e) = state.writer.push(state, draft, audience, now).await {
         tracing::warn!(error = %e, "objective context reminder: cannot send");
     }
 }

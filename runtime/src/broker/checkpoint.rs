@@ -149,6 +149,11 @@ impl Checkpointer {
         })
     }
 
+    /// Whether the next commit finishes a round (copies and fsyncs inline).
+    pub fn finish_pending(&self) -> bool {
+        self.shared.finish.load(Ordering::Relaxed)
+    }
+
     /// What the checkpoints did so far.
     pub fn stats(&self) -> CheckpointStats {
         let s = &self.shared;

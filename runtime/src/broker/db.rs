@@ -152,6 +152,8 @@ struct SqliteFile {
     _lock: Option<std::fs::File>,
     /// Checkpoints the WAL off the commit path (a file-backed store's; taken by `close`).
     checkpointer: Mutex<Option<Checkpointer>>,
+    /// How hard a commit syncs.
+    sync: SyncMode,
 }
 
 impl Store {
@@ -316,6 +318,7 @@ impl Store {
             next_reader: std::sync::atomic::AtomicUsize::new(0),
             _lock: None,
             checkpointer: Mutex::new(None),
+            sync,
         })
     }
 
@@ -380,6 +383,44 @@ impl Store {
                     .map(committed)
             }),
         }
+    }
+
+    /// [`Store::tx_then`] on the calling thread, even an async worker, when SQLite's write
+    /// connection is free this instant and the commit will not fsync (`--sync full`, or a
+    /// checkpoint waiting to be finished by the next commit: a worker must not wait for a disk);
+    /// `None` otherwise, and always on PostgreSQL (a network round trip). For a short write
+    /// whose hand-off to another thread would cost more than it.
+    pub fn try_tx_then_here<T, U, E: From<StoreError>>(
+        &self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+        then: impl FnOnce(T) -> U,
+    ) -> Option<Result<U, E>> {
+        let Backing::Sqlite(file) = &self.backing else {
+            return None;
+        };
+        if file.sync == SyncMode::Full {
+            return None;
+        }
+        let mut conn = file.conn.try_lock().ok()?;
+        let checkpointer = file
+            .checkpointer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if checkpointer
+            .as_ref()
+            .is_some_and(Checkpointer::finish_pending)
+        {
+            return None;
+        }
+        drop(checkpointer);
+        let read = RefCell::default();
+        let fill = KeyFill::AfterCommit(&read);
+        Some(
+            sqlite_tx(&mut conn, |c| f(&c.with_keys(&self.keys, fill))).map(|out| {
+                self.keys.remember_committed(&read);
+                then(out)
+            }),
+        )
     }
 
     /// [`Store::view`] for a read of a few rows by key (a member, a session, the roster): on

@@ -7,9 +7,16 @@
 //!
 //! The writer holds the store lock for the whole batch, so it serialises with every other
 //! mutation, and delivery still follows the log's order.
+//!
+//! A push that finds no other push in progress, the write connection free and no checkpoint
+//! waiting for a commit to finish it is committed right where it arrived, on its async worker
+//! (SQLite only): the hand-off to the writer thread and back (two wake-ups of a sleeping
+//! thread, the dearest part of a lone push) would cost more than the commit. Pushes that
+//! arrive meanwhile queue for the writer thread, which takes the store lock after it, so the
+//! log's order and delivery order stay one.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Weak};
 
@@ -42,6 +49,8 @@ struct Job {
 pub struct Writer {
     tx: mpsc::Sender<Job>,
     stats: Counters,
+    /// Pushes between their arrival and their answer.
+    busy: AtomicUsize,
 }
 
 /// How the pushes were committed so far: what shows whether group commit happened.
@@ -57,6 +66,8 @@ pub struct CommitStats {
     pub largest: u64,
     /// Pushes handed to the writer thread.
     pub queued: u64,
+    /// Pushes committed where they arrived (alone, without the writer thread).
+    pub in_place: u64,
 }
 
 #[derive(Debug, Default)]
@@ -66,6 +77,7 @@ struct Counters {
     grouped: AtomicU64,
     largest: AtomicU64,
     queued: AtomicU64,
+    in_place: AtomicU64,
 }
 
 impl std::fmt::Debug for Job {
@@ -86,7 +98,8 @@ pub struct WriterQueue {
 pub fn channel() -> (Writer, WriterQueue) {
     let (tx, rx) = mpsc::channel();
     let stats = Counters::default();
-    (Writer { tx, stats }, WriterQueue { rx })
+    let busy = AtomicUsize::new(0);
+    (Writer { tx, stats, busy }, WriterQueue { rx })
 }
 
 impl Writer {
@@ -99,6 +112,7 @@ impl Writer {
             grouped: s.grouped.load(Ordering::Relaxed),
             largest: s.largest.load(Ordering::Relaxed),
             queued: s.queued.load(Ordering::Relaxed),
+            in_place: s.in_place.load(Ordering::Relaxed),
         }
     }
 
@@ -115,21 +129,65 @@ impl Writer {
         s.largest.fetch_max(n, Ordering::Relaxed);
     }
 
-    /// Logs, commits and delivers one message (in the writer's next batch); returns it with
-    /// its live count.
+    /// Logs, commits and delivers one message (right here when it is alone, else in the
+    /// writer's next batch); returns it with its live count.
     pub async fn push(
         &self,
+        state: &AppState,
         draft: Draft,
         audience: Audience,
         now: i64,
     ) -> Result<(Message, usize), PushError> {
-        let item = Item { audience, now };
+        let busy = Busy::enter(&self.busy);
+        let mut item = Item { audience, now };
+        let mut draft = draft;
+        if busy.alone {
+            let mut drafts = [Some(draft)];
+            let items = [item];
+            let done = state.store.try_tx_then_here(
+                |c| log_items(c, &mut drafts, &items),
+                |logged| deliver_items(state, &items, logged),
+            );
+            if let Some(result) = done {
+                self.stats.in_place.fetch_add(1, Ordering::Relaxed);
+                let mut done = failed(result)?;
+                return done
+                    .pop()
+                    .ok_or_else(|| PushError::Failed("a commit without its push".into()));
+            }
+            // Not tried (the connection was taken): the push goes the usual way.
+            let [Some(back)] = drafts else {
+                return Err(PushError::Failed("a push lost its draft".into()));
+            };
+            let [back_item] = items;
+            (draft, item) = (back, back_item);
+        }
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { draft, item, reply })
             .map_err(|_| PushError::ShuttingDown)?;
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         rx.await.map_err(|_| PushError::ShuttingDown)?
+    }
+}
+
+/// Counts a push from its arrival to its answer (also when its request is dropped).
+struct Busy<'a> {
+    count: &'a AtomicUsize,
+    /// No other push was in progress when this one arrived.
+    alone: bool,
+}
+
+impl<'a> Busy<'a> {
+    fn enter(count: &'a AtomicUsize) -> Busy<'a> {
+        let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
+        Busy { count, alone }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -533,6 +533,29 @@ async fn shutdown_ends_live_streams_and_completes() {
     }
 }
 
+/// A push that finds the broker idle is committed where it arrived, without the writer thread,
+/// and is delivered like any other, in order.
+#[tokio::test]
+async fn a_lone_push_is_committed_in_place_and_delivered_in_order() {
+    if broker_support::sqlite_only("the in-place commit is SQLite's") {
+        return;
+    }
+    let b = start_broker().await;
+    let mut sub = b.sse("builder", None).await;
+    for i in 0..5 {
+        let sent = b
+            .push("director", json!({"body": format!("alone {i}")}))
+            .await;
+        assert_eq!(sub.next_message().await, sent);
+    }
+    let stats = b.broker.state.commit_stats();
+    assert_eq!(stats.pushes, 5, "{stats:?}");
+    // Each push was alone; one may still have met a write of the broker's own (a cursor, a
+    // presence change) holding the connection and gone to the writer thread.
+    assert!(stats.in_place >= 4, "{stats:?}");
+    assert_eq!(stats.in_place + stats.queued, 5, "{stats:?}");
+}
+
 /// Pushes that arrive while the store is busy wait for the writer thread and are committed
 /// together; each is acknowledged, logged once, and delivered in log order.
 #[tokio::test]
@@ -545,6 +568,7 @@ async fn queued_pushes_are_group_committed_in_order() {
     // Warm the token cache so the requests below need the store only to commit.
     let first = b.push("director", json!({"body": "warm-up"})).await;
     assert_eq!(sub.next_message().await, first);
+    let before = b.broker.state.commit_stats();
     let state = std::sync::Arc::clone(&b.broker.state);
     let (locked_tx, locked_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
@@ -574,9 +598,10 @@ async fn queued_pushes_are_group_committed_in_order() {
             assert_eq!(r.status().as_u16(), 200);
         }));
     }
-    // Every push goes to the writer thread: the warm-up and these 20.
+    // With the write connection held, not one of these 20 is committed in place: every one
+    // goes to the writer thread.
     crate::common::wait_until("20 pushes queued", Duration::from_secs(10), async || {
-        b.broker.state.commit_stats().queued == 21
+        b.broker.state.commit_stats().queued == before.queued + 20
     })
     .await;
     release_tx.send(()).unwrap();
@@ -587,6 +612,7 @@ async fn queued_pushes_are_group_committed_in_order() {
     // The 20 pushes queued behind the held lock were committed in batches, not one by one.
     let stats = b.broker.state.commit_stats();
     assert_eq!(stats.pushes, 21, "{stats:?}");
+    assert_eq!(stats.in_place, before.in_place, "{stats:?}");
     assert!(
         stats.grouped >= 1 && stats.largest > 1 && stats.commits < 21,
         "no group commit happened: {stats:?}"

@@ -271,7 +271,7 @@ pub(super) async fn push(
     };
     let (msg, live) = state
         .writer
-        .push(draft, audience.clone(), now)
+        .push(&state, draft, audience.clone(), now)
         .await
         .map_err(|e| match e {
             PushError::Unavailable => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
