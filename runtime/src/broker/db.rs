@@ -365,24 +365,35 @@ impl Store {
         f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
         then: impl FnOnce(T) -> U,
     ) -> Result<U, E> {
-        // The `message_keys` rows the transaction read reach the cache once it has committed.
-        let read = RefCell::default();
-        let fill = KeyFill::AfterCommit(&read);
-        let committed = |out| {
-            self.keys.remember_committed(&read);
-            then(out)
-        };
         match &self.backing {
             Backing::Sqlite(file) => off_worker(|| {
                 file.with_here(|conn| {
-                    sqlite_tx(conn, |c| f(&c.with_keys(&self.keys, fill))).map(committed)
+                    self.written(
+                        |fill| sqlite_tx(conn, |c| f(&c.with_keys(&self.keys, fill))),
+                        then,
+                    )
                 })
             }),
             Backing::Postgres(pg) => off_worker(|| {
-                pg.tx(false, |c| f(&c.with_keys(&self.keys, fill)))
-                    .map(committed)
+                self.written(
+                    |fill| pg.tx(false, |c| f(&c.with_keys(&self.keys, fill))),
+                    then,
+                )
             }),
         }
+    }
+
+    /// Runs the write transaction `tx`, then `then` on what it returned: the `message_keys`
+    /// rows it read or added reach the cache once it has committed, not before.
+    fn written<T, U, E>(
+        &self,
+        tx: impl FnOnce(KeyFill<'_>) -> Result<T, E>,
+        then: impl FnOnce(T) -> U,
+    ) -> Result<U, E> {
+        let read = RefCell::default();
+        let out = tx(KeyFill::AfterCommit(&read))?;
+        self.keys.remember_committed(&read);
+        Ok(then(out))
     }
 
     /// [`Store::tx_then`] on the calling thread, even an async worker, when SQLite's write
@@ -413,14 +424,10 @@ impl Store {
             return None;
         }
         drop(checkpointer);
-        let read = RefCell::default();
-        let fill = KeyFill::AfterCommit(&read);
-        Some(
-            sqlite_tx(&mut conn, |c| f(&c.with_keys(&self.keys, fill))).map(|out| {
-                self.keys.remember_committed(&read);
-                then(out)
-            }),
-        )
+        Some(self.written(
+            |fill| sqlite_tx(&mut conn, |c| f(&c.with_keys(&self.keys, fill))),
+            then,
+        ))
     }
 
     /// [`Store::view`] for a read of a few rows by key (a member, a session, the roster): on
