@@ -397,10 +397,10 @@ impl Store {
     }
 
     /// [`Store::tx_then`] on the calling thread, even an async worker, when SQLite's write
-    /// connection is free this instant and the commit will not fsync (`--sync full`, or a
-    /// checkpoint waiting to be finished by the next commit: a worker must not wait for a disk);
-    /// `None` otherwise, and always on PostgreSQL (a network round trip). For a short write
-    /// whose hand-off to another thread would cost more than it.
+    /// connection is free this instant and the commit has no fsync to do (none under `--sync
+    /// full`, nor while a checkpoint waits for the next commit to finish it: a worker must not
+    /// wait for a disk); `None` otherwise, and always on PostgreSQL (a network round trip). For
+    /// a short write whose hand-off to another thread would cost more than it.
     pub fn try_tx_then_here<T, U, E: From<StoreError>>(
         &self,
         f: impl FnOnce(&Conn<'_>) -> Result<T, E>,

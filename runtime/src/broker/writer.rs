@@ -1,9 +1,9 @@
-//! Group commit for `/push`. Every push goes to the writer thread (a thread of its own, so a
-//! commit, and the fsync of a checkpoint's last pass, never stalls an async worker); it logs every push waiting
-//! in a single transaction, commits once, fans the batch out in log order and answers each
-//! request. So alone a push costs one commit, and under load many pushes share one (one WAL
-//! write; on PostgreSQL, one transaction on the log's counter row). A push is acknowledged only
-//! after the commit that holds it.
+//! Group commit for `/push`. Pushes that arrive together go to the writer thread (a thread of
+//! its own, so their commit, and an fsync it may do, never stalls an async worker); it logs
+//! every push waiting in a single transaction, commits once, fans the batch out in log order
+//! and answers each request. So under load many pushes share one commit (one WAL write; on
+//! PostgreSQL, one transaction on the log's counter row). A push is acknowledged only after the
+//! commit that holds it.
 //!
 //! The writer holds the store lock for the whole batch, so it serialises with every other
 //! mutation, and delivery still follows the log's order.
@@ -149,8 +149,8 @@ impl Writer {
                 |logged| deliver_items(state, &items, logged),
             );
             if let Some(result) = done {
-                self.stats.in_place.fetch_add(1, Ordering::Relaxed);
                 let mut done = failed(result)?;
+                self.stats.in_place.fetch_add(1, Ordering::Relaxed);
                 return done
                     .pop()
                     .ok_or_else(|| PushError::Failed("a commit without its push".into()));
