@@ -20,8 +20,8 @@
 //!
 //! A reader holding an old snapshot (a long replay) keeps both passes short of the end; the
 //! next commits ask again. Should the log reach [`BACKSTOP_FRAMES`] anyway (the thread cannot
-//! keep up, or its connection failed), the commit that takes it there checkpoints inline, as
-//! SQLite itself would have, so the log is bounded in every case.
+//! keep up, or its connection failed), the commit that takes it there waits for a pass in
+//! progress to end and checkpoints inline, as SQLite itself would have, so the log is bounded.
 
 use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -61,6 +61,8 @@ struct Shared {
     /// Set by the thread after a complete first pass: the next commit finishes the round.
     finish: AtomicBool,
     wake: Condvar,
+    /// Signalled when the thread ends a pass.
+    idle: Condvar,
     /// The log's size in frames after the last commit.
     last: AtomicI32,
     /// The log's size in frames when the last checkpoint began (what it covered).
@@ -75,6 +77,8 @@ struct Shared {
 struct Signal {
     due: bool,
     stop: bool,
+    /// The thread is checkpointing.
+    running: bool,
 }
 
 impl Shared {
@@ -84,20 +88,26 @@ impl Shared {
         if frames >= BACKSTOP_FRAMES {
             return Decision::Backstop;
         }
-        if self.finish.swap(false, Ordering::Relaxed) {
+        if self.finish.swap(false, Ordering::AcqRel) {
             return Decision::Finish;
         }
-        let mark = self.mark.load(Ordering::Relaxed);
-        // A log smaller than the mark has started over since: count from its beginning.
-        let base = if frames < mark { 0 } else { mark };
-        if frames - base >= START_FRAMES {
+        if self.grown(frames) {
             let mut signal = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-            if !signal.due {
+            // Again under the lock, where the thread moves the mark as it takes a request.
+            if !signal.due && self.grown(frames) {
                 signal.due = true;
                 self.wake.notify_one();
             }
         }
         Decision::Nothing
+    }
+
+    /// Whether a log of `frames` frames holds [`START_FRAMES`] more than the last round covered.
+    fn grown(&self, frames: c_int) -> bool {
+        let mark = self.mark.load(Ordering::Relaxed);
+        // A log smaller than the mark has started over since: count from its beginning.
+        let base = if frames < mark { 0 } else { mark };
+        frames - base >= START_FRAMES
     }
 }
 
@@ -158,7 +168,7 @@ impl Checkpointer {
     pub fn stats(&self) -> CheckpointStats {
         let s = &self.shared;
         CheckpointStats {
-            background: s.background.load(Ordering::Relaxed),
+            background: s.background.load(Ordering::Acquire),
             finished: s.finished.load(Ordering::Relaxed),
             inline: s.inline.load(Ordering::Relaxed),
             failed: s.failed.load(Ordering::Relaxed),
@@ -213,26 +223,41 @@ unsafe extern "C" fn on_commit(
     // SAFETY: `context` is the `Shared` of the live `Checkpointer` that installed this hook.
     let shared = unsafe { &*context.cast_const().cast::<Shared>() };
     let decision = shared.committed(frames);
-    if decision != Decision::Nothing {
-        // SAFETY: SQLite allows a checkpoint from inside the WAL hook (its own automatic
-        // checkpoint is one); `db` and `name` are the ones it passed.
-        let rc = unsafe {
-            ffi::sqlite3_wal_checkpoint_v2(
-                db,
-                name,
-                ffi::SQLITE_CHECKPOINT_PASSIVE,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            )
-        };
-        match (rc, decision) {
-            (ffi::SQLITE_OK, Decision::Finish) => shared.finished.fetch_add(1, Ordering::Relaxed),
-            (ffi::SQLITE_OK, _) => shared.inline.fetch_add(1, Ordering::Relaxed),
-            // The thread is checkpointing right now; its round ends by asking again.
-            (ffi::SQLITE_BUSY, _) => 0,
-            _ => shared.failed.fetch_add(1, Ordering::Relaxed),
-        };
-    }
+    // SAFETY: SQLite allows a checkpoint from inside the WAL hook (its own automatic checkpoint
+    // is one); `db` and `name` are the ones it passed.
+    let checkpoint = || unsafe {
+        ffi::sqlite3_wal_checkpoint_v2(
+            db,
+            name,
+            ffi::SQLITE_CHECKPOINT_PASSIVE,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    };
+    let rc = match decision {
+        Decision::Nothing => return ffi::SQLITE_OK,
+        Decision::Finish => checkpoint(),
+        // A pass of the thread in progress would make this checkpoint busy and let the log grow
+        // on: wait for it to end, and keep the thread from starting another meanwhile.
+        Decision::Backstop => {
+            let mut signal = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            while signal.running {
+                signal = shared
+                    .idle
+                    .wait(signal)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            checkpoint()
+        }
+    };
+    match (rc, decision) {
+        (ffi::SQLITE_OK, Decision::Finish) => shared.finished.fetch_add(1, Ordering::Relaxed),
+        (ffi::SQLITE_OK, _) => shared.inline.fetch_add(1, Ordering::Relaxed),
+        // The thread is checkpointing right now (a finishing pass does not wait for it): its
+        // round ends by asking again.
+        (ffi::SQLITE_BUSY, _) => 0,
+        _ => shared.failed.fetch_add(1, Ordering::Relaxed),
+    };
     // The commit has happened whatever a checkpoint did: never report it as failed.
     ffi::SQLITE_OK
 }
@@ -252,25 +277,32 @@ fn run(shared: &Shared, own: &Connection) {
                 return;
             }
             signal.due = false;
+            signal.running = true;
+            // What this round covers: commits from here on count towards the next one.
+            shared
+                .mark
+                .store(shared.last.load(Ordering::Relaxed), Ordering::Relaxed);
         }
-        // What this round covers: commits from here on count towards the next one.
-        shared
-            .mark
-            .store(shared.last.load(Ordering::Relaxed), Ordering::Relaxed);
         match passive(own) {
             Ok((log, copied)) => {
-                shared.background.fetch_add(1, Ordering::Relaxed);
                 // Short of the end, a reader's snapshot stopped it, and the next commit would
                 // get no further. Otherwise the next commit copies what was committed meanwhile.
                 if copied == log {
-                    shared.finish.store(true, Ordering::Relaxed);
+                    shared.finish.store(true, Ordering::Release);
                 }
+                shared.background.fetch_add(1, Ordering::Release);
             }
             Err(e) => {
                 shared.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %e, "checkpoint of the write-ahead log failed");
             }
         }
+        shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .running = false;
+        shared.idle.notify_all();
     }
 }
 
@@ -312,18 +344,6 @@ mod tests {
         std::fs::metadata(path).map_or(0, |m| m.len())
     }
 
-    /// Waits (bounded) until `done` holds of the store's checkpoint figures.
-    fn until(store: &Store, done: impl Fn(CheckpointStats) -> bool) -> CheckpointStats {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let stats = store.checkpoints().expect("a file store checkpoints");
-            if done(stats) || Instant::now() > deadline {
-                return stats;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
     #[test]
     fn a_growing_log_is_checkpointed_beside_the_writer_not_inside_a_commit() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -332,7 +352,17 @@ mod tests {
             &store,
             usize::try_from(START_FRAMES * 7 / 10).expect("positive"),
         );
-        let stats = until(&store, |s| s.background >= 1 && s.finished >= 1);
+        // The commit after a complete pass finishes its round; the writes may all have come
+        // before the thread's pass ended (or during a second one), so a commit now and then.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let stats = loop {
+            let stats = store.checkpoints().expect("a file store checkpoints");
+            if stats.finished >= 1 || Instant::now() > deadline {
+                break stats;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+            write(&store, 1);
+        };
         assert!(stats.background >= 1, "the thread checkpointed: {stats:?}");
         assert!(stats.finished >= 1, "and a commit finished it: {stats:?}");
         assert_eq!(stats.inline, 0, "no commit checkpointed: {stats:?}");
