@@ -396,23 +396,19 @@ impl Store {
         Ok(then(out))
     }
 
-    /// [`Store::tx_then`] on the calling thread, even an async worker, when SQLite's write
-    /// connection is free this instant and the commit has no fsync to do (none under `--sync
-    /// full`, nor while a checkpoint waits for the next commit to finish it: a worker must not
-    /// wait for a disk); `None` otherwise, and always on PostgreSQL (a network round trip). For
-    /// a short write whose hand-off to another thread would cost more than it.
-    pub fn try_tx_then_here<T, U, E: From<StoreError>>(
-        &self,
-        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
-        then: impl FnOnce(T) -> U,
-    ) -> Option<Result<U, E>> {
+    /// SQLite's write connection, to write on the calling thread (even an async worker), when
+    /// it is free this instant and a commit has no fsync to do (none under `--sync full`, nor
+    /// while a checkpoint waits for the next commit to finish it: a worker must not wait for a
+    /// disk); `None` otherwise, and always on PostgreSQL (a network round trip). For a short
+    /// write whose hand-off to another thread would cost more than it.
+    pub fn writer_here(&self) -> Option<WriteHere<'_>> {
         let Backing::Sqlite(file) = &self.backing else {
             return None;
         };
         if file.sync == SyncMode::Full {
             return None;
         }
-        let mut conn = file.conn.try_lock().ok()?;
+        let conn = file.conn.try_lock().ok()?;
         let checkpointer = file
             .checkpointer
             .lock()
@@ -423,11 +419,7 @@ impl Store {
         {
             return None;
         }
-        drop(checkpointer);
-        Some(self.written(
-            |fill| sqlite_tx(&mut conn, |c| f(&c.with_keys(&self.keys, fill))),
-            then,
-        ))
+        Some(WriteHere { store: self, conn })
     }
 
     /// [`Store::view`] for a read of a few rows by key (a member, a session, the roster): on
@@ -462,6 +454,28 @@ impl Store {
                 off_worker(|| pg.tx(true, |c| f(&c.with_keys(&self.keys, KeyFill::Now))))
             }
         }
+    }
+}
+
+/// The write connection, held by the calling thread ([`Store::writer_here`]).
+pub struct WriteHere<'a> {
+    store: &'a Store,
+    conn: MutexGuard<'a, Connection>,
+}
+
+impl WriteHere<'_> {
+    /// [`Store::tx_then`], here.
+    pub fn tx_then<T, U, E: From<StoreError>>(
+        mut self,
+        f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
+        then: impl FnOnce(T) -> U,
+    ) -> Result<U, E> {
+        let keys = &self.store.keys;
+        let conn = &mut *self.conn;
+        self.store.written(
+            |fill| sqlite_tx(conn, |c| f(&c.with_keys(keys, fill))),
+            then,
+        )
     }
 }
 

@@ -139,28 +139,19 @@ impl Writer {
         now: i64,
     ) -> Result<(Message, usize), PushError> {
         let busy = Busy::enter(&self.busy);
-        let mut item = Item { audience, now };
-        let mut draft = draft;
-        if busy.alone {
-            let mut drafts = [Some(draft)];
-            let items = [item];
-            let done = state.store.try_tx_then_here(
+        let item = Item { audience, now };
+        if busy.alone
+            && let Some(here) = state.store.writer_here()
+        {
+            let (mut drafts, items) = ([Some(draft)], [item]);
+            let mut done = failed(here.tx_then(
                 |c| log_items(c, &mut drafts, &items),
                 |logged| deliver_items(state, &items, logged),
-            );
-            if let Some(result) = done {
-                let mut done = failed(result)?;
-                self.stats.in_place.fetch_add(1, Ordering::Relaxed);
-                return done
-                    .pop()
-                    .ok_or_else(|| PushError::Failed("a commit without its push".into()));
-            }
-            // Not tried (the connection was taken): the push goes the usual way.
-            let [Some(back)] = drafts else {
-                return Err(PushError::Failed("a push lost its draft".into()));
-            };
-            let [back_item] = items;
-            (draft, item) = (back, back_item);
+            ))?;
+            self.stats.in_place.fetch_add(1, Ordering::Relaxed);
+            return done
+                .pop()
+                .ok_or_else(|| PushError::Failed("a commit without its push".into()));
         }
         let (reply, rx) = oneshot::channel();
         self.tx
