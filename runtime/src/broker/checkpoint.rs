@@ -178,7 +178,7 @@ impl Checkpointer {
     /// Stops the thread (a checkpoint in progress finishes first), closes its connection and
     /// takes the hook off the write connection, which commits as before but checkpoints only
     /// when asked (a clean shutdown's TRUNCATE). Idempotent. Must not be called holding the
-    /// write connection: the thread may be waiting for it.
+    /// write connection: taking the hook off takes it.
     pub fn stop(&mut self) {
         {
             let mut signal = self

@@ -226,7 +226,7 @@ impl Store {
         let Backing::Sqlite(file) = &self.backing else {
             return Ok(());
         };
-        // Its thread may be waiting for the write connection: stopped before that is taken.
+        // Stopping it takes the write connection (to unhook it): done before that is taken here.
         let checkpointer = file
             .checkpointer
             .lock()
