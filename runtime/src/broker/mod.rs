@@ -97,6 +97,7 @@ pub mod pg;
 pub mod publish;
 pub mod ratelimit;
 pub mod replica;
+mod repoll;
 pub mod retention;
 pub mod serve_config;
 pub mod server;

@@ -54,6 +54,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::time::Sleep;
 use tokio_rustls::TlsAcceptor;
 
+use super::repoll::Repoll;
+
 /// Connection limits and timeouts.
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -268,7 +270,7 @@ pub async fn serve(
         let flags = Arc::new(ConnFlags::default());
         let io = Guarded::new(tcp, peer, permit, &limits, Arc::clone(&flags));
         let (app, stop, tls) = (app.clone(), stop_rx.clone(), tls.clone());
-        tokio::spawn(async move {
+        tokio::spawn(Repoll::new(async move {
             match tls {
                 None => serve_http(JsonErrors::new(io, false), app, flags, stop, peer).await,
                 Some(acceptor) => match acceptor.accept(io).await {
@@ -278,7 +280,7 @@ pub async fn serve(
                     Err(e) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                 },
             }
-        });
+        }));
     }
     drop(listener);
     let _ = stop_tx.send(true);

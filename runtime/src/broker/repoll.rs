@@ -1,0 +1,187 @@
+//! A task wrapper that absorbs the wake-ups a task gives itself while it runs.
+//!
+//! A hyper connection wakes its own task in the middle of a poll: the request body's channels
+//! signal the dispatcher, which shares the task with the handler reading the body. Tokio's
+//! multi-thread scheduler takes a task woken during its own poll for a task that yielded: it
+//! queues it behind the others and wakes a parked worker to steal it. That is a futex wake of
+//! another thread on every request (on a VM whose idle CPUs halt, an interrupt to the other
+//! CPU and a VM exit), paid before the next task on this worker runs — with a push, the live
+//! stream that carries it out. [`Repoll`] polls again at once instead, [`REPOLLS`] times at
+//! most, so the task goes back to the scheduler only when something else woke it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+
+/// Polls in a row within one turn of the task; past that a self-wake goes to the scheduler
+/// (whatever keeps waking itself still lets the others run).
+const REPOLLS: usize = 4;
+
+/// `inner`, polled again at once when it woke itself while being polled.
+pub(super) struct Repoll<F> {
+    inner: Pin<Box<F>>,
+    shared: Arc<Shared>,
+    waker: Waker,
+}
+
+struct Shared {
+    /// The wrapped future is being polled: a wake now is noted, not passed on.
+    polling: AtomicBool,
+    /// It was woken during the poll.
+    woken: AtomicBool,
+    /// The task's own waker, from its latest poll.
+    task: Mutex<Option<Waker>>,
+}
+
+impl Wake for Shared {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Noted while the poll runs, re-checked after: a poll that ended in between has
+        // either seen the note (and polls again) or ended before it (the task is woken).
+        if self.polling.load(SeqCst) {
+            self.woken.store(true, SeqCst);
+            if self.polling.load(SeqCst) {
+                return;
+            }
+        }
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
+}
+
+impl<F: Future> Repoll<F> {
+    pub(super) fn new(inner: F) -> Self {
+        let shared = Arc::new(Shared {
+            polling: AtomicBool::new(false),
+            woken: AtomicBool::new(false),
+            task: Mutex::new(None),
+        });
+        let waker = Waker::from(Arc::clone(&shared));
+        Repoll {
+            inner: Box::pin(inner),
+            shared,
+            waker,
+        }
+    }
+}
+
+impl<F: Future> Future for Repoll<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        {
+            let mut task = this
+                .shared
+                .task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
+                *task = Some(cx.waker().clone());
+            }
+        }
+        let mut inner_cx = Context::from_waker(&this.waker);
+        for _ in 0..REPOLLS {
+            this.shared.woken.store(false, SeqCst);
+            this.shared.polling.store(true, SeqCst);
+            let poll = this.inner.as_mut().poll(&mut inner_cx);
+            this.shared.polling.store(false, SeqCst);
+            if poll.is_ready() || !this.shared.woken.swap(false, SeqCst) {
+                return poll;
+            }
+        }
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    /// Counts the wake-ups that reach the task.
+    struct Count(AtomicUsize);
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, SeqCst);
+        }
+    }
+
+    fn task() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count(AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        (count, waker)
+    }
+
+    /// Wakes itself `times` times, then is ready with how often it was polled.
+    fn waking_itself(times: usize) -> impl Future<Output = usize> {
+        let mut polls = 0;
+        std::future::poll_fn(move |cx| {
+            polls += 1;
+            if polls > times {
+                return Poll::Ready(polls);
+            }
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        })
+    }
+
+    #[test]
+    fn a_self_wake_is_polled_again_without_waking_the_task() {
+        let (count, waker) = task();
+        let mut f = Repoll::new(waking_itself(2));
+        let got = Pin::new(&mut f).poll(&mut Context::from_waker(&waker));
+        assert_eq!(got, Poll::Ready(3));
+        assert_eq!(count.0.load(SeqCst), 0);
+    }
+
+    #[test]
+    fn a_future_that_keeps_waking_itself_goes_back_to_the_scheduler() {
+        let (count, waker) = task();
+        let mut f = Repoll::new(waking_itself(REPOLLS + 1));
+        let mut cx = Context::from_waker(&waker);
+        assert_eq!(Pin::new(&mut f).poll(&mut cx), Poll::Pending);
+        assert_eq!(
+            count.0.load(SeqCst),
+            1,
+            "the task is woken to run again later"
+        );
+        assert_eq!(Pin::new(&mut f).poll(&mut cx), Poll::Ready(REPOLLS + 2));
+    }
+
+    #[test]
+    fn a_wake_from_outside_reaches_the_latest_task() {
+        let (first, first_waker) = task();
+        let (second, second_waker) = task();
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<u8>();
+        let mut f = Repoll::new(std::future::poll_fn(move |cx| {
+            Pin::new(&mut rx).poll(cx).map(Result::ok)
+        }));
+        assert!(
+            Pin::new(&mut f)
+                .poll(&mut Context::from_waker(&first_waker))
+                .is_pending()
+        );
+        assert!(
+            Pin::new(&mut f)
+                .poll(&mut Context::from_waker(&second_waker))
+                .is_pending()
+        );
+        tx.send(7).unwrap();
+        assert_eq!((first.0.load(SeqCst), second.0.load(SeqCst)), (0, 1));
+        let got = Pin::new(&mut f).poll(&mut Context::from_waker(&second_waker));
+        assert_eq!(got, Poll::Ready(Some(7)));
+    }
+}
