@@ -532,6 +532,70 @@ impl CpuSet {
     }
 }
 
+/// Interrupts sent from one CPU to another so far, all CPUs summed: function calls (a wake-up
+/// queued on the CPU the woken thread runs on) and reschedules (`/proc/interrupts`: `CAL`,
+/// `RES`). System-wide, so whatever else runs adds to it; `None` where the file is unreadable.
+fn interrupts_across_cpus() -> Option<u64> {
+    interrupts_across_cpus_in(&std::fs::read_to_string("/proc/interrupts").ok()?)
+}
+
+/// [`interrupts_across_cpus`] of the text of `/proc/interrupts`.
+fn interrupts_across_cpus_in(text: &str) -> Option<u64> {
+    let mut total = None;
+    for line in text.lines() {
+        let line = line.trim_start();
+        if let Some(counts) = line
+            .strip_prefix("CAL:")
+            .or_else(|| line.strip_prefix("RES:"))
+        {
+            let sum: u64 = counts
+                .split_whitespace()
+                .map_while(|n| n.parse::<u64>().ok())
+                .sum();
+            *total.get_or_insert(0) += sum;
+        }
+    }
+    total
+}
+
+/// Cross-CPU interrupts counted over the calls through ac7 and over the same phase's floors.
+#[derive(Debug, Default, Clone, Copy)]
+struct Crossings {
+    ours: u64,
+    floors: u64,
+    /// A reading failed: nothing is reported.
+    unknown: bool,
+}
+
+impl Crossings {
+    /// Counts the interrupts of `f`, as ours or as the floors'.
+    fn count<T>(
+        &mut self,
+        floors: bool,
+        f: impl FnOnce() -> anyhow::Result<T>,
+    ) -> anyhow::Result<T> {
+        let before = interrupts_across_cpus();
+        let out = f()?;
+        match (before, interrupts_across_cpus()) {
+            (Some(b), Some(a)) if floors => self.floors += a.saturating_sub(b),
+            (Some(b), Some(a)) => self.ours += a.saturating_sub(b),
+            _ => self.unknown = true,
+        }
+        Ok(out)
+    }
+
+    /// Per call through ac7, and per call of the floors (each a pipe and a socket round trip).
+    fn per_call(&self, calls: usize) -> Value {
+        if self.unknown {
+            return Value::Null;
+        }
+        json!({
+            "ours": self.ours as f64 / calls as f64,
+            "floors": self.floors as f64 / calls as f64,
+        })
+    }
+}
+
 fn p50(l: &Latency) -> f64 {
     l.p50_us
 }
@@ -645,26 +709,39 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
     let mut http = Vec::new();
     let (mut list_cpu, mut ros_cpu, mut push_cpu) =
         (CpuSet::default(), CpuSet::default(), CpuSet::default());
+    let (mut list_x, mut ros_x, mut push_x) = (
+        Crossings::default(),
+        Crossings::default(),
+        Crossings::default(),
+    );
     for _ in 0..BLOCKS {
         let before = procs.snapshot();
-        agent.round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list)?;
+        list_x.count(false, || {
+            agent.round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list)
+        })?;
         list_cpu.add(before, procs.snapshot());
         pipe.reply_size(list_bytes)?;
         sock.reply_size(list_bytes)?;
-        pipe.lines
-            .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_pipe)?;
-        sock.lines
-            .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_sock)?;
+        list_x.count(true, || {
+            pipe.lines
+                .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_pipe)?;
+            sock.lines
+                .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_sock)
+        })?;
 
         let before = procs.snapshot();
-        agent.round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros)?;
+        ros_x.count(false, || {
+            agent.round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros)
+        })?;
         ros_cpu.add(before, procs.snapshot());
         pipe.reply_size(roster_bytes)?;
         sock.reply_size(roster_bytes)?;
-        pipe.lines
-            .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_pipe)?;
-        sock.lines
-            .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_sock)?;
+        ros_x.count(true, || {
+            pipe.lines
+                .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_pipe)?;
+            sock.lines
+                .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_sock)
+        })?;
         for _ in 0..ROSTER_PER_BLOCK {
             let t = Instant::now();
             let status = floor_http.post("/push", &push_token, floor_body.as_bytes())?;
@@ -675,16 +752,21 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
         }
 
         let before = procs.snapshot();
-        for _ in 0..PUSH_PER_BLOCK {
-            push.once(&mut agent, Some(&mut pushes))?;
-        }
+        push_x.count(false, || {
+            for _ in 0..PUSH_PER_BLOCK {
+                push.once(&mut agent, Some(&mut pushes))?;
+            }
+            Ok(())
+        })?;
         push_cpu.add(before, procs.snapshot());
         pipe.reply_size(notification_bytes)?;
         sock.reply_size(notification_bytes)?;
-        pipe.lines
-            .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_pipe)?;
-        sock.lines
-            .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_sock)?;
+        push_x.count(true, || {
+            pipe.lines
+                .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_pipe)?;
+            sock.lines
+                .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_sock)
+        })?;
     }
 
     // In flight.
@@ -769,6 +851,11 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
             "push_to_notification": push_cpu.per_call(BLOCKS * PUSH_PER_BLOCK),
             "tools_list_in_flight": in_flight_cpu.per_call(IN_FLIGHT_CALLS),
         },
+        "interrupts_across_cpus_per_call": {
+            "tools_list": list_x.per_call(calls),
+            "roster": ros_x.per_call(BLOCKS * ROSTER_PER_BLOCK),
+            "push_to_notification": push_x.per_call(BLOCKS * PUSH_PER_BLOCK),
+        },
         "runner_peak_rss_kib": runner_peak_rss_kib,
         "bridge_peak_rss_kib": bridge_peak_rss_kib,
     });
@@ -797,6 +884,21 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"notifications/claude/channel","params":{}}"#
         ));
         assert!(!is_notification(r#"{"jsonrpc":"2.0","id":3,"result":{}}"#));
+    }
+
+    #[test]
+    fn interrupts_across_cpus_sum_function_calls_and_reschedules_of_every_cpu() {
+        let text = "           CPU0       CPU1\n  \
+             0:         36          0   IO-APIC   2-edge      timer\n\
+             NMI:          0          0   Non-maskable interrupts\n\
+             RES:       9563       9279   Rescheduling interrupts\n\
+             CAL:    1158249    1059413   Function call interrupts\n\
+             TLB:         12         40   TLB shootdowns\n";
+        assert_eq!(
+            interrupts_across_cpus_in(text),
+            Some(9563 + 9279 + 1158249 + 1059413)
+        );
+        assert_eq!(interrupts_across_cpus_in("NMI: 0 0 Non-maskable\n"), None);
     }
 
     #[test]
