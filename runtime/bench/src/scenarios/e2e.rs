@@ -558,40 +558,85 @@ fn interrupts_across_cpus_in(text: &str) -> Option<u64> {
     total
 }
 
-/// Cross-CPU interrupts counted over the calls through ac7 and over the same phase's floors.
-#[derive(Debug, Default, Clone, Copy)]
+/// Cross-CPU interrupts counted over the calls through ac7 and over the same phase's floors;
+/// `None` once a reading failed.
+#[derive(Debug, Clone, Copy)]
 struct Crossings {
-    ours: u64,
-    floors: u64,
-    /// A reading failed: nothing is reported.
-    unknown: bool,
+    ours: Option<u64>,
+    floors: Option<u64>,
+}
+
+impl Default for Crossings {
+    fn default() -> Self {
+        Crossings {
+            ours: Some(0),
+            floors: Some(0),
+        }
+    }
 }
 
 impl Crossings {
-    /// Counts the interrupts of `f`, as ours or as the floors'.
-    fn count<T>(
-        &mut self,
-        floors: bool,
-        f: impl FnOnce() -> anyhow::Result<T>,
-    ) -> anyhow::Result<T> {
-        let before = interrupts_across_cpus();
-        let out = f()?;
-        match (before, interrupts_across_cpus()) {
-            (Some(b), Some(a)) if floors => self.floors += a.saturating_sub(b),
-            (Some(b), Some(a)) => self.ours += a.saturating_sub(b),
-            _ => self.unknown = true,
-        }
-        Ok(out)
+    /// Runs calls through ac7, counting their interrupts.
+    fn ours<T>(&mut self, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        counted(&mut self.ours, f)
+    }
+
+    /// Runs calls through the floors, counting their interrupts.
+    fn floors<T>(&mut self, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        counted(&mut self.floors, f)
     }
 
     /// Per call through ac7, and per call of the floors (each a pipe and a socket round trip).
     fn per_call(&self, calls: usize) -> Value {
-        if self.unknown {
+        let (Some(ours), Some(floors)) = (self.ours, self.floors) else {
             return Value::Null;
-        }
+        };
         json!({
-            "ours": self.ours as f64 / calls as f64,
-            "floors": self.floors as f64 / calls as f64,
+            "ours": ours as f64 / calls as f64,
+            "floors": floors as f64 / calls as f64,
+        })
+    }
+}
+
+/// Runs `f`, adding the cross-CPU interrupts it took to `total`.
+fn counted<T>(total: &mut Option<u64>, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let before = interrupts_across_cpus();
+    let out = f()?;
+    let took = before
+        .zip(interrupts_across_cpus())
+        .map(|(b, a)| a.saturating_sub(b));
+    *total = total.zip(took).map(|(t, n)| t + n);
+    Ok(out)
+}
+
+/// The two echo floors, a pipe and a Unix socket.
+struct EchoFloors {
+    pipe: Echo<ChildStdin, ChildStdout>,
+    sock: Echo<UnixStream, UnixStream>,
+}
+
+impl EchoFloors {
+    /// Makes both answer every call with `size` bytes.
+    fn reply_size(&mut self, size: usize) -> anyhow::Result<()> {
+        self.pipe.reply_size(size)?;
+        self.sock.reply_size(size)
+    }
+
+    /// One phase's floors: `n` calls answered with `size` bytes through the pipe, then through
+    /// the socket, timed into `pipe` and `sock`, their interrupts counted into `crossings`.
+    fn phase(
+        &mut self,
+        size: usize,
+        n: usize,
+        (method, params): (&str, Option<&str>),
+        pipe: &mut Vec<Duration>,
+        sock: &mut Vec<Duration>,
+        crossings: &mut Crossings,
+    ) -> anyhow::Result<()> {
+        self.reply_size(size)?;
+        crossings.floors(|| {
+            self.pipe.lines.round_trips(n, method, params, pipe)?;
+            self.sock.lines.round_trips(n, method, params, sock)
         })
     }
 }
@@ -694,11 +739,13 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
     }
 
     let dir = super::bridge::TempDir::new()?;
-    let mut pipe = pipe_echo()?;
-    let mut sock = socket_echo(&dir.path.join("echo.sock"))?;
+    let mut echo = EchoFloors {
+        pipe: pipe_echo()?,
+        sock: socket_echo(&dir.path.join("echo.sock"))?,
+    };
     for _ in 0..200 {
-        for echo in [&mut pipe.lines as &mut dyn Warm, &mut sock.lines] {
-            echo.warm()?;
+        for floor in [&mut echo.pipe.lines as &mut dyn Warm, &mut echo.sock.lines] {
+            floor.warm()?;
         }
         floor_http.post("/push", &push_token, floor_body.as_bytes())?;
     }
@@ -716,32 +763,28 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
     );
     for _ in 0..BLOCKS {
         let before = procs.snapshot();
-        list_x.count(false, || {
-            agent.round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list)
-        })?;
+        list_x.ours(|| agent.round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list))?;
         list_cpu.add(before, procs.snapshot());
-        pipe.reply_size(list_bytes)?;
-        sock.reply_size(list_bytes)?;
-        list_x.count(true, || {
-            pipe.lines
-                .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_pipe)?;
-            sock.lines
-                .round_trips(LIST_PER_BLOCK, mcp::TOOLS_LIST, None, &mut list_sock)
-        })?;
+        echo.phase(
+            list_bytes,
+            LIST_PER_BLOCK,
+            (mcp::TOOLS_LIST, None),
+            &mut list_pipe,
+            &mut list_sock,
+            &mut list_x,
+        )?;
 
         let before = procs.snapshot();
-        ros_x.count(false, || {
-            agent.round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros)
-        })?;
+        ros_x.ours(|| agent.round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros))?;
         ros_cpu.add(before, procs.snapshot());
-        pipe.reply_size(roster_bytes)?;
-        sock.reply_size(roster_bytes)?;
-        ros_x.count(true, || {
-            pipe.lines
-                .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_pipe)?;
-            sock.lines
-                .round_trips(ROSTER_PER_BLOCK, mcp::TOOLS_CALL, roster, &mut ros_sock)
-        })?;
+        echo.phase(
+            roster_bytes,
+            ROSTER_PER_BLOCK,
+            (mcp::TOOLS_CALL, roster),
+            &mut ros_pipe,
+            &mut ros_sock,
+            &mut ros_x,
+        )?;
         for _ in 0..ROSTER_PER_BLOCK {
             let t = Instant::now();
             let status = floor_http.post("/push", &push_token, floor_body.as_bytes())?;
@@ -752,21 +795,21 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
         }
 
         let before = procs.snapshot();
-        push_x.count(false, || {
+        push_x.ours(|| {
             for _ in 0..PUSH_PER_BLOCK {
                 push.once(&mut agent, Some(&mut pushes))?;
             }
             Ok(())
         })?;
         push_cpu.add(before, procs.snapshot());
-        pipe.reply_size(notification_bytes)?;
-        sock.reply_size(notification_bytes)?;
-        push_x.count(true, || {
-            pipe.lines
-                .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_pipe)?;
-            sock.lines
-                .round_trips(PUSH_PER_BLOCK, mcp::TOOLS_LIST, None, &mut note_sock)
-        })?;
+        echo.phase(
+            notification_bytes,
+            PUSH_PER_BLOCK,
+            (mcp::TOOLS_LIST, None),
+            &mut note_pipe,
+            &mut note_sock,
+            &mut push_x,
+        )?;
     }
 
     // In flight.
@@ -774,14 +817,15 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
     let ours_per_sec = agent.in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
     let mut in_flight_cpu = CpuSet::default();
     in_flight_cpu.add(before, procs.snapshot());
-    pipe.reply_size(list_bytes)?;
-    sock.reply_size(list_bytes)?;
-    let pipe_per_sec = pipe
-        .lines
-        .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
-    let sock_per_sec = sock
-        .lines
-        .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
+    echo.reply_size(list_bytes)?;
+    let pipe_per_sec =
+        echo.pipe
+            .lines
+            .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
+    let sock_per_sec =
+        echo.sock
+            .lines
+            .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
 
     let runner_peak_rss_kib = peak_rss_kib(runner_pid);
     let bridge_peak_rss_kib = peak_rss_kib(bridge_pid);
