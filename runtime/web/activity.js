@@ -197,8 +197,14 @@ function activityFeed(el, name, panel) {
       return;
     }
     if (stopped) return;
-    // The live tail: EventSource resumes from the last row id by itself (Last-Event-ID).
-    es = new EventSource('/members/' + encodeURIComponent(name) + '/activity/stream', { withCredentials: true });
+    // The live tail, from the newest row read (0: every row, when there was none), so a row
+    // uploaded between the read and the stream's opening is replayed, not lost. On a drop
+    // EventSource resumes from the last row id it got by itself (Last-Event-ID).
+    const after = rows.size ? Math.max(...rows.keys()) : 0;
+    const q = new URLSearchParams({ lastEventId: String(after) });
+    es = new EventSource('/members/' + encodeURIComponent(name) + '/activity/stream?' + q.toString(), {
+      withCredentials: true,
+    });
     es.addEventListener('open', () => {
       dot.className = 'dot on';
       dot.title = 'live';

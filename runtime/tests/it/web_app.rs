@@ -866,23 +866,49 @@ async fn a_dm_opens_the_members_activity_beside_it() {
             .is_some(),
         "the panel starts closed"
     );
-    br.click_on("button.side-toggle", 10, "the activity toggle")
-        .await;
-    br.wait_until(
-        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 1 && !!document.querySelector('.split-main .composer')",
-        10,
-        "the activity beside the conversation",
+    // Hold the panel's first read after its answer arrives, so an upload lands between the
+    // read and the live stream's opening: the stream must not lose it.
+    br.script(
+        "const real = window.fetch;
+         window.__heldRead = false;
+         const gate = new Promise((r) => { window.__releaseRead = r; });
+         window.fetch = async (url, init) => {
+           const res = await real(url, init);
+           if (String(url).startsWith('/members/builder/activity?')) {
+             window.__heldRead = true;
+             await gate;
+           }
+           return res;
+         };",
+        json!([]),
     )
     .await;
-    // Live: a new exchange appears in the panel.
+    br.click_on("button.side-toggle", 10, "the activity toggle")
+        .await;
+    br.wait_until("return window.__heldRead === true", 10, "the panel's read")
+        .await;
     b.post(
         "/members/builder/activity",
         "builder",
         json!({"events": [crate::broker_activity::exchange(2_000)]}),
     )
     .await;
+    br.script("window.__releaseRead()", json!([])).await;
     br.wait_until(
-        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 2",
+        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 2 && !!document.querySelector('.split-main .composer')",
+        10,
+        "the activity beside the conversation, with the row uploaded while it opened",
+    )
+    .await;
+    // Live: a new exchange appears in the panel.
+    b.post(
+        "/members/builder/activity",
+        "builder",
+        json!({"events": [crate::broker_activity::exchange(3_000)]}),
+    )
+    .await;
+    br.wait_until(
+        "return document.querySelectorAll('aside.side-panel .activity-feed > li:not(.empty)').length === 3",
         10,
         "the live activity row",
     )
