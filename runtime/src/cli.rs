@@ -423,6 +423,17 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Codex(_) | Command::Acp(_) => crate::runner::logs::init(false),
         _ => crate::logging::init("info"),
     }
+    if matches!(
+        cli.command,
+        Command::McpBridge(_)
+            | Command::AshBridge(_)
+            | Command::ClaudeCode(_)
+            | Command::Run(_)
+            | Command::Codex(_)
+            | Command::Acp(_)
+    ) {
+        crate::sys::keep_heap_for_relaying();
+    }
     if quiet_on_broken_pipe(&cli.command) {
         // SAFETY: SIG_DFL installs no handler; it only restores the default disposition. Socket
         // writes (std, tokio) pass MSG_NOSIGNAL and are unaffected.
