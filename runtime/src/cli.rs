@@ -164,6 +164,20 @@ fn man(args: ManArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Verbs that relay an agent's traffic (the runners and the bridges), whose allocator keeps the
+/// heap pages it frees ([`crate::sys::keep_heap_for_relaying`]).
+fn relays(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::McpBridge(_)
+            | Command::AshBridge(_)
+            | Command::ClaudeCode(_)
+            | Command::Run(_)
+            | Command::Codex(_)
+            | Command::Acp(_)
+    )
+}
+
 /// Verbs whose output is for a reader or a pipe: a closed pipe (`ac7 history --json | head`)
 /// ends them quietly, as it does `cat`, instead of a panic on the failed write.
 fn quiet_on_broken_pipe(command: &Command) -> bool {
@@ -423,15 +437,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Codex(_) | Command::Acp(_) => crate::runner::logs::init(false),
         _ => crate::logging::init("info"),
     }
-    if matches!(
-        cli.command,
-        Command::McpBridge(_)
-            | Command::AshBridge(_)
-            | Command::ClaudeCode(_)
-            | Command::Run(_)
-            | Command::Codex(_)
-            | Command::Acp(_)
-    ) {
+    if relays(&cli.command) {
         crate::sys::keep_heap_for_relaying();
     }
     if quiet_on_broken_pipe(&cli.command) {
