@@ -301,7 +301,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<i32> {
     let mut settings = BrokerConfig::new(args.db.clone());
     settings.postgres = postgres.clone();
     connection_settings(&args, &mut settings)?;
-    super::server::tune_allocator();
+    crate::sys::give_back_large_buffers();
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)

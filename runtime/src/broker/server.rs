@@ -162,22 +162,6 @@ pub fn tls_acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// Pins glibc's mmap threshold at 128 KiB, so every large buffer (a message body,
-/// its JSON, its rendered frame) gets its own mapping and goes back to the OS the
-/// moment it is freed. By default glibc raises the threshold after the first such
-/// free, and later large buffers come from per-thread heaps that keep their pages:
-/// measured with `ac7-bench broker-slow-consumer` (600 x 900 KB pushes), peak RSS
-/// 33 MB -> 25 MB and RSS once the burst is over 22-29 MB -> 12 MB, with the
-/// healthy subscribers' delivery p50 no worse. A no-op off glibc.
-pub fn tune_allocator() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only adjusts allocator parameters; it is called before the
-    // runtime's threads start allocating large buffers, and glibc serialises it.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
-    }
-}
-
 /// Logs at most once per interval, counting what it did not log.
 struct Throttled {
     last: Option<Instant>,

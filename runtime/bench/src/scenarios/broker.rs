@@ -46,7 +46,7 @@ pub(crate) fn child_main(args: &[String]) -> anyhow::Result<i32> {
         .transpose()?;
     let db = PathBuf::from(target);
     // As `ac7 serve` does.
-    ac7_runtime::broker::server::tune_allocator();
+    ac7_runtime::sys::give_back_large_buffers();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
