@@ -164,7 +164,21 @@ impl Store {
             source,
         })?;
         let busy = || StoreError::Busy(path.display().to_string());
-        let conn = Connection::open(path)?;
+        // The write connection gathers each commit's log writes into one (`wal_vfs`).
+        let conn = match super::wal_vfs::register() {
+            Ok(()) => Connection::open_with_flags_and_vfs(
+                path,
+                rusqlite::OpenFlags::default(),
+                super::wal_vfs::NAME,
+            )?,
+            Err(code) => {
+                tracing::warn!(
+                    code,
+                    "cannot register the log-writing VFS; writing through SQLite's default"
+                );
+                Connection::open(path)?
+            }
+        };
         let lock = std::fs::OpenOptions::new()
             .read(true)
             .open(path)

@@ -105,6 +105,7 @@ pub mod sessions;
 pub mod store;
 pub mod team;
 pub mod tokens;
+mod wal_vfs;
 mod web;
 pub mod webpush;
 pub mod writer;

@@ -1,0 +1,639 @@
+//! A SQLite VFS that writes each commit's WAL frames with one `pwrite`.
+//!
+//! SQLite appends a commit to the write-ahead log as frames, each a 24-byte header and a page,
+//! and writes every header and every page with a `pwrite` of its own: a message, which
+//! changes five pages, costs ten system calls, each touching one or two pages of the kernel's
+//! cache. This VFS is the platform's default one with the log's writes gathered: writes that
+//! continue one another are kept in a buffer and go out together when the commit's last frame
+//! is complete, and before anything else is done with the file (a read, a sync, a size, a
+//! truncation, a file control, its close) or a write lands elsewhere. Every other file (the
+//! database, the shared-memory index) is the default VFS's own.
+//!
+//! Nothing is left in the buffer once SQLite has written a commit, so what other connections
+//! read (they see a commit only once the index says so, after the frames are written) and
+//! what a crash leaves are as without it. The end of a commit is the page that follows a frame
+//! header whose "database size" field is set, the mark SQLite gives a commit's last frame; a
+//! header rewritten on its own (SQLite re-checksumming frames it overwrote) is written at once.
+//! A long transaction spilling pages before its commit is written out every [`MAX_BUFFER`]
+//! bytes.
+
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::sync::OnceLock;
+
+use rusqlite::ffi;
+
+/// The name connections open the database with to write through this VFS.
+pub(super) const NAME: &CStr = c"ac7-wal";
+
+/// The most bytes kept before they are written: what the default VFS writes in one call (it
+/// takes a length below 128 KiB; a longer one is cut to its low 17 bits).
+const MAX_BUFFER: usize = 64 << 10;
+
+/// A frame header: page number, database size (non-zero on a commit's last frame), salts,
+/// checksums.
+const FRAME_HEADER: usize = 24;
+
+/// The log's own header, before the first frame.
+const LOG_HEADER: i64 = 32;
+
+/// Registers the VFS (once per process; not as the default). The error is SQLite's code.
+pub(super) fn register() -> Result<(), c_int> {
+    static DONE: OnceLock<Result<(), c_int>> = OnceLock::new();
+    *DONE.get_or_init(|| {
+        // SAFETY: `sqlite3_vfs_find` returns the default VFS, which lives as long as the
+        // process; the copy is leaked, so the registered VFS does too.
+        unsafe {
+            let base = ffi::sqlite3_vfs_find(std::ptr::null());
+            if base.is_null() {
+                return Err(ffi::SQLITE_ERROR);
+            }
+            let mut vfs = *base;
+            vfs.pNext = std::ptr::null_mut();
+            vfs.zName = NAME.as_ptr();
+            vfs.szOsFile = (*base).szOsFile + size_of::<LogFile>() as c_int;
+            vfs.xOpen = Some(open);
+            BASE.set(Base(base)).map_err(|_| ffi::SQLITE_MISUSE)?;
+            let vfs = Box::leak(Box::new(vfs));
+            match ffi::sqlite3_vfs_register(vfs, 0) {
+                ffi::SQLITE_OK => Ok(()),
+                rc => Err(rc),
+            }
+        }
+    })
+}
+
+/// The default VFS everything is delegated to.
+struct Base(*mut ffi::sqlite3_vfs);
+// SAFETY: a VFS is immutable once registered and SQLite's own methods are thread-safe.
+unsafe impl Send for Base {}
+unsafe impl Sync for Base {}
+static BASE: OnceLock<Base> = OnceLock::new();
+
+/// An open log: SQLite's file object (first, so SQLite's pointer is ours), then the default
+/// VFS's file for the same file, in the rest of the space SQLite allocated.
+#[repr(C)]
+struct LogFile {
+    file: ffi::sqlite3_file,
+    inner: *mut ffi::sqlite3_file,
+    /// Bytes written by SQLite and not yet by us, from `at`.
+    pending: Vec<u8>,
+    at: i64,
+    /// The last write was a commit's last frame header: its page ends the commit.
+    commit_page_next: bool,
+}
+
+unsafe extern "C" fn open(
+    _vfs: *mut ffi::sqlite3_vfs,
+    name: *const c_char,
+    file: *mut ffi::sqlite3_file,
+    flags: c_int,
+    out_flags: *mut c_int,
+) -> c_int {
+    let Some(Base(base)) = BASE.get() else {
+        return ffi::SQLITE_MISUSE;
+    };
+    // SAFETY: SQLite gives `file` with `szOsFile` bytes: room for a `LogFile` followed by the
+    // default VFS's file, or the default VFS's file alone at the start.
+    unsafe {
+        let base_open = (**base).xOpen.expect("the default VFS opens files");
+        if flags & ffi::SQLITE_OPEN_WAL == 0 {
+            return base_open(*base, name, file, flags, out_flags);
+        }
+        let log = file.cast::<LogFile>();
+        let inner = log.add(1).cast::<ffi::sqlite3_file>();
+        let rc = base_open(*base, name, inner, flags, out_flags);
+        if rc != ffi::SQLITE_OK || (*inner).pMethods.is_null() {
+            // SQLite calls `xClose` only when `pMethods` is set: leave it unset.
+            (*file).pMethods = std::ptr::null();
+            return rc;
+        }
+        if (*(*inner).pMethods).iVersion < 3 {
+            // A table without every method this one has: the log is written as it is.
+            if let Some(close) = (*(*inner).pMethods).xClose {
+                close(inner);
+            }
+            return base_open(*base, name, file, flags, out_flags);
+        }
+        log.write(LogFile {
+            file: ffi::sqlite3_file {
+                pMethods: &LOG_METHODS,
+            },
+            inner,
+            pending: Vec::new(),
+            at: 0,
+            commit_page_next: false,
+        });
+        ffi::SQLITE_OK
+    }
+}
+
+/// The log file behind SQLite's pointer.
+///
+/// # Safety
+/// `file` is a file this VFS opened as a log, not yet closed.
+unsafe fn log<'a>(file: *mut ffi::sqlite3_file) -> &'a mut LogFile {
+    // SAFETY: the caller's contract; SQLite uses a file from one thread at a time.
+    unsafe { &mut *file.cast::<LogFile>() }
+}
+
+impl LogFile {
+    fn methods(&self) -> &ffi::sqlite3_io_methods {
+        // SAFETY: the default VFS set the inner file's methods when it opened it, a table of
+        // version 3 at least (`open` checks).
+        unsafe { &*(*self.inner).pMethods }
+    }
+
+    /// Writes what is pending; on failure it is dropped (SQLite rolls the commit back).
+    fn flush(&mut self) -> c_int {
+        self.commit_page_next = false;
+        if self.pending.is_empty() {
+            return ffi::SQLITE_OK;
+        }
+        let pending = std::mem::take(&mut self.pending);
+        let rc = self.write_through(&pending, self.at);
+        self.pending = pending;
+        self.pending.clear();
+        rc
+    }
+
+    fn write(&mut self, data: &[u8], offset: i64) -> c_int {
+        let end = self.at + self.pending.len() as i64;
+        if !self.pending.is_empty() && offset != end {
+            let rc = self.flush();
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+        }
+        let ends_commit = std::mem::take(&mut self.commit_page_next);
+        let commit_header =
+            data.len() == FRAME_HEADER && offset >= LOG_HEADER && data[4..8] != [0, 0, 0, 0];
+        if commit_header && self.pending.is_empty() {
+            // A header rewritten on its own, or a commit of one frame: its page (if any)
+            // follows and is written at once too.
+            self.commit_page_next = true;
+            return self.write_through(data, offset);
+        }
+        if self.pending.is_empty() {
+            self.at = offset;
+        }
+        self.pending.extend_from_slice(data);
+        if commit_header {
+            self.commit_page_next = true;
+            return ffi::SQLITE_OK;
+        }
+        if ends_commit || self.pending.len() >= MAX_BUFFER {
+            return self.flush();
+        }
+        ffi::SQLITE_OK
+    }
+
+    /// Writes `data` at `offset` with the default VFS, [`MAX_BUFFER`] bytes at a time.
+    fn write_through(&mut self, data: &[u8], offset: i64) -> c_int {
+        let write = self.methods().xWrite.expect("files are writable");
+        let mut at = offset;
+        for piece in data.chunks(MAX_BUFFER) {
+            let len = piece.len() as c_int;
+            // SAFETY: `inner` is open; `piece` is `len` bytes.
+            let rc = unsafe { write(self.inner, piece.as_ptr().cast(), len, at) };
+            if rc != ffi::SQLITE_OK {
+                return rc;
+            }
+            at += len as i64;
+        }
+        ffi::SQLITE_OK
+    }
+}
+
+/// Writes what is pending, then runs `then` (the default VFS's method).
+macro_rules! flushed {
+    ($file:expr, $then:expr) => {{
+        // SAFETY: SQLite calls a file's methods with the file it opened.
+        let log = unsafe { log($file) };
+        let rc = log.flush();
+        if rc != ffi::SQLITE_OK {
+            return rc;
+        }
+        let inner = log.inner;
+        let m = log.methods();
+        #[allow(clippy::redundant_closure_call)]
+        $then(inner, m)
+    }};
+}
+
+unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite closes a file once; after this the memory is SQLite's again.
+    unsafe {
+        let log = log(file);
+        let flushed = log.flush();
+        let close = log.methods().xClose.expect("files close");
+        let closed = close(log.inner);
+        std::ptr::drop_in_place(file.cast::<LogFile>());
+        (*file).pMethods = std::ptr::null();
+        if flushed != ffi::SQLITE_OK {
+            flushed
+        } else {
+            closed
+        }
+    }
+}
+
+unsafe extern "C" fn read(
+    file: *mut ffi::sqlite3_file,
+    buf: *mut c_void,
+    amount: c_int,
+    offset: ffi::sqlite3_int64,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xRead.expect("files are readable")(inner, buf, amount, offset)
+    })
+}
+
+unsafe extern "C" fn write(
+    file: *mut ffi::sqlite3_file,
+    buf: *const c_void,
+    amount: c_int,
+    offset: ffi::sqlite3_int64,
+) -> c_int {
+    let Ok(len) = usize::try_from(amount) else {
+        return ffi::SQLITE_IOERR_WRITE;
+    };
+    // SAFETY: SQLite passes `amount` readable bytes at `buf`, and its own file.
+    unsafe {
+        let data = std::slice::from_raw_parts(buf.cast::<u8>(), len);
+        log(file).write(data, offset)
+    }
+}
+
+unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xTruncate.expect("files truncate")(inner, size)
+    })
+}
+
+unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xSync.expect("files sync")(inner, flags)
+    })
+}
+
+unsafe extern "C" fn file_size(
+    file: *mut ffi::sqlite3_file,
+    size: *mut ffi::sqlite3_int64,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xFileSize.expect("files have a size")(inner, size)
+    })
+}
+
+unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xLock.expect("files lock")(inner, level)
+    })
+}
+
+unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xUnlock.expect("files unlock")(inner, level)
+    })
+}
+
+unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xCheckReservedLock.expect("files lock")(inner, out)
+    })
+}
+
+unsafe extern "C" fn file_control(
+    file: *mut ffi::sqlite3_file,
+    op: c_int,
+    arg: *mut c_void,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        m.xFileControl.expect("files take controls")(inner, op, arg)
+    })
+}
+
+unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite's own open file.
+    unsafe {
+        let log = log(file);
+        log.methods().xSectorSize.expect("files have sectors")(log.inner)
+    }
+}
+
+unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_int {
+    // SAFETY: SQLite's own open file.
+    unsafe {
+        let log = log(file);
+        log.methods()
+            .xDeviceCharacteristics
+            .expect("files describe their device")(log.inner)
+    }
+}
+
+unsafe extern "C" fn shm_map(
+    file: *mut ffi::sqlite3_file,
+    page: c_int,
+    page_size: c_int,
+    extend: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        match m.xShmMap {
+            Some(map) => map(inner, page, page_size, extend, out),
+            None => ffi::SQLITE_IOERR_SHMMAP,
+        }
+    })
+}
+
+unsafe extern "C" fn shm_lock(
+    file: *mut ffi::sqlite3_file,
+    offset: c_int,
+    n: c_int,
+    flags: c_int,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        match m.xShmLock {
+            Some(lock) => lock(inner, offset, n, flags),
+            None => ffi::SQLITE_IOERR_SHMLOCK,
+        }
+    })
+}
+
+unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
+    // SAFETY: SQLite's own open file. A barrier has no way to report a failed write, so it
+    // writes nothing: a log's shared memory is never used (the database file's is).
+    unsafe {
+        let log = log(file);
+        if let Some(barrier) = log.methods().xShmBarrier {
+            barrier(log.inner);
+        }
+    }
+}
+
+unsafe extern "C" fn shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        match m.xShmUnmap {
+            Some(unmap) => unmap(inner, delete),
+            None => ffi::SQLITE_OK,
+        }
+    })
+}
+
+unsafe extern "C" fn fetch(
+    file: *mut ffi::sqlite3_file,
+    offset: ffi::sqlite3_int64,
+    amount: c_int,
+    out: *mut *mut c_void,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        match m.xFetch {
+            Some(fetch) => fetch(inner, offset, amount, out),
+            None => {
+                *out = std::ptr::null_mut();
+                ffi::SQLITE_OK
+            }
+        }
+    })
+}
+
+unsafe extern "C" fn unfetch(
+    file: *mut ffi::sqlite3_file,
+    offset: ffi::sqlite3_int64,
+    page: *mut c_void,
+) -> c_int {
+    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
+        match m.xUnfetch {
+            Some(unfetch) => unfetch(inner, offset, page),
+            None => ffi::SQLITE_OK,
+        }
+    })
+}
+
+static LOG_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
+    iVersion: 3,
+    xClose: Some(close),
+    xRead: Some(read),
+    xWrite: Some(write),
+    xTruncate: Some(truncate),
+    xSync: Some(sync),
+    xFileSize: Some(file_size),
+    xLock: Some(lock),
+    xUnlock: Some(unlock),
+    xCheckReservedLock: Some(check_reserved_lock),
+    xFileControl: Some(file_control),
+    xSectorSize: Some(sector_size),
+    xDeviceCharacteristics: Some(device_characteristics),
+    xShmMap: Some(shm_map),
+    xShmLock: Some(shm_lock),
+    xShmBarrier: Some(shm_barrier),
+    xShmUnmap: Some(shm_unmap),
+    xFetch: Some(fetch),
+    xUnfetch: Some(unfetch),
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::{Connection, OpenFlags};
+    use std::path::Path;
+
+    fn writer(path: &Path) -> Connection {
+        register().expect("the VFS registers");
+        let c = Connection::open_with_flags_and_vfs(path, OpenFlags::default(), NAME).unwrap();
+        c.pragma_update(None, "journal_mode", "WAL").unwrap();
+        c.pragma_update(None, "synchronous", "NORMAL").unwrap();
+        // Checkpoints only when asked, so the log holds everything written.
+        c.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+        c.execute_batch(
+            "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, k TEXT UNIQUE, v BLOB);
+             CREATE INDEX t_v ON t(v);",
+        )
+        .unwrap();
+        c
+    }
+
+    /// What a process that stopped now would leave: the database and its log, copied, and
+    /// opened afresh, which makes SQLite rebuild the index from the log and check every
+    /// frame's checksum (a wrong byte loses the commit it is in and every later one).
+    fn recovered(dir: &Path, from: &Path) -> Connection {
+        let copy = dir.join("copy.db");
+        std::fs::copy(from, &copy).unwrap();
+        let mut wal = from.as_os_str().to_owned();
+        wal.push("-wal");
+        let mut copy_wal = copy.as_os_str().to_owned();
+        copy_wal.push("-wal");
+        std::fs::copy(&wal, &copy_wal).unwrap();
+        Connection::open(&copy).unwrap()
+    }
+
+    fn count(c: &Connection) -> i64 {
+        c.query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    fn ok(c: &Connection) {
+        let check: String = c
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(check, "ok");
+    }
+
+    #[test]
+    fn commits_read_back_live_and_after_a_stop() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let w = writer(&path);
+        let reader = Connection::open(&path).unwrap();
+        for i in 0..2000 {
+            let tx = w.unchecked_transaction().unwrap();
+            tx.execute(
+                "INSERT INTO t (k, v) VALUES (?1, randomblob(?2))",
+                rusqlite::params![format!("k{i}"), 20 + i % 300],
+            )
+            .unwrap();
+            tx.commit().unwrap();
+            if i % 97 == 0 {
+                // Another connection, on the default VFS, sees each commit once made.
+                assert_eq!(count(&reader), i + 1);
+            }
+        }
+        assert_eq!(count(&reader), 2000);
+        let after = recovered(dir.path(), &path);
+        assert_eq!(count(&after), 2000);
+        ok(&after);
+        drop(after);
+        // Checkpointed and closed through the VFS, then opened again.
+        w.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            .unwrap();
+        drop(w);
+        let again = Connection::open(&path).unwrap();
+        assert_eq!(count(&again), 2000);
+        ok(&again);
+    }
+
+    #[test]
+    fn a_transaction_larger_than_the_cache_spills_and_commits_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let w = writer(&path);
+        // A tiny cache: the transaction writes frames before its commit, then writes pages it
+        // already wrote again (which makes SQLite rewrite those frames and their checksums).
+        w.pragma_update(None, "cache_size", 10).unwrap();
+        let tx = w.unchecked_transaction().unwrap();
+        for i in 0..3000 {
+            tx.execute(
+                "INSERT INTO t (k, v) VALUES (?1, randomblob(900))",
+                rusqlite::params![format!("k{i}")],
+            )
+            .unwrap();
+        }
+        tx.execute("UPDATE t SET v = randomblob(700) WHERE id % 3 = 0", [])
+            .unwrap();
+        tx.commit().unwrap();
+        // What the commit wrote is all in the log, right after it.
+        let after = recovered(dir.path(), &path);
+        assert_eq!(count(&after), 3000);
+        ok(&after);
+        drop(after);
+        // And a rollback of another large one leaves the first whole.
+        let tx = w.unchecked_transaction().unwrap();
+        tx.execute("UPDATE t SET v = randomblob(800)", []).unwrap();
+        tx.rollback().unwrap();
+        w.execute("INSERT INTO t (k, v) VALUES ('last', x'00')", [])
+            .unwrap();
+        let reader = Connection::open(&path).unwrap();
+        assert_eq!(count(&reader), 3001);
+        let after = recovered(dir.path(), &path);
+        assert_eq!(count(&after), 3001);
+        let short: i64 = after
+            .query_row("SELECT count(*) FROM t WHERE length(v) = 700", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
+        assert_eq!(short, 1000);
+        ok(&after);
+    }
+
+    #[test]
+    fn a_commit_of_megabytes_is_written_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let w = writer(&path);
+        // Commits of many frames (as a group commit of many messages, or a large file) pass
+        // the size SQLite writes in one call; sizes around it, to the byte.
+        let mut rows = 0;
+        for (n, size) in [(40, 3000), (33, 4000), (1, 131_072 - 24), (900, 2500)] {
+            let tx = w.unchecked_transaction().unwrap();
+            for i in 0..n {
+                tx.execute(
+                    "INSERT INTO t (k, v) VALUES (?1, randomblob(?2))",
+                    rusqlite::params![format!("big{rows}-{i}"), size],
+                )
+                .unwrap();
+            }
+            tx.commit().unwrap();
+            rows += n;
+        }
+        let after = recovered(dir.path(), &path);
+        assert_eq!(count(&after), rows);
+        ok(&after);
+    }
+
+    #[test]
+    fn a_reader_on_another_thread_never_sees_a_partial_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let w = writer(&path);
+        w.execute_batch(
+            "CREATE TABLE pair (a INTEGER, b INTEGER); INSERT INTO pair VALUES (0, 0);",
+        )
+        .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reading = {
+            let (path, stop) = (path.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let r =
+                    Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY).unwrap();
+                let mut seen = 0;
+                let mut last = 0;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let (a, b, n): (i64, i64, i64) = r
+                        .query_row(
+                            "SELECT a, b, (SELECT count(*) FROM t) FROM pair",
+                            [],
+                            |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+                        )
+                        .unwrap();
+                    assert_eq!(a, b, "both halves of one commit");
+                    assert_eq!(n, a, "the row of the same commit");
+                    assert!(a >= last, "commits seen in order");
+                    last = a;
+                    seen += 1;
+                }
+                seen
+            })
+        };
+        for i in 1..=1500i64 {
+            let tx = w.unchecked_transaction().unwrap();
+            tx.execute("UPDATE pair SET a = ?1", [i]).unwrap();
+            tx.execute(
+                "INSERT INTO t (k, v) VALUES (?1, randomblob(200))",
+                [format!("k{i}")],
+            )
+            .unwrap();
+            tx.execute("UPDATE pair SET b = ?1", [i]).unwrap();
+            tx.commit().unwrap();
+            if i % 500 == 0 {
+                // The log restarts after a checkpoint: its header is written again.
+                w.query_row("PRAGMA wal_checkpoint(RESTART)", [], |_| Ok(()))
+                    .unwrap();
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(reading.join().unwrap() > 0);
+        let after = recovered(dir.path(), &path);
+        assert_eq!(count(&after), 1500);
+        ok(&after);
+    }
+}
