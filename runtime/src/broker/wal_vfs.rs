@@ -157,6 +157,9 @@ impl LogFile {
     }
 
     fn write(&mut self, data: &[u8], offset: i64) -> c_int {
+        // Taken before anything else: whatever comes after a commit's last header is written
+        // before SQLite hears back.
+        let ends_commit = std::mem::take(&mut self.commit_page_next);
         let end = self.at + self.pending.len() as i64;
         if !self.pending.is_empty() && offset != end {
             let rc = self.flush();
@@ -164,7 +167,6 @@ impl LogFile {
                 return rc;
             }
         }
-        let ends_commit = std::mem::take(&mut self.commit_page_next);
         let commit_header =
             data.len() == FRAME_HEADER && offset >= LOG_HEADER && data[4..8] != [0, 0, 0, 0];
         if commit_header && self.pending.is_empty() {
