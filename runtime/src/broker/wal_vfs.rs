@@ -460,6 +460,9 @@ mod tests {
     /// frame's checksum (a wrong byte loses the commit it is in and every later one).
     fn recovered(dir: &Path, from: &Path) -> Connection {
         let copy = dir.join("copy.db");
+        for stale in ["copy.db-wal", "copy.db-shm"] {
+            let _ = std::fs::remove_file(dir.join(stale));
+        }
         std::fs::copy(from, &copy).unwrap();
         let mut wal = from.as_os_str().to_owned();
         wal.push("-wal");
@@ -637,5 +640,126 @@ mod tests {
         let after = recovered(dir.path(), &path);
         assert_eq!(count(&after), 1500);
         ok(&after);
+    }
+
+    /// What the table should hold: row id → blob length.
+    type Model = std::collections::BTreeMap<i64, i64>;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// One transaction inserting `rows` blobs of `size` bytes.
+        Commit { rows: usize, size: i64 },
+        /// One transaction giving every `stride`th row a blob of `size` bytes.
+        Rewrite { stride: i64, size: i64 },
+        /// One transaction deleting every `stride`th row.
+        Delete { stride: i64 },
+        /// A transaction inserting `rows` blobs, rolled back.
+        Abandon { rows: usize },
+        /// A checkpoint: PASSIVE, RESTART or TRUNCATE.
+        Checkpoint(u8),
+        /// Pages the connection may keep before it spills: 8, or SQLite's default.
+        Cache(bool),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (1..80usize, 0..6000i64).prop_map(|(rows, size)| Op::Commit { rows, size }),
+            2 => (1..5i64, 0..9000i64).prop_map(|(stride, size)| Op::Rewrite { stride, size }),
+            1 => (2..6i64).prop_map(|stride| Op::Delete { stride }),
+            1 => (1..200usize).prop_map(|rows| Op::Abandon { rows }),
+            1 => (0..3u8).prop_map(Op::Checkpoint),
+            1 => any::<bool>().prop_map(Op::Cache),
+        ]
+    }
+
+    fn state(c: &Connection) -> Model {
+        let mut s = c.prepare("SELECT id, length(v) FROM t").unwrap();
+        s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect()
+    }
+
+    fn apply(w: &Connection, model: &mut Model, next: &mut i64, op: &Op) {
+        let blob = "INSERT INTO t (k, v) VALUES (?1, randomblob(?2))";
+        match *op {
+            Op::Commit { rows, size } => {
+                let tx = w.unchecked_transaction().unwrap();
+                for _ in 0..rows {
+                    *next += 1;
+                    tx.execute(blob, rusqlite::params![format!("k{next}"), size])
+                        .unwrap();
+                    model.insert(*next, size);
+                }
+                tx.commit().unwrap();
+            }
+            Op::Rewrite { stride, size } => {
+                w.execute(
+                    "UPDATE t SET v = randomblob(?1) WHERE id % ?2 = 0",
+                    [size, stride],
+                )
+                .unwrap();
+                model
+                    .iter_mut()
+                    .filter(|(id, _)| *id % stride == 0)
+                    .for_each(|(_, len)| *len = size);
+            }
+            Op::Delete { stride } => {
+                w.execute("DELETE FROM t WHERE id % ?1 = 0", [stride])
+                    .unwrap();
+                model.retain(|id, _| id % stride != 0);
+            }
+            Op::Abandon { rows } => {
+                let tx = w.unchecked_transaction().unwrap();
+                for i in 0..rows {
+                    tx.execute(blob, rusqlite::params![format!("gone{i}"), 3000])
+                        .unwrap();
+                }
+                tx.rollback().unwrap();
+            }
+            Op::Checkpoint(mode) => {
+                let mode = ["PASSIVE", "RESTART", "TRUNCATE"][usize::from(mode)];
+                w.query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |_| Ok(()))
+                    .unwrap();
+            }
+            Op::Cache(small) => {
+                w.pragma_update(None, "cache_size", if small { 8 } else { -2000 })
+                    .unwrap();
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config {
+            cases: 24,
+            failure_persistence: Some(Box::new(
+                proptest::test_runner::FileFailurePersistence::Direct(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/../proptest-regressions/wal_vfs.txt"
+                )),
+            )),
+            ..proptest::test_runner::Config::default()
+        })]
+
+        /// After every step, another connection reads what was committed, and the database
+        /// and log a process would leave right then hold it too.
+        #[test]
+        fn every_commit_is_in_the_log_when_sqlite_hears_back(
+            ops in proptest::collection::vec(op(), 1..14),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("db");
+            let w = writer(&path);
+            let reader = Connection::open(&path).unwrap();
+            let (mut model, mut next) = (Model::new(), 0);
+            for op in &ops {
+                apply(&w, &mut model, &mut next, op);
+                proptest::prop_assert_eq!(&state(&reader), &model, "read live after {:?}", op);
+                let after = recovered(dir.path(), &path);
+                proptest::prop_assert_eq!(&state(&after), &model, "recovered after {:?}", op);
+                ok(&after);
+            }
+        }
     }
 }
