@@ -747,10 +747,15 @@ mod tests {
         #[test]
         fn every_commit_is_in_the_log_when_sqlite_hears_back(
             ops in proptest::collection::vec(op(), 1..14),
+            full in proptest::prelude::any::<bool>(),
         ) {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("db");
             let w = writer(&path);
+            if full {
+                // Each commit synced (the broker's `--sync full`).
+                w.pragma_update(None, "synchronous", "FULL").unwrap();
+            }
             let reader = Connection::open(&path).unwrap();
             let (mut model, mut next) = (Model::new(), 0);
             for op in &ops {
