@@ -455,6 +455,14 @@ mod tests {
         c
     }
 
+    /// A directory, the database's path in it, and a writer on it.
+    fn fresh() -> (tempfile::TempDir, std::path::PathBuf, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        let w = writer(&path);
+        (dir, path, w)
+    }
+
     /// What a process that stopped now would leave: the database and its log, copied, and
     /// opened afresh, which makes SQLite rebuild the index from the log and check every
     /// frame's checksum (a wrong byte loses the commit it is in and every later one).
@@ -486,9 +494,7 @@ mod tests {
 
     #[test]
     fn commits_read_back_live_and_after_a_stop() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        let w = writer(&path);
+        let (dir, path, w) = fresh();
         let reader = Connection::open(&path).unwrap();
         for i in 0..2000 {
             let tx = w.unchecked_transaction().unwrap();
@@ -519,9 +525,7 @@ mod tests {
 
     #[test]
     fn a_transaction_larger_than_the_cache_spills_and_commits_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        let w = writer(&path);
+        let (dir, path, w) = fresh();
         // A tiny cache: the transaction writes frames before its commit, then writes pages it
         // already wrote again (which makes SQLite rewrite those frames and their checksums).
         w.pragma_update(None, "cache_size", 10).unwrap();
@@ -562,9 +566,7 @@ mod tests {
 
     #[test]
     fn a_commit_of_megabytes_is_written_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        let w = writer(&path);
+        let (dir, path, w) = fresh();
         // Commits of many frames (as a group commit of many messages, or a large file) pass
         // the size SQLite writes in one call; sizes around it, to the byte.
         let mut rows = 0;
@@ -587,9 +589,7 @@ mod tests {
 
     #[test]
     fn a_reader_on_another_thread_never_sees_a_partial_commit() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db");
-        let w = writer(&path);
+        let (dir, path, w) = fresh();
         w.execute_batch(
             "CREATE TABLE pair (a INTEGER, b INTEGER); INSERT INTO pair VALUES (0, 0);",
         )
@@ -749,9 +749,7 @@ mod tests {
             ops in proptest::collection::vec(op(), 1..14),
             full in proptest::prelude::any::<bool>(),
         ) {
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("db");
-            let w = writer(&path);
+            let (dir, path, w) = fresh();
             if full {
                 // Each commit synced (the broker's `--sync full`).
                 w.pragma_update(None, "synchronous", "FULL").unwrap();
