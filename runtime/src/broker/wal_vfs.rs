@@ -95,7 +95,9 @@ unsafe extern "C" fn open(
     // SAFETY: SQLite gives `file` with `szOsFile` bytes: room for a `LogFile` followed by the
     // default VFS's file, or the default VFS's file alone at the start.
     unsafe {
-        let base_open = (**base).xOpen.expect("the default VFS opens files");
+        let Some(base_open) = (**base).xOpen else {
+            return ffi::SQLITE_MISUSE;
+        };
         if flags & ffi::SQLITE_OPEN_WAL == 0 {
             return base_open(*base, name, file, flags, out_flags);
         }
@@ -143,7 +145,9 @@ impl LogFile {
         unsafe { &*(*self.inner).pMethods }
     }
 
-    /// Writes what is pending; on failure it is dropped (SQLite rolls the commit back).
+    /// Writes what is pending; on failure it is dropped (SQLite rolls the commit back). (One
+    /// copy of it serves every method.)
+    #[inline(never)]
     fn flush(&mut self) -> c_int {
         self.commit_page_next = false;
         if self.pending.is_empty() {
@@ -191,7 +195,9 @@ impl LogFile {
 
     /// Writes `data` at `offset` with the default VFS, [`MAX_BUFFER`] bytes at a time.
     fn write_through(&mut self, data: &[u8], offset: i64) -> c_int {
-        let write = self.methods().xWrite.expect("files are writable");
+        let Some(write) = self.methods().xWrite else {
+            return ffi::SQLITE_MISUSE;
+        };
         let mut at = offset;
         for piece in data.chunks(MAX_BUFFER) {
             let len = piece.len() as c_int;
@@ -204,6 +210,16 @@ impl LogFile {
         }
         ffi::SQLITE_OK
     }
+}
+
+/// Calls one of the default VFS's methods (`SQLITE_MISUSE` where its table has none).
+macro_rules! call {
+    ($method:expr, $($arg:expr),*) => {
+        match $method {
+            Some(method) => method($($arg),*),
+            None => ffi::SQLITE_MISUSE,
+        }
+    };
 }
 
 /// Writes what is pending, then runs `then` (the default VFS's method).
@@ -227,8 +243,7 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe {
         let log = log(file);
         let flushed = log.flush();
-        let close = log.methods().xClose.expect("files close");
-        let closed = close(log.inner);
+        let closed = call!(log.methods().xClose, log.inner);
         std::ptr::drop_in_place(file.cast::<LogFile>());
         (*file).pMethods = std::ptr::null();
         if flushed != ffi::SQLITE_OK {
@@ -246,7 +261,7 @@ unsafe extern "C" fn read(
     offset: ffi::sqlite3_int64,
 ) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xRead.expect("files are readable")(inner, buf, amount, offset)
+        call!(m.xRead, inner, buf, amount, offset)
     })
 }
 
@@ -268,13 +283,13 @@ unsafe extern "C" fn write(
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xTruncate.expect("files truncate")(inner, size)
+        call!(m.xTruncate, inner, size)
     })
 }
 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xSync.expect("files sync")(inner, flags)
+        call!(m.xSync, inner, flags)
     })
 }
 
@@ -283,25 +298,25 @@ unsafe extern "C" fn file_size(
     size: *mut ffi::sqlite3_int64,
 ) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xFileSize.expect("files have a size")(inner, size)
+        call!(m.xFileSize, inner, size)
     })
 }
 
 unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xLock.expect("files lock")(inner, level)
+        call!(m.xLock, inner, level)
     })
 }
 
 unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xUnlock.expect("files unlock")(inner, level)
+        call!(m.xUnlock, inner, level)
     })
 }
 
 unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xCheckReservedLock.expect("files lock")(inner, out)
+        call!(m.xCheckReservedLock, inner, out)
     })
 }
 
@@ -311,7 +326,7 @@ unsafe extern "C" fn file_control(
     arg: *mut c_void,
 ) -> c_int {
     flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        m.xFileControl.expect("files take controls")(inner, op, arg)
+        call!(m.xFileControl, inner, op, arg)
     })
 }
 
@@ -319,7 +334,9 @@ unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
     // SAFETY: SQLite's own open file.
     unsafe {
         let log = log(file);
-        log.methods().xSectorSize.expect("files have sectors")(log.inner)
+        log.methods()
+            .xSectorSize
+            .map_or(4096, |size| size(log.inner))
     }
 }
 
@@ -329,7 +346,7 @@ unsafe extern "C" fn device_characteristics(file: *mut ffi::sqlite3_file) -> c_i
         let log = log(file);
         log.methods()
             .xDeviceCharacteristics
-            .expect("files describe their device")(log.inner)
+            .map_or(0, |device| device(log.inner))
     }
 }
 
