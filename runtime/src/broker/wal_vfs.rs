@@ -153,9 +153,7 @@ impl LogFile {
         if self.pending.is_empty() {
             return ffi::SQLITE_OK;
         }
-        let pending = std::mem::take(&mut self.pending);
-        let rc = self.write_through(&pending, self.at);
-        self.pending = pending;
+        let rc = self.write_through(&self.pending, self.at);
         self.pending.clear();
         rc
     }
@@ -194,7 +192,7 @@ impl LogFile {
     }
 
     /// Writes `data` at `offset` with the default VFS, [`MAX_BUFFER`] bytes at a time.
-    fn write_through(&mut self, data: &[u8], offset: i64) -> c_int {
+    fn write_through(&self, data: &[u8], offset: i64) -> c_int {
         let Some(write) = self.methods().xWrite else {
             return ffi::SQLITE_MISUSE;
         };
@@ -212,30 +210,24 @@ impl LogFile {
     }
 }
 
-/// Calls one of the default VFS's methods (`SQLITE_MISUSE` where its table has none).
-macro_rules! call {
-    ($method:expr, $($arg:expr),*) => {
-        match $method {
-            Some(method) => method($($arg),*),
-            None => ffi::SQLITE_MISUSE,
-        }
-    };
-}
-
-/// Writes what is pending, then runs `then` (the default VFS's method).
+/// Writes what is pending, then calls the default VFS's `method` on the inner file with `args`
+/// (`missing` where its table has no such method: `SQLITE_MISUSE` unless given).
 macro_rules! flushed {
-    ($file:expr, $then:expr) => {{
+    ($file:expr, $method:ident($($arg:expr),*) $(else $missing:expr)?) => {{
         // SAFETY: SQLite calls a file's methods with the file it opened.
         let log = unsafe { log($file) };
         let rc = log.flush();
         if rc != ffi::SQLITE_OK {
             return rc;
         }
-        let inner = log.inner;
-        let m = log.methods();
-        #[allow(clippy::redundant_closure_call)]
-        $then(inner, m)
+        match log.methods().$method {
+            // SAFETY: the default VFS's method, on its own open file, with SQLite's arguments.
+            Some(method) => unsafe { method(log.inner, $($arg),*) },
+            None => flushed!(@missing $($missing)?),
+        }
     }};
+    (@missing) => { ffi::SQLITE_MISUSE };
+    (@missing $missing:expr) => { $missing };
 }
 
 unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
@@ -243,7 +235,10 @@ unsafe extern "C" fn close(file: *mut ffi::sqlite3_file) -> c_int {
     unsafe {
         let log = log(file);
         let flushed = log.flush();
-        let closed = call!(log.methods().xClose, log.inner);
+        let closed = match log.methods().xClose {
+            Some(close) => close(log.inner),
+            None => ffi::SQLITE_MISUSE,
+        };
         std::ptr::drop_in_place(file.cast::<LogFile>());
         (*file).pMethods = std::ptr::null();
         if flushed != ffi::SQLITE_OK {
@@ -260,9 +255,7 @@ unsafe extern "C" fn read(
     amount: c_int,
     offset: ffi::sqlite3_int64,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xRead, inner, buf, amount, offset)
-    })
+    flushed!(file, xRead(buf, amount, offset))
 }
 
 unsafe extern "C" fn write(
@@ -282,42 +275,30 @@ unsafe extern "C" fn write(
 }
 
 unsafe extern "C" fn truncate(file: *mut ffi::sqlite3_file, size: ffi::sqlite3_int64) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xTruncate, inner, size)
-    })
+    flushed!(file, xTruncate(size))
 }
 
 unsafe extern "C" fn sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xSync, inner, flags)
-    })
+    flushed!(file, xSync(flags))
 }
 
 unsafe extern "C" fn file_size(
     file: *mut ffi::sqlite3_file,
     size: *mut ffi::sqlite3_int64,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xFileSize, inner, size)
-    })
+    flushed!(file, xFileSize(size))
 }
 
 unsafe extern "C" fn lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xLock, inner, level)
-    })
+    flushed!(file, xLock(level))
 }
 
 unsafe extern "C" fn unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xUnlock, inner, level)
-    })
+    flushed!(file, xUnlock(level))
 }
 
 unsafe extern "C" fn check_reserved_lock(file: *mut ffi::sqlite3_file, out: *mut c_int) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xCheckReservedLock, inner, out)
-    })
+    flushed!(file, xCheckReservedLock(out))
 }
 
 unsafe extern "C" fn file_control(
@@ -325,9 +306,7 @@ unsafe extern "C" fn file_control(
     op: c_int,
     arg: *mut c_void,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        call!(m.xFileControl, inner, op, arg)
-    })
+    flushed!(file, xFileControl(op, arg))
 }
 
 unsafe extern "C" fn sector_size(file: *mut ffi::sqlite3_file) -> c_int {
@@ -357,12 +336,7 @@ unsafe extern "C" fn shm_map(
     extend: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        match m.xShmMap {
-            Some(map) => map(inner, page, page_size, extend, out),
-            None => ffi::SQLITE_IOERR_SHMMAP,
-        }
-    })
+    flushed!(file, xShmMap(page, page_size, extend, out) else ffi::SQLITE_IOERR_SHMMAP)
 }
 
 unsafe extern "C" fn shm_lock(
@@ -371,12 +345,7 @@ unsafe extern "C" fn shm_lock(
     n: c_int,
     flags: c_int,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        match m.xShmLock {
-            Some(lock) => lock(inner, offset, n, flags),
-            None => ffi::SQLITE_IOERR_SHMLOCK,
-        }
-    })
+    flushed!(file, xShmLock(offset, n, flags) else ffi::SQLITE_IOERR_SHMLOCK)
 }
 
 unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
@@ -391,12 +360,7 @@ unsafe extern "C" fn shm_barrier(file: *mut ffi::sqlite3_file) {
 }
 
 unsafe extern "C" fn shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        match m.xShmUnmap {
-            Some(unmap) => unmap(inner, delete),
-            None => ffi::SQLITE_OK,
-        }
-    })
+    flushed!(file, xShmUnmap(delete) else ffi::SQLITE_OK)
 }
 
 unsafe extern "C" fn fetch(
@@ -405,14 +369,10 @@ unsafe extern "C" fn fetch(
     amount: c_int,
     out: *mut *mut c_void,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        match m.xFetch {
-            Some(fetch) => fetch(inner, offset, amount, out),
-            None => {
-                *out = std::ptr::null_mut();
-                ffi::SQLITE_OK
-            }
-        }
+    flushed!(file, xFetch(offset, amount, out) else {
+        // SAFETY: SQLite passes where the page's address goes.
+        unsafe { *out = std::ptr::null_mut() };
+        ffi::SQLITE_OK
     })
 }
 
@@ -421,12 +381,7 @@ unsafe extern "C" fn unfetch(
     offset: ffi::sqlite3_int64,
     page: *mut c_void,
 ) -> c_int {
-    flushed!(file, |inner, m: &ffi::sqlite3_io_methods| unsafe {
-        match m.xUnfetch {
-            Some(unfetch) => unfetch(inner, offset, page),
-            None => ffi::SQLITE_OK,
-        }
-    })
+    flushed!(file, xUnfetch(offset, page) else ffi::SQLITE_OK)
 }
 
 static LOG_METHODS: ffi::sqlite3_io_methods = ffi::sqlite3_io_methods {
