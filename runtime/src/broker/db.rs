@@ -11,7 +11,10 @@
 //!
 //! One process owns the file: [`Store::open`] takes an exclusive advisory lock
 //! (`flock`) on it, so a second `ac7 serve`, or `ac7 member …` while the broker
-//! runs, is refused with [`StoreError::Busy`].
+//! runs, is refused with [`StoreError::Busy`]. Its connections go through the broker's VFS
+//! ([`super::wal_vfs`]), which also keeps every other process (a `sqlite3` shell) out while it
+//! is open and lets the connections share the WAL index in memory, without a file lock per
+//! transaction; a consistent copy of a running broker's file comes from `ac7 backup`.
 //!
 //! # Schema changes
 //!
@@ -164,21 +167,23 @@ impl Store {
             source,
         })?;
         let busy = || StoreError::Busy(path.display().to_string());
-        // The write connection gathers each commit's log writes into one (`wal_vfs`).
-        let conn = match super::wal_vfs::register() {
-            Ok(()) => Connection::open_with_flags_and_vfs(
-                path,
-                rusqlite::OpenFlags::default(),
-                super::wal_vfs::NAME,
-            )?,
+        // Every connection to the file goes through the broker's VFS (`wal_vfs`): the file is
+        // this process's alone, and a commit's log writes go out as one.
+        let vfs = match super::wal_vfs::register() {
+            Ok(()) => Some(super::wal_vfs::NAME),
             Err(code) => {
                 tracing::warn!(
                     code,
-                    "cannot register the log-writing VFS; writing through SQLite's default"
+                    "cannot register the broker's VFS; opening the database with SQLite's default"
                 );
-                Connection::open(path)?
+                None
             }
         };
+        let open = |flags| match vfs {
+            Some(name) => Connection::open_with_flags_and_vfs(path, flags, name),
+            None => Connection::open_with_flags(path, flags),
+        };
+        let conn = open(rusqlite::OpenFlags::default())?;
         let lock = std::fs::OpenOptions::new()
             .read(true)
             .open(path)
@@ -208,15 +213,17 @@ impl Store {
             other => other,
         })?;
         for _ in 0..READERS {
-            let reader = Connection::open_with_flags(
-                path,
-                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY
+            // Opened for writing, read-only by pragma: a read-only handle would take ordinary
+            // locks, and in one process those replace the process-wide lock the VFS holds.
+            let reader = open(
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
                     | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
             )?;
+            reader.pragma_update(None, "query_only", true)?;
             reader.busy_timeout(std::time::Duration::from_secs(2))?;
             store.readers.push(Mutex::new(reader));
         }
-        let own = Connection::open(path)?;
+        let own = open(rusqlite::OpenFlags::default())?;
         own.busy_timeout(std::time::Duration::from_secs(2))?;
         let checkpointer = Checkpointer::start(Arc::clone(&store.conn), own).map_err(|source| {
             StoreError::File {
@@ -342,6 +349,22 @@ impl Store {
     pub fn read<T>(&self, f: impl FnOnce(&Connection) -> T) -> T {
         let file = self.sqlite();
         off_worker(|| file.read_here(f))
+    }
+
+    /// Copies a SQLite database, consistent as of one moment, into a new file at `to` (`VACUUM
+    /// INTO`), on a read connection: writes go on meanwhile.
+    pub fn snapshot(&self, to: &Path) -> Result<(), StoreError> {
+        let to = to
+            .to_str()
+            .ok_or_else(|| StoreError::Corrupt(format!("{} is not UTF-8", to.display())))?;
+        self.read(|conn| {
+            let query_only: bool = conn.pragma_query_value(None, "query_only", |r| r.get(0))?;
+            conn.pragma_update(None, "query_only", false)?;
+            let copied = conn.execute("VACUUM INTO ?1", [to]);
+            conn.pragma_update(None, "query_only", query_only)?;
+            copied?;
+            Ok(())
+        })
     }
 
     /// Runs `f` if the connection is free right now; `None` if someone holds it. Runs off the

@@ -1,13 +1,22 @@
-//! A SQLite VFS that writes each commit's WAL frames with one `pwrite`.
+//! The broker's SQLite VFS: the file is this process's alone, and each commit's WAL frames go
+//! out with one `pwrite`.
 //!
-//! SQLite appends a commit to the write-ahead log as frames, each a 24-byte header and a page,
-//! and writes every header and every page with a `pwrite` of its own: a message, which
-//! changes five pages, costs ten system calls, each touching one or two pages of the kernel's
-//! cache. This VFS is the platform's default one with the log's writes gathered: writes that
-//! continue one another are kept in a buffer and go out together when the commit's last frame
-//! is complete, and before anything else is done with the file (a read, a sync, a size, a
-//! truncation, a file control, its close) or a write lands elsewhere. Every other file (the
-//! database, the shared-memory index) is the default VFS's own.
+//! **One process.** The VFS is SQLite's `unix-excl`: the first connection to lock the
+//! database takes a write lock over its lock bytes for the whole process, so no other process
+//! (a `sqlite3` shell, another program) can read or write it while the broker has it open; the
+//! connections of this process share the WAL index in memory instead of a `-shm` file, and take
+//! their locks on it among themselves. Without it every transaction cost five `fcntl` calls on
+//! the `-shm` file (its read mark, the write lock, their releases). Every connection to the
+//! file must be read-write (a read-only one takes ordinary locks, which in one process replace
+//! the process-wide one); the store's readers are read-only by `PRAGMA query_only`.
+//!
+//! **One write a commit.** SQLite appends a commit to the write-ahead log as frames, each a
+//! 24-byte header and a page, and writes every header and every page with a `pwrite` of its
+//! own: a message, which changes five pages, costs ten system calls, each touching one or two
+//! pages of the kernel's cache. Here writes to the log that continue one another are kept in a
+//! buffer and go out together when the commit's last frame is complete, and before anything
+//! else is done with the file (a read, a sync, a size, a truncation, a file control, its
+//! close) or a write lands elsewhere. Every other file (the database) is `unix-excl`'s own.
 //!
 //! Nothing is left in the buffer once SQLite has written a commit, so what other connections
 //! read (they see a commit only once the index says so, after the frames are written) and
@@ -25,7 +34,7 @@ use rusqlite::ffi;
 /// The name connections open the database with to write through this VFS.
 pub(super) const NAME: &CStr = c"ac7-wal";
 
-/// The most bytes kept before they are written: what the default VFS writes in one call (it
+/// The most bytes kept before they are written: what the unix VFSes write in one call (it
 /// takes a length below 128 KiB; a longer one is cut to its low 17 bits).
 const MAX_BUFFER: usize = 64 << 10;
 
@@ -40,10 +49,10 @@ const LOG_HEADER: i64 = 32;
 pub(super) fn register() -> Result<(), c_int> {
     static DONE: OnceLock<Result<(), c_int>> = OnceLock::new();
     *DONE.get_or_init(|| {
-        // SAFETY: `sqlite3_vfs_find` returns the default VFS, which lives as long as the
+        // SAFETY: `sqlite3_vfs_find` returns a built-in VFS, which lives as long as the
         // process; the copy is leaked, so the registered VFS does too.
         unsafe {
-            let base = ffi::sqlite3_vfs_find(std::ptr::null());
+            let base = ffi::sqlite3_vfs_find(c"unix-excl".as_ptr());
             if base.is_null() {
                 return Err(ffi::SQLITE_ERROR);
             }
@@ -62,14 +71,14 @@ pub(super) fn register() -> Result<(), c_int> {
     })
 }
 
-/// The default VFS everything is delegated to.
+/// The built-in VFS (`unix-excl`) everything is delegated to.
 struct Base(*mut ffi::sqlite3_vfs);
 // SAFETY: a VFS is immutable once registered and SQLite's own methods are thread-safe.
 unsafe impl Send for Base {}
 unsafe impl Sync for Base {}
 static BASE: OnceLock<Base> = OnceLock::new();
 
-/// An open log: SQLite's file object (first, so SQLite's pointer is ours), then the default
+/// An open log: SQLite's file object (first, so SQLite's pointer is ours), then the built-in
 /// VFS's file for the same file, in the rest of the space SQLite allocated.
 #[repr(C)]
 struct LogFile {
@@ -93,7 +102,7 @@ unsafe extern "C" fn open(
         return ffi::SQLITE_MISUSE;
     };
     // SAFETY: SQLite gives `file` with `szOsFile` bytes: room for a `LogFile` followed by the
-    // default VFS's file, or the default VFS's file alone at the start.
+    // built-in VFS's file, or the built-in VFS's file alone at the start.
     unsafe {
         let Some(base_open) = (**base).xOpen else {
             return ffi::SQLITE_MISUSE;
@@ -140,7 +149,7 @@ unsafe fn log<'a>(file: *mut ffi::sqlite3_file) -> &'a mut LogFile {
 
 impl LogFile {
     fn methods(&self) -> &ffi::sqlite3_io_methods {
-        // SAFETY: the default VFS set the inner file's methods when it opened it, a table of
+        // SAFETY: the built-in VFS set the inner file's methods when it opened it, a table of
         // version 3 at least (`open` checks).
         unsafe { &*(*self.inner).pMethods }
     }
@@ -191,7 +200,7 @@ impl LogFile {
         ffi::SQLITE_OK
     }
 
-    /// Writes `data` at `offset` with the default VFS, [`MAX_BUFFER`] bytes at a time.
+    /// Writes `data` at `offset` with the built-in VFS, [`MAX_BUFFER`] bytes at a time.
     fn write_through(&self, data: &[u8], offset: i64) -> c_int {
         let Some(write) = self.methods().xWrite else {
             return ffi::SQLITE_MISUSE;
@@ -210,7 +219,7 @@ impl LogFile {
     }
 }
 
-/// Writes what is pending, then calls the default VFS's `method` on the inner file with `args`
+/// Writes what is pending, then calls the built-in VFS's `method` on the inner file with `args`
 /// (`missing` where its table has no such method: `SQLITE_MISUSE` unless given).
 macro_rules! flushed {
     ($file:expr, $method:ident($($arg:expr),*) $(else $missing:expr)?) => {{
@@ -221,7 +230,7 @@ macro_rules! flushed {
             return rc;
         }
         match log.methods().$method {
-            // SAFETY: the default VFS's method, on its own open file, with SQLite's arguments.
+            // SAFETY: the built-in VFS's method, on its own open file, with SQLite's arguments.
             Some(method) => unsafe { method(log.inner, $($arg),*) },
             None => flushed!(@missing $($missing)?),
         }

@@ -1058,7 +1058,8 @@ fn offline_remove_then_add_starts_a_new_member() {
 }
 
 /// SIGTERM is a clean shutdown: the WAL is checkpointed into the database and SQLite's
-/// `-wal`/`-shm` files are gone, so the database is one file that holds everything.
+/// `-wal` file is gone (its index never had a `-shm` file), so the database is one file that
+/// holds everything.
 #[test]
 fn a_clean_shutdown_leaves_one_database_file() {
     let (dir, db, mut s) = serve_team();
@@ -1071,7 +1072,7 @@ fn a_clean_shutdown_leaves_one_database_file() {
     assert!(ok, "{err}");
     let wal = dir.path().join("ac7.db-wal");
     let shm = dir.path().join("ac7.db-shm");
-    assert!(wal.exists() && shm.exists(), "WAL mode while serving");
+    assert!(wal.exists(), "WAL mode while serving");
     let pid = rustix::process::Pid::from_child(&s.child);
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let status = s.child.wait().unwrap();
@@ -1084,6 +1085,64 @@ fn a_clean_shutdown_leaves_one_database_file() {
     let (ok, out, err) = ac7(&again.url, &director, &["history"]);
     assert!(ok, "{err}");
     assert!(out.contains("director: kept"), "{out}");
+}
+
+/// While the broker runs, its database is its alone: the WAL index is in its memory (no `-shm`
+/// file) and another process (the test, through SQLite) is refused. `ac7 backup` takes a
+/// consistent copy through the broker with an admin's token, written whole (0600) or not at
+/// all, and leaves nothing on the broker's disk.
+#[test]
+fn the_running_brokers_database_is_its_own_and_ac7_backup_copies_it() {
+    let (dir, db, s) = serve_team();
+    let director = token(&s, "director").to_owned();
+    let (ok, _, err) = ac7(
+        &s.url,
+        &director,
+        &["push", "--body", "kept", "--broadcast"],
+    );
+    assert!(ok, "{err}");
+    // The broker's read connections have taken and left their locks.
+    let (ok, out, err) = ac7(&s.url, &director, &["history"]);
+    assert!(ok && out.contains("director: kept"), "{out}{err}");
+    assert!(!dir.path().join("ac7.db-shm").exists());
+    let outside = rusqlite::Connection::open(&db).unwrap();
+    let refused = outside
+        .query_row("SELECT COUNT(*) FROM messages", [], |r| r.get::<_, i64>(0))
+        .unwrap_err();
+    assert!(refused.to_string().contains("locked"), "{refused}");
+    drop(outside);
+
+    let copy = dir.path().join("copy.db");
+    let backup = |token: &str, to: &Path| ac7(&s.url, token, &["backup", to.to_str().unwrap()]);
+    let (ok, out, err) = backup(&director, &copy);
+    assert!(ok, "{err}");
+    assert!(
+        out.starts_with(&format!("wrote the team's database to {}", copy.display())),
+        "{out}"
+    );
+    assert_eq!(mode(&copy), 0o600);
+    let bodies: Vec<String> = rusqlite::Connection::open(&copy)
+        .unwrap()
+        .prepare("SELECT body FROM messages")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(bodies.iter().any(|b| b == "kept"), "{bodies:?}");
+    let left: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("backup") || n.ends_with(".partial"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+    // An existing file is never overwritten; a member without members.manage gets nothing.
+    let (ok, _, err) = backup(&director, &copy);
+    assert!(!ok && err.contains("exists: name a new file"), "{err}");
+    let other = dir.path().join("other.db");
+    let (ok, _, err) = backup(token(&s, "builder"), &other);
+    assert!(!ok && err.contains("members.manage"), "{err}");
+    assert!(!other.exists() && !dir.path().join("other.db.partial").exists());
 }
 
 /// Start-up errors say what to do, once: a data directory that does not exist is named with
