@@ -58,6 +58,9 @@ pub enum Command {
     Channels(crate::operator::admin::ChannelsArgs),
     /// Approve or reject the devices waiting in `ac7 connect` (needs members.manage).
     Enroll(crate::operator::admin::EnrollArgs),
+    /// Write a consistent copy of a running broker's database to a new file (needs
+    /// members.manage).
+    Backup(crate::operator::admin::BackupArgs),
     /// Delete old messages offline, against the database file (`--older-than-days N`).
     Prune(PruneArgs),
     /// Copy a team from its SQLite file into an empty PostgreSQL database, to run it as
@@ -195,6 +198,7 @@ fn quiet_on_broken_pipe(command: &Command) -> bool {
             | Command::Presets(_)
             | Command::Channels(_)
             | Command::Enroll(_)
+            | Command::Backup(_)
             | Command::Completions(_)
             | Command::Man(_)
     )
@@ -306,6 +310,7 @@ const VERB_GROUPS: &[(&str, &[(&str, &str)])] = &[
             ("enroll", "approve or reject devices running `ac7 connect`"),
             ("team", "show or change the team's name, directive, context"),
             ("presets", "list, set, delete permission presets"),
+            ("backup", "copy the running broker's database to a file"),
             ("prune", "delete old messages (offline)"),
             ("migrate", "copy a SQLite team into PostgreSQL"),
         ],
@@ -475,6 +480,7 @@ pub fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Presets(args) => crate::operator::admin::presets(args),
         Command::Channels(args) => crate::operator::admin::channels(args),
         Command::Enroll(args) => crate::operator::admin::enroll(args),
+        Command::Backup(args) => crate::operator::admin::backup(args),
         Command::Prune(args) => crate::broker::cli::prune(args),
         Command::Migrate(args) => Ok(crate::broker::migrate_team::run(args)),
         Command::Push(args) => crate::operator::push(args),

@@ -1,6 +1,6 @@
 //! Team administration through a running broker: `ac7 member …` (when a token is at hand; else
 //! offline on the database file, `broker::cli::member_offline`),
-//! `ac7 team get|set`, `ac7 presets`, `ac7 channels …` and `ac7 enroll …`.
+//! `ac7 team get|set`, `ac7 presets`, `ac7 channels …`, `ac7 enroll …` and `ac7 backup`.
 //!
 //! Each verb is one or two calls of the broker's HTTP API with the caller's token (resolved as
 //! for every operator verb: `--token` > `AC7_TOKEN` > the token `ac7 connect` stored for the
@@ -689,4 +689,86 @@ mod tests {
             "NAME      ROLE      PERMISSIONS\ndirector  lead      team.manage\nb         engineer  -"
         );
     }
+}
+
+/// `ac7 backup`.
+#[derive(Debug, Args)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    conn: OperatorConn,
+    /// The file to write the copy to (a new one).
+    file: PathBuf,
+}
+
+/// `ac7 backup FILE`: a consistent copy of the running broker's database (`GET /backup`), written
+/// to `FILE.partial` as it arrives (0600), synced, and renamed to `FILE` once whole.
+#[allow(clippy::print_stdout)]
+pub fn backup(args: BackupArgs) -> anyhow::Result<i32> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = &args.file;
+    if file.exists() {
+        bail!("{} exists: name a new file", file.display());
+    }
+    let mut partial = file.clone().into_os_string();
+    partial.push(".partial");
+    let partial = PathBuf::from(partial);
+    let client = Client::new(&args.conn)?;
+    let written = block_on(async {
+        let sent = client.broker.send(Method::GET, "/backup", |r| r).await;
+        let mut resp = match sent {
+            Ok(resp) => resp,
+            Err(e) => return Err(crate::operator::explain_unreachable(&client.broker, e).await),
+        };
+        let status = resp.status();
+        if !status.is_success() {
+            let text = resp.text().await?;
+            return Err(client
+                .refusal(&Method::GET, "/backup", status, &text)
+                .await
+                .unwrap_or_else(|| anyhow::anyhow!("GET /backup failed ({status})")));
+        }
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&partial)
+            .with_context(|| format!("cannot create {}", partial.display()))?;
+        let mut head = Vec::new();
+        let mut n = 0u64;
+        let copied = async {
+            while let Some(chunk) = resp.chunk().await? {
+                if head.len() < 16 {
+                    head.extend_from_slice(&chunk[..chunk.len().min(16 - head.len())]);
+                }
+                out.write_all(&chunk)?;
+                n += chunk.len() as u64;
+            }
+            out.sync_all()?;
+            if head != b"SQLite format 3\0" {
+                bail!("the broker's answer is not a SQLite database");
+            }
+            Ok(n)
+        }
+        .await;
+        if copied.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        copied.with_context(|| format!("the copy to {} did not complete", file.display()))
+    })?;
+    if let Err(e) = std::fs::rename(&partial, file) {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e).with_context(|| format!("cannot move the copy to {}", file.display()));
+    }
+    // The new name survives a power loss too.
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(dir) = std::fs::File::open(dir)
+    {
+        let _ = dir.sync_all();
+    }
+    println!(
+        "wrote the team's database to {} ({written} bytes)",
+        file.display()
+    );
+    Ok(0)
 }

@@ -227,27 +227,42 @@ impl Client {
         };
         let status = resp.status();
         let text = resp.text().await?;
-        let parsed = serde_json::from_str::<Value>(&text);
+        match self.refusal(&method, path, status, &text).await {
+            Some(err) => Err(err),
+            None => Ok(serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)),
+        }
+    }
+
+    /// The error to report for an answer `status` with body `text` to `method path`, if it is
+    /// not a success from an ac7 broker.
+    pub(crate) async fn refusal(
+        &self,
+        method: &Method,
+        path: &str,
+        status: reqwest::StatusCode,
+        text: &str,
+    ) -> Option<anyhow::Error> {
+        let parsed = serde_json::from_str::<Value>(text);
         // Every answer of an ac7 broker but a 204 is JSON: anything else is another server.
         if parsed.is_err()
             && status != reqwest::StatusCode::NO_CONTENT
             && let Some(err) = not_a_broker(&self.broker).await
         {
-            return Err(err);
+            return Some(err);
         }
         let value = parsed.unwrap_or(Value::Null);
         if status == reqwest::StatusCode::UNAUTHORIZED {
-            bail!(
+            return Some(anyhow::anyhow!(
                 "the broker at {base} refused the token (401: {}): it was rotated, its member was \
                  removed, or it belongs to another broker. Connect this device again with `ac7 \
                  connect --url {base}`, or ask an admin for a new token (`ac7 member rotate-token \
                  NAME --url {base}`) and set AC7_TOKEN",
-                broker_error(&value, &text),
+                broker_error(&value, text),
                 base = self.base(),
-            );
+            ));
         }
         if !status.is_success() {
-            let said = member_words(&broker_error(&value, &text));
+            let said = member_words(&broker_error(&value, text));
             let hint = match status {
                 reqwest::StatusCode::FORBIDDEN
                     if said.contains("members.manage") || said.contains("team.manage") =>
@@ -262,9 +277,12 @@ impl Client {
                 }
                 _ => "",
             };
-            bail!("{method} {path} failed ({}): {said}{hint}", status.as_u16());
+            return Some(anyhow::anyhow!(
+                "{method} {path} failed ({}): {said}{hint}",
+                status.as_u16()
+            ));
         }
-        Ok(value)
+        None
     }
 }
 

@@ -24,6 +24,44 @@ impl From<AdminError> for ApiError {
     }
 }
 
+/// `GET /backup` (`members.manage`): a consistent copy of the team's SQLite database, taken
+/// while the broker runs. The copy is made beside the database, opened, unlinked and streamed,
+/// so none of it stays on the broker's disk.
+pub(super) async fn backup(
+    State(state): State<Shared>,
+    caller: Caller,
+) -> Result<Response, ApiError> {
+    ApiError::require(caller.permissions, Permission::MembersManage, "a backup")?;
+    if state.store.backend() == crate::broker::store::Backend::Postgres {
+        return Err(ApiError::conflict(
+            "this team is kept in PostgreSQL: back it up with pg_dump",
+        ));
+    }
+    let db = &state.config.db_path;
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(format!(".backup-{}", uuid::Uuid::new_v4().simple()));
+    let copy = db.with_file_name(name);
+    // Whatever happened, nothing of the copy stays on disk (an open file outlives its name).
+    let opened = state
+        .store
+        .snapshot(&copy)
+        .map(|()| std::fs::File::open(&copy));
+    let _ = std::fs::remove_file(&copy);
+    let file = opened?.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot read the copy: {e}"),
+        )
+    })?;
+    let size = file.metadata().map_or(0, |m| m.len());
+    Ok(super::fs::streamed(
+        axum::body::Body::from_stream(super::fs::file_chunks(tokio::fs::File::from_std(file))),
+        size,
+        "application/vnd.sqlite3",
+        "ac7-backup.db",
+    ))
+}
+
 pub(super) async fn team_get(
     State(state): State<Shared>,
     _caller: Caller,

@@ -101,17 +101,17 @@ pub(super) async fn read(
         .mime_type
         .as_deref()
         .unwrap_or("application/octet-stream");
-    let streamed = |body: axum::body::Body, size: u64| {
-        let mut resp = body.into_response();
-        resp.headers_mut()
-            .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
-        resp
-    };
-    let mut resp = match content {
-        Stored::Inline(bytes) => bytes.into_response(),
+    Ok(match content {
+        Stored::Inline(bytes) => {
+            let mut resp = bytes.into_response();
+            typed(resp.headers_mut(), mime, &entry.name);
+            resp
+        }
         Stored::File(file) => streamed(
             axum::body::Body::from_stream(file_chunks(tokio::fs::File::from_std(file))),
             entry.size.unwrap_or(0),
+            mime,
+            &entry.name,
         ),
         Stored::Chunks { hash, size } => {
             let state = state.clone();
@@ -120,16 +120,29 @@ pub(super) async fn read(
                     store::read_chunk(&state.store, &hash, idx)
                 })),
                 size,
+                mime,
+                &entry.name,
             )
         }
-    };
-    let headers = resp.headers_mut();
+    })
+}
+
+/// A streamed file of `size` bytes, typed `mime`, named `name`.
+pub(super) fn streamed(body: axum::body::Body, size: u64, mime: &str, name: &str) -> Response {
+    let mut resp = body.into_response();
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(size));
+    typed(resp.headers_mut(), mime, name);
+    resp
+}
+
+/// A served file's type and the headers that keep a browser safe with it.
+fn typed(headers: &mut axum::http::HeaderMap, mime: &str, name: &str) {
     headers.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_str(mime).unwrap_or(HeaderValue::from_static("application/octet-stream")),
     );
-    safety_headers(headers, mime, &entry.name);
-    Ok(resp)
+    safety_headers(headers, mime, name);
 }
 
 /// Types a browser shows without running anything: served inline. Everything
@@ -176,7 +189,7 @@ fn safety_headers(headers: &mut axum::http::HeaderMap, mime: &str, name: &str) {
 
 /// A file read in 64 KiB chunks; a read error ends the body (the client sees a
 /// short body against its `Content-Length`).
-fn file_chunks(
+pub(super) fn file_chunks(
     file: tokio::fs::File,
 ) -> impl futures_util::Stream<Item = std::io::Result<axum::body::Bytes>> {
     futures_util::stream::unfold(Some(file), |file| async move {

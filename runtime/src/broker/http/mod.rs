@@ -91,6 +91,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/fs/shared", get(fs::shared))
         .route("/fs/all", get(fs::all))
         .route("/team", get(admin::team_get).patch(admin::team_patch))
+        .route("/backup", get(admin::backup))
         .route("/team/presets", get(admin::presets_list))
         .route(
             "/team/presets/{name}",
