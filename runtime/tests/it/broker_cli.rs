@@ -1057,12 +1057,9 @@ fn offline_remove_then_add_starts_a_new_member() {
     });
 }
 
-/// SIGTERM is a clean shutdown: the WAL is checkpointed into the database and SQLite's
-/// `-wal` file is gone (its index never had a `-shm` file), so the database is one file that
-/// holds everything.
-#[test]
-fn a_clean_shutdown_leaves_one_database_file() {
-    let (dir, db, mut s) = serve_team();
+/// [`serve_team`] with the director's broadcast `kept` in its log; the director's token last.
+fn serve_team_with_a_broadcast() -> (tempfile::TempDir, std::path::PathBuf, Served, String) {
+    let (dir, db, s) = serve_team();
     let director = token(&s, "director").to_owned();
     let (ok, _, err) = ac7(
         &s.url,
@@ -1070,6 +1067,15 @@ fn a_clean_shutdown_leaves_one_database_file() {
         &["push", "--body", "kept", "--broadcast"],
     );
     assert!(ok, "{err}");
+    (dir, db, s, director)
+}
+
+/// SIGTERM is a clean shutdown: the WAL is checkpointed into the database and SQLite's
+/// `-wal` file is gone (its index never had a `-shm` file), so the database is one file that
+/// holds everything.
+#[test]
+fn a_clean_shutdown_leaves_one_database_file() {
+    let (dir, db, mut s, director) = serve_team_with_a_broadcast();
     let wal = dir.path().join("ac7.db-wal");
     let shm = dir.path().join("ac7.db-shm");
     assert!(wal.exists(), "WAL mode while serving");
@@ -1093,14 +1099,7 @@ fn a_clean_shutdown_leaves_one_database_file() {
 /// all, and leaves nothing on the broker's disk.
 #[test]
 fn the_running_brokers_database_is_its_own_and_ac7_backup_copies_it() {
-    let (dir, db, s) = serve_team();
-    let director = token(&s, "director").to_owned();
-    let (ok, _, err) = ac7(
-        &s.url,
-        &director,
-        &["push", "--body", "kept", "--broadcast"],
-    );
-    assert!(ok, "{err}");
+    let (dir, db, s, director) = serve_team_with_a_broadcast();
     // The broker's read connections have taken and left their locks.
     let (ok, out, err) = ac7(&s.url, &director, &["history"]);
     assert!(ok && out.contains("director: kept"), "{out}{err}");

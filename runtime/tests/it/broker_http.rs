@@ -1048,3 +1048,53 @@ async fn error_texts_are_the_specs() {
         .await;
     assert!(r.json["details"].is_array(), "{}", r.text);
 }
+
+/// `GET /backup` needs members.manage. On SQLite it is the database as of the request (a SQLite
+/// file holding the log) and leaves nothing beside it; on PostgreSQL it points at pg_dump.
+#[tokio::test]
+async fn backup_is_the_database_for_an_admin() {
+    let b = start_broker().await;
+    b.push("director", json!({"body": "in the copy"})).await;
+    let r = b.get("/backup", "builder").await;
+    assert_eq!(
+        (r.status, r.json["error"].as_str()),
+        (403, Some("a backup requires the members.manage permission"))
+    );
+    let resp = b
+        .http
+        .get(format!("{}/backup", b.url))
+        .bearer_auth(b.token("director"))
+        .send()
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    if broker_support::on_postgres() {
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(
+            (status, v["error"].as_str()),
+            (
+                409,
+                Some("this team is kept in PostgreSQL: back it up with pg_dump")
+            )
+        );
+        return;
+    }
+    assert_eq!(status, 200);
+    assert_eq!(resp.headers()["content-type"], "application/vnd.sqlite3");
+    let bytes = resp.bytes().await.unwrap();
+    assert!(bytes.starts_with(b"SQLite format 3\0"));
+    let copy = tempfile::tempdir().unwrap();
+    let file = copy.path().join("copy.db");
+    std::fs::write(&file, &bytes).unwrap();
+    let body: String = rusqlite::Connection::open(&file)
+        .unwrap()
+        .query_row("SELECT body FROM messages", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(body, "in the copy");
+    let left: Vec<_> = std::fs::read_dir(b.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n.to_string_lossy().contains("backup"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
