@@ -12,7 +12,7 @@
 //! One process owns the file: [`Store::open`] takes an exclusive advisory lock
 //! (`flock`) on it, so a second `ac7 serve`, or `ac7 member …` while the broker
 //! runs, is refused with [`StoreError::Busy`]. Its connections go through the broker's VFS
-//! ([`super::wal_vfs`]), which also keeps every other process (a `sqlite3` shell) out while it
+//! (`wal_vfs`), which also keeps every other process (a `sqlite3` shell) out while it
 //! is open and lets the connections share the WAL index in memory, without a file lock per
 //! transaction; a consistent copy of a running broker's file comes from `ac7 backup`.
 //!

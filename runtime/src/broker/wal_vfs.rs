@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 
 use rusqlite::ffi;
 
-/// The name connections open the database with to write through this VFS.
+/// The name every connection to the broker's database opens it with.
 pub(super) const NAME: &CStr = c"ac7-wal";
 
 /// The most bytes kept before they are written: what the unix VFSes write in one call (it
