@@ -69,14 +69,28 @@ pub fn insert(
         },
     };
     let stored = encode(msg, json, thread.as_deref())?;
+    // On PostgreSQL the number comes first: every appending transaction then holds the
+    // `log_head` row before it adds a key, so none waits for another's new key while that one
+    // waits for the head (a deadlock PostgreSQL breaks by failing one of the two pushes).
+    let pg_seq = match c.backend() {
+        Backend::Sqlite => None,
+        Backend::Postgres => Some(
+            c.query_row(
+                "UPDATE log_head SET last_seq = last_seq + ?1 WHERE id = 1 RETURNING last_seq",
+                params![1i64],
+                |r| r.get::<i64>(0),
+            )?
+            .ok_or_else(|| StoreError::Corrupt("the log_head row is missing".into()))?,
+        ),
+    };
     let to_key = msg.to.as_deref().map(|k| key_id(c, k)).transpose()?;
     let from_key = msg.from.as_deref().map(|k| key_id(c, k)).transpose()?;
     let thread_code = thread
         .as_deref()
         .map(|t| Ok::<_, StoreError>(thread_code(t, key_id(c, t)?)))
         .transpose()?;
-    let seq = match c.backend() {
-        Backend::Sqlite => c.query_row(
+    let seq = match pg_seq {
+        None => c.query_row(
             "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING seq",
             params![
@@ -91,14 +105,7 @@ pub fn insert(
             ],
             |r| r.get::<i64>(0),
         )?,
-        Backend::Postgres => {
-            let seq = c
-                .query_row(
-                    "UPDATE log_head SET last_seq = last_seq + ?1 WHERE id = 1 RETURNING last_seq",
-                    params![1i64],
-                    |r| r.get::<i64>(0),
-                )?
-                .ok_or_else(|| StoreError::Corrupt("the log_head row is missing".into()))?;
+        Some(seq) => {
             // Replicas deliver what they read back from the log: the audience decided at push
             // time travels with the row (NULL: what the route implies).
             let route = route_of(msg.to.as_deref(), thread.as_deref());

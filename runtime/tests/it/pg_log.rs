@@ -307,6 +307,67 @@ async fn postgres_log_numbers_follow_commit_order_and_ring_the_doorbell() {
     );
 }
 
+/// Two appends at once that both add a name the log has no key for: the first holds the
+/// counter row and then adds the name, the second adds it too. The second waits for the counter
+/// before it adds any key, so both commit; adding its keys first was a deadlock (PostgreSQL
+/// failed one of the two pushes with 500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn appends_adding_the_same_new_key_do_not_deadlock() {
+    let Some((db, pg, _sqlite)) = stores().await else {
+        return;
+    };
+    let pg = std::sync::Arc::new(pg);
+    let (held_tx, held_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let first = {
+        let pg = std::sync::Arc::clone(&pg);
+        std::thread::spawn(move || {
+            pg.tx(|c| {
+                let a = insert(c, &message("a", 1, "ann", None, None))?;
+                held_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+                let b = insert(c, &message("b", 2, "ann", Some("newcomer"), None))?;
+                Ok::<_, StoreError>((a, b))
+            })
+        })
+    };
+    held_rx.recv().unwrap();
+    let second = {
+        let pg = std::sync::Arc::clone(&pg);
+        std::thread::spawn(move || {
+            pg.tx(|c| insert(c, &message("c", 3, "bob", Some("newcomer"), None)))
+        })
+    };
+    // The second is blocked on a lock the first holds.
+    let pool = db.pool().await;
+    let client = pool.get().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = client
+            .query_one(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the second append never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    go_tx.send(()).unwrap();
+    let first = first.join().unwrap();
+    let second = second.join().unwrap();
+    assert_eq!(
+        (first.unwrap(), second.unwrap()),
+        ((1, 2), 3),
+        "both appends commit, in order"
+    );
+}
+
 #[tokio::test]
 async fn tx_then_runs_the_follow_up_after_the_commit() {
     let Some((_db, pg, sqlite)) = stores().await else {
