@@ -263,10 +263,11 @@ async fn push_load_over(
                     .json(&json!({"to": to, "body": format!("client {c} message {i}")}))
                     .send()
                     .await?;
-                if !r.status().is_success() {
-                    bail!("push failed: {}", r.status());
+                let status = r.status();
+                let body = r.bytes().await?;
+                if !status.is_success() {
+                    bail!("push failed: {status}: {}", String::from_utf8_lossy(&body));
                 }
-                r.bytes().await?;
                 lat.push(u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX));
             }
             Ok::<_, anyhow::Error>(lat)
