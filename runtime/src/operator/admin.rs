@@ -715,18 +715,16 @@ pub fn backup(args: BackupArgs) -> anyhow::Result<i32> {
     let partial = PathBuf::from(partial);
     let client = Client::new(&args.conn)?;
     let written = block_on(async {
-        let sent = client.broker.send(Method::GET, "/backup", |r| r).await;
-        let mut resp = match sent {
-            Ok(resp) => resp,
-            Err(e) => return Err(crate::operator::explain_unreachable(&client.broker, e).await),
-        };
+        let mut resp = client.send(&Method::GET, "/backup", |r| r).await?;
         let status = resp.status();
         if !status.is_success() {
+            // Reported as every verb reports a refusal (`answer` fails on every status but a
+            // success).
             let text = resp.text().await?;
-            return Err(client
-                .refusal(&Method::GET, "/backup", status, &text)
-                .await
-                .unwrap_or_else(|| anyhow::anyhow!("GET /backup failed ({status})")));
+            client
+                .answer(&Method::GET, "/backup", status, &text)
+                .await?;
+            bail!("GET /backup failed ({status})");
         }
         let mut out = std::fs::OpenOptions::new()
             .write(true)

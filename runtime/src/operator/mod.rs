@@ -212,54 +212,60 @@ impl Client {
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
         let resp = self
-            .broker
-            .send(method.clone(), path, |req| {
+            .send(&method, path, |req| {
                 let req = req.query(query);
                 match &body {
                     Some(b) => req.json(b),
                     None => req,
                 }
             })
-            .await;
-        let resp = match resp {
-            Ok(resp) => resp,
-            Err(e) => return Err(explain_unreachable(&self.broker, e).await),
-        };
+            .await?;
         let status = resp.status();
         let text = resp.text().await?;
-        match self.refusal(&method, path, status, &text).await {
-            Some(err) => Err(err),
-            None => Ok(serde_json::from_str::<Value>(&text).unwrap_or(Value::Null)),
+        self.answer(&method, path, status, &text).await
+    }
+
+    /// Sends `method path` as `build` makes it; no answer at all is explained
+    /// ([`explain_unreachable`]).
+    pub(crate) async fn send(
+        &self,
+        method: &Method,
+        path: &str,
+        build: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> anyhow::Result<reqwest::Response> {
+        match self.broker.send(method.clone(), path, build).await {
+            Ok(resp) => Ok(resp),
+            Err(e) => Err(explain_unreachable(&self.broker, e).await),
         }
     }
 
-    /// The error to report for an answer `status` with body `text` to `method path`, if it is
-    /// not a success from an ac7 broker.
-    pub(crate) async fn refusal(
+    /// The broker's JSON answer `text` (status `status`) to `method path`, or the error to
+    /// report when it is not a success from an ac7 broker.
+    pub(crate) async fn answer(
         &self,
         method: &Method,
         path: &str,
         status: reqwest::StatusCode,
         text: &str,
-    ) -> Option<anyhow::Error> {
+    ) -> anyhow::Result<Value> {
         let parsed = serde_json::from_str::<Value>(text);
         // Every answer of an ac7 broker but a 204 is JSON: anything else is another server.
         if parsed.is_err()
             && status != reqwest::StatusCode::NO_CONTENT
             && let Some(err) = not_a_broker(&self.broker).await
         {
-            return Some(err);
+            return Err(err);
         }
         let value = parsed.unwrap_or(Value::Null);
         if status == reqwest::StatusCode::UNAUTHORIZED {
-            return Some(anyhow::anyhow!(
+            bail!(
                 "the broker at {base} refused the token (401: {}): it was rotated, its member was \
                  removed, or it belongs to another broker. Connect this device again with `ac7 \
                  connect --url {base}`, or ask an admin for a new token (`ac7 member rotate-token \
                  NAME --url {base}`) and set AC7_TOKEN",
                 broker_error(&value, text),
                 base = self.base(),
-            ));
+            );
         }
         if !status.is_success() {
             let said = member_words(&broker_error(&value, text));
@@ -277,12 +283,9 @@ impl Client {
                 }
                 _ => "",
             };
-            return Some(anyhow::anyhow!(
-                "{method} {path} failed ({}): {said}{hint}",
-                status.as_u16()
-            ));
+            bail!("{method} {path} failed ({}): {said}{hint}", status.as_u16());
         }
-        None
+        Ok(value)
     }
 }
 
