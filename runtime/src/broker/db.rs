@@ -516,14 +516,34 @@ impl WriteHere<'_> {
     }
 }
 
-/// Runs `f` in a transaction on `conn`: committed on `Ok`, rolled back on `Err`.
+/// Runs `f` in a transaction on `conn`: committed on `Ok`, rolled back on `Err` (and when `f`
+/// panics). `BEGIN` and `COMMIT` are statements of the connection's cache, parsed once.
 fn sqlite_tx<T, E: From<StoreError>>(
     conn: &mut Connection,
     f: impl FnOnce(&Conn<'_>) -> Result<T, E>,
 ) -> Result<T, E> {
-    let tx = conn.transaction().map_err(StoreError::from)?;
-    let out = f(&Conn::sqlite(&tx))?;
-    tx.commit().map_err(StoreError::from)?;
+    /// Rolls back whatever is still open when it goes: the transaction of an `f` that failed,
+    /// panicked, or whose `COMMIT` failed.
+    struct Open<'c>(&'c Connection);
+    impl Drop for Open<'_> {
+        fn drop(&mut self) {
+            if !self.0.is_autocommit()
+                && let Err(e) = self.0.execute_batch("ROLLBACK")
+            {
+                tracing::warn!(error = %e, "rolling back a failed transaction failed");
+            }
+        }
+    }
+    let conn: &Connection = conn;
+    let step = |sql: &str| -> Result<(), StoreError> {
+        conn.prepare_cached(sql)?.execute([])?;
+        Ok(())
+    };
+    step("BEGIN")?;
+    let open = Open(conn);
+    let out = f(&Conn::sqlite(conn))?;
+    step("COMMIT")?;
+    drop(open);
     Ok(out)
 }
 
@@ -919,6 +939,41 @@ CREATE TABLE IF NOT EXISTS enrollments (
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A transaction whose work fails or panics is rolled back, and the write connection takes
+    /// the next one as if nothing happened; a committed one stays.
+    #[test]
+    fn a_failed_or_panicking_transaction_leaves_nothing_behind() {
+        let store = Store::open_in_memory().unwrap();
+        let count = |store: &Store| {
+            store
+                .view(|c| c.query_row("SELECT COUNT(*) FROM channels", &[], |r| r.get::<i64>(0)))
+                .unwrap()
+                .unwrap()
+        };
+        let insert = |c: &Conn<'_>, id: &str| {
+            c.execute(
+                "INSERT INTO channels (id, slug, created_by, created_at) VALUES (?1, ?1, 'a', 0)",
+                crate::params![id],
+            )
+        };
+        let failed: Result<(), StoreError> = store.tx(|c| {
+            insert(c, "one")?;
+            Err(StoreError::Corrupt("no".into()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(count(&store), 0);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            store.tx(|c| -> Result<(), StoreError> {
+                insert(c, "two")?;
+                panic!("in the middle of a transaction")
+            })
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(count(&store), 0);
+        store.tx(|c| insert(c, "three")).unwrap();
+        assert_eq!(count(&store), 1);
+    }
 
     /// The two tables as they were before member incarnations (`members` without `since_seq`,
     /// `member_activity` without `member_seq`), with the old index.

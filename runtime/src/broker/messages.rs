@@ -90,21 +90,25 @@ pub fn insert(
         .map(|t| Ok::<_, StoreError>(thread_code(t, key_id(c, t)?)))
         .transpose()?;
     let seq = match pg_seq {
-        None => c.query_row(
-            "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) RETURNING seq",
-            params![
-                stored.id,
-                stored.id_text,
-                msg.ts,
-                to_key,
-                from_key,
-                thread_code,
-                stored.body,
-                stored.extra
-            ],
-            |r| r.get::<i64>(0),
-        )?,
+        None => {
+            // `seq` is the rowid: SQLite reports it without the result table a `RETURNING`
+            // clause builds.
+            c.execute(
+                "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    stored.id,
+                    stored.id_text,
+                    msg.ts,
+                    to_key,
+                    from_key,
+                    thread_code,
+                    stored.body,
+                    stored.extra
+                ],
+            )?;
+            c.as_sqlite().map(rusqlite::Connection::last_insert_rowid)
+        }
         Some(seq) => {
             // Replicas deliver what they read back from the log: the audience decided at push
             // time travels with the row (NULL: what the route implies).
@@ -252,6 +256,32 @@ struct Extra {
     attachments: Option<Vec<Attachment>>,
     #[serde(rename = "j", default, skip_serializing_if = "Option::is_none")]
     json: Option<String>,
+}
+
+/// A new message id: a random (version 4) UUID in canonical form. Each thread takes the OS's
+/// random bytes 4 KiB at a time, so one `getrandom` call serves 256 ids instead of one (ids
+/// are public, so holding the next ones in memory gives nothing away).
+pub fn new_id() -> String {
+    const POOL: usize = 16 * 256;
+    thread_local! {
+        static RANDOM: std::cell::RefCell<([u8; POOL], usize)> =
+            const { std::cell::RefCell::new(([0; POOL], POOL)) };
+    }
+    RANDOM.with_borrow_mut(|(pool, used)| {
+        if *used == POOL {
+            if getrandom::fill(pool).is_err() {
+                return uuid::Uuid::new_v4().to_string();
+            }
+            *used = 0;
+        }
+        let mut bytes = [0; 16];
+        bytes.copy_from_slice(&pool[*used..*used + 16]);
+        *used += 16;
+        uuid::Builder::from_random_bytes(bytes)
+            .into_uuid()
+            .hyphenated()
+            .to_string()
+    })
 }
 
 /// The id column of a message id: its 16 bytes when it is a UUID in canonical form.
@@ -1050,6 +1080,20 @@ pub fn open_subscription(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ids are canonical version-4 UUIDs (so they are stored as 16 bytes), all different, also
+    /// across the refills of a thread's pool of random bytes.
+    #[test]
+    fn new_ids_are_distinct_canonical_v4_uuids() {
+        let ids: std::collections::BTreeSet<String> = (0..1000).map(|_| new_id()).collect();
+        assert_eq!(ids.len(), 1000);
+        for id in &ids {
+            let u = uuid::Uuid::try_parse(id).unwrap();
+            assert_eq!(u.get_version(), Some(uuid::Version::Random), "{id}");
+            assert_eq!(u.get_variant(), uuid::Variant::RFC4122, "{id}");
+            assert!(uuid_bytes(id).is_some(), "{id}");
+        }
+    }
 
     /// Reads and committed writes remember `message_keys` rows; a key a rolled-back write added
     /// never reaches the cache, so when SQLite hands its id to another key, reads name the

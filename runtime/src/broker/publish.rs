@@ -44,7 +44,7 @@ pub fn log(
     now: i64,
 ) -> Result<(Message, Arc<Frame>), StoreError> {
     let msg = Message {
-        id: uuid::Uuid::new_v4().to_string(),
+        id: messages::new_id(),
         ts: now,
         to: draft.to,
         from: Some(draft.from),
