@@ -89,6 +89,16 @@ pub fn insert(
         .as_deref()
         .map(|t| Ok::<_, StoreError>(thread_code(t, key_id(c, t)?)))
         .transpose()?;
+    let row = params![
+        stored.id,
+        stored.id_text,
+        msg.ts,
+        to_key,
+        from_key,
+        thread_code,
+        stored.body,
+        stored.extra
+    ];
     let seq = match pg_seq {
         None => {
             // `seq` is the rowid: SQLite reports it without the result table a `RETURNING`
@@ -96,16 +106,7 @@ pub fn insert(
             c.execute(
                 "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![
-                    stored.id,
-                    stored.id_text,
-                    msg.ts,
-                    to_key,
-                    from_key,
-                    thread_code,
-                    stored.body,
-                    stored.extra
-                ],
+                row,
             )?;
             c.as_sqlite().map(rusqlite::Connection::last_insert_rowid)
         }
@@ -120,21 +121,12 @@ pub fn insert(
             } else {
                 Some(key_id(c, &audience_json(audience)?)?)
             };
+            let mut values = row.to_vec();
+            values.extend(params![seq, audience]);
             c.execute(
-                "INSERT INTO messages (seq, id, id_text, ts, to_key, from_key, thread, body, extra, audience)
+                "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra, seq, audience)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                params![
-                    seq,
-                    stored.id,
-                    stored.id_text,
-                    msg.ts,
-                    to_key,
-                    from_key,
-                    thread_code,
-                    stored.body,
-                    stored.extra,
-                    audience
-                ],
+                &values,
             )?;
             c.execute("SELECT pg_notify('ac7_log', ?1)", params![seq.to_string()])?;
             Some(seq)
