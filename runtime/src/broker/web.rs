@@ -39,9 +39,8 @@ use std::io::Write;
 use std::sync::LazyLock;
 
 use axum::body::Body;
-use axum::extract::{Path, Request};
+use axum::extract::Path;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::http::ApiError;
@@ -262,32 +261,36 @@ fn not_found(path: &str) -> Response {
     .into_response()
 }
 
-/// Middleware: browser navigations get the shell (module docs: the shell rule).
-pub(crate) async fn shell(req: Request, next: Next) -> Response {
-    let method = req.method();
-    if (method == Method::GET || method == Method::HEAD)
-        && shell_path(req.uri().path())
-        && is_navigation(req.headers())
-    {
-        let mut resp = WebApp::get()
-            .serve("index.html", false, req.headers())
-            .unwrap_or_else(|| not_found("index.html"));
-        resp.headers_mut().append(
-            header::VARY,
-            HeaderValue::from_static("Accept, Sec-Fetch-Mode"),
-        );
-        return resp;
+/// The shell rule (module docs) for one request, in the router's outer layer: `Shell` is the
+/// answer to a browser navigation; `Varies` marks an API answer whose URL a navigation would
+/// have turned into the shell, so caches must key it on the headers that decide.
+pub(crate) enum ShellRule {
+    Shell(Response),
+    Varies,
+    Exempt,
+}
+
+/// Which [`ShellRule`] applies to a request.
+pub(crate) fn shell_rule(method: &Method, path: &str, headers: &HeaderMap) -> ShellRule {
+    if !((method == Method::GET || method == Method::HEAD) && shell_path(path)) {
+        return ShellRule::Exempt;
     }
-    let vary = (method == Method::GET || method == Method::HEAD) && shell_path(req.uri().path());
-    let mut resp = next.run(req).await;
-    if vary {
-        // The same URL answers JSON or HTML by these headers: caches must know.
-        resp.headers_mut().append(
-            header::VARY,
-            HeaderValue::from_static("Accept, Sec-Fetch-Mode"),
-        );
+    if !is_navigation(headers) {
+        return ShellRule::Varies;
     }
-    resp
+    let mut resp = WebApp::get()
+        .serve("index.html", false, headers)
+        .unwrap_or_else(|| not_found("index.html"));
+    add_vary(&mut resp);
+    ShellRule::Shell(resp)
+}
+
+/// `Vary: Accept, Sec-Fetch-Mode`: the same URL answers JSON or HTML by these headers.
+pub(crate) fn add_vary(resp: &mut Response) {
+    resp.headers_mut().append(
+        header::VARY,
+        HeaderValue::from_static("Accept, Sec-Fetch-Mode"),
+    );
 }
 
 /// Paths a navigation may turn into the shell: all but the exceptions.

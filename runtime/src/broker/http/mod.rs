@@ -17,7 +17,7 @@ use std::sync::Arc;
 use ac7_protocol::domain::permission::{Permission, PermissionSet};
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request};
+use axum::extract::{DefaultBodyLimit, FromRequest, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -135,13 +135,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(json_limit))
-        .layer(middleware::from_fn(protocol_header))
-        .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(super::web::shell))
-        .layer(middleware::from_fn_with_state(
-            Arc::clone(&state),
-            security::layer,
-        ))
+        .layer(middleware::from_fn_with_state(Arc::clone(&state), outer))
         .with_state(state)
 }
 
@@ -159,25 +153,49 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
     )
 }
 
-/// Rejects an `X-AC7-Protocol` header other than `1`.
-async fn protocol_header(req: Request, next: Next) -> Response {
-    if let Some(v) = req.headers().get("x-ac7-protocol") {
-        let got = String::from_utf8_lossy(v.as_bytes()).into_owned();
-        if got.trim().parse::<f64>().ok() != Some(1.0) {
-            return ApiError::new(StatusCode::BAD_REQUEST, "unsupported protocol version")
-                .with("got", json!(got))
-                .with("expected", json!(1))
-                .into_response();
-        }
+/// The one layer around every route, outermost first: the CSRF check (`security`), the
+/// shell for browser navigations (`web`), the `X-AC7-Protocol` check, then the route; on the
+/// way out a JSON body for every error, `Vary` where the shell rule could have answered, the
+/// sliding cookie and the security headers. One layer rather than four: each layer boxes
+/// the request's future and clones the service below it, on every request.
+async fn outer(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
+    if let Some(refused) = security::refusal(req.method(), req.headers(), &state) {
+        return security::finish(&state, refused, None);
     }
-    next.run(req).await
+    let varies = match super::web::shell_rule(req.method(), req.uri().path(), req.headers()) {
+        super::web::ShellRule::Shell(shell) => return security::finish(&state, shell, None),
+        super::web::ShellRule::Varies => true,
+        super::web::ShellRule::Exempt => false,
+    };
+    let refresh = security::refresh_slot(&mut req);
+    let mut resp = match protocol_refusal(req.headers()) {
+        Some(refused) => refused.into_response(),
+        None => json_errors(next.run(req).await).await,
+    };
+    if varies {
+        super::web::add_vary(&mut resp);
+    }
+    security::finish(&state, resp, refresh)
+}
+
+/// Refuses an `X-AC7-Protocol` header other than `1`.
+fn protocol_refusal(headers: &axum::http::HeaderMap) -> Option<ApiError> {
+    let v = headers.get("x-ac7-protocol")?;
+    let got = String::from_utf8_lossy(v.as_bytes()).into_owned();
+    if got.trim().parse::<f64>().ok() == Some(1.0) {
+        return None;
+    }
+    Some(
+        ApiError::new(StatusCode::BAD_REQUEST, "unsupported protocol version")
+            .with("got", json!(got))
+            .with("expected", json!(1)),
+    )
 }
 
 /// Gives every error answer a JSON body: the rejections of axum's own extractors
 /// (a bad query string, a bad path segment…) are plain text; they become
 /// `{"error": "<that text>"}` with the same status.
-async fn json_errors(req: Request, next: Next) -> Response {
-    let resp = next.run(req).await;
+async fn json_errors(resp: Response) -> Response {
     let status = resp.status();
     let is_json = resp
         .headers()

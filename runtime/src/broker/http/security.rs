@@ -1,4 +1,4 @@
-//! The outermost layer of the router: CSRF defence and security headers.
+//! What the router's outer layer does first and last: CSRF defence and security headers.
 //!
 //! * **CSRF.** A state-changing request (any method but GET, HEAD, OPTIONS) that carries no
 //!   `Authorization` header but the `ac7_session` cookie must carry an `Origin` (or, without
@@ -19,9 +19,8 @@
 //! * **Sliding cookie.** When the request's session slid, the response carries a fresh
 //!   `Set-Cookie` with the full `Max-Age` (see [`super::session`]).
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::session::{COOKIE, CookieRefresh, cookie_value, https, set_cookie};
@@ -98,33 +97,49 @@ fn csrf_check(method: &Method, headers: &HeaderMap, state: &Shared) -> Result<()
     Ok(())
 }
 
-/// The layer (see the module docs).
-pub(crate) async fn layer(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
-    let mut resp = match csrf_check(req.method(), req.headers(), &state) {
-        Err(e) => e.into_response(),
-        Ok(()) => {
-            let refresh = CookieRefresh::default();
-            req.extensions_mut().insert(refresh.clone());
-            let mut resp = next.run(req).await;
-            let slid = refresh
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .take();
-            if let Some(id) = slid
-                && !resp.headers().contains_key(header::SET_COOKIE)
-                && resp.status() != StatusCode::UNAUTHORIZED
-            {
-                resp.headers_mut().insert(
-                    header::SET_COOKIE,
-                    set_cookie(&state, &id, state.config.session_ttl.as_secs()),
-                );
-            }
-            resp
-        }
-    };
+/// Refuses a cross-origin request that could act as the visitor (module docs), before it
+/// reaches a handler.
+pub(super) fn refusal(method: &Method, headers: &HeaderMap, state: &Shared) -> Option<Response> {
+    csrf_check(method, headers, state)
+        .err()
+        .map(IntoResponse::into_response)
+}
+
+/// A slot for the cookie resolver to say it slid the session, set on requests that may sign
+/// in with the cookie (no `Authorization`, an `ac7_session` cookie) and read back by
+/// [`finish`].
+pub(super) fn refresh_slot(req: &mut Request) -> Option<CookieRefresh> {
+    let headers = req.headers();
+    if headers.contains_key(header::AUTHORIZATION) || cookie_value(headers, COOKIE).is_none() {
+        return None;
+    }
+    let refresh = CookieRefresh::default();
+    req.extensions_mut().insert(refresh.clone());
+    Some(refresh)
+}
+
+/// The sliding cookie and the security headers, on every answer.
+pub(super) fn finish(
+    state: &Shared,
+    mut resp: Response,
+    refresh: Option<CookieRefresh>,
+) -> Response {
+    let slid = refresh.and_then(|r| {
+        r.0.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    });
+    if let Some(id) = slid
+        && !resp.headers().contains_key(header::SET_COOKIE)
+        && resp.status() != StatusCode::UNAUTHORIZED
+    {
+        resp.headers_mut().insert(
+            header::SET_COOKIE,
+            set_cookie(state, &id, state.config.session_ttl.as_secs()),
+        );
+    }
     let h = resp.headers_mut();
-    for (name, value) in headers(https(&state)) {
+    for (name, value) in headers(https(state)) {
         h.entry(name).or_insert(HeaderValue::from_static(value));
     }
     resp
