@@ -80,8 +80,9 @@ fn ttl_ms(state: &Shared) -> i64 {
     i64::try_from(state.config.session_ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// Set on a request by the security layer; the cookie resolver fills it when it slid the
-/// session, and the layer then refreshes the browser's cookie on the response.
+/// Set by the router's outer layer on a request that may sign in with the cookie; the cookie
+/// resolver fills it when it slid the session, and the layer then refreshes the browser's
+/// cookie on the response.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CookieRefresh(pub(crate) std::sync::Arc<std::sync::Mutex<Option<String>>>);
 
