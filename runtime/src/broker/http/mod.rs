@@ -159,8 +159,8 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
 /// sliding cookie and the security headers. One layer rather than four: each layer boxes
 /// the request's future and clones the service below it, on every request.
 async fn outer(State(state): State<Shared>, mut req: Request, next: Next) -> Response {
-    if let Some(refused) = security::refusal(req.method(), req.headers(), &state) {
-        return security::finish(&state, refused, None);
+    if let Err(refused) = security::csrf_check(req.method(), req.headers(), &state) {
+        return security::finish(&state, refused.into_response(), None);
     }
     let varies = match super::web::shell_rule(req.method(), req.uri().path(), req.headers()) {
         super::web::ShellRule::Shell(shell) => return security::finish(&state, shell, None),

@@ -21,7 +21,7 @@
 
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 
 use super::session::{COOKIE, CookieRefresh, cookie_value, https, set_cookie};
 use super::{ApiError, Shared};
@@ -68,7 +68,11 @@ fn claimed_origin(headers: &HeaderMap) -> Option<String> {
 }
 
 /// `Err(403)` when the request must prove it comes from the broker's own pages and does not.
-fn csrf_check(method: &Method, headers: &HeaderMap, state: &Shared) -> Result<(), ApiError> {
+pub(super) fn csrf_check(
+    method: &Method,
+    headers: &HeaderMap,
+    state: &Shared,
+) -> Result<(), ApiError> {
     let upgrade = headers.contains_key(header::UPGRADE);
     let changes = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
     let cookie = cookie_value(headers, COOKIE).is_some();
@@ -95,14 +99,6 @@ fn csrf_check(method: &Method, headers: &HeaderMap, state: &Shared) -> Result<()
         return Err(ApiError::forbidden("cross-origin request refused"));
     }
     Ok(())
-}
-
-/// Refuses a cross-origin request that could act as the visitor (module docs), before it
-/// reaches a handler.
-pub(super) fn refusal(method: &Method, headers: &HeaderMap, state: &Shared) -> Option<Response> {
-    csrf_check(method, headers, state)
-        .err()
-        .map(IntoResponse::into_response)
 }
 
 /// A slot for the cookie resolver to say it slid the session, set on requests that may sign
