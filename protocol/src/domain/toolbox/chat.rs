@@ -6,8 +6,8 @@ use super::defs::{attachments, level_schema, string};
 use super::format::{self, s};
 use super::registry::{Def, Listing, Tool};
 use super::tools::{
-    attachment_paths, broker_json, call, fail, get, json_body, ok, request, resolve_attachments,
-    text,
+    attachment_paths, broker_json, broker_shape, call, fail, get, json_body, ok, request,
+    resolve_attachments, text,
 };
 use super::{Body, Context, Method, Plan, ToolText, encode_component};
 use crate::domain::message::LogLevel;
@@ -64,9 +64,15 @@ fn roster_def(l: &Listing) -> Def {
 }
 
 fn roster(ctx: Context, _args: &Map<String, Value>) -> Plan {
-    get("/roster".into(), move |body| {
-        ok(format::roster(&ctx.briefing.team.name, ctx.me(), &body))
-    })
+    request(
+        Method::Get,
+        "/roster".into(),
+        Body::Empty,
+        move |resp| match broker_shape::<format::RosterView>(&resp) {
+            Ok(view) => ok(format::roster(&ctx.briefing.team.name, ctx.me(), &view)),
+            Err(error) => Plan::Done(error),
+        },
+    )
 }
 
 fn broadcast_def(l: &Listing) -> Def {

@@ -18,6 +18,7 @@ mod chat;
 mod defs;
 mod format;
 mod fs;
+mod lenient;
 mod objectives;
 mod registry;
 mod tools;

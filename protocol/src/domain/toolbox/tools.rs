@@ -4,6 +4,7 @@
 use serde_json::{Map, Value, json};
 
 use super::format::s;
+use super::lenient::{self, Shape};
 use super::{Body, Method, Plan, Request, Response, ToolText, encode_component};
 
 /// The paths of `attachments`, validated: absent or null → none.
@@ -144,14 +145,31 @@ pub(super) fn get(path: String, then: impl FnOnce(Value) -> Plan + Send + 'stati
 
 /// The JSON of a 2xx response (`null` for an empty body), or the tool error for anything else.
 pub(super) fn broker_json(resp: &Response) -> Result<Value, ToolText> {
+    match answer(resp)? {
+        None => Ok(Value::Null),
+        Some(body) => serde_json::from_slice(body).map_err(not_json),
+    }
+}
+
+/// [`broker_json`] read as the lenient shape `T` (its empty value for an empty body), borrowing
+/// from the response.
+pub(super) fn broker_shape<'a, T: Shape<'a>>(resp: &'a Response) -> Result<T, ToolText> {
+    match answer(resp)? {
+        None => Ok(T::default()),
+        Some(body) => lenient::read(body).map_err(not_json),
+    }
+}
+
+/// The body of a 2xx response (`None` when empty), or the tool error for any other status.
+fn answer(resp: &Response) -> Result<Option<&[u8]>, ToolText> {
     if !(200..300).contains(&resp.status) {
         return Err(broker_error(resp));
     }
-    if resp.body.is_empty() {
-        return Ok(Value::Null);
-    }
-    serde_json::from_slice(&resp.body)
-        .map_err(|e| ToolText::error(format!("broker sent a response that is not JSON: {e}")))
+    Ok((!resp.body.is_empty()).then_some(&resp.body[..]))
+}
+
+fn not_json(e: serde_json::Error) -> ToolText {
+    ToolText::error(format!("broker sent a response that is not JSON: {e}"))
 }
 
 /// `broker error <status>: <body, or the status text when the body is empty>`.
