@@ -41,6 +41,9 @@
 //! 4. **Web Push** (see [`super::webpush`]): the tables `push_vapid` (the team's VAPID key)
 //!    and `push_subscriptions` (the browsers' subscriptions); both are in `SCHEMA`, whose
 //!    `CREATE TABLE IF NOT EXISTS` adds them to an older file.
+//! 5. **Members version**: the one-row table `members_version`, raised by triggers on every
+//!    insert, update and delete of `members`, so the roster keeps the member list while it
+//!    stays the same ([`super::team::MembersCache`]); in `SCHEMA` too, with its triggers.
 //!
 //! Reads do not wait for writes: besides the one write connection (behind the
 //! mutex every mutation takes) the store keeps a few read-only connections
@@ -755,6 +758,17 @@ CREATE TABLE IF NOT EXISTS members (
     created_at INTEGER NOT NULL,
     since_seq INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS members_version (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO members_version (id, version) VALUES (1, 0);
+CREATE TRIGGER IF NOT EXISTS members_version_insert AFTER INSERT ON members
+BEGIN UPDATE members_version SET version = version + 1; END;
+CREATE TRIGGER IF NOT EXISTS members_version_update AFTER UPDATE ON members
+BEGIN UPDATE members_version SET version = version + 1; END;
+CREATE TRIGGER IF NOT EXISTS members_version_delete AFTER DELETE ON members
+BEGIN UPDATE members_version SET version = version + 1; END;
 CREATE TABLE IF NOT EXISTS tokens (
     id TEXT PRIMARY KEY,
     member_name TEXT NOT NULL,

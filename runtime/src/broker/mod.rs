@@ -258,6 +258,8 @@ pub struct AppState {
     pub cursors: cursors::Cursors,
     /// Web Push: the team's VAPID key and the notification dispatcher ([`webpush`]).
     pub push: webpush::Dispatcher,
+    /// The member list of the last roster read, kept while no member changes.
+    pub members: team::MembersCache,
 }
 
 impl Drop for AppState {
@@ -541,6 +543,7 @@ pub async fn start(
         activity_follower,
         replica,
         cursors: Default::default(),
+        members: Default::default(),
     });
     if let Some(pg) = &state.config.postgres {
         // Serve once the doorbell listens, so that every browser notice rung from then on is

@@ -18,6 +18,8 @@
 //! ([`super::bootstrap::remove_member`]). Members that existed before incarnations have
 //! `since_seq` 0 (the schema change is in [`super::db`]).
 
+use std::sync::{Arc, Mutex, PoisonError};
+
 use ac7_protocol::domain::permission::PermissionSet;
 use serde::Serialize;
 
@@ -168,6 +170,40 @@ pub fn members_list(c: &Conn<'_>) -> Result<Vec<MemberRecord>, StoreError> {
         crate::params![],
         member_from_row,
     )
+}
+
+/// The member list as last read, with the `members_version` it was read at, so that a roster
+/// read while no member changes costs one row. A trigger raises the version in the same
+/// transaction as every insert, update and delete of `members` (by this process, another
+/// replica, or a migration), so a cached list is used only at the version it was read at.
+#[derive(Debug, Default)]
+pub struct MembersCache(Mutex<Option<(i64, Arc<[MemberRecord]>)>>);
+
+impl MembersCache {
+    /// Every member, in creation order ([`members_list`]), as of `c`'s view or later.
+    pub fn members(&self, c: &Conn<'_>) -> Result<Arc<[MemberRecord]>, StoreError> {
+        // The version first: a list read after it is at that version or newer, so one stored
+        // under it is never older than the version says.
+        let version: Option<i64> = c.query_row(
+            "SELECT version FROM members_version WHERE id = 1",
+            crate::params![],
+            |r| r.get(0),
+        )?;
+        if let (Some(v), Some((at, members))) = (version, &*self.lock())
+            && *at == v
+        {
+            return Ok(members.clone());
+        }
+        let members: Arc<[MemberRecord]> = members_list(c)?.into();
+        if let Some(v) = version {
+            *self.lock() = Some((v, members.clone()));
+        }
+        Ok(members)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(i64, Arc<[MemberRecord]>)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// One member by name.
@@ -483,13 +519,13 @@ pub fn briefing_facts(store: &super::db::Store, name: &str) -> Result<BriefingFa
 pub fn roster(
     state: &super::AppState,
     now: i64,
-) -> Result<(Vec<MemberRecord>, Vec<super::hub::Presence>), StoreError> {
+) -> Result<(Arc<[MemberRecord]>, Vec<super::hub::Presence>), StoreError> {
     let (members, shared) = state.store.view_small(|c| -> Result<_, StoreError> {
         let shared = match &state.replica {
             Some(me) => Some(super::replica::presence(c, me, now)?),
             None => None,
         };
-        Ok((members_list(c)?, shared))
+        Ok((state.members.members(c)?, shared))
     })?;
     let mut connected = state
         .hub

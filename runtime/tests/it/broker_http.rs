@@ -285,6 +285,12 @@ async fn history_visibility_and_params() {
 }
 
 #[tokio::test]
+async fn the_roster_shows_each_member_change_at_once() {
+    let b = start_broker().await;
+    broker_support::rosters_follow_member_changes(&b, &[&b]).await;
+}
+
+#[tokio::test]
 async fn team_members_and_tokens() {
     let b = start_broker().await;
     let r = b.get("/team", "builder").await;

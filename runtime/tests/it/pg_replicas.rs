@@ -134,6 +134,18 @@ async fn pushes_on_any_replica_reach_every_replica_in_log_order_once() {
     }
 }
 
+/// Each replica keeps its member list while the members stay the same: a change on one replica
+/// shows on every replica's roster at once.
+#[tokio::test]
+async fn a_member_change_on_one_replica_shows_on_every_roster_at_once() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let rs = replicas(&db, 2).await;
+    broker_support::rosters_follow_member_changes(&rs[0], &[&rs[0], &rs[1]]).await;
+    broker_support::rosters_follow_member_changes(&rs[1], &[&rs[0], &rs[1]]).await;
+}
+
 #[tokio::test]
 async fn a_stream_that_moves_replica_resumes_without_gap_or_duplicate() {
     let Some(db) = TestDb::create().await else {

@@ -193,7 +193,8 @@ async fn two_replicas_migrating_at_once_apply_each_migration_once() {
             (2, "activity blocks".to_owned()),
             (3, "compact messages".to_owned()),
             (4, "web push".to_owned()),
-            (5, "browser streams".to_owned())
+            (5, "browser streams".to_owned()),
+            (6, "members version".to_owned())
         ]
     );
     // A later start finds nothing to do.

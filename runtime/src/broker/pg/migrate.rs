@@ -52,6 +52,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "browser streams",
         sql: schema::V5,
     },
+    Migration {
+        version: 6,
+        name: "members version",
+        sql: schema::V6,
+    },
 ];
 
 /// The schema version this binary brings a database to.

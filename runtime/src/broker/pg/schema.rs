@@ -52,6 +52,10 @@
 //! Version 5 counts browser streams in `presence.browsers` (of `connected`, those signed in
 //! with a browser session), so Web Push skips a member whose web app is open on any replica.
 //!
+//! Version 6 adds `members_version`, one row raised by a statement trigger on every insert,
+//! update and delete of `members`, so each replica keeps its member list while the version
+//! stays the same ([`crate::broker::team::MembersCache`]).
+//!
 //! One team per database: `team` has a single row (`id = 1`), as in SQLite.
 //!
 //! Text columns use the `"C"` collation, so text sorts and compares byte by byte as SQLite's
@@ -371,4 +375,21 @@ CREATE INDEX push_subscriptions_member ON push_subscriptions(member_name);
 /// Schema version 5: browser streams in `presence`.
 pub const V5: &str = r#"
 ALTER TABLE presence ADD COLUMN browsers INTEGER NOT NULL DEFAULT 0 CHECK (browsers >= 0);
+"#;
+
+/// Schema version 6: the members version.
+pub const V6: &str = r#"
+CREATE TABLE members_version (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    version BIGINT NOT NULL
+);
+INSERT INTO members_version (id, version) VALUES (1, 0);
+CREATE FUNCTION members_version_raise() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE members_version SET version = version + 1;
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER members_version_raise AFTER INSERT OR UPDATE OR DELETE ON members
+    FOR EACH STATEMENT EXECUTE FUNCTION members_version_raise();
 "#;

@@ -655,3 +655,103 @@ pub fn self_signed() -> Pki {
         files: ac7_runtime::broker::server::TlsFiles { cert, key },
     }
 }
+
+/// Each teammate on `b`'s roster as `name [title] permissions…`, as `who` reads it.
+pub async fn roster_lines(b: &TestBroker, who: &str) -> Vec<String> {
+    let r = b.get("/roster", who).await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    r.json["teammates"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", r.text))
+        .iter()
+        .map(|t| {
+            let perms: Vec<&str> = t["permissions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap())
+                .collect();
+            format!(
+                "{} [{}] {}",
+                t["name"].as_str().unwrap(),
+                t["role"]["title"].as_str().unwrap(),
+                perms.join(",")
+            )
+            .trim_end()
+            .to_owned()
+        })
+        .collect()
+}
+
+/// Adds, changes and removes a member through `change`, reading every roster of `readers`
+/// after each step (and once before, so that whatever a roster keeps is warm): each shows the
+/// step at once.
+pub async fn rosters_follow_member_changes(change: &TestBroker, readers: &[&TestBroker]) {
+    let team = [
+        "director [director] team.manage,members.manage,objectives.create,objectives.cancel,\
+         objectives.reassign,objectives.watch,activity.read",
+        "builder [engineer]",
+        "reviewer [reviewer]",
+    ];
+    let expect = |extra: Option<&str>| -> Vec<String> {
+        team.iter()
+            .copied()
+            .chain(extra)
+            .map(str::to_owned)
+            .collect()
+    };
+    for b in readers {
+        assert_eq!(roster_lines(b, "builder").await, expect(None));
+    }
+    let r = change
+        .post(
+            "/members",
+            "director",
+            json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for b in readers {
+        assert_eq!(
+            roster_lines(b, "builder").await,
+            expect(Some("scout [scout]"))
+        );
+    }
+    let r = change
+        .call(
+            "PATCH",
+            "/members/scout",
+            "director",
+            Some(json!({"role": {"title": "pathfinder"}})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for b in readers {
+        assert_eq!(
+            roster_lines(b, "builder").await,
+            expect(Some("scout [pathfinder]"))
+        );
+    }
+    let r = change
+        .call(
+            "PATCH",
+            "/members/scout",
+            "director",
+            Some(json!({"permissions": ["objectives.create"]})),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text);
+    for b in readers {
+        assert_eq!(
+            roster_lines(b, "builder").await,
+            expect(Some("scout [pathfinder] objectives.create"))
+        );
+    }
+    let r = change
+        .call("DELETE", "/members/scout", "director", None)
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text);
+    for b in readers {
+        assert_eq!(roster_lines(b, "builder").await, expect(None));
+    }
+}
