@@ -58,6 +58,10 @@ const ENV_BROKER_PID: &str = "AC7_BENCH_E2E_BROKER_PID";
 /// the broker.
 const ENV_PROFILE: &str = "AC7_BENCH_E2E_PROFILE";
 
+/// How many members the team has besides the director (default 1: the agent alone); the
+/// roster's answer grows with it.
+const ENV_MEMBERS: &str = "AC7_BENCH_E2E_MEMBERS";
+
 /// Interleaved blocks: each runs every phase once, so slow moments of a shared machine spread
 /// over ours and the floors alike.
 const BLOCKS: usize = 4;
@@ -71,7 +75,11 @@ const IN_FLIGHT_CALLS: usize = 20_000;
 /// returns the agent's report.
 pub(crate) fn run() -> anyhow::Result<Value> {
     let ac7 = sibling_binary("ac7")?;
-    let broker = BrokerChild::spawn(1)?;
+    let members = match std::env::var(ENV_MEMBERS) {
+        Ok(n) => n.parse().with_context(|| format!("{ENV_MEMBERS}={n}"))?,
+        Err(_) => 1,
+    };
+    let broker = BrokerChild::spawn(members)?;
     let floor = FloorServer::spawn()?;
     let dir = super::bridge::TempDir::new()?;
     let broker_addr = broker
