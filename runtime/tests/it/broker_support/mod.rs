@@ -693,65 +693,50 @@ pub async fn rosters_follow_member_changes(change: &TestBroker, readers: &[&Test
         "builder [engineer]",
         "reviewer [reviewer]",
     ];
-    let expect = |extra: Option<&str>| -> Vec<String> {
-        team.iter()
+    let steps = [
+        (None, None),
+        (
+            Some((
+                "POST",
+                "/members",
+                Some(json!({"name": "scout", "role": {"title": "scout"}, "permissions": []})),
+                200,
+            )),
+            Some("scout [scout]"),
+        ),
+        (
+            Some((
+                "PATCH",
+                "/members/scout",
+                Some(json!({"role": {"title": "pathfinder"}})),
+                200,
+            )),
+            Some("scout [pathfinder]"),
+        ),
+        (
+            Some((
+                "PATCH",
+                "/members/scout",
+                Some(json!({"permissions": ["objectives.create"]})),
+                200,
+            )),
+            Some("scout [pathfinder] objectives.create"),
+        ),
+        (Some(("DELETE", "/members/scout", None, 204)), None),
+    ];
+    for (step, extra) in steps {
+        if let Some((method, path, body, status)) = &step {
+            let r = change.call(method, path, "director", body.clone()).await;
+            assert_eq!(r.status, *status, "{method} {path}: {}", r.text);
+        }
+        let expect: Vec<String> = team
+            .iter()
             .copied()
             .chain(extra)
             .map(str::to_owned)
-            .collect()
-    };
-    for b in readers {
-        assert_eq!(roster_lines(b, "builder").await, expect(None));
-    }
-    let r = change
-        .post(
-            "/members",
-            "director",
-            json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    for b in readers {
-        assert_eq!(
-            roster_lines(b, "builder").await,
-            expect(Some("scout [scout]"))
-        );
-    }
-    let r = change
-        .call(
-            "PATCH",
-            "/members/scout",
-            "director",
-            Some(json!({"role": {"title": "pathfinder"}})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    for b in readers {
-        assert_eq!(
-            roster_lines(b, "builder").await,
-            expect(Some("scout [pathfinder]"))
-        );
-    }
-    let r = change
-        .call(
-            "PATCH",
-            "/members/scout",
-            "director",
-            Some(json!({"permissions": ["objectives.create"]})),
-        )
-        .await;
-    assert_eq!(r.status, 200, "{}", r.text);
-    for b in readers {
-        assert_eq!(
-            roster_lines(b, "builder").await,
-            expect(Some("scout [pathfinder] objectives.create"))
-        );
-    }
-    let r = change
-        .call("DELETE", "/members/scout", "director", None)
-        .await;
-    assert_eq!(r.status, 204, "{}", r.text);
-    for b in readers {
-        assert_eq!(roster_lines(b, "builder").await, expect(None));
+            .collect();
+        for b in readers {
+            assert_eq!(roster_lines(b, "builder").await, expect, "after {step:?}");
+        }
     }
 }
