@@ -1,5 +1,6 @@
 //! The text of tool results, as the TypeScript runner formats them. Broker responses are read
-//! leniently as JSON values: a missing field prints as empty rather than failing the tool.
+//! leniently, as JSON values or (the roster) straight from the bytes into a lenient view: a
+//! missing field prints as empty rather than failing the tool.
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
