@@ -696,38 +696,37 @@ pub async fn rosters_follow_member_changes(change: &TestBroker, readers: &[&Test
     let steps = [
         (None, None),
         (
-            Some((
-                "POST",
-                "/members",
-                Some(json!({"name": "scout", "role": {"title": "scout"}, "permissions": []})),
-                200,
-            )),
+            Some(
+                req("POST", "/members", "director")
+                    .body(json!({"name": "scout", "role": {"title": "scout"}, "permissions": []}))
+                    .answers(200),
+            ),
             Some("scout [scout]"),
         ),
         (
-            Some((
-                "PATCH",
-                "/members/scout",
-                Some(json!({"role": {"title": "pathfinder"}})),
-                200,
-            )),
+            Some(
+                req("PATCH", "/members/scout", "director")
+                    .body(json!({"role": {"title": "pathfinder"}}))
+                    .answers(200),
+            ),
             Some("scout [pathfinder]"),
         ),
         (
-            Some((
-                "PATCH",
-                "/members/scout",
-                Some(json!({"permissions": ["objectives.create"]})),
-                200,
-            )),
+            Some(
+                req("PATCH", "/members/scout", "director")
+                    .body(json!({"permissions": ["objectives.create"]}))
+                    .answers(200),
+            ),
             Some("scout [pathfinder] objectives.create"),
         ),
-        (Some(("DELETE", "/members/scout", None, 204)), None),
+        (
+            Some(req("DELETE", "/members/scout", "director").answers(204)),
+            None,
+        ),
     ];
-    for (step, extra) in steps {
-        if let Some((method, path, body, status)) = &step {
-            let r = change.call(method, path, "director", body.clone()).await;
-            assert_eq!(r.status, *status, "{method} {path}: {}", r.text);
+    for (row, (step, extra)) in steps.into_iter().enumerate() {
+        if let Some(case) = step {
+            change.check(vec![case]).await;
         }
         let expect: Vec<String> = team
             .iter()
@@ -736,7 +735,7 @@ pub async fn rosters_follow_member_changes(change: &TestBroker, readers: &[&Test
             .map(str::to_owned)
             .collect();
         for b in readers {
-            assert_eq!(roster_lines(b, "builder").await, expect, "after {step:?}");
+            assert_eq!(roster_lines(b, "builder").await, expect, "after step {row}");
         }
     }
 }
