@@ -34,6 +34,14 @@ use crate::codec::line::{DEFAULT_MAX_LINE_BYTES, Line, LineDecoder};
 /// `MAX_FRAME_BYTES`: the largest frame, trailing newline included (1 MiB).
 pub const MAX_FRAME_BYTES: usize = DEFAULT_MAX_LINE_BYTES;
 
+/// The line a bridge sends first and alone, with its stdin and its stdout attached as
+/// descriptors (`SCM_RIGHTS`, in that order), when it hands the agent's stdio over to the
+/// runner: from then on the runner reads the agent's requests and writes its answers and
+/// notifications itself, and the socket only carries the end of the session (a `shutdown` frame
+/// either way). Not a [`Frame`]: a runner that does not take the descriptors reads it as a line
+/// of an unknown kind, which it drops.
+pub const STDIO_HANDOFF: &[u8] = b"{\"kind\":\"stdio_handoff\"}\n";
+
 /// One IPC frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {

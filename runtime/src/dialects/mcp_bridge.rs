@@ -14,6 +14,7 @@
 
 use std::ffi::OsString;
 use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,10 +30,21 @@ pub use crate::dialects::relay::CONNECT_TIMEOUT;
 /// The environment variable the runner sets in the bridge's MCP server entry.
 pub const RUNNER_SOCKET_ENV: &str = "AC7_RUNNER_SOCKET";
 
+/// Set to `1` by a runner that takes the agent's stdio over from its bridge: the bridge then
+/// sends its stdin and stdout to the runner (when both are pipes or sockets) and stays only as
+/// the process the agent started, so a request crosses one process fewer.
+pub const STDIO_HANDOFF_ENV: &str = "AC7_RUNNER_STDIO_HANDOFF";
+
+/// How long a bridge that handed its stdio over waits, after SIGTERM/SIGINT, for the runner to
+/// finish the session before it exits anyway.
+const HANDOFF_STOP_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Environment and exit codes, shown by `ac7 mcp-bridge --help`.
 pub const HELP_FOOTER: &str = "\
 Environment:
   AC7_RUNNER_SOCKET  the runner's Unix socket (required; the runner sets it)
+  AC7_RUNNER_STDIO_HANDOFF  1: hand stdin and stdout (pipes or sockets) to the runner, which
+                     serves the agent itself while this process waits (the runner sets it)
   AC7_LOG            log filter for the JSON lines on stderr: error, warn (default), info, debug, trace
   AC7_CALL_TOOL_SOCKET  --dialect call-tool: the parent's socket when --socket is not given
 
@@ -150,7 +162,8 @@ pub fn run(args: McpBridgeArgs) -> i32 {
         eprintln!("ac7 mcp-bridge: --call-timeout is only used with --dialect call-tool");
         return 1;
     }
-    match run_bridge(std::env::var_os(RUNNER_SOCKET_ENV)) {
+    let handoff = std::env::var_os(STDIO_HANDOFF_ENV).is_some_and(|v| v == "1");
+    match run_bridge(std::env::var_os(RUNNER_SOCKET_ENV), handoff) {
         Ok(reason) => {
             tracing::info!(reason = reason.label(), "bridge exiting");
             0
@@ -162,7 +175,7 @@ pub fn run(args: McpBridgeArgs) -> i32 {
     }
 }
 
-fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
+fn run_bridge(socket: Option<OsString>, handoff: bool) -> Result<ExitReason, BridgeError> {
     let path = socket
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
@@ -176,6 +189,9 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
         let stream = connect(&path).await?;
         crate::logging::init(crate::logging::DEFAULT_LEVEL);
         tracing::debug!(path = %path.display(), "connected to runner");
+        if handoff && stdio_can_be_handed_over() {
+            return hand_over(stream).await.map_err(BridgeError::Start);
+        }
         let mut stdin = AgentStdin::open().map_err(BridgeError::Start)?;
         let config = BridgeConfig {
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -187,6 +203,85 @@ fn run_bridge(socket: Option<OsString>) -> Result<ExitReason, BridgeError> {
         stdin.restore();
         Ok(reason)
     })
+}
+
+/// Whether stdin and stdout are each a pipe or a socket: what the runner can watch.
+fn stdio_can_be_handed_over() -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    let watchable = |fd: std::os::fd::BorrowedFd<'_>| {
+        fd.try_clone_to_owned()
+            .and_then(|fd| std::fs::File::from(fd).metadata())
+            .is_ok_and(|meta| meta.file_type().is_fifo() || meta.file_type().is_socket())
+    };
+    watchable(io::stdin().as_fd()) && watchable(io::stdout().as_fd())
+}
+
+/// Sends stdin and stdout to the runner, then waits for the runner to end the session
+/// (`shutdown` with its reason, then EOF). SIGTERM/SIGINT are passed on as `shutdown`, and the
+/// runner gets [`HANDOFF_STOP_TIMEOUT`] to answer what is pending before this process exits.
+async fn hand_over(stream: PeerStream) -> io::Result<ExitReason> {
+    use ac7_protocol::codec::frame::{
+        Decoded, Frame, FrameDecoder, MAX_FRAME_BYTES, STDIO_HANDOFF, Shutdown, encode_frame_vec,
+    };
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let mut sigterm = signal(SignalKind::terminate()).ok();
+    let mut sigint = signal(SignalKind::interrupt()).ok();
+    stream
+        .send_with_fds(STDIO_HANDOFF, &[io::stdin().as_fd(), io::stdout().as_fd()])
+        .await?;
+    tracing::debug!("stdin and stdout handed to the runner");
+    let mut frames = FrameDecoder::new(MAX_FRAME_BYTES);
+    let mut buf = vec![0u8; 4096];
+    let mut reason = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
+    loop {
+        let signalled = tokio::select! {
+            read = stream.read(&mut buf) => match read {
+                Ok(n) if n > 0 => {
+                    frames.push(&buf[..n]);
+                    while let Some(decoded) = frames.decode() {
+                        match decoded {
+                            Decoded::Frame(Frame::Shutdown(shutdown)) => reason = Some(shutdown.reason),
+                            other => tracing::warn!(?other, "unexpected line from the runner after the handoff; ignored"),
+                        }
+                    }
+                    false
+                }
+                ended => {
+                    if let Err(err) = ended {
+                        tracing::warn!(error = %err, "the runner's socket failed");
+                    }
+                    return Ok(match reason {
+                        Some(reason) => ExitReason::RunnerShutdown { reason },
+                        None => {
+                            tracing::warn!("the runner went away while serving the agent's stdio");
+                            ExitReason::RunnerClosed
+                        }
+                    });
+                }
+            },
+            Some(()) = crate::dialects::stdio::recv_signal(&mut sigterm) => true,
+            Some(()) = crate::dialects::stdio::recv_signal(&mut sigint) => true,
+            () = crate::sys::clock::sleep_until(deadline) => {
+                tracing::warn!("the runner did not end the session in time after a signal");
+                return Ok(ExitReason::Terminated);
+            }
+        };
+        if signalled && deadline.is_none() {
+            tracing::info!("signalled: asking the runner to end the session");
+            deadline = Some(tokio::time::Instant::now() + HANDOFF_STOP_TIMEOUT);
+            let frame = Frame::Shutdown(Shutdown {
+                reason: Some(ExitReason::Terminated.label().to_owned()),
+            });
+            if let Ok(bytes) = encode_frame_vec(&frame, MAX_FRAME_BYTES)
+                && let Err(err) = stream.write_all(&bytes).await
+            {
+                tracing::warn!(error = %err, "cannot reach the runner");
+                return Ok(ExitReason::Terminated);
+            }
+        }
+    }
 }
 
 async fn connect(path: &Path) -> Result<PeerStream, BridgeError> {
@@ -258,7 +353,7 @@ impl RelaySession for BridgeSession {
     }
 }
 
-fn log_event(event: &BridgeEvent) {
+pub(crate) fn log_event(event: &BridgeEvent) {
     match event {
         BridgeEvent::AgentLineInvalid { len, code, detail } => {
             tracing::warn!(

@@ -49,7 +49,7 @@ use tokio::time::Instant;
 
 use super::turns::{Closing, End, TurnLoop, finish, read_some, turn_failed};
 use super::{RunnerOpts, StartError, doctor, start_core, start_failed};
-use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::{RUNNER_SOCKET_ENV, STDIO_HANDOFF_ENV};
 use crate::sys::clock::sleep_until;
 
 /// How the agent's permission requests are answered.
@@ -210,10 +210,13 @@ async fn run(args: AcpArgs, program: PathBuf) -> i32 {
                 name: mcp::SERVER_NAME.into(),
                 command: exe.to_string_lossy().into_owned(),
                 args: vec!["mcp-bridge".into()],
-                env: vec![(
-                    RUNNER_SOCKET_ENV.into(),
-                    socket.to_string_lossy().into_owned(),
-                )],
+                env: vec![
+                    (
+                        RUNNER_SOCKET_ENV.into(),
+                        socket.to_string_lossy().into_owned(),
+                    ),
+                    (STDIO_HANDOFF_ENV.into(), "1".into()),
+                ],
             }],
             briefing: b.instructions.clone(),
             permission: match args.permission {

@@ -49,7 +49,7 @@ use tokio::time::Instant;
 
 use super::turns::{Closing, End, TurnLoop, finish, read_some, turn_failed};
 use super::{RunnerOpts, StartError, doctor, locate_binary, start_core, start_failed};
-use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::{RUNNER_SOCKET_ENV, STDIO_HANDOFF_ENV};
 use crate::sys::clock::sleep_until;
 
 /// `ac7 codex`.
@@ -150,7 +150,8 @@ pub fn config_toml(exe: &Path, socket: &Path) -> String {
          enabled = true\n\
          default_tools_approval_mode = \"approve\"\n\n\
          [mcp_servers.ac7.env]\n\
-         {RUNNER_SOCKET_ENV} = {}\n",
+         {RUNNER_SOCKET_ENV} = {}\n\
+         {STDIO_HANDOFF_ENV} = \"1\"\n",
         toml_string(&exe.to_string_lossy()),
         toml_string(&socket.to_string_lossy())
     )

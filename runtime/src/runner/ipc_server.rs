@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use ac7_protocol::codec::json::RawJson;
 use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, Outcome, RpcError};
+use ac7_protocol::session::mcp_bridge::BridgeConfig;
 use ac7_protocol::session::runner::{
     IncomingRequest, IpcConnId, Origin, RunnerConfig, RunnerEvent, RunnerOutput, RunnerSession,
 };
@@ -55,6 +56,7 @@ use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::runner::peer::AgentPid;
+use crate::runner::stdio_handoff;
 pub use crate::sys::unix_socket::{BindError, MAX_SOCKET_PATH_BYTES};
 use crate::sys::unix_socket::{PeerStream, SocketFile};
 
@@ -104,6 +106,12 @@ pub struct IpcServerOptions {
     /// every connection before its pid is set) are outsiders. `None`: every connection is the
     /// agent's.
     pub agent: Option<AgentPid>,
+    /// Take the agent's stdio from bridges that hand it over (see
+    /// [`stdio_handoff`](crate::runner::stdio_handoff)), and serve it with a bridge session of
+    /// this configuration. Then nothing is written to a connection before its first bytes
+    /// arrived (a bridge speaks first: the handoff, or `ack{seq:0}`). `None`: every connection
+    /// is a plain frame link, written from the start.
+    pub stdio_handoff: Option<BridgeConfig>,
 }
 
 impl Default for IpcServerOptions {
@@ -114,6 +122,7 @@ impl Default for IpcServerOptions {
             events: None,
             max_backlog_bytes: DEFAULT_MAX_BACKLOG_BYTES,
             agent: None,
+            stdio_handoff: None,
         }
     }
 }
@@ -307,6 +316,7 @@ impl IpcServer {
             events: self.options.events,
             max_backlog_bytes: self.options.max_backlog_bytes,
             agent: self.options.agent,
+            stdio_handoff: self.options.stdio_handoff.map(Arc::new),
             _socket: self.socket,
         };
         let task = tokio::spawn(driver.run());
@@ -371,15 +381,31 @@ impl Drop for ServerTask {
 enum ConnInput {
     Bytes(IpcConnId, Vec<u8>),
     Closed(IpcConnId),
+    /// The connection's bridge handed the agent's stdio over: what the session sends to the
+    /// connection goes to the served stdio through this sender.
+    Stdio(IpcConnId, mpsc::UnboundedSender<Vec<u8>>),
 }
 
 struct Conn {
-    stream: Arc<PeerStream>,
-    writer: mpsc::UnboundedSender<Vec<u8>>,
-    /// Bytes queued for the writer and not yet written.
-    backlog: Arc<AtomicUsize>,
+    link: Link,
+    /// The read loop (which serves the agent's stdio after a handoff).
     reader: AbortHandle,
-    write_task: AbortHandle,
+    /// Frames for the connection kept until its first bytes arrived (with a stdio handoff on).
+    held: Option<Vec<u8>>,
+}
+
+/// Where the frames for a connection go.
+enum Link {
+    /// The connection's socket.
+    Socket {
+        stream: Arc<PeerStream>,
+        writer: mpsc::UnboundedSender<Vec<u8>>,
+        /// Bytes queued for the writer and not yet written.
+        backlog: Arc<AtomicUsize>,
+        write_task: AbortHandle,
+    },
+    /// The agent's stdio served in this process.
+    Stdio(mpsc::UnboundedSender<Vec<u8>>),
 }
 
 /// The task that owns the session.
@@ -398,6 +424,7 @@ struct Driver<H> {
     events: Option<mpsc::UnboundedSender<RunnerEvent>>,
     max_backlog_bytes: usize,
     agent: Option<AgentPid>,
+    stdio_handoff: Option<Arc<BridgeConfig>>,
     /// Unlinked when the driver ends, however it ends.
     _socket: SocketFile,
 }
@@ -414,16 +441,7 @@ impl<H: Handler> Driver<H> {
                         tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 },
-                Some(input) = self.inbox_rx.recv() => {
-                    let now = Instant::now();
-                    match input {
-                        ConnInput::Bytes(conn, bytes) => self.session.handle_bytes(conn, &bytes, now),
-                        ConnInput::Closed(conn) => {
-                            self.session.handle_closed(conn, now);
-                            self.conns.remove(&conn);
-                        }
-                    }
-                }
+                Some(input) = self.inbox_rx.recv() => self.input(input),
                 control = self.control.recv() => match control {
                     Some(Control::Notify { method, params }) => {
                         self.session.notify(&method, params, Instant::now());
@@ -446,15 +464,59 @@ impl<H: Handler> Driver<H> {
         self.finish().await;
     }
 
-    /// After shutdown: stop accepting and abandon running requests, then give the writers a
-    /// bounded time to deliver the last frames.
+    fn input(&mut self, input: ConnInput) {
+        let now = Instant::now();
+        match input {
+            ConnInput::Bytes(conn, bytes) => {
+                self.release(conn);
+                self.session.handle_bytes(conn, &bytes, now);
+            }
+            ConnInput::Closed(conn) => {
+                self.session.handle_closed(conn, now);
+                self.conns.remove(&conn);
+            }
+            ConnInput::Stdio(conn, frames) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if let Link::Socket { write_task, .. } = &c.link {
+                        // Nothing was written to the socket yet: frames were held.
+                        write_task.abort();
+                    }
+                    c.link = Link::Stdio(frames);
+                }
+                self.release(conn);
+            }
+        }
+    }
+
+    /// The connection's first bytes arrived: what was held for it goes out.
+    fn release(&mut self, conn: IpcConnId) {
+        if let Some(held) = self.conns.get_mut(&conn).and_then(|c| c.held.take())
+            && !held.is_empty()
+        {
+            self.transmit(vec![(conn, held)]);
+        }
+    }
+
+    /// After shutdown: stop accepting and abandon running requests, then give the writers (and
+    /// the served stdio, which gets `shutdown` like a bridge) a bounded time to deliver the last
+    /// frames.
     async fn finish(mut self) {
         self.listener = None;
         self.requests.abort_all();
         for (_, conn) in std::mem::take(&mut self.conns) {
-            conn.reader.abort();
+            if matches!(conn.link, Link::Socket { .. }) {
+                conn.reader.abort();
+            }
         }
-        let drained = async { while self.io_tasks.join_next().await.is_some() {} };
+        let drained = async {
+            loop {
+                tokio::select! {
+                    done = self.io_tasks.join_next() => if done.is_none() { return },
+                    // The served stdio reports its end; nobody listens any more.
+                    _ = self.inbox_rx.recv() => {}
+                }
+            }
+        };
         if tokio::time::timeout(SHUTDOWN_FLUSH_TIMEOUT, drained)
             .await
             .is_err()
@@ -496,17 +558,28 @@ impl<H: Handler> Driver<H> {
         let write_task =
             self.io_tasks
                 .spawn(write_loop(Arc::clone(&stream), queue, Arc::clone(&backlog)));
-        let reader =
-            self.io_tasks
-                .spawn(read_loop(conn, Arc::clone(&stream), self.inbox_tx.clone()));
+        let handoff = self.stdio_handoff.clone().map(|config| Accept {
+            config,
+            max_backlog_bytes: self.max_backlog_bytes,
+        });
+        let held = handoff.is_some().then(Vec::new);
+        let reader = self.io_tasks.spawn(read_loop(
+            conn,
+            Arc::clone(&stream),
+            self.inbox_tx.clone(),
+            handoff,
+        ));
         self.conns.insert(
             conn,
             Conn {
-                stream,
-                writer,
-                backlog,
+                link: Link::Socket {
+                    stream,
+                    writer,
+                    backlog,
+                    write_task,
+                },
                 reader,
-                write_task,
+                held,
             },
         );
     }
@@ -572,20 +645,37 @@ impl<H: Handler> Driver<H> {
     /// has stopped reading: its connection is closed.
     fn transmit(&mut self, outgoing: Vec<(IpcConnId, Vec<u8>)>) {
         for (conn, mut bytes) in outgoing {
-            let Some(c) = self.conns.get(&conn) else {
+            let Some(c) = self.conns.get_mut(&conn) else {
                 continue;
             };
-            if c.backlog.load(Ordering::Acquire) == 0 {
-                match c.stream.try_write(&bytes) {
+            if let Some(held) = &mut c.held {
+                crate::sys::append(held, bytes);
+                continue;
+            }
+            let (stream, writer, backlog) = match &c.link {
+                // The served stdio bounds what waits for the agent itself.
+                Link::Stdio(frames) => {
+                    let _ = frames.send(bytes);
+                    continue;
+                }
+                Link::Socket {
+                    stream,
+                    writer,
+                    backlog,
+                    ..
+                } => (stream, writer, backlog),
+            };
+            if backlog.load(Ordering::Acquire) == 0 {
+                match stream.try_write(&bytes) {
                     Ok(n) if n == bytes.len() => continue,
                     Ok(n) => drop(bytes.drain(..n)),
                     // The writer meets a real failure again and ends the connection.
                     Err(_) => {}
                 }
             }
-            let queued = c.backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
+            let queued = backlog.fetch_add(bytes.len(), Ordering::Relaxed) + bytes.len();
             if queued <= self.max_backlog_bytes {
-                let _ = c.writer.send(bytes);
+                let _ = writer.send(bytes);
             } else if let Some(c) = self.conns.remove(&conn) {
                 tracing::warn!(
                     conn = conn.0,
@@ -594,7 +684,9 @@ impl<H: Handler> Driver<H> {
                     "the bridge stopped reading; closing its connection"
                 );
                 c.reader.abort();
-                c.write_task.abort();
+                if let Link::Socket { write_task, .. } = &c.link {
+                    write_task.abort();
+                }
                 self.session.handle_closed(conn, Instant::now());
             }
         }
@@ -611,7 +703,13 @@ impl<H: Handler> Driver<H> {
                 // What was said before the close goes first; the writer delivers what is
                 // queued, then shuts the socket down.
                 self.transmit(std::mem::take(outgoing));
-                if let Some(c) = self.conns.remove(&conn) {
+                // Closed before it spoke: what was held for it goes out first.
+                self.release(conn);
+                // A served stdio reads the end of its frames (the sender dropped here) and
+                // tears down by itself.
+                if let Some(c) = self.conns.remove(&conn)
+                    && matches!(c.link, Link::Socket { .. })
+                {
                     c.reader.abort();
                 }
             }
@@ -644,10 +742,84 @@ async fn accept(listener: Option<&tokio::net::UnixListener>) -> io::Result<UnixS
     }
 }
 
-async fn read_loop(conn: IpcConnId, read: Arc<PeerStream>, inbox: mpsc::Sender<ConnInput>) {
+/// How a connection's first read may take the agent's stdio over.
+struct Accept {
+    config: Arc<BridgeConfig>,
+    max_backlog_bytes: usize,
+}
+
+/// The served stdio's way into the session: the connection's inbox.
+struct Inbox {
+    conn: IpcConnId,
+    inbox: mpsc::Sender<ConnInput>,
+}
+
+impl stdio_handoff::ToRunner for Inbox {
+    async fn frames(&self, bytes: Vec<u8>) {
+        let _ = self.inbox.send(ConnInput::Bytes(self.conn, bytes)).await;
+    }
+    async fn closed(&self) {
+        let _ = self.inbox.send(ConnInput::Closed(self.conn)).await;
+    }
+}
+
+/// Reads a connection into the inbox. With `handoff`, the first read takes descriptors too: a
+/// stdio handoff turns this task into the server of the agent's stdio.
+async fn read_loop(
+    conn: IpcConnId,
+    read: Arc<PeerStream>,
+    inbox: mpsc::Sender<ConnInput>,
+    handoff: Option<Accept>,
+) {
     let mut buf = vec![0u8; READ_CHUNK];
+    let mut first = None;
+    if let Some(accept) = handoff {
+        match read.read_with_fds(&mut buf, 2).await {
+            Ok((n, fds)) if stdio_handoff::is_handoff(&buf[..n], &fds) => {
+                match stdio_handoff::Handoff::take(fds, Arc::clone(&read)) {
+                    Ok(io) => {
+                        let (frames_tx, frames) = mpsc::unbounded_channel();
+                        if inbox.send(ConnInput::Stdio(conn, frames_tx)).await.is_err() {
+                            return;
+                        }
+                        let config = BridgeConfig::clone(&accept.config);
+                        let runner = Inbox { conn, inbox };
+                        stdio_handoff::serve(
+                            conn,
+                            config,
+                            io,
+                            frames,
+                            runner,
+                            accept.max_backlog_bytes,
+                        )
+                        .await;
+                    }
+                    Err(err) => {
+                        tracing::warn!(conn = conn.0, error = %err, "cannot serve the agent's stdio a bridge handed over; closing its connection");
+                        let _ = inbox.send(ConnInput::Closed(conn)).await;
+                    }
+                }
+                return;
+            }
+            Ok((n, fds)) => {
+                if !fds.is_empty() {
+                    tracing::warn!(
+                        conn = conn.0,
+                        count = fds.len(),
+                        "descriptors sent without a stdio handoff; closed"
+                    );
+                }
+                first = Some(Ok(n));
+            }
+            Err(err) => first = Some(Err(err)),
+        }
+    }
     loop {
-        let input = match read.read(&mut buf).await {
+        let got = match first.take() {
+            Some(got) => got,
+            None => read.read(&mut buf).await,
+        };
+        let input = match got {
             Ok(0) => ConnInput::Closed(conn),
             Ok(n) => ConnInput::Bytes(conn, buf[..n].to_vec()),
             Err(err) => {

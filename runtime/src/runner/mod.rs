@@ -44,6 +44,7 @@ pub mod mcp_config;
 pub mod peer;
 pub mod resume;
 pub mod revocation;
+pub(crate) mod stdio_handoff;
 pub mod trace;
 pub mod tracker;
 pub(crate) mod turns;
@@ -57,6 +58,7 @@ use ac7_protocol::codec::jsonrpc::{INTERNAL_ERROR, METHOD_NOT_FOUND, Outcome, Rp
 use ac7_protocol::dialect::mcp;
 use ac7_protocol::domain::objective::Objective;
 use ac7_protocol::domain::toolbox::{self, Briefing, Context, Plan};
+use ac7_protocol::session::mcp_bridge::BridgeConfig;
 use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -65,7 +67,7 @@ pub use forwarder::StreamMode;
 
 use crate::client::tokens::resolve_token_any;
 use crate::client::{BriefingError, BrokerClient, DEFAULT_URL, TransportError, broker_url};
-use crate::dialects::mcp_bridge::RUNNER_SOCKET_ENV;
+use crate::dialects::mcp_bridge::{RUNNER_SOCKET_ENV, STDIO_HANDOFF_ENV};
 use crate::runner::ipc_server::{IpcServer, IpcServerOptions, RunnerHandle};
 
 /// Options every runner takes.
@@ -364,6 +366,10 @@ pub(crate) async fn start_core(
         },
         agent: Some(agent.clone()),
         events,
+        stdio_handoff: Some(BridgeConfig {
+            server_version: env!("CARGO_PKG_VERSION").to_owned(),
+            ..BridgeConfig::default()
+        }),
         ..IpcServerOptions::default()
     })
     .map_err(|e| StartError::System(format!("runner: failed to bind the IPC socket: {e}")))?;
@@ -543,7 +549,10 @@ async fn start(
     let entry = json!({
         "command": exe.to_string_lossy(),
         "args": ["mcp-bridge"],
-        "env": { RUNNER_SOCKET_ENV: socket.to_string_lossy() },
+        "env": {
+            RUNNER_SOCKET_ENV: socket.to_string_lossy(),
+            STDIO_HANDOFF_ENV: "1",
+        },
     });
     let config = match mcp_config::install(config_path, mcp::SERVER_NAME, entry) {
         Ok(guard) => guard,

@@ -16,6 +16,7 @@
 //! that does not lock).
 
 use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -316,9 +317,17 @@ fn publish(staged: &Path, path: &Path, owner: &'static str) -> Result<(), BindEr
 /// message on each side. This socket is registered for reading only; writes go straight to the
 /// non-blocking socket, and only a write that found the buffer full waits, on a duplicate of the
 /// descriptor registered for writability while it waits.
+pub(crate) type PeerStream = Watched<std::os::unix::net::UnixStream>;
+
+/// A pipe end or a socket another process handed over (an agent's stdin or stdout), watched the
+/// way [`PeerStream`] is: for reading only, writes straight to the non-blocking descriptor.
+pub(crate) type WatchedFd = Watched<std::fs::File>;
+
+/// A non-blocking descriptor registered with the event loop for reading only; see
+/// [`PeerStream`].
 #[derive(Debug)]
-pub(crate) struct PeerStream {
-    fd: tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>,
+pub(crate) struct Watched<T: AsRawFd> {
+    fd: tokio::io::unix::AsyncFd<T>,
 }
 
 impl PeerStream {
@@ -331,12 +340,107 @@ impl PeerStream {
         })
     }
 
+    /// Reads like [`read`](Self::read), and takes the descriptors that came with the bytes
+    /// (`SCM_RIGHTS`, at most `max_fds`; more are closed by the kernel). Cancel-safe.
+    pub(crate) async fn read_with_fds(
+        &self,
+        buf: &mut [u8],
+        max_fds: usize,
+    ) -> io::Result<(usize, Vec<OwnedFd>)> {
+        use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, recvmsg};
+        let mut space =
+            vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(max_fds))];
+        loop {
+            let mut ready = self.fd.readable().await?;
+            let mut control = RecvAncillaryBuffer::new(&mut space);
+            let received = ready.try_io(|socket| {
+                let mut iov = [io::IoSliceMut::new(buf)];
+                recvmsg(
+                    socket.get_ref(),
+                    &mut iov,
+                    &mut control,
+                    RecvFlags::CMSG_CLOEXEC,
+                )
+                .map_err(io::Error::from)
+            });
+            match received {
+                Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Err(err)) => return Err(err),
+                Ok(Ok(msg)) => {
+                    let mut fds = Vec::new();
+                    for message in control.drain() {
+                        if let RecvAncillaryMessage::ScmRights(received) = message {
+                            fds.extend(received);
+                        }
+                    }
+                    return Ok((msg.bytes, fds));
+                }
+                Err(_would_block) => {}
+            }
+        }
+    }
+
+    /// Sends all of `bytes` with `fds` attached to them (`SCM_RIGHTS`), waiting whenever the
+    /// socket is full. Not cancel-safe.
+    pub(crate) async fn send_with_fds(
+        &self,
+        bytes: &[u8],
+        fds: &[BorrowedFd<'_>],
+    ) -> io::Result<()> {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+        let mut space =
+            vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+        loop {
+            let mut control = SendAncillaryBuffer::new(&mut space);
+            if !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                return Err(io::Error::other("too many descriptors for one message"));
+            }
+            let iov = [io::IoSlice::new(bytes)];
+            match sendmsg(self.fd.get_ref(), &iov, &mut control, SendFlags::NOSIGNAL) {
+                // The descriptors went with the first byte; the rest is plain bytes.
+                Ok(n) => return self.write_all(&bytes[n..]).await,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(rustix::io::Errno::AGAIN) => self.writable().await?,
+                Err(err) => return Err(err.into()),
+            }
+        }
+    }
+
+    /// Ends the write direction: the peer reads EOF once it has taken what was sent.
+    pub(crate) fn shutdown_write(&self) -> io::Result<()> {
+        self.fd.get_ref().shutdown(std::net::Shutdown::Write)
+    }
+}
+
+impl WatchedFd {
+    /// Takes over a pipe end or a socket: puts its open file description in non-blocking mode
+    /// (shared with every other holder of the description: [`into_blocking`](Self::into_blocking)
+    /// puts it back).
+    pub(crate) fn new(fd: OwnedFd) -> io::Result<Self> {
+        rustix::io::ioctl_fionbio(&fd, true)?;
+        Ok(Self {
+            fd: watch(std::fs::File::from(fd), tokio::io::Interest::READABLE)?,
+        })
+    }
+
+    /// Deregisters the descriptor and puts its description back in blocking mode.
+    pub(crate) fn into_blocking(self) {
+        let file = self.fd.into_inner();
+        let _ = rustix::io::ioctl_fionbio(&file, false);
+    }
+}
+
+impl<T> Watched<T>
+where
+    T: AsRawFd + AsFd + From<OwnedFd>,
+    for<'a> &'a T: io::Read + io::Write,
+{
     /// Reads what has arrived into `buf`, waiting until something has; `Ok(0)` at EOF.
     /// Cancel-safe.
     pub(crate) async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let mut ready = self.fd.readable().await?;
-            match ready.try_io(|socket| io::Read::read(&mut socket.get_ref(), buf)) {
+            match ready.try_io(|inner| io::Read::read(&mut inner.get_ref(), buf)) {
                 Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
                 Ok(read) => return read,
                 Err(_would_block) => {}
@@ -344,22 +448,23 @@ impl PeerStream {
         }
     }
 
-    /// Writes what the socket takes now, without waiting (`WouldBlock` when it takes nothing).
+    /// Writes what the descriptor takes now, without waiting (`WouldBlock` when it takes
+    /// nothing).
     pub(crate) fn try_write(&self, bytes: &[u8]) -> io::Result<usize> {
         io::Write::write(&mut self.fd.get_ref(), bytes)
     }
 
-    /// Waits until the socket takes bytes again. Cancel-safe.
+    /// Waits until the descriptor takes bytes again. Cancel-safe.
     pub(crate) async fn writable(&self) -> io::Result<()> {
         let duplicate = watch(
-            self.fd.get_ref().try_clone()?,
+            T::from(self.fd.get_ref().as_fd().try_clone_to_owned()?),
             tokio::io::Interest::WRITABLE,
         )?;
         let _ready = duplicate.writable().await?;
         Ok(())
     }
 
-    /// Writes all of `bytes`, waiting whenever the socket is full. Not cancel-safe.
+    /// Writes all of `bytes`, waiting whenever the descriptor is full. Not cancel-safe.
     pub(crate) async fn write_all(&self, mut bytes: &[u8]) -> io::Result<()> {
         while !bytes.is_empty() {
             match self.try_write(bytes) {
@@ -372,21 +477,16 @@ impl PeerStream {
         }
         Ok(())
     }
-
-    /// Ends the write direction: the peer reads EOF once it has taken what was sent.
-    pub(crate) fn shutdown_write(&self) -> io::Result<()> {
-        self.fd.get_ref().shutdown(std::net::Shutdown::Write)
-    }
 }
 
-/// Registers `stream` with the event loop for `interest`.
-fn watch(
-    stream: std::os::unix::net::UnixStream,
+/// Registers `inner` with the event loop for `interest`.
+fn watch<T: AsRawFd>(
+    inner: T,
     interest: tokio::io::Interest,
-) -> io::Result<tokio::io::unix::AsyncFd<std::os::unix::net::UnixStream>> {
-    // SAFETY: the stream owns its descriptor, and the `AsyncFd` owns the stream until it is
-    // dropped, so the descriptor stays open and names the same socket while it is registered.
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(stream, interest) }
+) -> io::Result<tokio::io::unix::AsyncFd<T>> {
+    // SAFETY: `inner` owns its descriptor, and the `AsyncFd` owns `inner` until it is dropped,
+    // so the descriptor stays open and names the same file while it is registered.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(inner, interest) }
         .map_err(|err| err.into_parts().1)
 }
 
@@ -417,7 +517,11 @@ impl SendBuf {
 
     /// Writes what `socket` takes now. `Ok` when everything went out or the socket is full; the
     /// error when the socket failed (the bytes stay queued; [`clear`](Self::clear) them).
-    pub(crate) fn write_to(&mut self, socket: &PeerStream) -> io::Result<()> {
+    pub(crate) fn write_to<T>(&mut self, socket: &Watched<T>) -> io::Result<()>
+    where
+        T: AsRawFd + AsFd + From<OwnedFd>,
+        for<'a> &'a T: io::Read + io::Write,
+    {
         while self.pending() > 0 {
             match socket.try_write(&self.buf[self.sent..]) {
                 Ok(n) => self.sent += n,

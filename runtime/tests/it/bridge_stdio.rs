@@ -377,14 +377,6 @@ async fn garbage_oversized_and_unmatched_frames_from_the_runner_are_dropped() {
     }
 }
 
-/// Whether `O_NONBLOCK` is set on the open file description behind `fd`.
-fn is_nonblocking(fd: &impl std::os::fd::AsRawFd) -> bool {
-    // SAFETY: F_GETFL on a valid, open descriptor only reads its flags.
-    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
-    assert!(flags >= 0, "fcntl failed");
-    flags & libc::O_NONBLOCK != 0
-}
-
 /// Spawns the bridge with the given stdin, sends `lines` through `write` (if any), and returns
 /// the exit code and every stdout line.
 async fn bridge_with_stdin(
@@ -447,7 +439,10 @@ async fn stdin_may_be_a_pipe_a_socket_or_a_file_and_blocking_mode_is_restored() 
     )
     .await;
     assert_init_and_ping(code, &out);
-    assert!(!is_nonblocking(&kept), "the pipe was left non-blocking");
+    assert!(
+        !common::is_nonblocking(&kept),
+        "the pipe was left non-blocking"
+    );
 
     // A socketpair (Node's child_process).
     let (ours, theirs) = std::os::unix::net::UnixStream::pair().unwrap();
@@ -459,7 +454,10 @@ async fn stdin_may_be_a_pipe_a_socket_or_a_file_and_blocking_mode_is_restored() 
     )
     .await;
     assert_init_and_ping(code, &out);
-    assert!(!is_nonblocking(&kept), "the socket was left non-blocking");
+    assert!(
+        !common::is_nonblocking(&kept),
+        "the socket was left non-blocking"
+    );
 
     // A regular file: read by the fallback thread.
     let file = dir.path().join("requests.jsonl");
@@ -497,7 +495,10 @@ async fn one_socket_as_both_stdin_and_stdout_stays_blocking() {
             .unwrap();
         out.push(serde_json::from_str::<Value>(&line).unwrap());
         // While the bridge runs, its stdin (= stdout) is still blocking.
-        assert!(!is_nonblocking(&kept), "stdin/stdout was made non-blocking");
+        assert!(
+            !common::is_nonblocking(&kept),
+            "stdin/stdout was made non-blocking"
+        );
     }
     drop(write);
     let status = within(5, "the bridge to exit", child.wait()).await.unwrap();

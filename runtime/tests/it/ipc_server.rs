@@ -3,11 +3,13 @@
 
 use crate::common;
 
+use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
 
 use ac7_protocol::codec::jsonrpc::{Outcome, RpcError};
 use ac7_protocol::dialect::mcp;
+use ac7_protocol::session::mcp_bridge::BridgeConfig;
 use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
 use ac7_runtime::runner::ipc_server::{
     BindError, IpcServer, IpcServerOptions, MAX_SOCKET_PATH_BYTES, ServerTask,
@@ -52,16 +54,22 @@ struct Peer {
     write: OwnedWriteHalf,
 }
 
-impl Peer {
-    async fn connect(path: &Path) -> Self {
-        let stream = within(5, "connecting", UnixStream::connect(path))
-            .await
-            .unwrap();
+impl From<UnixStream> for Peer {
+    fn from(stream: UnixStream) -> Self {
         let (read, write) = stream.into_split();
         Self {
             lines: BufReader::new(read).lines(),
             write,
         }
+    }
+}
+
+impl Peer {
+    async fn connect(path: &Path) -> Self {
+        let stream = within(5, "connecting", UnixStream::connect(path))
+            .await
+            .unwrap();
+        Self::from(stream)
     }
 
     async fn send(&mut self, frame: Value) {
@@ -370,4 +378,254 @@ async fn a_bridge_that_stops_reading_is_dropped_once_its_backlog_is_full() {
     }
     assert!(received < 2000, "all {received} notifications were queued");
     task.abort().await;
+}
+
+/// A raw bridge that hands over its stdio: the socket it holds, and the agent's ends of the two
+/// pipes it handed over (the runner reads what the agent writes, and writes what it reads).
+struct HandedOver {
+    socket: Peer,
+    agent_writes: std::io::PipeWriter,
+    agent_reads: Lines<BufReader<tokio::net::unix::pipe::Receiver>>,
+}
+
+/// Connects to `path` and hands over the read end of one pipe as stdin and the write end of
+/// another as stdout, as `ac7 mcp-bridge` does.
+async fn hand_over(path: &Path) -> HandedOver {
+    let (stdin, agent_writes) = std::io::pipe().unwrap();
+    let (agent_reads, stdout) = std::io::pipe().unwrap();
+    let socket = send_handoff(path, &[stdin.as_fd(), stdout.as_fd()]).await;
+    let agent_reads =
+        tokio::net::unix::pipe::Receiver::from_owned_fd(std::os::fd::OwnedFd::from(agent_reads))
+            .unwrap();
+    HandedOver {
+        socket,
+        agent_writes,
+        agent_reads: BufReader::new(agent_reads).lines(),
+    }
+}
+
+/// Connects and sends the handoff line with `fds` attached.
+async fn send_handoff(path: &Path, fds: &[std::os::fd::BorrowedFd<'_>]) -> Peer {
+    use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags, sendmsg};
+    let stream = std::os::unix::net::UnixStream::connect(path).unwrap();
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(fds)));
+    let line = ac7_protocol::codec::frame::STDIO_HANDOFF;
+    let sent = sendmsg(
+        &stream,
+        &[std::io::IoSlice::new(line)],
+        &mut control,
+        SendFlags::empty(),
+    )
+    .unwrap();
+    assert_eq!(sent, line.len());
+    stream.set_nonblocking(true).unwrap();
+    Peer::from(UnixStream::from_std(stream).unwrap())
+}
+
+impl HandedOver {
+    fn send(&mut self, message: Value) {
+        use std::io::Write;
+        writeln!(self.agent_writes, "{message}").unwrap();
+    }
+
+    /// The next line the agent reads, or `None` once its stdout closed.
+    async fn recv(&mut self) -> Option<Value> {
+        let line = within(5, "a line for the agent", self.agent_reads.next_line())
+            .await
+            .unwrap()?;
+        Some(serde_json::from_str(&line).unwrap())
+    }
+}
+
+fn handoff_options(path: &Path) -> IpcServerOptions {
+    IpcServerOptions {
+        stdio_handoff: Some(BridgeConfig {
+            start_grace: std::time::Duration::from_millis(20),
+            ..BridgeConfig::default()
+        }),
+        ..options(path, BridgePolicy::DisplaceOld)
+    }
+}
+
+fn initialize(id: u64) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
+}
+
+#[tokio::test]
+async fn a_bridge_that_hands_over_its_stdio_has_its_agent_served_by_the_runner() {
+    let dir = tempdir();
+    let path = dir.path().join("r.sock");
+    let server = IpcServer::bind(handoff_options(&path)).unwrap();
+    let handle = server.handle();
+    // Queued before any bridge: delivered once the agent is ready.
+    handle.notify(mcp::TOOLS_LIST_CHANGED, None);
+    let task = serve(server);
+    let mut agent = hand_over(&path).await;
+
+    agent.send(initialize(0));
+    let init = agent.recv().await.unwrap();
+    assert_eq!(init["id"], 0);
+    assert_eq!(
+        init["result"]["capabilities"]["experimental"]["claude/channel"],
+        json!({})
+    );
+    agent.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    agent.send(
+        json!({"jsonrpc": "2.0", "id": "a", "method": "tools/call", "params": {"name": "roster"}}),
+    );
+    assert_eq!(
+        agent.recv().await.unwrap(),
+        json!({"jsonrpc": "2.0", "id": "a", "result": {"content": [{"type": "text", "text": "roster"}]}})
+    );
+    agent.send(json!({"jsonrpc": "2.0", "id": 7, "method": "resources/list"}));
+    assert_eq!(
+        agent.recv().await.unwrap(),
+        json!({"jsonrpc": "2.0", "id": 7, "error": {"code": -32601, "message": "Method not found: resources/list"}})
+    );
+    agent.send(json!({"jsonrpc": "2.0", "id": 8, "method": "tools/list"}));
+    assert_eq!(
+        agent.recv().await.unwrap()["id"],
+        8,
+        "answered by the runner's handler"
+    );
+    // After the start-up grace, the queued notification, then a live one, in order.
+    assert_eq!(
+        agent.recv().await.unwrap(),
+        json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    );
+    let params =
+        ac7_protocol::codec::json::RawJson::from_text(r#"{"content":"hi","meta":{"from":"bob"}}"#)
+            .unwrap();
+    handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
+    assert_eq!(
+        agent.recv().await.unwrap(),
+        json!({"jsonrpc": "2.0", "method": "notifications/claude/channel", "params": {"content": "hi", "meta": {"from": "bob"}}})
+    );
+    // A malformed line is answered and dropped; the session goes on.
+    agent.send(json!("not a request"));
+    assert_eq!(agent.recv().await.unwrap()["error"]["code"], -32600);
+
+    // The agent closes its end: the runner ends the session, closes the agent's stdout and
+    // tells the bridge process why.
+    let HandedOver {
+        mut socket,
+        agent_writes,
+        mut agent_reads,
+    } = agent;
+    drop(agent_writes);
+    assert_eq!(
+        within(5, "the agent's stdout to close", agent_reads.next_line())
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        socket.recv().await.unwrap(),
+        json!({"kind": "shutdown", "reason": "stdio-closed"})
+    );
+    assert_eq!(socket.recv().await, None);
+    task.abort().await;
+}
+
+#[tokio::test]
+async fn a_stopped_bridge_ends_its_session_and_the_stdio_is_blocking_again() {
+    let dir = tempdir();
+    let path = dir.path().join("r.sock");
+    let server = IpcServer::bind(handoff_options(&path)).unwrap();
+    // `hang` never answers: it is pending when the bridge is told to stop.
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let hanging = std::sync::Arc::clone(&started);
+    let task = server.serve(move |req: IncomingRequest| {
+        let hanging = std::sync::Arc::clone(&hanging);
+        async move {
+            if mcp::tool_call_name(req.params.as_ref()) == "hang" {
+                hanging.notify_one();
+                std::future::pending::<()>().await;
+            }
+            Outcome::Result(mcp::tool_text("ok"))
+        }
+    });
+    // One socket as both stdin and stdout, as Node gives its children; the agent keeps a second
+    // descriptor of the handed-over end to see its mode.
+    let (agent_side, bridge_side) = std::os::unix::net::UnixStream::pair().unwrap();
+    let kept = bridge_side.try_clone().unwrap();
+    let mut socket = send_handoff(&path, &[bridge_side.as_fd(), bridge_side.as_fd()]).await;
+    drop(bridge_side);
+    agent_side.set_nonblocking(true).unwrap();
+    let mut agent = Peer::from(UnixStream::from_std(agent_side).unwrap());
+    agent.send(initialize(0)).await;
+    assert_eq!(agent.recv().await.unwrap()["id"], 0);
+    assert!(
+        common::is_nonblocking(&kept),
+        "served without blocking the runner"
+    );
+    agent
+        .send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "hang"}}),
+        )
+        .await;
+    within(5, "the call to reach the runner", started.notified()).await;
+    // Nothing answers it until the bridge process is told to stop (SIGTERM, passed on).
+    socket
+        .send(json!({"kind": "shutdown", "reason": "terminated"}))
+        .await;
+    let answer = agent.recv().await.unwrap();
+    assert_eq!(answer["id"], 1);
+    assert!(answer.get("error").is_some(), "{answer}");
+    assert_eq!(
+        socket.recv().await.unwrap(),
+        json!({"kind": "shutdown", "reason": "terminated"})
+    );
+    assert_eq!(socket.recv().await, None);
+    assert!(
+        !common::is_nonblocking(&kept),
+        "blocking again once handed back"
+    );
+    // The runner closed its descriptors: with the agent's own (the bridge process's) gone too,
+    // the agent reads EOF.
+    drop(kept);
+    assert_eq!(agent.recv().await, None, "the agent's stdout closed");
+    task.abort().await;
+}
+
+#[tokio::test]
+async fn a_runner_that_shuts_down_ends_the_served_stdio_and_a_plain_bridge_still_works() {
+    let dir = tempdir();
+    let path = dir.path().join("r.sock");
+    let server = IpcServer::bind(handoff_options(&path)).unwrap();
+    let handle = server.handle();
+    handle.notify(mcp::TOOLS_LIST_CHANGED, None);
+    let task = serve(server);
+    // A bridge that does not hand over (another implementation): frames as always, the queued
+    // notification once it spoke.
+    let mut plain = Peer::connect(&path).await;
+    plain.send(json!({"kind": "ack", "seq": 0})).await;
+    assert_eq!(
+        plain.recv().await.unwrap(),
+        json!({"kind": "mcp_notification", "method": "notifications/tools/list_changed", "seq": 1})
+    );
+    plain
+        .send(json!({"kind": "mcp_request", "id": 1, "method": "tools/call", "params": {"name": "x"}}))
+        .await;
+    assert_eq!(
+        plain.recv().await.unwrap(),
+        json!({"kind": "mcp_response", "id": 1, "result": {"content": [{"type": "text", "text": "x"}]}})
+    );
+    // A bridge that hands over displaces it, as any new bridge of the agent does.
+    let mut agent = hand_over(&path).await;
+    assert_eq!(
+        plain.recv().await.unwrap(),
+        json!({"kind": "shutdown", "reason": "displaced-by-new-bridge"})
+    );
+    agent.send(initialize(0));
+    assert_eq!(agent.recv().await.unwrap()["id"], 0);
+    within(5, "shutdown", task.shutdown(Some("agent-exited"))).await;
+    assert_eq!(agent.recv().await, None, "the agent's stdout closed");
+    assert_eq!(
+        agent.socket.recv().await.unwrap(),
+        json!({"kind": "shutdown", "reason": "runner-shutdown"})
+    );
+    assert_eq!(agent.socket.recv().await, None);
 }

@@ -306,6 +306,58 @@ async fn a_config_left_by_a_killed_runner_is_restored_by_the_next() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runner_serves_the_agents_stdio_itself_once_the_bridge_hands_it_over() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(&broker, "builder", dir.path(), "stopped", &[]);
+    assert_eq!(exit_code(&mut child, "the runner").await, 0);
+    let out = result(dir.path());
+    // The bridge process is stopped (SIGSTOP) while these are asked and answered.
+    assert!(
+        out["tools_while_stopped"].as_u64().unwrap() > 10,
+        "tools/list answered: {out}"
+    );
+    assert!(
+        out["roster_while_stopped"]
+            .as_str()
+            .unwrap()
+            .contains("- builder (you) [engineer]"),
+        "roster answered: {out}"
+    );
+    // Each request answered once; after SIGTERM the agent's stdout closes and the bridge
+    // exits 0.
+    assert_eq!(out["answers"], json!([0, 1, 2, 3, 4]), "{out}");
+    assert_eq!(
+        out["exit"], 0,
+        "the bridge's exit code after SIGTERM: {out}"
+    );
+    assert_restored(dir.path());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bridge_whose_runner_is_killed_while_serving_its_stdio_exits() {
+    let broker = start_broker().await;
+    let dir = config_dir();
+    let mut child = runner(&broker, "builder", dir.path(), "orphan", &[]);
+    wait_for_file(&dir.path().join("ready"), "the agent's handshake").await;
+    let bridge = std::fs::read_to_string(dir.path().join("bridge.pid")).unwrap();
+    let stat = Path::new("/proc").join(bridge.trim()).join("stat");
+    assert!(stat.exists(), "the bridge runs");
+    child.start_kill().unwrap(); // SIGKILL: the runner dies holding the agent's stdio
+    child.wait().await.unwrap();
+    // The agent dies with the runner; the bridge it started, waiting on the runner's socket,
+    // must not outlive them.
+    common::wait_until("the bridge to exit", Duration::from_secs(10), async || {
+        std::fs::read_to_string(&stat).map_or(true, |stat| {
+            stat.rsplit(") ")
+                .next()
+                .is_some_and(|rest| rest.starts_with('Z'))
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_errors_exit_2_and_touch_nothing() {
     let broker = start_broker().await;
     let dir = config_dir();

@@ -33,6 +33,14 @@ Scenarios:
             it writes the marker `checked` and waits for the other bodies on its own bridge
   health-check  (the child of `foreign`) raw JSON lines: initialize, initialized, tools/list,
             then close; writes how many tools it got to AC7_TEST_WORK/check.json
+  stopped   raw JSON lines, no SDK: start the bridge, handshake, then stop the bridge process
+            (SIGSTOP) and list the tools and call roster through it; let it go on (SIGCONT), call
+            roster again, then send the bridge SIGTERM; read its stdout to the end and record the
+            answers and its exit code (a runner that took the stdio over answers while the
+            bridge is stopped, and ends the session when the bridge is told to stop)
+  orphan    raw JSON lines, no SDK: start the bridge, handshake and list the tools, write the
+            bridge's pid to `bridge.pid` and the marker `ready`, then wait to be killed (with
+            the runner)
   exit:N    exit with code N at once (never starts the bridge)
   hang      sleep until killed
 """
@@ -453,6 +461,112 @@ async def scenario_swap() -> dict:
     return await anyio.to_thread.run_sync(scenario_swap_sync)
 
 
+class RawBridge:
+    """The bridge from .mcp.json on raw JSON lines, read with bounded waits."""
+
+    def __init__(self) -> None:
+        import subprocess
+
+        entry = server()
+        self.proc = subprocess.Popen([entry.command, *entry.args], env={**os.environ, **(entry.env or {})},
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.buf = b""
+        self.lines: list[dict] = []
+        self.eof = False
+
+    def send(self, msg: dict) -> None:
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def _read(self, deadline: float) -> bool:
+        import select
+
+        ready, _, _ = select.select([self.proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return False
+        chunk = os.read(self.proc.stdout.fileno(), 65536)
+        if not chunk:
+            self.eof = True
+            return False
+        self.buf += chunk
+        while b"\n" in self.buf:
+            line, self.buf = self.buf.split(b"\n", 1)
+            if line.strip():
+                self.lines.append(json.loads(line))
+        return True
+
+    def answer(self, id_: int) -> dict:
+        deadline = time.monotonic() + WAIT
+        while True:
+            for msg in self.lines:
+                if msg.get("id") == id_ and ("result" in msg or "error" in msg):
+                    return msg
+            if self.eof or not self._read(deadline):
+                raise TimeoutError(f"no answer to request {id_}")
+
+    def to_eof(self) -> None:
+        deadline = time.monotonic() + WAIT
+        while not self.eof:
+            if not self._read(deadline) and not self.eof:
+                raise TimeoutError("the bridge's stdout did not close")
+
+    def handshake(self, client: str) -> dict:
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize",
+                   "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                              "clientInfo": {"name": client, "version": "0"}}})
+        self.answer(0)
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        return self.answer(1)
+
+
+def roster_call(id_: int) -> dict:
+    return {"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": {"name": "roster", "arguments": {}}}
+
+
+def scenario_stopped_sync() -> dict:
+    import signal
+
+    bridge = RawBridge()
+    bridge.handshake("stopped")
+    os.kill(bridge.proc.pid, signal.SIGSTOP)
+    try:
+        bridge.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        listed = bridge.answer(2)
+        bridge.send(roster_call(3))
+        roster = bridge.answer(3)
+    finally:
+        os.kill(bridge.proc.pid, signal.SIGCONT)
+    bridge.send(roster_call(4))
+    bridge.answer(4)
+    os.kill(bridge.proc.pid, signal.SIGTERM)
+    bridge.to_eof()
+    code = bridge.proc.wait(timeout=WAIT)
+    return {
+        "tools_while_stopped": len(listed["result"]["tools"]),
+        "roster_while_stopped": roster["result"]["content"][0]["text"],
+        "answers": [m["id"] for m in bridge.lines if "id" in m],
+        "exit": code,
+    }
+
+
+async def scenario_stopped() -> dict:
+    return await anyio.to_thread.run_sync(scenario_stopped_sync)
+
+
+def scenario_orphan_sync() -> dict:
+    bridge = RawBridge()
+    bridge.handshake("orphan")
+    (WORK / "bridge.pid").write_text(str(bridge.proc.pid))
+    (WORK / "ready").write_text("ready")
+    time.sleep(3600)
+    return {}
+
+
+async def scenario_orphan() -> dict:
+    return await anyio.to_thread.run_sync(scenario_orphan_sync)
+
+
 def main() -> None:
     scenario = sys.argv[1]
     if scenario.startswith("exit:"):
@@ -464,7 +578,7 @@ def main() -> None:
         (WORK / "ready").write_text("ready")
         time.sleep(3600)
         return
-    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace, "swap": scenario_swap, "late": scenario_late, "foreign": scenario_foreign}[scenario])
+    result = anyio.run({"session": scenario_session, "messages": scenario_messages, "calls": scenario_calls, "early": scenario_early, "displace": scenario_displace, "swap": scenario_swap, "late": scenario_late, "foreign": scenario_foreign, "stopped": scenario_stopped, "orphan": scenario_orphan}[scenario])
     (WORK / "result.json").write_text(json.dumps(result))
 
 

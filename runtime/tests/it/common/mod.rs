@@ -506,3 +506,11 @@ pub async fn run_python(script: &str, scenario: &str, env: &[(&str, &Path)]) -> 
         panic!("{script} {scenario} printed no JSON ({e}):\n{stdout}\n{stderr}")
     })
 }
+
+/// Whether `O_NONBLOCK` is set on the open file description behind `fd`.
+pub fn is_nonblocking(fd: &impl std::os::fd::AsRawFd) -> bool {
+    // SAFETY: F_GETFL on a valid, open descriptor only reads its flags.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    assert!(flags >= 0, "fcntl failed");
+    flags & libc::O_NONBLOCK != 0
+}
