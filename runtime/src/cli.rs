@@ -28,7 +28,8 @@ pub struct Cli {
 
 /// `ac7 mcp-bridge --help`'s summary.
 pub const BRIDGE_ABOUT: &str = "The MCP server an agent spawns: relays MCP between its stdio and \
-     the runner's socket (`AC7_RUNNER_SOCKET`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`";
+     the runner's socket (`AC7_RUNNER_SOCKET`), or hands its stdio to the runner to serve \
+     (`AC7_RUNNER_STDIO_HANDOFF=1`). Started for you by `ac7 claude-code` / `ac7 run -- <cmd>`";
 
 /// The `ac7` subcommands.
 #[derive(Debug, Subcommand)]
@@ -246,8 +247,9 @@ const ENVIRONMENT: &str = "Environment:
   SSL_CERT_FILE          the system CA bundle the trace host hands the agent
   XDG_STATE_HOME         the runners' log files ($XDG_STATE_HOME/ac7, else ~/.local/state/ac7)
   XDG_CACHE_HOME         `ac7 codex`'s temporary homes (else ~/.cache/ac7/codex)
-  AC7_RUNNER_SOCKET, AC7_CALL_TOOL_SOCKET, ASH_BRIDGE_SOCKET, ASH_WORKSPACE_DIR,
-  ASH_PERMISSION_MODE    set by a runner for the bridge it starts
+  AC7_RUNNER_SOCKET, AC7_RUNNER_STDIO_HANDOFF, AC7_CALL_TOOL_SOCKET, ASH_BRIDGE_SOCKET,
+  ASH_WORKSPACE_DIR, ASH_PERMISSION_MODE
+                         set by a runner for the bridge it starts
   AC7_RECONNECT_BASE_MS, AC7_CALL_TOOL_TIMEOUT_MS, AC7_TRACE_UPSTREAM
                          for the tests: faster reconnects, shorter tool calls, a stand-in
                          model API";
