@@ -26,6 +26,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::FileTypeExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -76,6 +77,14 @@ impl Handoff {
         let [stdin, stdout]: [OwnedFd; 2] = fds
             .try_into()
             .map_err(|_| io::Error::other("a handoff carries exactly two descriptors"))?;
+        for fd in [&stdin, &stdout] {
+            let kind = std::fs::File::from(fd.try_clone()?).metadata()?.file_type();
+            if !(kind.is_fifo() || kind.is_socket()) {
+                return Err(io::Error::other(
+                    "a handed-over stdin or stdout is neither a pipe nor a socket",
+                ));
+            }
+        }
         Ok(Self {
             stdin: WatchedFd::new(stdin)?,
             stdout: WatchedFd::new(stdout)?,

@@ -12,7 +12,7 @@ use ac7_protocol::dialect::mcp;
 use ac7_protocol::session::mcp_bridge::BridgeConfig;
 use ac7_protocol::session::runner::{BridgePolicy, IncomingRequest, RunnerConfig};
 use ac7_runtime::runner::ipc_server::{
-    BindError, IpcServer, IpcServerOptions, MAX_SOCKET_PATH_BYTES, ServerTask,
+    BindError, IpcServer, IpcServerOptions, MAX_SOCKET_PATH_BYTES, RunnerHandle, ServerTask,
 };
 use common::{tempdir, within};
 use serde_json::{Value, json};
@@ -84,6 +84,14 @@ impl Peer {
             .unwrap()?;
         Some(serde_json::from_str(&line).unwrap())
     }
+}
+
+/// Pushes the channel event `{"content":"hi","meta":{"from":"bob"}}`.
+fn push_hi_from_bob(handle: &RunnerHandle) {
+    let params =
+        ac7_protocol::codec::json::RawJson::from_text(r#"{"content":"hi","meta":{"from":"bob"}}"#)
+            .unwrap();
+    handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
 }
 
 #[tokio::test]
@@ -292,10 +300,7 @@ async fn notifications_wait_for_a_bridge_then_go_to_it() {
         peer.recv().await.unwrap(),
         json!({"kind": "mcp_notification", "method": "notifications/tools/list_changed", "seq": 1})
     );
-    let params =
-        ac7_protocol::codec::json::RawJson::from_text(r#"{"content":"hi","meta":{"from":"bob"}}"#)
-            .unwrap();
-    handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
+    push_hi_from_bob(&handle);
     assert_eq!(
         peer.recv().await.unwrap(),
         json!({"kind": "mcp_notification", "method": "notifications/claude/channel", "params": {"content": "hi", "meta": {"from": "bob"}}, "seq": 2})
@@ -449,20 +454,24 @@ fn handoff_options(path: &Path) -> IpcServerOptions {
     }
 }
 
+/// A server at `<dir>/r.sock` with the handoff on and `tools/list_changed` queued before any
+/// bridge connected (delivered once the agent is ready), serving.
+fn serving_with_a_queued_notification() -> (tempfile::TempDir, RunnerHandle, ServerTask) {
+    let dir = tempdir();
+    let server = IpcServer::bind(handoff_options(&dir.path().join("r.sock"))).unwrap();
+    let handle = server.handle();
+    handle.notify(mcp::TOOLS_LIST_CHANGED, None);
+    (dir, handle, serve(server))
+}
+
 fn initialize(id: u64) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}})
 }
 
 #[tokio::test]
 async fn a_bridge_that_hands_over_its_stdio_has_its_agent_served_by_the_runner() {
-    let dir = tempdir();
-    let path = dir.path().join("r.sock");
-    let server = IpcServer::bind(handoff_options(&path)).unwrap();
-    let handle = server.handle();
-    // Queued before any bridge: delivered once the agent is ready.
-    handle.notify(mcp::TOOLS_LIST_CHANGED, None);
-    let task = serve(server);
-    let mut agent = hand_over(&path).await;
+    let (dir, handle, task) = serving_with_a_queued_notification();
+    let mut agent = hand_over(&dir.path().join("r.sock")).await;
 
     agent.send(initialize(0));
     let init = agent.recv().await.unwrap();
@@ -495,10 +504,7 @@ async fn a_bridge_that_hands_over_its_stdio_has_its_agent_served_by_the_runner()
         agent.recv().await.unwrap(),
         json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
     );
-    let params =
-        ac7_protocol::codec::json::RawJson::from_text(r#"{"content":"hi","meta":{"from":"bob"}}"#)
-            .unwrap();
-    handle.notify(mcp::CLAUDE_CHANNEL, Some(params));
+    push_hi_from_bob(&handle);
     assert_eq!(
         agent.recv().await.unwrap(),
         json!({"jsonrpc": "2.0", "method": "notifications/claude/channel", "params": {"content": "hi", "meta": {"from": "bob"}}})
@@ -592,12 +598,8 @@ async fn a_stopped_bridge_ends_its_session_and_the_stdio_is_blocking_again() {
 
 #[tokio::test]
 async fn a_runner_that_shuts_down_ends_the_served_stdio_and_a_plain_bridge_still_works() {
-    let dir = tempdir();
+    let (dir, _handle, task) = serving_with_a_queued_notification();
     let path = dir.path().join("r.sock");
-    let server = IpcServer::bind(handoff_options(&path)).unwrap();
-    let handle = server.handle();
-    handle.notify(mcp::TOOLS_LIST_CHANGED, None);
-    let task = serve(server);
     // A bridge that does not hand over (another implementation): frames as always, the queued
     // notification once it spoke.
     let mut plain = Peer::connect(&path).await;
