@@ -106,9 +106,10 @@ pub struct IpcServerOptions {
     /// every connection before its pid is set) are outsiders. `None`: every connection is the
     /// agent's.
     pub agent: Option<AgentPid>,
-    /// Take the agent's stdio from bridges that hand it over (see
-    /// [`stdio_handoff`](crate::runner::stdio_handoff)), and serve it with a bridge session of
-    /// this configuration. Then nothing is written to a connection before its first bytes
+    /// Take the agent's stdio from bridges that hand it over (the line
+    /// [`STDIO_HANDOFF`](ac7_protocol::codec::frame::STDIO_HANDOFF) with the bridge's stdin and
+    /// stdout attached), and serve it in this process with a bridge session of this
+    /// configuration. Then nothing is written to a connection before its first bytes
     /// arrived (a bridge speaks first: the handoff, or `ack{seq:0}`). `None`: every connection
     /// is a plain frame link, written from the start.
     pub stdio_handoff: Option<BridgeConfig>,
