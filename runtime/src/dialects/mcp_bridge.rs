@@ -230,7 +230,6 @@ async fn hand_over(stream: PeerStream) -> io::Result<ExitReason> {
     stream
         .send_with_fds(STDIO_HANDOFF, &[io::stdin().as_fd(), io::stdout().as_fd()])
         .await?;
-    tracing::debug!("stdin and stdout handed to the runner");
     let mut frames = FrameDecoder::new(MAX_FRAME_BYTES);
     let mut buf = vec![0u8; 4096];
     let mut reason = None;
@@ -243,41 +242,36 @@ async fn hand_over(stream: PeerStream) -> io::Result<ExitReason> {
                     while let Some(decoded) = frames.decode() {
                         match decoded {
                             Decoded::Frame(Frame::Shutdown(shutdown)) => reason = Some(shutdown.reason),
-                            other => tracing::warn!(?other, "unexpected line from the runner after the handoff; ignored"),
+                            other => tracing::warn!(
+                                line = crate::runner::stdio_handoff::line_kind(&other),
+                                "unexpected line from the runner after the handoff; ignored"
+                            ),
                         }
                     }
                     false
                 }
-                ended => {
-                    if let Err(err) = ended {
-                        tracing::warn!(error = %err, "the runner's socket failed");
-                    }
+                // EOF (or a failed read): after `shutdown`, the session's end; else the runner
+                // died while serving the agent's stdio (the reason says so in the exit log).
+                _ => {
                     return Ok(match reason {
                         Some(reason) => ExitReason::RunnerShutdown { reason },
-                        None => {
-                            tracing::warn!("the runner went away while serving the agent's stdio");
-                            ExitReason::RunnerClosed
-                        }
+                        None => ExitReason::RunnerClosed,
                     });
                 }
             },
             Some(()) = crate::dialects::stdio::recv_signal(&mut sigterm) => true,
             Some(()) = crate::dialects::stdio::recv_signal(&mut sigint) => true,
-            () = crate::sys::clock::sleep_until(deadline) => {
-                tracing::warn!("the runner did not end the session in time after a signal");
-                return Ok(ExitReason::Terminated);
-            }
+            // Signalled, and the runner did not end the session in time.
+            () = crate::sys::clock::sleep_until(deadline) => return Ok(ExitReason::Terminated),
         };
         if signalled && deadline.is_none() {
-            tracing::info!("signalled: asking the runner to end the session");
             deadline = Some(tokio::time::Instant::now() + HANDOFF_STOP_TIMEOUT);
             let frame = Frame::Shutdown(Shutdown {
                 reason: Some(ExitReason::Terminated.label().to_owned()),
             });
             if let Ok(bytes) = encode_frame_vec(&frame, MAX_FRAME_BYTES)
-                && let Err(err) = stream.write_all(&bytes).await
+                && stream.write_all(&bytes).await.is_err()
             {
-                tracing::warn!(error = %err, "cannot reach the runner");
                 return Ok(ExitReason::Terminated);
             }
         }

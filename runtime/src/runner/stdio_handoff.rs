@@ -53,6 +53,14 @@ pub(crate) fn is_handoff(bytes: &[u8], fds: &[OwnedFd]) -> bool {
     bytes == STDIO_HANDOFF && fds.len() == 2
 }
 
+/// What a line on the handoff socket was, for the log: its frame kind, or `malformed`.
+pub(crate) fn line_kind(decoded: &Decoded) -> &'static str {
+    match decoded {
+        Decoded::Frame(frame) => frame.kind().as_str(),
+        Decoded::Dropped(_) => "malformed",
+    }
+}
+
 /// What the served stdio gives the runner's session: a connection's bytes, or its end.
 pub(crate) trait ToRunner {
     /// Frames from the bridge machine, as if read from the connection.
@@ -146,13 +154,9 @@ pub(crate) async fn serve<R: ToRunner>(
             read = served.io.stdin.read(&mut stdin_buf), if read_stdin => {
                 let now = Instant::now();
                 match read {
-                    Ok(0) => {
-                        stdin_open = false;
-                        served.session.handle_agent_eof(now);
-                    }
-                    Ok(n) => served.session.handle_agent_bytes(&stdin_buf[..n], now),
-                    Err(err) => {
-                        tracing::warn!(conn = conn.0, error = %err, "reading the agent's stdin failed; treating it as closed");
+                    Ok(n) if n > 0 => served.session.handle_agent_bytes(&stdin_buf[..n], now),
+                    // EOF, or a failed read: the agent closed its end either way.
+                    _ => {
                         stdin_open = false;
                         served.session.handle_agent_eof(now);
                     }
@@ -169,26 +173,21 @@ pub(crate) async fn serve<R: ToRunner>(
                 Ok(()) => {
                     served.write_stdout();
                 }
-                Err(err) => served.agent_gone(&err),
+                Err(err) => served.agent_gone(&err.to_string()),
             },
             read = served.io.bridge.read(&mut bridge_buf), if bridge_open => match read {
                 Ok(n) if n > 0 => {
                     bridge_frames.push(&bridge_buf[..n]);
                     while let Some(decoded) = bridge_frames.decode() {
+                        // `shutdown`: the bridge process was told to stop.
                         match decoded {
-                            Decoded::Frame(Frame::Shutdown(_)) => {
-                                tracing::info!(conn = conn.0, "the bridge process was told to stop");
-                                served.session.handle_terminate(Instant::now());
-                            }
-                            other => tracing::warn!(conn = conn.0, ?other, "unexpected line from a bridge that handed its stdio over; ignored"),
+                            Decoded::Frame(Frame::Shutdown(_)) => served.session.handle_terminate(Instant::now()),
+                            other => tracing::warn!(conn = conn.0, line = line_kind(&other), "unexpected line from a bridge that handed its stdio over; ignored"),
                         }
                     }
                 }
-                ended => {
-                    if let Err(err) = ended {
-                        tracing::debug!(conn = conn.0, error = %err, "reading the bridge's socket failed");
-                    }
-                    tracing::info!(conn = conn.0, "the bridge process went away");
+                // EOF or a failed read: the bridge process is gone (killed).
+                _ => {
                     bridge_open = false;
                     served.session.handle_terminate(Instant::now());
                 }
@@ -251,27 +250,25 @@ impl<R: ToRunner> Served<R> {
             return true;
         }
         if let Err(err) = self.to_agent.write_to(&self.io.stdout) {
-            self.agent_gone(&err);
+            self.agent_gone(&err.to_string());
             return false;
         }
         if self.to_agent.pending() > self.max_backlog_bytes {
-            tracing::warn!(
-                conn = self.conn.0,
-                queued = self.to_agent.pending(),
-                max = self.max_backlog_bytes,
-                "the agent stopped reading; treating it as gone"
+            let why = format!(
+                "it stopped reading: {} bytes wait for it (at most {})",
+                self.to_agent.pending(),
+                self.max_backlog_bytes
             );
-            self.stdout_open = false;
-            self.to_agent.clear();
-            self.held.clear();
-            self.session.handle_agent_eof(Instant::now());
+            self.agent_gone(&why);
             return false;
         }
         true
     }
 
-    fn agent_gone(&mut self, err: &io::Error) {
-        tracing::warn!(conn = self.conn.0, error = %err, "writing to the agent failed; the agent is gone");
+    /// Writing to the agent failed (`why`): what waits for it, and what would acknowledge it,
+    /// is dropped, and the machine tears down as for the agent's EOF.
+    fn agent_gone(&mut self, why: &str) {
+        tracing::warn!(conn = self.conn.0, why, "the agent is gone");
         self.stdout_open = false;
         self.to_agent.clear();
         self.held.clear();
@@ -296,7 +293,7 @@ impl<R: ToRunner> Served<R> {
                     Ok(()) => {
                         self.write_stdout();
                     }
-                    Err(err) => self.agent_gone(&err),
+                    Err(err) => self.agent_gone(&err.to_string()),
                 }
             }
         };
@@ -304,13 +301,7 @@ impl<R: ToRunner> Served<R> {
             .await
             .is_err()
         {
-            tracing::warn!(
-                conn = self.conn.0,
-                "the agent did not read its last lines in time"
-            );
-            // What waits for the runner may acknowledge lines that never arrived.
-            self.to_agent.clear();
-            self.held.clear();
+            self.agent_gone("it did not read its last lines in time");
         }
         self.release().await;
         self.runner.closed().await;
