@@ -207,13 +207,9 @@ fn run_bridge(socket: Option<OsString>, handoff: bool) -> Result<ExitReason, Bri
 
 /// Whether stdin and stdout are each a pipe or a socket: what the runner can watch.
 fn stdio_can_be_handed_over() -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    let watchable = |fd: std::os::fd::BorrowedFd<'_>| {
-        fd.try_clone_to_owned()
-            .and_then(|fd| std::fs::File::from(fd).metadata())
-            .is_ok_and(|meta| meta.file_type().is_fifo() || meta.file_type().is_socket())
-    };
-    watchable(io::stdin().as_fd()) && watchable(io::stdout().as_fd())
+    [io::stdin().as_fd(), io::stdout().as_fd()]
+        .into_iter()
+        .all(|fd| crate::sys::is_pipe_or_socket(fd).unwrap_or(false))
 }
 
 /// Sends stdin and stdout to the runner, then waits for the runner to end the session

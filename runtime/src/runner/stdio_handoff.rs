@@ -25,8 +25,7 @@
 //! it is treated as gone, as a bridge would be.
 
 use std::io;
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -86,8 +85,7 @@ impl Handoff {
             .try_into()
             .map_err(|_| io::Error::other("a handoff carries exactly two descriptors"))?;
         for fd in [&stdin, &stdout] {
-            let kind = std::fs::File::from(fd.try_clone()?).metadata()?.file_type();
-            if !(kind.is_fifo() || kind.is_socket()) {
+            if !crate::sys::is_pipe_or_socket(fd.as_fd())? {
                 return Err(io::Error::other(
                     "a handed-over stdin or stdout is neither a pipe nor a socket",
                 ));

@@ -60,6 +60,16 @@ fn mallopt(param: Mallopt, value: i32) {
     let _ = (param, value);
 }
 
+/// Whether `fd` is a pipe or a socket: what the event loop can watch, and what a bridge may hand
+/// its runner as the agent's stdio.
+pub(crate) fn is_pipe_or_socket(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = std::fs::File::from(fd.try_clone_to_owned()?)
+        .metadata()?
+        .file_type();
+    Ok(kind.is_fifo() || kind.is_socket())
+}
+
 /// Appends `bytes` to `buf`, taking the vector whole (no copy) when `buf` is empty.
 pub(crate) fn append(buf: &mut Vec<u8>, bytes: Vec<u8>) {
     if buf.is_empty() {
