@@ -319,7 +319,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::broker::db::{Store, SyncMode};
+    use crate::broker::db::{PAGE_SIZE, Store, SyncMode};
 
     /// Commits `n` transactions of one 4 KB row each (about two WAL frames apiece).
     fn write(store: &Store, n: usize) {
@@ -380,7 +380,7 @@ mod tests {
         let store = open(dir.path());
         let wal = dir.path().join("ac7.db-wal");
         // About three times the backstop in frames (two a commit), committed back to back.
-        let frame = 4096 + 24;
+        let frame = u64::try_from(PAGE_SIZE).expect("positive") + 24;
         let mut largest = 0;
         for _ in 0..BACKSTOP_FRAMES * 3 / 200 {
             write(&store, 100);

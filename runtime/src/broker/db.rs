@@ -324,6 +324,9 @@ impl Store {
 
     fn init(conn: Connection, sync: SyncMode) -> Result<SqliteFile, StoreError> {
         conn.busy_timeout(std::time::Duration::from_secs(2))?;
+        // Before the first write: only a new, empty file takes it (one made with another size
+        // keeps its own).
+        conn.pragma_update(None, "page_size", PAGE_SIZE)?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(
             None,
@@ -717,6 +720,12 @@ fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// The page size of a new database file. A message changes five pages (its row, three index
+/// entries and the `AUTOINCREMENT` counter), each appended to the write-ahead log whole and copied again by the checkpoint: at
+/// 2 KiB a push writes half the bytes it did at SQLite's default 4 KiB, for about 1.5% more disk a
+/// message (room lost at the end of each smaller page). 1 KiB pages lose 5%.
+pub(super) const PAGE_SIZE: i64 = 2048;
+
 /// The `messages` table (as in `SCHEMA`), for the step that rebuilds an older one.
 const MESSAGES_TABLE: &str = "CREATE TABLE messages (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -953,6 +962,37 @@ CREATE TABLE IF NOT EXISTS enrollments (
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A new database file is made with [`PAGE_SIZE`] pages; one made before with SQLite's
+    /// default keeps its own and opens as before.
+    #[test]
+    fn a_new_file_takes_the_smaller_pages_and_an_existing_one_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let page_size = |path: &Path| {
+            let store = Store::open(path, SyncMode::Normal).unwrap();
+            store
+                .sqlite()
+                .with_here(|c| c.pragma_query_value(None, "page_size", |r| r.get::<_, i64>(0)))
+        };
+        let new = dir.path().join("new.db");
+        assert_eq!(page_size(&new).unwrap(), PAGE_SIZE);
+        assert_eq!(page_size(&new).unwrap(), PAGE_SIZE, "reopened");
+
+        let old = dir.path().join("old.db");
+        {
+            let c = Connection::open(&old).unwrap();
+            c.pragma_update(None, "page_size", 4096).unwrap();
+            c.execute_batch("CREATE TABLE kept (v TEXT); INSERT INTO kept VALUES ('here');")
+                .unwrap();
+        }
+        assert_eq!(page_size(&old).unwrap(), 4096);
+        let store = Store::open(&old, SyncMode::Normal).unwrap();
+        let kept: String = store
+            .sqlite()
+            .with_here(|c| c.query_row("SELECT v FROM kept", [], |r| r.get(0)))
+            .unwrap();
+        assert_eq!(kept, "here");
+    }
 
     /// A transaction whose work fails or panics is rolled back, and the write connection takes
     /// the next one as if nothing happened; a committed one stays.
