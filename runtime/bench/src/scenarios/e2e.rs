@@ -25,6 +25,15 @@
 //! - `roster`: pipe echo + socket echo + HTTP POST;
 //! - push -> notification: HTTP POST + socket echo + pipe echo;
 //! - in flight: the pipe echo's calls per second over ours.
+//!
+//! Each floor is two processes passing bytes; a call through ac7 crosses three (agent, runner,
+//! broker), and where the kernel puts three processes that take turns is not where it puts two.
+//! So `roster` and push are also measured through do-nothing processes of the same shape
+//! (`shape`, with its own `ratio_to_shape_p50` and interrupts between CPUs): for `roster`, the
+//! agent's line goes through a pipe to a relay, which posts it to the do-nothing server and
+//! answers a line of the roster's size once the server has answered; for push, the agent posts
+//! to the do-nothing server, which writes the body to a relay holding a `GET` open, which writes
+//! a line of the notification's size to the agent's pipe ([`super::floor`]'s `__relay`).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -38,7 +47,7 @@ use anyhow::{Context as _, bail};
 use serde_json::{Value, json};
 
 use super::broker::BrokerChild;
-use super::floor::{ECHO_ARG, SERVER_ARG, content_length, find};
+use super::floor::{ECHO_ARG, RELAY_ARG, SERVER_ARG, content_length, find};
 use super::{Latency, peak_rss_kib, sibling_binary};
 
 /// The hidden argument that makes `ac7-bench` the agent.
@@ -70,6 +79,9 @@ const ROSTER_PER_BLOCK: usize = 250;
 const PUSH_PER_BLOCK: usize = 125;
 const IN_FLIGHT: usize = 32;
 const IN_FLIGHT_CALLS: usize = 20_000;
+
+/// What the push shape's relay passes on (the push floor's own posts are not passed on).
+const SHAPE_MARKER: &str = "e2e-shape-";
 
 /// Runs the scenario: the broker, the floor server and the runner with this binary as its agent;
 /// returns the agent's report.
@@ -331,6 +343,44 @@ fn socket_echo(path: &std::path::Path) -> anyhow::Result<Echo<UnixStream, UnixSt
     })
 }
 
+/// A relay child ([`super::floor`]) with `args`, its stdin and stdout as the client's pipe.
+fn relay(args: &[&str]) -> anyhow::Result<Echo<ChildStdin, ChildStdout>> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .arg(RELAY_ARG)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdin = child.stdin.take().context("no stdin")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    Ok(Echo {
+        child,
+        lines: Lines::new(stdin, stdout),
+    })
+}
+
+/// A push of the same shape through do-nothing processes: a `POST /push` to the do-nothing
+/// server, timed until the stream relay's line is read from its pipe.
+fn shape_push(
+    http: &mut Http,
+    relay: &mut Lines<ChildStdin, ChildStdout>,
+    body: &str,
+    samples: Option<&mut Vec<Duration>>,
+) -> anyhow::Result<()> {
+    let t = Instant::now();
+    http.send_post("/push", "-", body.as_bytes())?;
+    relay.receive()?;
+    if let Some(samples) = samples {
+        samples.push(t.elapsed());
+    }
+    let status = http.read_response()?;
+    if status != 200 {
+        bail!("the floor server answered {status}");
+    }
+    Ok(())
+}
+
 /// A blocking HTTP/1.1 client on one kept-alive connection.
 pub(super) struct Http {
     stream: TcpStream,
@@ -398,7 +448,7 @@ impl Http {
         Ok(())
     }
 
-    fn post(&mut self, path: &str, token: &str, body: &[u8]) -> anyhow::Result<u16> {
+    pub(super) fn post(&mut self, path: &str, token: &str, body: &[u8]) -> anyhow::Result<u16> {
         self.send_post(path, token, body)?;
         self.read_response()
     }
@@ -572,6 +622,7 @@ fn interrupts_across_cpus_in(text: &str) -> Option<u64> {
 struct Crossings {
     ours: Option<u64>,
     floors: Option<u64>,
+    shape: Option<u64>,
 }
 
 impl Default for Crossings {
@@ -579,6 +630,7 @@ impl Default for Crossings {
         Crossings {
             ours: Some(0),
             floors: Some(0),
+            shape: Some(0),
         }
     }
 }
@@ -594,15 +646,25 @@ impl Crossings {
         counted(&mut self.floors, f)
     }
 
-    /// Per call through ac7, and per call of the floors (each a pipe and a socket round trip).
+    /// Runs calls through the do-nothing processes of the same shape, counting their interrupts.
+    fn shape<T>(&mut self, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
+        counted(&mut self.shape, f)
+    }
+
+    /// Per call through ac7, per call of the floors (each a pipe and a socket round trip) and,
+    /// where measured, per call of the same shape.
     fn per_call(&self, calls: usize) -> Value {
         let (Some(ours), Some(floors)) = (self.ours, self.floors) else {
             return Value::Null;
         };
-        json!({
+        let mut out = json!({
             "ours": ours as f64 / calls as f64,
             "floors": floors as f64 / calls as f64,
-        })
+        });
+        if let Some(shape) = self.shape.filter(|n| *n > 0) {
+            out["shape"] = json!(shape as f64 / calls as f64);
+        }
+        out
     }
 }
 
@@ -751,17 +813,34 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
         pipe: pipe_echo()?,
         sock: socket_echo(&dir.path.join("echo.sock"))?,
     };
+    let mut roster_shape = relay(&["http", &floor_addr, &roster_bytes.to_string()])?;
+    let mut push_shape = relay(&[
+        "stream",
+        &floor_addr,
+        &notification_bytes.to_string(),
+        SHAPE_MARKER,
+    ])?;
+    if push_shape.lines.read_line()?.trim_end() != "ready" {
+        bail!("the stream relay did not start");
+    }
+    let shape_body = floor_body.replacen("e2e-push-", SHAPE_MARKER, 1);
     for _ in 0..200 {
-        for floor in [&mut echo.pipe.lines as &mut dyn Warm, &mut echo.sock.lines] {
+        for floor in [
+            &mut echo.pipe.lines as &mut dyn Warm,
+            &mut echo.sock.lines,
+            &mut roster_shape.lines,
+        ] {
             floor.warm()?;
         }
-        floor_http.post("/push", &push_token, floor_body.as_bytes())?;
+        floor_http.post("/floor", &push_token, floor_body.as_bytes())?;
+        shape_push(&mut floor_http, &mut push_shape.lines, &shape_body, None)?;
     }
 
     let (mut list, mut list_pipe, mut list_sock) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ros, mut ros_pipe, mut ros_sock) = (Vec::new(), Vec::new(), Vec::new());
     let (mut pushes, mut note_pipe, mut note_sock) = (Vec::new(), Vec::new(), Vec::new());
     let mut http = Vec::new();
+    let (mut ros_shape, mut push_shape_samples) = (Vec::new(), Vec::new());
     let (mut list_cpu, mut ros_cpu, mut push_cpu) =
         (CpuSet::default(), CpuSet::default(), CpuSet::default());
     let (mut list_x, mut ros_x, mut push_x) = (
@@ -795,12 +874,20 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
         )?;
         for _ in 0..ROSTER_PER_BLOCK {
             let t = Instant::now();
-            let status = floor_http.post("/push", &push_token, floor_body.as_bytes())?;
+            let status = floor_http.post("/floor", &push_token, floor_body.as_bytes())?;
             http.push(t.elapsed());
             if status != 200 {
                 bail!("the floor server answered {status}");
             }
         }
+        ros_x.shape(|| {
+            roster_shape.lines.round_trips(
+                ROSTER_PER_BLOCK,
+                mcp::TOOLS_CALL,
+                roster,
+                &mut ros_shape,
+            )
+        })?;
 
         let before = procs.snapshot();
         push_x.ours(|| {
@@ -818,6 +905,17 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
             &mut note_sock,
             &mut push_x,
         )?;
+        push_x.shape(|| {
+            for _ in 0..PUSH_PER_BLOCK {
+                shape_push(
+                    &mut floor_http,
+                    &mut push_shape.lines,
+                    &shape_body,
+                    Some(&mut push_shape_samples),
+                )?;
+            }
+            Ok(())
+        })?;
     }
 
     // In flight.
@@ -859,6 +957,7 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
         latency(&mut note_pipe)?,
         latency(&mut note_sock)?,
     );
+    let (ros_shape, push_shape) = (latency(&mut ros_shape)?, latency(&mut push_shape_samples)?);
     let list_floor = p50(&list_pipe) + p50(&list_sock);
     let ros_floor = p50(&ros_pipe) + p50(&ros_sock) + p50(&http);
     let push_floor = p50(&http) + p50(&note_sock) + p50(&note_pipe);
@@ -878,12 +977,16 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
             "response_bytes": roster_bytes,
             "floor": {"pipe_echo": ros_pipe, "socket_echo": ros_sock, "http_post": http, "sum_p50_us": ros_floor},
             "ratio_p50": p50(&ros) / ros_floor,
+            "shape": {"latency": ros_shape, "path": "agent -pipe-> relay -HTTP POST-> do-nothing server, and back"},
+            "ratio_to_shape_p50": p50(&ros) / p50(&ros_shape),
         },
         "push_to_notification": {
             "latency": pushes,
             "notification_bytes": notification_bytes,
             "floor": {"http_post": http, "socket_echo": note_sock, "pipe_echo": note_pipe, "sum_p50_us": push_floor},
             "ratio_p50": p50(&pushes) / push_floor,
+            "shape": {"latency": push_shape, "path": "agent -HTTP POST-> do-nothing server -held GET-> relay -pipe-> agent"},
+            "ratio_to_shape_p50": p50(&pushes) / p50(&push_shape),
         },
         "tools_list_in_flight": {
             "in_flight": IN_FLIGHT,

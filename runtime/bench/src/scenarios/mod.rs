@@ -145,6 +145,7 @@ pub(crate) fn run(args: &[String]) -> anyhow::Result<i32> {
         Some(acp::AGENT_ARG) => acp::agent_main(),
         Some(floor::ECHO_ARG) => floor::echo_main(&args[1..]),
         Some(floor::SERVER_ARG) => floor::server_main(),
+        Some(floor::RELAY_ARG) => floor::relay_main(&args[1..]),
         other => anyhow::bail!(
             "unknown scenario {:?}; expected one of: {}",
             other.unwrap_or(""),
