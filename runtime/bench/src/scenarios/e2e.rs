@@ -307,18 +307,7 @@ impl<W: Write, R: Read> Drop for Echo<W, R> {
 }
 
 fn pipe_echo() -> anyhow::Result<Echo<ChildStdin, ChildStdout>> {
-    let mut child = Command::new(std::env::current_exe()?)
-        .arg(ECHO_ARG)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()?;
-    let stdin = child.stdin.take().context("no stdin")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    Ok(Echo {
-        child,
-        lines: Lines::new(stdin, stdout),
-    })
+    piped_child(&[ECHO_ARG])
 }
 
 fn socket_echo(path: &std::path::Path) -> anyhow::Result<Echo<UnixStream, UnixStream>> {
@@ -345,8 +334,14 @@ fn socket_echo(path: &std::path::Path) -> anyhow::Result<Echo<UnixStream, UnixSt
 
 /// A relay child ([`super::floor`]) with `args`, its stdin and stdout as the client's pipe.
 fn relay(args: &[&str]) -> anyhow::Result<Echo<ChildStdin, ChildStdout>> {
+    let mut all = vec![RELAY_ARG];
+    all.extend_from_slice(args);
+    piped_child(&all)
+}
+
+/// This binary run with `args`, its stdin and stdout as the client's pipe.
+fn piped_child(args: &[&str]) -> anyhow::Result<Echo<ChildStdin, ChildStdout>> {
     let mut child = Command::new(std::env::current_exe()?)
-        .arg(RELAY_ARG)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
