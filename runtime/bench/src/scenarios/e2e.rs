@@ -617,7 +617,8 @@ fn interrupts_across_cpus_in(text: &str) -> Option<u64> {
 struct Crossings {
     ours: Option<u64>,
     floors: Option<u64>,
-    shape: Option<u64>,
+    /// `None` until calls of the same shape were counted (only `roster` and push have one).
+    shape: Option<Option<u64>>,
 }
 
 impl Default for Crossings {
@@ -625,7 +626,7 @@ impl Default for Crossings {
         Crossings {
             ours: Some(0),
             floors: Some(0),
-            shape: Some(0),
+            shape: None,
         }
     }
 }
@@ -643,7 +644,7 @@ impl Crossings {
 
     /// Runs calls through the do-nothing processes of the same shape, counting their interrupts.
     fn shape<T>(&mut self, f: impl FnOnce() -> anyhow::Result<T>) -> anyhow::Result<T> {
-        counted(&mut self.shape, f)
+        counted(self.shape.get_or_insert(Some(0)), f)
     }
 
     /// Per call through ac7, per call of the floors (each a pipe and a socket round trip) and,
@@ -656,8 +657,8 @@ impl Crossings {
             "ours": ours as f64 / calls as f64,
             "floors": floors as f64 / calls as f64,
         });
-        if let Some(shape) = self.shape.filter(|n| *n > 0) {
-            out["shape"] = json!(shape as f64 / calls as f64);
+        if let Some(shape) = self.shape {
+            out["shape"] = shape.map_or(Value::Null, |n| json!(n as f64 / calls as f64));
         }
         out
     }
@@ -1049,6 +1050,18 @@ mod tests {
             Some(9563 + 9279 + 1158249 + 1059413)
         );
         assert_eq!(interrupts_across_cpus_in("NMI: 0 0 Non-maskable\n"), None);
+    }
+
+    #[test]
+    fn the_shapes_interrupts_are_reported_only_where_measured_even_when_none() {
+        let mut x = Crossings::default();
+        assert!(x.per_call(10).get("shape").is_none());
+        x.shape = Some(Some(0));
+        assert_eq!(x.per_call(10)["shape"], json!(0.0));
+        x.shape = Some(Some(5));
+        assert_eq!(x.per_call(10)["shape"], json!(0.5));
+        x.shape = Some(None);
+        assert_eq!(x.per_call(10)["shape"], Value::Null);
     }
 
     #[test]
