@@ -721,9 +721,10 @@ fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
 }
 
 /// The page size of a new database file. A message changes five pages (its row, three index
-/// entries and the `AUTOINCREMENT` counter), each appended to the write-ahead log whole and copied again by the checkpoint: at
-/// 2 KiB a push writes half the bytes it did at SQLite's default 4 KiB, for about 1.5% more disk a
-/// message (room lost at the end of each smaller page). 1 KiB pages lose 5%.
+/// entries and the `AUTOINCREMENT` counter), each appended to the write-ahead log whole and
+/// copied again by the checkpoint: at 2 KiB a push writes half the bytes it did at SQLite's
+/// default 4 KiB, for about 1.5% more disk a message (room lost at the end of each smaller
+/// page). 1 KiB pages lose 5%.
 pub(super) const PAGE_SIZE: i64 = 2048;
 
 /// The `messages` table (as in `SCHEMA`), for the step that rebuilds an older one.
