@@ -29,6 +29,26 @@ fn timestamps_match_the_capture_format() {
     assert_eq!(format_ts(4_102_444_799_000), "12/31/99 23:59:59 UTC");
 }
 
+proptest! {
+    #![proptest_config(crate::test_support::proptest_config("format_ts"))]
+
+    /// Any instant reads as its civil fields, each in two digits (the year's last two).
+    #[test]
+    fn any_timestamp_reads_as_its_fields_in_two_digits(ms in any::<i64>()) {
+        let t = UtcDateTime::from_epoch_ms(ms);
+        let expected = format!(
+            "{:02}/{:02}/{:02} {:02}:{:02}:{:02} UTC",
+            t.month,
+            t.day,
+            t.year.rem_euclid(100),
+            t.hour,
+            t.minute,
+            t.second
+        );
+        prop_assert_eq!(format_ts(ms), expected);
+    }
+}
+
 #[test]
 fn threads_and_self_echo() {
     assert_eq!(
