@@ -309,6 +309,17 @@ pub struct Response {
     pub keep_alive: bool,
 }
 
+/// The start of a response whose body is read as it arrives ([`ResponseDecoder::decode_head`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// The status code.
+    pub status: u16,
+    /// The headers, in arrival order.
+    pub headers: Headers,
+    /// As [`Response::keep_alive`] says, once the body is complete.
+    pub keep_alive: bool,
+}
+
 /// Reads one response to a request (not `HEAD`) from a connection's bytes as they arrive, the
 /// codec way: [`push`](Self::push) what was read, then [`decode`](Self::decode); at the end of
 /// the connection [`decode_eof`](Self::decode_eof). Interim `1xx` answers (`100 Continue`) are
@@ -366,76 +377,99 @@ impl ResponseDecoder {
 
     /// The response, once it is whole.
     pub fn decode(&mut self) -> Result<Option<Response>, String> {
-        loop {
-            match &mut self.state {
-                Reading::Head => {
-                    let rest = self.buf.rest();
-                    let prefix = rest.len().min(5);
-                    if rest[..prefix] != b"HTTP/"[..prefix] {
-                        return Err("not an HTTP/1.x answer".into());
-                    }
-                    let Some(len) = capped_head_len(&mut self.buf, self.max_head, "response")?
-                    else {
-                        return Ok(None);
-                    };
-                    let head = parse_head(&self.buf.rest()[..len])?;
-                    self.buf.consume(len);
-                    let (status, http11) = status_line(&head.start)?;
-                    if status == 101 {
-                        return Err("the server switched protocols".into());
-                    }
-                    if (100..200).contains(&status) {
-                        continue;
-                    }
-                    let framing = if matches!(status, 204 | 304) {
-                        Framing::Length(0)
-                    } else {
-                        match framing(&head.headers, false)? {
-                            // What a `Transfer-Encoding` not ending in `chunked` frames.
-                            Some(Framing::UntilClose) => {
-                                return Err(format!(
-                                    "a transfer coding this client cannot undo: {}",
-                                    header(&head.headers, "transfer-encoding").unwrap_or_default()
-                                ));
-                            }
-                            Some(framing) => framing,
-                            None => Framing::UntilClose,
-                        }
-                    };
-                    // A body delimited by the close ends only in `decode_eof`, never kept alive.
-                    self.state = Reading::Body {
-                        status,
-                        keep_alive: keep_alive(&head.headers, http11),
-                        framing,
-                    };
-                }
-                Reading::Body {
-                    status,
-                    keep_alive,
-                    framing,
-                } => {
-                    let body = &mut self.body;
-                    let done = read_body(
-                        &mut self.buf,
-                        framing,
-                        self.max_head,
-                        &mut |bytes| body.extend_from_slice(bytes),
-                        None,
-                    )?;
-                    if !done {
-                        self.buf.compact();
-                        return Ok(None);
-                    }
-                    let response = Response {
-                        status: *status,
-                        body: std::mem::take(&mut self.body),
-                        keep_alive: *keep_alive,
-                    };
-                    self.state = Reading::Head;
-                    return Ok(Some(response));
-                }
-            }
+        if matches!(self.state, Reading::Head) && self.decode_head()?.is_none() {
+            return Ok(None);
         }
+        let mut body = std::mem::take(&mut self.body);
+        let status_and_reuse = match &self.state {
+            Reading::Body {
+                status, keep_alive, ..
+            } => (*status, *keep_alive),
+            Reading::Head => return Err("no response in progress".into()),
+        };
+        let done = self.decode_body(&mut |bytes| body.extend_from_slice(bytes));
+        self.body = body;
+        if !done? {
+            return Ok(None);
+        }
+        let (status, keep_alive) = status_and_reuse;
+        Ok(Some(Response {
+            status,
+            body: std::mem::take(&mut self.body),
+            keep_alive,
+        }))
+    }
+
+    /// The status and headers of the response, once its head is whole (interim `1xx` answers
+    /// skipped); its body then comes through [`decode_body`](Self::decode_body) as it arrives,
+    /// for an answer that does not end (an event stream). `Ok(None)`: more bytes are needed.
+    pub fn decode_head(&mut self) -> Result<Option<ResponseHead>, String> {
+        loop {
+            if !matches!(self.state, Reading::Head) {
+                return Err("the head was already read".into());
+            }
+            let rest = self.buf.rest();
+            let prefix = rest.len().min(5);
+            if rest[..prefix] != b"HTTP/"[..prefix] {
+                return Err("not an HTTP/1.x answer".into());
+            }
+            let Some(len) = capped_head_len(&mut self.buf, self.max_head, "response")? else {
+                return Ok(None);
+            };
+            let head = parse_head(&self.buf.rest()[..len])?;
+            self.buf.consume(len);
+            let (status, http11) = status_line(&head.start)?;
+            if status == 101 {
+                return Err("the server switched protocols".into());
+            }
+            if (100..200).contains(&status) {
+                continue;
+            }
+            let framing = if matches!(status, 204 | 304) {
+                Framing::Length(0)
+            } else {
+                match framing(&head.headers, false)? {
+                    // What a `Transfer-Encoding` not ending in `chunked` frames.
+                    Some(Framing::UntilClose) => {
+                        return Err(format!(
+                            "a transfer coding this client cannot undo: {}",
+                            header(&head.headers, "transfer-encoding").unwrap_or_default()
+                        ));
+                    }
+                    Some(framing) => framing,
+                    None => Framing::UntilClose,
+                }
+            };
+            // A body delimited by the close ends only at the close, never kept alive.
+            let keep_alive = keep_alive(&head.headers, http11);
+            self.state = Reading::Body {
+                status,
+                keep_alive,
+                framing,
+            };
+            return Ok(Some(ResponseHead {
+                status,
+                headers: head.headers,
+                keep_alive: keep_alive && framing != Framing::UntilClose,
+            }));
+        }
+    }
+
+    /// After [`decode_head`](Self::decode_head): hands the body bytes pushed so far to `data`,
+    /// de-chunked, and says whether the body is complete (the decoder is then ready for the
+    /// next response on the connection). A body that runs until the close is never complete
+    /// here: the close ends it.
+    pub fn decode_body(&mut self, data: &mut dyn FnMut(&[u8])) -> Result<bool, String> {
+        let Reading::Body { framing, .. } = &mut self.state else {
+            return Err("no response in progress".into());
+        };
+        let done = read_body(&mut self.buf, framing, self.max_head, data, None)?;
+        if done {
+            self.state = Reading::Head;
+        } else {
+            self.buf.compact();
+        }
+        Ok(done)
     }
 
     /// The connection closed: the response if it ran until the close, an error if it broke
@@ -492,4 +526,104 @@ fn keep_alive(headers: &Headers, http11: bool) -> bool {
         }
     }
     open
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ResponseDecoder, header};
+
+    /// Reads `wire` pushed `step` bytes at a time with `decode_head` and then `decode_body`:
+    /// the status, the `content-type`, the body handed on, whether the body completed, and
+    /// how many calls handed on some bytes.
+    fn stream(wire: &[u8], step: usize) -> (u16, Option<String>, Vec<u8>, bool, usize) {
+        let mut decoder = ResponseDecoder::new(1024);
+        let mut head = None;
+        let mut body = Vec::new();
+        let mut handed = 0;
+        for piece in wire.chunks(step) {
+            decoder.push(piece);
+            if head.is_none() {
+                head = decoder.decode_head().unwrap();
+                if head.is_none() {
+                    continue;
+                }
+            }
+            let before = body.len();
+            if decoder
+                .decode_body(&mut |b| body.extend_from_slice(b))
+                .unwrap()
+            {
+                let head = head.unwrap();
+                let kind = header(&head.headers, "content-type").map(str::to_owned);
+                return (head.status, kind, body, true, handed + 1);
+            }
+            handed += usize::from(body.len() > before);
+        }
+        let head = head.expect("a head");
+        let kind = header(&head.headers, "content-type").map(str::to_owned);
+        (head.status, kind, body, false, handed)
+    }
+
+    #[test]
+    fn a_chunked_event_stream_comes_out_piece_by_piece_however_the_bytes_arrive() {
+        let wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n\
+            9\r\n: hello\n\n\r\n13\r\nevent: m\ndata: {}\n\n\r\n";
+        for step in 1..=wire.len() {
+            let (status, kind, body, done, handed) = stream(wire, step);
+            assert_eq!(status, 200);
+            assert_eq!(kind.as_deref(), Some("text/event-stream"));
+            assert_eq!(body, b": hello\n\nevent: m\ndata: {}\n\n", "step {step}");
+            assert!(!done, "an open stream has not ended");
+            if step == 1 {
+                // Each data byte is handed on the moment it arrives.
+                assert_eq!(handed, body.len());
+            }
+        }
+        // The last chunk ends it.
+        let mut ended = wire.to_vec();
+        ended.extend_from_slice(b"0\r\n\r\n");
+        for step in [1, 7, ended.len()] {
+            let (_, _, body, done, _) = stream(&ended, step);
+            assert!(done, "step {step}");
+            assert_eq!(body, b": hello\n\nevent: m\ndata: {}\n\n");
+        }
+    }
+
+    #[test]
+    fn streaming_reads_every_framing_as_the_whole_answer_does() {
+        for wire in [
+            &b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\nno stream"[..],
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+            b"HTTP/1.1 204 No Content\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n4;x=y\r\nWiki\r\n5\r\npedia\r\n0\r\nA: b\r\n\r\n",
+        ] {
+            let mut whole = ResponseDecoder::new(1024);
+            whole.push(wire);
+            let answer = whole.decode().unwrap().unwrap();
+            for step in 1..=wire.len() {
+                let (status, _, body, done, _) = stream(wire, step);
+                assert_eq!((status, body.as_slice(), done), (answer.status, &answer.body[..], true));
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_is_read_only_after_its_head_and_a_head_only_once() {
+        let mut decoder = ResponseDecoder::new(1024);
+        assert!(decoder.decode_body(&mut |_| {}).is_err());
+        decoder.push(b"HTTP/1.1 200 OK\r\n\r\nuntil the close");
+        let head = decoder.decode_head().unwrap().unwrap();
+        assert!(!head.keep_alive, "a body delimited by the close");
+        assert!(decoder.decode_head().is_err());
+        let mut body = Vec::new();
+        assert!(
+            !decoder
+                .decode_body(&mut |b| body.extend_from_slice(b))
+                .unwrap()
+        );
+        assert_eq!(body, b"until the close");
+        let mut refused = ResponseDecoder::new(1024);
+        refused.push(b"SSH-2.0-OpenSSH_9.6\r\n");
+        assert_eq!(refused.decode_head().unwrap_err(), "not an HTTP/1.x answer");
+    }
 }

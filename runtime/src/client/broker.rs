@@ -200,6 +200,50 @@ impl BrokerClient {
         .await
     }
 
+    /// Sends a `GET path` with `headers` whose answer is read as it arrives (a live stream),
+    /// without the general client: `None` when that cannot be (a URL that is not plain
+    /// `http://`, a proxy, a header that cannot go out as it is), for the caller to use
+    /// [`send`](Self::send). Fails over as [`send`](Self::send) does; the answer's head is
+    /// awaited at most [`REQUEST_TIMEOUT`].
+    pub(crate) async fn open_plain(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Option<Result<(plain::ResponseHead, plain::Streaming), String>> {
+        if self.plain.iter().any(Option::is_none)
+            || !headers.iter().all(|(_, v)| plain::header_safe(v))
+        {
+            return None;
+        }
+        let opened = self
+            .failing_over(
+                |i| async move {
+                    let plain = self.plain[i].as_ref().expect("every URL is plain");
+                    let target = plain.target(path, || {
+                        join(
+                            self.bases[i].as_ref().expect("a plain URL was parsed"),
+                            path,
+                        )
+                    });
+                    let outgoing = plain::Outgoing {
+                        method: "GET",
+                        target: &target,
+                        token: &self.token,
+                        headers,
+                        body: None,
+                    };
+                    plain
+                        .open(&outgoing, REQUEST_TIMEOUT)
+                        .await
+                        .map_err(|failure| (i, failure))
+                },
+                |(head, _)| head.status,
+                |(_, failure)| matches!(failure, plain::Failure::Connect(_)),
+            )
+            .await;
+        Some(opened.map_err(|(i, failure)| format!("GET {}{path}: {failure}", self.urls[i])))
+    }
+
     /// Runs `attempt` on the current URL's number, and again on the next URL's while the
     /// answer (`status`) or the error (`refused`: nothing reached the broker) says that broker
     /// did nothing, each URL at most once; a 401 makes the token watch check the token.
@@ -296,6 +340,7 @@ impl BrokerClient {
             method: request.method.as_str(),
             target: &target,
             token: &self.token,
+            headers: &[],
             body,
         };
         let url = &self.urls[i];

@@ -7,7 +7,7 @@
 //! and it depends on none of them.
 
 pub mod broker;
-mod plain;
+pub(crate) mod plain;
 pub mod token_watch;
 pub mod tokens;
 

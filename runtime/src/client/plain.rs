@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub(crate) use ac7_protocol::codec::http1::ResponseHead;
 use ac7_protocol::codec::http1::{Response, ResponseDecoder};
 
 /// How long connecting may take.
@@ -86,8 +87,19 @@ pub(crate) struct Outgoing<'a> {
     /// Path and query, percent-encoded (see [`Plain::target`]).
     pub(crate) target: &'a str,
     pub(crate) token: &'a str,
+    /// More headers, name and value (each value [`header_safe`]).
+    pub(crate) headers: &'a [(&'a str, &'a str)],
     /// The body and its `Content-Type` (`None`: no body).
     pub(crate) body: Option<(&'a [u8], &'a str)>,
+}
+
+/// An answer whose body is read as it arrives (a live stream), on a connection of its own
+/// that ends with it.
+#[derive(Debug)]
+pub(crate) struct Streaming {
+    stream: TcpStream,
+    decoder: ResponseDecoder,
+    buf: Vec<u8>,
 }
 
 impl Plain {
@@ -160,6 +172,57 @@ impl Plain {
         Ok(self.keep(answer, stream))
     }
 
+    /// Sends `request` on a connection of its own and reads the answer's head within
+    /// `timeout`; the body is then read from the [`Streaming`] as it comes.
+    pub(crate) async fn open(
+        &self,
+        request: &Outgoing<'_>,
+        timeout: Duration,
+    ) -> Result<(ResponseHead, Streaming), Failure> {
+        let bytes = encode(request, &self.authority);
+        let mut stream = self.connect().await?;
+        let answered = async {
+            stream.write_all(&bytes).await.map_err(Failure::Write)?;
+            let mut decoder = ResponseDecoder::new(MAX_HEAD);
+            let mut buf = Vec::with_capacity(READ_SIZE);
+            loop {
+                buf.clear();
+                let n = match stream.read_buf(&mut buf).await {
+                    Ok(n) => n,
+                    Err(err) if decoder.started() => return Err(Failure::Answer(err.to_string())),
+                    Err(err) => return Err(Failure::Unanswered(err)),
+                };
+                if n == 0 {
+                    let closed = "the connection closed before an answer";
+                    return Err(if decoder.started() {
+                        Failure::Answer(closed.into())
+                    } else {
+                        Failure::Unanswered(io::Error::new(io::ErrorKind::UnexpectedEof, closed))
+                    });
+                }
+                decoder.push(&buf[..n]);
+                if let Some(head) = decoder.decode_head().map_err(Failure::Answer)? {
+                    return Ok((head, decoder, buf));
+                }
+            }
+        };
+        match tokio::time::timeout(timeout, answered).await {
+            Ok(Ok((head, decoder, buf))) => Ok((
+                head,
+                Streaming {
+                    stream,
+                    decoder,
+                    buf,
+                },
+            )),
+            Ok(Err(failure)) => Err(failure),
+            Err(_) => Err(Failure::Unanswered(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("no answer within {} s", timeout.as_secs()),
+            ))),
+        }
+    }
+
     /// An idle connection the broker has not closed, if there is one.
     fn reusable(&self) -> Option<TcpStream> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
@@ -203,6 +266,65 @@ impl Plain {
     }
 }
 
+impl Streaming {
+    /// Hands the body bytes that arrive next to `data` (de-chunked), waiting for some when none
+    /// are held: `Ok(true)` once some were handed on, `Ok(false)` when the body ended (or the
+    /// connection closed at the end of a body that runs until the close), `Err` when the
+    /// connection failed or closed in the middle of the body.
+    pub(crate) async fn next(
+        &mut self,
+        data: &mut (dyn FnMut(&[u8]) + Send),
+    ) -> Result<bool, String> {
+        loop {
+            let mut some = false;
+            let done = self.decoder.decode_body(&mut |bytes| {
+                some |= !bytes.is_empty();
+                data(bytes);
+            })?;
+            if some {
+                return Ok(true);
+            }
+            if done {
+                return Ok(false);
+            }
+            self.buf.clear();
+            let n = self
+                .stream
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| e.to_string())?;
+            if n == 0 {
+                // What a body that runs until the close still held, then its end.
+                return match self.decoder.decode_eof()? {
+                    Some(rest) if !rest.body.is_empty() => {
+                        data(&rest.body);
+                        Ok(true)
+                    }
+                    _ => Ok(false),
+                };
+            }
+            self.decoder.push(&self.buf[..n]);
+        }
+    }
+
+    /// The rest of the body as text (of a refusal, say), at most `max` bytes of it; what
+    /// came if the connection fails meanwhile.
+    pub(crate) async fn text(mut self, max: usize) -> String {
+        let mut body = Vec::new();
+        while body.len() < max {
+            match self
+                .next(&mut |bytes| body.extend_from_slice(&bytes[..bytes.len().min(max)]))
+                .await
+            {
+                Ok(true) => {}
+                Ok(false) | Err(_) => break,
+            }
+        }
+        body.truncate(max);
+        String::from_utf8_lossy(&body).into_owned()
+    }
+}
+
 /// Whether `value` may go into a header as it is (no line breaks or other control bytes).
 pub(crate) fn header_safe(value: &str) -> bool {
     value
@@ -239,6 +361,11 @@ fn encode(request: &Outgoing<'_>, authority: &str) -> Vec<u8> {
         "\r\nx-ac7-protocol: 1\r\n",
     ] {
         out.extend_from_slice(part.as_bytes());
+    }
+    for (name, value) in request.headers {
+        for part in [name, ": ", value, "\r\n"] {
+            out.extend_from_slice(part.as_bytes());
+        }
     }
     if let Some((_, content_type)) = request.body {
         out.extend_from_slice(b"content-type: ");
@@ -441,6 +568,7 @@ mod tests {
             method: "POST",
             target: "/ac7/push",
             token: "ac7_t",
+            headers: &[],
             body: Some((b"{\"body\":\"hi\"}", "application/json")),
         };
         assert_eq!(
@@ -453,6 +581,7 @@ mod tests {
             method: "GET",
             target: "/roster",
             token: "t",
+            headers: &[],
             body: None,
         };
         assert_eq!(
@@ -469,6 +598,153 @@ mod tests {
                 .unwrap()
                 .ends_with("x-ac7-protocol: 1\r\ncontent-length: 0\r\n\r\n")
         );
+    }
+
+    #[test]
+    fn more_headers_follow_the_token_and_protocol() {
+        let request = Outgoing {
+            method: "GET",
+            target: "/subscribe?name=ann",
+            token: "t",
+            headers: &[("accept", "text/event-stream"), ("last-event-id", "7")],
+            body: None,
+        };
+        assert_eq!(
+            String::from_utf8(encode(&request, "localhost")).unwrap(),
+            "GET /subscribe?name=ann HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer t\r\n\
+             x-ac7-protocol: 1\r\naccept: text/event-stream\r\nlast-event-id: 7\r\n\r\n"
+        );
+    }
+
+    /// A server on 127.0.0.1 that reads one request and writes `pieces` with a pause before
+    /// each, then closes; the request's head, once read.
+    async fn piecewise_server(
+        pieces: Vec<&'static [u8]>,
+    ) -> (reqwest::Url, tokio::sync::oneshot::Receiver<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url =
+            reqwest::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                let mut chunk = [0u8; 1024];
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                }
+            }
+            let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+            for piece in pieces {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                if stream.write_all(piece).await.is_err() {
+                    return;
+                }
+            }
+        });
+        (url, rx)
+    }
+
+    /// Reads `streaming` to its end: each piece handed on, and how it ended.
+    async fn read_out(streaming: &mut super::Streaming) -> (Vec<Vec<u8>>, Result<bool, String>) {
+        let mut pieces = Vec::new();
+        loop {
+            let mut piece = Vec::new();
+            match streaming.next(&mut |b| piece.extend_from_slice(b)).await {
+                Ok(true) => pieces.push(piece),
+                other => return (pieces, other),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn an_event_stream_is_handed_on_event_by_event_until_its_last_chunk() {
+        let (url, request) = piecewise_server(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n",
+            b"transfer-encoding: chunked\r\n\r\n9\r\n: hello\n\n\r\n",
+            b"13\r\nevent: m\ndata: {}\n\n\r\n",
+            b"0\r\n\r\n",
+        ])
+        .await;
+        let plain = Plain::for_base(&url).unwrap();
+        let opening = Outgoing {
+            headers: &[("accept", "text/event-stream")],
+            ..get("/subscribe?name=ann")
+        };
+        let (head, mut streaming) = plain
+            .open(&opening, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(head.status, 200);
+        assert_eq!(
+            ac7_protocol::codec::http1::header(&head.headers, "content-type"),
+            Some("text/event-stream")
+        );
+        let sent = request.await.unwrap();
+        assert!(
+            sent.starts_with("GET /subscribe?name=ann HTTP/1.1\r\n"),
+            "{sent}"
+        );
+        assert!(sent.contains("\r\naccept: text/event-stream\r\n"), "{sent}");
+        let (pieces, end) = read_out(&mut streaming).await;
+        assert_eq!(
+            pieces,
+            [&b": hello\n\n"[..], b"event: m\ndata: {}\n\n"],
+            "each event as it came"
+        );
+        assert_eq!(end, Ok(false), "the last chunk ends the body");
+    }
+
+    #[tokio::test]
+    async fn a_stream_cut_off_mid_chunk_is_an_error_and_a_refusal_reads_as_text() {
+        let (url, _) = piecewise_server(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+            b"20\r\nevent: m\n",
+        ])
+        .await;
+        let plain = Plain::for_base(&url).unwrap();
+        let timeout = std::time::Duration::from_secs(5);
+        let (_, mut streaming) = plain.open(&get("/subscribe"), timeout).await.unwrap();
+        let (pieces, end) = read_out(&mut streaming).await;
+        assert_eq!(pieces, [b"event: m\n"]);
+        assert!(end.unwrap_err().contains("closed before the end"));
+
+        let (url, _) = piecewise_server(vec![
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 10\r\n\r\nno ",
+            b"stream\n",
+        ])
+        .await;
+        let plain = Plain::for_base(&url).unwrap();
+        let (head, streaming) = plain.open(&get("/subscribe"), timeout).await.unwrap();
+        assert_eq!(head.status, 404);
+        assert_eq!(streaming.text(4096).await, "no stream\n");
+
+        // A head cut off by the close, and no head in time: the open fails, saying which.
+        let (url, _) = piecewise_server(vec![b"HTTP/1.1 200 OK\r\n"]).await;
+        let plain = Plain::for_base(&url).unwrap();
+        match plain.open(&get("/subscribe"), timeout).await {
+            Err(super::Failure::Answer(why)) => {
+                assert!(why.contains("closed before an answer"), "{why}")
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("a head without its end"),
+        }
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = reqwest::Url::parse(&format!("http://{}", silent.local_addr().unwrap())).unwrap();
+        let plain = Plain::for_base(&url).unwrap();
+        let short = std::time::Duration::from_millis(200);
+        let request = get("/subscribe");
+        let (opened, accepted) = tokio::join!(plain.open(&request, short), silent.accept());
+        let _held = accepted.unwrap();
+        match opened {
+            Err(super::Failure::Unanswered(err)) => {
+                assert_eq!(err.kind(), std::io::ErrorKind::TimedOut, "{err}")
+            }
+            Err(other) => panic!("{other}"),
+            Ok(_) => panic!("an answer from a silent server"),
+        }
     }
 
     #[test]
@@ -575,6 +851,7 @@ mod tests {
             method: "GET",
             target,
             token: "t",
+            headers: &[],
             body: None,
         }
     }
@@ -623,6 +900,7 @@ mod tests {
                 method,
                 target: "/push",
                 token: "t",
+                headers: &[],
                 body: None,
             };
             assert_eq!(plain.send(&request).await.unwrap(), (200, b"0/0".to_vec()));

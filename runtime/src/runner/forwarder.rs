@@ -77,6 +77,9 @@ type WsStream =
 /// One open connection.
 enum Conn {
     Sse(Box<(reqwest::Response, SseParser)>),
+    /// An event stream from a plain `http://` broker, read off its socket without the general
+    /// client (its connection task and body channel cost a wake-up of their own per event).
+    PlainSse(Box<(crate::client::plain::Streaming, SseParser)>),
     Ws(Box<WsStream>),
 }
 
@@ -383,6 +386,9 @@ enum Refused {
     Failed(String),
 }
 
+/// The most bytes of a refusal's body kept for the log.
+const REFUSAL_TEXT_MAX: usize = 4096;
+
 async fn open_sse(
     client: &BrokerClient,
     me: &str,
@@ -392,17 +398,35 @@ async fn open_sse(
         "/subscribe?name={}",
         ac7_protocol::domain::toolbox::encode_component(me)
     );
+    let runner = super::lifecycle::this_runner().to_header();
+    let mut headers = vec![
+        ("accept", "text/event-stream"),
+        (RUNNER_HEADER, runner.as_str()),
+    ];
+    if let Some(id) = last_id {
+        headers.push(("last-event-id", id));
+    }
+    if let Some(opened) = client.open_plain(&path, &headers).await {
+        let (head, stream) = opened.map_err(Refused::Failed)?;
+        let found = |name: &str| ac7_protocol::codec::http1::header(&head.headers, name);
+        let is_sse = found("content-type").is_some_and(|v| v.starts_with("text/event-stream"));
+        if !(200..300).contains(&head.status) || !is_sse {
+            let body = stream.text(REFUSAL_TEXT_MAX).await;
+            return Err(refusal(head.status, &body));
+        }
+        return Ok((
+            Conn::PlainSse(Box::new((stream, SseParser::default()))),
+            found(REPLAY_HEADER).is_some(),
+            found("date").and_then(date_ms),
+        ));
+    }
     let response = client
-        .send(reqwest::Method::GET, &path, |request| {
-            let request = request
-                .header(reqwest::header::ACCEPT, "text/event-stream")
-                .header(RUNNER_HEADER, super::lifecycle::this_runner().to_header())
-                // A live stream has no end: only the machine's watchdog bounds it.
-                .timeout(Duration::from_secs(365 * 24 * 3600));
-            match last_id {
-                Some(id) => request.header("Last-Event-ID", id),
-                None => request,
+        .send(reqwest::Method::GET, &path, |mut request| {
+            for (name, value) in &headers {
+                request = request.header(*name, *value);
             }
+            // A live stream has no end: only the machine's watchdog bounds it.
+            request.timeout(Duration::from_secs(365 * 24 * 3600))
         })
         .await
         .map_err(|e| Refused::Failed(describe(&e)))?;
@@ -412,23 +436,35 @@ async fn open_sse(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("text/event-stream"));
     if !response.status().is_success() || !is_sse {
-        let status = response.status();
+        let status = response.status().as_u16();
         let body = response.text().await.unwrap_or_default();
-        let reason = format!("GET /subscribe answered {status}: {}", body.trim());
-        // Refusals and a broker (or every replica) that cannot serve now are failures to
-        // retry; anything else means this broker does not stream SSE here.
-        return Err(match status.as_u16() {
-            401 | 403 | 500..=599 => Refused::Failed(reason),
-            _ => Refused::NotSse(reason),
-        });
+        return Err(refusal(status, &body));
     }
     let replays = response.headers().contains_key(REPLAY_HEADER);
-    let broker_ms = date_ms(response.headers());
+    let broker_ms = response
+        .headers()
+        .get(reqwest::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(date_ms);
     Ok((
         Conn::Sse(Box::new((response, SseParser::default()))),
         replays,
         broker_ms,
     ))
+}
+
+/// Why a `GET /subscribe` answered `status` (with `body`) is not a stream: refusals and a
+/// broker (or every replica) that cannot serve now are failures to retry; anything else means
+/// this broker does not stream SSE here.
+fn refusal(status: u16, body: &str) -> Refused {
+    let reason = match reqwest::StatusCode::from_u16(status) {
+        Ok(code) => format!("GET /subscribe answered {code}: {}", body.trim()),
+        Err(_) => format!("GET /subscribe answered {status}: {}", body.trim()),
+    };
+    match status {
+        401 | 403 | 500..=599 => Refused::Failed(reason),
+        _ => Refused::NotSse(reason),
+    }
 }
 
 async fn open_ws(
@@ -481,13 +517,16 @@ async fn open_ws(
         }
     };
     let replays = response.headers().contains_key(REPLAY_HEADER);
-    let broker_ms = date_ms(response.headers());
+    let broker_ms = response
+        .headers()
+        .get(tungstenite::http::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(date_ms);
     Ok((Conn::Ws(Box::new(socket)), replays, broker_ms))
 }
 
-/// The `Date` header as epoch ms.
-fn date_ms(headers: &reqwest::header::HeaderMap) -> Option<i64> {
-    let text = headers.get(reqwest::header::DATE)?.to_str().ok()?;
+/// A `Date` header's value as epoch ms.
+fn date_ms(text: &str) -> Option<i64> {
     let at = httpdate::parse_http_date(text).ok()?;
     let since = at.duration_since(std::time::UNIX_EPOCH).ok()?;
     i64::try_from(since.as_millis()).ok()
@@ -506,20 +545,15 @@ async fn next_frames(conn: &mut Option<Conn>) -> Result<Vec<LiveFrame>, String> 
                 Err(e) => return Err(describe(&e)),
             };
             parser.push(&bytes);
-            let mut frames = vec![LiveFrame::Alive];
-            while let Some(item) = parser.decode() {
-                match item {
-                    SseItem::Event(event) => match LiveFrame::from_sse(&event.event, &event.data) {
-                        Ok(frame) => frames.push(frame),
-                        Err(e) => tracing::warn!(error = %e, "dropped a live event"),
-                    },
-                    SseItem::Oversized { len } => {
-                        tracing::warn!(len, "dropped an oversized live event")
-                    }
-                    SseItem::InvalidUtf8 => tracing::warn!("live event with invalid UTF-8"),
-                }
+            Ok(sse_frames(parser))
+        }
+        Some(Conn::PlainSse(sse)) => {
+            let (stream, parser) = &mut **sse;
+            match stream.next(&mut |bytes| parser.push(bytes)).await {
+                Ok(true) => Ok(sse_frames(parser)),
+                Ok(false) => Err("stream ended".into()),
+                Err(e) => Err(format!("the live stream broke off: {e}")),
             }
-            Ok(frames)
         }
         Some(Conn::Ws(socket)) => match socket.next().await {
             None => Err("stream ended".into()),
@@ -535,6 +569,24 @@ async fn next_frames(conn: &mut Option<Conn>) -> Result<Vec<LiveFrame>, String> 
             Some(Ok(_)) => Ok(vec![LiveFrame::Alive]),
         },
     }
+}
+
+/// A sign of life, then every whole event `parser` holds as a frame.
+fn sse_frames(parser: &mut SseParser) -> Vec<LiveFrame> {
+    let mut frames = vec![LiveFrame::Alive];
+    while let Some(item) = parser.decode() {
+        match item {
+            SseItem::Event(event) => match LiveFrame::from_sse(&event.event, &event.data) {
+                Ok(frame) => frames.push(frame),
+                Err(e) => tracing::warn!(error = %e, "dropped a live event"),
+            },
+            SseItem::Oversized { len } => {
+                tracing::warn!(len, "dropped an oversized live event")
+            }
+            SseItem::InvalidUtf8 => tracing::warn!("live event with invalid UTF-8"),
+        }
+    }
+    frames
 }
 
 /// Runs one `/history` query of the machine.
@@ -566,4 +618,108 @@ async fn fetch(client: BrokerClient, query: HistoryQuery) -> (u64, Result<Vec<Me
             }),
     };
     (query.id, result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Conn, StreamMode, open};
+    use crate::client::BrokerClient;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A server on 127.0.0.1 that answers every request with `answer` and closes; the request
+    /// heads it read.
+    async fn answering(
+        answer: &'static [u8],
+    ) -> (
+        String,
+        std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&seen);
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let mut buf = Vec::new();
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let mut chunk = [0u8; 1024];
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                    }
+                }
+                log.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf).into_owned());
+                let _ = stream.write_all(answer).await;
+            }
+        });
+        (url, seen, server)
+    }
+
+    #[tokio::test]
+    async fn an_event_stream_from_a_plain_broker_is_read_off_its_socket() {
+        let (url, seen, server) = answering(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nx-ac7-replay: 1\r\n\
+              date: Tue, 01 Dec 2026 04:00:00 GMT\r\ntransfer-encoding: chunked\r\n\r\n",
+        )
+        .await;
+        let client = BrokerClient::new(&url, "ac7_token").unwrap();
+        let (mode, opened) = open(client, "ann".into(), StreamMode::Auto, Some("42".into())).await;
+        assert_eq!(mode, StreamMode::Auto);
+        let (conn, replays, broker_ms) = opened.unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(conn, Conn::PlainSse(_)));
+        assert!(replays);
+        assert_eq!(broker_ms, Some(1_796_097_600_000));
+        let request = seen.lock().unwrap()[0].clone();
+        for line in [
+            "GET /subscribe?name=ann HTTP/1.1\r\n",
+            "\r\nauthorization: Bearer ac7_token\r\n",
+            "\r\naccept: text/event-stream\r\n",
+            "\r\nlast-event-id: 42\r\n",
+            "\r\nx-ac7-runner: host=",
+        ] {
+            assert!(request.contains(line), "{line:?} in {request}");
+        }
+        server.abort();
+    }
+
+    #[tokio::test]
+    async fn a_broker_without_sse_moves_auto_to_websocket_and_a_refusal_is_retried() {
+        let (url, seen, server) =
+            answering(b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\nno stream").await;
+        let client = BrokerClient::new(&url, "t").unwrap();
+        let (mode, opened) = open(client, "ann".into(), StreamMode::Auto, None).await;
+        // The WebSocket try that follows is refused by the same server.
+        assert_eq!(mode, StreamMode::Ws);
+        assert!(opened.is_err());
+        let heads = seen.lock().unwrap().clone();
+        assert!(heads[0].contains("accept: text/event-stream"), "{heads:?}");
+        assert!(
+            heads[1].to_ascii_lowercase().contains("upgrade: websocket"),
+            "{heads:?}"
+        );
+        server.abort();
+
+        for (answer, status) in [
+            (
+                &b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 7\r\n\r\nrevoked"[..],
+                "401 Unauthorized: revoked",
+            ),
+            (
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n",
+                "503 Service Unavailable",
+            ),
+        ] {
+            let (url, _, server) = answering(answer).await;
+            let client = BrokerClient::new(&url, "t").unwrap();
+            let (mode, opened) = open(client, "ann".into(), StreamMode::Auto, None).await;
+            assert_eq!(mode, StreamMode::Auto, "{status}: SSE is tried again later");
+            let reason = opened.err().expect("a refusal");
+            assert!(reason.contains(status), "{reason}");
+            server.abort();
+        }
+    }
 }
