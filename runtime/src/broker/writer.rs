@@ -41,8 +41,12 @@ struct Item {
 struct Job {
     draft: Draft,
     item: Item,
-    reply: oneshot::Sender<Result<(Message, usize), PushError>>,
+    reply: oneshot::Sender<Result<Logged, PushError>>,
 }
+
+/// A push once committed and delivered: the message, its frame (which holds its JSON), and
+/// how many live streams it was handed to.
+pub type Logged = (Message, Arc<Frame>, usize);
 
 /// The handle requests use to reach the writer thread.
 #[derive(Debug)]
@@ -130,14 +134,14 @@ impl Writer {
     }
 
     /// Logs, commits and delivers one message (right here when it is alone, else in the
-    /// writer's next batch); returns it with its live count.
+    /// writer's next batch); returns it with its frame and live count.
     pub async fn push(
         &self,
         state: &AppState,
         draft: Draft,
         audience: Audience,
         now: i64,
-    ) -> Result<(Message, usize), PushError> {
+    ) -> Result<Logged, PushError> {
         let busy = Busy::enter(&self.busy);
         let item = Item { audience, now };
         if busy.alone
@@ -269,14 +273,14 @@ fn deliver_items(
     state: &AppState,
     items: &[Item],
     logged: Vec<(Message, Arc<Frame>)>,
-) -> Vec<(Message, usize)> {
+) -> Vec<Logged> {
     state.writer.count(logged.len());
     items
         .iter()
         .zip(logged)
         .map(|(item, (msg, frame))| {
             let live = publish::deliver(state, &item.audience, &frame, item.now);
-            (msg, live)
+            (msg, frame, live)
         })
         .collect()
 }
