@@ -413,7 +413,7 @@ mod tests {
         let mut data = serde_json::Map::new();
         data.insert("thread".into(), json!("chan:ops"));
         data.insert("n".into(), json!(1.5));
-        let msg = Message {
+        let msg = message::Message {
             id: "7570cd11-5c15-45b5-9983-822c0b5c993a".into(),
             ts: 1_795_314_350_478,
             to: None,

@@ -20,7 +20,7 @@
 //!   `Set-Cookie` with the full `Max-Age` (see [`super::session`]).
 
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 
 use super::session::{COOKIE, CookieRefresh, cookie_value, https, set_cookie};
@@ -135,26 +135,48 @@ pub(super) fn finish(
         );
     }
     let h = resp.headers_mut();
-    for (name, value) in headers(https(state)) {
-        h.entry(name).or_insert(HeaderValue::from_static(value));
+    let hsts = https(state).then_some(&HSTS);
+    for (name, value) in STATICS.iter().chain(hsts) {
+        h.entry(name).or_insert_with(|| value.clone());
     }
     resp
+}
+
+/// The headers of every response, parsed once (each answer takes copies that share their
+/// bytes).
+static STATICS: [(HeaderName, HeaderValue); 6] = [
+    static_header("content-security-policy", CSP),
+    static_header("x-content-type-options", "nosniff"),
+    static_header("referrer-policy", "no-referrer"),
+    static_header("x-frame-options", "DENY"),
+    static_header("cross-origin-opener-policy", "same-origin"),
+    static_header("cross-origin-resource-policy", "same-origin"),
+];
+
+/// Over HTTPS only.
+static HSTS: (HeaderName, HeaderValue) =
+    static_header("strict-transport-security", "max-age=31536000");
+
+const fn static_header(name: &'static str, value: &'static str) -> (HeaderName, HeaderValue) {
+    (
+        HeaderName::from_static(name),
+        HeaderValue::from_static(value),
+    )
 }
 
 /// The headers of every response (HSTS only over HTTPS), lower-case names: this layer adds
 /// them to the router's answers, and the accept loop (`broker::server`) writes them on the
 /// answers it makes itself (hyper's `400`/`414`/`431`, the connection cap's `503`).
 pub(crate) fn headers(https: bool) -> impl Iterator<Item = (&'static str, &'static str)> {
-    const STATICS: [(&str, &str); 6] = [
-        ("content-security-policy", CSP),
-        ("x-content-type-options", "nosniff"),
-        ("referrer-policy", "no-referrer"),
-        ("x-frame-options", "DENY"),
-        ("cross-origin-opener-policy", "same-origin"),
-        ("cross-origin-resource-policy", "same-origin"),
-    ];
-    let hsts = https.then_some(("strict-transport-security", "max-age=31536000"));
-    STATICS.into_iter().chain(hsts)
+    let hsts = https.then_some(&HSTS);
+    STATICS.iter().chain(hsts).map(|(name, value)| {
+        (
+            name.as_str(),
+            value
+                .to_str()
+                .expect("the static headers are visible ASCII"),
+        )
+    })
 }
 
 #[cfg(test)]
