@@ -1,7 +1,7 @@
 //! The oracle of the `trace_http` fuzz target: client and server streams through the [`Tracer`](crate::trace::Tracer).
 
 use super::{Input, trace_feed};
-use crate::codec::http1::{Response, ResponseDecoder};
+use crate::codec::http1::{Response, ResponseDecoder, ResponseHead};
 use crate::trace::activity::ActivityEvent;
 use crate::trace::http::HttpConfig;
 use crate::trace::{TraceConfig, TraceOutput};
@@ -59,6 +59,11 @@ pub fn trace_http(data: &[u8]) {
         decode_responses(server, step, max_head),
         "chunking changed the decoded responses"
     );
+    assert_eq!(
+        stream_responses(server, step, max_head),
+        decode_responses(server, step, max_head),
+        "reading bodies as they arrive changed the decoded responses"
+    );
     let mut buffered = 0;
     let (whole, whole_fwd) = trace_feed(&config, host, client, server, 0, &mut buffered);
     let mut buffered_split = 0;
@@ -96,6 +101,55 @@ pub fn trace_http(data: &[u8]) {
         event_bytes <= 16 * data.len() + 4096 * (events + 1),
         "events are out of proportion to the input"
     );
+}
+
+/// [`decode_responses`] read the streaming way: each head with `decode_head`, then its body as
+/// `decode_body` hands it on.
+fn stream_responses(server: &[u8], step: usize, max_head: usize) -> Vec<Result<Response, String>> {
+    let mut decoder = ResponseDecoder::new(max_head);
+    let mut out = Vec::new();
+    let mut head: Option<ResponseHead> = None;
+    let mut body = Vec::new();
+    for piece in server.chunks(step) {
+        decoder.push(piece);
+        loop {
+            if head.is_none() {
+                match decoder.decode_head() {
+                    Ok(Some(started)) => head = Some(started),
+                    Ok(None) => break,
+                    Err(why) => {
+                        out.push(Err(why));
+                        return out;
+                    }
+                }
+            }
+            match decoder.decode_body(&mut |bytes| body.extend_from_slice(bytes)) {
+                Ok(true) => {
+                    let done = head.take().expect("a head was read");
+                    out.push(Ok(Response {
+                        status: done.status,
+                        body: std::mem::take(&mut body),
+                        keep_alive: done.keep_alive,
+                    }));
+                }
+                Ok(false) => break,
+                Err(why) => {
+                    out.push(Err(why));
+                    return out;
+                }
+            }
+        }
+    }
+    match decoder.decode_eof() {
+        // A body that ran until the close: what was handed on, then what was left.
+        Ok(Some(last)) => {
+            body.extend_from_slice(&last.body);
+            out.push(Ok(Response { body, ..last }));
+        }
+        Ok(None) => {}
+        Err(why) => out.push(Err(why)),
+    }
+    out
 }
 
 /// Every response [`ResponseDecoder`] reads from `server` pushed `step` bytes at a time and then
