@@ -437,11 +437,21 @@ where
 {
     /// Reads what has arrived into `buf`, waiting until something has; `Ok(0)` at EOF.
     /// Cancel-safe.
+    ///
+    /// A read that fills less than `buf` took all there was: the readiness it was told of is
+    /// cleared then, so the next call waits for news instead of asking the descriptor again
+    /// only to hear `EAGAIN` (a readiness that came meanwhile is newer and stays).
     pub(crate) async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         loop {
             let mut ready = self.fd.readable().await?;
             match ready.try_io(|inner| io::Read::read(&mut inner.get_ref(), buf)) {
                 Ok(Err(err)) if err.kind() == io::ErrorKind::Interrupted => {}
+                Ok(Ok(n)) => {
+                    if n > 0 && n < buf.len() {
+                        ready.clear_ready();
+                    }
+                    return Ok(n);
+                }
                 Ok(read) => return read,
                 Err(_would_block) => {}
             }
@@ -532,5 +542,49 @@ impl SendBuf {
         }
         self.clear();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WatchedFd;
+    use std::io::Write as _;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_short_read_waits_for_what_comes_next_and_misses_none_of_it() {
+        let (reader, writer) = std::io::pipe().unwrap();
+        let reader = WatchedFd::new(std::os::fd::OwnedFd::from(reader)).unwrap();
+        let mut writer = std::fs::File::from(std::os::fd::OwnedFd::from(writer));
+        let mut buf = [0u8; 64];
+        for (i, line) in ["one\n", "two\n", "three\n"].into_iter().enumerate() {
+            if i == 1 {
+                // Written while nobody waits: the next read must still see it.
+                writer.write_all(line.as_bytes()).unwrap();
+            } else {
+                let line = line.to_owned();
+                let mut late = writer.try_clone().unwrap();
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(30));
+                    late.write_all(line.as_bytes()).unwrap();
+                });
+            }
+            let n = tokio::time::timeout(Duration::from_secs(5), reader.read(&mut buf))
+                .await
+                .expect("a read that sees what was written")
+                .unwrap();
+            assert_eq!(&buf[..n], line.as_bytes());
+        }
+        // A full buffer is not taken for all there was: the rest comes without new writes.
+        writer.write_all(&[b'x'; 100]).unwrap();
+        let mut total = 0;
+        while total < 100 {
+            total += tokio::time::timeout(Duration::from_secs(5), reader.read(&mut buf))
+                .await
+                .expect("the rest of a read that filled the buffer")
+                .unwrap();
+        }
+        drop(writer);
+        assert_eq!(reader.read(&mut buf).await.unwrap(), 0, "EOF");
     }
 }
