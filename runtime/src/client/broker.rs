@@ -344,9 +344,9 @@ impl BrokerClient {
             body,
         };
         let url = &self.urls[i];
-        match tokio::time::timeout(REQUEST_TIMEOUT, plain.send(&outgoing)).await {
-            Ok(Ok((status, body))) => Ok(Response { status, body }),
-            Ok(Err(failure)) => {
+        match plain.send(&outgoing, REQUEST_TIMEOUT).await {
+            Ok((status, body)) => Ok(Response { status, body }),
+            Err(failure) => {
                 let refused = matches!(failure, plain::Failure::Connect(_));
                 let text = format!("{} {url}{}: {failure}", outgoing.method, request.path);
                 Err(Failed {
@@ -357,15 +357,6 @@ impl BrokerClient {
                     },
                 })
             }
-            Err(_) => Err(Failed {
-                refused: false,
-                error: TransportError::Unreachable(format!(
-                    "{} {url}{}: no answer within {} s",
-                    outgoing.method,
-                    request.path,
-                    REQUEST_TIMEOUT.as_secs()
-                )),
-            }),
         }
     }
 

@@ -53,7 +53,17 @@ pub(crate) struct Plain {
     authority: String,
     /// The base URL's path, without its trailing `/`.
     prefix: String,
-    idle: Mutex<Vec<TcpStream>>,
+    idle: Mutex<Vec<Conn>>,
+}
+
+/// A kept-alive connection and the timer that bounds each exchange on it. The timer lives as
+/// long as the connection: moving a registered deadline later costs the event loop nothing,
+/// where a new timer per request was registered anew each time and woke the loop to look at it
+/// (a write to its wake-up descriptor per call).
+#[derive(Debug)]
+struct Conn {
+    stream: TcpStream,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
 }
 
 /// Why a request got no answer.
@@ -68,6 +78,8 @@ pub(crate) enum Failure {
     Unanswered(io::Error),
     /// The answer broke off, or is not HTTP/1.1.
     Answer(String),
+    /// No whole answer within the time given (the connection is closed).
+    TimedOut(Duration),
 }
 
 impl std::fmt::Display for Failure {
@@ -77,6 +89,7 @@ impl std::fmt::Display for Failure {
             Self::Write(err) => write!(f, "the request could not be sent: {err}"),
             Self::Unanswered(err) => write!(f, "the request was not answered: {err}"),
             Self::Answer(why) => write!(f, "the answer broke off: {why}"),
+            Self::TimedOut(limit) => write!(f, "no answer within {} s", limit.as_secs()),
         }
     }
 }
@@ -151,12 +164,18 @@ impl Plain {
         }
     }
 
-    /// Sends `request` and reads the whole answer: its status and body.
-    pub(crate) async fn send(&self, request: &Outgoing<'_>) -> Result<(u16, Vec<u8>), Failure> {
+    /// Sends `request` and reads the whole answer, its status and body, within `timeout` (a
+    /// connection that has to be made first takes from it too).
+    pub(crate) async fn send(
+        &self,
+        request: &Outgoing<'_>,
+        timeout: Duration,
+    ) -> Result<(u16, Vec<u8>), Failure> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let bytes = encode(request, &self.authority);
-        if let Some(stream) = self.reusable() {
-            match exchange(stream, &bytes).await {
-                Ok((answer, stream)) => return Ok(self.keep(answer, stream)),
+        if let Some(conn) = self.reusable() {
+            match exchange(conn, &bytes, deadline, timeout).await {
+                Ok((answer, conn)) => return Ok(self.keep(answer, conn)),
                 // The broker had closed the connection: the request never reached it; once
                 // more on a new connection.
                 Err(Failure::Write(_)) => {}
@@ -168,8 +187,12 @@ impl Plain {
             }
         }
         let stream = self.connect().await?;
-        let (answer, stream) = exchange(stream, &bytes).await?;
-        Ok(self.keep(answer, stream))
+        let conn = Conn {
+            stream,
+            timer: Box::pin(tokio::time::sleep_until(deadline)),
+        };
+        let (answer, conn) = exchange(conn, &bytes, deadline, timeout).await?;
+        Ok(self.keep(answer, conn))
     }
 
     /// Sends `request` on a connection of its own and reads the answer's head within
@@ -224,15 +247,15 @@ impl Plain {
     }
 
     /// An idle connection the broker has not closed, if there is one.
-    fn reusable(&self) -> Option<TcpStream> {
+    fn reusable(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(stream) = idle.pop() {
+        while let Some(conn) = idle.pop() {
             // Nothing is due on an idle connection: anything readable (the close, or bytes
             // the broker should not have sent) retires it.
-            if let Err(err) = stream.try_read(&mut [0u8; 1])
+            if let Err(err) = conn.stream.try_read(&mut [0u8; 1])
                 && err.kind() == io::ErrorKind::WouldBlock
             {
-                return Some(stream);
+                return Some(conn);
             }
         }
         None
@@ -255,11 +278,11 @@ impl Plain {
     }
 
     /// The answer's status and body; the connection back on the idle list if it may be reused.
-    fn keep(&self, answer: Response, stream: TcpStream) -> (u16, Vec<u8>) {
+    fn keep(&self, answer: Response, conn: Conn) -> (u16, Vec<u8>) {
         if answer.keep_alive {
             let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
             if idle.len() < MAX_IDLE {
-                idle.push(stream);
+                idle.push(conn);
             }
         }
         (answer.status, answer.body)
@@ -380,8 +403,26 @@ fn encode(request: &Outgoing<'_>, authority: &str) -> Vec<u8> {
     out
 }
 
+/// Writes `request` on the connection and reads the answer, giving up at `deadline` (which
+/// is `timeout` after the request started).
+async fn exchange(
+    mut conn: Conn,
+    request: &[u8],
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<(Response, Conn), Failure> {
+    conn.timer.as_mut().reset(deadline);
+    let Conn { stream, timer } = &mut conn;
+    let answered = tokio::select! {
+        biased;
+        answered = talk(stream, request) => answered?,
+        () = timer.as_mut() => return Err(Failure::TimedOut(timeout)),
+    };
+    Ok((answered, conn))
+}
+
 /// Writes `request` on `stream` and reads the answer.
-async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Response, TcpStream), Failure> {
+async fn talk(stream: &mut TcpStream, request: &[u8]) -> Result<Response, Failure> {
     stream.write_all(request).await.map_err(Failure::Write)?;
     let mut decoder = ResponseDecoder::new(MAX_HEAD);
     let mut buf = Vec::with_capacity(READ_SIZE);
@@ -393,7 +434,7 @@ async fn exchange(mut stream: TcpStream, request: &[u8]) -> Result<(Response, Tc
             Err(err) => return Err(Failure::Unanswered(err)),
         };
         if let Some(answer) = feed(&mut decoder, &buf[..n]).map_err(Failure::Answer)? {
-            return Ok((answer, stream));
+            return Ok(answer);
         }
         if n == 0 {
             return Err(Failure::Unanswered(io::Error::new(
@@ -423,6 +464,9 @@ fn feed(decoder: &mut ResponseDecoder, bytes: &[u8]) -> Result<Option<Response>,
 mod tests {
     use super::{MAX_HEAD, Outgoing, Plain, encode, feed};
     use ac7_protocol::codec::http1::{Response, ResponseDecoder};
+
+    /// A limit no test reaches.
+    const LONG: std::time::Duration = std::time::Duration::from_secs(30);
 
     /// Feeds `wire` to a fresh decoder in pieces of `step` bytes, then the close if `eof`; the
     /// answer and what was left after it.
@@ -857,11 +901,71 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn an_answer_that_does_not_come_in_time_fails_and_its_connection_goes() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // The first connection answers one request and then holds the next unanswered; the
+        // others answer each request.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url =
+            reqwest::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
+        tokio::spawn(async move {
+            for conn in 0.. {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    for n in 0.. {
+                        let mut buf = Vec::new();
+                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let mut chunk = [0u8; 1024];
+                            match stream.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+                            }
+                        }
+                        if conn == 0 && n == 1 {
+                            tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                        }
+                        let body = format!("{conn}/{n}");
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        stream.write_all(answer.as_bytes()).await.unwrap();
+                    }
+                });
+            }
+        });
+        let plain = Plain::for_base(&url).unwrap();
+        let short = std::time::Duration::from_millis(300);
+        assert_eq!(
+            plain.send(&get("/a"), short).await.unwrap(),
+            (200, b"0/0".to_vec())
+        );
+        // On the kept connection (its timer moved on from the first request): no answer.
+        let started = std::time::Instant::now();
+        match plain.send(&get("/b"), short).await {
+            Err(super::Failure::TimedOut(limit)) => assert_eq!(limit, short),
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() >= short);
+        // The silent connection was dropped: the next request opens a new one.
+        assert_eq!(
+            plain.send(&get("/c"), short).await.unwrap(),
+            (200, b"1/0".to_vec())
+        );
+        // Its timer, reused, still bounds nothing that answers in time.
+        tokio::time::sleep(short * 2).await;
+        assert_eq!(
+            plain.send(&get("/d"), short).await.unwrap(),
+            (200, b"1/1".to_vec())
+        );
+    }
+
+    #[tokio::test]
     async fn one_kept_connection_carries_request_after_request() {
         let (url, seen) = numbering_server(usize::MAX, false).await;
         let plain = Plain::for_base(&url).unwrap();
         for n in 0..5 {
-            let (status, body) = plain.send(&get("/roster")).await.unwrap();
+            let (status, body) = plain.send(&get("/roster"), LONG).await.unwrap();
             assert_eq!((status, body), (200, format!("0/{n}").into_bytes()));
         }
         assert_eq!(seen.lock().unwrap().len(), 5);
@@ -878,7 +982,7 @@ mod tests {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             }
             let target = format!("/history?n={n}");
-            let (status, body) = plain.send(&get(&target)).await.unwrap();
+            let (status, body) = plain.send(&get(&target), LONG).await.unwrap();
             assert_eq!((status, body), (200, format!("{n}/0").into_bytes()));
         }
         let seen = seen.lock().unwrap().clone();
@@ -903,9 +1007,12 @@ mod tests {
                 headers: &[],
                 body: None,
             };
-            assert_eq!(plain.send(&request).await.unwrap(), (200, b"0/0".to_vec()));
+            assert_eq!(
+                plain.send(&request, LONG).await.unwrap(),
+                (200, b"0/0".to_vec())
+            );
             // On the kept connection, the server reads the request and closes without answering.
-            let second = plain.send(&request).await;
+            let second = plain.send(&request, LONG).await;
             let connections: Vec<usize> = seen.lock().unwrap().iter().map(|(c, _)| *c).collect();
             if method == "POST" {
                 assert!(
@@ -928,7 +1035,7 @@ mod tests {
         drop(listener);
         let plain = Plain::for_base(&url).unwrap();
         assert!(matches!(
-            plain.send(&get("/roster")).await,
+            plain.send(&get("/roster"), LONG).await,
             Err(super::Failure::Connect(_))
         ));
     }
