@@ -208,26 +208,15 @@ impl Plain {
             stream.write_all(&bytes).await.map_err(Failure::Write)?;
             let mut decoder = ResponseDecoder::new(MAX_HEAD);
             let mut buf = Vec::with_capacity(READ_SIZE);
-            loop {
-                buf.clear();
-                let n = match stream.read_buf(&mut buf).await {
-                    Ok(n) => n,
-                    Err(err) if decoder.started() => return Err(Failure::Answer(err.to_string())),
-                    Err(err) => return Err(Failure::Unanswered(err)),
-                };
-                if n == 0 {
-                    let closed = "the connection closed before an answer";
-                    return Err(if decoder.started() {
-                        Failure::Answer(closed.into())
-                    } else {
-                        Failure::Unanswered(io::Error::new(io::ErrorKind::UnexpectedEof, closed))
-                    });
+            let head = read_answer(&mut stream, &mut decoder, &mut buf, |decoder, bytes| {
+                if bytes.is_empty() {
+                    return Ok(None);
                 }
-                decoder.push(&buf[..n]);
-                if let Some(head) = decoder.decode_head().map_err(Failure::Answer)? {
-                    return Ok((head, decoder, buf));
-                }
-            }
+                decoder.push(bytes);
+                decoder.decode_head()
+            })
+            .await?;
+            Ok((head, decoder, buf))
         };
         match tokio::time::timeout(timeout, answered).await {
             Ok(Ok((head, decoder, buf))) => Ok((
@@ -426,21 +415,35 @@ async fn talk(stream: &mut TcpStream, request: &[u8]) -> Result<Response, Failur
     stream.write_all(request).await.map_err(Failure::Write)?;
     let mut decoder = ResponseDecoder::new(MAX_HEAD);
     let mut buf = Vec::with_capacity(READ_SIZE);
+    read_answer(stream, &mut decoder, &mut buf, feed).await
+}
+
+/// Reads from `stream` until `step` makes something of what came (each read's bytes, an empty
+/// slice at the close): a failure, or the close, before any byte of an answer is `Unanswered`
+/// (the broker may not have read the request), after it `Answer`.
+async fn read_answer<T>(
+    stream: &mut TcpStream,
+    decoder: &mut ResponseDecoder,
+    buf: &mut Vec<u8>,
+    mut step: impl FnMut(&mut ResponseDecoder, &[u8]) -> Result<Option<T>, String>,
+) -> Result<T, Failure> {
     loop {
         buf.clear();
-        let n = match stream.read_buf(&mut buf).await {
+        let n = match stream.read_buf(buf).await {
             Ok(n) => n,
             Err(err) if decoder.started() => return Err(Failure::Answer(err.to_string())),
             Err(err) => return Err(Failure::Unanswered(err)),
         };
-        if let Some(answer) = feed(&mut decoder, &buf[..n]).map_err(Failure::Answer)? {
+        if let Some(answer) = step(decoder, &buf[..n]).map_err(Failure::Answer)? {
             return Ok(answer);
         }
         if n == 0 {
-            return Err(Failure::Unanswered(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection closed before an answer",
-            )));
+            let closed = "the connection closed before an answer";
+            return Err(if decoder.started() {
+                Failure::Answer(closed.into())
+            } else {
+                Failure::Unanswered(io::Error::new(io::ErrorKind::UnexpectedEof, closed))
+            });
         }
     }
 }
