@@ -464,7 +464,7 @@ fn feed(decoder: &mut ResponseDecoder, bytes: &[u8]) -> Result<Option<Response>,
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{MAX_HEAD, Outgoing, Plain, encode, feed};
     use ac7_protocol::codec::http1::{Response, ResponseDecoder};
 
@@ -663,27 +663,37 @@ mod tests {
         );
     }
 
+    /// A request's head as a test server reads it (up to the blank line; requests here have no
+    /// body); `None` when the connection ends first.
+    pub(crate) async fn read_request_head(stream: &mut tokio::net::TcpStream) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let mut buf = Vec::new();
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 1024];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return None,
+                Ok(k) => buf.extend_from_slice(&chunk[..k]),
+            }
+        }
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+
     /// A server on 127.0.0.1 that reads one request and writes `pieces` with a pause before
     /// each, then closes; the request's head, once read.
     async fn piecewise_server(
         pieces: Vec<&'static [u8]>,
     ) -> (reqwest::Url, tokio::sync::oneshot::Receiver<String>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url =
             reqwest::Url::parse(&format!("http://{}", listener.local_addr().unwrap())).unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             let (mut stream, _) = listener.accept().await.unwrap();
-            let mut buf = Vec::new();
-            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                let mut chunk = [0u8; 1024];
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                }
-            }
-            let _ = tx.send(String::from_utf8_lossy(&buf).into_owned());
+            let Some(head) = read_request_head(&mut stream).await else {
+                return;
+            };
+            let _ = tx.send(head);
             for piece in pieces {
                 tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 if stream.write_all(piece).await.is_err() {
@@ -905,7 +915,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_that_does_not_come_in_time_fails_and_its_connection_goes() {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use tokio::io::AsyncWriteExt;
         // The first connection answers one request and then holds the next unanswered; the
         // others answer each request.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -916,13 +926,8 @@ mod tests {
                 let (mut stream, _) = listener.accept().await.unwrap();
                 tokio::spawn(async move {
                     for n in 0.. {
-                        let mut buf = Vec::new();
-                        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                            let mut chunk = [0u8; 1024];
-                            match stream.read(&mut chunk).await {
-                                Ok(0) | Err(_) => return,
-                                Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                            }
+                        if read_request_head(&mut stream).await.is_none() {
+                            return;
                         }
                         if conn == 0 && n == 1 {
                             tokio::time::sleep(std::time::Duration::from_secs(60)).await;

@@ -624,7 +624,8 @@ async fn fetch(client: BrokerClient, query: HistoryQuery) -> (u64, Result<Vec<Me
 mod tests {
     use super::{Conn, StreamMode, open};
     use crate::client::BrokerClient;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use crate::client::plain::tests::read_request_head;
+    use tokio::io::AsyncWriteExt;
 
     /// A server on 127.0.0.1 that answers every request with `answer` and closes; the request
     /// heads it read.
@@ -642,17 +643,8 @@ mod tests {
         let server = tokio::spawn(async move {
             loop {
                 let (mut stream, _) = listener.accept().await.unwrap();
-                let mut buf = Vec::new();
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let mut chunk = [0u8; 1024];
-                    match stream.read(&mut chunk).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(k) => buf.extend_from_slice(&chunk[..k]),
-                    }
-                }
-                log.lock()
-                    .unwrap()
-                    .push(String::from_utf8_lossy(&buf).into_owned());
+                let head = read_request_head(&mut stream).await.unwrap_or_default();
+                log.lock().unwrap().push(head);
                 let _ = stream.write_all(answer).await;
             }
         });
