@@ -380,22 +380,22 @@ impl ResponseDecoder {
         if matches!(self.state, Reading::Head) && self.decode_head()?.is_none() {
             return Ok(None);
         }
-        let mut body = std::mem::take(&mut self.body);
-        let status_and_reuse = match &self.state {
-            Reading::Body {
-                status, keep_alive, ..
-            } => (*status, *keep_alive),
-            Reading::Head => return Err("no response in progress".into()),
+        // The head is read: its status and reuse, before the body's end resets the state.
+        let Reading::Body {
+            status, keep_alive, ..
+        } = self.state
+        else {
+            return Ok(None);
         };
-        let done = self.decode_body(&mut |bytes| body.extend_from_slice(bytes));
-        self.body = body;
-        if !done? {
+        let mut body = std::mem::take(&mut self.body);
+        let done = self.decode_body(&mut |bytes| body.extend_from_slice(bytes))?;
+        if !done {
+            self.body = body;
             return Ok(None);
         }
-        let (status, keep_alive) = status_and_reuse;
         Ok(Some(Response {
             status,
-            body: std::mem::take(&mut self.body),
+            body,
             keep_alive,
         }))
     }
@@ -404,10 +404,10 @@ impl ResponseDecoder {
     /// skipped); its body then comes through [`decode_body`](Self::decode_body) as it arrives,
     /// for an answer that does not end (an event stream). `Ok(None)`: more bytes are needed.
     pub fn decode_head(&mut self) -> Result<Option<ResponseHead>, String> {
+        if !matches!(self.state, Reading::Head) {
+            return Err("the head was already read".into());
+        }
         loop {
-            if !matches!(self.state, Reading::Head) {
-                return Err("the head was already read".into());
-            }
             let rest = self.buf.rest();
             let prefix = rest.len().min(5);
             if rest[..prefix] != b"HTTP/"[..prefix] {
