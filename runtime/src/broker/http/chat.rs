@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply};
+use super::{ApiError, Body, Caller, Issues, Sender, Shared, obj, parse_json, reply, reply_raw};
 use crate::broker::cursors::ResumePoint;
 use crate::broker::messages::{self, HistoryError, HistoryRequest};
 use crate::broker::now_ms;
@@ -302,14 +302,7 @@ fn push_answer(live: usize, targets: usize, message: &str) -> Response {
     ] {
         body.push_str(part);
     }
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            axum::http::HeaderValue::from_static("application/json"),
-        )],
-        body,
-    )
-        .into_response()
+    reply_raw(StatusCode::OK, body)
 }
 
 #[derive(Deserialize)]
@@ -396,12 +389,7 @@ pub(super) async fn history(
         body.push_str(&row.json);
     }
     body.push_str("]}");
-    Ok((
-        StatusCode::OK,
-        [(axum::http::header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response())
+    Ok(reply_raw(StatusCode::OK, body))
 }
 
 #[cfg(test)]

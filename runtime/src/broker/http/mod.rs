@@ -637,6 +637,19 @@ pub(crate) fn reply<T: serde::Serialize>(status: StatusCode, body: &T) -> Respon
     (status, axum::Json(body)).into_response()
 }
 
+/// A JSON response whose body is written already (around JSON stored or rendered before).
+pub(crate) fn reply_raw(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
 /// `Content-Disposition: inline; filename="…"` (or `attachment; …` when not
 /// `inline`) with control characters, `"` and `\` replaced by `_`.
 pub(crate) fn disposition(inline: bool, name: &str) -> HeaderValue {
