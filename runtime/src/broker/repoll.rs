@@ -106,6 +106,58 @@ impl<F: Future> Future for Repoll<F> {
     }
 }
 
+/// Lets the tasks queued on this worker run before the caller goes on.
+///
+/// `tokio::task::yield_now` alone does not survive [`Repoll`]: when something else woke the
+/// task during the same poll, the wrapper polls again at once and the yield, polled a second
+/// time, is over before anything else ran. This one is over only once the scheduler has woken
+/// it, which it does after running what was queued on the worker (or at once outside a runtime).
+pub(super) async fn yield_to_queued() {
+    /// Set by the scheduler's wake; then wakes the task.
+    #[derive(Default)]
+    struct Turn {
+        came: AtomicBool,
+        task: Mutex<Option<Waker>>,
+    }
+    impl Wake for Turn {
+        fn wake(self: Arc<Self>) {
+            self.came.store(true, SeqCst);
+            let task = self
+                .task
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            if let Some(task) = task {
+                task.wake();
+            }
+        }
+    }
+    let turn = Arc::new(Turn::default());
+    let mut yielded = std::pin::pin!(tokio::task::yield_now());
+    let mut asked = false;
+    std::future::poll_fn(|cx| {
+        *turn.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
+        if !asked {
+            asked = true;
+            // The scheduler keeps this waker until the worker has nothing else queued.
+            let waker = Waker::from(Arc::clone(&turn));
+            if yielded
+                .as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_ready()
+            {
+                return Poll::Ready(());
+            }
+        }
+        if turn.came.load(SeqCst) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +235,41 @@ mod tests {
         assert_eq!((first.0.load(SeqCst), second.0.load(SeqCst)), (0, 1));
         let got = Pin::new(&mut f).poll(&mut Context::from_waker(&second_waker));
         assert_eq!(got, Poll::Ready(Some(7)));
+    }
+    /// Runs `yield_once` inside a [`Repoll`] whose task also wakes itself in the same poll (as a
+    /// hyper connection does); tells whether a task queued just before had run when it was over.
+    fn queued_task_ran_before<Y: Future<Output = ()> + Send + 'static>(
+        yield_once: impl FnOnce() -> Y + Send + 'static,
+    ) -> bool {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            tokio::spawn(Repoll::new(async move {
+                let ran = Arc::new(AtomicBool::new(false));
+                let other = Arc::clone(&ran);
+                tokio::spawn(async move { other.store(true, SeqCst) });
+                let mut woke_itself = false;
+                std::future::poll_fn(|cx| {
+                    if !woke_itself {
+                        woke_itself = true;
+                        cx.waker().wake_by_ref();
+                    }
+                    Poll::Ready(())
+                })
+                .await;
+                yield_once().await;
+                ran.load(SeqCst)
+            }))
+            .await
+            .unwrap()
+        })
+    }
+
+    #[test]
+    fn a_yield_to_queued_tasks_lets_them_run_first_even_when_repolled() {
+        assert!(queued_task_ran_before(yield_to_queued));
+        // What it guards against: the plain yield, polled again by the wrapper, is over at once.
+        assert!(!queued_task_ran_before(tokio::task::yield_now));
     }
 }

@@ -13,7 +13,8 @@
 //! (SQLite only): the hand-off to the writer thread and back (two wake-ups of a sleeping
 //! thread, the dearest part of a lone push) would cost more than the commit. Pushes that
 //! arrive meanwhile queue for the writer thread, which takes the store lock after it, so the
-//! log's order and delivery order stay one.
+//! log's order and delivery order stay one. Such a push lets the live streams it woke write
+//! the message before it writes its own answer.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -23,7 +24,7 @@ use std::sync::{Arc, Weak};
 use ac7_protocol::domain::message::{Audience, Message};
 use tokio::sync::oneshot;
 
-use super::db::StoreError;
+use super::db::{StoreError, WriteHere};
 use super::hub::Frame;
 use super::publish::{self, Draft};
 use super::store::Conn;
@@ -133,6 +134,24 @@ impl Writer {
         s.largest.fetch_max(n, Ordering::Relaxed);
     }
 
+    /// Logs, commits and delivers one push on the write connection `here` (its lock released
+    /// on return).
+    fn commit_here(
+        &self,
+        state: &AppState,
+        here: WriteHere<'_>,
+        drafts: &mut [Option<Draft>; 1],
+        items: &[Item; 1],
+    ) -> Result<Logged, PushError> {
+        let mut done = failed(here.tx_then(
+            |c| log_items(c, drafts, items),
+            |logged| deliver_items(state, items, logged),
+        ))?;
+        self.stats.in_place.fetch_add(1, Ordering::Relaxed);
+        done.pop()
+            .ok_or_else(|| PushError::Failed("a commit without its push".into()))
+    }
+
     /// Logs, commits and delivers one message (right here when it is alone, else in the
     /// writer's next batch); returns it with its frame and live count.
     pub async fn push(
@@ -143,20 +162,31 @@ impl Writer {
         now: i64,
     ) -> Result<Logged, PushError> {
         let busy = Busy::enter(&self.busy);
-        let item = Item { audience, now };
-        if busy.alone
-            && let Some(here) = state.store.writer_here()
-        {
-            let (mut drafts, items) = ([Some(draft)], [item]);
-            let mut done = failed(here.tx_then(
-                |c| log_items(c, &mut drafts, &items),
-                |logged| deliver_items(state, &items, logged),
-            ))?;
-            self.stats.in_place.fetch_add(1, Ordering::Relaxed);
-            return done
-                .pop()
-                .ok_or_else(|| PushError::Failed("a commit without its push".into()));
+        let (mut drafts, items) = ([Some(draft)], [Item { audience, now }]);
+        let done_here = if busy.alone {
+            // The write connection's lock is released inside: it is never held across an await.
+            state
+                .store
+                .writer_here()
+                .map(|here| self.commit_here(state, here, &mut drafts, &items))
+        } else {
+            None
+        };
+        if let Some(done) = done_here {
+            let logged = done?;
+            drop(busy);
+            if logged.2 > 0 {
+                // The live streams handed the frame were woken by this task, so they wait
+                // behind it on this worker. Let them write it before this request goes on to
+                // write its answer: the recipients hear of the message first, the sender a few
+                // microseconds later (what it is told, the live count, is settled already).
+                super::repoll::yield_to_queued().await;
+            }
+            return Ok(logged);
         }
+        let ([Some(draft)], [item]) = (drafts, items) else {
+            return Err(PushError::Failed("a push without its draft".into()));
+        };
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Job { draft, item, reply })
