@@ -21,6 +21,7 @@
 //! early or open a forged second one.
 
 use crate::EpochMs;
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use serde_json::Value;
@@ -36,16 +37,14 @@ pub const RESERVED_META_KEYS: [&str; 8] = [
 ];
 
 /// The thread a message belongs to, as the agent sees it.
-pub fn thread_of(message: &Message) -> String {
+pub fn thread_of(message: &Message) -> &str {
     if message.to.is_some() {
-        return "dm".to_owned();
+        return "dm";
     }
     match message.data.get("thread").and_then(Value::as_str) {
-        Some("chan:general") | None => "general".to_owned(),
-        Some(thread) if thread.starts_with("chan:") || thread.starts_with("obj:") => {
-            thread.to_owned()
-        }
-        Some(_) => "general".to_owned(),
+        Some("chan:general") | None => "general",
+        Some(thread) if thread.starts_with("chan:") || thread.starts_with("obj:") => thread,
+        Some(_) => "general",
     }
 }
 
@@ -83,49 +82,54 @@ pub fn format_ts(ms: EpochMs) -> String {
     out
 }
 
+/// One meta entry: its key and value, borrowed from the message where they can be.
+pub type MetaEntry<'a> = (Cow<'a, str>, Cow<'a, str>);
+
 /// The meta map, in the TypeScript runner's order (see the [module docs](self)).
-pub fn meta(message: &Message) -> Vec<(String, String)> {
+pub fn meta(message: &Message) -> Vec<MetaEntry<'_>> {
     let thread = thread_of(message);
-    let channel = thread.strip_prefix("chan:").map(str::to_owned);
-    let mut meta = vec![
-        ("msg_id".to_owned(), message.id.clone()),
-        ("level".to_owned(), message.level.as_str().to_owned()),
-        ("ts".to_owned(), format_ts(message.ts)),
-        ("ts_ms".to_owned(), message.ts.to_string()),
-        ("thread".to_owned(), thread),
-    ];
+    let mut meta: Vec<MetaEntry<'_>> = Vec::with_capacity(9 + message.data.len());
+    for (key, value) in [
+        ("msg_id", Cow::Borrowed(message.id.as_str())),
+        ("level", Cow::Borrowed(message.level.as_str())),
+        ("ts", Cow::Owned(format_ts(message.ts))),
+        ("ts_ms", Cow::Owned(message.ts.to_string())),
+        ("thread", Cow::Borrowed(thread)),
+    ] {
+        meta.push((Cow::Borrowed(key), value));
+    }
     if let Some(from) = message.from.as_deref().filter(|f| !f.is_empty()) {
-        meta.push(("from".to_owned(), from.to_owned()));
+        meta.push((Cow::Borrowed("from"), Cow::Borrowed(from)));
     }
     if let Some(title) = message.title.as_deref().filter(|t| !t.is_empty()) {
-        meta.push(("title".to_owned(), title.to_owned()));
+        meta.push((Cow::Borrowed("title"), Cow::Borrowed(title)));
     }
     if let Some(to) = &message.to {
-        meta.push(("target".to_owned(), to.clone()));
+        meta.push((Cow::Borrowed("target"), Cow::Borrowed(to.as_str())));
     }
-    if let Some(channel) = channel {
-        meta.push(("channel".to_owned(), channel));
+    if let Some(channel) = thread.strip_prefix("chan:") {
+        meta.push((Cow::Borrowed("channel"), Cow::Borrowed(channel)));
     }
     for (key, value) in &message.data {
         let value = match value {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            Value::Bool(b) => b.to_string(),
+            Value::String(s) => Cow::Borrowed(s.as_str()),
+            Value::Number(n) => Cow::Owned(n.to_string()),
+            Value::Bool(b) => Cow::Borrowed(if *b { "true" } else { "false" }),
             Value::Null | Value::Array(_) | Value::Object(_) => continue,
         };
-        let key: String = key
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '_' {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
+        let clean = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        let key: Cow<'_, str> = if key.chars().all(clean) {
+            Cow::Borrowed(key.as_str())
+        } else {
+            Cow::Owned(
+                key.chars()
+                    .map(|c| if clean(c) { c } else { '_' })
+                    .collect(),
+            )
+        };
         if key.is_empty()
             || key.starts_with(|c: char| c.is_ascii_digit())
-            || RESERVED_META_KEYS.contains(&key.as_str())
+            || RESERVED_META_KEYS.contains(&key.as_ref())
         {
             continue;
         }
@@ -138,32 +142,34 @@ pub fn meta(message: &Message) -> Vec<(String, String)> {
     meta
 }
 
-/// The body, followed by a list of the attachments when there are any.
-pub fn content(message: &Message) -> String {
-    let mut content = message.body.clone();
-    if !message.attachments.is_empty() {
-        content.push_str("\n\nattachments:");
-        for a in &message.attachments {
-            let _ = write!(
-                content,
-                "\n- {} ({}, {} bytes, {})",
-                a.path, a.name, a.size, a.mime_type
-            );
-        }
+/// The body, followed by a list of the attachments when there are any (the body itself, not a
+/// copy, when there are none).
+pub fn content(message: &Message) -> Cow<'_, str> {
+    if message.attachments.is_empty() {
+        return Cow::Borrowed(&message.body);
     }
-    content
+    let mut content = message.body.clone();
+    content.push_str("\n\nattachments:");
+    for a in &message.attachments {
+        let _ = write!(
+            content,
+            "\n- {} ({}, {} bytes, {})",
+            a.path, a.name, a.size, a.mime_type
+        );
+    }
+    Cow::Owned(content)
 }
 
 /// `notifications/claude/channel` params: `{"content": …, "meta": {…}}`, written straight from
 /// the parts (no intermediate JSON tree: this runs once per message a Claude Code agent gets).
 pub fn claude_channel_params(message: &Message) -> RawJson {
-    struct Meta<'a>(&'a [(String, String)]);
+    struct Meta<'a>(&'a [MetaEntry<'a>]);
     impl serde::Serialize for Meta<'_> {
         fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
             use serde::ser::SerializeMap as _;
             let mut map = s.serialize_map(Some(self.0.len()))?;
             for (k, v) in self.0 {
-                map.serialize_entry(k, v)?;
+                map.serialize_entry(k.as_ref(), v.as_ref())?;
             }
             map.end()
         }
@@ -209,13 +215,13 @@ const CODEX_ORDER: [&str; 8] = [
 /// element or open another one: the only `<` in the text are those of the event's own two tags.
 pub fn codex_text(message: &Message) -> String {
     let meta = meta(message);
-    let mut ordered: Vec<&(String, String)> = CODEX_ORDER
+    let mut ordered: Vec<&MetaEntry<'_>> = CODEX_ORDER
         .iter()
         .filter_map(|name| meta.iter().find(|(k, _)| k == name))
         .collect();
     ordered.extend(
         meta.iter()
-            .filter(|(k, _)| !CODEX_ORDER.contains(&k.as_str())),
+            .filter(|(k, _)| !CODEX_ORDER.contains(&k.as_ref())),
     );
     let mut text = String::from("<channel");
     for (key, value) in ordered {

@@ -5,6 +5,14 @@ use super::*;
 use crate::domain::message::{Attachment, LogLevel};
 use crate::test_support::snapshots;
 
+/// The meta map with owned keys and values, to compare with literals.
+fn owned_meta(m: &Message) -> Vec<(String, String)> {
+    meta(m)
+        .into_iter()
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
 fn message(to: Option<&str>, from: &str, data: Value) -> Message {
     Message {
         id: "7570cd11-5c15-45b5-9983-822c0b5c993a".into(),
@@ -96,7 +104,7 @@ fn meta_is_flat_strings_with_data_keys_sanitised() {
                "from": "spoof", "nested": {"a": 1}, "none": null, "kind": "note"}),
     );
     m.title = Some("ch title".into());
-    let meta = meta(&m);
+    let meta = owned_meta(&m);
     let keys: Vec<&str> = meta.iter().map(|(k, _)| k.as_str()).collect();
     // The TypeScript runner's order, then `data`'s keys in their own order.
     assert_eq!(
@@ -136,7 +144,7 @@ fn meta_is_flat_strings_with_data_keys_sanitised() {
 
 #[test]
 fn meta_follows_the_specs_order_and_overwrite_rule() {
-    let keys = |m: &Message| -> Vec<String> { meta(m).into_iter().map(|(k, _)| k).collect() };
+    let keys = |m: &Message| -> Vec<String> { owned_meta(m).into_iter().map(|(k, _)| k).collect() };
     // A DM: `target`, no `channel`.
     let mut dm = message(
         Some("builder"),
@@ -168,7 +176,7 @@ fn meta_follows_the_specs_order_and_overwrite_rule() {
                "a_b": "2", "ts": "no"}),
     );
     assert_eq!(
-        meta(&m)[4..],
+        owned_meta(&m)[4..],
         [
             ("thread".to_owned(), "chan:c1".to_owned()),
             ("from".to_owned(), "director".to_owned()),
@@ -362,7 +370,7 @@ proptest! {
         let mut got = attrs.clone();
         got.sort();
         let mut want: Vec<(String, String)> =
-            meta(&m).into_iter().filter(|(_, v)| !v.is_empty()).collect();
+            owned_meta(&m).into_iter().filter(|(_, v)| !v.is_empty()).collect();
         want.sort();
         prop_assert_eq!(got, want);
     }
@@ -410,11 +418,11 @@ proptest! {
         let value: Value = params.parse().unwrap();
         prop_assert_eq!(value.as_object().map(|o| o.len()), Some(2));
         let want = content(&m);
-        prop_assert_eq!(value["content"].as_str(), Some(want.as_str()));
+        prop_assert_eq!(value["content"].as_str(), Some(want.as_ref()));
         let text = params.get().to_owned();
         let raw: std::collections::BTreeMap<String, &serde_json::value::RawValue> =
             serde_json::from_str(&text).unwrap();
         let pairs: Pairs = serde_json::from_str(raw["meta"].get()).unwrap();
-        prop_assert_eq!(pairs.0, meta(&m));
+        prop_assert_eq!(pairs.0, owned_meta(&m));
     }
 }
