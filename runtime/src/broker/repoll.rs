@@ -32,7 +32,33 @@ struct Shared {
     /// It was woken during the poll.
     woken: AtomicBool,
     /// The task's own waker, from its latest poll.
-    task: Mutex<Option<Waker>>,
+    task: TaskWaker,
+}
+
+/// A task's waker as of its latest poll, for a wake that comes from elsewhere.
+#[derive(Default)]
+struct TaskWaker(Mutex<Option<Waker>>);
+
+impl TaskWaker {
+    /// Keeps `waker` (unless the one kept already wakes the same task).
+    fn set(&self, waker: &Waker) {
+        let mut task = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !task.as_ref().is_some_and(|t| t.will_wake(waker)) {
+            *task = Some(waker.clone());
+        }
+    }
+
+    /// Wakes the task, if it was ever polled.
+    fn wake(&self) {
+        let task = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(task) = task {
+            task.wake();
+        }
+    }
 }
 
 impl Wake for Shared {
@@ -49,14 +75,7 @@ impl Wake for Shared {
                 return;
             }
         }
-        let task = self
-            .task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(task) = task {
-            task.wake();
-        }
+        self.task.wake();
     }
 }
 
@@ -65,7 +84,7 @@ impl<F: Future> Repoll<F> {
         let shared = Arc::new(Shared {
             polling: AtomicBool::new(false),
             woken: AtomicBool::new(false),
-            task: Mutex::new(None),
+            task: TaskWaker::default(),
         });
         let waker = Waker::from(Arc::clone(&shared));
         Repoll {
@@ -81,16 +100,7 @@ impl<F: Future> Future for Repoll<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        {
-            let mut task = this
-                .shared
-                .task
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if !task.as_ref().is_some_and(|t| t.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
-        }
+        this.shared.task.set(cx.waker());
         let mut inner_cx = Context::from_waker(&this.waker);
         for _ in 0..REPOLLS {
             this.shared.woken.store(false, SeqCst);
@@ -117,26 +127,19 @@ pub(super) async fn yield_to_queued() {
     #[derive(Default)]
     struct Turn {
         came: AtomicBool,
-        task: Mutex<Option<Waker>>,
+        task: TaskWaker,
     }
     impl Wake for Turn {
         fn wake(self: Arc<Self>) {
             self.came.store(true, SeqCst);
-            let task = self
-                .task
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take();
-            if let Some(task) = task {
-                task.wake();
-            }
+            self.task.wake();
         }
     }
     let turn = Arc::new(Turn::default());
     let mut yielded = std::pin::pin!(tokio::task::yield_now());
     let mut asked = false;
     std::future::poll_fn(|cx| {
-        *turn.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(cx.waker().clone());
+        turn.task.set(cx.waker());
         if !asked {
             asked = true;
             // The scheduler keeps this waker until the worker has nothing else queued.
