@@ -14,7 +14,7 @@
 //! thread, the dearest part of a lone push) would cost more than the commit. Pushes that
 //! arrive meanwhile queue for the writer thread, which takes the store lock after it, so the
 //! log's order and delivery order stay one. Such a push lets the live streams it woke write
-//! the message before it writes its own answer.
+//! the message before it writes its own answer (when the runtime has more than one worker).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -175,11 +175,14 @@ impl Writer {
         if let Some(done) = done_here {
             let logged = done?;
             drop(busy);
-            if logged.2 > 0 {
+            if logged.2 > 0 && more_than_one_worker() {
                 // The live streams handed the frame were woken by this task, so they wait
                 // behind it on this worker. Let them write it before this request goes on to
                 // write its answer: the recipients hear of the message first, the sender a few
                 // microseconds later (what it is told, the live count, is settled already).
+                // With one worker (one CPU to run on) the recipients cannot start before the
+                // broker is done either way, and the yield's extra round of the scheduler is
+                // only a cost.
                 super::repoll::yield_to_queued().await;
             }
             return Ok(logged);
@@ -340,4 +343,32 @@ fn failed<T>(result: Result<T, StoreError>) -> Result<T, PushError> {
             PushError::Failed(e.to_string())
         }
     })
+}
+
+/// Whether the runtime running this task has more than one worker thread (it has one per CPU
+/// the broker may use, unless configured otherwise).
+fn more_than_one_worker() -> bool {
+    tokio::runtime::Handle::try_current().is_ok_and(|h| h.metrics().num_workers() > 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::more_than_one_worker;
+
+    #[test]
+    fn only_a_runtime_with_several_workers_lets_the_streams_go_first() {
+        assert!(!more_than_one_worker(), "outside any runtime");
+        let build = |workers: Option<usize>| {
+            match workers {
+                None => tokio::runtime::Builder::new_current_thread().build(),
+                Some(n) => tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(n)
+                    .build(),
+            }
+            .unwrap()
+        };
+        assert!(!build(None).block_on(async { more_than_one_worker() }));
+        assert!(!build(Some(1)).block_on(async { more_than_one_worker() }));
+        assert!(build(Some(2)).block_on(async { more_than_one_worker() }));
+    }
 }
