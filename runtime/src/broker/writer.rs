@@ -356,7 +356,7 @@ mod tests {
     use super::more_than_one_worker;
 
     #[test]
-    fn only_a_runtime_with_several_workers_lets_the_streams_go_first() {
+    fn only_a_runtime_with_several_worker_threads_counts_as_more_than_one() {
         assert!(!more_than_one_worker(), "outside any runtime");
         let build = |workers: Option<usize>| {
             match workers {
