@@ -44,6 +44,13 @@
 //! 5. **Members version**: the one-row table `members_version`, raised by triggers on every
 //!    insert, update and delete of `members`, so the roster keeps the member list while it
 //!    stays the same ([`super::team::MembersCache`]); in `SCHEMA` too, with its triggers.
+//! 6. **The log's mark**: a new file's `messages.seq` is a plain row id, without the
+//!    `AUTOINCREMENT` counter SQLite would update (a B-tree write and a fifth page in the log)
+//!    on every push. The one-row table `messages_mark` (in `SCHEMA`) keeps instead the highest
+//!    number that may have left the table: retention raises it to the newest number before it
+//!    deletes, and each append takes the larger of it and the newest row's, plus one, so no
+//!    number is handed out twice. An older file keeps its table and counter; its mark starts
+//!    at that counter. Step 3 rebuilds a table without the counter.
 //!
 //! Reads do not wait for writes: besides the one write connection (behind the
 //! mutex every mutation takes) the store keeps a few read-only connections
@@ -625,6 +632,11 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
             compact_messages(conn)?;
         }
         conn.execute_batch(MESSAGES_INDEXES)?;
+        // 6. The log's mark: at least the counter of an older file's `AUTOINCREMENT` table.
+        conn.execute_batch(
+            "UPDATE messages_mark SET seq = MAX(seq, COALESCE(
+                 (SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)) WHERE id = 1",
+        )?;
         Ok(())
     })();
     match result {
@@ -706,22 +718,17 @@ fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
         }
     }
     conn.execute_batch("DROP TABLE messages_json")?;
-    // The counter never goes back: pruned messages keep their numbers.
+    // The numbers never go back: pruned messages keep theirs.
     conn.execute(
-        "UPDATE sqlite_sequence SET seq = MAX(seq, ?1) WHERE name = 'messages'",
+        "UPDATE messages_mark SET seq = MAX(seq, ?1) WHERE id = 1",
         [counter],
     )?;
-    if conn.changes() == 0 && counter > 0 {
-        conn.execute(
-            "INSERT INTO sqlite_sequence (name, seq) VALUES ('messages', ?1)",
-            [counter],
-        )?;
-    }
     Ok(())
 }
 
-/// The page size of a new database file. A message changes five pages (its row, three index
-/// entries and the `AUTOINCREMENT` counter), each appended to the write-ahead log whole and
+/// The page size of a new database file. A message changes four pages (its row and three index
+/// entries; five in a file whose `messages` table still has an `AUTOINCREMENT` counter), each
+/// appended to the write-ahead log whole and
 /// copied again by the checkpoint: at 2 KiB a push writes half the bytes it did at SQLite's
 /// default 4 KiB, for about 1.5% more disk a message (room lost at the end of each smaller
 /// page). 1 KiB pages lose 5%.
@@ -729,7 +736,7 @@ pub(super) const PAGE_SIZE: i64 = 2048;
 
 /// The `messages` table (as in `SCHEMA`), for the step that rebuilds an older one.
 const MESSAGES_TABLE: &str = "CREATE TABLE messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,
     id BLOB,
     id_text TEXT,
     ts INTEGER NOT NULL,
@@ -792,7 +799,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 );
 CREATE INDEX IF NOT EXISTS tokens_member ON tokens(member_name);
 CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    seq INTEGER PRIMARY KEY,
     id BLOB,
     id_text TEXT,
     ts INTEGER NOT NULL,
@@ -802,6 +809,11 @@ CREATE TABLE IF NOT EXISTS messages (
     body TEXT NOT NULL,
     extra TEXT
 );
+CREATE TABLE IF NOT EXISTS messages_mark (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    seq INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO messages_mark (id, seq) VALUES (1, 0);
 CREATE TABLE IF NOT EXISTS message_keys (
     id INTEGER PRIMARY KEY,
     key TEXT NOT NULL UNIQUE
@@ -993,6 +1005,78 @@ mod tests {
             .with_here(|c| c.query_row("SELECT v FROM kept", [], |r| r.get(0)))
             .unwrap();
         assert_eq!(kept, "here");
+    }
+
+    /// A file whose `messages` table has SQLite's `AUTOINCREMENT` counter keeps it, and its log
+    /// goes on after the counter, even when pruning emptied the table; a new file's table has
+    /// none and its mark starts at 0.
+    #[test]
+    fn the_log_goes_on_after_an_older_files_counter() {
+        use ac7_protocol::domain::message::{Audience, LogLevel, Message};
+        let dir = tempfile::tempdir().unwrap();
+        let append = |store: &Store| {
+            let msg = Message {
+                id: super::super::messages::new_id(),
+                ts: 1,
+                to: None,
+                from: Some("ann".to_owned()),
+                title: None,
+                body: "hello".to_owned(),
+                level: LogLevel::Info,
+                data: serde_json::Map::new(),
+                attachments: Vec::new(),
+            };
+            let json = serde_json::to_string(&msg).unwrap();
+            store
+                .tx(|c| super::super::messages::insert(c, &msg, &json, &Audience::Everyone))
+                .unwrap()
+        };
+        let table_sql = |store: &Store| -> String {
+            store
+                .sqlite()
+                .with_here(|c| {
+                    c.query_row(
+                        "SELECT sql FROM sqlite_master WHERE name = 'messages'",
+                        [],
+                        |r| r.get(0),
+                    )
+                })
+                .unwrap()
+        };
+
+        let new = Store::open(&dir.path().join("new.db"), SyncMode::Normal).unwrap();
+        assert!(!table_sql(&new).contains("AUTOINCREMENT"));
+        assert_eq!((append(&new), append(&new)), (1, 2));
+
+        let path = dir.path().join("old.db");
+        {
+            let store = Store::open(&path, SyncMode::Normal).unwrap();
+            // What an older version made: the same table with the counter, at 41 once its
+            // rows were pruned.
+            store
+                .sqlite()
+                .with_here(|c| {
+                    c.execute_batch(&format!(
+                        "DROP TABLE messages;
+                         DROP TABLE messages_mark;
+                         {};
+                         INSERT INTO messages (seq, ts, body) VALUES (41, 0, '');
+                         DELETE FROM messages;",
+                        MESSAGES_TABLE.replace(
+                            "seq INTEGER PRIMARY KEY,",
+                            "seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+                        )
+                    ))
+                })
+                .unwrap();
+        }
+        let old = Store::open(&path, SyncMode::Normal).unwrap();
+        assert!(table_sql(&old).contains("AUTOINCREMENT"), "kept as it was");
+        assert_eq!(append(&old), 42);
+        assert_eq!(append(&old), 43);
+        drop(old);
+        let again = Store::open(&path, SyncMode::Normal).unwrap();
+        assert_eq!(append(&again), 44, "reopened");
     }
 
     /// A transaction whose work fails or panics is rolled back, and the write connection takes

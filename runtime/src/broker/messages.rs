@@ -49,7 +49,9 @@ use crate::params;
 
 /// Appends `msg`; returns its sequence number.
 ///
-/// On SQLite `seq` is the AUTOINCREMENT row id; the one write connection serializes appends.
+/// On SQLite `seq` is the row id, the larger of the newest one and `messages_mark` (the highest
+/// number pruning may have removed, see [`super::db`]) plus one, so no number is handed out
+/// twice; the one write connection serializes appends.
 /// On PostgreSQL the number comes from the counter row `log_head`, whose row lock this
 /// transaction then holds until it ends, so numbers become visible in commit order (see
 /// [`super::pg::log`]); the doorbell ([`super::pg::log::LOG_CHANNEL`]) rings at commit.
@@ -104,8 +106,10 @@ pub fn insert(
             // `seq` is the rowid: SQLite reports it without the result table a `RETURNING`
             // clause builds.
             c.execute(
-                "INSERT INTO messages (id, id_text, ts, to_key, from_key, thread, body, extra)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                "INSERT INTO messages (seq, id, id_text, ts, to_key, from_key, thread, body, extra)
+                 VALUES (MAX((SELECT COALESCE(MAX(seq), 0) FROM messages),
+                             (SELECT seq FROM messages_mark WHERE id = 1)) + 1,
+                         ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 row,
             )?;
             c.as_sqlite().map(rusqlite::Connection::last_insert_rowid)

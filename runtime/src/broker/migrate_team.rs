@@ -28,8 +28,9 @@
 //!
 //! - **Counters.** SQLite's `AUTOINCREMENT` never hands out a number twice, even after the row
 //!   with it is gone (a removed member, pruned messages); its last number is in
-//!   `sqlite_sequence`. Each PostgreSQL counter is set to the larger of that and the highest
-//!   copied number: `log_head.last_seq` for the message log, `activity_head.last_id` for
+//!   `sqlite_sequence` (for the message log of a newer file, whose `messages` has no such
+//!   counter, in `messages_mark`). Each PostgreSQL counter is set to the larger of that and the
+//!   highest copied number: `log_head.last_seq` for the message log, `activity_head.last_id` for
 //!   activity, and with `setval` the identity sequences of `members.seq` and
 //!   `objective_events.seq`, `activity_blocks.id` and `push_subscriptions.id`, so the next
 //!   insert on PostgreSQL continues after them and collides with nothing.
@@ -526,7 +527,20 @@ fn copy(src: &Conn<'_>, dst: &Conn<'_>, blob_dir: &Path) -> Result<Summary, Stor
         };
         summary.tables.push((table.name, rows));
     }
-    let head = counter(src, "messages", "seq")?;
+    let mark = if src.exists(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages_mark'",
+        params![],
+    )? {
+        src.query_row(
+            "SELECT seq FROM messages_mark WHERE id = 1",
+            params![],
+            |r| r.get::<i64>(0),
+        )?
+        .unwrap_or(0)
+    } else {
+        0
+    };
+    let head = counter(src, "messages", "seq")?.max(mark);
     dst.execute(
         "UPDATE log_head SET last_seq = ?1 WHERE id = 1",
         params![head],

@@ -42,6 +42,15 @@ pub fn cutoff(now_ms: i64, days: u32) -> i64 {
 /// `cutoff` (epoch ms), oldest first (inside the caller's transaction); returns how many
 /// rows in all (below `limit` means both tables are done).
 pub fn prune_batch(c: &Conn<'_>, cutoff: i64, limit: usize) -> Result<usize, StoreError> {
+    if c.backend() == Backend::Sqlite {
+        // The newest number may be among those deleted (`ts` is the broker's clock, which can
+        // go back): keep it in the mark, so appends go on after it.
+        c.execute(
+            "UPDATE messages_mark SET seq = MAX(seq, (SELECT COALESCE(MAX(seq), 0) FROM messages))
+             WHERE id = 1",
+            params![],
+        )?;
+    }
     let messages = c.execute(
         "DELETE FROM messages WHERE seq IN
          (SELECT seq FROM messages WHERE ts < ?1 ORDER BY seq LIMIT ?2)",
@@ -151,6 +160,53 @@ mod tests {
         let n = prune_all(&store, 95).unwrap();
         assert_eq!(n, 5);
         assert_eq!(cutoff(10 * DAY_MS, 3), 7 * DAY_MS);
+    }
+
+    /// Appends a DM stamped `ts` through the log's own insert; its number.
+    fn append(store: &Store, ts: i64) -> i64 {
+        use ac7_protocol::domain::message::{Audience, LogLevel, Message};
+        let msg = Message {
+            id: crate::broker::messages::new_id(),
+            ts,
+            to: Some("bob".to_owned()),
+            from: Some("ann".to_owned()),
+            title: None,
+            body: format!("at {ts}"),
+            level: LogLevel::Info,
+            data: serde_json::Map::new(),
+            attachments: Vec::new(),
+        };
+        let json = serde_json::to_string(&msg).unwrap();
+        store
+            .tx(|c| crate::broker::messages::insert(c, &msg, &json, &Audience::Everyone))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_number_pruned_is_never_handed_out_again() {
+        let store = Store::open_in_memory().unwrap();
+        assert_eq!(
+            (append(&store, 10), append(&store, 20), append(&store, 30)),
+            (1, 2, 3)
+        );
+        // Everything goes: the next message still takes the number after the last one.
+        assert_eq!(prune_all(&store, 100).unwrap(), 3);
+        assert_eq!(append(&store, 110), 4);
+        // The clock went back: the newest message is the oldest by time, and goes alone.
+        assert_eq!(append(&store, 105), 5);
+        assert_eq!(prune_all(&store, 108).unwrap(), 1);
+        let left: Vec<i64> = store.with(|conn| {
+            conn.prepare("SELECT seq FROM messages ORDER BY seq")
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        });
+        assert_eq!(left, vec![4]);
+        assert_eq!(append(&store, 120), 6);
+        // Without a prune in between, numbers simply follow the newest row.
+        assert_eq!(append(&store, 130), 7);
     }
 
     #[test]
