@@ -1012,25 +1012,8 @@ mod tests {
     /// none and its mark starts at 0.
     #[test]
     fn the_log_goes_on_after_an_older_files_counter() {
-        use ac7_protocol::domain::message::{Audience, LogLevel, Message};
         let dir = tempfile::tempdir().unwrap();
-        let append = |store: &Store| {
-            let msg = Message {
-                id: super::super::messages::new_id(),
-                ts: 1,
-                to: None,
-                from: Some("ann".to_owned()),
-                title: None,
-                body: "hello".to_owned(),
-                level: LogLevel::Info,
-                data: serde_json::Map::new(),
-                attachments: Vec::new(),
-            };
-            let json = serde_json::to_string(&msg).unwrap();
-            store
-                .tx(|c| super::super::messages::insert(c, &msg, &json, &Audience::Everyone))
-                .unwrap()
-        };
+        let append = |store: &Store| super::super::messages::append_for_test(store, None, 1);
         let table_sql = |store: &Store| -> String {
             store
                 .sqlite()

@@ -139,6 +139,26 @@ pub fn insert(
     seq.ok_or_else(|| StoreError::Corrupt("an insert into the log returned no sequence".into()))
 }
 
+/// Appends a message from `ann` (to `to`, stamped `ts`) through [`insert`]; its number.
+#[cfg(test)]
+pub(crate) fn append_for_test(store: &super::db::Store, to: Option<&str>, ts: i64) -> i64 {
+    let msg = Message {
+        id: new_id(),
+        ts,
+        to: to.map(str::to_owned),
+        from: Some("ann".to_owned()),
+        title: None,
+        body: format!("at {ts}"),
+        level: LogLevel::Info,
+        data: Map::new(),
+        attachments: Vec::new(),
+    };
+    let json = serde_json::to_string(&msg).unwrap();
+    store
+        .tx(|c| insert(c, &msg, &json, &Audience::Everyone))
+        .unwrap()
+}
+
 /// The route of a stored message, from its recipient and thread key.
 pub fn route_of(to: Option<&str>, thread: Option<&str>) -> Route {
     match (to, thread.map(Thread::parse)) {

@@ -162,24 +162,21 @@ mod tests {
         assert_eq!(cutoff(10 * DAY_MS, 3), 7 * DAY_MS);
     }
 
-    /// Appends a DM stamped `ts` through the log's own insert; its number.
+    /// Appends a DM stamped `ts`; its number.
     fn append(store: &Store, ts: i64) -> i64 {
-        use ac7_protocol::domain::message::{Audience, LogLevel, Message};
-        let msg = Message {
-            id: crate::broker::messages::new_id(),
-            ts,
-            to: Some("bob".to_owned()),
-            from: Some("ann".to_owned()),
-            title: None,
-            body: format!("at {ts}"),
-            level: LogLevel::Info,
-            data: serde_json::Map::new(),
-            attachments: Vec::new(),
-        };
-        let json = serde_json::to_string(&msg).unwrap();
-        store
-            .tx(|c| crate::broker::messages::insert(c, &msg, &json, &Audience::Everyone))
-            .unwrap()
+        crate::broker::messages::append_for_test(store, Some("bob"), ts)
+    }
+
+    /// The numbers a query of one integer column returns, in its order.
+    fn numbers(store: &Store, sql: &str) -> Vec<i64> {
+        store.with(|conn| {
+            conn.prepare(sql)
+                .unwrap()
+                .query_map([], |r| r.get(0))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap()
+        })
     }
 
     #[test]
@@ -195,15 +192,10 @@ mod tests {
         // The clock went back: the newest message is the oldest by time, and goes alone.
         assert_eq!(append(&store, 105), 5);
         assert_eq!(prune_all(&store, 108).unwrap(), 1);
-        let left: Vec<i64> = store.with(|conn| {
-            conn.prepare("SELECT seq FROM messages ORDER BY seq")
-                .unwrap()
-                .query_map([], |r| r.get(0))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap()
-        });
-        assert_eq!(left, vec![4]);
+        assert_eq!(
+            numbers(&store, "SELECT seq FROM messages ORDER BY seq"),
+            vec![4]
+        );
         assert_eq!(append(&store, 120), 6);
         // Without a prune in between, numbers simply follow the newest row.
         assert_eq!(append(&store, 130), 7);
@@ -223,15 +215,10 @@ mod tests {
             }
         });
         prune_all(&store, 30).unwrap();
-        let left: Vec<i64> = store.with(|conn| {
-            conn.prepare("SELECT ts FROM member_activity ORDER BY id")
-                .unwrap()
-                .query_map([], |r| r.get(0))
-                .unwrap()
-                .collect::<Result<_, _>>()
-                .unwrap()
-        });
-        assert_eq!(left, vec![30, 40]);
+        assert_eq!(
+            numbers(&store, "SELECT ts FROM member_activity ORDER BY id"),
+            vec![30, 40]
+        );
         assert_eq!(cutoff(0, u32::MAX), -(i64::from(u32::MAX) * DAY_MS));
     }
 }
