@@ -527,19 +527,12 @@ fn copy(src: &Conn<'_>, dst: &Conn<'_>, blob_dir: &Path) -> Result<Summary, Stor
         };
         summary.tables.push((table.name, rows));
     }
-    let mark = if src.exists(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'messages_mark'",
+    let mark = kept_number(
+        src,
+        "messages_mark",
+        "SELECT seq FROM messages_mark WHERE id = 1",
         params![],
-    )? {
-        src.query_row(
-            "SELECT seq FROM messages_mark WHERE id = 1",
-            params![],
-            |r| r.get::<i64>(0),
-        )?
-        .unwrap_or(0)
-    } else {
-        0
-    };
+    )?;
     let head = counter(src, "messages", "seq")?.max(mark);
     dst.execute(
         "UPDATE log_head SET last_seq = ?1 WHERE id = 1",
@@ -581,22 +574,32 @@ fn set_identity(
     Ok(())
 }
 
+/// The number `sql` (with `args`) reads from `holder`, a bookkeeping table an older file may
+/// lack: 0 then, or when it holds no such row.
+fn kept_number(
+    src: &Conn<'_>,
+    holder: &str,
+    sql: &str,
+    args: &[&dyn ToValue],
+) -> Result<i64, StoreError> {
+    if !src.exists(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        params![holder],
+    )? {
+        return Ok(0);
+    }
+    Ok(src.query_row(sql, args, |r| r.get::<i64>(0))?.unwrap_or(0))
+}
+
 /// The last number SQLite handed out in `table`'s `AUTOINCREMENT` column: its
 /// `sqlite_sequence` entry, or the highest `column` if that is larger (or the only one).
 fn counter(src: &Conn<'_>, table: &str, column: &str) -> Result<i64, StoreError> {
-    let kept = if src.exists(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'sqlite_sequence'",
-        params![],
-    )? {
-        src.query_row(
-            "SELECT seq FROM sqlite_sequence WHERE name = ?1",
-            params![table],
-            |r| r.get::<i64>(0),
-        )?
-        .unwrap_or(0)
-    } else {
-        0
-    };
+    let kept = kept_number(
+        src,
+        "sqlite_sequence",
+        "SELECT seq FROM sqlite_sequence WHERE name = ?1",
+        params![table],
+    )?;
     let max = src
         .query_row(
             &format!("SELECT COALESCE(MAX({column}), 0) FROM {table}"),
