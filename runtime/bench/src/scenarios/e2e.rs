@@ -34,6 +34,12 @@
 //! answers a line of the roster's size once the server has answered; for push, the agent posts
 //! to the do-nothing server, which writes the body to a relay holding a `GET` open, which writes
 //! a line of the notification's size to the agent's pipe ([`super::floor`]'s `__relay`).
+//!
+//! Last, `placement` prices where the kernel puts processes: where more than one CPU is
+//! allowed, the pipe echo with the agent held on one CPU and the echo on the same CPU
+//! (`together`), then on another (`apart`). Half the difference of their p50 is what one wake-up
+//! across CPUs costs on this machine (`wake_across_cpus_us`); with the interrupts between CPUs
+//! each phase counted, it tells how much of a two-CPU figure is placement rather than work.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -79,6 +85,7 @@ const ROSTER_PER_BLOCK: usize = 250;
 const PUSH_PER_BLOCK: usize = 125;
 const IN_FLIGHT: usize = 32;
 const IN_FLIGHT_CALLS: usize = 20_000;
+const PLACEMENT_CALLS: usize = 2_000;
 
 /// What the push shape's relay passes on (the push floor's own posts are not passed on).
 const SHAPE_MARKER: &str = "e2e-shape-";
@@ -929,6 +936,9 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
             .lines
             .in_flight(IN_FLIGHT_CALLS, IN_FLIGHT, mcp::TOOLS_LIST, None)?;
 
+    // Last, so that holding processes on CPUs disturbs nothing measured above.
+    let placement = placement(&mut echo.pipe, list_bytes)?;
+
     let runner_peak_rss_kib = peak_rss_kib(runner_pid);
     let bridge_peak_rss_kib = peak_rss_kib(bridge_pid);
     drop(agent);
@@ -1007,11 +1017,91 @@ pub(crate) fn agent_main() -> anyhow::Result<i32> {
             "roster": ros_x.per_call(BLOCKS * ROSTER_PER_BLOCK),
             "push_to_notification": push_x.per_call(BLOCKS * PUSH_PER_BLOCK),
         },
+        "placement": placement,
         "runner_peak_rss_kib": runner_peak_rss_kib,
         "bridge_peak_rss_kib": bridge_peak_rss_kib,
     });
     println!("{report}");
     Ok(0)
+}
+
+/// The CPUs a thread or process may run on (`0`: the calling thread); `None` if unreadable.
+fn allowed_cpus(pid: libc::pid_t) -> Option<Vec<usize>> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set; the kernel writes at most its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a live cpu_set_t of the size passed.
+    let got = unsafe { libc::sched_getaffinity(pid, size_of::<libc::cpu_set_t>(), &mut set) };
+    if got != 0 {
+        return None;
+    }
+    let bits = 8 * size_of::<libc::cpu_set_t>();
+    // SAFETY: CPU_ISSET reads the set within its size (`cpu` < its bits).
+    Some(
+        (0..bits)
+            .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+            .collect(),
+    )
+}
+
+/// Holds a thread or process (`0`: the calling thread) to `cpus`.
+fn hold_on(pid: libc::pid_t, cpus: &[usize]) -> anyhow::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        // SAFETY: CPU_SET writes within the set (the cpus came from `allowed_cpus`).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    // SAFETY: `set` is a live cpu_set_t of the size passed.
+    if unsafe { libc::sched_setaffinity(pid, size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        bail!("sched_setaffinity: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The pipe echo with the agent held on one CPU and the echo on the same CPU, then on another;
+/// `{"cpus": 1}` alone where one CPU is allowed. Both are let go again after.
+fn placement(echo: &mut Echo<ChildStdin, ChildStdout>, size: usize) -> anyhow::Result<Value> {
+    let mine = allowed_cpus(0).context("the CPUs this agent may use")?;
+    let (Some(&here), Some(&there)) = (mine.first(), mine.get(1)) else {
+        return Ok(json!({"cpus": mine.len()}));
+    };
+    let echo_pid = libc::pid_t::try_from(echo.child.id())?;
+    let theirs = allowed_cpus(echo_pid).context("the CPUs the echo may use")?;
+    echo.reply_size(size)?;
+    let measured = (|| {
+        let mut out = Vec::new();
+        for echo_on in [here, there] {
+            hold_on(0, &[here])?;
+            hold_on(echo_pid, &[echo_on])?;
+            for _ in 0..200 {
+                echo.lines.warm()?;
+            }
+            let mut samples = Vec::with_capacity(PLACEMENT_CALLS);
+            let mut crossings = Some(0);
+            counted(&mut crossings, || {
+                echo.lines
+                    .round_trips(PLACEMENT_CALLS, mcp::TOOLS_LIST, None, &mut samples)
+            })?;
+            out.push((latency(&mut samples)?, crossings));
+        }
+        anyhow::Ok(out)
+    })();
+    hold_on(0, &mine)?;
+    hold_on(echo_pid, &theirs)?;
+    let mut measured = measured?.into_iter();
+    let (Some((together, x_together)), Some((apart, x_apart))) = (measured.next(), measured.next())
+    else {
+        bail!("placement: two measurements expected");
+    };
+    let per_call =
+        |x: Option<u64>| x.map_or(Value::Null, |n| json!(n as f64 / PLACEMENT_CALLS as f64));
+    Ok(json!({
+        "cpus": mine.len(),
+        "pipe_echo_together": together,
+        "pipe_echo_apart": apart,
+        "interrupts_across_cpus_per_call": {"together": per_call(x_together), "apart": per_call(x_apart)},
+        "wake_across_cpus_us": (p50(&apart) - p50(&together)) / 2.0,
+    }))
 }
 
 /// One warm-up round trip on an echo.
@@ -1062,6 +1152,21 @@ mod tests {
         assert_eq!(x.per_call(10)["shape"], json!(0.5));
         x.shape = Some(None);
         assert_eq!(x.per_call(10)["shape"], Value::Null);
+    }
+
+    #[test]
+    fn a_thread_held_on_one_cpu_is_allowed_that_cpu_alone_until_let_go() {
+        std::thread::spawn(|| {
+            let all = allowed_cpus(0).unwrap();
+            assert!(!all.is_empty());
+            let last = *all.last().unwrap();
+            hold_on(0, &[last]).unwrap();
+            assert_eq!(allowed_cpus(0).unwrap(), vec![last]);
+            hold_on(0, &all).unwrap();
+            assert_eq!(allowed_cpus(0).unwrap(), all);
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
