@@ -49,8 +49,11 @@
 //!    on every push. The one-row table `messages_mark` (in `SCHEMA`) keeps instead the highest
 //!    number that may have left the table: retention raises it to the newest number before it
 //!    deletes, and each append takes the larger of it and the newest row's, plus one, so no
-//!    number is handed out twice. An older file keeps its table and counter; its mark starts
-//!    at that counter. Step 3 rebuilds a table without the counter.
+//!    number is handed out twice. An older file's mark starts at its counter.
+//! 7. **The log without the counter**: an older file's `messages` table, still with its
+//!    `AUTOINCREMENT` counter, is rebuilt once without it (every row copied with its number,
+//!    the indexes made again), after step 6 has moved the counter to the mark. Step 3 makes
+//!    the table without the counter too.
 //!
 //! Reads do not wait for writes: besides the one write connection (behind the
 //! mutex every mutation takes) the store keeps a few read-only connections
@@ -600,7 +603,7 @@ fn has_column(conn: &Connection, table: &str, column: &str) -> Result<bool, Stor
 /// in one transaction.
 fn migrate(conn: &Connection) -> Result<(), StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")?;
-    let result = (|| -> Result<(), StoreError> {
+    let result = (|| -> Result<bool, StoreError> {
         // 1. Member incarnations.
         if !has_column(conn, "members", "since_seq")? {
             conn.execute_batch(
@@ -637,11 +640,26 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
             "UPDATE messages_mark SET seq = MAX(seq, COALESCE(
                  (SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)) WHERE id = 1",
         )?;
-        Ok(())
+        // 7. The log without the counter.
+        let table: String = conn.query_row(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'",
+            [],
+            |r| r.get(0),
+        )?;
+        let rebuilt = table.to_ascii_uppercase().contains("AUTOINCREMENT");
+        if rebuilt {
+            drop_log_counter(conn)?;
+        }
+        Ok(rebuilt)
     })();
     match result {
-        Ok(()) => {
+        Ok(rebuilt) => {
             conn.execute_batch("COMMIT")?;
+            if rebuilt {
+                // The copy went through the write-ahead log: back into the file, and the log
+                // file cut short, rather than left at the size of the whole table.
+                conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+            }
             Ok(())
         }
         Err(e) => {
@@ -726,10 +744,31 @@ fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Rebuilds an older file's `messages` table, whose `AUTOINCREMENT` counter SQLite updates on
+/// every append, as the table without it: every row copied with its number, the indexes made
+/// again. Runs after step 6, so the mark already holds the counter. About a quarter of a
+/// second per 100,000 messages, once; the old table's pages stay in the file, free, and the log
+/// fills them as it grows (`ac7 backup` writes a copy without them).
+fn drop_log_counter(conn: &Connection) -> Result<(), StoreError> {
+    let rows: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
+    tracing::info!(
+        messages = rows,
+        "rebuilding the message log's table without its counter (once)"
+    );
+    conn.execute_batch(&format!(
+        "ALTER TABLE messages RENAME TO messages_counted;
+         {MESSAGES_TABLE};
+         INSERT INTO messages (seq, id, id_text, ts, to_key, from_key, thread, body, extra)
+             SELECT seq, id, id_text, ts, to_key, from_key, thread, body, extra
+             FROM messages_counted ORDER BY seq;
+         DROP TABLE messages_counted;
+         {MESSAGES_INDEXES}"
+    ))?;
+    Ok(())
+}
+
 /// The page size of a new database file. A message changes four pages (its row and three index
-/// entries; five in a file whose `messages` table still has an `AUTOINCREMENT` counter), each
-/// appended to the write-ahead log whole and
-/// copied again by the checkpoint: at 2 KiB a push writes half the bytes it did at SQLite's
+/// entries), each appended to the write-ahead log whole and copied again by the checkpoint: at 2 KiB a push writes half the bytes it did at SQLite's
 /// default 4 KiB, for about 1.5% more disk a message (room lost at the end of each smaller
 /// page). 1 KiB pages lose 5%.
 pub(super) const PAGE_SIZE: i64 = 2048;
@@ -1007,35 +1046,31 @@ mod tests {
         assert_eq!(kept, "here");
     }
 
-    /// A file whose `messages` table has SQLite's `AUTOINCREMENT` counter keeps it, and its log
-    /// goes on after the counter, even when pruning emptied the table; a new file's table has
-    /// none and its mark starts at 0.
+    /// A file whose `messages` table has SQLite's `AUTOINCREMENT` counter gets the table without
+    /// it, once, with every row and its number kept and its indexes made again, and its log goes
+    /// on after the counter, also past numbers pruned from the end; a new file's table has none
+    /// and its mark starts at 0.
     #[test]
-    fn the_log_goes_on_after_an_older_files_counter() {
+    fn an_older_files_log_loses_its_counter_and_goes_on_after_it() {
         let dir = tempfile::tempdir().unwrap();
         let append = |store: &Store| super::super::messages::append_for_test(store, None, 1);
-        let table_sql = |store: &Store| -> String {
+        let one = |store: &Store, sql: &str| -> String {
             store
                 .sqlite()
-                .with_here(|c| {
-                    c.query_row(
-                        "SELECT sql FROM sqlite_master WHERE name = 'messages'",
-                        [],
-                        |r| r.get(0),
-                    )
-                })
+                .with_here(|c| c.query_row(sql, [], |r| r.get(0)))
                 .unwrap()
         };
+        let table_sql = "SELECT sql FROM sqlite_master WHERE name = 'messages'";
 
         let new = Store::open(&dir.path().join("new.db"), SyncMode::Normal).unwrap();
-        assert!(!table_sql(&new).contains("AUTOINCREMENT"));
+        assert!(!one(&new, table_sql).contains("AUTOINCREMENT"));
         assert_eq!((append(&new), append(&new)), (1, 2));
 
         let path = dir.path().join("old.db");
         {
             let store = Store::open(&path, SyncMode::Normal).unwrap();
-            // What an older version made: the same table with the counter, at 41 once its
-            // rows were pruned.
+            // What an older version made: the same table with the counter, its rows 39 and 40
+            // kept and 41, the newest, pruned.
             store
                 .sqlite()
                 .with_here(|c| {
@@ -1043,8 +1078,13 @@ mod tests {
                         "DROP TABLE messages;
                          DROP TABLE messages_mark;
                          {};
-                         INSERT INTO messages (seq, ts, body) VALUES (41, 0, '');
-                         DELETE FROM messages;",
+                         {MESSAGES_INDEXES}
+                         INSERT INTO messages (seq, id_text, ts, to_key, thread, body, extra)
+                             VALUES (39, 'm39', 5, 7, 7, 'to seven', '{{\"x\":1}}');
+                         INSERT INTO messages (seq, id, ts, from_key, body)
+                             VALUES (40, x'00112233445566778899aabbccddeeff', 6, 8, 'from eight');
+                         INSERT INTO messages (seq, ts, body) VALUES (41, 7, 'pruned');
+                         DELETE FROM messages WHERE seq = 41;",
                         MESSAGES_TABLE.replace(
                             "seq INTEGER PRIMARY KEY,",
                             "seq INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -1052,9 +1092,42 @@ mod tests {
                     ))
                 })
                 .unwrap();
+            assert!(one(&store, table_sql).contains("AUTOINCREMENT"));
         }
         let old = Store::open(&path, SyncMode::Normal).unwrap();
-        assert!(table_sql(&old).contains("AUTOINCREMENT"), "kept as it was");
+        assert!(!one(&old, table_sql).contains("AUTOINCREMENT"), "rebuilt");
+        let wal = std::fs::metadata(dir.path().join("old.db-wal")).map_or(0, |m| m.len());
+        assert_eq!(wal, 0, "the copy is checkpointed and the log cut short");
+        assert_eq!(
+            one(
+                &old,
+                "SELECT COALESCE(group_concat(name, ','), '') FROM sqlite_sequence
+                 WHERE name LIKE 'messages%'"
+            ),
+            "",
+        );
+        let rows = one(
+            &old,
+            "SELECT group_concat(seq || ':' || COALESCE(hex(id), '') || ':'
+                 || COALESCE(id_text, '') || ':' || ts || ':' || COALESCE(to_key, '') || ':'
+                 || COALESCE(from_key, '') || ':' || COALESCE(thread, '') || ':' || body
+                 || ':' || COALESCE(extra, ''), '|')
+             FROM (SELECT * FROM messages ORDER BY seq)",
+        );
+        assert_eq!(
+            rows,
+            "39::m39:5:7::7:to seven:{\"x\":1}|\
+             40:00112233445566778899AABBCCDDEEFF::6::8::from eight:"
+        );
+        assert_eq!(
+            one(
+                &old,
+                "SELECT group_concat(name, ',') FROM (SELECT name FROM sqlite_master
+                 WHERE type = 'index' AND tbl_name = 'messages' AND sql IS NOT NULL ORDER BY name)"
+            ),
+            "messages_from,messages_id,messages_id_text,messages_thread,messages_to"
+        );
+        assert_eq!(one(&old, "PRAGMA integrity_check"), "ok");
         assert_eq!(append(&old), 42);
         assert_eq!(append(&old), 43);
         drop(old);
