@@ -35,9 +35,10 @@
 //! 3. **Compact messages** (see [`super::messages`]): `messages` loses `to_name`, `from_name`,
 //!    `json` and its text `thread` for key ids (`to_key`, `from_key`, `thread`, in the new
 //!    table `message_keys`), the id as 16 bytes (`id`, or `id_text`), `body` and `extra`; the
-//!    table is rebuilt row by row with the same sequence numbers and counter, each row's JSON
-//!    rebuilt exactly (or kept whole in `extra` where it would not be). Its indexes become
-//!    partial (`thread`, `to_key`) and `id` gets a unique index of its own.
+//!    table is rebuilt row by row with the same sequence numbers (its counter goes to the mark
+//!    of step 6), each row's JSON rebuilt exactly (or kept whole in `extra` where it would not
+//!    be). Its indexes become partial (`thread`, `to_key`) and `id` gets a unique index of its
+//!    own.
 //! 4. **Web Push** (see [`super::webpush`]): the tables `push_vapid` (the team's VAPID key)
 //!    and `push_subscriptions` (the browsers' subscriptions); both are in `SCHEMA`, whose
 //!    `CREATE TABLE IF NOT EXISTS` adds them to an older file.
@@ -49,11 +50,11 @@
 //!    on every push. The one-row table `messages_mark` (in `SCHEMA`) keeps instead the highest
 //!    number that may have left the table: retention raises it to the newest number before it
 //!    deletes, and each append takes the larger of it and the newest row's, plus one, so no
-//!    number is handed out twice. An older file's mark starts at its counter.
+//!    number is handed out twice.
 //! 7. **The log without the counter**: an older file's `messages` table, still with its
 //!    `AUTOINCREMENT` counter, is rebuilt once without it (every row copied with its number,
-//!    the indexes made again), after step 6 has moved the counter to the mark. Step 3 makes
-//!    the table without the counter too.
+//!    the indexes made again), its mark starting at that counter. Step 3 makes the table
+//!    without the counter too.
 //!
 //! Reads do not wait for writes: besides the one write connection (behind the
 //! mutex every mutation takes) the store keeps a few read-only connections
@@ -635,11 +636,7 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
             compact_messages(conn)?;
         }
         conn.execute_batch(MESSAGES_INDEXES)?;
-        // 6. The log's mark: at least the counter of an older file's `AUTOINCREMENT` table.
-        conn.execute_batch(
-            "UPDATE messages_mark SET seq = MAX(seq, COALESCE(
-                 (SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)) WHERE id = 1",
-        )?;
+        // 6. The log's mark: its table is in `SCHEMA`.
         // 7. The log without the counter.
         let table: String = conn.query_row(
             "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'messages'",
@@ -670,16 +667,10 @@ fn migrate(conn: &Connection) -> Result<(), StoreError> {
 }
 
 /// Rebuilds a `messages` table of wire JSON rows (before step 3) as compact rows, keeping every
-/// sequence number and the counter of the next.
+/// sequence number, and its counter in the mark.
 fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
     use super::messages;
-    let counter: i64 = conn
-        .query_row(
-            "SELECT COALESCE(MAX(seq), 0) FROM sqlite_sequence WHERE name = 'messages'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap_or(0);
+    mark_from_counter(conn)?;
     conn.execute_batch(
         "DROP INDEX IF EXISTS messages_thread;
          DROP INDEX IF EXISTS messages_to;
@@ -736,20 +727,27 @@ fn compact_messages(conn: &Connection) -> Result<(), StoreError> {
         }
     }
     conn.execute_batch("DROP TABLE messages_json")?;
-    // The numbers never go back: pruned messages keep theirs.
-    conn.execute(
-        "UPDATE messages_mark SET seq = MAX(seq, ?1) WHERE id = 1",
-        [counter],
+    Ok(())
+}
+
+/// Raises the log's mark to the `AUTOINCREMENT` counter of an older file's `messages` table,
+/// before that table (and its counter) is rebuilt: the numbers never go back, pruned messages
+/// keep theirs. (`sqlite_sequence` exists in every file: `members` has a counter too.)
+fn mark_from_counter(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch(
+        "UPDATE messages_mark SET seq = MAX(seq, COALESCE(
+             (SELECT seq FROM sqlite_sequence WHERE name = 'messages'), 0)) WHERE id = 1",
     )?;
     Ok(())
 }
 
 /// Rebuilds an older file's `messages` table, whose `AUTOINCREMENT` counter SQLite updates on
 /// every append, as the table without it: every row copied with its number, the indexes made
-/// again. Runs after step 6, so the mark already holds the counter. About a quarter of a
-/// second per 100,000 messages, once; the old table's pages stay in the file, free, and the log
-/// fills them as it grows (`ac7 backup` writes a copy without them).
+/// again, the counter kept in the mark. About a quarter of a second per 100,000 messages,
+/// once; the old table's pages stay in the file, free, and the log fills them as it grows
+/// (`ac7 backup` writes a copy without them).
 fn drop_log_counter(conn: &Connection) -> Result<(), StoreError> {
+    mark_from_counter(conn)?;
     let rows: i64 = conn.query_row("SELECT COUNT(*) FROM messages", [], |r| r.get(0))?;
     tracing::info!(
         messages = rows,
@@ -768,9 +766,9 @@ fn drop_log_counter(conn: &Connection) -> Result<(), StoreError> {
 }
 
 /// The page size of a new database file. A message changes four pages (its row and three index
-/// entries), each appended to the write-ahead log whole and copied again by the checkpoint: at 2 KiB a push writes half the bytes it did at SQLite's
-/// default 4 KiB, for about 1.5% more disk a message (room lost at the end of each smaller
-/// page). 1 KiB pages lose 5%.
+/// entries), each appended to the write-ahead log whole and copied again by the checkpoint: at
+/// 2 KiB a push writes half the bytes it did at SQLite's default 4 KiB, for about 1.5% more disk
+/// a message (room lost at the end of each smaller page). 1 KiB pages lose 5%.
 pub(super) const PAGE_SIZE: i64 = 2048;
 
 /// The `messages` table (as in `SCHEMA`), for the step that rebuilds an older one.
